@@ -1,0 +1,1 @@
+"""Pure analyses: trace columns in, dataclasses out. Nothing here touches hardware."""

@@ -1,0 +1,190 @@
+"""Per-step time breakdown of one rank: where did each step's wall time go?
+
+Definitions (GPU traces), all as interval unions so overlapping streams are not counted
+twice:
+  gpu_busy       union of kernels, memcpys and memsets
+  compute        union of computation kernels (HTA's class: not NCCL, not Memcpy/Memset)
+  comm_exposed   communication kernels while no computation kernel runs on any stream
+  memcpy_exposed memory activity while neither compute nor communication runs
+  idle           step time - gpu_busy, split into
+  input_wait     idle while the host is inside a DataLoader ``__next__``
+  host_overhead  the rest of idle: launch gaps, Python, synchronisation
+
+On a CPU-only trace the CPU is the device: compute is operator time, communication is
+gloo / ``record_param_comms`` time, and input wait is DataLoader time. Operators shorter
+than ``TINY_CPU_OP_US`` are counted as host overhead: their cost is dispatch, not work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzers import intervals as iv
+from analyzers.roofline import BOUND_COMPUTE, BOUND_MEMORY, WorkBounds
+from analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
+from gpudiag.diagnosis import GpuSpanBreakdown, StepBreakdown, TimeBreakdown
+
+# An eager PyTorch CPU op costs ~5-20 us of dispatcher/Python overhead before any math
+# (PyTorch performance tuning guide; the profiler adds its own few us per op). An op
+# shorter than this is dominated by that overhead: it is host time, not device work.
+TINY_CPU_OP_US = 20.0
+
+
+def step_windows(rt: RankTrace) -> tuple[np.ndarray, np.ndarray, list[int | None]]:
+    """[start, end) of each step. A step owns the GPU work it launched, up to the next step.
+
+    Without ``ProfilerStep`` annotations the whole trace is one window.
+    """
+    if rt.steps:
+        starts = np.array([s[1] for s in rt.steps])
+        cpu_ends = np.array([s[2] for s in rt.steps])
+        ends = cpu_ends.copy()
+        if rt.has_gpu:
+            gend = rt.gpu_ts + rt.gpu_dur
+            launch = np.where(np.isnan(rt.gpu_launch_ts), rt.gpu_ts, rt.gpu_launch_ts)
+            k = np.searchsorted(starts, launch, side="right") - 1
+            ok = (k >= 0) & (launch <= cpu_ends[np.clip(k, 0, None)])
+            if ok.any():
+                last_end = np.full(starts.size, -np.inf)
+                np.maximum.at(last_end, k[ok], gend[ok])
+                ends = np.maximum(ends, last_end)
+        # a step ends no later than the next one starts: windows never overlap
+        ends[:-1] = np.minimum(ends[:-1], np.maximum(starts[1:], cpu_ends[:-1]))
+        ends[:-1] = np.minimum(ends[:-1], starts[1:])
+        return starts, ends, [s[0] for s in rt.steps]
+    lo, hi = [], []
+    if rt.cpu_ts.size:
+        lo.append(rt.cpu_ts.min())
+        hi.append((rt.cpu_ts + rt.cpu_dur).max())
+    if rt.gpu_ts.size:
+        lo.append(rt.gpu_ts.min())
+        hi.append((rt.gpu_ts + rt.gpu_dur).max())
+    if not lo:
+        return np.empty(0), np.empty(0), []
+    return np.array([min(lo)]), np.array([max(hi)]), [None]
+
+
+def _split(values: np.ndarray, starts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Sum of values whose start lies in each window."""
+    out = np.zeros(lo.size)
+    if values.size == 0 or lo.size == 0:
+        return out
+    k = np.searchsorted(lo, starts, side="right") - 1
+    ok = (k >= 0) & (starts < hi[np.clip(k, 0, None)])
+    np.add.at(out, k[ok], values[ok])
+    return out
+
+
+def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
+    lo, hi, numbers = step_windows(rt)
+    if lo.size == 0:
+        return []
+    step = hi - lo
+    dl = iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
+    if rt.has_gpu:
+        end = rt.gpu_ts + rt.gpu_dur
+        cls = rt.gpu_class
+        allg = iv.merge(rt.gpu_ts, end)
+        comp = iv.merge(rt.gpu_ts[cls == KCLASS_COMPUTE], end[cls == KCLASS_COMPUTE])
+        comm = iv.merge(rt.gpu_ts[cls == KCLASS_COMM], end[cls == KCLASS_COMM])
+        other = iv.merge(rt.gpu_ts[cls > KCLASS_COMM], end[cls > KCLASS_COMM])
+        busy = iv.measure_in(allg, lo, hi)
+        compute = iv.measure_in(comp, lo, hi)
+        comm_total = iv.measure_in(comm, lo, hi)
+        comm_exposed = iv.measure_in(iv.subtract(comm, comp), lo, hi)
+        memcpy_exposed = iv.measure_in(iv.subtract(other, iv.union(comp, comm)), lo, hi)
+        input_wait = iv.measure_in(iv.subtract(dl, allg), lo, hi)
+        work = cls == KCLASS_COMPUTE
+        cb = _split(rt.gpu_dur[work & (wb.bound == BOUND_COMPUTE)],
+                    rt.gpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
+        mb = _split(rt.gpu_dur[work & (wb.bound == BOUND_MEMORY)],
+                    rt.gpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi)
+        known = _split(rt.gpu_dur[work], rt.gpu_ts[work], lo, hi)
+    else:
+        ops = rt.cpu_is_op
+        op_u = iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + rt.cpu_dur)[ops])
+        comm = iv.merge(rt.cpu_comm_intervals[:, 0], rt.cpu_comm_intervals[:, 1])
+        blocks_len = op_u[1] - op_u[0]
+        big = blocks_len >= TINY_CPU_OP_US
+        real = iv.subtract(iv.subtract((op_u[0][big], op_u[1][big]), comm), dl)
+        comm_x = iv.subtract(comm, dl)
+        compute = iv.measure_in(real, lo, hi)
+        comm_total = iv.measure_in(comm, lo, hi)
+        comm_exposed = iv.measure_in(comm_x, lo, hi)
+        memcpy_exposed = np.zeros(lo.size)
+        input_wait = iv.measure_in(dl, lo, hi)
+        busy = compute + comm_exposed
+        # compute-bound share from the innermost costed ops (or top-level ops by name)
+        inner = wb.op_index >= 0
+        work = ops & (inner | ((rt.cpu_depth == 0) & ~np.isfinite(rt.cpu_flops)))
+        work &= rt.cpu_dur >= TINY_CPU_OP_US
+        cb = _split(rt.cpu_dur[work & (wb.bound == BOUND_COMPUTE)],
+                    rt.cpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
+        mb = _split(rt.cpu_dur[work & (wb.bound == BOUND_MEMORY)],
+                    rt.cpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi)
+        known = _split(rt.cpu_dur[work], rt.cpu_ts[work], lo, hi)
+    idle = np.maximum(step - busy, 0.0)
+    input_wait = np.minimum(input_wait, idle)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cb_frac = np.where(known > 0, cb / known, 0.0)
+        mb_frac = np.where(known > 0, mb / known, 0.0)
+    flops = _model_flops(rt, lo, hi)
+    out = []
+    for i in range(lo.size):
+        tb = TimeBreakdown(
+            step_time=float(step[i]), gpu_busy=float(busy[i]), compute=float(compute[i]),
+            compute_bound=float(compute[i] * cb_frac[i]), memory_bound=float(compute[i] * mb_frac[i]),
+            comm_total=float(comm_total[i]), comm_exposed=float(comm_exposed[i]),
+            memcpy_exposed=float(memcpy_exposed[i]), idle=float(idle[i]),
+            input_wait=float(input_wait[i]), host_overhead=float(idle[i] - input_wait[i]),
+        )
+        out.append(StepBreakdown(step=numbers[i], start=float(lo[i]), breakdown=tb,
+                                 model_flops=None if flops is None else float(flops[i])))
+    return out
+
+
+def _model_flops(rt: RankTrace, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+    from analyzers.roofline import innermost_costed
+
+    mask = rt.cpu_is_model_flop & innermost_costed(rt)
+    if not mask.any():
+        return None
+    return _split(rt.cpu_flops[mask], rt.cpu_ts[mask], lo, hi)
+
+
+def sum_breakdowns(parts: list[TimeBreakdown], divide_by: int = 1) -> TimeBreakdown:
+    out = TimeBreakdown()
+    for p in parts:
+        for f in out.__dataclass_fields__:
+            setattr(out, f, getattr(out, f) + getattr(p, f))
+    if divide_by > 1:
+        for f in out.__dataclass_fields__:
+            setattr(out, f, getattr(out, f) / divide_by)
+    return out
+
+
+def gpu_span_breakdown(rt: RankTrace) -> GpuSpanBreakdown | None:
+    """HTA's ``get_temporal_breakdown`` for this rank, computed our way.
+
+    Same window as HTA: with two or more steps, only GPU work launched before the last
+    step starts (HTA drops the last, possibly truncated, iteration); then idle / compute /
+    non-compute over the span from the first GPU activity's start to the last one's end.
+    """
+    if not rt.has_gpu:
+        return None
+    keep = np.ones(rt.gpu_ts.size, dtype=bool)
+    if len(rt.steps) >= 2:
+        last_start = max(s[1] for s in rt.steps)
+        keep = np.isfinite(rt.gpu_launch_ts) & (rt.gpu_launch_ts < last_start)
+    if not keep.any():
+        return None
+    ts = rt.gpu_ts[keep]
+    end = ts + rt.gpu_dur[keep]
+    allg = iv.merge(ts, end)
+    span = float(allg[1][-1] - allg[0][0])
+    busy = iv.total(allg)
+    comp_mask = rt.gpu_class[keep] == KCLASS_COMPUTE
+    compute = iv.total(iv.merge(ts[comp_mask], end[comp_mask]))
+    idle = span - busy
+    return GpuSpanBreakdown(kernel_time=span, idle_time=idle, compute_time=compute,
+                            non_compute_time=span - compute - idle)

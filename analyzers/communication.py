@@ -1,0 +1,118 @@
+"""Collective communication: per collective type, time, exposure and bandwidth.
+
+Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t with S the collective's
+data size, busbw = algbw x a factor that makes every collective comparable with the link's
+peak: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n (S = the whole gathered /
+scattered buffer), all_to_all (n-1)/n, broadcast, reduce and send/recv 1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from analyzers import intervals as iv
+from analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
+from gpudiag.devices import DTYPE_BYTES, DevicePeak
+from gpudiag.diagnosis import CollectiveStats
+
+_CANON = [
+    (re.compile(r"all_?reduce", re.I), "all_reduce"),
+    (re.compile(r"all_?gather|allgather", re.I), "all_gather"),
+    (re.compile(r"reduce_?scatter", re.I), "reduce_scatter"),
+    (re.compile(r"all_?to_?all", re.I), "all_to_all"),
+    (re.compile(r"broadcast", re.I), "broadcast"),
+    (re.compile(r"sendrecv|send|recv", re.I), "send_recv"),
+    (re.compile(r"barrier", re.I), "barrier"),
+    (re.compile(r"reduce", re.I), "reduce"),
+    (re.compile(r"gather", re.I), "gather"),
+    (re.compile(r"scatter", re.I), "scatter"),
+]
+
+_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+}
+
+
+def canonical_collective(name: str) -> str:
+    for rx, canon in _CANON:
+        if rx.search(name):
+            return canon
+    return "other"
+
+
+def _bytes(kind: str, info: dict) -> float | None:
+    size = DTYPE_BYTES.get(str(info.get("dtype") or "").lower())
+    if size is None:
+        return None
+    i, o = info.get("in_nelems"), info.get("out_nelems")
+    if kind in ("all_gather", "reduce_scatter"):
+        n = max(x for x in (i, o, 0) if x is not None)
+    else:
+        n = i if i is not None else o
+    return None if not n else float(n) * size
+
+
+def _new_acc() -> dict:
+    return {"count": 0, "time": 0.0, "exposed": 0.0, "bytes": 0.0, "bytes_time": 0.0,
+            "busbw_num": 0.0}
+
+
+def collective_acc(rt: RankTrace) -> dict[str, dict]:
+    """Per collective type sums for one rank (merged across ranks by ``finish``)."""
+    acc: dict[str, dict] = defaultdict(_new_acc)
+    by_ts = {c["ts"]: c for c in rt.collectives}
+    if rt.has_gpu:
+        mask = rt.gpu_class == KCLASS_COMM
+        ts = rt.gpu_ts[mask]
+        dur = rt.gpu_dur[mask]
+        comp_mask = rt.gpu_class == KCLASS_COMPUTE
+        comp = iv.merge(rt.gpu_ts[comp_mask], (rt.gpu_ts + rt.gpu_dur)[comp_mask])
+        hidden = iv.measure_in(comp, ts, ts + dur)
+        names = [rt.names[i] for i in rt.gpu_name[mask].tolist()]
+        items = [(n, t, d, d - h) for n, t, d, h in
+                 zip(names, ts.tolist(), dur.tolist(), hidden.tolist(), strict=False)]
+    else:
+        # CPU: the collective call blocks the thread; exposed unless a DataLoader hides it
+        items = [(c["name"], c["ts"], c["dur"], c["dur"]) for c in rt.collectives]
+    for name, t, d, exposed in items:
+        info = by_ts.get(t, {})
+        kind = canonical_collective(info.get("name") or name)
+        a = acc[kind]
+        a["count"] += 1
+        a["time"] += d
+        a["exposed"] += max(exposed, 0.0)
+        b = _bytes(kind, info) if info else None
+        if b is None or d <= 0:
+            continue
+        n = info.get("group_size") or rt.world_size or 1
+        a["bytes"] += b
+        a["bytes_time"] += d
+        a["busbw_num"] += b * _BUS_FACTOR.get(kind, lambda _n: 1.0)(max(n, 1))
+    return dict(acc)
+
+
+def finish_collectives(parts: list[dict[str, dict]], device: DevicePeak | None
+                       ) -> list[CollectiveStats]:
+    acc: dict[str, dict] = defaultdict(_new_acc)
+    for part in parts:
+        for kind, a in part.items():
+            mine = acc[kind]
+            for k, v in a.items():
+                mine[k] += v
+    out = []
+    link = device.interconnect / 1e9 if device is not None and device.interconnect else None
+    for kind, a in sorted(acc.items(), key=lambda kv: -kv[1]["time"]):
+        algbw = busbw = None
+        if a["bytes_time"] > 0:
+            algbw = a["bytes"] / (a["bytes_time"] * 1e-6) / 1e9
+            busbw = a["busbw_num"] / (a["bytes_time"] * 1e-6) / 1e9
+        out.append(CollectiveStats(
+            collective=kind, count=a["count"], total_time_us=a["time"], exposed_time_us=a["exposed"],
+            bytes=a["bytes"] if a["bytes"] > 0 else None, algbw_gbps=algbw, busbw_gbps=busbw,
+            link_peak_gbps=link,
+        ))
+    return out

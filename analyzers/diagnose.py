@@ -1,0 +1,304 @@
+"""The facade: trace files in, one ``Diagnosis`` out.
+
+Each rank is loaded, analysed and reduced to small partial results before the next one is
+loaded, so peak memory is one rank's columns, not the job's. With several ranks and more
+than one core, ranks are analysed in a bounded pool of worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from analyzers.breakdown import gpu_span_breakdown, rank_breakdown, sum_breakdowns
+from analyzers.classify import classify
+from analyzers.communication import collective_acc, finish_collectives
+from analyzers.mfu import compute_mfu
+from analyzers.roofline import BOUND_MEMORY, RooflineAcc, build_roofline, work_bounds
+from analyzers.stragglers import find_stragglers
+from analyzers.trace_loader import (
+    KCLASS_COMPUTE,
+    RankTrace,
+    check_unique_ranks,
+    find_trace_files,
+    load_rank,
+)
+from gpudiag import __version__
+from gpudiag.devices import DevicePeak, lookup_device, match_device, user_device
+from gpudiag.diagnosis import (
+    DIAGNOSIS_SCHEMA_VERSION,
+    Bottleneck,
+    DeviceInfo,
+    Diagnosis,
+    Mfu,
+    RankResult,
+    TimeBreakdown,
+    TopItem,
+    Verdict,
+)
+from gpudiag.errors import TraceError
+
+
+@dataclass
+class DeviceChoice:
+    """How the user asked us to pick the device's peaks."""
+
+    name: str | None = None
+    peak_tflops: float | None = None
+    peak_gbps: float | None = None
+    # Called only for CPU-only traces: returns the measured CPU peak. Kept as a callable so
+    # analyzers never touch hardware themselves (collectors.cpu_peak measures it).
+    cpu_peak: Callable[[], DevicePeak] | None = None
+
+    def explicit(self) -> DevicePeak | None:
+        if self.peak_tflops is not None or self.peak_gbps is not None:
+            if self.peak_tflops is None or self.peak_gbps is None:
+                from gpudiag.errors import BadInput
+
+                raise BadInput("--peak-tflops and --peak-gbps must be given together")
+            return user_device(self.peak_tflops, self.peak_gbps, self.name or "user-specified")
+        if self.name:
+            return lookup_device(self.name)
+        return None
+
+
+@dataclass
+class RankPartial:
+    """What survives of one rank after its columns are dropped (picklable, small)."""
+
+    result: RankResult
+    has_gpu: bool
+    world_size: int | None
+    device_name: str | None
+    device_memory: int | None
+    shapes_recorded: bool
+    roofline: RooflineAcc
+    collectives: dict
+    kernels: dict[str, list[float]]
+    ops: dict[str, list[float]]
+    memory_ops: dict[str, float]
+    dataloader_iters: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+
+def _top(acc: dict[str, list[float]], busy: float, n: int = 15) -> list[TopItem]:
+    items = sorted(acc.items(), key=lambda kv: -kv[1][1])[:n]
+    return [TopItem(name=k, calls=int(c), time_us=t, share=t / busy if busy > 0 else 0.0)
+            for k, (c, t) in items]
+
+
+def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
+    wb = work_bounds(rt, device)
+    steps = rank_breakdown(rt, wb)
+    total = sum_breakdowns([s.breakdown for s in steps])
+    mean_step = total.step_time / len(steps) if steps else 0.0
+    result = RankResult(rank=rt.rank, trace=rt.path, steps=steps, total=total,
+                        mean_step_time=mean_step, gpu_span=gpu_span_breakdown(rt))
+    roof = RooflineAcc()
+    roof.add(rt, wb)
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    memory_ops: dict[str, float] = defaultdict(float)
+    if rt.has_gpu:
+        _group(kernels, rt.gpu_name, rt.gpu_dur, rt.names)
+        ext_to_name = {}
+        for e, n in zip(rt.cpu_ext.tolist(), rt.cpu_name.tolist(), strict=False):
+            if e >= 0 and e not in ext_to_name:
+                ext_to_name[e] = n
+        launch_op = np.fromiter((ext_to_name.get(e, -1) for e in rt.gpu_ext.tolist()),
+                                dtype=np.int64, count=rt.gpu_ext.size)
+        known = launch_op >= 0
+        _group(ops, launch_op[known], rt.gpu_dur[known], rt.names)
+        mem = known & (rt.gpu_class == KCLASS_COMPUTE) & (wb.bound == BOUND_MEMORY)
+        for n, d in zip(launch_op[mem].tolist(), rt.gpu_dur[mem].tolist(), strict=False):
+            memory_ops[rt.names[n]] += d
+    else:
+        top = rt.cpu_is_op & (rt.cpu_depth == 0)
+        _group(ops, rt.cpu_name[top], rt.cpu_dur[top], rt.names)
+        mem = rt.cpu_is_op & (wb.bound == BOUND_MEMORY) & (wb.op_index >= 0)
+        for n, d in zip(rt.cpu_name[mem].tolist(), rt.cpu_dur[mem].tolist(), strict=False):
+            memory_ops[rt.names[n]] += d
+    warnings = list(rt.warnings)
+    if not steps:
+        warnings.append(f"rank {rt.rank}: the trace has no events to analyse")
+    elif not rt.steps:
+        warnings.append(f"rank {rt.rank}: no ProfilerStep annotations; the whole trace is "
+                        "analysed as one step (profile with a schedule and prof.step())")
+    return RankPartial(
+        result=result, has_gpu=rt.has_gpu, world_size=rt.world_size,
+        device_name=rt.device_name, device_memory=rt.device_memory,
+        shapes_recorded=rt.shapes_recorded, roofline=roof, collectives=collective_acc(rt),
+        kernels=dict(kernels), ops=dict(ops), memory_ops=dict(memory_ops),
+        dataloader_iters=rt.dataloader_iters, warnings=warnings,
+    )
+
+
+def _group(acc: dict, name_ids: np.ndarray, dur: np.ndarray, names: list[str]) -> None:
+    if name_ids.size == 0:
+        return
+    uniq, inv = np.unique(name_ids, return_inverse=True)
+    t = np.bincount(inv, weights=dur)
+    c = np.bincount(inv)
+    for u, tt, cc in zip(uniq.tolist(), t.tolist(), c.tolist(), strict=False):
+        a = acc[names[u]]
+        a[0] += cc
+        a[1] += tt
+
+
+def _trace_device(path_name: str | None, memory: int | None) -> DevicePeak | None:
+    if not path_name:
+        return None
+    dev = match_device(path_name)
+    if dev is not None and dev.name.startswith("A100") and memory and memory > 60e9:
+        dev = lookup_device("A100-80GB")
+    return dev
+
+
+def _load_and_analyze(args: tuple[str, int, DevicePeak | None, Callable[[], DevicePeak] | None]
+                      ) -> RankPartial:
+    path, hint, device, cpu_peak = args
+    rt = load_rank(Path(path), rank_hint=hint)
+    dev = device
+    if dev is None:
+        if rt.has_gpu:
+            dev = _trace_device(rt.device_name, rt.device_memory)
+        elif cpu_peak is not None:
+            dev = cpu_peak()
+    return analyze_rank(rt, dev)
+
+
+def diagnose(target: str | Path, choice: DeviceChoice | None = None,
+             flops_per_step: float | None = None, jobs: int | None = None) -> Diagnosis:
+    """Analyse a trace file, a folder of rank traces, or a run directory."""
+    choice = choice or DeviceChoice()
+    files = find_trace_files(Path(target))
+    explicit = choice.explicit()
+    work = [(str(f), i, explicit, choice.cpu_peak) for i, f in enumerate(files)]
+    workers = min(jobs or os.cpu_count() or 1, len(files), 4)
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            partials = list(pool.map(_load_and_analyze, work))
+    else:
+        partials = [_load_and_analyze(w) for w in work]
+    check_unique_ranks([(p.result.rank, p.result.trace) for p in partials])
+    partials.sort(key=lambda p: p.result.rank)
+    return assemble(partials, choice, explicit, flops_per_step, [str(f) for f in files])
+
+
+def assemble(partials: list[RankPartial], choice: DeviceChoice, explicit: DevicePeak | None,
+             flops_per_step: float | None, sources: list[str]) -> Diagnosis:
+    warnings: list[str] = []
+    for p in partials:
+        warnings.extend(p.warnings)
+    has_gpu = any(p.has_gpu for p in partials)
+    trace_dev_name = next((p.device_name for p in partials if p.device_name), None)
+    device: DevicePeak | None
+    if explicit is not None:
+        device = explicit
+        kind = "gpu" if has_gpu else "cpu"
+    elif has_gpu:
+        mem = next((p.device_memory for p in partials if p.device_name), None)
+        device = _trace_device(trace_dev_name, mem)
+        kind = "gpu"
+        if device is None:
+            warnings.append(
+                f"unknown device {trace_dev_name or '(not recorded in the trace)'}: no peak "
+                "FLOP/s or bandwidth, so no MFU and a roofline from kernel names only; pass "
+                "--device NAME or --peak-tflops/--peak-gbps"
+            )
+    else:
+        kind = "cpu"
+        if trace_dev_name:
+            warnings.append(f"no GPU activity in the trace although it names {trace_dev_name}: "
+                            "analysed with the CPU as the device")
+        else:
+            warnings.append("no GPU activity in the trace: analysed with the CPU as the device")
+        device = choice.cpu_peak() if choice.cpu_peak is not None else None
+        if device is not None:
+            warnings.append(f"CPU peak {device.peak_for('float')[0] / 1e9:.3g} GFLOP/s and "
+                            f"{device.bandwidth / 1e9:.3g} GB/s measured on this machine; if "
+                            "the trace came from another host pass --peak-tflops/--peak-gbps")
+        if explicit is None and any(p.roofline.groups for p in partials) and device is None:
+            warnings.append("no CPU peak available: roofline from op names only")
+
+    roof_acc = RooflineAcc()
+    for p in partials:
+        roof_acc.merge(p.roofline)
+    roofline = build_roofline(roof_acc, device)
+    shapes = any(p.shapes_recorded for p in partials)
+    if roofline.method == "kernel-names" and has_gpu:
+        if shapes:
+            warnings.append("most GPU time could not be attributed to operators with recorded "
+                            "shapes (CUDA graphs or custom kernels): compute/memory split comes "
+                            "from kernel names")
+        else:
+            warnings.append("no operator shapes recorded: compute/memory split comes from kernel "
+                            "names (profile with record_shapes=True for a roofline)")
+    collectives = finish_collectives([p.collectives for p in partials], device if has_gpu else None)
+    results = [p.result for p in partials]
+    world = next((p.world_size for p in partials if p.world_size), None)
+    if world and world > len(results):
+        warnings.append(f"{len(results)} of {world} ranks present: job-level numbers describe "
+                        "these ranks only")
+    stragglers = find_stragglers(results)
+    dtype = roof_acc.dominant_dtype()
+    mfu = compute_mfu(results, device, dtype, flops_per_step, shapes)
+
+    with_steps = [r for r in results if r.steps]
+    if with_steps:
+        per_rank = [sum_breakdowns([s.breakdown for s in r.steps], divide_by=len(r.steps))
+                    for r in with_steps]
+        breakdown = sum_breakdowns(per_rank, divide_by=len(per_rank))
+    else:
+        breakdown = TimeBreakdown()
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    memory_ops: dict[str, float] = defaultdict(float)
+    for p in partials:
+        for src, dst in ((p.kernels, kernels), (p.ops, ops)):
+            for k, (c, t) in src.items():
+                dst[k][0] += c
+                dst[k][1] += t
+        for k, t in p.memory_ops.items():
+            memory_ops[k] += t
+    busy = sum(r.total.gpu_busy for r in results)
+    dl_iters = sorted({it for p in partials for it in p.dataloader_iters})
+    n_steps = max((len(r.steps) if r.steps and r.steps[0].step is not None else 0)
+                  for r in results) if results else 0
+    if breakdown.step_time > 0:
+        verdict = classify(breakdown, device_kind=kind, roofline=roofline, mfu=mfu,
+                           collectives=collectives, stragglers=stragglers, n_steps=n_steps,
+                           dataloader_iters=dl_iters,
+                           top_memory_ops=[k for k, _ in sorted(memory_ops.items(),
+                                                                 key=lambda kv: -kv[1])])
+    else:
+        verdict = Verdict(label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
+                          summary="nothing to analyse: the trace holds no timed events",
+                          evidence={}, secondary=None, recommendations=[])
+        mfu = Mfu(None, "not available: no steps", None, "none", None, None, None)
+    dev_info = DeviceInfo(
+        name=device.name if device else (trace_dev_name or ("CPU" if kind == "cpu" else "unknown")),
+        source=device.source if device else "unknown", kind=kind,
+        peak_flops=dict(device.flops) if device else {},
+        bandwidth=device.bandwidth if device else 0.0, trace_device_name=trace_dev_name,
+    )
+    return Diagnosis(
+        schema_version=DIAGNOSIS_SCHEMA_VERSION, gpudiag_version=__version__, sources=sources,
+        device=dev_info, world_size=world, ranks=results, breakdown=breakdown, verdict=verdict,
+        mfu=mfu, roofline=roofline, communication=collectives, stragglers=stragglers,
+        top_kernels=_top(kernels, busy), top_ops=_top(ops, busy), warnings=_dedupe(warnings),
+    )
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    seen: set[str] = set()
+    return [x for x in items if not (x in seen or seen.add(x))]
+
+
+__all__ = ["DeviceChoice", "diagnose", "TraceError"]

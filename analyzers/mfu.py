@@ -1,0 +1,43 @@
+"""Model FLOPs utilisation: useful model FLOPs per second over the device's peak.
+
+Model FLOPs are matmul, convolution and attention FLOPs (the PaLM paper's definition counts
+the model's math, not recomputation or elementwise work); the peak is the one of the dtype
+those FLOPs ran in. When either is unknown the answer is "not available", never a guess.
+"""
+
+from __future__ import annotations
+
+from gpudiag.devices import DTYPE_FAMILY, DevicePeak
+from gpudiag.diagnosis import Mfu, RankResult
+
+
+def compute_mfu(ranks: list[RankResult], device: DevicePeak | None, dtype: str,
+                flops_per_step: float | None, shapes_recorded: bool) -> Mfu:
+    step_times = [r.mean_step_time for r in ranks if r.mean_step_time > 0]
+    step_us = sum(step_times) / len(step_times) if step_times else None
+    if device is None:
+        return Mfu(None, "not available: unknown device peak (pass --device or --peak-tflops "
+                   "and --peak-gbps)", None, "none", None, None, step_us)
+    peak, family = device.peak_for(dtype)
+    if flops_per_step is not None:
+        source = "--flops-per-step"
+        flops = flops_per_step
+    else:
+        per_rank = []
+        for r in ranks:
+            vals = [s.model_flops for s in r.steps if s.model_flops is not None]
+            if vals:
+                per_rank.append(sum(vals) / len(r.steps))
+        if not per_rank or not shapes_recorded:
+            return Mfu(None, "not available: the trace has no recorded shapes of matmul/conv/"
+                       "attention ops (profile with record_shapes=True, or pass --flops-per-step)",
+                       None, "none", DTYPE_FAMILY.get(dtype, family), peak, step_us)
+        flops = sum(per_rank) / len(per_rank)
+        source = "shapes"
+    if not step_us:
+        return Mfu(None, "not available: no step time could be measured", flops, source,
+                   family, peak, None)
+    value = flops / (step_us * 1e-6) / peak
+    reason = (f"{flops / 1e12:.3g} TFLOP per step per rank ({source}) over "
+              f"{step_us / 1e3:.3g} ms per step at {peak / 1e12:.4g} TFLOP/s {family} peak")
+    return Mfu(value, reason, flops, source, family, peak, step_us)

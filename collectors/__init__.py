@@ -1,0 +1,1 @@
+"""Everything that touches hardware or a live process."""

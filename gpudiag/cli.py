@@ -1,0 +1,76 @@
+"""The ``gpudiag`` command: a click group whose commands are imported only when run.
+
+Lazy loading keeps ``gpudiag --help`` instant and lets an agent node without the analysis
+extras still run ``gpudiag agent``. Exit codes are a contract for scripts: 0 ok, 1 the job
+(or gpudiag itself) failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from gpudiag import __version__
+from gpudiag.errors import GpudiagError
+
+# command name -> (module, attribute, one-line help shown by `gpudiag --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "analyze": ("gpudiag.commands.analyze", "analyze",
+                "Diagnose PyTorch profiler traces: what limits this job, and what to do."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpudiag")
+def main() -> None:
+    """GPU performance diagnostics for ML training jobs.
+
+    \b
+    Typical use:
+      gpudiag analyze ./traces            # verdict for a folder of Kineto traces
+      gpudiag analyze rank-0.json.gz --json > diagnosis.json
+
+    Exit codes: 0 ok, 1 failure, 2 bad input.
+    """
+
+
+def run() -> None:
+    """Console-script entry point: GpudiagError becomes one line and its exit code."""
+    try:
+        main(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("gpudiag: aborted", err=True)
+        sys.exit(130)
+    except GpudiagError as e:
+        click.echo(f"gpudiag: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,47 @@
+"""``gpudiag analyze``: a verdict from PyTorch profiler traces."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the full Diagnosis as JSON.")
+@click.option("--device", metavar="NAME",
+              help="Device whose peaks to use (e.g. H100-SXM, A100-80GB); default: the name "
+                   "recorded in the trace. Unknown names are an error.")
+@click.option("--peak-tflops", type=float, metavar="X",
+              help="Peak TFLOP/s of the device (with --peak-gbps), for devices not in the table.")
+@click.option("--peak-gbps", type=float, metavar="Y", help="Peak memory bandwidth in GB/s.")
+@click.option("--flops-per-step", type=float, metavar="N",
+              help="Model FLOPs per step per rank, when shapes were not recorded (for MFU).")
+@click.option("--jobs", type=click.IntRange(1, 64), default=None,
+              help="Ranks analysed in parallel (default: CPU count, at most 4).")
+def analyze(target: str, as_json: bool, device: str | None, peak_tflops: float | None,
+            peak_gbps: float | None, flops_per_step: float | None, jobs: int | None) -> None:
+    """Diagnose the PyTorch profiler (Kineto) traces in TARGET.
+
+    TARGET is a trace file (.json or .json.gz), a folder with one trace per rank, or a
+    gpudiag run directory. The verdict names what limits the job (compute-, memory-,
+    communication-, input- or host-bound), the numbers that decided it, and what to do.
+
+    \b
+    Examples:
+      gpudiag analyze ./log/resnet              # a tensorboard_trace_handler folder
+      gpudiag analyze rank-0.json.gz --device H100-SXM
+      gpudiag analyze ./traces --json | jq .verdict
+    """
+    from analyzers.diagnose import DeviceChoice, diagnose
+    from collectors.cpu_peak import cpu_peak
+    from reports.terminal import render_terminal
+
+    if flops_per_step is not None and flops_per_step <= 0:
+        raise click.BadParameter("must be positive", param_hint="--flops-per-step")
+    choice = DeviceChoice(name=device, peak_tflops=peak_tflops, peak_gbps=peak_gbps,
+                          cpu_peak=cpu_peak)
+    diagnosis = diagnose(target, choice, flops_per_step=flops_per_step, jobs=jobs)
+    if as_json:
+        click.echo(diagnosis.to_json())
+    else:
+        click.echo(render_terminal(diagnosis))

@@ -1,0 +1,264 @@
+"""The ``Diagnosis``: everything gpudiag concluded about a job, as one versioned value.
+
+Reports, the agent and scripts (``--json``) all read this and nothing else, so it must
+round-trip through JSON exactly (``to_json`` / ``from_json``) and refuse versions it does
+not understand instead of misreading them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudiag.errors import BadInput
+
+DIAGNOSIS_SCHEMA_VERSION = 1
+
+
+class Bottleneck(str, enum.Enum):
+    COMPUTE = "compute-bound"
+    MEMORY = "memory-bound"
+    COMMUNICATION = "communication-bound"
+    INPUT = "input-bound"
+    HOST = "host-bound"
+    UNKNOWN = "unknown"
+
+
+@dataclass
+class TimeBreakdown:
+    """Where the wall time of a step (or of all steps) went, in microseconds.
+
+    ``compute + comm_exposed + memcpy_exposed + idle == step_time``;
+    ``idle == input_wait + host_overhead``. On a CPU-only trace "GPU" reads "device".
+    """
+
+    step_time: float = 0.0
+    gpu_busy: float = 0.0
+    compute: float = 0.0
+    compute_bound: float = 0.0  # part of compute spent in compute-bound kernels/ops
+    memory_bound: float = 0.0  # part of compute spent in memory-bound kernels/ops
+    comm_total: float = 0.0
+    comm_exposed: float = 0.0
+    memcpy_exposed: float = 0.0
+    idle: float = 0.0
+    input_wait: float = 0.0
+    host_overhead: float = 0.0
+
+    def fraction(self, part: str) -> float:
+        return getattr(self, part) / self.step_time if self.step_time > 0 else 0.0
+
+
+@dataclass
+class StepBreakdown:
+    step: int | None  # ProfilerStep number; None for a trace without steps
+    start: float  # us on the trace clock
+    breakdown: TimeBreakdown
+    model_flops: float | None = None
+
+
+@dataclass
+class GpuSpanBreakdown:
+    """HTA's temporal breakdown over the same window (for cross-checking with HTA)."""
+
+    kernel_time: float = 0.0
+    idle_time: float = 0.0
+    compute_time: float = 0.0
+    non_compute_time: float = 0.0
+
+    def pct(self, part: str) -> float:
+        return 100.0 * getattr(self, part) / self.kernel_time if self.kernel_time > 0 else 0.0
+
+
+@dataclass
+class RankResult:
+    rank: int
+    trace: str
+    steps: list[StepBreakdown]
+    total: TimeBreakdown
+    mean_step_time: float
+    gpu_span: GpuSpanBreakdown | None = None
+    dataloader_workers_hint: str | None = None
+
+
+@dataclass
+class RooflinePoint:
+    op: str
+    shape: str
+    dtype: str
+    calls: int
+    flops: float
+    bytes: float
+    time_us: float  # device time attributed to the op
+    intensity: float  # FLOP/byte
+    achieved_flops: float  # FLOP/s
+    attainable_flops: float  # min(peak, intensity * bandwidth)
+    bound: str  # "compute" or "memory"
+
+
+@dataclass
+class Roofline:
+    method: str  # "shapes", "kernel-names", or "none"
+    peak_flops: float
+    peak_bandwidth: float
+    ridge_intensity: float
+    dtype_family: str
+    compute_bound_time: float  # us of device compute time
+    memory_bound_time: float
+    unattributed_time: float  # compute time with neither shapes nor a known kernel class
+    points: list[RooflinePoint] = field(default_factory=list)
+
+
+@dataclass
+class CollectiveStats:
+    collective: str
+    count: int
+    total_time_us: float
+    exposed_time_us: float
+    bytes: float | None  # total message bytes over all calls
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    link_peak_gbps: float | None
+
+
+@dataclass
+class Mfu:
+    value: float | None
+    reason: str  # how it was obtained, or "not available: <why>"
+    flops_per_step: float | None
+    flops_source: str  # "shapes", "--flops-per-step", "none"
+    dtype_family: str | None
+    peak_flops: float | None
+    step_time_us: float | None
+
+
+@dataclass
+class Stragglers:
+    median_step_us: float
+    ranks: list[int]  # ranks whose mean step time is well above the median
+    imbalance: float  # (max - min) / median of per-rank mean step time
+    per_rank_step_us: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class DeviceInfo:
+    name: str
+    source: str
+    kind: str  # "gpu" or "cpu"
+    peak_flops: dict[str, float] = field(default_factory=dict)
+    bandwidth: float = 0.0
+    trace_device_name: str | None = None
+
+
+@dataclass
+class TopItem:
+    name: str
+    calls: int
+    time_us: float
+    share: float  # of device busy time
+
+
+@dataclass
+class Verdict:
+    label: Bottleneck
+    confidence: float  # 0..1
+    confidence_level: str  # "high" / "medium" / "low"
+    summary: str  # one sentence with the deciding numbers
+    evidence: dict[str, float]
+    secondary: Bottleneck | None
+    recommendations: list[str]
+
+
+@dataclass
+class Diagnosis:
+    schema_version: int
+    gpudiag_version: str
+    sources: list[str]
+    device: DeviceInfo
+    world_size: int | None
+    ranks: list[RankResult]
+    breakdown: TimeBreakdown  # mean per step over all ranks
+    verdict: Verdict
+    mfu: Mfu
+    roofline: Roofline
+    communication: list[CollectiveStats]
+    stragglers: Stragglers | None
+    top_kernels: list[TopItem]
+    top_ops: list[TopItem]
+    warnings: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _encode(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Diagnosis:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"diagnosis is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Diagnosis:
+        if not isinstance(data, dict):
+            raise BadInput("diagnosis must be a JSON object")
+        version = data.get("schema_version")
+        if version != DIAGNOSIS_SCHEMA_VERSION:
+            raise BadInput(
+                f"diagnosis schema version {version!r} is not supported "
+                f"(this gpudiag reads version {DIAGNOSIS_SCHEMA_VERSION}); re-run gpudiag analyze"
+            )
+        try:
+            return _decode(cls, data)
+        except (TypeError, ValueError, KeyError) as e:
+            raise BadInput(f"diagnosis is malformed: {e}") from None
+
+
+def _encode(v: Any) -> Any:
+    if dataclasses.is_dataclass(v):
+        return {f.name: _encode(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, dict):
+        return {str(k): _encode(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_encode(x) for x in v]
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return None
+        return v
+    return v
+
+
+def _decode(tp: Any, v: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if v is None:
+            return None
+        return _decode(args[0], v)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in v:
+                kwargs[f.name] = _decode(hints[f.name], v[f.name])
+        return tp(**kwargs)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp(v)
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        return [_decode(inner, x) for x in v]
+    if origin is dict:
+        _, inner = typing.get_args(tp)
+        return {k: _decode(inner, x) for k, x in v.items()}
+    if tp is float:
+        return float("nan") if v is None else float(v)
+    return v

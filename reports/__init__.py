@@ -1,0 +1,1 @@
+"""Render a Diagnosis (terminal text, JSON; HTML in a later issue). Renders, never computes."""

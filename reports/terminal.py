@@ -1,0 +1,98 @@
+"""A Diagnosis as text for a terminal: the verdict first, the evidence after."""
+
+from __future__ import annotations
+
+import textwrap
+
+from gpudiag.diagnosis import Diagnosis
+
+_BAR = 30
+
+
+def _bar(frac: float) -> str:
+    n = int(round(max(0.0, min(1.0, frac)) * _BAR))
+    return "#" * n + "." * (_BAR - n)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:5.1f}%"
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.3g} ms"
+
+
+def render_terminal(d: Diagnosis, width: int = 100) -> str:
+    out: list[str] = []
+    dev = d.device
+    ranks = len(d.ranks)
+    world = f" of {d.world_size}" if d.world_size and d.world_size != ranks else ""
+    src = f"{dev.name}" + (f" [{dev.source}]" if dev.source else "")
+    out.append(f"gpudiag {d.gpudiag_version} | {ranks} rank{'s' if ranks != 1 else ''}{world} | "
+               f"device: {src}")
+    v = d.verdict
+    second = f" | secondary: {v.secondary.value}" if v.secondary else ""
+    out.append("")
+    out.append(f"VERDICT: {v.label.value.upper()}  (confidence {v.confidence:.2f}, "
+               f"{v.confidence_level}){second}")
+    out.extend(textwrap.wrap(v.summary, width, initial_indent="  ", subsequent_indent="  "))
+    b = d.breakdown
+    if b.step_time > 0:
+        unit = "GPU" if dev.kind == "gpu" else "CPU"
+        out.append("")
+        out.append(f"Step time {_ms(b.step_time)} (mean per step over ranks), {unit} view:")
+        rows = [
+            ("compute", b.compute),
+            ("  compute-bound", b.compute_bound),
+            ("  memory-bound", b.memory_bound),
+            ("exposed communication", b.comm_exposed),
+            ("exposed memcpy/memset", b.memcpy_exposed),
+            ("input wait (DataLoader)", b.input_wait),
+            ("host overhead", b.host_overhead),
+        ]
+        for name, val in rows:
+            frac = val / b.step_time
+            out.append(f"  {name:<26}{_pct(frac)}  {_bar(frac)}  {_ms(val)}")
+    m = d.mfu
+    out.append("")
+    if m.value is not None:
+        out.append(f"MFU: {100 * m.value:.1f}%  ({m.reason})")
+    else:
+        out.append(f"MFU: {m.reason}")
+    r = d.roofline
+    if r.method != "none" and r.peak_flops > 0:
+        out.append(f"Roofline ({r.method}): ridge {r.ridge_intensity:.3g} FLOP/byte at "
+                   f"{r.peak_flops / 1e12:.4g} TFLOP/s {r.dtype_family}, "
+                   f"{r.peak_bandwidth / 1e9:.4g} GB/s")
+    if d.communication:
+        out.append("")
+        out.append("Collectives:")
+        out.append(f"  {'type':<16}{'count':>7}{'time':>12}{'exposed':>12}{'busbw GB/s':>12}")
+        for c in d.communication:
+            bw = f"{c.busbw_gbps:.3g}" if c.busbw_gbps is not None else "n/a"
+            out.append(f"  {c.collective:<16}{c.count:>7}{_ms(c.total_time_us):>12}"
+                       f"{_ms(c.exposed_time_us):>12}{bw:>12}")
+    if d.stragglers is not None:
+        s = d.stragglers
+        slow = ", ".join(map(str, s.ranks)) or "none"
+        out.append(f"Ranks: median step {_ms(s.median_step_us)}, imbalance "
+                   f"{100 * s.imbalance:.1f}%, stragglers: {slow}")
+    top = d.top_kernels if dev.kind == "gpu" and d.top_kernels else d.top_ops
+    if top:
+        out.append("")
+        out.append("Top kernels:" if top is d.top_kernels else "Top operators:")
+        for t in top[:5]:
+            name = t.name if len(t.name) <= 70 else t.name[:67] + "..."
+            out.append(f"  {_pct(t.share)}  {_ms(t.time_us):>10}  x{t.calls:<6} {name}")
+    if v.recommendations:
+        out.append("")
+        out.append("What to do:")
+        for i, rec in enumerate(v.recommendations, 1):
+            out.extend(textwrap.wrap(rec, width, initial_indent=f"  {i}. ",
+                                     subsequent_indent="     "))
+    if d.warnings:
+        out.append("")
+        out.append("Warnings:")
+        for w in d.warnings:
+            out.extend(textwrap.wrap(w, width, initial_indent="  - ", subsequent_indent="    "))
+    return "\n".join(out)
