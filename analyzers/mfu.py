@@ -38,6 +38,13 @@ def compute_mfu(ranks: list[RankResult], device: DevicePeak | None, dtype: str,
         return Mfu(None, "not available: no step time could be measured", flops, source,
                    family, peak, None)
     value = flops / (step_us * 1e-6) / peak
+    if value > 1.0:
+        # More FLOP/s than the device can do: the peak belongs to another device (a GPU
+        # trace whose kernels were stripped, analysed against this CPU, say).
+        return Mfu(None, f"not available: the FLOPs in the trace imply {100 * value:.0f}% of "
+                   f"the {peak / 1e12:.4g} TFLOP/s peak, so the peak is not the device that "
+                   "recorded it; pass --device or --peak-tflops/--peak-gbps",
+                   flops, source, family, peak, step_us)
     reason = (f"{flops / 1e12:.3g} TFLOP per step per rank ({source}) over "
               f"{step_us / 1e3:.3g} ms per step at {peak / 1e12:.4g} TFLOP/s {family} peak")
     return Mfu(value, reason, flops, source, family, peak, step_us)

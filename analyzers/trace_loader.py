@@ -188,6 +188,10 @@ def read_trace_bytes(path: Path) -> bytes:
     return raw
 
 
+def _hashable(v: Any) -> Any:
+    return v if isinstance(v, (int, str, float)) or v is None else repr(v)
+
+
 def _as_int(v: Any) -> int | None:
     if isinstance(v, bool):
         return None
@@ -230,12 +234,12 @@ def decode_trace(data: bytes, path: str) -> tuple[list[Any], Any, Any]:
         return doc.traceEvents, doc.deviceProperties, doc.distributedInfo
     except msgspec.ValidationError:
         pass
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
         raise TraceError(f"{path}: invalid or truncated JSON ({e})") from None
     # Loose path: any shape is decoded, then checked field by field.
     try:
         doc = _DOC.decode(data) if stripped[:1] == b"{" else None
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as e:
         raise TraceError(f"{path}: not a PyTorch profiler trace ({e})") from None
     if doc is None or not isinstance(doc.traceEvents, list):
         raise TraceError(f"{path}: not a PyTorch profiler trace (no 'traceEvents' list)")
@@ -355,7 +359,7 @@ def _fold(events: list[Any], props: Any, dist: Any, path: str, rank_hint: int | 
         elif is_rt:
             corr = _as_int(a.correlation) if a is not None else None
             if corr is not None:
-                rt_corr[corr] = (ts, tid_ids.setdefault(ev.tid, len(tid_ids)))
+                rt_corr[corr] = (ts, tid_ids.setdefault(_hashable(ev.tid), len(tid_ids)))
         else:
             name = ev.name
             if name.startswith("ProfilerStep"):
@@ -373,7 +377,7 @@ def _fold(events: list[Any], props: Any, dist: Any, path: str, rank_hint: int | 
                 cpu_comm.append((ts, ts + dur))
                 if a is not None and a.collective is not None:
                     cpu_colls.append(_collective(a, ts, dur))
-            tid = tid_ids.setdefault(ev.tid, len(tid_ids))
+            tid = tid_ids.setdefault(_hashable(ev.tid), len(tid_ids))
             c_isop.append(cat != "user_annotation")
             c_ts.append(ts)
             c_dur.append(dur)
@@ -428,6 +432,7 @@ def _fold(events: list[Any], props: Any, dist: Any, path: str, rank_hint: int | 
     cpu_dur = np.asarray(c_dur, dtype=np.float64)
     cpu_tid = np.asarray(c_tid, dtype=np.int32)
     steps.sort(key=lambda s: s[1])
+    is_op = np.asarray(c_isop, dtype=bool)
     return RankTrace(
         rank=rank, path=path, world_size=world, device_name=dev_name, device_memory=dev_mem,
         backend=backend, names=names,
@@ -443,8 +448,8 @@ def _fold(events: list[Any], props: Any, dist: Any, path: str, rank_hint: int | 
         cpu_dtype=np.asarray(c_dtype, dtype=np.int32),
         cpu_is_model_flop=np.asarray(c_model, dtype=bool),
         cpu_had_shapes=np.asarray(c_shapes, dtype=bool),
-        cpu_depth=_nesting_depth(cpu_ts, cpu_dur, cpu_tid),
-        cpu_is_op=np.asarray(c_isop, dtype=bool),
+        cpu_depth=_op_depth(cpu_ts, cpu_dur, cpu_tid, is_op),
+        cpu_is_op=is_op,
         cpu_shape=c_shape_txt,
         steps=steps,
         dataloader=np.asarray(dataloader, dtype=np.float64).reshape(-1, 2),
@@ -482,6 +487,14 @@ def _kernel_classes(gpu_name: np.ndarray, gpu_kind: np.ndarray, names: list[str]
     out[:] = table[gpu_name]
     out[gpu_kind != 0] = KCLASS_MEMORY  # memcpy/memset activities whatever their name
     return out
+
+
+def _op_depth(ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, is_op: np.ndarray) -> np.ndarray:
+    """Nesting depth among operators only: user annotations wrap ops but are not ops."""
+    depth = np.zeros(ts.size, dtype=np.int16)
+    if is_op.any():
+        depth[is_op] = _nesting_depth(ts[is_op], dur[is_op], tid[is_op])
+    return depth
 
 
 def _nesting_depth(ts: np.ndarray, dur: np.ndarray, tid: np.ndarray) -> np.ndarray:

@@ -1,0 +1,85 @@
+"""Property: whatever a damaged trace looks like, the loader raises TraceError or succeeds.
+
+Mutations start from a real trace so they reach deep into the event structure, the way a
+truncated copy, a hand edit or a buggy exporter would.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analyzers.diagnose import analyze_rank
+from analyzers.trace_loader import decode_trace, load_rank
+from gpudiag.errors import TraceError
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mi250" / "rank-0.json.gz"
+RAW = gzip.decompress(TRACE.read_bytes()) if TRACE.exists() else b"{}"
+DOC = json.loads(RAW)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+FIELDS = ["ph", "cat", "name", "ts", "dur", "pid", "tid", "args"]
+ARG_FIELDS = ["External id", "correlation", "stream", "Input Dims", "Input type", "Collective name",
+              "In msg nelems", "dtype", "Group size"]
+
+
+def _check(data: bytes, tmp: Path) -> None:
+    p = tmp / "rank-0.json"
+    p.write_bytes(data)
+    try:
+        rt = load_rank(p)
+    except TraceError:
+        return
+    analyze_rank(rt, None)  # the analyses must take whatever the loader accepted
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, len(RAW)))
+def test_truncated_bytes_never_escape_as_other_errors(tmp_path, cut):
+    _check(RAW[:cut], tmp_path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pos=st.integers(0, max(len(RAW) - 1, 0)), byte=st.integers(0, 255))
+def test_flipped_bytes_never_escape_as_other_errors(tmp_path, pos, byte):
+    data = bytearray(RAW)
+    data[pos] = byte
+    _check(bytes(data), tmp_path)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_event_fields_never_escape_as_other_errors(tmp_path, data):
+    doc = json.loads(RAW)
+    events = doc["traceEvents"]
+    for _ in range(data.draw(st.integers(1, 5))):
+        ev = events[data.draw(st.integers(0, len(events) - 1))]
+        if not isinstance(ev, dict):
+            continue
+        if data.draw(st.booleans()) and isinstance(ev.get("args"), dict):
+            ev["args"][data.draw(st.sampled_from(ARG_FIELDS))] = data.draw(json_values)
+        else:
+            key = data.draw(st.sampled_from(FIELDS))
+            if data.draw(st.booleans()):
+                ev.pop(key, None)
+            else:
+                ev[key] = data.draw(json_values)
+    if data.draw(st.booleans()):
+        doc[data.draw(st.sampled_from(["deviceProperties", "distributedInfo", "schemaVersion"]))] = \
+            data.draw(json_values)
+    _check(json.dumps(doc).encode(), tmp_path)
+
+
+def test_decode_of_a_real_trace_keeps_every_complete_event():
+    events, props, dist = decode_trace(RAW, "mi250")
+    assert len(events) == len(DOC["traceEvents"])
+    assert props[0].name == DOC["deviceProperties"][0]["name"]
