@@ -19,6 +19,8 @@ from gpudiag.errors import GpudiagError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "analyze": ("gpudiag.commands.analyze", "analyze",
                 "Diagnose PyTorch profiler traces: what limits this job, and what to do."),
+    "profile": ("gpudiag.commands.profile", "profile",
+                "Run a training job unchanged, sample GPUs, trace a few steps, diagnose it."),
 }
 
 
@@ -45,6 +47,7 @@ def main() -> None:
 
     \b
     Typical use:
+      gpudiag profile -- python train.py  # observe a job and diagnose it
       gpudiag analyze ./traces            # verdict for a folder of Kineto traces
       gpudiag analyze rank-0.json.gz --json > diagnosis.json
 
@@ -55,7 +58,10 @@ def main() -> None:
 def run() -> None:
     """Console-script entry point: GpudiagError becomes one line and its exit code."""
     try:
-        main(standalone_mode=False)
+        # without standalone mode click returns a command's exit code instead of exiting
+        rv = main(standalone_mode=False)
+        if isinstance(rv, int):
+            sys.exit(rv)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:

@@ -1,0 +1,38 @@
+# The two commands the README promises:
+#   make demo   builds .venv, installs gpudiag (+ torch==2.13.0), profiles the bundled tiny
+#               CPU training script and prints gpudiag's verdict. No GPU needed.
+#   make test   builds .venv with the test extras and runs ruff and the test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch is pinned: a CPU wheel of 2.13.0 is what the test machines carry; an unpinned torch
+# pulls a multi-GB CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: demo test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed-core: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH) -e .
+	touch $@
+
+$(VENV)/.installed-test: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH) -e '.[test]'
+	touch $@ $(VENV)/.installed-core
+
+demo: $(VENV)/.installed-core
+	rm -rf runs/demo
+	$(BIN)/python benchmarks/workloads/tiny_train.py --profile-out runs/demo/traces
+	$(BIN)/gpudiag analyze runs/demo/traces
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+
+test: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs .bench .pytest_cache

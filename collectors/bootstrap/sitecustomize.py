@@ -1,0 +1,63 @@
+"""gpudiag's job bootstrap: put on PYTHONPATH by ``gpudiag profile``; arms when torch loads.
+
+Python imports the first ``sitecustomize`` on sys.path at start-up. This one installs an
+import hook that calls ``collectors.torch_bootstrap.arm(torch)`` right after ``import
+torch`` finishes, then hands over to any other ``sitecustomize`` further down sys.path, so a
+site's own customisation still runs. Processes that never import torch pay nothing.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))  # the folder holding collectors/ and gpudiag/
+
+
+class _TorchWatcher(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # one shot; also keeps find_spec below from recursing
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        real_exec = loader.exec_module
+
+        def exec_module(module):
+            real_exec(module)
+            try:
+                if _ROOT not in sys.path:
+                    sys.path.append(_ROOT)
+                from collectors import torch_bootstrap
+
+                torch_bootstrap.arm(module)
+            except Exception as e:  # never break the job
+                sys.stderr.write(f"gpudiag: bootstrap not armed: {e}\n")
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _chain_next_sitecustomize():
+    """Run the sitecustomize we shadowed, if there is one."""
+    for entry in sys.path:
+        if not entry or os.path.abspath(entry) == _HERE:
+            continue
+        candidate = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("_gpudiag_next_sitecustomize", candidate)
+            if spec and spec.loader:
+                try:
+                    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+                except Exception as e:
+                    sys.stderr.write(f"gpudiag: the site's sitecustomize failed: {e}\n")
+            return
+
+
+if os.environ.get("GPUDIAG_RUN_DIR") and "torch" not in sys.modules:
+    sys.meta_path.insert(0, _TorchWatcher())
+_chain_next_sitecustomize()

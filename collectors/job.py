@@ -1,0 +1,100 @@
+"""Run the user's job as a child process, unchanged, and hand signals on to it.
+
+The job gets gpudiag's stdin/stdout/stderr, its arguments and environment (plus the few
+``GPUDIAG_*`` variables and the bootstrap on ``PYTHONPATH``). It runs in its own process
+group so gpudiag can forward Ctrl-C/SIGTERM/SIGHUP to all of it (torchrun and its workers,
+DataLoader workers) and still outlive it to save what was collected. On a terminal, the
+job's group is made the foreground group so it reads the terminal and receives Ctrl-C
+exactly as it would without gpudiag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpudiag.errors import BadInput
+
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class JobResult:
+    exit_code: int  # what gpudiag exits with: the job's code, or 128 + signal number
+    signal: str | None  # "SIGKILL" when the job was killed by a signal
+    forwarded: list[str]  # signals gpudiag received and passed on
+
+
+def job_env(run_dir: Path, skip: int, steps: int) -> dict[str, str]:
+    env = dict(os.environ)
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + old if old else "")
+    env["GPUDIAG_RUN_DIR"] = str(run_dir.resolve())
+    env["GPUDIAG_SKIP"] = str(skip)
+    env["GPUDIAG_STEPS"] = str(steps)
+    return env
+
+
+@contextlib.contextmanager
+def _foreground(pgid: int) -> Iterator[None]:
+    """Give the terminal to the job's process group for its lifetime, as a shell would."""
+    fd = None
+    try:
+        if sys.stdin.isatty() and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp():
+            fd = sys.stdin.fileno()
+    except (OSError, ValueError, AttributeError):
+        fd = None
+    if fd is None:
+        yield
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, pgid)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(fd, os.getpgrp())
+        signal.signal(signal.SIGTTOU, old)
+
+
+def run_job(cmd: list[str], env: dict[str, str], on_start: callable | None = None) -> JobResult:
+    forwarded: list[str] = []
+    try:
+        child = subprocess.Popen(cmd, env=env, process_group=0)
+    except FileNotFoundError:
+        raise BadInput(f"command not found: {cmd[0]}") from None
+    except PermissionError:
+        raise BadInput(f"command not executable: {cmd[0]}") from None
+    except OSError as e:
+        raise BadInput(f"cannot start {cmd[0]}: {e.strerror or e}") from None
+
+    def forward(signum: int, frame: object) -> None:
+        forwarded.append(signal.Signals(signum).name)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        if on_start is not None:
+            on_start(child.pid)
+        with _foreground(child.pid):
+            while True:
+                try:
+                    code = child.wait()
+                    break
+                except InterruptedError:
+                    continue
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if code < 0:
+        sig = signal.Signals(-code)
+        return JobResult(exit_code=128 - code, signal=sig.name, forwarded=forwarded)
+    return JobResult(exit_code=code, signal=None, forwarded=forwarded)

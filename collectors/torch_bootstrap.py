@@ -1,0 +1,273 @@
+"""Runs inside the profiled job (every rank): step timing, profiler window, collective timing.
+
+Injected by ``collectors/bootstrap/sitecustomize.py`` when ``gpudiag profile`` starts a job,
+so the job's code is untouched. Only the standard library and torch are used here: the job
+may run a Python that has torch but not gpudiag's dependencies.
+
+What it does, cheaply, for the whole run:
+- counts steps through torch's global optimizer-step hook (or ``gpudiag.step()`` for loops
+  without an optimizer, which then takes over), and times each step;
+- times collectives (``torch.distributed`` calls; blocking calls only, whose wall time is the
+  collective's time on gloo/CPU) per type per step;
+- and for ``--steps`` steps after ``--skip`` steps only, runs ``torch.profiler`` with
+  ``record_shapes=True`` and writes ``traces/rank-<RANK>.json.gz``.
+
+Timings go to ``samples/steps-rank-<RANK>.jsonl``, flushed about once a second, so a crash
+loses at most the last second. Nothing here may change the job's outcome: every failure is
+caught and written to ``samples/bootstrap-rank-<RANK>.json`` instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gzip
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FLUSH_EVERY_S = 1.0
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single",
+                "barrier", "send", "recv", "gather", "scatter")
+
+_state: _Bootstrap | None = None
+
+
+def _rank() -> int:
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        v = os.environ.get(var)
+        if v is not None and v.isdigit():
+            return int(v)
+    return 0
+
+
+class _Bootstrap:
+    def __init__(self, run_dir: Path, skip: int, steps: int) -> None:
+        self.run_dir = run_dir
+        self.skip = skip
+        self.steps = steps
+        self.rank = _rank()
+        self.step = 0
+        self.explicit = False  # gpudiag.step() seen: the optimizer hook stops counting
+        self.t_step = time.perf_counter()
+        self.coll: dict[str, list[float]] = {}
+        self.buffer: list[str] = []
+        self.last_flush = time.monotonic()
+        self.prof: Any = None
+        self.prof_done = False
+        self.notes: list[str] = []
+        self.dataloader_workers: set[int] = set()
+        (run_dir / "samples").mkdir(parents=True, exist_ok=True)
+        (run_dir / "traces").mkdir(parents=True, exist_ok=True)
+        self.steps_path = run_dir / "samples" / f"steps-rank-{self.rank}.jsonl"
+
+    # -- steps ---------------------------------------------------------------------------
+    def on_step(self, explicit: bool) -> None:
+        if explicit:
+            self.explicit = True
+        elif self.explicit:
+            return
+        now = time.perf_counter()
+        self.step += 1
+        row = {"step": self.step, "t": time.time(), "dt": now - self.t_step}
+        if self.coll:
+            row["collectives"] = {k: {"count": int(v[0]), "seconds": v[1]} for k, v in self.coll.items()}
+            self.coll = {}
+        self.t_step = now
+        self.buffer.append(json.dumps(row, separators=(",", ":")))
+        if time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
+            self.flush()
+        self._profiler_step()
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        try:
+            with self.steps_path.open("a") as f:
+                f.write("\n".join(self.buffer) + "\n")
+        except OSError as e:
+            self.note(f"cannot write step timings: {e}")
+        self.buffer = []
+        self.last_flush = time.monotonic()
+
+    # -- profiler window -----------------------------------------------------------------
+    def _profiler_step(self) -> None:
+        if self.prof_done:
+            return
+        try:
+            import torch
+
+            if self.prof is None:
+                if self.step < self.skip:
+                    return
+                if torch.autograd.profiler._is_profiler_enabled:
+                    self.note("the job runs its own torch profiler: gpudiag does not start a "
+                              "second one (its traces are not collected); sampling continues")
+                    self.prof_done = True
+                    return
+                acts = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    acts.append(torch.profiler.ProfilerActivity.CUDA)
+                sched = torch.profiler.schedule(wait=0, warmup=1, active=self.steps, repeat=1)
+                self.prof = torch.profiler.profile(activities=acts, record_shapes=True,
+                                                   schedule=sched, on_trace_ready=self._write_trace)
+                # ProfilerStep#0 is the warm-up step, #1..#steps the traced ones; the job's
+                # own step numbers are in the steps file (window starts after step `skip`).
+                self.prof.start()
+                return
+            self.prof.step()
+            if self.prof_done:  # the window completed and was written
+                self.prof.stop()
+        except Exception as e:  # noqa: BLE001 - never break the job
+            self.note(f"torch profiler failed: {type(e).__name__}: {e}")
+            self.prof_done = True
+
+    def _write_trace(self, prof: Any) -> None:
+        final = self.run_dir / "traces" / f"rank-{self.rank}.json.gz"
+        raw = final.with_name(f".rank-{self.rank}.json.partial")
+        try:
+            prof.export_chrome_trace(str(raw))
+            tmp = final.with_name(f".rank-{self.rank}.json.gz.partial")
+            with raw.open("rb") as src, gzip.open(tmp, "wb", compresslevel=3) as dst:
+                shutil.copyfileobj(src, dst)
+            tmp.replace(final)  # readers never see a half-written trace
+        except Exception as e:  # noqa: BLE001
+            self.note(f"cannot write the trace: {type(e).__name__}: {e}")
+        finally:
+            raw.unlink(missing_ok=True)
+        self.prof_done = True
+
+    def finish(self) -> None:
+        """At exit: a window still open is cut short and written (fewer steps than asked)."""
+        try:
+            if self.prof is not None and not self.prof_done:
+                self.note(f"the job ended inside the profiling window (step {self.step}): the "
+                          "trace holds the steps completed so far")
+                self.prof.stop()
+                if not self.prof_done:
+                    self._write_trace(self.prof)
+        except Exception as e:  # noqa: BLE001
+            self.note(f"profiler stop failed: {type(e).__name__}: {e}")
+        self.flush()
+        self.write_meta()
+
+    # -- collectives -----------------------------------------------------------------------
+    def record_collective(self, name: str, seconds: float) -> None:
+        c = self.coll.setdefault(name, [0, 0.0])
+        c[0] += 1
+        c[1] += seconds
+
+    # -- notes and meta --------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+            self.write_meta()
+
+    def write_meta(self) -> None:
+        meta = {"rank": self.rank, "pid": os.getpid(), "steps_seen": self.step,
+                "skip": self.skip, "steps": self.steps, "notes": self.notes,
+                "dataloader_workers": sorted(self.dataloader_workers),
+                "explicit_steps": self.explicit}
+        path = self.run_dir / "samples" / f"bootstrap-rank-{self.rank}.json"
+        try:
+            tmp = path.with_suffix(".partial")
+            tmp.write_text(json.dumps(meta))
+            tmp.replace(path)
+        except OSError:
+            pass
+
+
+def step() -> None:
+    """``gpudiag.step()``: the end of one training step, for loops without an optimizer."""
+    if _state is not None:
+        try:
+            _state.on_step(explicit=True)
+        except Exception as e:  # noqa: BLE001
+            _state.note(f"step failed: {e}")
+
+
+def _wrap_collective(dist: Any, name: str) -> None:
+    fn = getattr(dist, name, None)
+    if fn is None or getattr(fn, "_gpudiag", False):
+        return
+
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if _state is None or kwargs.get("async_op"):
+            return fn(*args, **kwargs)
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _state.record_collective(name.replace("_into_tensor", "").replace("_tensor", "")
+                                     .replace("_single", ""), time.perf_counter() - t)
+
+    timed._gpudiag = True  # type: ignore[attr-defined]
+    setattr(dist, name, timed)
+
+
+def arm(torch: Any) -> None:
+    """Called once torch is imported in a process started by ``gpudiag profile``."""
+    global _state
+    if _state is not None:
+        return
+    run_dir = os.environ.get("GPUDIAG_RUN_DIR")
+    if not run_dir:
+        return
+    try:
+        _state = _Bootstrap(Path(run_dir), int(os.environ.get("GPUDIAG_SKIP", "10")),
+                            int(os.environ.get("GPUDIAG_STEPS", "5")))
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(lambda *_: _state.on_step(explicit=False))
+        import torch.distributed as dist
+
+        for name in _COLLECTIVES:
+            _wrap_collective(dist, name)
+        _patch_dataloader(torch)
+        atexit.register(_state.finish)
+        _chain_sigterm()
+    except Exception as e:  # noqa: BLE001 - the job must run even if we cannot observe it
+        if _state is not None:
+            _state.note(f"bootstrap failed: {type(e).__name__}: {e}")
+        else:
+            print(f"gpudiag: bootstrap failed: {e}", file=sys.stderr)
+
+
+def _patch_dataloader(torch: Any) -> None:
+    dl = torch.utils.data.DataLoader
+    orig_iter = dl.__iter__
+
+    @functools.wraps(orig_iter)
+    def it(self: Any) -> Any:
+        if _state is not None:
+            _state.dataloader_workers.add(int(getattr(self, "num_workers", 0)))
+        return orig_iter(self)
+
+    dl.__iter__ = it
+
+
+def _chain_sigterm() -> None:
+    """On SIGTERM (torchrun stopping workers, a scheduler's kill), flush, then die the same way.
+
+    Only when the job has not installed its own handler: we never change how a job reacts.
+    """
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if _state is not None:
+            _state.finish()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        pass

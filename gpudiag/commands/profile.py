@@ -1,0 +1,199 @@
+"""``gpudiag profile -- CMD``: observe an unmodified job, then diagnose it."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from gpudiag.errors import BadInput
+
+_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
+
+
+def parse_interval(text: str) -> float:
+    m = _INTERVAL.match(text)
+    if not m:
+        raise click.BadParameter(f"{text!r}: use e.g. 100ms, 0.5s or 1", param_hint="--interval")
+    value = float(m.group(1)) / (1000.0 if m.group(2) == "ms" else 1.0)
+    if not 0.01 <= value <= 3600:
+        raise click.BadParameter("must be between 10ms and 3600s", param_hint="--interval")
+    return value
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"],
+                                 "ignore_unknown_options": False})
+@click.option("--out", "out", type=click.Path(path_type=Path), default=None,
+              help="Run directory to create (default: runs/<time>-<command>).")
+@click.option("--interval", default="100ms", show_default=True,
+              help="GPU sampling interval (e.g. 100ms, 1s).")
+@click.option("--steps", type=click.IntRange(1, 1000), default=5, show_default=True,
+              help="Training steps traced with the torch profiler.")
+@click.option("--skip", type=click.IntRange(0, 10**9), default=10, show_default=True,
+              help="Steps run untraced first (warm-up, compilation, caches).")
+@click.option("--backend", default="nvml", show_default=True, metavar="nvml|replay:FILE",
+              help="Where GPU counters come from; replay:FILE plays back recorded samples.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the Diagnosis as JSON (after the job's own output).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def profile(out: Path | None, interval: str, steps: int, skip: int, backend: str, as_json: bool,
+            command: tuple[str, ...]) -> None:
+    """Run COMMAND unchanged while sampling GPUs and tracing a few steps, then diagnose it.
+
+    The job keeps its arguments, stdin/stdout/stderr, environment and exit code; gpudiag
+    exits with the job's exit code (128+N when a signal N killed it). Every rank started by
+    the job (torchrun included) is traced for --steps steps after --skip steps, counted by
+    optimizer steps (or gpudiag.step() in loops without an optimizer). Everything lands in
+    the run directory, even when the job crashes or is killed.
+
+    \b
+    Examples:
+      gpudiag profile -- python train.py --lr 3e-4
+      gpudiag profile --steps 3 --skip 20 -- torchrun --nproc_per_node 8 train.py
+      gpudiag profile --out runs/slow-job --json -- python train.py > out.txt
+    """
+    opts = ProfileOptions(out=out or _default_out(command), interval=parse_interval(interval),
+                          steps=steps, skip=skip, backend=backend, as_json=as_json)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise BadInput("no command to profile: gpudiag profile -- python train.py")
+    code = profile_job(list(command), opts)
+    raise click.exceptions.Exit(code)
+
+
+def _default_out(command: tuple[str, ...]) -> Path:
+    words = [c for c in command if c != "--"]
+    script = next((w for w in words if w.endswith(".py")), words[0] if words else "job")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(script).stem)[:40] or "job"
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+
+
+@dataclass
+class ProfileOptions:
+    out: Path
+    interval: float
+    steps: int
+    skip: int
+    backend: str
+    as_json: bool
+
+
+def _say(msg: str) -> None:
+    click.echo(f"gpudiag: {msg}", err=True)
+
+
+def profile_job(command: list[str], opts: ProfileOptions) -> int:
+    """Run, observe, save, diagnose. Returns the job's exit code; collector failures never
+    change it (they are reported)."""
+    import platform
+    import socket
+
+    from collectors.host import HostSampler
+    from collectors.job import job_env, run_job
+    from collectors.nvml import NvmlUnavailable, Sampler, open_backend
+    from gpudiag import __version__
+    from gpudiag.rundir import RunInfo, prepare_run_dir, write_run
+
+    run_dir = prepare_run_dir(opts.out)
+    info = RunInfo(command=command, cwd=str(Path.cwd()), host=socket.gethostname(),
+                   start=time.time(), versions={"gpudiag": __version__,
+                                                "python": platform.python_version()},
+                   options={"interval_s": opts.interval, "steps": opts.steps, "skip": opts.skip,
+                            "backend": opts.backend})
+    sampler = None
+    try:
+        backend = open_backend(opts.backend)
+        info.gpus = backend.describe()
+        info.gpu_counters = opts.backend
+        sampler = Sampler(backend, run_dir / "samples" / "gpu.jsonl", opts.interval,
+                          on_error=lambda m: info.notes.append(m)).start()
+    except NvmlUnavailable as e:
+        info.gpu_counters = f"not sampled: {e}"
+        _say(f"GPU counters are not sampled: {e}")
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    write_run(run_dir, info)
+    host: list[HostSampler] = []
+
+    def started(pid: int) -> None:
+        info.pid = pid
+        write_run(run_dir, info)
+        host.append(HostSampler(pid, run_dir / "samples" / "host.jsonl").start())
+
+    try:
+        result = run_job(command, job_env(run_dir, opts.skip, opts.steps), on_start=started)
+    except BadInput:
+        info.status, info.end = "failed", time.time()
+        info.notes.append("the command could not be started")
+        _stop(sampler, host)
+        write_run(run_dir, info)
+        raise
+    _stop(sampler, host)
+    info.end = time.time()
+    info.exit_code = result.exit_code
+    info.signal = result.signal
+    if result.signal:
+        info.status = "interrupted" if result.signal in ("SIGINT", "SIGTERM", "SIGHUP") else "killed"
+    else:
+        info.status = "completed" if result.exit_code == 0 else "failed"
+    if result.forwarded:
+        info.notes.append(f"forwarded to the job: {', '.join(result.forwarded)}")
+    steps = _step_summary(run_dir)
+    info.last_step = steps.get("last_step")
+    info.notes.extend(steps.get("notes", []))
+    write_run(run_dir, info)
+    how = f"killed by {result.signal}" if result.signal else f"exited with {result.exit_code}"
+    at = f" at step {info.last_step}" if info.last_step else ""
+    _say(f"job {how}{at}; run directory: {run_dir}")
+    try:
+        _diagnose(run_dir, opts, info)
+    except Exception as e:  # noqa: BLE001 - the job's outcome must not change
+        _say(f"analysis failed: {type(e).__name__}: {e} (the run directory is complete)")
+    return result.exit_code
+
+
+def _stop(sampler: object, host: list) -> None:
+    if sampler is not None:
+        sampler.stop()
+    for h in host:
+        h.stop()
+
+
+def _step_summary(run_dir: Path) -> dict:
+    import json
+
+    last = 0
+    notes: list[str] = []
+    for f in sorted((run_dir / "samples").glob("steps-rank-*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                last = max(last, int(json.loads(line)["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+    for f in sorted((run_dir / "samples").glob("bootstrap-rank-*.json")):
+        try:
+            meta = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        notes.extend(f"rank {meta.get('rank')}: {n}" for n in meta.get("notes", []))
+    return {"last_step": last or None, "notes": notes}
+
+
+def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> None:
+    traces = sorted((run_dir / "traces").glob("rank-*.json.gz"))
+    if not traces:
+        _say(f"no trace was written: the job ran {info.last_step or 0} optimizer steps and the "
+             f"profiler window starts after --skip {opts.skip} (lower --skip, or call "
+             "gpudiag.step() once per step if the loop has no optimizer)")
+        return
+    from analyzers.diagnose import DeviceChoice, diagnose
+    from collectors.cpu_peak import cpu_peak
+    from reports.terminal import render_terminal
+
+    d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak))
+    (run_dir / "diagnosis.json").write_text(d.to_json())
+    click.echo(d.to_json() if opts.as_json else render_terminal(d))

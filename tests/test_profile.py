@@ -1,0 +1,182 @@
+"""``gpudiag profile`` on real torch jobs: outcomes, run directories, signals, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpudiag.diagnosis import Diagnosis
+from gpudiag.rundir import read_run
+
+JOB = Path(__file__).parent / "jobs" / "loop_job.py"
+REPLAY = Path(__file__).parent / "fixtures" / "h200" / "nvml_samples.jsonl"
+
+
+def gpudiag(*args: str, input: str | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpudiag", *args], capture_output=True, text=True,
+                          timeout=timeout, input=input)
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gpudiag", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def steps_done(run: Path) -> int:
+    f = run / "samples" / "steps-rank-0.jsonl"
+    if not f.exists():
+        return 0
+    lines = [ln for ln in f.read_text().splitlines() if ln.strip()]
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+def wait_for(cond, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def test_job_keeps_its_output_stdin_and_exit_code(tmp_path):
+    run = tmp_path / "run"
+    proc = gpudiag("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--",
+                   sys.executable, str(JOB), "--steps", "12", "--exit-code", "3", "--echo-stdin",
+                   input="hello from stdin\n")
+    assert proc.returncode == 3, proc.stderr
+    assert "stdin: hello from stdin" in proc.stdout
+    assert "step 12" in proc.stdout
+    info = read_run(run)
+    assert info.status == "failed" and info.exit_code == 3 and info.last_step == 12
+    # the traced steps were written and diagnosed although the job failed
+    assert (run / "traces" / "rank-0.json.gz").exists()
+    d = Diagnosis.from_json((run / "diagnosis.json").read_text())
+    assert d.ranks[0].steps and len(d.ranks[0].steps) == 3
+
+
+def test_no_nvml_is_one_line_and_the_cpu_job_is_still_diagnosed(tmp_path):
+    run = tmp_path / "run"
+    proc = gpudiag("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--",
+                   sys.executable, str(JOB), "--steps", "10")
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "GPU counters are not sampled" in ln]
+    assert len(lines) == 1 and "NVML Shared Library Not Found" in lines[0]
+    assert "VERDICT:" in proc.stdout
+    assert read_run(run).gpu_counters.startswith("not sampled: NVML Shared Library Not Found")
+
+
+def test_sigkill_mid_run_keeps_everything_collected(tmp_path):
+    run = tmp_path / "run"
+    p = start("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--",
+              sys.executable, str(JOB), "--forever")
+    try:
+        wait_for(lambda: (run / "traces" / "rank-0.json.gz").exists() and steps_done(run) >= 8)
+        pid = read_run(run).pid
+        os.kill(pid, signal.SIGKILL)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 128 + signal.SIGKILL, err
+    info = read_run(run)
+    assert info.status == "killed" and info.signal == "SIGKILL"
+    assert info.last_step >= 8
+    assert "killed by SIGKILL at step" in err
+    assert (run / "diagnosis.json").exists()
+    assert (run / "samples" / "host.jsonl").exists()
+
+
+def test_ctrl_c_is_forwarded_and_the_run_is_saved(tmp_path):
+    run = tmp_path / "run"
+    p = start("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--",
+              sys.executable, str(JOB), "--forever")
+    try:
+        wait_for(lambda: (run / "traces" / "rank-0.json.gz").exists() and steps_done(run) >= 8)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 128 + signal.SIGINT, err
+    info = read_run(run)
+    assert info.status == "interrupted" and info.signal == "SIGINT"
+    assert any("forwarded to the job: SIGINT" in n for n in info.notes)
+    assert (run / "diagnosis.json").exists()
+
+
+def test_sigterm_inside_the_profiling_window_still_writes_the_trace(tmp_path):
+    run = tmp_path / "run"
+    # 1 s per step: SIGTERM arrives while the window (steps 3-6) is open
+    p = start("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--",
+              sys.executable, str(JOB), "--forever", "--sleep", "1")
+    try:
+        wait_for(lambda: steps_done(run) >= 4)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert (run / "traces" / "rank-0.json.gz").exists()
+    meta = json.loads((run / "samples" / "bootstrap-rank-0.json").read_text())
+    assert any("inside the profiling window" in n for n in meta["notes"])
+
+
+def test_loop_without_optimizer_uses_gpudiag_step(tmp_path):
+    run = tmp_path / "run"
+    proc = gpudiag("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--",
+                   sys.executable, str(JOB), "--steps", "10", "--no-optimizer")
+    assert proc.returncode == 0, proc.stderr
+    assert steps_done(run) == 10
+    assert (run / "traces" / "rank-0.json.gz").exists()
+
+
+def test_job_with_its_own_profiler_is_left_alone(tmp_path):
+    script = tmp_path / "own.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(8, 8); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "with torch.profiler.profile() as p:\n"
+        "    for _ in range(8):\n"
+        "        m(torch.randn(4, 8)).sum().backward(); o.step()\n"
+        "print('own profiler ok')\n")
+    run = tmp_path / "run"
+    proc = gpudiag("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--",
+                   sys.executable, str(script))
+    assert proc.returncode == 0, proc.stderr
+    assert "own profiler ok" in proc.stdout
+    meta = json.loads((run / "samples" / "bootstrap-rank-0.json").read_text())
+    assert any("its own torch profiler" in n for n in meta["notes"])
+    assert "no trace was written" in proc.stderr
+
+
+def test_replay_backend_records_gpu_samples_through_the_sampler(tmp_path):
+    run = tmp_path / "run"
+    proc = gpudiag("profile", "--out", str(run), "--interval", "50ms", "--backend", f"replay:{REPLAY}",
+                   "--skip", "2", "--steps", "3", "--", sys.executable, str(JOB), "--steps", "10",
+                   "--sleep", "0.05")
+    assert proc.returncode == 0, proc.stderr
+    info = read_run(run)
+    assert info.gpus[0]["name"] == "NVIDIA H200"
+    rows = [json.loads(ln) for ln in (run / "samples" / "gpu.jsonl").read_text().splitlines()[1:]]
+    assert len(rows) >= 5
+    assert all(isinstance(r["gpm_sm_activity"], float) for r in rows)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["profile"], "Missing argument"),
+    (["profile", "--bogus", "--", "true"], "No such option"),
+    (["profile", "--interval", "fast", "--", "true"], "--interval"),
+    (["profile", "--out", "/proc/gpudiag-cannot-write", "--", "true"], "cannot write"),
+    (["profile", "--", "definitely-not-a-command-xyz"], "command not found"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, args, needle):
+    proc = gpudiag(*args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
