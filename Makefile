@@ -1,6 +1,6 @@
 # The two commands the README promises:
-#   make demo   builds .venv, installs gpudiag (+ torch==2.13.0), profiles the bundled tiny
-#               CPU training script and prints gpudiag's verdict. No GPU needed.
+#   make demo   builds .venv, installs gpudiag (+ torch==2.13.0), runs the bundled tiny CPU
+#               training script under `gpudiag profile` and prints the verdict. No GPU needed.
 #   make test   builds .venv with the test extras and runs ruff and the test suite.
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,8 +24,7 @@ $(VENV)/.installed-test: $(BIN)/python pyproject.toml
 
 demo: $(VENV)/.installed-core
 	rm -rf runs/demo
-	$(BIN)/python benchmarks/workloads/tiny_train.py --profile-out runs/demo/traces
-	$(BIN)/gpudiag analyze runs/demo/traces
+	$(BIN)/gpudiag profile --out runs/demo -- $(BIN)/python benchmarks/workloads/tiny_train.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

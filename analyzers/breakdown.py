@@ -31,26 +31,19 @@ TINY_CPU_OP_US = 20.0
 
 
 def step_windows(rt: RankTrace) -> tuple[np.ndarray, np.ndarray, list[int | None]]:
-    """[start, end) of each step. A step owns the GPU work it launched, up to the next step.
+    """[start, end) of each step on the host clock: from its start to the next step's start.
 
+    The GPU runs behind the host (a step's kernels often execute during the next step), so
+    windows follow the host's step boundaries: in steady state each window then holds one
+    step's worth of GPU work, and the step time is the training loop's period. The last
+    step ends where its annotation ends; its GPU work that spills past the trace is not
+    counted, as the spill into each window from the step before it is.
     Without ``ProfilerStep`` annotations the whole trace is one window.
     """
     if rt.steps:
         starts = np.array([s[1] for s in rt.steps])
-        cpu_ends = np.array([s[2] for s in rt.steps])
-        ends = cpu_ends.copy()
-        if rt.has_gpu:
-            gend = rt.gpu_ts + rt.gpu_dur
-            launch = np.where(np.isnan(rt.gpu_launch_ts), rt.gpu_ts, rt.gpu_launch_ts)
-            k = np.searchsorted(starts, launch, side="right") - 1
-            ok = (k >= 0) & (launch <= cpu_ends[np.clip(k, 0, None)])
-            if ok.any():
-                last_end = np.full(starts.size, -np.inf)
-                np.maximum.at(last_end, k[ok], gend[ok])
-                ends = np.maximum(ends, last_end)
-        # a step ends no later than the next one starts: windows never overlap
-        ends[:-1] = np.minimum(ends[:-1], np.maximum(starts[1:], cpu_ends[:-1]))
-        ends[:-1] = np.minimum(ends[:-1], starts[1:])
+        ends = np.array([s[2] for s in rt.steps])
+        ends[:-1] = starts[1:]  # the gap before the next step (logging, eval) belongs to this one
         return starts, ends, [s[0] for s in rt.steps]
     lo, hi = [], []
     if rt.cpu_ts.size:

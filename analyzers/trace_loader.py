@@ -12,10 +12,12 @@ The only exception that leaves this module is ``gpudiag.errors.TraceError``.
 from __future__ import annotations
 
 import gzip
+from array import array
 import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Union
 
 import msgspec
@@ -75,12 +77,17 @@ class _TraceDoc(msgspec.Struct):
 
 
 _EVENT_LIST = msgspec.json.Decoder(list[_EventTyped])
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+# Events are decoded this many at a time: the document is first split into raw (zero-copy)
+# event slices, then each batch is decoded and folded into columns before the next, so the
+# decoded Python objects of only one batch are alive at any time.
+DECODE_BATCH = 50_000
 _DOC = msgspec.json.Decoder(_TraceDoc)
 _DOC_TYPED = msgspec.json.Decoder(
     msgspec.defstruct(
         "_TraceDocTyped",
         [
-            ("traceEvents", Union[list[_EventTyped], None], None),
+            ("traceEvents", Union[list[msgspec.Raw], None], None),
             ("deviceProperties", Union[list[_DeviceProp], None], None),
             ("distributedInfo", Union[_DistInfo, None], None),
             ("schemaVersion", Any, None),
@@ -195,15 +202,15 @@ def _hashable(v: Any) -> Any:
 def _as_int(v: Any) -> int | None:
     if isinstance(v, bool):
         return None
-    if isinstance(v, int):
-        return v
     if isinstance(v, float) and v == v and abs(v) < 2**62:
-        return int(v)
-    if isinstance(v, str):
+        v = int(v)
+    elif isinstance(v, str):
         try:
-            return int(v)
+            v = int(v)
         except ValueError:
             return None
+    if isinstance(v, int) and -(2**62) < v < 2**62:  # fits the int64 columns
+        return v
     return None
 
 
@@ -216,58 +223,75 @@ def _as_num(v: Any) -> float | None:
     return None
 
 
-def decode_trace(data: bytes, path: str) -> tuple[list[Any], Any, Any]:
-    """Decode to (events, deviceProperties, distributedInfo) with the typed schema.
+def decode_trace(data: bytes, path: str) -> tuple[Iterator[Any], Any, Any]:
+    """Decode to (events, deviceProperties, distributedInfo).
 
-    Falls back to the loose schema when a field has an unexpected type, so one odd event
-    (a mutated or hand-edited file) is dropped rather than failing the whole file.
+    ``events`` is an iterator that decodes batch by batch. A batch with an unexpectedly typed
+    field is decoded loosely instead, so one odd event (a mutated or hand-edited file) is
+    dropped or read field by field rather than failing the whole file.
     """
     stripped = data.lstrip()
     if not stripped:
         raise TraceError(f"{path}: file is empty")
     try:
         if stripped[:1] == b"[":
-            return _EVENT_LIST.decode(data), None, None
+            return _batches(_RAW_LIST.decode(data), path), None, None
         doc = _DOC_TYPED.decode(data)
         if doc.traceEvents is None:
             raise TraceError(f"{path}: not a PyTorch profiler trace (no 'traceEvents' list)")
-        return doc.traceEvents, doc.deviceProperties, doc.distributedInfo
+        return _batches(doc.traceEvents, path), doc.deviceProperties, doc.distributedInfo
     except msgspec.ValidationError:
         pass
     except (msgspec.DecodeError, UnicodeDecodeError) as e:
         raise TraceError(f"{path}: invalid or truncated JSON ({e})") from None
-    # Loose path: any shape is decoded, then checked field by field.
+    # Loose path: the document's own fields have odd types; decode everything as plain JSON.
     try:
         doc = _DOC.decode(data) if stripped[:1] == b"{" else None
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as e:
         raise TraceError(f"{path}: not a PyTorch profiler trace ({e})") from None
     if doc is None or not isinstance(doc.traceEvents, list):
         raise TraceError(f"{path}: not a PyTorch profiler trace (no 'traceEvents' list)")
-    events: list[Any] = []
-    for raw in doc.traceEvents:
-        if not isinstance(raw, dict):
-            continue
-        args = raw.get("args")
-        targs = None
-        if isinstance(args, dict):
-            targs = _Args(
-                external_id=args.get("External id"), correlation=args.get("correlation"),
-                stream=args.get("stream"), input_dims=args.get("Input Dims"),
-                input_dims_old=args.get("Input dims"), input_type=args.get("Input type"),
-                collective=args.get("Collective name"), in_nelems=args.get("In msg nelems"),
-                out_nelems=args.get("Out msg nelems"), group_size=args.get("Group size"),
-                dtype=args.get("dtype"),
-            )
-        events.append(_EventTyped(ph=raw.get("ph"), cat=raw.get("cat"), name=raw.get("name"),
-                                  pid=raw.get("pid"), tid=raw.get("tid"), ts=raw.get("ts"),
-                                  dur=raw.get("dur"), args=targs))
     props = doc.deviceProperties if isinstance(doc.deviceProperties, list) else None
     props = [_DeviceProp(name=p.get("name"), totalGlobalMem=p.get("totalGlobalMem"))
              for p in (props or []) if isinstance(p, dict)]
     dist = doc.distributedInfo
     dist = _DistInfo(rank=dist.get("rank"), world_size=dist.get("world_size"),
                      backend=dist.get("backend")) if isinstance(dist, dict) else None
-    return events, props, dist
+    return iter([_loose_event(e) for e in doc.traceEvents]), props, dist
+
+
+def _batches(raw: list[msgspec.Raw], path: str) -> Iterator[Any]:
+    for i in range(0, len(raw), DECODE_BATCH):
+        chunk = raw[i:i + DECODE_BATCH]
+        blob = b"[" + b",".join(chunk) + b"]"
+        try:
+            try:
+                events = _EVENT_LIST.decode(blob)
+            except msgspec.ValidationError:
+                events = [_loose_event(e) for e in msgspec.json.decode(blob)]
+        except (msgspec.DecodeError, UnicodeDecodeError) as e:
+            raise TraceError(f"{path}: invalid JSON inside traceEvents ({e})") from None
+        del blob
+        yield from events
+
+
+def _loose_event(raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        return _EventTyped()
+    args = raw.get("args")
+    targs = None
+    if isinstance(args, dict):
+        targs = _Args(
+            external_id=args.get("External id"), correlation=args.get("correlation"),
+            stream=args.get("stream"), input_dims=args.get("Input Dims"),
+            input_dims_old=args.get("Input dims"), input_type=args.get("Input type"),
+            collective=args.get("Collective name"), in_nelems=args.get("In msg nelems"),
+            out_nelems=args.get("Out msg nelems"), group_size=args.get("Group size"),
+            dtype=args.get("dtype"),
+        )
+    return _EventTyped(ph=raw.get("ph"), cat=raw.get("cat"), name=raw.get("name"),
+                       pid=raw.get("pid"), tid=raw.get("tid"), ts=raw.get("ts"),
+                       dur=raw.get("dur"), args=targs)
 
 
 def load_rank(path: Path, rank_hint: int | None = None) -> RankTrace:
@@ -278,7 +302,7 @@ def load_rank(path: Path, rank_hint: int | None = None) -> RankTrace:
     return _fold(events, props, dist, str(path), rank_hint)
 
 
-def _fold(events: list[Any], props: Any, dist: Any, path: str, rank_hint: int | None) -> RankTrace:
+def _fold(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hint: int | None) -> RankTrace:
     names: list[str] = []
     name_ids: dict[str, int] = {}
 
@@ -289,24 +313,24 @@ def _fold(events: list[Any], props: Any, dist: Any, path: str, rank_hint: int | 
             names.append(s)
         return i
 
-    g_ts: list[float] = []
-    g_dur: list[float] = []
-    g_kind: list[int] = []
-    g_name: list[int] = []
-    g_stream: list[int] = []
-    g_corr: list[int] = []
-    g_ext: list[int] = []
-    c_ts: list[float] = []
-    c_dur: list[float] = []
-    c_name: list[int] = []
-    c_tid: list[int] = []
-    c_ext: list[int] = []
-    c_flops: list[float] = []
-    c_bytes: list[float] = []
-    c_dtype: list[int] = []
-    c_model: list[bool] = []
-    c_shapes: list[bool] = []
-    c_isop: list[bool] = []
+    g_ts = array('d')
+    g_dur = array('d')
+    g_kind = array('b')
+    g_name = array('i')
+    g_stream = array('q')
+    g_corr = array('q')
+    g_ext = array('q')
+    c_ts = array('d')
+    c_dur = array('d')
+    c_name = array('i')
+    c_tid = array('i')
+    c_ext = array('q')
+    c_flops = array('d')
+    c_bytes = array('d')
+    c_dtype = array('i')
+    c_model = array('b')
+    c_shapes = array('b')
+    c_isop = array('b')
     c_shape_txt: dict[int, str] = {}
     rt_corr: dict[int, tuple[float, int]] = {}
     steps: list[tuple[int, float, float]] = []

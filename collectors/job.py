@@ -39,6 +39,11 @@ def job_env(run_dir: Path, skip: int, steps: int) -> dict[str, str]:
     env["GPUDIAG_RUN_DIR"] = str(run_dir.resolve())
     env["GPUDIAG_SKIP"] = str(skip)
     env["GPUDIAG_STEPS"] = str(steps)
+    # NCCL collectives are timed by PyTorch's flight recorder (CUDA events per collective);
+    # a job's own settings win.
+    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    env.setdefault("TORCH_FR_BUFFER_SIZE", env["TORCH_NCCL_TRACE_BUFFER_SIZE"])
+    env.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
     return env
 
 

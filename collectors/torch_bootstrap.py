@@ -53,11 +53,14 @@ class _Bootstrap:
         self.skip = skip
         self.steps = steps
         self.rank = _rank()
+        self.pid = os.getpid()  # forked children (DataLoader workers) must not write as us
         self.step = 0
         self.explicit = False  # gpudiag.step() seen: the optimizer hook stops counting
         self.t_step = time.perf_counter()
         self.coll: dict[str, list[float]] = {}
-        self.buffer: list[str] = []
+        self.buffer: list[dict[str, Any]] = []
+        self.backend: str | None = None  # default process group backend, once known
+        self.fr_last_record = -1  # flight recorder entries already accounted for
         self.last_flush = time.monotonic()
         self.prof: Any = None
         self.prof_done = False
@@ -79,8 +82,9 @@ class _Bootstrap:
         if self.coll:
             row["collectives"] = {k: {"count": int(v[0]), "seconds": v[1]} for k, v in self.coll.items()}
             self.coll = {}
+        row["t0"] = time.time() - row["dt"]
         self.t_step = now
-        self.buffer.append(json.dumps(row, separators=(",", ":")))
+        self.buffer.append(row)
         if time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
             self.flush()
         self._profiler_step()
@@ -88,9 +92,11 @@ class _Bootstrap:
     def flush(self) -> None:
         if not self.buffer:
             return
+        if self.backend == "nccl":
+            self._poll_flight_recorder()
         try:
             with self.steps_path.open("a") as f:
-                f.write("\n".join(self.buffer) + "\n")
+                f.write("\n".join(json.dumps(r, separators=(",", ":")) for r in self.buffer) + "\n")
         except OSError as e:
             self.note(f"cannot write step timings: {e}")
         self.buffer = []
@@ -145,6 +151,8 @@ class _Bootstrap:
 
     def finish(self) -> None:
         """At exit: a window still open is cut short and written (fewer steps than asked)."""
+        if os.getpid() != self.pid:
+            return
         try:
             if self.prof is not None and not self.prof_done:
                 self.note(f"the job ended inside the profiling window (step {self.step}): the "
@@ -158,6 +166,44 @@ class _Bootstrap:
         self.write_meta()
 
     # -- collectives -----------------------------------------------------------------------
+    def _poll_flight_recorder(self) -> None:
+        """NCCL collective durations from PyTorch's flight recorder (GPU time, not launch).
+
+        NCCL calls return before the collective runs, so their wall time says nothing; with
+        TORCH_NCCL_ENABLE_TIMING the flight recorder measures each one with CUDA events.
+        Completed entries are attributed to the buffered step that was running when they
+        were created; older ones to the first buffered step.
+        """
+        try:
+            import pickle
+
+            import torch
+
+            fn = torch._C._distributed_c10d._dump_nccl_trace
+            try:
+                dump = fn(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+            except TypeError:  # older signature
+                dump = fn()
+            entries = pickle.loads(dump).get("entries", [])
+        except Exception as e:  # noqa: BLE001
+            self.note(f"NCCL flight recorder unavailable, NCCL collectives untimed: {e}")
+            self.backend = "nccl-untimed"
+            return
+        new = [e for e in entries if e.get("record_id", -1) > self.fr_last_record]
+        if new and self.fr_last_record >= 0 and new[0]["record_id"] > self.fr_last_record + 1:
+            self.note("more collectives per second than the flight recorder buffer holds: "
+                      "some NCCL collectives were not timed (raise TORCH_NCCL_TRACE_BUFFER_SIZE)")
+        for e in new:
+            if e.get("state") != "completed" or e.get("duration_ms") is None:
+                break  # keep order: later entries are picked up at the next flush
+            self.fr_last_record = e["record_id"]
+            created = e.get("time_created_ns", 0) / 1e9
+            row = next((r for r in self.buffer if r["t0"] <= created < r["t"]), self.buffer[0])
+            name = str(e.get("profiling_name", "nccl:unknown")).split(":", 1)[-1]
+            c = row.setdefault("collectives", {}).setdefault(name, {"count": 0, "seconds": 0.0})
+            c["count"] += 1
+            c["seconds"] += float(e["duration_ms"]) / 1e3
+
     def record_collective(self, name: str, seconds: float) -> None:
         c = self.coll.setdefault(name, [0, 0.0])
         c[0] += 1
@@ -183,13 +229,39 @@ class _Bootstrap:
             pass
 
 
+_config: tuple[Path, int, int] | None = None
+
+
+def _get_state() -> _Bootstrap | None:
+    """The state, created on the first step or collective of a training process.
+
+    Lazily, so processes that import torch but never train (torchrun's launcher, tools)
+    write nothing, and forked workers never write as their parent.
+    """
+    global _state
+    if _state is not None:
+        return _state if _state.pid == os.getpid() else None
+    if _config is None:
+        return None
+    _state = _Bootstrap(*_config)
+    atexit.register(_state.finish)
+    _chain_sigterm()
+    return _state
+
+
+def _on_step(explicit: bool) -> None:
+    st = _get_state()
+    if st is None:
+        return
+    try:
+        st.on_step(explicit)
+    except Exception as e:  # noqa: BLE001 - never break the job
+        st.note(f"step accounting failed: {type(e).__name__}: {e}")
+
+
 def step() -> None:
     """``gpudiag.step()``: the end of one training step, for loops without an optimizer."""
-    if _state is not None:
-        try:
-            _state.on_step(explicit=True)
-        except Exception as e:  # noqa: BLE001
-            _state.note(f"step failed: {e}")
+    _on_step(explicit=True)
 
 
 def _wrap_collective(dist: Any, name: str) -> None:
@@ -199,13 +271,18 @@ def _wrap_collective(dist: Any, name: str) -> None:
 
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        if _state is None or kwargs.get("async_op"):
+        st = _get_state() if _config is not None else None
+        if st is None or kwargs.get("async_op"):
             return fn(*args, **kwargs)
+        if st.backend is None and dist.is_initialized():
+            st.backend = str(dist.get_backend())
+        if st.backend is not None and st.backend.startswith("nccl"):
+            return fn(*args, **kwargs)  # timed on the GPU by the flight recorder instead
         t = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            _state.record_collective(name.replace("_into_tensor", "").replace("_tensor", "")
+            st.record_collective(name.replace("_into_tensor", "").replace("_tensor", "")
                                      .replace("_single", ""), time.perf_counter() - t)
 
     timed._gpudiag = True  # type: ignore[attr-defined]
@@ -214,30 +291,23 @@ def _wrap_collective(dist: Any, name: str) -> None:
 
 def arm(torch: Any) -> None:
     """Called once torch is imported in a process started by ``gpudiag profile``."""
-    global _state
-    if _state is not None:
-        return
+    global _config
     run_dir = os.environ.get("GPUDIAG_RUN_DIR")
-    if not run_dir:
+    if not run_dir or _config is not None:
         return
     try:
-        _state = _Bootstrap(Path(run_dir), int(os.environ.get("GPUDIAG_SKIP", "10")),
-                            int(os.environ.get("GPUDIAG_STEPS", "5")))
+        _config = (Path(run_dir), int(os.environ.get("GPUDIAG_SKIP", "10")),
+                   int(os.environ.get("GPUDIAG_STEPS", "5")))
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        register_optimizer_step_post_hook(lambda *_: _state.on_step(explicit=False))
+        register_optimizer_step_post_hook(lambda *_: _on_step(explicit=False))
         import torch.distributed as dist
 
         for name in _COLLECTIVES:
             _wrap_collective(dist, name)
         _patch_dataloader(torch)
-        atexit.register(_state.finish)
-        _chain_sigterm()
     except Exception as e:  # noqa: BLE001 - the job must run even if we cannot observe it
-        if _state is not None:
-            _state.note(f"bootstrap failed: {type(e).__name__}: {e}")
-        else:
-            print(f"gpudiag: bootstrap failed: {e}", file=sys.stderr)
+        print(f"gpudiag: bootstrap failed, the job runs unobserved: {e}", file=sys.stderr)
 
 
 def _patch_dataloader(torch: Any) -> None:
@@ -246,8 +316,9 @@ def _patch_dataloader(torch: Any) -> None:
 
     @functools.wraps(orig_iter)
     def it(self: Any) -> Any:
-        if _state is not None:
-            _state.dataloader_workers.add(int(getattr(self, "num_workers", 0)))
+        st = _get_state()
+        if st is not None:
+            st.dataloader_workers.add(int(getattr(self, "num_workers", 0)))
         return orig_iter(self)
 
     dl.__iter__ = it

@@ -39,6 +39,7 @@ class RunInfo:
     pid: int | None = None
     last_step: int | None = None
     notes: list[str] = field(default_factory=list)
+    sampler: dict[str, Any] = field(default_factory=dict)  # samples, cpu_seconds, wall_seconds
     schema_version: int = RUN_SCHEMA_VERSION
     kind: str = "gpudiag-run"
 

@@ -81,5 +81,5 @@ def test_mutated_event_fields_never_escape_as_other_errors(tmp_path, data):
 
 def test_decode_of_a_real_trace_keeps_every_complete_event():
     events, props, dist = decode_trace(RAW, "mi250")
-    assert len(events) == len(DOC["traceEvents"])
+    assert len(list(events)) == len(DOC["traceEvents"])
     assert props[0].name == DOC["deviceProperties"][0]["name"]

@@ -180,3 +180,34 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, args, needle):
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert needle in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_rank_gloo_torchrun_job_is_communication_bound(tmp_path):
+    run = tmp_path / "run"
+    proc = gpudiag("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--json", "--",
+                   sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                   "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+                   str(Path(__file__).parent / "jobs" / "gloo_job.py"), "--steps", "10", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (run / "traces").iterdir()) == ["rank-0.json.gz", "rank-1.json.gz"]
+    d = Diagnosis.from_json((run / "diagnosis.json").read_text())
+    assert d.verdict.label.value == "communication-bound", d.verdict.evidence
+    assert {r.rank for r in d.ranks} == {0, 1}
+    # collectives were timed for every step on every rank, not only the traced ones
+    for rank in (0, 1):
+        rows = [json.loads(ln) for ln in
+                (run / "samples" / f"steps-rank-{rank}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == list(range(1, 11))
+        assert all(r["collectives"]["all_reduce"]["count"] == 1 for r in rows)
+        assert all(r["collectives"]["all_reduce"]["seconds"] > 0 for r in rows)
+    # torchrun's launcher imports torch too but never trains: it must not write as a rank
+    metas = sorted(p.name for p in (run / "samples").glob("bootstrap-rank-*.json"))
+    assert metas == ["bootstrap-rank-0.json", "bootstrap-rank-1.json"]

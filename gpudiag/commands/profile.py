@@ -129,10 +129,10 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     except BadInput:
         info.status, info.end = "failed", time.time()
         info.notes.append("the command could not be started")
-        _stop(sampler, host)
+        _stop(sampler, host, info)
         write_run(run_dir, info)
         raise
-    _stop(sampler, host)
+    _stop(sampler, host, info)
     info.end = time.time()
     info.exit_code = result.exit_code
     info.signal = result.signal
@@ -156,9 +156,11 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     return result.exit_code
 
 
-def _stop(sampler: object, host: list) -> None:
+def _stop(sampler: object, host: list, info: object) -> None:
     if sampler is not None:
-        sampler.stop()
+        st = sampler.stop()
+        info.sampler = {"samples": st.samples, "cpu_seconds": round(st.cpu_seconds, 4),
+                        "wall_seconds": round(st.wall_seconds, 3), "errors": st.errors}
     for h in host:
         h.stop()
 
@@ -183,6 +185,29 @@ def _step_summary(run_dir: Path) -> dict:
     return {"last_step": last or None, "notes": notes}
 
 
+# Traced steps slower than this factor over untraced ones mean the profiler's own per-op cost
+# distorts the picture (typical on CPU jobs with many small ops); below it, noise.
+PROFILER_INFLATION = 1.5
+
+
+def _untraced_step_ms(run_dir: Path, opts: ProfileOptions) -> float | None:
+    """Median step time of rank 0 outside the profiling window (and its first step)."""
+    import json
+    import statistics
+
+    f = run_dir / "samples" / "steps-rank-0.jsonl"
+    window = range(opts.skip, opts.skip + opts.steps + 2)
+    dts = []
+    try:
+        for line in f.read_text().splitlines():
+            row = json.loads(line)
+            if row["step"] > 1 and row["step"] not in window:
+                dts.append(float(row["dt"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return statistics.median(dts) * 1e3 if len(dts) >= 3 else None
+
+
 def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> None:
     traces = sorted((run_dir / "traces").glob("rank-*.json.gz"))
     if not traces:
@@ -195,5 +220,12 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> None:
     from reports.terminal import render_terminal
 
     d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak))
+    untraced = _untraced_step_ms(run_dir, opts)
+    traced = d.breakdown.step_time / 1e3
+    if untraced and traced > PROFILER_INFLATION * untraced:
+        d.warnings.append(
+            f"traced steps took {traced:.3g} ms against {untraced:.3g} ms untraced (median): the "
+            f"profiler slowed them {traced / untraced:.1f}x, mostly per operator, so host/op "
+            "overhead is over-represented in this breakdown")
     (run_dir / "diagnosis.json").write_text(d.to_json())
     click.echo(d.to_json() if opts.as_json else render_terminal(d))

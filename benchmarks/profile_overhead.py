@@ -1,0 +1,92 @@
+"""What does ``gpudiag profile`` cost a job? Plain vs profiled runs, alternated in one run.
+
+Why alternate: machines drift (thermals, neighbours), so A and B runs interleave and we take
+the median of per-pair ratios rather than comparing two averages taken minutes apart.
+
+Two figures:
+- job wall-time overhead: the job's own wall time under ``gpudiag profile`` (start of the
+  child to its exit, from run.json) over its plain wall time. Target: at most 3% (median).
+  The post-run analysis gpudiag does after the job has ended is printed separately.
+- sampler CPU cost: the NVML sampler's own CPU time over wall time at the default 100 ms
+  interval, fed by the replay backend (this machine has no GPU) through the same code path.
+  Target: under 1% of one core.
+
+    python benchmarks/profile_overhead.py [--seconds 20] [--pairs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOAD = REPO / "benchmarks" / "workloads" / "steady_train.py"
+REPLAY = REPO / "tests" / "fixtures" / "h200" / "nvml_samples.jsonl"
+
+
+def timed(cmd: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def calibrate(seconds: float) -> int:
+    steps = 50
+    t = timed([sys.executable, str(WORKLOAD), "--steps", str(steps)])
+    t2 = timed([sys.executable, str(WORKLOAD), "--steps", str(steps * 3)])
+    per_step = max((t2 - t) / (2 * steps), 1e-4)
+    return max(50, int(seconds / per_step))
+
+
+def sampler_cost(seconds: float) -> tuple[float, int]:
+    sys.path.insert(0, str(REPO))
+    from collectors.nvml import ReplayBackend, Sampler
+
+    with tempfile.TemporaryDirectory() as d:
+        s = Sampler(ReplayBackend(REPLAY), Path(d) / "gpu.jsonl", interval=0.1).start()
+        time.sleep(seconds)
+        st = s.stop()
+    return st.cpu_seconds / st.wall_seconds, st.samples
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=20.0, help="target length of one plain run")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--sampler-seconds", type=float, default=10.0)
+    args = ap.parse_args()
+
+    steps = calibrate(args.seconds)
+    print(f"workload: {WORKLOAD.name} --steps {steps} (about {args.seconds:.0f} s plain)")
+    plain, job, total, analysis = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.pairs):
+            plain.append(timed([sys.executable, str(WORKLOAD), "--steps", str(steps)]))
+            out = Path(tmp) / f"run{i}"
+            total.append(timed([sys.executable, "-m", "gpudiag", "profile", "--out", str(out), "--",
+                                sys.executable, str(WORKLOAD), "--steps", str(steps)]))
+            info = json.loads((out / "run.json").read_text())
+            job.append(info["end"] - info["start"])
+            analysis.append(total[-1] - job[-1])
+            print(f"  pair {i + 1}: plain {plain[-1]:.2f} s, profiled job {job[-1]:.2f} s, "
+                  f"gpudiag total {total[-1]:.2f} s")
+    job_ratio = statistics.median(j / p for j, p in zip(job, plain))
+    total_ratio = statistics.median(t / p for t, p in zip(total, plain))
+    print(f"job wall-time overhead (median of {args.pairs} pairs): {100 * (job_ratio - 1):+.2f}% "
+          f"(target <= 3%: {'met' if job_ratio <= 1.03 else 'NOT met'})")
+    print(f"including gpudiag start-up and post-run analysis: {100 * (total_ratio - 1):+.2f}% "
+          f"(analysis and start-up {statistics.median(analysis):.2f} s per run)")
+    share, n = sampler_cost(args.sampler_seconds)
+    print(f"sampler CPU at 100 ms (replay of 1 H200, {n} samples): {100 * share:.3f}% of one core "
+          f"(target < 1%: {'met' if share < 0.01 else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
