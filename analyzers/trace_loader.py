@@ -12,12 +12,12 @@ The only exception that leaves this module is ``gpudiag.errors.TraceError``.
 from __future__ import annotations
 
 import gzip
-from array import array
 import re
 import zlib
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any, Union
 
 import msgspec

@@ -76,8 +76,8 @@ def main() -> int:
             analysis.append(total[-1] - job[-1])
             print(f"  pair {i + 1}: plain {plain[-1]:.2f} s, profiled job {job[-1]:.2f} s, "
                   f"gpudiag total {total[-1]:.2f} s")
-    job_ratio = statistics.median(j / p for j, p in zip(job, plain))
-    total_ratio = statistics.median(t / p for t, p in zip(total, plain))
+    job_ratio = statistics.median(j / p for j, p in zip(job, plain, strict=True))
+    total_ratio = statistics.median(t / p for t, p in zip(total, plain, strict=True))
     print(f"job wall-time overhead (median of {args.pairs} pairs): {100 * (job_ratio - 1):+.2f}% "
           f"(target <= 3%: {'met' if job_ratio <= 1.03 else 'NOT met'})")
     print(f"including gpudiag start-up and post-run analysis: {100 * (total_ratio - 1):+.2f}% "
