@@ -11,7 +11,7 @@ Workloads (``benchmarks/workloads/gpu_synthetic.py``), each profiled as a user w
   nccl         one-rank NCCL all_reduce per step   -> checks flight-recorder timing only
 
 Printed: expected vs measured label, gpudiag's MFU vs the analytic MFU of the GEMM (analytic
-FLOPs over the median *untraced* step time from the run's step timings; within 10%), the GPM
+FLOPs over the traced steps' wall time from gpudiag's step timer; within 10%), the GPM
 metrics NVML returned, and the sampler's CPU cost. Run directories' NVML samples and traces
 are copied to $OUT for use as replay fixtures.
 
@@ -46,10 +46,16 @@ def profile(kind: str, run: Path) -> tuple[int, str, float]:
     return p.returncode, p.stdout + p.stderr, time.perf_counter() - t
 
 
-def untraced_step_s(run: Path) -> float:
+def step_times(run: Path) -> tuple[float, float]:
+    """Median wall time of the traced steps and of the untraced ones, from the step timer.
+
+    The profiler starts after step SKIP; step SKIP+1 is its warm-up; SKIP+2.. are traced.
+    """
     rows = [json.loads(x) for x in (run / "samples" / "steps-rank-0.jsonl").read_text().splitlines()]
-    window = range(SKIP, SKIP + STEPS + 2)
-    return statistics.median(r["dt"] for r in rows if r["step"] > 2 and r["step"] not in window)
+    traced = range(SKIP + 2, SKIP + 2 + STEPS)
+    window = range(SKIP, SKIP + STEPS + 3)
+    return (statistics.median(r["dt"] for r in rows if r["step"] in traced),
+            statistics.median(r["dt"] for r in rows if r["step"] > 2 and r["step"] not in window))
 
 
 def main() -> int:
@@ -98,8 +104,13 @@ def main() -> int:
         if kind == "gemm":
             flops = next(int(x.split()[1]) for x in log.splitlines() if x.startswith("analytic_flops"))
             peak = match_device(gpu).peak_for("c10::bfloat16")[0]
-            analytic = flops / untraced_step_s(run) / peak
-            row["analytic_mfu"] = analytic
+            traced_s, untraced_s = step_times(run)
+            analytic = flops / traced_s / peak
+            row.update(analytic_mfu=analytic, untraced_mfu=flops / untraced_s / peak,
+                       throttle_reasons=sorted({s.get("throttle") for s in samples
+                                                if isinstance(s.get("throttle"), int)}),
+                       min_sm_clock=min((s["sm_clock_mhz"] for s in samples
+                                         if isinstance(s.get("sm_clock_mhz"), int)), default=None))
         rows.append(row)
         print(f"  {kind}: {row['measured']} in {secs:.1f} s", flush=True)
         shutil.copy(run / "samples" / "gpu.jsonl", args.out / f"{kind}-gpu.jsonl")
@@ -115,8 +126,11 @@ def main() -> int:
     if analytic is not None and gem.get("mfu") is not None:
         rel = gem["mfu"] / analytic - 1
         print(f"\nGEMM: gpudiag MFU {100 * gem['mfu']:.1f}% vs analytic {100 * analytic:.1f}% "
-              f"(analytic FLOPs / median untraced step): {100 * rel:+.1f}% "
+              f"(analytic FLOPs / the same steps' wall time from the step timer): {100 * rel:+.1f}% "
               f"({'within' if abs(rel) <= 0.10 else 'OUTSIDE'} 10%)")
+        print(f"      untraced steps ran at {100 * gem['untraced_mfu']:.1f}% MFU; SM clock down to "
+              f"{gem['min_sm_clock']} MHz, throttle reasons seen {gem['throttle_reasons']} "
+              "(4 = software power cap)")
     nccl = next((r for r in rows if r["workload"] == "nccl"), {})
     print(f"NCCL flight-recorder timing: {nccl.get('steps_with_collective_timing', 0)} steps with "
           f"collective times, {nccl.get('collective_seconds', 0):.4f} s in all")

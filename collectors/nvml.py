@@ -172,10 +172,19 @@ class ReplayBackend:
                 continue
             try:
                 row = json.loads(line)
+            except ValueError:
+                raise NvmlUnavailable(f"{path}:{n}: not JSON") from None
+            if not isinstance(row, dict):
+                raise NvmlUnavailable(f"{path}:{n}: not a samples row")
+            if "gpu" not in row:
+                if row.get("kind") == "gpu-samples":
+                    continue  # the header a Sampler writes
+                raise NvmlUnavailable(f"{path}:{n}: not a samples row (no 'gpu')")
+            try:
                 gpu = int(row["gpu"])
-            except (ValueError, KeyError, TypeError):
-                raise NvmlUnavailable(f"{path}:{n}: not a samples row") from None
-            if isinstance(row, dict) and "gpm_error" not in row:
+            except (TypeError, ValueError):
+                raise NvmlUnavailable(f"{path}:{n}: bad 'gpu' value") from None
+            if "error" not in row and "gpm_error" not in row:
                 rows.setdefault(gpu, []).append(row)
         if not rows:
             raise NvmlUnavailable(f"{path}: no samples to replay")
@@ -248,7 +257,7 @@ class Sampler:
         lines = []
         for i in range(self.backend.gpu_count()):
             try:
-                row = {"t": now, "gpu": i, **self.backend.sample(i)}
+                row = {"t": now, "gpu": i, **_finite(self.backend.sample(i))}
             except Exception as e:  # noqa: BLE001 - a GPU off the bus: keep the others
                 self.stats.errors += 1
                 row = {"t": now, "gpu": i, "error": str(e)}
@@ -280,6 +289,16 @@ class Sampler:
         finally:
             self.stats.cpu_seconds = time.thread_time() - t_cpu
             self.stats.wall_seconds = time.perf_counter() - t_wall
+
+
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    """GPM returns NaN for a metric it could not compute (first interval, idle engines):
+    that is "not available", and NaN is not valid JSON for other readers."""
+    return {k: ("n/a: not a number" if isinstance(v, float) and (v != v or v in (_INF, -_INF))
+                else v) for k, v in row.items()}
+
+
+_INF = float("inf")
 
 
 def read_samples(path: Path) -> list[dict[str, Any]]:

@@ -16,7 +16,8 @@ from gpudiag.diagnosis import Diagnosis
 from gpudiag.rundir import read_run
 
 JOB = Path(__file__).parent / "jobs" / "loop_job.py"
-REPLAY = Path(__file__).parent / "fixtures" / "h200" / "nvml_samples.jsonl"
+# recorded by gpudiag profile's own sampler on an H200 (holds GPM NaNs, as NVML returns them)
+REPLAY = Path(__file__).parent / "fixtures" / "h200" / "profile_gemm_gpu.jsonl"
 
 
 def gpudiag(*args: str, input: str | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
@@ -163,9 +164,14 @@ def test_replay_backend_records_gpu_samples_through_the_sampler(tmp_path):
     assert proc.returncode == 0, proc.stderr
     info = read_run(run)
     assert info.gpus[0]["name"] == "NVIDIA H200"
-    rows = [json.loads(ln) for ln in (run / "samples" / "gpu.jsonl").read_text().splitlines()[1:]]
+    def no_nan(text: str) -> float:
+        raise AssertionError(f"{text} in samples: not valid JSON")
+
+    lines = (run / "samples" / "gpu.jsonl").read_text().splitlines()[1:]
+    rows = [json.loads(ln, parse_constant=no_nan) for ln in lines]
     assert len(rows) >= 5
     assert all(isinstance(r["gpm_sm_activity"], float) for r in rows)
+    assert info.sampler["samples"] >= 5 and info.sampler["cpu_seconds"] >= 0
 
 
 @pytest.mark.parametrize("args,needle", [

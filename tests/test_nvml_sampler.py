@@ -1,0 +1,77 @@
+"""The GPU sampler, fed by replayed real H200 readings through the live code path."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from collectors.nvml import NvmlBackend, NvmlUnavailable, ReplayBackend, Sampler, read_samples
+
+H200 = Path(__file__).parent / "fixtures" / "h200"
+
+
+def test_missing_nvml_says_why_in_nvmls_own_words():
+    with pytest.raises(NvmlUnavailable, match="NVML Shared Library Not Found"):
+        NvmlBackend()
+
+
+def test_replay_of_a_real_recording_yields_its_rows_in_order():
+    rec = [json.loads(x) for x in (H200 / "profile_gemm_gpu.jsonl").read_text().splitlines()[1:]]
+    backend = ReplayBackend(H200 / "profile_gemm_gpu.jsonl")
+    assert backend.gpu_count() == 1 and backend.describe()[0]["gpm"] is True
+    for want in rec[:5]:
+        got = backend.sample(0)
+        assert got["sm_clock_mhz"] == want["sm_clock_mhz"] and got["power_mw"] == want["power_mw"]
+
+
+class _FallsOffTheBus(ReplayBackend):
+    """Replays two real GPUs; the second stops answering after a few samples (Xid 79)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.rows = [self.rows[0], list(self.rows[0])]
+        self.pos = [0, 0]
+
+    def sample(self, index: int) -> dict:
+        if index == 1 and self.pos[1] >= 3:
+            raise RuntimeError("GPU is lost")
+        return super().sample(index)
+
+
+def test_a_gpu_falling_off_the_bus_keeps_the_others_sampled(tmp_path):
+    out = tmp_path / "gpu.jsonl"
+    s = Sampler(_FallsOffTheBus(H200 / "profile_gemm_gpu.jsonl"), out, interval=0.02).start()
+    time.sleep(0.4)
+    stats = s.stop()
+    rows = read_samples(out)
+    gpu0 = [r for r in rows if r["gpu"] == 0]
+    gpu1 = [r for r in rows if r["gpu"] == 1]
+    assert len(gpu0) >= 8 and all("error" not in r for r in gpu0)
+    assert [("error" in r) for r in gpu1[:4]] == [False, False, False, True]
+    assert stats.errors == len(gpu1) - 3
+
+
+def test_a_torn_last_line_loses_only_that_line(tmp_path):
+    out = tmp_path / "gpu.jsonl"
+    s = Sampler(ReplayBackend(H200 / "profile_gemm_gpu.jsonl"), out, interval=0.02).start()
+    time.sleep(0.2)
+    s.stop()
+    whole = read_samples(out)
+    with out.open("a") as f:
+        f.write('{"t": 1.0, "gpu": 0, "power_mw": 12')  # the crash mid-write
+    assert read_samples(out) == whole
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("", "no samples"),
+    ("not json\n", "not JSON"),
+    ('{"t": 1}\n', "no 'gpu'"),
+])
+def test_bad_replay_files_are_refused_with_the_reason(tmp_path, content, needle):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(content)
+    with pytest.raises(NvmlUnavailable, match=needle):
+        ReplayBackend(p)
