@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from analyzers import intervals as iv
-from analyzers.roofline import BOUND_COMPUTE, BOUND_MEMORY, WorkBounds
+from analyzers.roofline import BOUND_COMPUTE, BOUND_MEMORY, WorkBounds, is_cpu_work
 from analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
 from gpudiag.diagnosis import GpuSpanBreakdown, StepBreakdown, TimeBreakdown
 
@@ -108,9 +108,7 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
         input_wait = iv.measure_in(dl, lo, hi)
         busy = compute + comm_exposed
         # compute-bound share from the innermost costed ops (or top-level ops by name)
-        inner = wb.op_index >= 0
-        work = ops & (inner | ((rt.cpu_depth == 0) & ~np.isfinite(rt.cpu_flops)))
-        work &= rt.cpu_dur >= TINY_CPU_OP_US
+        work = is_cpu_work(rt, wb) & (rt.cpu_dur >= TINY_CPU_OP_US)
         cb = _split(rt.cpu_dur[work & (wb.bound == BOUND_COMPUTE)],
                     rt.cpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
         mb = _split(rt.cpu_dur[work & (wb.bound == BOUND_MEMORY)],

@@ -188,7 +188,14 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
         partials = [_load_and_analyze(w) for w in work]
     check_unique_ranks([(p.result.rank, p.result.trace) for p in partials])
     partials.sort(key=lambda p: p.result.rank)
-    return assemble(partials, choice, explicit, flops_per_step, [str(f) for f in files])
+    d = assemble(partials, choice, explicit, flops_per_step, [str(f) for f in files])
+    run_dir = Path(target)
+    if run_dir.is_dir() and (run_dir / "run.json").is_file():
+        from analyzers.timeline import run_summary, run_timeline
+
+        d.run = run_summary(run_dir)
+        d.timeline = run_timeline(run_dir)
+    return d
 
 
 def assemble(partials: list[RankPartial], choice: DeviceChoice, explicit: DevicePeak | None,

@@ -51,6 +51,7 @@ class WorkBounds:
     bound: np.ndarray  # BOUND_*
     by_shapes: np.ndarray  # bool: decided from shapes (else name or unknown)
     op_index: np.ndarray  # costed CPU op the item belongs to, -1 if none
+    wraps_costed: np.ndarray  # CPU traces: uncosted op with a costed op inside
 
 
 def innermost_costed(rt: RankTrace) -> np.ndarray:
@@ -119,14 +120,45 @@ def work_bounds(rt: RankTrace, device: DevicePeak | None) -> WorkBounds:
         names_bound = _bounds_by_name(rt.gpu_name, rt.names)
         bound = np.where(by_shapes, bound, names_bound).astype(np.int8)
         bound[rt.gpu_class != KCLASS_COMPUTE] = BOUND_MEMORY
-        return WorkBounds(bound=bound, by_shapes=by_shapes, op_index=op_index)
+        return WorkBounds(bound=bound, by_shapes=by_shapes, op_index=op_index,
+                          wraps_costed=np.zeros(rt.cpu_ts.size, dtype=bool))
 
+    wraps = _wraps_costed(rt, inner_idx)
     bound = op_bound_all.copy()
+    bound[wraps] = BOUND_UNKNOWN  # judged through the costed ops inside them
     by_shapes = bound != BOUND_UNKNOWN
     names_bound = _bounds_by_name(rt.cpu_name, rt.names)
     bound = np.where(by_shapes, bound, names_bound).astype(np.int8)
     op_index = np.where(inner, np.arange(rt.cpu_ts.size), -1)
-    return WorkBounds(bound=bound, by_shapes=by_shapes, op_index=op_index)
+    return WorkBounds(bound=bound, by_shapes=by_shapes, op_index=op_index,
+                      wraps_costed=wraps)
+
+
+def _wraps_costed(rt: RankTrace, inner_idx: np.ndarray) -> np.ndarray:
+    """Mask of uncosted ops with a costed op inside (autograd wrappers such as
+    ``evaluate_function: AddmmBackward0`` around ``aten::mm``): their time is already the
+    costed op's, so counting them as work of their own would count it twice."""
+    out = np.zeros(rt.cpu_ts.size, dtype=bool)
+    if inner_idx.size == 0:
+        return out
+    uncosted = np.flatnonzero(~np.isfinite(rt.cpu_flops) & rt.cpu_is_op)
+    for t in np.unique(rt.cpu_tid[uncosted]):
+        mine = inner_idx[rt.cpu_tid[inner_idx] == t]
+        if mine.size == 0:
+            continue
+        starts = np.sort(rt.cpu_ts[mine])
+        cand = uncosted[rt.cpu_tid[uncosted] == t]
+        lo = np.searchsorted(starts, rt.cpu_ts[cand], side="left")
+        hi = np.searchsorted(starts, rt.cpu_ts[cand] + rt.cpu_dur[cand], side="left")
+        out[cand[hi > lo]] = True
+    return out
+
+
+def is_cpu_work(rt: RankTrace, wb: WorkBounds) -> np.ndarray:
+    """CPU work items: innermost costed ops, and top-level ops with no costed op inside."""
+    inner = wb.op_index >= 0
+    top_plain = (rt.cpu_depth == 0) & ~np.isfinite(rt.cpu_flops) & ~wb.wraps_costed
+    return rt.cpu_is_op & (inner | top_plain)
 
 
 def _enclosing_op(rt: RankTrace, ops: np.ndarray, when: np.ndarray, tid: np.ndarray
@@ -177,9 +209,7 @@ class RooflineAcc:
             work = rt.gpu_class == KCLASS_COMPUTE
             dur = rt.gpu_dur
         else:
-            # CPU: the innermost costed op's own time, or top-level ops without a cost
-            work = rt.cpu_is_op & ((wb.op_index >= 0)
-                                   | ((rt.cpu_depth == 0) & ~np.isfinite(rt.cpu_flops)))
+            work = is_cpu_work(rt, wb)
             dur = rt.cpu_dur
         self.cb_time += float(dur[work & (wb.bound == BOUND_COMPUTE)].sum())
         self.mb_time += float(dur[work & (wb.bound == BOUND_MEMORY)].sum())

@@ -339,6 +339,7 @@ def _fold(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hint: in
     cpu_comm: list[tuple[float, float]] = []
     gpu_colls: list[dict[str, Any]] = []
     cpu_colls: list[dict[str, Any]] = []
+    cpu_annotated: list[dict[str, Any]] = []
     tid_ids: dict[Any, int] = {}
     dropped_neg = dropped_missing = 0
     nan = float("nan")
@@ -401,6 +402,10 @@ def _fold(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hint: in
                 cpu_comm.append((ts, ts + dur))
                 if a is not None and a.collective is not None:
                     cpu_colls.append(_collective(a, ts, dur))
+                elif name.startswith(("gloo:", "nccl:")):
+                    # torch 2.x gloo: "gloo:all_reduce" with the tensor's dims and dtype, no
+                    # "Collective name" (and no record_param_comms)
+                    cpu_annotated.append(_annotated_collective(name, a, ts, dur))
             tid = tid_ids.setdefault(_hashable(ev.tid), len(tid_ids))
             c_isop.append(cat != "user_annotation")
             c_ts.append(ts)
@@ -477,7 +482,8 @@ def _fold(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hint: in
         cpu_shape=c_shape_txt,
         steps=steps,
         dataloader=np.asarray(dataloader, dtype=np.float64).reshape(-1, 2),
-        collectives=gpu_colls if gpu_colls else cpu_colls,
+        # one source only, so a collective recorded twice is not counted twice
+        collectives=gpu_colls or cpu_colls or cpu_annotated,
         cpu_comm_intervals=np.asarray(cpu_comm, dtype=np.float64).reshape(-1, 2),
         dataloader_iters=sorted(dl_kinds),
         warnings=warnings,
@@ -491,6 +497,20 @@ def _collective(a: _Args, ts: float, dur: float) -> dict[str, Any]:
         "in_nelems": _as_int(a.in_nelems), "out_nelems": _as_int(a.out_nelems),
         "group_size": _as_int(a.group_size), "dtype": a.dtype if isinstance(a.dtype, str) else None,
     }
+
+
+def _annotated_collective(name: str, a: _Args | None, ts: float, dur: float) -> dict[str, Any]:
+    dims = (a.input_dims if a is not None else None) or []
+    first = dims[0] if isinstance(dims, list) and dims else None
+    nelems = None
+    if isinstance(first, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in first):
+        nelems = 1
+        for x in first:
+            nelems *= x
+    types = a.input_type if a is not None else None
+    dtype = types[0] if isinstance(types, list) and types and isinstance(types[0], str) else None
+    return {"name": name.split(":", 1)[1], "ts": float(ts), "dur": float(dur),
+            "in_nelems": _as_int(nelems), "out_nelems": None, "group_size": None, "dtype": dtype}
 
 
 def _kernel_classes(gpu_name: np.ndarray, gpu_kind: np.ndarray, names: list[str]) -> np.ndarray:

@@ -174,6 +174,44 @@ class Verdict:
 
 
 @dataclass
+class RunSummary:
+    """The run.json of a ``gpudiag profile`` run, as reports show it."""
+
+    command: list[str]
+    host: str
+    start: float
+    end: float | None
+    status: str
+    exit_code: int | None
+    signal: str | None
+    last_step: int | None
+    gpus: list[dict[str, str]] = field(default_factory=list)
+    gpu_counters: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Series:
+    name: str
+    unit: str
+    gpu: int | None
+    rank: int | None
+    t: list[float]  # seconds since the run's first sample
+    v: list[float]
+
+
+@dataclass
+class Timeline:
+    """Counters over the whole run, already downsampled for drawing."""
+
+    start: float  # unix time of t = 0
+    duration: float
+    series: list[Series] = field(default_factory=list)
+    traced: list[list[float]] = field(default_factory=list)  # [start, end] spans, seconds
+
+
+@dataclass
 class Diagnosis:
     schema_version: int
     gpudiag_version: str
@@ -190,6 +228,8 @@ class Diagnosis:
     top_kernels: list[TopItem]
     top_ops: list[TopItem]
     warnings: list[str]
+    run: RunSummary | None = None
+    timeline: Timeline | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _encode(self)

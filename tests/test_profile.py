@@ -217,3 +217,22 @@ def test_two_rank_gloo_torchrun_job_is_communication_bound(tmp_path):
     # torchrun's launcher imports torch too but never trains: it must not write as a rank
     metas = sorted(p.name for p in (run / "samples").glob("bootstrap-rank-*.json"))
     assert metas == ["bootstrap-rank-0.json", "bootstrap-rank-1.json"]
+
+
+WORKLOADS = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads"
+
+
+@pytest.mark.parametrize("workload,label", [
+    ("input_bound", "input-bound"),
+    ("compute_bound", "compute-bound"),
+    ("host_bound", "host-bound"),
+])
+def test_unmodified_workload_under_profile_gets_its_label(tmp_path, workload, label):
+    run = tmp_path / "run"
+    proc = gpudiag("profile", "--out", str(run), "--skip", "2", "--steps", "4", "--json", "--",
+                   sys.executable, str(WORKLOADS / f"{workload}.py"), "--steps", "9", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    d = Diagnosis.from_json((run / "diagnosis.json").read_text())
+    assert d.verdict.label.value == label, d.verdict.evidence
+    assert d.run is not None and d.run.status == "completed" and d.run.last_step == 9
+    assert d.timeline is not None and any(s.name == "step time" for s in d.timeline.series)

@@ -1,0 +1,42 @@
+"""Compute-bound: a wide MLP (2048-wide Linear layers, batch 512) in float32.
+
+Every step is dominated by large GEMMs (forward addmm, backward mm) whose arithmetic
+intensity (~170 FLOP/byte) is far above a CPU's ridge point. Expected verdict: compute-bound.
+"""
+
+from __future__ import annotations
+
+import torch
+from _common import maybe_profile, parse_args
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+WIDTH, BATCH, CLASSES = 2048, 512, 16
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    steps = args.steps
+    x = torch.randn(steps * BATCH, WIDTH)
+    y = torch.randint(0, CLASSES, (steps * BATCH,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=False)
+    model = nn.Sequential(
+        nn.Linear(WIDTH, WIDTH), nn.ReLU(),
+        nn.Linear(WIDTH, WIDTH), nn.ReLU(),
+        nn.Linear(WIDTH, CLASSES),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    loss = torch.tensor(float("nan"))
+    with maybe_profile(args.profile_out) as prof:
+        for xb, yb in loader:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+            prof.step()
+    print(f"compute_bound: final loss {loss.item():.4f}")
+
+
+if __name__ == "__main__":
+    main()
