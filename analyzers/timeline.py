@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpudiag.diagnosis import RunSummary, Series, Timeline
+from gpudiag.rundir import read_jsonl
 
 MAX_POINTS = 400
 # (row key, series name, unit). GPM metrics first; the legacy utilisation is kept as the
@@ -41,22 +42,6 @@ def _bucket(t: np.ndarray, v: np.ndarray, t0: float, t1: float, n: int) -> tuple
     return (np.round(mids[keep] - t0, 3).tolist(), np.round(sums[keep] / counts[keep], 3).tolist())
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    try:
-        text = path.read_text()
-    except OSError:
-        return rows
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a torn last line after a crash
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
 def run_summary(run_dir: Path) -> RunSummary | None:
     """run.json as the Diagnosis carries it (None when the folder is not a run directory)."""
     try:
@@ -78,14 +63,14 @@ def run_summary(run_dir: Path) -> RunSummary | None:
 
 def run_timeline(run_dir: Path, max_points: int = MAX_POINTS) -> Timeline | None:
     """Counters and per-step collective time over the whole run, downsampled."""
-    gpu_rows = [r for r in _jsonl(run_dir / "samples" / "gpu.jsonl") if "gpu" in r and "t" in r]
+    gpu_rows = [r for r in read_jsonl(run_dir / "samples" / "gpu.jsonl") if "gpu" in r and "t" in r]
     step_rows: dict[int, list[dict[str, Any]]] = {}
     for f in sorted((run_dir / "samples").glob("steps-rank-*.jsonl")):
         try:
             rank = int(f.stem.rsplit("-", 1)[1])
         except ValueError:
             continue
-        step_rows[rank] = [r for r in _jsonl(f) if "t" in r and "step" in r]
+        step_rows[rank] = [r for r in read_jsonl(f) if "t" in r and "step" in r]
     times = [r["t"] for r in gpu_rows] + [r["t"] for rows in step_rows.values() for r in rows]
     if not times:
         return None

@@ -37,10 +37,12 @@ def timed(cmd: list[str]) -> float:
 
 
 def calibrate(seconds: float) -> int:
-    steps = 50
+    """Steps for a run of about ``seconds``: the slope between a short and a longer run
+    (interpreter and torch start-up cancel out)."""
+    steps = 200
     t = timed([sys.executable, str(WORKLOAD), "--steps", str(steps)])
-    t2 = timed([sys.executable, str(WORKLOAD), "--steps", str(steps * 3)])
-    per_step = max((t2 - t) / (2 * steps), 1e-4)
+    t2 = timed([sys.executable, str(WORKLOAD), "--steps", str(steps * 4)])
+    per_step = max((t2 - t) / (3 * steps), 1e-4)
     return max(50, int(seconds / per_step))
 
 
@@ -58,7 +60,7 @@ def sampler_cost(seconds: float) -> tuple[float, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20.0, help="target length of one plain run")
-    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--sampler-seconds", type=float, default=10.0)
     args = ap.parse_args()
 
@@ -67,10 +69,16 @@ def main() -> int:
     plain, job, total, analysis = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.pairs):
-            plain.append(timed([sys.executable, str(WORKLOAD), "--steps", str(steps)]))
             out = Path(tmp) / f"run{i}"
-            total.append(timed([sys.executable, "-m", "gpudiag", "profile", "--out", str(out), "--",
-                                sys.executable, str(WORKLOAD), "--steps", str(steps)]))
+            plain_cmd = [sys.executable, str(WORKLOAD), "--steps", str(steps)]
+            prof_cmd = [sys.executable, "-m", "gpudiag", "profile", "--out", str(out), "--", *plain_cmd]
+            # ABBA order: neither variant always runs first (warm caches, turbo budgets)
+            if i % 2 == 0:
+                plain.append(timed(plain_cmd))
+                total.append(timed(prof_cmd))
+            else:
+                total.append(timed(prof_cmd))
+                plain.append(timed(plain_cmd))
             info = json.loads((out / "run.json").read_text())
             job.append(info["end"] - info["start"])
             analysis.append(total[-1] - job[-1])

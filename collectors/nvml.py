@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpudiag.rundir import read_jsonl
+
 # GPM metric ids (nvml.h, NVML_GPM_METRIC_*) under the names our rows use.
 GPM_METRICS: dict[str, int] = {
     "sm_activity": 2, "sm_occupancy": 3, "any_tensor_activity": 5, "dram_bw_util": 10,
@@ -302,17 +304,5 @@ _INF = float("inf")
 
 
 def read_samples(path: Path) -> list[dict[str, Any]]:
-    """Rows of a samples file; a torn last line (crash mid-write) is skipped, not fatal."""
-    rows = []
-    try:
-        text = path.read_text()
-    except OSError:
-        return rows
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and "gpu" in row:
-            rows.append(row)
-    return rows
+    """GPU rows of a samples file (the header and torn lines are skipped)."""
+    return [r for r in read_jsonl(path) if "gpu" in r]

@@ -65,6 +65,25 @@ def read_run(run_dir: Path) -> RunInfo:
     return RunInfo(**{k: v for k, v in data.items() if k in known})
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Object rows of an append-only JSONL file. A torn line (a crash mid-write) or a
+    missing file loses only that line or nothing: readers of run directories never fail
+    on what a crash left behind."""
+    rows: list[dict[str, Any]] = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return rows
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def prepare_run_dir(path: Path) -> Path:
     """Create the run directory (and its parts); BadInput if it cannot be written."""
     if path.exists() and any(path.iterdir()):
