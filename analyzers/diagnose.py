@@ -87,7 +87,7 @@ class RankPartial:
     warnings: list[str] = field(default_factory=list)
 
 
-def _top(acc: dict[str, list[float]], busy: float, n: int = 15) -> list[TopItem]:
+def _top(acc: dict[str, list[float]], busy: float, n: int = 100) -> list[TopItem]:
     items = sorted(acc.items(), key=lambda kv: -kv[1][1])[:n]
     return [TopItem(name=k, calls=int(c), time_us=t, share=t / busy if busy > 0 else 0.0)
             for k, (c, t) in items]

@@ -302,3 +302,44 @@ def _decode(tp: Any, v: Any) -> Any:
     if tp is float:
         return float("nan") if v is None else float(v)
     return v
+
+
+DIFF_SCHEMA_VERSION = 1
+
+
+@dataclass
+class ItemDelta:
+    """One kernel or operator, mean time per step before and after (us)."""
+
+    name: str
+    before_us: float
+    after_us: float
+    delta_us: float
+    ratio: float | None  # after / before; None when new or gone
+
+
+@dataclass
+class DiagnosisDiff:
+    """Before/after comparison of two diagnoses (``gpudiag diff``)."""
+
+    schema_version: int
+    before_sources: list[str]
+    after_sources: list[str]
+    before: TimeBreakdown  # mean per step
+    after: TimeBreakdown
+    step_time_change: float | None  # after/before - 1
+    label_before: Bottleneck
+    label_after: Bottleneck
+    mfu_before: float | None
+    mfu_after: float | None
+    kernels: list[ItemDelta]  # largest absolute change first
+    ops: list[ItemDelta]
+    device_before: str
+    device_after: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _encode(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
