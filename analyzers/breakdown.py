@@ -92,7 +92,6 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
                     rt.gpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
         mb = _split(rt.gpu_dur[work & (wb.bound == BOUND_MEMORY)],
                     rt.gpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi)
-        known = _split(rt.gpu_dur[work], rt.gpu_ts[work], lo, hi)
     else:
         ops = rt.cpu_is_op
         op_u = iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + rt.cpu_dur)[ops])
@@ -113,7 +112,9 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
                     rt.cpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
         mb = _split(rt.cpu_dur[work & (wb.bound == BOUND_MEMORY)],
                     rt.cpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi)
-        known = _split(rt.cpu_dur[work], rt.cpu_ts[work], lo, hi)
+    # Work of unknown bound (no shapes, no telling kernel name) is split like the known work,
+    # so compute_bound + memory_bound == compute whenever anything is known.
+    known = cb + mb
     idle = np.maximum(step - busy, 0.0)
     input_wait = np.minimum(input_wait, idle)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -6,7 +6,14 @@ different number of steps or ranks still compare like for like.
 
 from __future__ import annotations
 
-from gpudiag.diagnosis import DIFF_SCHEMA_VERSION, Diagnosis, DiagnosisDiff, ItemDelta, TopItem
+from gpudiag.diagnosis import (
+    DIFF_SCHEMA_VERSION,
+    Diagnosis,
+    DiagnosisDiff,
+    ItemDelta,
+    TimeBreakdown,
+    TopItem,
+)
 
 MAX_ITEMS = 15
 
@@ -50,4 +57,7 @@ def compare(before: Diagnosis, after: Diagnosis) -> DiagnosisDiff:
         kernels=_deltas(_per_step(before.top_kernels, nb), _per_step(after.top_kernels, na)),
         ops=_deltas(_per_step(before.top_ops, nb), _per_step(after.top_ops, na)),
         device_before=before.device.name, device_after=after.device.name, notes=notes,
+        breakdown_delta=TimeBreakdown(**{
+            f: getattr(after.breakdown, f) - getattr(before.breakdown, f)
+            for f in TimeBreakdown.__dataclass_fields__}),
     )

@@ -115,6 +115,13 @@ def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
                                 dtype=np.int64, count=rt.gpu_ext.size)
         known = launch_op >= 0
         _group(ops, launch_op[known], rt.gpu_dur[known], rt.names)
+        # calls are operator calls (distinct External ids), not the kernels they launched
+        if known.any():
+            pairs = np.unique(np.stack([launch_op[known], rt.gpu_ext[known]]), axis=1)
+            ids, calls = np.unique(pairs[0], return_counts=True)
+            kernels_per_op = np.bincount(launch_op[known])
+            for i, c in zip(ids.tolist(), calls.tolist(), strict=True):
+                ops[rt.names[i]][0] += c - int(kernels_per_op[i])
         mem = known & (rt.gpu_class == KCLASS_COMPUTE) & (wb.bound == BOUND_MEMORY)
         for n, d in zip(launch_op[mem].tolist(), rt.gpu_dur[mem].tolist(), strict=False):
             memory_ops[rt.names[n]] += d

@@ -113,6 +113,9 @@ def work_bounds(rt: RankTrace, device: DevicePeak | None) -> WorkBounds:
         if missing.any() and inner_idx.size:
             op_index[missing] = _enclosing_op(rt, inner_idx, rt.gpu_launch_ts[missing],
                                               rt.gpu_launch_tid[missing])
+        tf32_ops = _tf32_ops(rt, op_index)
+        if tf32_ops.size:
+            op_bound_all[tf32_ops] = _op_bound(rt, device, tf32_ops)
         bound = np.full(n, BOUND_UNKNOWN, dtype=np.int8)
         has_op = op_index >= 0
         bound[has_op] = op_bound_all[op_index[has_op]]
@@ -159,6 +162,30 @@ def is_cpu_work(rt: RankTrace, wb: WorkBounds) -> np.ndarray:
     inner = wb.op_index >= 0
     top_plain = (rt.cpu_depth == 0) & ~np.isfinite(rt.cpu_flops) & ~wb.wraps_costed
     return rt.cpu_is_op & (inner | top_plain)
+
+
+# fp32 matmuls that ran on tensor cores as TF32: Ampere/Hopper cuBLAS/CUTLASS kernel names
+# ("tensorop_s1688gemm", "s16816gemm", "tf32"). Their ceiling is the TF32 peak, not FP32's.
+_TF32_KERNEL_RE = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|_s1688gemm|_s16816gemm", re.I)
+
+
+def _tf32_ops(rt: RankTrace, op_index: np.ndarray) -> np.ndarray:
+    """fp32 ops whose kernels ran as TF32; their dtype column is switched to "tf32"."""
+    has = op_index >= 0
+    if not has.any():
+        return np.empty(0, dtype=np.int64)
+    uniq = np.unique(rt.gpu_name[has])
+    tf32_names = np.array([i for i in uniq if _TF32_KERNEL_RE.search(rt.names[i])], dtype=np.int64)
+    if tf32_names.size == 0:
+        return np.empty(0, dtype=np.int64)
+    ops = np.unique(op_index[has & np.isin(rt.gpu_name, tf32_names)])
+    ops = ops[np.array([rt.cpu_dtype[o] < 0 or rt.names[rt.cpu_dtype[o]] in ("float", "float32")
+                        for o in ops], dtype=bool)]
+    if ops.size:
+        if "tf32" not in rt.names:
+            rt.names.append("tf32")
+        rt.cpu_dtype[ops] = rt.names.index("tf32")
+    return ops
 
 
 def _enclosing_op(rt: RankTrace, ops: np.ndarray, when: np.ndarray, tid: np.ndarray

@@ -29,11 +29,13 @@ GPU_SERIES = [
 ]
 
 
-def _bucket(t: np.ndarray, v: np.ndarray, t0: float, t1: float, n: int) -> tuple[list, list]:
+def _bucket(t: np.ndarray, v: np.ndarray, t0: float, n: int) -> tuple[list, list]:
     """Mean per time bucket, at most n buckets; empty buckets are dropped."""
     if t.size == 0:
         return [], []
-    edges = np.linspace(t0, t1 + 1e-9, min(n, max(1, t.size)) + 1)
+    # buckets span the series' own time range, so a short burst inside a long run keeps
+    # its resolution; x stays seconds since the run's start
+    edges = np.linspace(float(t.min()), float(t.max()) + 1e-9, min(n, t.size) + 1)
     k = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, edges.size - 2)
     sums = np.bincount(k, weights=v, minlength=edges.size - 1)
     counts = np.bincount(k, minlength=edges.size - 1)
@@ -87,18 +89,18 @@ def run_timeline(run_dir: Path, max_points: int = MAX_POINTS) -> Timeline | None
             v = np.array([p[1] for p in pts], dtype=float)
             if unit == "W":
                 v = v / 1000.0  # NVML reports milliwatts
-            xs, ys = _bucket(t, v, t0, t1, max_points)
+            xs, ys = _bucket(t, v, t0, max_points)
             series.append(Series(name=name, unit=unit, gpu=gpu, rank=None, t=xs, v=ys))
     traced: list[list[float]] = []
     for rank, rows in sorted(step_rows.items()):
         t = np.array([r["t"] for r in rows], dtype=float)
         dt = np.array([float(r.get("dt", 0.0)) for r in rows])
-        xs, ys = _bucket(t, dt * 1e3, t0, t1, max_points)
+        xs, ys = _bucket(t, dt * 1e3, t0, max_points)
         series.append(Series(name="step time", unit="ms", gpu=None, rank=rank, t=xs, v=ys))
         coll = np.array([sum(float(c.get("seconds", 0.0)) for c in (r.get("collectives") or {}).values())
                          for r in rows])
         if coll.any():
-            xs, ys = _bucket(t, coll * 1e3, t0, t1, max_points)
+            xs, ys = _bucket(t, coll * 1e3, t0, max_points)
             series.append(Series(name="collective time per step", unit="ms", gpu=None, rank=rank,
                                  t=xs, v=ys))
     meta = _jsonl_one(run_dir / "samples" / "bootstrap-rank-0.json")

@@ -243,7 +243,10 @@ def decode_trace(data: bytes, path: str) -> tuple[Iterator[Any], Any, Any]:
     except msgspec.ValidationError:
         pass
     except (msgspec.DecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{path}: invalid or truncated JSON ({e})") from None
+        salvaged = _salvage(data)
+        if salvaged is None:
+            raise TraceError(f"{path}: invalid or truncated JSON ({e})") from None
+        return salvaged
     # Loose path: the document's own fields have odd types; decode everything as plain JSON.
     try:
         doc = _DOC.decode(data) if stripped[:1] == b"{" else None
@@ -258,6 +261,54 @@ def decode_trace(data: bytes, path: str) -> tuple[Iterator[Any], Any, Any]:
     dist = _DistInfo(rank=dist.get("rank"), world_size=dist.get("world_size"),
                      backend=dist.get("backend")) if isinstance(dist, dict) else None
     return iter([_loose_event(e) for e in doc.traceEvents]), props, dist
+
+
+# Kineto writes one event per block starting with "  {" on its own line.
+_EVENT_START = re.compile(rb"\n[ \t]*\{")
+
+
+def _salvage(data: bytes) -> tuple[Iterator[Any], Any, Any] | None:
+    """Events of a complete document that is not valid JSON, one block at a time.
+
+    torch writes annotation names containing '"' unescaped (seen with torch 2.13 and
+    record_function('"x')), which makes the whole file invalid JSON although every other
+    event is fine. Only complete documents are salvaged: a truncated file stays an error.
+    Dropped events are reported through the ``_SALVAGE_DROPPED`` marker event.
+    """
+    body = data.rstrip()
+    start = data.find(b'"traceEvents"')
+    if start < 0 or not body.endswith(b"}"):
+        return None
+    open_bracket = data.find(b"[", start)
+    end = data.rfind(b"]")
+    if open_bracket < 0 or end <= open_bracket:
+        return None
+    try:
+        head = _DOC_TYPED.decode(data[:start] + b'"traceEvents": []}')
+        props, dist = head.deviceProperties, head.distributedInfo
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        props, dist = None, None
+    section = data[open_bracket + 1:end]
+    cuts = [m.start() for m in _EVENT_START.finditer(section)]
+    if not cuts:
+        return None
+    events: list[Any] = []
+    dropped = 0
+    for a, b in zip(cuts, [*cuts[1:], len(section)], strict=True):
+        chunk = section[a:b].strip().rstrip(b",").strip()
+        if not chunk:
+            continue
+        try:
+            events.append(msgspec.json.decode(chunk, type=_EventTyped))
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            try:
+                events.append(_loose_event(msgspec.json.decode(chunk)))
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                dropped += 1
+    if not events:
+        return None
+    events.append(_EventTyped(ph="gpudiag-salvage", name=str(dropped)))
+    return iter(events), props, dist
 
 
 def _batches(raw: list[msgspec.Raw], path: str) -> Iterator[Any]:
@@ -344,8 +395,11 @@ def _fold(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hint: in
     dropped_neg = dropped_missing = 0
     nan = float("nan")
 
+    salvage_dropped = None
     for ev in events:
         if ev.ph != "X":
+            if ev.ph == "gpudiag-salvage":
+                salvage_dropped = int(ev.name)
             continue
         cat = ev.cat
         ts = ev.ts
@@ -446,6 +500,10 @@ def _fold(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hint: in
         warnings.append(f"rank {rank}: dropped {dropped_neg} events with a negative duration")
     if dropped_missing:
         warnings.append(f"rank {rank}: dropped {dropped_missing} events without a timestamp or duration")
+    if salvage_dropped is not None:
+        warnings.append(f"rank {rank}: the trace is not valid JSON (torch writes names containing "
+                        f"'\"' unescaped); read it event by event and dropped {salvage_dropped} "
+                        "unreadable events")
 
     gpu_ts = np.asarray(g_ts, dtype=np.float64)
     gpu_corr = np.asarray(g_corr, dtype=np.int64)

@@ -61,6 +61,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20.0, help="target length of one plain run")
     ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--monitor", action="store_true",
+                    help="measure the always-on mode (gpudiag profile --monitor; target < 1%%)")
     ap.add_argument("--sampler-seconds", type=float, default=10.0)
     args = ap.parse_args()
 
@@ -71,7 +73,9 @@ def main() -> int:
         for i in range(args.pairs):
             out = Path(tmp) / f"run{i}"
             plain_cmd = [sys.executable, str(WORKLOAD), "--steps", str(steps)]
-            prof_cmd = [sys.executable, "-m", "gpudiag", "profile", "--out", str(out), "--", *plain_cmd]
+            mode = ["--monitor"] if args.monitor else []
+            prof_cmd = [sys.executable, "-m", "gpudiag", "profile", *mode, "--out", str(out), "--",
+                        *plain_cmd]
             # ABBA order: neither variant always runs first (warm caches, turbo budgets)
             if i % 2 == 0:
                 plain.append(timed(plain_cmd))
@@ -86,8 +90,10 @@ def main() -> int:
                   f"gpudiag total {total[-1]:.2f} s")
     job_ratio = statistics.median(j / p for j, p in zip(job, plain, strict=True))
     total_ratio = statistics.median(t / p for t, p in zip(total, plain, strict=True))
-    print(f"job wall-time overhead (median of {args.pairs} pairs): {100 * (job_ratio - 1):+.2f}% "
-          f"(target <= 3%: {'met' if job_ratio <= 1.03 else 'NOT met'})")
+    target = 1.01 if args.monitor else 1.03
+    print(f"job wall-time overhead{' (--monitor)' if args.monitor else ''} (median of {args.pairs} "
+          f"pairs): {100 * (job_ratio - 1):+.2f}% (target <= {100 * (target - 1):.0f}%: "
+          f"{'met' if job_ratio <= target else 'NOT met'})")
     print(f"including gpudiag start-up and post-run analysis: {100 * (total_ratio - 1):+.2f}% "
           f"(analysis and start-up {statistics.median(analysis):.2f} s per run)")
     share, n = sampler_cost(args.sampler_seconds)

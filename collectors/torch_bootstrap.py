@@ -216,7 +216,9 @@ class _Bootstrap:
             self.write_meta()
 
     def write_meta(self) -> None:
+        torch = sys.modules.get("torch")
         meta = {"rank": self.rank, "pid": os.getpid(), "steps_seen": self.step,
+                "torch": getattr(torch, "__version__", None),
                 "skip": self.skip, "steps": self.steps, "notes": self.notes,
                 "dataloader_workers": sorted(self.dataloader_workers),
                 "explicit_steps": self.explicit}

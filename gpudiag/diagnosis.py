@@ -337,6 +337,7 @@ class DiagnosisDiff:
     device_before: str
     device_after: str
     notes: list[str] = field(default_factory=list)
+    breakdown_delta: TimeBreakdown | None = None  # after - before, per step (us)
 
     def to_dict(self) -> dict[str, Any]:
         return _encode(self)

@@ -160,3 +160,25 @@ def test_run_directory_reads_its_traces_folder(traces, tmp_path):
     (run / "traces" / "rank-0.json.gz").write_bytes(
         Path(traces / "mi250" / "rank-0.json.gz").read_bytes())
     assert diagnose(run, jobs=1).ranks[0].rank == 0
+
+
+def test_torch_trace_with_a_quote_in_an_annotation_is_read_event_by_event(tmp_path):
+    # torch writes record_function names containing '"' unescaped: invalid JSON on disk
+    script = (
+        "import torch, sys\n"
+        "with torch.profiler.profile(record_shapes=True) as p:\n"
+        "    for _ in range(3):\n"
+        "        with torch.autograd.profiler.record_function('load \"shard\"'):\n"
+        "            torch.ones(64, 64) @ torch.ones(64, 64)\n"
+        "        p.step()\n"
+        "p.export_chrome_trace(sys.argv[1])\n")
+    out = tmp_path / "rank-0.json"
+    subprocess.run([sys.executable, "-c", script, str(out)], check=True, capture_output=True, timeout=120)
+    import msgspec
+
+    with pytest.raises(msgspec.DecodeError):
+        msgspec.json.decode(out.read_bytes())  # still the torch behaviour this guards against
+    d = diagnose(out, jobs=1)
+    assert any("not valid JSON" in w and "dropped" in w for w in d.warnings)
+    assert d.verdict.label is not Bottleneck.UNKNOWN
+    assert any(t.name == "aten::matmul" and t.calls == 3 for t in d.top_ops)  # nothing else lost
