@@ -1,1 +1,1 @@
-"""Render a Diagnosis (terminal text, JSON; HTML in a later issue). Renders, never computes."""
+"""Render a Diagnosis: terminal text, self-contained HTML, JSON. Renders, never computes."""

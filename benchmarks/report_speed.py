@@ -1,0 +1,136 @@
+"""How much time the HTML report adds to the analysis of a large job.
+
+Why this benchmark: ``gpudiag profile`` writes report.html right after diagnosis.json, and
+``gpudiag report`` renders one on demand; a report that took a noticeable share of the
+analysis time would be a tax on every run. Target: rendering adds at most 20% to the
+analysis time of the same run.
+
+What is measured, in ONE process so both figures share the interpreter, caches and machine:
+  * analysis: ``analyzers.diagnose.diagnose`` on the 8-rank trace set that
+    benchmarks/analyze_speed.py builds (1 GiB by default; reused from .bench/ when present);
+    the files are read once beforehand so disk speed does not flatter the ratio.
+  * rendering: ``reports.html.render_report`` of that Diagnosis, first as analysed (no
+    counters: a trace folder is not a run directory), then with the largest timeline a run
+    directory can carry attached (8 GPUs x 5 counter series + step and collective time for 8
+    ranks, each at the analyzer's cap of 400 points): synthetic values, real size. The first
+    render includes compiling the templates, as a CLI call pays it; the best of the repeats
+    shows the steady cost. The target is checked against the slowest of these.
+
+Usage::
+
+    python benchmarks/report_speed.py                 # 1 GiB trace set
+    python benchmarks/report_speed.py --size-gb 0.1   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from analyze_speed import (  # noqa: E402 - the sibling script, run from anywhere
+    DEFAULT_SOURCE,
+    DEFAULT_WORKDIR,
+    GIB,
+    TRACES,
+    WORLD_SIZE,
+    _display,
+    _warm_cache,
+    build_trace_set,
+)
+
+from analyzers.diagnose import diagnose  # noqa: E402
+from analyzers.timeline import MAX_POINTS  # noqa: E402
+from gpudiag.diagnosis import Diagnosis, RunSummary, Series, Timeline  # noqa: E402
+from reports.html import render_report  # noqa: E402
+
+TARGET = 0.20  # rendering may add at most this fraction of the analysis time
+GPU_SERIES = [("SM activity", "%", 100.0), ("tensor activity", "%", 100.0), ("DRAM bandwidth", "%", 100.0),
+              ("GPU utilisation (legacy)", "%", 100.0), ("power", "W", 700.0)]
+
+
+def with_full_timeline(d: Diagnosis, duration_s: float = 3600.0) -> Diagnosis:
+    """``d`` plus the largest run context a report draws (what analyzers.timeline caps it to)."""
+    out = copy.deepcopy(d)
+    rnd = random.Random(0)
+    t = [round(i * duration_s / MAX_POINTS, 3) for i in range(MAX_POINTS)]
+    series = [Series(name, unit, gpu, None, t, [round(rnd.uniform(0, hi), 3) for _ in t])
+              for gpu in range(WORLD_SIZE) for name, unit, hi in GPU_SERIES]
+    for rank in range(WORLD_SIZE):
+        series.append(Series("step time", "ms", None, rank, t, [round(rnd.uniform(200, 240), 3) for _ in t]))
+        series.append(Series("collective time per step", "ms", None, rank, t,
+                             [round(rnd.uniform(10, 50), 3) for _ in t]))
+    out.timeline = Timeline(start=1.7e9, duration=duration_s, series=series,
+                            traced=[[duration_s / 2, duration_s / 2 + 5]])
+    out.run = RunSummary(command=["torchrun", "--nproc_per_node", str(WORLD_SIZE), "train.py"],
+                         host="bench", start=1.7e9, end=1.7e9 + duration_s, status="completed",
+                         exit_code=0, signal=None, last_step=10_000,
+                         gpus=[{"name": "NVIDIA H200", "driver": "bench"}] * WORLD_SIZE,
+                         gpu_counters="nvml", versions={"python": sys.version.split()[0]})
+    return out
+
+
+def time_render(d: Diagnosis, repeats: int) -> tuple[list[float], int]:
+    times, size = [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        html = render_report(d)
+        times.append(time.perf_counter() - t0)
+        size = len(html.encode())
+    return times, size
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--size-gb", type=float, default=1.0,
+                        help="total uncompressed JSON over the 8 rank files, in GiB (default 1.0)")
+    parser.add_argument("--source", default=DEFAULT_SOURCE,
+                        help=f"trace to replicate, relative to ../shared/traces (default {DEFAULT_SOURCE})")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the trace set goes (default: the one analyze_speed.py uses)")
+    parser.add_argument("--repeats", type=int, default=5, help="renders of each report (default 5)")
+    args = parser.parse_args(argv)
+    if args.size_gb <= 0 or args.repeats < 1:
+        parser.error("--size-gb must be positive and --repeats at least 1")
+    source = TRACES / args.source
+    if not source.is_file():
+        parser.error(f"no source trace {_display(source)} (../shared/traces beside the repository)")
+    workdir = args.workdir or DEFAULT_WORKDIR / f"{Path(args.source).parent.name}-{args.size_gb:g}gb"
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.perf_counter()
+    ts = build_trace_set(source, args.size_gb, workdir)
+    how = "reused" if ts.reused else f"built in {time.perf_counter() - t0:.1f} s"
+    print(f"trace set: {_display(ts.folder)} ({how}): {WORLD_SIZE} ranks, "
+          f"{ts.total_bytes / GIB:.3f} GiB of JSON, {ts.events_per_rank:,} events per rank")
+    _warm_cache(ts.files)
+
+    t0 = time.perf_counter()
+    d = diagnose(ts.folder)
+    analysis_s = time.perf_counter() - t0
+    steps = sum(len(r.steps) for r in d.ranks)
+    print(f"analysis   diagnose()                       {analysis_s:9.3f} s  "
+          f"({len(d.ranks)} ranks, {steps} steps, label {d.verdict.label.value})")
+
+    rows = []
+    cases = [("as analysed (no timeline)", d), ("with a full 8-GPU timeline", with_full_timeline(d))]
+    for name, diag in cases:
+        times, size = time_render(diag, args.repeats)
+        rows.append((name, times, size))
+        print(f"render     {name:<30} first {times[0]:7.3f} s, best {min(times):7.3f} s, "
+              f"{size / 1e6:.2f} MB")
+    worst = max(max(times) for _, times, _ in rows)
+    ratio = worst / analysis_s
+    print()
+    print(f"render / analysis = {worst:.3f} s / {analysis_s:.3f} s = {100 * ratio:.2f}% "
+          f"(slowest render above)  target <= {100 * TARGET:.0f}%: {'MET' if ratio <= TARGET else 'NOT MET'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""``gpudiag diff``: what changed between two runs, as one HTML page (or JSON)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("before", type=click.Path(path_type=Path))
+@click.argument("after", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("gpudiag-diff.html"),
+              show_default=True, help="HTML file to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON instead.")
+def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
+    """Compare two runs: step time and its breakdown, label, MFU, kernels and operators.
+
+    BEFORE and AFTER are each a gpudiag run directory, a folder of rank traces or a trace
+    file. Kernels and operators are compared by mean time per traced step, so runs that
+    traced different numbers of steps still compare like for like.
+
+    \b
+    Examples:
+      gpudiag diff runs/baseline runs/fused-adam           # writes ./gpudiag-diff.html
+      gpudiag diff old_traces/ new_traces/ --json | jq .step_time_change
+    """
+    from analyzers.compare import compare
+    from gpudiag.commands.report import load_diagnosis, write_html
+
+    b, a = load_diagnosis(before), load_diagnosis(after)
+    result = compare(b, a)
+    if as_json:
+        click.echo(result.to_json())
+        return
+    from reports.html import render_diff
+
+    write_html(output, render_diff(result, b, a))
+    click.echo(str(output))

@@ -1,0 +1,71 @@
+"""``gpudiag report``: a self-contained HTML report of a run directory or of traces.
+
+A run directory already holds the ``diagnosis.json`` that ``gpudiag profile`` wrote, so the
+report is made from it without re-reading the traces; only when it is missing, unreadable or
+of another schema version are the traces analysed again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from gpudiag.diagnosis import Diagnosis
+from gpudiag.errors import BadInput
+
+
+def is_run_dir(target: Path) -> bool:
+    return target.is_dir() and (target / "run.json").is_file()
+
+
+def load_diagnosis(target: Path) -> Diagnosis:
+    """The Diagnosis of a run directory (its diagnosis.json if usable) or of trace files."""
+    if not target.exists():
+        raise BadInput(f"{target}: no such file or directory")
+    if is_run_dir(target):
+        try:
+            return Diagnosis.from_json((target / "diagnosis.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, BadInput):
+            pass  # missing, torn or another version: analyse the traces again
+    from analyzers.diagnose import DeviceChoice, diagnose
+    from collectors.cpu_peak import cpu_peak
+
+    return diagnose(target, DeviceChoice(cpu_peak=cpu_peak))
+
+
+def write_html(path: Path, html: str) -> None:
+    try:
+        path.write_text(html, encoding="utf-8")
+    except OSError as e:
+        raise BadInput(f"cannot write {path}: {e.strerror or e}") from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="HTML file to write (default: TARGET/report.html for a run directory, "
+                   "./gpudiag-report.html otherwise).")
+@click.option("--json", "as_json", is_flag=True, help="Print the Diagnosis as JSON instead.")
+def report(target: Path, output: Path | None, as_json: bool) -> None:
+    """Write a self-contained HTML report for TARGET and print its path.
+
+    TARGET is a gpudiag run directory (its diagnosis.json is used when it is current), a
+    folder of rank traces, or one trace file. The report is one file: inline CSS and SVG
+    charts, no JavaScript, nothing loaded over the network; the full Diagnosis is embedded
+    as JSON.
+
+    \b
+    Examples:
+      gpudiag report runs/20250101-120000-train       # writes runs/.../report.html
+      gpudiag report ./traces -o resnet.html
+    """
+    d = load_diagnosis(target)
+    if as_json:
+        click.echo(d.to_json())
+        return
+    from reports.html import render_report
+
+    out = output or (target / "report.html" if is_run_dir(target) else Path("gpudiag-report.html"))
+    write_html(out, render_report(d))
+    click.echo(str(out))

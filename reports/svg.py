@@ -1,0 +1,429 @@
+"""Inline SVG charts drawn by our own code: no plotting library, no JavaScript, no network.
+
+Why hand-written: a report must be one file that opens anywhere, offline, years later, and
+stays small (an 8-rank run with a full counter timeline in well under 2 MB). Each function
+takes numbers already computed by the analyzers, scales them to pixels and returns an SVG
+string. Every piece of text that reaches the markup goes through ``_esc``, because kernel
+and operator names come from traces and may contain anything.
+
+Colours are the Okabe-Ito palette (safe for the common colour-vision deficiencies).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from html import escape
+
+# Okabe & Ito, "Color Universal Design" (2008)
+BLACK = "#000000"
+ORANGE = "#E69F00"
+SKY_BLUE = "#56B4E9"
+GREEN = "#009E73"
+YELLOW = "#F0E442"
+BLUE = "#0072B2"
+VERMILLION = "#D55E00"
+PURPLE = "#CC79A7"
+GREY = "#999999"
+# Lines on white: yellow last, it is the hardest to see; dashes once the colours run out.
+LINE_COLOURS = [BLUE, VERMILLION, GREEN, PURPLE, ORANGE, SKY_BLUE, BLACK, YELLOW]
+LINE_DASHES = ["", "6 3", "2 2", "8 3 2 3"]
+
+FONT = 12
+CHAR_W = 7.0  # rough width of one character at FONT px, for layout of labels and legends
+TITLE_H = 26
+MIN_SPAN_PX = 3.0  # a traced window of a few steps in an hour-long run must stay visible
+
+
+def _esc(text: object) -> str:
+    return escape(str(text), quote=True)
+
+
+def _f(v: float) -> str:
+    """Pixel coordinate: one decimal is finer than any screen and keeps the file small."""
+    s = f"{v:.1f}"
+    return s[:-2] if s.endswith(".0") else s
+
+
+def clip(text: str, n: int) -> str:
+    """Shorten for display; callers put the full text in a <title>."""
+    return text if len(text) <= n else text[: max(1, n - 1)] + "\u2026"
+
+
+def line_style(i: int) -> tuple[str, str]:
+    """Colour and dash pattern of the i-th line of a chart."""
+    return LINE_COLOURS[i % len(LINE_COLOURS)], LINE_DASHES[(i // len(LINE_COLOURS)) % len(LINE_DASHES)]
+
+
+def tick_label(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.6g}"
+
+
+def si(v: float, unit: str = "") -> str:
+    """1.95e13 -> '19.5 T'; for log axes and peak figures."""
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g} {unit}".strip()
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= factor:
+            return f"{v / factor:.3g} {prefix}{unit}"
+    return f"{v:.3g} {unit}".strip()
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """Round tick values covering [lo, hi]; the last tick is the axis end."""
+    if not math.isfinite(lo) or not math.isfinite(hi):
+        lo, hi = 0.0, 1.0
+    if hi <= lo:
+        hi = lo + (abs(lo) or 1.0)
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = mag
+    for m in (1, 2, 2.5, 5, 10):
+        step = m * mag
+        if (hi - lo) / step <= n:
+            break
+    t = math.floor(lo / step + 1e-9) * step
+    ticks = []
+    while not ticks or ticks[-1] < hi - step * 1e-6 or len(ticks) < 2:
+        ticks.append(round(t, 12))
+        t += step
+    return ticks
+
+
+def _frame(title: str, width: float, height: float, body: list[str], desc: str = "") -> str:
+    d = f"<desc>{_esc(desc)}</desc>" if desc else ""
+    return (f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" role="img" '
+            f'viewBox="0 0 {_f(width)} {_f(height)}" width="{_f(width)}" height="{_f(height)}" '
+            f'font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif" font-size="{FONT}">'
+            f"<title>{_esc(title)}</title>{d}"
+            f'<text x="0" y="16" font-size="14" font-weight="600" fill="#222">{_esc(title)}</text>'
+            + "".join(body) + "</svg>")
+
+
+def _legend(items: list[tuple[str, str]], x0: float, y0: float, width: float,
+            shape: str = "rect") -> tuple[list[str], float]:
+    """Legend swatches wrapped to the width; returns the markup and the height used."""
+    out: list[str] = []
+    x, y = x0, y0
+    for label, colour in items:
+        w = 18 + len(label) * CHAR_W + 14
+        if x > x0 and x + w > x0 + width:
+            x, y = x0, y + 18
+        if shape == "line":
+            out.append(f'<line x1="{_f(x)}" y1="{_f(y + 6)}" x2="{_f(x + 14)}" y2="{_f(y + 6)}" '
+                       f'stroke="{colour}" stroke-width="2.5"/>')
+        else:
+            out.append(f'<rect x="{_f(x)}" y="{_f(y)}" width="12" height="12" fill="{colour}" '
+                       'stroke="#333" stroke-width="0.5"/>')
+        out.append(f'<text x="{_f(x + 18)}" y="{_f(y + 10)}" fill="#222">{_esc(label)}</text>')
+        x += w
+    return out, (y - y0 + 18) if items else 0.0
+
+
+def _x_axis(ticks: list[float], sx: Callable[[float], float], y: float, top: float, label: str,
+            mid: float, fmt: Callable[[float], str] = tick_label, end: float | None = None) -> list[str]:
+    x_end = sx(ticks[-1] if end is None else max(end, ticks[-1]))
+    out = [f'<line x1="{_f(sx(ticks[0]))}" y1="{_f(y)}" x2="{_f(x_end)}" y2="{_f(y)}" stroke="#555"/>']
+    for t in ticks:
+        x = sx(t)
+        out.append(f'<line x1="{_f(x)}" y1="{_f(top)}" x2="{_f(x)}" y2="{_f(y)}" stroke="#e4e4e4"/>')
+        out.append(f'<text x="{_f(x)}" y="{_f(y + 14)}" text-anchor="middle" fill="#444">'
+                   f"{_esc(fmt(t))}</text>")
+    out.append(f'<text x="{_f(mid)}" y="{_f(y + 32)}" text-anchor="middle" fill="#222">{_esc(label)}</text>')
+    return out
+
+
+def _y_axis(ticks: list[float], sy: Callable[[float], float], x: float, right: float, label: str,
+            mid: float, fmt: Callable[[float], str] = tick_label) -> list[str]:
+    out = [f'<line x1="{_f(x)}" y1="{_f(sy(ticks[0]))}" x2="{_f(x)}" y2="{_f(sy(ticks[-1]))}" '
+           'stroke="#555"/>']
+    for t in ticks:
+        y = sy(t)
+        out.append(f'<line x1="{_f(x)}" y1="{_f(y)}" x2="{_f(right)}" y2="{_f(y)}" stroke="#e4e4e4"/>')
+        out.append(f'<text x="{_f(x - 5)}" y="{_f(y + 4)}" text-anchor="end" fill="#444">'
+                   f"{_esc(fmt(t))}</text>")
+    out.append(f'<text transform="translate(14 {_f(mid)}) rotate(-90)" text-anchor="middle" '
+               f'fill="#222">{_esc(label)}</text>')
+    return out
+
+
+# --- stacked horizontal bars -----------------------------------------------------------------
+
+@dataclass
+class Segment:
+    value: float  # in axis units
+    colour: str
+    tip: str
+
+
+@dataclass
+class Bar:
+    label: str
+    segments: list[Segment]
+    note: str = ""  # printed right of the bar (e.g. the step time)
+    marked: bool = False  # drawn with a warning marker (stragglers)
+    tip: str = ""
+
+
+def stacked_bars(title: str, bars: list[Bar], legend: list[tuple[str, str]], x_label: str,
+                 width: float = 960, label_w: float = 150, desc: str = "") -> str:
+    """One row per bar, segments left to right; for step-time breakdowns."""
+    right_w = 90
+    plot_w = width - label_w - right_w
+    leg, leg_h = _legend(legend, label_w, TITLE_H, plot_w + right_w)
+    top = TITLE_H + leg_h + 6
+    row_h = 22
+    x_max = max((sum(max(s.value, 0.0) for s in b.segments) for b in bars), default=0.0)
+    ticks = nice_ticks(0.0, x_max if x_max > 0 else 1.0)
+    scale = plot_w / ticks[-1]
+    body = leg
+    y_axis = top + row_h * len(bars) + 4
+    body += _x_axis(ticks, lambda v: label_w + v * scale, y_axis, top, x_label, label_w + plot_w / 2)
+    for i, b in enumerate(bars):
+        y = top + i * row_h
+        text = clip(b.label, int((label_w - 12) / CHAR_W))
+        weight = ' font-weight="700"' if b.marked else ""
+        tip = f"<title>{_esc(b.tip or b.label)}</title>"
+        body.append(f'<text x="{_f(label_w - 8)}" y="{_f(y + 15)}" text-anchor="end" fill="#222"'
+                    f"{weight}>{tip}{_esc(text)}</text>")
+        if b.marked:
+            body.append(f'<path d="M{_f(2)} {_f(y + 16)} l6 -11 l6 11 z" fill="{VERMILLION}">'
+                        f"{tip}</path>")
+        x = label_w
+        for s in b.segments:
+            w = max(s.value, 0.0) * scale
+            if w <= 0:
+                continue
+            body.append(f'<rect x="{_f(x)}" y="{_f(y + 3)}" width="{_f(max(w, 0.5))}" height="16" '
+                        f'fill="{s.colour}" stroke="#fff" stroke-width="0.5">'
+                        f"<title>{_esc(s.tip)}</title></rect>")
+            x += w
+        if b.note:
+            body.append(f'<text x="{_f(x + 5)}" y="{_f(y + 15)}" fill="#222">{_esc(b.note)}</text>')
+    return _frame(title, width, y_axis + 42, body, desc)
+
+
+# --- plain horizontal bars (may be negative), with optional reference marks ------------------
+
+@dataclass
+class HBar:
+    label: str
+    value: float
+    colour: str
+    text: str  # the formatted value, printed beside the bar
+    tip: str = ""
+    ref: float | None = None  # e.g. the link peak this bandwidth is measured against
+    ref_tip: str = ""
+
+
+def bar_chart(title: str, bars: list[HBar], x_label: str, width: float = 960, label_w: float = 300,
+              legend: list[tuple[str, str]] | None = None, desc: str = "") -> str:
+    right_w = 110
+    plot_w = width - label_w - right_w
+    leg, leg_h = _legend(legend or [], label_w, TITLE_H, plot_w)
+    top = TITLE_H + leg_h + 6
+    row_h = 20
+    vals = [b.value for b in bars] + [b.ref for b in bars if b.ref is not None]
+    lo, hi = min([0.0, *vals]), max([0.0, *vals])
+    if lo < 0 < hi:
+        ticks = nice_ticks(lo, hi, 6)
+    elif lo < 0:
+        ticks = [-t for t in reversed(nice_ticks(0.0, -lo))]
+    else:
+        ticks = nice_ticks(0.0, hi if hi > 0 else 1.0)
+    scale = plot_w / (ticks[-1] - ticks[0])
+
+    def sx(v: float) -> float:
+        return label_w + (v - ticks[0]) * scale
+
+    y_axis = top + row_h * len(bars) + 4
+    body = leg + _x_axis(ticks, sx, y_axis, top, x_label, label_w + plot_w / 2)
+    zero = sx(0.0)
+    body.append(f'<line x1="{_f(zero)}" y1="{_f(top)}" x2="{_f(zero)}" y2="{_f(y_axis)}" stroke="#555"/>')
+    for i, b in enumerate(bars):
+        y = top + i * row_h
+        tip = f"<title>{_esc(b.tip or b.label)}</title>"
+        body.append(f'<text x="{_f(label_w - 8)}" y="{_f(y + 14)}" text-anchor="end" fill="#222">'
+                    f"{tip}{_esc(clip(b.label, int((label_w - 12) / CHAR_W)))}</text>")
+        x0, x1 = sorted((zero, sx(b.value)))
+        body.append(f'<rect x="{_f(x0)}" y="{_f(y + 3)}" width="{_f(max(x1 - x0, 0.5))}" height="14" '
+                    f'fill="{b.colour}">{tip}</rect>')
+        if b.ref is not None:
+            rx = sx(b.ref)
+            body.append(f'<line x1="{_f(rx)}" y1="{_f(y + 1)}" x2="{_f(rx)}" y2="{_f(y + 19)}" '
+                        f'stroke="{BLACK}" stroke-width="2"><title>{_esc(b.ref_tip)}</title></line>')
+        tx = max(x1, sx(b.ref) if b.ref is not None else x1) + 5
+        body.append(f'<text x="{_f(tx)}" y="{_f(y + 14)}" fill="#222">{_esc(b.text)}</text>')
+    return _frame(title, width, y_axis + 42, body, desc)
+
+
+# --- line chart with shaded spans -------------------------------------------------------------
+
+@dataclass
+class Line:
+    label: str
+    xs: list[float]
+    ys: list[float]
+    colour: str = BLUE
+    dash: str = ""
+
+
+def line_chart(title: str, lines: list[Line], x_label: str, y_label: str,
+               spans: list[tuple[float, float]] | None = None, span_label: str = "",
+               x_max: float | None = None, y_max: float | None = None,
+               width: float = 560, height: float = 230, desc: str = "") -> str:
+    """Lines over time; spans (e.g. the traced steps) are shaded behind them."""
+    left, right, bottom = 58, 14, 44
+    leg, leg_h = _legend([(ln.label, ln.colour) for ln in lines], left, TITLE_H, width - left - right,
+                         shape="line")
+    top = TITLE_H + leg_h + 4
+    plot_h = height - top - bottom
+    xs_all = [x for ln in lines for x in ln.xs]
+    ys_all = [y for ln in lines for y in ln.ys if math.isfinite(y)]
+    x_end = x_max if x_max else max(xs_all, default=1.0) or 1.0
+    # the time axis ends where the run ended, not at the next round tick
+    xt = [t for t in nice_ticks(0.0, x_end) if t <= x_end * (1 + 1e-9)]
+    yt = nice_ticks(0.0, y_max if y_max else max(ys_all, default=1.0) or 1.0, 4)
+    sxk = (width - left - right) / x_end
+    syk = plot_h / yt[-1]
+
+    def sx(v: float) -> float:
+        return left + v * sxk
+
+    def sy(v: float) -> float:
+        return top + plot_h - v * syk
+
+    body = list(leg)
+    for s0, s1 in spans or []:
+        x0, x1 = sx(s0), sx(s1)
+        body.append(f'<rect x="{_f(x0)}" y="{_f(top)}" width="{_f(max(x1 - x0, MIN_SPAN_PX))}" '
+                    f'height="{_f(plot_h)}" fill="#000" fill-opacity="0.12">'
+                    f"<title>{_esc(span_label)}: {s0:g} s to {s1:g} s</title></rect>")
+    body += _x_axis(xt, sx, top + plot_h, top, x_label, left + (width - left - right) / 2, end=x_end)
+    body += _y_axis(yt, sy, left, width - right, y_label, top + plot_h / 2)
+    for ln in lines:
+        pts = [(x, y) for x, y in zip(ln.xs, ln.ys, strict=False) if math.isfinite(y)]
+        dash = f' stroke-dasharray="{ln.dash}"' if ln.dash else ""
+        tip = f"<title>{_esc(ln.label)}</title>"
+        if len(pts) == 1:
+            body.append(f'<circle cx="{_f(sx(pts[0][0]))}" cy="{_f(sy(pts[0][1]))}" r="3" '
+                        f'fill="{ln.colour}">{tip}</circle>')
+        elif pts:
+            coords = " ".join(f"{_f(sx(x))},{_f(sy(y))}" for x, y in pts)
+            body.append(f'<polyline points="{coords}" fill="none" stroke="{ln.colour}" '
+                        f'stroke-width="1.5" stroke-linejoin="round"{dash}>{tip}</polyline>')
+    for s0, _ in (spans or [])[:1]:
+        body.append(f'<text x="{_f(sx(s0) + 3)}" y="{_f(top + 12)}" fill="#222" stroke="#fff" '
+                    f'stroke-width="3" paint-order="stroke">{_esc(span_label)}</text>')
+    return _frame(title, width, height, body, desc)
+
+
+# --- log-log scatter with a compute and a bandwidth ceiling (roofline) -----------------------
+
+@dataclass
+class Point:
+    x: float
+    y: float
+    weight: float  # circle area grows with it (e.g. time spent)
+    colour: str
+    tip: str
+
+
+@dataclass
+class Ceilings:
+    peak: float | None  # horizontal ceiling, y units
+    bandwidth: float | None  # slope of the diagonal ceiling, y units per x unit
+    ridge: float | None  # x where they meet
+    peak_label: str = ""
+    bandwidth_label: str = ""
+    ridge_label: str = ""
+    extra: list[str] = field(default_factory=list)
+
+
+def _decades(lo: float, hi: float) -> tuple[int, int]:
+    a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    return a, max(b, a + 1)
+
+
+def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str, y_label: str,
+                   legend: list[tuple[str, str]], width: float = 960, height: float = 440,
+                   desc: str = "", note: str = "") -> str:
+    left, right, bottom = 72, 20, 46
+    leg, leg_h = _legend(legend, left, TITLE_H, width - left - right)
+    top = TITLE_H + leg_h + 6
+    plot_w, plot_h = width - left - right, height - top - bottom
+    pts = [p for p in points if p.x > 0 and p.y > 0 and math.isfinite(p.x) and math.isfinite(p.y)]
+    xs = [p.x for p in pts]
+    ys = [p.y for p in pts]
+    if ceil.ridge and ceil.ridge > 0:
+        xs += [ceil.ridge / 20, ceil.ridge * 20]
+    if ceil.peak and ceil.peak > 0:
+        ys += [ceil.peak * 2, ceil.peak / 1e3]
+    if not xs:
+        xs = [0.1, 100.0]
+    if not ys:
+        ys = [1.0, 1e3]
+    x0, x1 = _decades(min(xs), max(xs))
+    y0, y1 = _decades(min(ys), max(ys))
+
+    def sx(v: float) -> float:
+        return left + (math.log10(v) - x0) / (x1 - x0) * plot_w
+
+    def sy(v: float) -> float:
+        return top + plot_h - (math.log10(v) - y0) / (y1 - y0) * plot_h
+
+    def fmt(v: float) -> str:
+        return si(v)
+
+    xt = [10.0 ** k for k in range(x0, x1 + 1)]
+    yt = [10.0 ** k for k in range(y0, y1 + 1)]
+    body = list(leg)
+    body += _x_axis(xt, sx, top + plot_h, top, x_label, left + plot_w / 2, fmt)
+    body += _y_axis(yt, sy, left, left + plot_w, y_label, top + plot_h / 2, fmt)
+    xlo, xhi, ylo = 10.0 ** x0, 10.0 ** x1, 10.0 ** y0
+    roof: list[tuple[float, float]] = []
+    if ceil.bandwidth and ceil.bandwidth > 0:
+        end = ceil.ridge if ceil.ridge and ceil.peak else xhi
+        start = max(xlo, ylo / ceil.bandwidth)
+        if start < end:
+            roof += [(start, ceil.bandwidth * start), (end, ceil.bandwidth * end)]
+            body.append(f'<text x="{_f(sx(start) + 6)}" y="{_f(sy(ceil.bandwidth * start) - 6)}" '
+                        f'fill="#222" transform="rotate({_f(_slope_deg(sx, sy, start, end, ceil.bandwidth))} '
+                        f'{_f(sx(start) + 6)} {_f(sy(ceil.bandwidth * start) - 6)})">'
+                        f"{_esc(ceil.bandwidth_label)}</text>")
+    if ceil.peak and ceil.peak > 0:
+        start = ceil.ridge if ceil.ridge and ceil.bandwidth else xlo
+        roof += [(max(start, xlo), ceil.peak), (xhi, ceil.peak)]
+        body.append(f'<text x="{_f(left + plot_w - 4)}" y="{_f(sy(ceil.peak) - 6)}" text-anchor="end" '
+                    f'fill="#222">{_esc(ceil.peak_label)}</text>')
+    if roof:
+        coords = " ".join(f"{_f(sx(x))},{_f(sy(y))}" for x, y in roof)
+        body.append(f'<polyline points="{coords}" fill="none" stroke="{BLACK}" stroke-width="2.5">'
+                    f"<title>{_esc(ceil.peak_label)}; {_esc(ceil.bandwidth_label)}</title></polyline>")
+    if ceil.ridge and ceil.peak and xlo <= ceil.ridge <= xhi:
+        rx = sx(ceil.ridge)
+        body.append(f'<line x1="{_f(rx)}" y1="{_f(sy(ceil.peak))}" x2="{_f(rx)}" y2="{_f(top + plot_h)}" '
+                    f'stroke="#555" stroke-dasharray="4 3"><title>{_esc(ceil.ridge_label)}</title></line>')
+        body.append(f'<text x="{_f(rx + 4)}" y="{_f(top + plot_h - 6)}" fill="#444">'
+                    f"{_esc(ceil.ridge_label)}</text>")
+    wmax = max((p.weight for p in pts), default=0.0)
+    for p in sorted(pts, key=lambda p: -p.weight):
+        r = 3 + 11 * math.sqrt(p.weight / wmax) if wmax > 0 else 4
+        body.append(f'<circle cx="{_f(sx(p.x))}" cy="{_f(sy(p.y))}" r="{_f(r)}" fill="{p.colour}" '
+                    'fill-opacity="0.75" stroke="#222" stroke-width="0.6">'
+                    f"<title>{_esc(p.tip)}</title></circle>")
+    if note:
+        body.append(f'<text x="{_f(left + plot_w / 2)}" y="{_f(top + plot_h / 2)}" text-anchor="middle" '
+                    f'fill="#444">{_esc(note)}</text>')
+    return _frame(title, width, height, body, desc)
+
+
+def _slope_deg(sx: Callable[[float], float], sy: Callable[[float], float], a: float, b: float,
+               bw: float) -> float:
+    dx, dy = sx(b) - sx(a), sy(bw * b) - sy(bw * a)
+    return math.degrees(math.atan2(dy, dx)) if dx else 0.0
