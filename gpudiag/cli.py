@@ -19,8 +19,14 @@ from gpudiag.errors import GpudiagError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "analyze": ("gpudiag.commands.analyze", "analyze",
                 "Diagnose PyTorch profiler traces: what limits this job, and what to do."),
+    "agent": ("gpudiag.commands.agent", "agent",
+              "Node daemon: export GPU counters and job signals (MFU, bottleneck) to Prometheus."),
     "profile": ("gpudiag.commands.profile", "profile",
                 "Run a training job unchanged, sample GPUs, trace a few steps, diagnose it."),
+    "report": ("gpudiag.commands.report", "report",
+               "Write a self-contained HTML report of a run directory or of traces."),
+    "diff": ("gpudiag.commands.diff", "diff",
+             "Compare two runs (before/after) as an HTML page or JSON."),
 }
 
 
@@ -50,6 +56,8 @@ def main() -> None:
       gpudiag profile -- python train.py  # observe a job and diagnose it
       gpudiag analyze ./traces            # verdict for a folder of Kineto traces
       gpudiag analyze rank-0.json.gz --json > diagnosis.json
+      gpudiag report runs/my-run          # runs/my-run/report.html
+      gpudiag diff runs/before runs/after # ./gpudiag-diff.html
 
     Exit codes: 0 ok, 1 failure, 2 bad input.
     """

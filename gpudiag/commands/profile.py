@@ -38,9 +38,13 @@ def parse_interval(text: str) -> float:
               help="Where GPU counters come from; replay:FILE plays back recorded samples.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the Diagnosis as JSON (after the job's own output).")
+@click.option("--monitor", is_flag=True,
+              help="Always-on mode for jobs watched all the time: trace one step only (for MFU "
+                   "and the label), then just step timing, sampling and periodic signals to the "
+                   "node agent.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(out: Path | None, interval: str, steps: int, skip: int, backend: str, as_json: bool,
-            command: tuple[str, ...]) -> None:
+            monitor: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged while sampling GPUs and tracing a few steps, then diagnose it.
 
     The job keeps its arguments, stdin/stdout/stderr, environment and exit code; gpudiag
@@ -55,6 +59,8 @@ def profile(out: Path | None, interval: str, steps: int, skip: int, backend: str
       gpudiag profile --steps 3 --skip 20 -- torchrun --nproc_per_node 8 train.py
       gpudiag profile --out runs/slow-job --json -- python train.py > out.txt
     """
+    if monitor:
+        steps = 1
     opts = ProfileOptions(out=out or _default_out(command), interval=parse_interval(interval),
                           steps=steps, skip=skip, backend=backend, as_json=as_json)
     if command and command[0] == "--":
@@ -124,6 +130,7 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
         write_run(run_dir, info)
         host.append(HostSampler(pid, run_dir / "samples" / "host.jsonl").start())
 
+    reporter = _signal_reporter(run_dir, info)
     try:
         result = run_job(command, job_env(run_dir, opts.skip, opts.steps), on_start=started)
     except BadInput:
@@ -144,16 +151,74 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
         info.notes.append(f"forwarded to the job: {', '.join(result.forwarded)}")
     steps = _step_summary(run_dir)
     info.last_step = steps.get("last_step")
+    if steps.get("torch"):
+        info.versions["torch"] = steps["torch"]
     info.notes.extend(steps.get("notes", []))
     write_run(run_dir, info)
     how = f"killed by {result.signal}" if result.signal else f"exited with {result.exit_code}"
     at = f" at step {info.last_step}" if info.last_step else ""
     _say(f"job {how}{at}; run directory: {run_dir}")
+    d = None
     try:
-        _diagnose(run_dir, opts, info)
+        d = _diagnose(run_dir, opts, info)
     except Exception as e:  # noqa: BLE001 - the job's outcome must not change
         _say(f"analysis failed: {type(e).__name__}: {e} (the run directory is complete)")
+    if reporter is not None:
+        _final_signal(reporter, d)
     return result.exit_code
+
+
+def _signal_reporter(run_dir: Path, info: object) -> object:
+    """Signals for the node's agent, when one runs here (its spool exists)."""
+    import os
+
+    from collectors.job_signals import SignalReporter
+    from gpudiag.jobsignal import default_state_dir, job_id_from_env
+
+    interval = float(os.environ.get("GPUDIAG_SIGNAL_INTERVAL", "15"))
+    job_id = job_id_from_env(f"{info.host}:{run_dir.name}")
+    reporter = SignalReporter.for_node(default_state_dir(), job_id, run_dir, interval,
+                                       _estimator(run_dir))
+    if reporter is None:
+        return None
+    info.notes.append(f"reporting to the node agent as job_id {job_id}")
+    return reporter.start()
+
+
+def _estimator(run_dir: Path):  # noqa: ANN202 - a closure
+    """MFU and label while the job runs: the traced steps are analysed once, as soon as rank
+    0's trace exists; MFU then follows the measured step time (model FLOPs per step from
+    the trace over the recent untraced step time, at the device's peak)."""
+    cache: dict[str, object] = {}
+
+    def estimate(step_seconds: float | None) -> dict:
+        if "d" not in cache:
+            if not (run_dir / "traces" / "rank-0.json.gz").exists():
+                return {}
+            from analyzers.diagnose import DeviceChoice, diagnose
+            from collectors.cpu_peak import cpu_peak
+
+            cache["d"] = diagnose(run_dir / "traces", DeviceChoice(cpu_peak=cpu_peak), jobs=1)
+        d = cache["d"]
+        b = d.breakdown
+        out = {"bottleneck": d.verdict.label.value,
+               "input_wait_ratio": b.input_wait / b.step_time if b.step_time > 0 else None}
+        if d.mfu.flops_per_step and d.mfu.peak_flops and step_seconds:
+            out["mfu_ratio"] = min(1.0, d.mfu.flops_per_step / step_seconds / d.mfu.peak_flops)
+        return out
+
+    return estimate
+
+
+def _final_signal(reporter: object, d: object) -> None:
+    fields = {}
+    if d is not None:
+        b = d.breakdown
+        fields = {"mfu_ratio": d.mfu.value, "bottleneck": d.verdict.label.value,
+                  "input_wait_ratio": (b.input_wait / b.step_time) if b.step_time > 0 else None}
+    reporter.finish(**fields)
+    if reporter.error:
+        _say(reporter.error)
 
 
 def _stop(sampler: object, host: list, info: object) -> None:
@@ -170,6 +235,7 @@ def _step_summary(run_dir: Path) -> dict:
 
     last = 0
     notes: list[str] = []
+    torch_version = None
     for f in sorted((run_dir / "samples").glob("steps-rank-*.jsonl")):
         for line in f.read_text().splitlines():
             try:
@@ -182,7 +248,9 @@ def _step_summary(run_dir: Path) -> dict:
         except (OSError, ValueError):
             continue
         notes.extend(f"rank {meta.get('rank')}: {n}" for n in meta.get("notes", []))
-    return {"last_step": last or None, "notes": notes}
+        if meta.get("torch"):
+            torch_version = str(meta["torch"])
+    return {"last_step": last or None, "notes": notes, "torch": torch_version}
 
 
 # Traced steps slower than this factor over untraced ones mean the profiler's own per-op cost
@@ -208,13 +276,13 @@ def _untraced_step_ms(run_dir: Path, opts: ProfileOptions) -> float | None:
     return statistics.median(dts) * 1e3 if len(dts) >= 3 else None
 
 
-def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> None:
+def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | None:
     traces = sorted((run_dir / "traces").glob("rank-*.json.gz"))
     if not traces:
         _say(f"no trace was written: the job ran {info.last_step or 0} optimizer steps and the "
              f"profiler window starts after --skip {opts.skip} (lower --skip, or call "
              "gpudiag.step() once per step if the loop has no optimizer)")
-        return
+        return None
     from analyzers.diagnose import DeviceChoice, diagnose
     from collectors.cpu_peak import cpu_peak
     from reports.terminal import render_terminal
@@ -228,4 +296,18 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> None:
             f"profiler slowed them {traced / untraced:.1f}x, mostly per operator, so host/op "
             "overhead is over-represented in this breakdown")
     (run_dir / "diagnosis.json").write_text(d.to_json())
+    _write_report(run_dir, d)
     click.echo(d.to_json() if opts.as_json else render_terminal(d))
+    return d
+
+
+def _write_report(run_dir: Path, d: object) -> None:
+    """report.html beside diagnosis.json; the report is a convenience, so a failure here is
+    one line on stderr and changes nothing else (diagnosis.json is already written)."""
+    try:
+        from reports.html import render_report
+
+        (run_dir / "report.html").write_text(render_report(d), encoding="utf-8")
+    except Exception as e:  # noqa: BLE001 - the job's outcome and the verdict must not change
+        msg = " ".join(f"{type(e).__name__}: {e}".split())
+        _say(f"report.html not written: {msg}")

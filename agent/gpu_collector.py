@@ -1,0 +1,115 @@
+"""Per-GPU metrics read at scrape time (prometheus_client custom collector).
+
+Like node_exporter and dcgm-exporter, hardware is read inside ``collect()``: no background
+thread, no stale cache, and a scrape costs exactly one read of each GPU. One GPU that fails
+(off the bus, Xid) is reported ``gpudiag_gpu_up 0`` and counted in
+``gpudiag_gpu_errors_total``; the others are exported as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from collectors.nvml import GpuBackend
+
+log = logging.getLogger("gpudiag.agent")
+
+# NVML clock event reasons (nvml.h nvmlClocksEventReason*), exported one series per reason.
+THROTTLE_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+    0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+}
+
+# (row key, metric name, help, scale to base unit)
+GAUGES: list[tuple[str, str, str, float]] = [
+    ("gpm_sm_activity", "gpudiag_gpu_sm_activity_ratio", "Fraction of time SMs were busy (GPM).", 0.01),
+    ("gpm_sm_occupancy", "gpudiag_gpu_sm_occupancy_ratio", "Resident warps over the maximum (GPM).", 0.01),
+    ("gpm_any_tensor_activity", "gpudiag_gpu_tensor_activity_ratio",
+     "Fraction of time any tensor core pipe was busy (GPM).", 0.01),
+    ("gpm_dram_bw_util", "gpudiag_gpu_dram_bandwidth_utilization_ratio",
+     "DRAM bandwidth used over its peak (GPM).", 0.01),
+    ("gpm_fp32_activity", "gpudiag_gpu_fp32_activity_ratio", "Non-tensor FP32 pipe activity (GPM).", 0.01),
+    ("gpm_fp16_activity", "gpudiag_gpu_fp16_activity_ratio", "Non-tensor FP16 pipe activity (GPM).", 0.01),
+    ("gpm_pcie_tx_mib_s", "gpudiag_gpu_pcie_transmit_bytes_per_second", "PCIe bytes sent (GPM).",
+     2**20),
+    ("gpm_pcie_rx_mib_s", "gpudiag_gpu_pcie_receive_bytes_per_second", "PCIe bytes received (GPM).",
+     2**20),
+    ("gpm_nvlink_tx_mib_s", "gpudiag_gpu_nvlink_transmit_bytes_per_second",
+     "NVLink bytes sent, all links (GPM).", 2**20),
+    ("gpm_nvlink_rx_mib_s", "gpudiag_gpu_nvlink_receive_bytes_per_second",
+     "NVLink bytes received, all links (GPM).", 2**20),
+    ("util_gpu", "gpudiag_gpu_utilization_ratio",
+     "Legacy utilisation: fraction of time any kernel ran (coarse; prefer SM activity).", 0.01),
+    ("mem_used", "gpudiag_gpu_memory_used_bytes", "Device memory in use.", 1.0),
+    ("mem_total", "gpudiag_gpu_memory_total_bytes", "Device memory in all.", 1.0),
+    ("power_mw", "gpudiag_gpu_power_watts", "Power draw.", 0.001),
+    ("sm_clock_mhz", "gpudiag_gpu_sm_clock_hertz", "SM clock.", 1e6),
+    ("temp_c", "gpudiag_gpu_temperature_celsius", "GPU temperature.", 1.0),
+]
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if f == f else None
+
+
+class GpuCollector(Collector):
+    """Exports every GPU of ``backend``; ``job_of`` maps a GPU's PIDs to a job id ("" if none)."""
+
+    def __init__(self, backend: GpuBackend | None, unavailable: str | None,
+                 job_of: Callable[[list[int]], str]) -> None:
+        self.backend = backend
+        self.unavailable = unavailable
+        self.job_of = job_of
+        self.errors: dict[str, int] = {}
+        self.info = backend.describe() if backend is not None else []
+
+    def collect(self) -> Iterator[Metric]:
+        up_nvml = GaugeMetricFamily("gpudiag_nvml_up", "1 if GPU counters can be read on this node.")
+        up_nvml.add_metric([], 0.0 if self.backend is None else 1.0)
+        yield up_nvml
+        if self.backend is None:
+            return
+        labels = ["gpu", "uuid", "model", "job_id"]
+        up = GaugeMetricFamily("gpudiag_gpu_up", "1 if the GPU answered this scrape.", labels=labels)
+        gauges = {name: GaugeMetricFamily(name, help_, labels=labels) for _, name, help_, _ in GAUGES}
+        throttle = GaugeMetricFamily("gpudiag_gpu_clock_throttled",
+                                     "1 while the clocks are held down for this reason.",
+                                     labels=[*labels, "reason"])
+        errors = CounterMetricFamily("gpudiag_gpu_errors", "Failed reads of this GPU.",
+                                     labels=["gpu", "uuid", "model"])
+        for i in range(self.backend.gpu_count()):
+            meta = self.info[i] if i < len(self.info) else {}
+            uuid, model = str(meta.get("uuid", "")), str(meta.get("name", ""))
+            try:
+                row = self.backend.sample(i)
+            except Exception as e:  # noqa: BLE001 - a lost GPU must not take the others down
+                self.errors[str(i)] = self.errors.get(str(i), 0) + 1
+                log.warning("GPU %s: read failed: %s", i, e)
+                row = None
+            pids = row.get("pids") if row else None
+            job = self.job_of(pids if isinstance(pids, list) else [])
+            lv = [str(i), uuid, model, job]
+            up.add_metric(lv, 0.0 if row is None else 1.0)
+            if row is not None:
+                for key, name, _, scale in GAUGES:
+                    v = _num(row.get(key))
+                    if v is not None:
+                        gauges[name].add_metric(lv, v * scale)
+                mask = _num(row.get("throttle"))
+                if mask is not None:
+                    for bit, reason in THROTTLE_REASONS.items():
+                        throttle.add_metric([*lv, reason], 1.0 if int(mask) & bit else 0.0)
+            errors.add_metric([str(i), uuid, model], float(self.errors.get(str(i), 0)))
+        yield up
+        yield from gauges.values()
+        yield throttle
+        yield errors

@@ -1,0 +1,81 @@
+"""The node agent: a Prometheus endpoint over the GPU and job-signal collectors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent.attribution import JobAttribution
+from agent.gpu_collector import GpuCollector
+from agent.signals import JobTable
+from collectors.nvml import NvmlUnavailable, open_backend
+
+log = logging.getLogger("gpudiag.agent")
+
+
+class HostCollector(Collector):
+    """Node health that needs no GPU: CPU count, load and available memory."""
+
+    def collect(self) -> Iterator[Metric]:
+        cpus = GaugeMetricFamily("gpudiag_host_cpus", "Logical CPUs on the node.")
+        cpus.add_metric([], float(os.cpu_count() or 0))
+        yield cpus
+        try:
+            load1 = os.getloadavg()[0]
+            load = GaugeMetricFamily("gpudiag_host_load1", "One-minute load average.")
+            load.add_metric([], load1)
+            yield load
+        except OSError:
+            pass
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        mem = GaugeMetricFamily("gpudiag_host_memory_available_bytes",
+                                                "Memory available for new work.")
+                        mem.add_metric([], float(line.split()[1]) * 1024)
+                        yield mem
+                        break
+        except OSError:
+            pass
+
+
+def build_registry(backend_spec: str, state_dir: Path) -> tuple[CollectorRegistry, JobTable, str | None]:
+    registry = CollectorRegistry(auto_describe=False)
+    try:
+        backend = open_backend(backend_spec)
+        unavailable = None
+    except NvmlUnavailable as e:
+        backend, unavailable = None, str(e)
+    registry.register(GpuCollector(backend, unavailable, JobAttribution()))
+    jobs = JobTable(state_dir)
+    registry.register(jobs)
+    registry.register(HostCollector())
+    registry.register(ProcessCollector(namespace="gpudiag_agent", registry=None))
+    return registry, jobs, unavailable
+
+
+def serve(listen: str, backend_spec: str, state_dir: Path, ready: threading.Event | None = None) -> None:
+    host, _, port = listen.rpartition(":")
+    registry, _, unavailable = build_registry(backend_spec, state_dir)
+    if unavailable:
+        log.warning("GPU counters are unavailable: %s (exporting host and job metrics only)",
+                    unavailable)
+    server, thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
+    log.info("serving /metrics on %s:%s, spool %s", host or "127.0.0.1", server.server_port,
+             state_dir / "spool")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if ready is not None:
+        ready.set()
+    stop.wait()
+    server.shutdown()

@@ -1,0 +1,89 @@
+"""Report a profiled job's signals to the node's agent while it runs, and once at its end.
+
+Cheap by design: every ``interval`` seconds it reads the tail of rank 0's step file and
+drops one small file into the agent's spool. No agent on the node (no spool): nothing is
+sent and the run says so once.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpudiag.jobsignal import write_signal
+from gpudiag.rundir import read_jsonl
+
+RECENT_STEPS = 50
+
+
+def step_stats(run_dir: Path) -> tuple[float | None, dict[str, float], int]:
+    """(median recent step seconds, collective seconds so far, last step) from rank 0."""
+    rows = read_jsonl(run_dir / "samples" / "steps-rank-0.jsonl")
+    colls: dict[str, float] = {}
+    for r in rows:
+        for name, c in (r.get("collectives") or {}).items():
+            if isinstance(c, dict) and isinstance(c.get("seconds"), (int, float)):
+                colls[name] = colls.get(name, 0.0) + float(c["seconds"])
+    dts = [float(r["dt"]) for r in rows[-RECENT_STEPS:] if isinstance(r.get("dt"), (int, float))]
+    last = int(rows[-1].get("step", 0)) if rows else 0
+    return (statistics.median(dts) if dts else None), colls, last
+
+
+class SignalReporter:
+    def __init__(self, spool: Path, job_id: str, run_dir: Path, interval: float = 15.0,
+                 estimate: Callable[[float | None], dict[str, Any]] | None = None) -> None:
+        self.spool = spool
+        # given the recent step time, the fields only an analysis can give (MFU, label):
+        # supplied by the caller, which may use analyzers (collectors may not)
+        self.estimate = estimate
+        self.job_id = job_id
+        self.run_dir = run_dir
+        self.interval = interval
+        self.sent = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpudiag-signals", daemon=True)
+
+    @classmethod
+    def for_node(cls, state_dir: Path, job_id: str, run_dir: Path, interval: float,
+                 estimate: Callable[[float | None], dict[str, Any]] | None = None
+                 ) -> SignalReporter | None:
+        spool = state_dir / "spool"
+        if not spool.is_dir() or not os.access(spool, os.W_OK | os.X_OK):
+            return None
+        return cls(spool, job_id, run_dir, interval, estimate)
+
+    def start(self) -> SignalReporter:
+        self._thread.start()
+        return self
+
+    def send(self, **fields: Any) -> None:
+        step, colls, _ = step_stats(self.run_dir)
+        extra: dict[str, Any] = {}
+        if self.estimate is not None and not fields:
+            try:
+                extra = self.estimate(step)
+            except Exception as e:  # noqa: BLE001 - signals are best effort, the job goes on
+                self.error = f"MFU estimate failed: {e}"
+        sig = {"job_id": self.job_id, "ts": time.time(), "step_seconds": step,
+               "collective_seconds_total": colls, **extra, **fields}
+        try:
+            write_signal(self.spool, sig)
+            self.sent += 1
+        except OSError as e:
+            self.error = f"cannot write to the agent's spool {self.spool}: {e.strerror or e}"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.send()
+
+    def finish(self, **fields: Any) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.send(ended=True, **fields)

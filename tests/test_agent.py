@@ -1,0 +1,304 @@
+"""``gpudiag agent``: a real Prometheus scrapes it; promtool checks it; faults and churn."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from agent.gpu_collector import GpuCollector
+from agent.signals import MAX_SIGNAL_BYTES, JobTable, parse_signal
+from collectors.nvml import ReplayBackend
+from gpudiag.jobsignal import write_signal
+
+ROOT = Path(__file__).resolve().parents[1]
+REPLAY = ROOT / "tests" / "fixtures" / "h200" / "profile_gemm_gpu.jsonl"
+DASHBOARD = ROOT / "agent" / "deploy" / "grafana-dashboard.json"
+JOB = ROOT / "tests" / "jobs" / "loop_job.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+        return r.read().decode()
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            http_get(url, 1.0)
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer")
+
+
+class Agent:
+    def __init__(self, state: Path, backend: str = f"replay:{REPLAY}") -> None:
+        self.port = free_port()
+        self.state = state
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpudiag", "agent", "--listen", f"127.0.0.1:{self.port}",
+             "--backend", backend, "--state-dir", str(state)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_http(self.url)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def metrics(self) -> str:
+        return http_get(self.url)
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:
+        self.proc.send_signal(sig)
+        _, err = self.proc.communicate(timeout=20)
+        return err
+
+
+@pytest.fixture
+def agent(tmp_path):
+    a = Agent(tmp_path / "state")
+    yield a
+    if a.proc.poll() is None:
+        a.stop()
+
+
+def promtool_check(text: str) -> subprocess.CompletedProcess:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed (.ci/run installs Debian's prometheus)"
+    return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+
+
+def test_metrics_pass_promtool_with_gpu_and_job_series(agent):
+    write_signal(agent.state / "spool", {"job_id": "slurm:7", "ts": time.time(), "mfu_ratio": 0.31,
+                                         "bottleneck": "memory-bound", "step_seconds": 0.2,
+                                         "collective_seconds_total": {"all_reduce": 3.0}})
+    text = agent.metrics()
+    assert 'gpudiag_gpu_up{gpu="0",job_id="",model="NVIDIA H200",uuid="replay-0"} 1.0' in text
+    assert 'gpudiag_job_mfu_ratio{job_id="slurm:7"} 0.31' in text
+    assert 'gpudiag_job_collective_seconds_total{collective="all_reduce",job_id="slurm:7"} 3.0' in text
+    check = promtool_check(text)
+    assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+
+
+def test_without_nvml_the_agent_says_so_once_and_exports_health(tmp_path):
+    a = Agent(tmp_path / "state", backend="nvml")
+    try:
+        text = a.metrics()
+        a.metrics()
+    finally:
+        err = a.stop()
+    assert "gpudiag_nvml_up 0.0" in text and "gpudiag_host_cpus" in text
+    assert "gpudiag_gpu_up{" not in text
+    assert err.count("NVML Shared Library Not Found") == 1
+    assert promtool_check(text).returncode == 0
+
+
+def test_bad_signals_are_rejected_counted_and_never_crash_the_agent(agent):
+    spool = agent.state / "spool"
+    (spool / "a.json").write_text("{not json")
+    (spool / "b.json").write_bytes(b"{" + b" " * (MAX_SIGNAL_BYTES + 10) + b"}")
+    (spool / "c.json").write_text(json.dumps({"schema_version": 1, "job_id": "x", "ts": time.time(),
+                                              "bottleneck": "<script>"}))
+    (spool / "d.json").write_text(json.dumps({"schema_version": 1, "job_id": "y" * 500, "ts": 1.0}))
+    os.symlink("/etc/passwd", spool / "e.json")
+    text = agent.metrics()
+    assert 'gpudiag_agent_signals_rejected_total{reason="not_json"} 1.0' in text
+    assert 'gpudiag_agent_signals_rejected_total{reason="too_large"} 1.0' in text
+    assert 'gpudiag_agent_signals_rejected_total{reason="bad_value"} 1.0' in text
+    assert 'gpudiag_agent_signals_rejected_total{reason="job_id"} 1.0' in text
+    assert 'gpudiag_agent_signals_rejected_total{reason="not_regular_file"} 1.0' in text
+    assert "gpudiag_agent_jobs 0.0" in text
+    assert list(spool.iterdir()) == []  # consumed, not left to be re-read
+    assert agent.proc.poll() is None
+    assert oct(spool.stat().st_mode & 0o7777) == "0o1733"
+
+
+def test_job_signals_survive_a_killed_agent(tmp_path):
+    state = tmp_path / "state"
+    a = Agent(state)
+    write_signal(state / "spool", {"job_id": "torchrun:abc", "ts": time.time(), "mfu_ratio": 0.42})
+    assert 'gpudiag_job_mfu_ratio{job_id="torchrun:abc"} 0.42' in a.metrics()
+    a.stop(signal.SIGKILL)
+    b = Agent(state)
+    try:
+        assert 'gpudiag_job_mfu_ratio{job_id="torchrun:abc"} 0.42' in b.metrics()
+    finally:
+        b.stop()
+
+
+class _LostGpu(ReplayBackend):
+    """Two replayed real GPUs; GPU 1 falls off the bus after two reads."""
+
+    def __init__(self) -> None:
+        super().__init__(REPLAY)
+        self.rows = [self.rows[0], list(self.rows[0])]
+        self.pos = [0, 0]
+
+    def sample(self, index: int) -> dict:
+        if index == 1 and self.pos[1] >= 2:
+            raise RuntimeError("Unknown Error (GPU is lost)")
+        return super().sample(index)
+
+
+def test_a_gpu_off_the_bus_is_marked_down_and_the_others_stay_up():
+    reg = CollectorRegistry()
+    reg.register(GpuCollector(_LostGpu(), None, lambda pids: ""))
+    for _ in range(4):
+        text = generate_latest(reg).decode()
+    assert re.search(r'gpudiag_gpu_up\{gpu="0",[^}]*\} 1\.0', text)
+    assert re.search(r'gpudiag_gpu_up\{gpu="1",[^}]*\} 0\.0', text)
+    assert re.search(r'gpudiag_gpu_errors_total\{gpu="1",[^}]*\} 2\.0', text)
+    assert re.search(r'gpudiag_gpu_power_watts\{gpu="0",', text)
+
+
+def test_ten_thousand_jobs_churning_keep_the_table_bounded(tmp_path):
+    table = JobTable(tmp_path / "state", ttl=30.0, max_jobs=512)
+    t0 = 1_000_000.0
+    for i in range(10_000):
+        now = t0 + i * 0.1  # a job starts every 100 ms
+        write_signal(table.spool, {"job_id": f"job-{i}", "ts": now, "step_seconds": 0.5})
+        if i >= 50:  # and jobs end, 50 behind
+            write_signal(table.spool, {"job_id": f"job-{i - 50}", "ts": now, "ended": True})
+        if i % 100 == 0:
+            table.ingest(now=now)
+    table.ingest(now=t0 + 10_000 * 0.1 + 120)
+    assert len(table.jobs) == 0
+    assert table.rejected.get("too_many_jobs", 0) == 0
+    assert len(json.loads((tmp_path / "state" / "jobs.json").read_text())["jobs"]) == 0
+
+
+def test_the_job_table_refuses_jobs_beyond_its_bound(tmp_path):
+    table = JobTable(tmp_path / "state", max_jobs=10)
+    for i in range(15):
+        write_signal(table.spool, {"job_id": f"j{i}", "ts": time.time()})
+    table.ingest()
+    assert len(table.jobs) == 10 and table.rejected["too_many_jobs"] == 5
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_five_thousand_scrapes_grow_rss_by_less_than_5_mb(tmp_path):
+    table = JobTable(tmp_path / "state")
+    reg = CollectorRegistry()
+    reg.register(GpuCollector(ReplayBackend(REPLAY), None, lambda pids: "job"))
+    reg.register(table)
+    for i in range(100):
+        write_signal(table.spool, {"job_id": f"job-{i}", "ts": time.time(), "mfu_ratio": 0.5,
+                                   "bottleneck": "compute-bound",
+                                   "collective_seconds_total": {"all_reduce": 1.0}})
+    for _ in range(200):  # warm up allocator pools
+        generate_latest(reg)
+    gc.collect()
+    before = _rss()
+    for _ in range(5000):
+        generate_latest(reg)
+    gc.collect()
+    assert _rss() - before < 5 * 2**20
+
+
+def test_parse_signal_accepts_the_documented_format():
+    sig = parse_signal(json.dumps({"schema_version": 1, "job_id": "k8s:pod 1", "ts": 5.0,
+                                   "input_wait_ratio": 0.25, "ended": False}).encode())
+    assert sig.job_id == "k8s:pod_1" and sig.input_wait_ratio == 0.25
+
+
+# --- a real Prometheus server --------------------------------------------------------------------
+
+@pytest.fixture
+def prometheus(tmp_path, agent):
+    exe = shutil.which("prometheus")
+    assert exe, "prometheus is not installed (.ci/run installs Debian's prometheus)"
+    port = free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: gpudiag
+    static_configs:
+      - targets: ["127.0.0.1:{agent.port}"]
+""")
+    proc = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/-/ready", timeout=60)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def promql(base: str, expr: str) -> dict:
+    data = json.loads(http_get(f"{base}/api/v1/query?query={urllib.parse.quote(expr)}"))
+    assert data["status"] == "success", (expr, data)
+    return data["data"]
+
+
+def wait_series(base: str, expr: str, timeout: float = 60.0) -> list:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        result = promql(base, expr)["result"]
+        if result:
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"no series for {expr}")
+
+
+def test_real_prometheus_reads_back_the_mfu_and_label_of_a_profiled_job(tmp_path, agent, prometheus):
+    env = {**os.environ, "GPUDIAG_AGENT_DIR": str(agent.state), "GPUDIAG_SIGNAL_INTERVAL": "1",
+           "GPUDIAG_JOB": "e2e-job"}
+    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(tmp_path / "run"),
+                           "--skip", "2", "--steps", "3", "--", sys.executable, str(JOB), "--steps", "40",
+                           "--sleep", "0.05"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads((tmp_path / "run" / "diagnosis.json").read_text())
+    mfu = wait_series(prometheus, 'gpudiag_job_mfu_ratio{job_id="e2e-job"}')
+    assert float(mfu[0]["value"][1]) == pytest.approx(d["mfu"]["value"], rel=1e-6)
+    label = wait_series(prometheus, 'gpudiag_job_bottleneck{job_id="e2e-job"} == 1')
+    assert label[0]["metric"]["label"] == d["verdict"]["label"]
+    up = wait_series(prometheus, "gpudiag_gpu_up")
+    assert up[0]["metric"]["model"] == "NVIDIA H200"
+
+
+def test_every_dashboard_expression_evaluates_on_a_real_prometheus(prometheus):
+    wait_series(prometheus, "gpudiag_nvml_up")
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 15
+    for expr in exprs:
+        promql(prometheus, expr.replace("$instance", ".*").replace("$job_id", ".*"))
+    for var in dash["templating"]["list"]:
+        if var["type"] == "query":
+            m = re.match(r"label_values\((\w+), (\w+)\)", var["query"])
+            assert m, var["query"]
+            promql(prometheus, m.group(1))
