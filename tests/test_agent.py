@@ -282,8 +282,17 @@ def test_real_prometheus_reads_back_the_mfu_and_label_of_a_profiled_job(tmp_path
                            "--sleep", "0.05"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     d = json.loads((tmp_path / "run" / "diagnosis.json").read_text())
-    mfu = wait_series(prometheus, 'gpudiag_job_mfu_ratio{job_id="e2e-job"}')
-    assert float(mfu[0]["value"][1]) == pytest.approx(d["mfu"]["value"], rel=1e-6)
+    # signals sent while the job ran carry running estimates; the last one, sent at the end,
+    # carries the diagnosis' own MFU: Prometheus must get there within a few scrapes
+    expr = 'gpudiag_job_mfu_ratio{job_id="e2e-job"}'
+    end = time.monotonic() + 30
+    seen = None
+    while time.monotonic() < end:
+        seen = float(wait_series(prometheus, expr)[0]["value"][1])
+        if seen == pytest.approx(d["mfu"]["value"], rel=1e-6):
+            break
+        time.sleep(0.5)
+    assert seen == pytest.approx(d["mfu"]["value"], rel=1e-6)
     label = wait_series(prometheus, 'gpudiag_job_bottleneck{job_id="e2e-job"} == 1')
     assert label[0]["metric"]["label"] == d["verdict"]["label"]
     up = wait_series(prometheus, "gpudiag_gpu_up")
