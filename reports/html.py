@@ -15,6 +15,7 @@ close its script element (``embed_json``).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections import Counter
 from datetime import datetime, timezone
@@ -29,10 +30,10 @@ from gpudiag.diagnosis import Diagnosis, DiagnosisDiff, ItemDelta, RunSummary, T
 from reports import svg
 
 TEMPLATES = Path(__file__).parent / "templates"
-TOP_ROWS = 25  # rows of kernel/operator/roofline tables; the JSON block holds all of them
+TOP_ROWS = 25  # rows of kernel/operator/roofline tables; the JSON block holds what the diagnosis kept
 TOP_BARS = 10  # bars in the "where device time went" chart
 MAX_STEP_ROWS = 48  # rows of the per-step chart (8 ranks x 6 steps)
-NAME_CHARS = 60  # kernel names in chart labels
+NAME_LABEL_W = 360  # px for kernel/operator names left of the bars
 
 # (TimeBreakdown field, label, colour): the parts of a step, in drawing order. Colours are
 # shared by every chart so "memory-bound" is the same orange everywhere.
@@ -75,6 +76,29 @@ def ms(us: float | None) -> str:
     return "n/a" if us is None or us != us else f"{num(us / 1e3)} ms"
 
 
+def gbps(v: float | None) -> str:
+    """A bandwidth given in GB/s, with the prefix its size calls for (``svg.si``)."""
+    return "n/a" if v is None or v != v else svg.si(v * 1e9, "B/s")
+
+
+def signed_ms(us: float | None) -> str:
+    """'+1.2 ms', '-0.5 ms', '0 ms': a change."""
+    if us is None or us != us:
+        return "n/a"
+    return ("+" if us > 0 else "") + ms(us)
+
+
+_PREFIX = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_RATE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?) ?([kMGTP]?)(FLOP/s|B/s)(?![\w/])")
+
+
+def si_text(text: str) -> str:
+    """Rates in analyzer prose ('0.06718 TFLOP/s', '1550 GB/s') re-written with the prefix the
+    report uses everywhere (``svg.si``: '67.2 GFLOP/s', '1.55 TB/s'). Only the formatting
+    changes; the value is the same."""
+    return _RATE.sub(lambda m: svg.si(float(m.group(1)) * _PREFIX[m.group(2)], m.group(3)), text)
+
+
 def pct(frac: float | None, signed: bool = False) -> str:
     if frac is None or frac != frac:
         return "n/a"
@@ -104,6 +128,189 @@ def run_status(r: RunSummary) -> str:
     if r.status == "failed" and r.exit_code is not None:
         return f"failed with exit code {r.exit_code}{at}"
     return f"{r.status}{at}"
+
+
+# --- kernel and operator names for display ----------------------------------------------
+
+_AUTOGRAD = "autograd::engine::evaluate_function: "
+_ANON = "(anonymous namespace)::"
+_GENERIC = {"Kernel", "Kernel2", "device_kernel", "kernel"}  # wrappers named by their template
+
+
+def _strip_groups(text: str, keep_templates: bool) -> str | None:
+    """``text`` without its top-level argument lists ``(...)`` and, unless ``keep_templates``,
+    template arguments ``<...>``; None when the brackets do not pair up (not a C++ name). A
+    parenthesis after a space is prose, not an argument list: 'Memset (Device)' keeps it."""
+    out: list[str] = []
+    stack: list[str] = []  # "<", "(", or "p" for a kept (prose) parenthesis
+    opening = {">": "<", ")": "("}
+    prev = ""
+    for ch in text:
+        shown = all(g == "p" for g in stack) or (keep_templates and stack[0] == "<")
+        if ch == "(" and prev.isspace() and shown:
+            stack.append("p")
+            keep = True
+        elif ch in "<(":
+            stack.append(ch)
+            keep = keep_templates and stack[0] == "<"
+        elif ch in ">)":
+            if not stack or (stack[-1] != opening[ch] and not (ch == ")" and stack[-1] == "p")):
+                return None
+            keep = stack[-1] == "p" and shown or (keep_templates and stack[0] == "<")
+            stack.pop()
+        else:
+            keep = shown
+        if keep:
+            out.append(ch)
+        prev = ch
+    return None if stack else "".join(out)
+
+
+def _template_args(text: str) -> list[str] | None:
+    """The top-level arguments of the template argument list that ``text`` starts with."""
+    if not text.startswith("<"):
+        return None
+    args: list[str] = []
+    depth, cur = 0, ""
+    for ch in text:
+        if ch in "<(":
+            depth += 1
+            if depth == 1:
+                continue
+        elif ch in ">)":
+            depth -= 1
+            if depth == 0:
+                args.append(cur.strip())
+                return args
+        elif ch == "," and depth == 1:
+            args.append(cur.strip())
+            cur = ""
+            continue
+        cur += ch
+    return None
+
+
+def _plain(name: str) -> tuple[str, str]:
+    """(name without 'void ', anonymous namespaces and the autograd prefix, suffix to add)."""
+    suffix = ""
+    if name.startswith(_AUTOGRAD):
+        name, suffix = name[len(_AUTOGRAD):], " (autograd)"
+    name = name.strip()
+    if name.startswith("void "):
+        name = name[5:]
+    return name.replace(_ANON, ""), suffix
+
+
+def short_name(name: str) -> str:
+    """A kernel or operator name as a person reads it: 'void ns::fn<T, 4>(float*, int)' ->
+    'ns::fn', 'autograd::engine::evaluate_function: AddmmBackward0' -> 'AddmmBackward0
+    (autograd)'. Anything that is not a well-formed C++ name comes back unchanged. For
+    display only: tables and tooltips keep the full name."""
+    plain, suffix = _plain(name)
+    stripped = _strip_groups(plain, keep_templates=False)
+    if stripped is None or not stripped.strip():
+        return name
+    return " ".join(stripped.split()) + suffix
+
+
+def _arg_name(arg: str, deep: bool = False) -> str:
+    """A template argument cut to what names it: 'at::native::CUDAFunctor_add<float>' ->
+    'CUDAFunctor_add', 'at::native::mse_kernel_cuda(at::TensorIteratorBase&)::{lambda()#1}'
+    -> 'mse_kernel_cuda'; with ``deep`` its own first template argument is named too
+    ('gpu_kernel_impl_nocast<direct_copy_kernel_cuda>'). Numbers and plain types stay."""
+    arg = " ".join(arg.split())
+    m = re.search(r"[<({]", arg)
+    head = (arg[: m.start()] if m else arg).rstrip(": ").split("::")[-1] or arg
+    if deep and m and m.group() == "<":
+        inner = _template_args(arg[m.start():])
+        if inner:
+            return head + "<" + _arg_name(inner[0]) + (", \u2026" if len(inner) > 1 else "") + ">"
+    return head
+
+
+def _with_templates(name: str, positions: set[int] | None, deep: bool = False) -> str | None:
+    """``short_name`` plus the template arguments at ``positions`` (all when None), '…' for
+    the others: what tells apart kernels that share a function name."""
+    plain, suffix = _plain(name)
+    fn = _strip_groups(plain, keep_templates=False)
+    kept = _strip_groups(plain, keep_templates=True)
+    if not fn or kept is None or "<" not in kept:
+        return None
+    args = _template_args(kept[kept.index("<"):])
+    if not args:
+        return None
+    shown, skipped = [], False
+    for i, a in enumerate(args):
+        if positions is None or i in positions:
+            shown.append(_arg_name(a, deep))
+            skipped = False
+        elif not skipped:
+            shown.append("\u2026")
+            skipped = True
+    return " ".join(fn.split()) + "<" + ", ".join(shown) + ">" + suffix
+
+
+def display_names(names: list[str], px: float | None = None) -> list[str]:
+    """``short_name`` of each, made distinct again where two different names shorten to the
+    same text (the template arguments in which they differ are added), then fitted to ``px``
+    wide when given (``_fit_name``), cut so that different names still read differently."""
+    out = [short_name(n) for n in names]
+    for i, n in enumerate(names):  # wrappers such as cutlass::Kernel<the_real_kernel>
+        if out[i].split("::")[-1] in _GENERIC:
+            out[i] = _with_templates(n, None) or out[i]
+    for idx in _clashes(names, out):
+        argsets = []
+        for i in idx:
+            kept = _strip_groups(_plain(names[i])[0], keep_templates=True)
+            argsets.append(_template_args(kept[kept.index("<"):]) if kept and "<" in kept else None)
+        positions: set[int] | None = None
+        if all(a is not None for a in argsets) and len({len(a or []) for a in argsets}) == 1:
+            positions = {k for k in range(len(argsets[0] or []))
+                         if len({(a or [])[k] for a in argsets}) > 1} or None
+        for deep in (False, True):
+            trial = {i: _with_templates(names[i], positions, deep) or out[i] for i in idx}
+            if len(set(trial.values())) == len({names[i] for i in idx}):
+                break
+        else:  # overloads, or names that differ only deep inside: the full name
+            trial = {i: "".join(_plain(names[i])) for i in idx}
+        for i, t in trial.items():
+            out[i] = t
+    if px is None:
+        return out
+    fitted = [_fit_name(d, px) for d in out]
+    for idx in _clashes(names, fitted):  # cut elsewhere until they differ
+        for head in (0.25, 0.1, 0.0, 0.6, 0.8):
+            trial = {i: _fit_name(out[i], px, head) for i in idx}
+            if len(set(trial.values())) == len(idx):
+                for i, t in trial.items():
+                    fitted[i] = t
+                break
+    return fitted
+
+
+def _clashes(names: list[str], shown: list[str]) -> list[list[int]]:
+    """Groups of indices whose different names are shown as the same text."""
+    groups: dict[str, list[int]] = {}
+    for i, d in enumerate(shown):
+        groups.setdefault(d, []).append(i)
+    return [idx for idx in groups.values() if len({names[i] for i in idx}) > 1]
+
+
+def _fit_name(d: str, px: float, head: float = 0.42) -> str:
+    """``d`` cut to ``px`` wide: first without its namespaces, then in the middle, keeping a
+    trailing '<…>' (the part that tells kernels apart) whole when it takes under half."""
+    if svg.text_width(d) <= px:
+        return d
+    cut = d.find("<") if d.endswith(">") else -1
+    fn, tail = (d[:cut], d[cut:]) if cut > 0 else (d, "")
+    if fn.endswith(" (autograd)"):
+        fn, tail = fn[: -len(" (autograd)")], " (autograd)" + tail
+    bare = fn.split("::")[-1]
+    if svg.text_width(bare + tail) <= px:
+        return bare + tail
+    if tail and svg.text_width(tail) < 0.6 * px:
+        return svg.fit(bare, px - svg.text_width(tail), head=head) + tail
+    return svg.fit(bare + tail, px, head=head)
 
 
 # --- the JSON data block -----------------------------------------------------------------
@@ -306,7 +513,15 @@ def _roofline(d: Diagnosis) -> dict[str, Any]:
              ("compute ceiling", svg.si(r.peak_flops, "FLOP/s") if r.peak_flops else "unknown"),
              ("bandwidth ceiling", svg.si(r.peak_bandwidth, "B/s") if r.peak_bandwidth else "unknown"),
              ("ridge point", f"{num(r.ridge_intensity)} FLOP/byte" if r.ridge_intensity else "n/a")]
-    if r.points or r.peak_flops > 0:
+    empty = ""
+    if not r.points:
+        # an empty 440 px chart says less than a sentence: no chart without points
+        why = {"kernel-names": "each kernel was classed compute- or memory-bound by its name, without "
+                               "the operator shapes a point needs (profile with record_shapes=True)",
+               "none": "neither operator shapes nor known kernel classes were found"}
+        empty = (f"No roofline points (method {r.method!r}): "
+                 + why.get(r.method, "no operator had both FLOPs and bytes") + ".")
+    else:
         pts = [svg.Point(p.intensity, p.achieved_flops, p.time_us, BOUND_COLOURS.get(p.bound, svg.GREY),
                          f"{p.op} {p.shape} {p.dtype}: {p.calls} calls, {ms(p.time_us)}, "
                          f"{num(p.intensity)} FLOP/byte, {svg.si(p.achieved_flops, 'FLOP/s')} achieved "
@@ -317,11 +532,10 @@ def _roofline(d: Diagnosis) -> dict[str, Any]:
             peak_label=f"compute ceiling {svg.si(r.peak_flops, 'FLOP/s')} {r.dtype_family}",
             bandwidth_label=f"bandwidth ceiling {svg.si(r.peak_bandwidth, 'B/s')}",
             ridge_label=f"ridge {num(r.ridge_intensity)} FLOP/byte")
-        note = "" if r.points else f"no points: roofline method is {r.method!r} (see below)"
         charts.append(svg.loglog_scatter(
             "Roofline", pts, ceil, "arithmetic intensity (FLOP/byte)", f"achieved {unit}",
             [("compute-bound", svg.BLUE), ("memory-bound", svg.ORANGE), ("circle area: time", "#ffffff")],
-            desc="Each circle is an operator and shape; circle area grows with its time.", note=note))
+            desc="Each circle is an operator and shape; circle area grows with its time."))
     split = [svg.Segment(r.compute_bound_time / 1e3, svg.BLUE, f"compute-bound: {ms(r.compute_bound_time)}"),
              svg.Segment(r.memory_bound_time / 1e3, svg.ORANGE, f"memory-bound: {ms(r.memory_bound_time)}"),
              svg.Segment(r.unattributed_time / 1e3, svg.GREY, f"unattributed: {ms(r.unattributed_time)}")]
@@ -331,18 +545,20 @@ def _roofline(d: Diagnosis) -> dict[str, Any]:
             [svg.Bar("compute time", split)],
             [("compute-bound", svg.BLUE), ("memory-bound", svg.ORANGE), ("unattributed", svg.GREY)],
             "ms", label_w=110))
-    rows = [{"op": p.op, "shape": p.shape, "dtype": p.dtype, "calls": p.calls, "time": ms(p.time_us),
-             "flops": svg.si(p.flops), "bytes": svg.si(p.bytes, "B"), "intensity": num(p.intensity),
-             "achieved": svg.si(p.achieved_flops, "FLOP/s"),
+    top = sorted(r.points, key=lambda p: -p.time_us)[:TOP_ROWS]
+    rows = [{"op": p.op, "short": short, "shape": p.shape, "dtype": p.dtype, "calls": p.calls,
+             "time": ms(p.time_us), "flops": svg.si(p.flops, "FLOP"), "bytes": svg.si(p.bytes, "B"),
+             "intensity": num(p.intensity), "achieved": svg.si(p.achieved_flops, "FLOP/s"),
              "attainable": svg.si(p.attainable_flops, "FLOP/s"), "bound": p.bound}
-            for p in sorted(r.points, key=lambda p: -p.time_us)[:TOP_ROWS]]
+            for p, short in zip(top, display_names([p.op for p in top]), strict=True)]
     return {"charts": [Markup(c) for c in charts], "facts": facts, "rows": rows,
-            "n_points": len(r.points)}
+            "n_points": len(r.points), "empty": empty}
 
 
 def _item_rows(items: list[TopItem]) -> list[dict[str, Any]]:
-    return [{"name": t.name, "calls": t.calls, "time": ms(t.time_us), "share": pct(t.share)}
-            for t in items[:TOP_ROWS]]
+    top = items[:TOP_ROWS]
+    return [{"name": t.name, "short": short, "calls": t.calls, "time": ms(t.time_us), "share": pct(t.share)}
+            for t, short in zip(top, display_names([t.name for t in top]), strict=True)]
 
 
 def _tables(d: Diagnosis) -> dict[str, Any]:
@@ -350,28 +566,36 @@ def _tables(d: Diagnosis) -> dict[str, Any]:
     top = d.top_kernels or d.top_ops
     what = "kernels" if d.top_kernels else "operators"
     if top:
-        bars = [svg.HBar(svg.clip(t.name, NAME_CHARS), 100 * t.share, svg.BLUE, pct(t.share),
-                         tip=f"{t.name}: {ms(t.time_us)} in {t.calls} calls") for t in top[:TOP_BARS]]
-        top_chart = svg.bar_chart(f"Top {what} by device time", bars, "% of device busy time", label_w=360)
+        shown = top[:TOP_BARS]
+        labels = display_names([t.name for t in shown], NAME_LABEL_W - 12)
+        bars = [svg.HBar(label, 100 * t.share, svg.BLUE, pct(t.share),
+                         tip=f"{t.name}: {ms(t.time_us)} in {t.calls} calls")
+                for t, label in zip(shown, labels, strict=True)]
+        top_chart = svg.bar_chart(f"Top {what} by device time", bars, "% of device busy time",
+                                  label_w=NAME_LABEL_W)
     comm = [c for c in d.communication if c.busbw_gbps is not None]
     if comm:
-        bars = [svg.HBar(c.collective, c.busbw_gbps or 0.0, svg.GREEN,
-                         f"{num(c.busbw_gbps)} GB/s" + (f" of {num(c.link_peak_gbps)} peak"
-                                                        if c.link_peak_gbps else ""),
-                         tip=f"{c.collective}: bus bandwidth {num(c.busbw_gbps)} GB/s",
-                         ref=c.link_peak_gbps,
-                         ref_tip=f"link peak {num(c.link_peak_gbps)} GB/s" if c.link_peak_gbps else "")
-                for c in comm]
+        bars = []
+        for c in comm:
+            bw = c.busbw_gbps or 0.0
+            of_peak = f" ({pct(bw / c.link_peak_gbps)} of peak)" if c.link_peak_gbps else ""
+            bars.append(svg.HBar(c.collective, bw, svg.GREEN, gbps(bw) + of_peak,
+                                 tip=f"{c.collective}: bus bandwidth {gbps(bw)}{of_peak}",
+                                 ref=c.link_peak_gbps,
+                                 ref_tip=f"link peak {gbps(c.link_peak_gbps)}" if c.link_peak_gbps else ""))
+        peaks = {c.link_peak_gbps for c in comm}
+        ref_label = f"link peak {gbps(peaks.pop())}" if len(peaks) == 1 and None not in peaks else ""
         comm_chart = svg.bar_chart("Collective bus bandwidth against the link peak", bars, "GB/s",
-                                   label_w=160, legend=[("bus bandwidth", svg.GREEN),
-                                                        ("link peak (black tick)", svg.BLACK)])
+                                   label_w=160, ref_label=ref_label,
+                                   legend=[("bus bandwidth", svg.GREEN),
+                                           ("link peak (black tick)", svg.BLACK)])
     coll_rows = [{"name": c.collective, "count": c.count, "time": ms(c.total_time_us),
                   "exposed": ms(c.exposed_time_us),
                   "bytes": svg.si(c.bytes, "B") if c.bytes is not None else "n/a",
-                  "algbw": num(c.algbw_gbps), "busbw": num(c.busbw_gbps),
-                  "peak": num(c.link_peak_gbps)} for c in d.communication]
+                  "algbw": gbps(c.algbw_gbps), "busbw": gbps(c.busbw_gbps),
+                  "peak": gbps(c.link_peak_gbps)} for c in d.communication]
     m = d.mfu
-    reason = m.reason.removeprefix("not available: ") if m.value is None else m.reason
+    reason = si_text(m.reason.removeprefix("not available: ") if m.value is None else m.reason)
     mfu = {"value": pct(m.value) if m.value is not None else "not available", "reason": reason,
            "rows": [("FLOPs per step per rank",
                      svg.si(m.flops_per_step, "FLOP") if m.flops_per_step else "n/a"),
@@ -385,6 +609,10 @@ def _tables(d: Diagnosis) -> dict[str, Any]:
 
 
 def _missing(d: Diagnosis) -> list[str]:
+    return [si_text(m) for m in _missing_raw(d)]
+
+
+def _missing_raw(d: Diagnosis) -> list[str]:
     items = list(d.warnings)
     if d.run is not None and d.run.gpu_counters.startswith("not sampled"):
         items.append(f"GPU counters {d.run.gpu_counters}")
@@ -411,8 +639,8 @@ def _missing(d: Diagnosis) -> list[str]:
 def _verdict(d: Diagnosis) -> dict[str, Any]:
     v = d.verdict
     return {"label": v.label.value, "confidence": f"{v.confidence:.2f}", "level": v.confidence_level,
-            "summary": v.summary, "secondary": v.secondary.value if v.secondary else None,
-            "recommendations": v.recommendations,
+            "summary": si_text(v.summary), "secondary": v.secondary.value if v.secondary else None,
+            "recommendations": [si_text(r) for r in v.recommendations],
             "evidence": [(k, evidence_value(k, x)) for k, x in v.evidence.items()]}
 
 
@@ -431,22 +659,22 @@ def render_report(d: Diagnosis) -> str:
 # --- the diff page -----------------------------------------------------------------------
 
 def _delta_rows(items: list[ItemDelta], slower: bool) -> list[dict[str, Any]]:
-    keep = [x for x in items if (x.delta_us > 0) == slower and x.delta_us != 0]
-    return [{"name": x.name, "before": ms(x.before_us), "after": ms(x.after_us),
-             "delta": ("+" if x.delta_us > 0 else "") + ms(x.delta_us),
+    shorts = display_names([x.name for x in items])  # over both tables: one name, one label
+    return [{"name": x.name, "short": short, "before": ms(x.before_us), "after": ms(x.after_us),
+             "delta": signed_ms(x.delta_us),
              "ratio": (f"{x.ratio:.2f}\u00d7" if x.ratio is not None
                        else "new" if x.before_us == 0 else "gone")}
-            for x in keep]
+            for x, short in zip(items, shorts, strict=True) if (x.delta_us > 0) == slower and x.delta_us != 0]
 
 
 def _delta_chart(title: str, items: list[ItemDelta]) -> Markup | None:
     if not items:
         return None
-    bars = [svg.HBar(svg.clip(x.name, NAME_CHARS), x.delta_us / 1e3, SLOWER if x.delta_us > 0 else FASTER,
-                     ("+" if x.delta_us > 0 else "") + ms(x.delta_us),
+    labels = display_names([x.name for x in items], NAME_LABEL_W - 12)
+    bars = [svg.HBar(label, x.delta_us / 1e3, SLOWER if x.delta_us > 0 else FASTER, signed_ms(x.delta_us),
                      tip=f"{x.name}: {ms(x.before_us)} before, {ms(x.after_us)} after per step")
-            for x in items]
-    return Markup(svg.bar_chart(title, bars, "change in mean time per step (ms)", label_w=360,
+            for x, label in zip(items, labels, strict=True)]
+    return Markup(svg.bar_chart(title, bars, "change in mean time per step (ms)", label_w=NAME_LABEL_W,
                                 legend=[("slower", SLOWER), ("faster", FASTER)]))
 
 
@@ -461,10 +689,15 @@ def render_diff(diff: DiagnosisDiff, before: Diagnosis, after: Diagnosis) -> str
         charts.append(Markup(svg.stacked_bars("Mean step time, before and after", bars, _legend_parts(),
                                               "mean step time (ms)")))
     rows = []
+    # after - before per part; older DiagnosisDiffs (and their JSON) do not carry it
+    delta: TimeBreakdown | None = getattr(diff, "breakdown_delta", None)
     for key, label in [(k, lab) for k, lab, _ in PARTS[:2]] + [("compute", "compute (total)")] + \
             [(k, lab) for k, lab, _ in PARTS[2:]] + [("step_time", "step time")]:
-        rows.append((label, ms(getattr(diff.before, key)), pct(diff.before.fraction(key)),
-                     ms(getattr(diff.after, key)), pct(diff.after.fraction(key))))
+        change = getattr(delta, key, None) if delta is not None else None
+        rows.append({"label": label, "before": ms(getattr(diff.before, key)),
+                     "before_share": pct(diff.before.fraction(key)), "after": ms(getattr(diff.after, key)),
+                     "after_share": pct(diff.after.fraction(key)), "change": signed_ms(change),
+                     "dir": "" if not change else "delta-up" if change > 0 else "delta-down"})
     label_changed = diff.label_before != diff.label_after
     ctx = {
         "title": f"gpudiag diff: {diff.label_before.value} \u2192 {diff.label_after.value}",
@@ -480,7 +713,7 @@ def render_diff(diff: DiagnosisDiff, before: Diagnosis, after: Diagnosis) -> str
                   {"name": "after", "d": after, "sources": diff.after_sources,
                    "device": diff.device_after, "verdict": _verdict(after),
                    "step": ms(diff.after.step_time)}],
-        "charts": charts, "rows": rows,
+        "charts": charts, "rows": rows, "has_delta": delta is not None,
         "kernel_chart": _delta_chart("Kernels: change in mean time per step", diff.kernels),
         "op_chart": _delta_chart("Operators: change in mean time per step", diff.ops),
         "kernels": {"slower": _delta_rows(diff.kernels, True), "faster": _delta_rows(diff.kernels, False)},

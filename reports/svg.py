@@ -31,9 +31,29 @@ LINE_COLOURS = [BLUE, VERMILLION, GREEN, PURPLE, ORANGE, SKY_BLUE, BLACK, YELLOW
 LINE_DASHES = ["", "6 3", "2 2", "8 3 2 3"]
 
 FONT = 12
-CHAR_W = 7.0  # rough width of one character at FONT px, for layout of labels and legends
 TITLE_H = 26
 MIN_SPAN_PX = 3.0  # a traced window of a few steps in an hour-long run must stay visible
+HALO = 'stroke="#fff" stroke-width="3" stroke-linejoin="round" paint-order="stroke"'  # text over marks
+
+# Advance widths (em) of DejaVu Sans, the widest of the usual sans-serif fonts a browser picks
+# for "system-ui, sans-serif" (and the one Linux uses); laying text out for it leaves room in
+# every narrower font. Measured in Chromium; characters not listed count as _W_OTHER.
+_W_TABLE = {
+    " ": .318, "!": .401, '"': .46, "#": .838, "$": .636, "%": .95, "&": .78, "'": .275, "(": .39,
+    ")": .39, "*": .5, "+": .838, ",": .318, "-": .361, ".": .318, "/": .337, ":": .337, ";": .337,
+    "<": .838, "=": .838, ">": .838, "?": .531, "@": 1.0, "[": .39, "\\": .337, "]": .39, "^": .838,
+    "_": .5, "`": .5, "{": .636, "|": .337, "}": .636, "~": .838, "\u2026": 1.0, "\u00d7": .838,
+    "\u2192": .838, "\u2212": .838,
+    "A": .684, "B": .686, "C": .698, "D": .77, "E": .632, "F": .575, "G": .775, "H": .752, "I": .295,
+    "J": .295, "K": .656, "L": .557, "M": .863, "N": .748, "O": .787, "P": .603, "Q": .787, "R": .695,
+    "S": .635, "T": .611, "U": .732, "V": .684, "W": .989, "X": .685, "Y": .611, "Z": .685,
+    "a": .613, "b": .635, "c": .55, "d": .635, "e": .615, "f": .352, "g": .635, "h": .634, "i": .278,
+    "j": .278, "k": .579, "l": .278, "m": .974, "n": .634, "o": .612, "p": .635, "q": .635, "r": .411,
+    "s": .521, "t": .392, "u": .634, "v": .592, "w": .818, "x": .592, "y": .592, "z": .525,
+    **{d: .636 for d in "0123456789"},
+}
+_W_OTHER = 1.0  # wide enough for CJK and symbols
+_W_SLACK = 1.06  # a little more than measured: font hinting and other fonts' wider glyphs
 
 
 def _esc(text: object) -> str:
@@ -46,9 +66,38 @@ def _f(v: float) -> str:
     return s[:-2] if s.endswith(".0") else s
 
 
-def clip(text: str, n: int) -> str:
-    """Shorten for display; callers put the full text in a <title>."""
-    return text if len(text) <= n else text[: max(1, n - 1)] + "\u2026"
+def text_width(text: str, size: float = FONT) -> float:
+    """Generous width of ``text`` in px at ``size`` px, for laying out labels and legends."""
+    return sum(_W_TABLE.get(ch, _W_OTHER) for ch in text) * size * _W_SLACK
+
+
+def fit(text: str, px: float, size: float = FONT, middle: bool = True, head: float = 0.42) -> str:
+    """``text`` shortened to at most ``px`` wide; with ``middle`` the cut is in the middle
+    (``head…tail``, the head ``head`` of the room: names differ more at their ends), else at
+    the end. Callers put the full text in a <title>."""
+    if text_width(text, size) <= px:
+        return text
+    budget = px - text_width("\u2026", size)
+    if budget <= 0:
+        return "\u2026"
+    if not middle:
+        out = ""
+        for ch in text:
+            if text_width(out + ch, size) > budget:
+                break
+            out += ch
+        return out + "\u2026"
+    head_px = head * budget
+    first = tail = ""
+    for ch in text:
+        if text_width(first + ch, size) > head_px:
+            break
+        first += ch
+    for ch in reversed(text[len(first):]):
+        if text_width(first + ch + tail, size) > budget:
+            break
+        tail = ch + tail
+    return first.rstrip() + "\u2026" + tail.lstrip()
 
 
 def line_style(i: int) -> tuple[str, str]:
@@ -111,7 +160,7 @@ def _legend(items: list[tuple[str, str]], x0: float, y0: float, width: float,
     out: list[str] = []
     x, y = x0, y0
     for label, colour in items:
-        w = 18 + len(label) * CHAR_W + 14
+        w = 18 + text_width(label) + 16  # swatch, gap, label, gap to the next swatch
         if x > x0 and x + w > x0 + width:
             x, y = x0, y + 18
         if shape == "line":
@@ -126,26 +175,32 @@ def _legend(items: list[tuple[str, str]], x0: float, y0: float, width: float,
 
 
 def _x_axis(ticks: list[float], sx: Callable[[float], float], y: float, top: float, label: str,
-            mid: float, fmt: Callable[[float], str] = tick_label, end: float | None = None) -> list[str]:
+            mid: float, fmt: Callable[[float], str] = tick_label, end: float | None = None,
+            corner: bool = False) -> list[str]:
+    """``corner``: a y axis has tick labels at this axis's start, so the first x label starts
+    at its tick instead of centring on it (the two would touch)."""
     x_end = sx(ticks[-1] if end is None else max(end, ticks[-1]))
     out = [f'<line x1="{_f(sx(ticks[0]))}" y1="{_f(y)}" x2="{_f(x_end)}" y2="{_f(y)}" stroke="#555"/>']
-    for t in ticks:
+    for i, t in enumerate(ticks):
         x = sx(t)
+        anchor, tx = ("start", x + 2) if corner and i == 0 else ("middle", x)
         out.append(f'<line x1="{_f(x)}" y1="{_f(top)}" x2="{_f(x)}" y2="{_f(y)}" stroke="#e4e4e4"/>')
-        out.append(f'<text x="{_f(x)}" y="{_f(y + 14)}" text-anchor="middle" fill="#444">'
+        out.append(f'<text x="{_f(tx)}" y="{_f(y + 15)}" text-anchor="{anchor}" fill="#444">'
                    f"{_esc(fmt(t))}</text>")
     out.append(f'<text x="{_f(mid)}" y="{_f(y + 32)}" text-anchor="middle" fill="#222">{_esc(label)}</text>')
     return out
 
 
 def _y_axis(ticks: list[float], sy: Callable[[float], float], x: float, right: float, label: str,
-            mid: float, fmt: Callable[[float], str] = tick_label) -> list[str]:
+            mid: float, fmt: Callable[[float], str] = tick_label, corner: bool = False) -> list[str]:
+    """``corner``: the first label sits above its tick, clear of the x axis's first label."""
     out = [f'<line x1="{_f(x)}" y1="{_f(sy(ticks[0]))}" x2="{_f(x)}" y2="{_f(sy(ticks[-1]))}" '
            'stroke="#555"/>']
-    for t in ticks:
+    for i, t in enumerate(ticks):
         y = sy(t)
+        ty = y - 2 if corner and i == 0 else y + 4
         out.append(f'<line x1="{_f(x)}" y1="{_f(y)}" x2="{_f(right)}" y2="{_f(y)}" stroke="#e4e4e4"/>')
-        out.append(f'<text x="{_f(x - 5)}" y="{_f(y + 4)}" text-anchor="end" fill="#444">'
+        out.append(f'<text x="{_f(x - 6)}" y="{_f(ty)}" text-anchor="end" fill="#444">'
                    f"{_esc(fmt(t))}</text>")
     out.append(f'<text transform="translate(14 {_f(mid)}) rotate(-90)" text-anchor="middle" '
                f'fill="#222">{_esc(label)}</text>')
@@ -186,7 +241,7 @@ def stacked_bars(title: str, bars: list[Bar], legend: list[tuple[str, str]], x_l
     body += _x_axis(ticks, lambda v: label_w + v * scale, y_axis, top, x_label, label_w + plot_w / 2)
     for i, b in enumerate(bars):
         y = top + i * row_h
-        text = clip(b.label, int((label_w - 12) / CHAR_W))
+        text = fit(b.label, label_w - 12, middle=False)
         weight = ' font-weight="700"' if b.marked else ""
         tip = f"<title>{_esc(b.tip or b.label)}</title>"
         body.append(f'<text x="{_f(label_w - 8)}" y="{_f(y + 15)}" text-anchor="end" fill="#222"'
@@ -215,18 +270,48 @@ class HBar:
     label: str
     value: float
     colour: str
-    text: str  # the formatted value, printed beside the bar
+    text: str  # the formatted value, printed beside the bar's end
     tip: str = ""
     ref: float | None = None  # e.g. the link peak this bandwidth is measured against
     ref_tip: str = ""
 
 
+def _value_label(text: str, x0: float, x1: float, negative: bool, lo: float, hi: float,
+                 y: float) -> str:
+    """The value beside the bar's end (``x1`` for positive bars, ``x0`` for negative ones),
+    kept inside [lo, hi]: inside the bar, in white, when there is no room beside it."""
+    tw = text_width(text)
+    if not negative:
+        if x1 + 5 + tw <= hi:
+            x, anchor, fill = x1 + 5, "start", "#222"
+        elif x1 - x0 >= tw + 10:
+            x, anchor, fill = x1 - 5, "end", "#fff"
+        else:
+            x, anchor, fill = max(lo, hi - tw), "start", "#222"
+    else:
+        if x0 - 5 - tw >= lo:
+            x, anchor, fill = x0 - 5, "end", "#222"
+        elif x1 - x0 >= tw + 10:
+            x, anchor, fill = x0 + 5, "start", "#fff"
+        else:
+            x, anchor, fill = min(hi, lo + tw), "end", "#222"
+    halo = HALO if fill == "#222" else ""
+    return (f'<text x="{_f(x)}" y="{_f(y)}" text-anchor="{anchor}" fill="{fill}" {halo} '
+            f'pointer-events="none">{_esc(text)}</text>')
+
+
 def bar_chart(title: str, bars: list[HBar], x_label: str, width: float = 960, label_w: float = 300,
-              legend: list[tuple[str, str]] | None = None, desc: str = "") -> str:
-    right_w = 110
+              legend: list[tuple[str, str]] | None = None, desc: str = "", ref_label: str = "") -> str:
+    """One bar per row from a zero line; each value is printed beside its bar's end, inside the
+    plot. ``HBar.ref`` draws a black tick on the bar's row (a peak to compare with); when every
+    bar has the same ref, ``ref_label`` names that line above the plot."""
+    right_w = 24
     plot_w = width - label_w - right_w
     leg, leg_h = _legend(legend or [], label_w, TITLE_H, plot_w)
-    top = TITLE_H + leg_h + 6
+    refs = {b.ref for b in bars if b.ref is not None}
+    common_ref = refs.pop() if len(refs) == 1 and all(b.ref is not None for b in bars) else None
+    ref_h = 16 if ref_label and common_ref is not None else 0
+    top = TITLE_H + leg_h + 6 + ref_h
     row_h = 20
     vals = [b.value for b in bars] + [b.ref for b in bars if b.ref is not None]
     lo, hi = min([0.0, *vals]), max([0.0, *vals])
@@ -245,11 +330,21 @@ def bar_chart(title: str, bars: list[HBar], x_label: str, width: float = 960, la
     body = leg + _x_axis(ticks, sx, y_axis, top, x_label, label_w + plot_w / 2)
     zero = sx(0.0)
     body.append(f'<line x1="{_f(zero)}" y1="{_f(top)}" x2="{_f(zero)}" y2="{_f(y_axis)}" stroke="#555"/>')
+    if ref_h and common_ref is not None:
+        rx = sx(common_ref)
+        tw = text_width(ref_label)
+        anchor, tx = ("end", rx + 1) if rx + tw / 2 > width - 2 else ("middle", rx)
+        body.append(f'<line x1="{_f(rx)}" y1="{_f(top - 4)}" x2="{_f(rx)}" y2="{_f(y_axis)}" '
+                    f'stroke="{BLACK}" stroke-width="1" stroke-dasharray="3 3">'
+                    f"<title>{_esc(ref_label)}</title></line>")
+        body.append(f'<text x="{_f(tx)}" y="{_f(top - 6)}" text-anchor="{anchor}" fill="#222">'
+                    f"{_esc(ref_label)}</text>")
+    texts = []
     for i, b in enumerate(bars):
         y = top + i * row_h
         tip = f"<title>{_esc(b.tip or b.label)}</title>"
         body.append(f'<text x="{_f(label_w - 8)}" y="{_f(y + 14)}" text-anchor="end" fill="#222">'
-                    f"{tip}{_esc(clip(b.label, int((label_w - 12) / CHAR_W)))}</text>")
+                    f"{tip}{_esc(fit(b.label, label_w - 12))}</text>")
         x0, x1 = sorted((zero, sx(b.value)))
         body.append(f'<rect x="{_f(x0)}" y="{_f(y + 3)}" width="{_f(max(x1 - x0, 0.5))}" height="14" '
                     f'fill="{b.colour}">{tip}</rect>')
@@ -257,8 +352,9 @@ def bar_chart(title: str, bars: list[HBar], x_label: str, width: float = 960, la
             rx = sx(b.ref)
             body.append(f'<line x1="{_f(rx)}" y1="{_f(y + 1)}" x2="{_f(rx)}" y2="{_f(y + 19)}" '
                         f'stroke="{BLACK}" stroke-width="2"><title>{_esc(b.ref_tip)}</title></line>')
-        tx = max(x1, sx(b.ref) if b.ref is not None else x1) + 5
-        body.append(f'<text x="{_f(tx)}" y="{_f(y + 14)}" fill="#222">{_esc(b.text)}</text>')
+        if b.text:
+            texts.append(_value_label(b.text, x0, x1, b.value < 0, label_w + 2, width - 2, y + 14))
+    body += texts  # above the ref ticks, so a tick never strikes through a value
     return _frame(title, width, y_axis + 42, body, desc)
 
 
@@ -352,7 +448,10 @@ def _decades(lo: float, hi: float) -> tuple[int, int]:
 
 def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str, y_label: str,
                    legend: list[tuple[str, str]], width: float = 960, height: float = 440,
-                   desc: str = "", note: str = "") -> str:
+                   desc: str = "") -> str:
+    """Circles on log-log axes under the roofline. Callers draw this only with points: an empty
+    roofline is a sentence, not a chart. The ceiling labels are drawn last, over the circles,
+    with a white halo, so a cluster of points never hides them."""
     left, right, bottom = 72, 20, 46
     leg, leg_h = _legend(legend, left, TITLE_H, width - left - right)
     top = TITLE_H + leg_h + 6
@@ -363,7 +462,7 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
     if ceil.ridge and ceil.ridge > 0:
         xs += [ceil.ridge / 20, ceil.ridge * 20]
     if ceil.peak and ceil.peak > 0:
-        ys += [ceil.peak * 2, ceil.peak / 1e3]
+        ys += [ceil.peak * 4, ceil.peak / 1e3]  # room above the ceiling for its label
     if not xs:
         xs = [0.1, 100.0]
     if not ys:
@@ -383,24 +482,30 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
     xt = [10.0 ** k for k in range(x0, x1 + 1)]
     yt = [10.0 ** k for k in range(y0, y1 + 1)]
     body = list(leg)
-    body += _x_axis(xt, sx, top + plot_h, top, x_label, left + plot_w / 2, fmt)
-    body += _y_axis(yt, sy, left, left + plot_w, y_label, top + plot_h / 2, fmt)
+    body += _x_axis(xt, sx, top + plot_h, top, x_label, left + plot_w / 2, fmt, corner=True)
+    body += _y_axis(yt, sy, left, left + plot_w, y_label, top + plot_h / 2, fmt, corner=True)
     xlo, xhi, ylo = 10.0 ** x0, 10.0 ** x1, 10.0 ** y0
+    labels: list[str] = []  # drawn after the circles
     roof: list[tuple[float, float]] = []
     if ceil.bandwidth and ceil.bandwidth > 0:
         end = ceil.ridge if ceil.ridge and ceil.peak else xhi
         start = max(xlo, ylo / ceil.bandwidth)
         if start < end:
             roof += [(start, ceil.bandwidth * start), (end, ceil.bandwidth * end)]
-            body.append(f'<text x="{_f(sx(start) + 6)}" y="{_f(sy(ceil.bandwidth * start) - 6)}" '
-                        f'fill="#222" transform="rotate({_f(_slope_deg(sx, sy, start, end, ceil.bandwidth))} '
-                        f'{_f(sx(start) + 6)} {_f(sy(ceil.bandwidth * start) - 6)})">'
-                        f"{_esc(ceil.bandwidth_label)}</text>")
+            bx, by = sx(start) + 6, sy(ceil.bandwidth * start) - 6
+            labels.append(f'<text x="{_f(bx)}" y="{_f(by)}" fill="#222" {HALO} pointer-events="none" '
+                          f'transform="rotate({_f(_slope_deg(sx, sy, start, end, ceil.bandwidth))} '
+                          f'{_f(bx)} {_f(by)})">{_esc(ceil.bandwidth_label)}</text>')
     if ceil.peak and ceil.peak > 0:
-        start = ceil.ridge if ceil.ridge and ceil.bandwidth else xlo
-        roof += [(max(start, xlo), ceil.peak), (xhi, ceil.peak)]
-        body.append(f'<text x="{_f(left + plot_w - 4)}" y="{_f(sy(ceil.peak) - 6)}" text-anchor="end" '
-                    f'fill="#222">{_esc(ceil.peak_label)}</text>')
+        start = max(ceil.ridge if ceil.ridge and ceil.bandwidth else xlo, xlo)
+        roof += [(start, ceil.peak), (xhi, ceil.peak)]
+        # above the line, at its left end (right of the ridge); flush right if it would not fit
+        px, py = sx(start) + 6, sy(ceil.peak) - 7
+        anchor = "start"
+        if px + text_width(ceil.peak_label) > left + plot_w - 4:
+            px, anchor = left + plot_w - 4, "end"
+        labels.append(f'<text x="{_f(px)}" y="{_f(py)}" text-anchor="{anchor}" fill="#222" {HALO} '
+                      f'pointer-events="none">{_esc(ceil.peak_label)}</text>')
     if roof:
         coords = " ".join(f"{_f(sx(x))},{_f(sy(y))}" for x, y in roof)
         body.append(f'<polyline points="{coords}" fill="none" stroke="{BLACK}" stroke-width="2.5">'
@@ -409,17 +514,15 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
         rx = sx(ceil.ridge)
         body.append(f'<line x1="{_f(rx)}" y1="{_f(sy(ceil.peak))}" x2="{_f(rx)}" y2="{_f(top + plot_h)}" '
                     f'stroke="#555" stroke-dasharray="4 3"><title>{_esc(ceil.ridge_label)}</title></line>')
-        body.append(f'<text x="{_f(rx + 4)}" y="{_f(top + plot_h - 6)}" fill="#444">'
-                    f"{_esc(ceil.ridge_label)}</text>")
+        labels.append(f'<text x="{_f(rx + 4)}" y="{_f(top + plot_h - 6)}" fill="#444" {HALO} '
+                      f'pointer-events="none">{_esc(ceil.ridge_label)}</text>')
     wmax = max((p.weight for p in pts), default=0.0)
     for p in sorted(pts, key=lambda p: -p.weight):
         r = 3 + 11 * math.sqrt(p.weight / wmax) if wmax > 0 else 4
         body.append(f'<circle cx="{_f(sx(p.x))}" cy="{_f(sy(p.y))}" r="{_f(r)}" fill="{p.colour}" '
                     'fill-opacity="0.75" stroke="#222" stroke-width="0.6">'
                     f"<title>{_esc(p.tip)}</title></circle>")
-    if note:
-        body.append(f'<text x="{_f(left + plot_w / 2)}" y="{_f(top + plot_h / 2)}" text-anchor="middle" '
-                    f'fill="#444">{_esc(note)}</text>')
+    body += labels
     return _frame(title, width, height, body, desc)
 
 
