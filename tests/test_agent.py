@@ -311,3 +311,23 @@ def test_every_dashboard_expression_evaluates_on_a_real_prometheus(prometheus):
             m = re.match(r"label_values\((\w+), (\w+)\)", var["query"])
             assert m, var["query"]
             promql(prometheus, m.group(1))
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"GPUDIAG_JOB": "train-llm"}, "train-llm"),
+    ({"SLURM_JOB_ID": "4242", "TORCHELASTIC_RUN_ID": "r1"}, "slurm:4242"),
+    ({"TORCHELASTIC_RUN_ID": "abc"}, "torchrun:abc"),
+    ({}, ""),
+])
+def test_a_process_is_attributed_to_its_job_from_its_environment(env, expected):
+    from agent.attribution import JobAttribution
+
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("GPUDIAG_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")}
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env={**clean, **env})
+    try:
+        attribute = JobAttribution()
+        assert attribute([p.pid]) == expected
+    finally:
+        p.kill()
+        p.wait()
