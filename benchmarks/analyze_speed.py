@@ -399,6 +399,22 @@ def _line(label: str, s: RunStats) -> str:
             f"{s.largest_process_bytes / MIB:>19,.0f} {s.max_procs:>6}")
 
 
+def prepare_trace_set(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[TraceSet, str]:
+    """Check --size-gb/--repeats/--source/--workdir, then build or reuse the trace set.
+
+    Shared with report_speed.py, which measures on the same set."""
+    if args.size_gb <= 0 or args.repeats < 1:
+        parser.error("--size-gb must be positive and --repeats at least 1")
+    source = TRACES / args.source
+    if not source.is_file():
+        parser.error(f"no source trace {_display(source)} (../shared/traces beside the repository)")
+    workdir = args.workdir or DEFAULT_WORKDIR / f"{Path(args.source).parent.name}-{args.size_gb:g}gb"
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ts = build_trace_set(source, args.size_gb, workdir)
+    return ts, "reused" if ts.reused else f"built in {time.perf_counter() - t0:.1f} s"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--size-gb", type=float, default=1.0,
@@ -413,17 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"trace to replicate, relative to ../shared/traces "
                              f"(default {DEFAULT_SOURCE})")
     args = parser.parse_args(argv)
-    if args.size_gb <= 0 or args.repeats < 1:
-        parser.error("--size-gb must be positive and --repeats at least 1")
-    source = TRACES / args.source
-    if not source.is_file():
-        parser.error(f"no source trace {_display(source)} (../shared/traces beside the repository)")
-    workdir = args.workdir or DEFAULT_WORKDIR / f"{Path(args.source).parent.name}-{args.size_gb:g}gb"
-    workdir.mkdir(parents=True, exist_ok=True)
-
-    t0 = time.perf_counter()
-    ts = build_trace_set(source, args.size_gb, workdir)
-    how = "reused" if ts.reused else f"built in {time.perf_counter() - t0:.1f} s"
+    ts, how = prepare_trace_set(parser, args)
+    workdir = ts.folder.parent
     print(f"trace set: {_display(ts.folder)} ({how})")
     print(f"  {WORLD_SIZE} ranks x {ts.copies} back-to-back copies of {args.source}: "
           f"{ts.total_bytes / GIB:.3f} GiB ({ts.total_bytes:,} bytes) of JSON, "

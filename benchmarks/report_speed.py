@@ -35,13 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from analyze_speed import (  # noqa: E402 - the sibling script, run from anywhere
     DEFAULT_SOURCE,
-    DEFAULT_WORKDIR,
     GIB,
-    TRACES,
     WORLD_SIZE,
     _display,
     _warm_cache,
-    build_trace_set,
+    prepare_trace_set,
 )
 
 from analyzers.diagnose import diagnose  # noqa: E402
@@ -95,17 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the trace set goes (default: the one analyze_speed.py uses)")
     parser.add_argument("--repeats", type=int, default=5, help="renders of each report (default 5)")
     args = parser.parse_args(argv)
-    if args.size_gb <= 0 or args.repeats < 1:
-        parser.error("--size-gb must be positive and --repeats at least 1")
-    source = TRACES / args.source
-    if not source.is_file():
-        parser.error(f"no source trace {_display(source)} (../shared/traces beside the repository)")
-    workdir = args.workdir or DEFAULT_WORKDIR / f"{Path(args.source).parent.name}-{args.size_gb:g}gb"
-    workdir.mkdir(parents=True, exist_ok=True)
-
-    t0 = time.perf_counter()
-    ts = build_trace_set(source, args.size_gb, workdir)
-    how = "reused" if ts.reused else f"built in {time.perf_counter() - t0:.1f} s"
+    ts, how = prepare_trace_set(parser, args)
     print(f"trace set: {_display(ts.folder)} ({how}): {WORLD_SIZE} ranks, "
           f"{ts.total_bytes / GIB:.3f} GiB of JSON, {ts.events_per_rank:,} events per rank")
     _warm_cache(ts.files)
