@@ -324,8 +324,10 @@ def test_a_process_is_attributed_to_its_job_from_its_environment(env, expected):
 
     clean = {k: v for k, v in os.environ.items()
              if k not in ("GPUDIAG_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")}
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env={**clean, **env})
+    p = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                         env={**clean, **env}, stdout=subprocess.PIPE, text=True)
     try:
+        assert p.stdout.readline().strip() == "up"  # exec'ed: /proc/<pid>/environ is the child's
         attribute = JobAttribution()
         assert attribute([p.pid]) == expected
     finally:
