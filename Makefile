@@ -1,7 +1,8 @@
 # The two commands the README promises:
 #   make demo   builds .venv, installs gpudiag (+ torch==2.13.0), runs the bundled tiny CPU
 #               training script under `gpudiag profile` and prints the verdict. No GPU needed.
-#   make test   builds .venv with the test extras and runs ruff and the test suite.
+#   make test   builds .venv with the test extras, installs the system packages the tests
+#               drive (Debian's chromium and prometheus, when missing) and runs ruff and pytest.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 # pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +30,10 @@ demo: $(VENV)/.installed-core
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 
-test: $(VENV)/.installed-test
+system-deps:
+	bash .ci/install-test-deps.sh
+
+test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# System packages the tests drive for real, from Debian: chromium (the HTML reports are
+# opened headless) and prometheus with promtool (the agent is scraped by a real server).
+# Installs only what is missing; needs root (CI runs as root) or sudo.
+set -euo pipefail
+need=()
+[ -x /usr/bin/chromium ] || need+=(chromium)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+[ ${#need[@]} -eq 0 ] && exit 0
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "tests need: ${need[*]} (Debian packages); install them as root" >&2; exit 1; }
+    sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq "${need[@]}" >/dev/null
