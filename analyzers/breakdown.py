@@ -20,7 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 from analyzers import intervals as iv
-from analyzers.roofline import BOUND_COMPUTE, BOUND_MEMORY, WorkBounds, is_cpu_work
+from analyzers.roofline import (
+    BOUND_COMPUTE,
+    BOUND_MEMORY,
+    WorkBounds,
+    innermost_costed,
+    is_cpu_work,
+)
 from analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
 from gpudiag.diagnosis import GpuSpanBreakdown, StepBreakdown, TimeBreakdown
 
@@ -136,8 +142,6 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
 
 
 def _model_flops(rt: RankTrace, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
-    from analyzers.roofline import innermost_costed
-
     mask = rt.cpu_is_model_flop & innermost_costed(rt)
     if not mask.any():
         return None

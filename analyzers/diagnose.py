@@ -42,7 +42,7 @@ from gpudiag.diagnosis import (
     TopItem,
     Verdict,
 )
-from gpudiag.errors import TraceError
+from gpudiag.errors import BadInput, TraceError
 
 
 @dataclass
@@ -59,8 +59,6 @@ class DeviceChoice:
     def explicit(self) -> DevicePeak | None:
         if self.peak_tflops is not None or self.peak_gbps is not None:
             if self.peak_tflops is None or self.peak_gbps is None:
-                from gpudiag.errors import BadInput
-
                 raise BadInput("--peak-tflops and --peak-gbps must be given together")
             return user_device(self.peak_tflops, self.peak_gbps, self.name or "user-specified")
         if self.name:

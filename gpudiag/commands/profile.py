@@ -233,15 +233,14 @@ def _stop(sampler: object, host: list, info: object) -> None:
 def _step_summary(run_dir: Path) -> dict:
     import json
 
+    from gpudiag.rundir import read_jsonl
+
     last = 0
     notes: list[str] = []
     torch_version = None
     for f in sorted((run_dir / "samples").glob("steps-rank-*.jsonl")):
-        for line in f.read_text().splitlines():
-            try:
-                last = max(last, int(json.loads(line)["step"]))
-            except (ValueError, KeyError, TypeError):
-                continue
+        steps = [r["step"] for r in read_jsonl(f) if isinstance(r.get("step"), int)]
+        last = max([last, *steps])
     for f in sorted((run_dir / "samples").glob("bootstrap-rank-*.json")):
         try:
             meta = json.loads(f.read_text())
@@ -260,19 +259,14 @@ PROFILER_INFLATION = 1.5
 
 def _untraced_step_ms(run_dir: Path, opts: ProfileOptions) -> float | None:
     """Median step time of rank 0 outside the profiling window (and its first step)."""
-    import json
     import statistics
 
-    f = run_dir / "samples" / "steps-rank-0.jsonl"
+    from gpudiag.rundir import read_jsonl
+
     window = range(opts.skip, opts.skip + opts.steps + 2)
-    dts = []
-    try:
-        for line in f.read_text().splitlines():
-            row = json.loads(line)
-            if row["step"] > 1 and row["step"] not in window:
-                dts.append(float(row["dt"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    dts = [float(r["dt"]) for r in read_jsonl(run_dir / "samples" / "steps-rank-0.jsonl")
+           if isinstance(r.get("step"), int) and isinstance(r.get("dt"), (int, float))
+           and r["step"] > 1 and r["step"] not in window]
     return statistics.median(dts) * 1e3 if len(dts) >= 3 else None
 
 
