@@ -24,7 +24,6 @@ from analyzers.roofline import (
     BOUND_COMPUTE,
     BOUND_MEMORY,
     WorkBounds,
-    innermost_costed,
     is_cpu_work,
 )
 from analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
@@ -126,7 +125,7 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
     with np.errstate(divide="ignore", invalid="ignore"):
         cb_frac = np.where(known > 0, cb / known, 0.0)
         mb_frac = np.where(known > 0, mb / known, 0.0)
-    flops = _model_flops(rt, lo, hi)
+    flops = _model_flops(rt, wb, lo, hi)
     out = []
     for i in range(lo.size):
         tb = TimeBreakdown(
@@ -141,8 +140,8 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
     return out
 
 
-def _model_flops(rt: RankTrace, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
-    mask = rt.cpu_is_model_flop & innermost_costed(rt)
+def _model_flops(rt: RankTrace, wb: WorkBounds, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+    mask = rt.cpu_is_model_flop & wb.inner
     if not mask.any():
         return None
     return _split(rt.cpu_flops[mask], rt.cpu_ts[mask], lo, hi)

@@ -52,6 +52,7 @@ class WorkBounds:
     by_shapes: np.ndarray  # bool: decided from shapes (else name or unknown)
     op_index: np.ndarray  # costed CPU op the item belongs to, -1 if none
     wraps_costed: np.ndarray  # CPU traces: uncosted op with a costed op inside
+    inner: np.ndarray  # innermost costed CPU ops (see innermost_costed), computed once per rank
 
 
 def innermost_costed(rt: RankTrace) -> np.ndarray:
@@ -124,7 +125,7 @@ def work_bounds(rt: RankTrace, device: DevicePeak | None) -> WorkBounds:
         bound = np.where(by_shapes, bound, names_bound).astype(np.int8)
         bound[rt.gpu_class != KCLASS_COMPUTE] = BOUND_MEMORY
         return WorkBounds(bound=bound, by_shapes=by_shapes, op_index=op_index,
-                          wraps_costed=np.zeros(rt.cpu_ts.size, dtype=bool))
+                          wraps_costed=np.zeros(rt.cpu_ts.size, dtype=bool), inner=inner)
 
     wraps = _wraps_costed(rt, inner_idx)
     bound = op_bound_all.copy()
@@ -134,7 +135,7 @@ def work_bounds(rt: RankTrace, device: DevicePeak | None) -> WorkBounds:
     bound = np.where(by_shapes, bound, names_bound).astype(np.int8)
     op_index = np.where(inner, np.arange(rt.cpu_ts.size), -1)
     return WorkBounds(bound=bound, by_shapes=by_shapes, op_index=op_index,
-                      wraps_costed=wraps)
+                      wraps_costed=wraps, inner=inner)
 
 
 def _wraps_costed(rt: RankTrace, inner_idx: np.ndarray) -> np.ndarray:
@@ -242,7 +243,7 @@ class RooflineAcc:
         self.mb_time += float(dur[work & (wb.bound == BOUND_MEMORY)].sum())
         self.unknown_time += float(dur[work & (wb.bound == BOUND_UNKNOWN)].sum())
         self.shapes_time += float(dur[work & wb.by_shapes].sum())
-        model = rt.cpu_is_model_flop & innermost_costed(rt)
+        model = rt.cpu_is_model_flop & wb.inner
         for d, f in zip(rt.cpu_dtype[model].tolist(), rt.cpu_flops[model].tolist(), strict=False):
             self.dtype_flops[rt.names[d] if d >= 0 else "float"] += f
         sel = work & (wb.op_index >= 0)

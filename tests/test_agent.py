@@ -23,6 +23,7 @@ from agent.gpu_collector import GpuCollector
 from agent.signals import MAX_SIGNAL_BYTES, JobTable, parse_signal
 from collectors.nvml import ReplayBackend
 from gpudiag.jobsignal import write_signal
+from tests.replay import GpuFallsOffTheBus
 
 ROOT = Path(__file__).resolve().parents[1]
 REPLAY = ROOT / "tests" / "fixtures" / "h200" / "profile_gemm_gpu.jsonl"
@@ -147,23 +148,9 @@ def test_job_signals_survive_a_killed_agent(tmp_path):
         b.stop()
 
 
-class _LostGpu(ReplayBackend):
-    """Two replayed real GPUs; GPU 1 falls off the bus after two reads."""
-
-    def __init__(self) -> None:
-        super().__init__(REPLAY)
-        self.rows = [self.rows[0], list(self.rows[0])]
-        self.pos = [0, 0]
-
-    def sample(self, index: int) -> dict:
-        if index == 1 and self.pos[1] >= 2:
-            raise RuntimeError("Unknown Error (GPU is lost)")
-        return super().sample(index)
-
-
 def test_a_gpu_off_the_bus_is_marked_down_and_the_others_stay_up():
     reg = CollectorRegistry()
-    reg.register(GpuCollector(_LostGpu(), None, lambda pids: ""))
+    reg.register(GpuCollector(GpuFallsOffTheBus(good_reads=2), None, lambda pids: ""))
     for _ in range(4):
         text = generate_latest(reg).decode()
     assert re.search(r'gpudiag_gpu_up\{gpu="0",[^}]*\} 1\.0', text)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from collectors.nvml import NvmlBackend, NvmlUnavailable, ReplayBackend, Sampler, read_samples
+from tests.replay import GpuFallsOffTheBus
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
 
@@ -27,23 +28,9 @@ def test_replay_of_a_real_recording_yields_its_rows_in_order():
         assert got["sm_clock_mhz"] == want["sm_clock_mhz"] and got["power_mw"] == want["power_mw"]
 
 
-class _FallsOffTheBus(ReplayBackend):
-    """Replays two real GPUs; the second stops answering after a few samples (Xid 79)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.rows = [self.rows[0], list(self.rows[0])]
-        self.pos = [0, 0]
-
-    def sample(self, index: int) -> dict:
-        if index == 1 and self.pos[1] >= 3:
-            raise RuntimeError("GPU is lost")
-        return super().sample(index)
-
-
 def test_a_gpu_falling_off_the_bus_keeps_the_others_sampled(tmp_path):
     out = tmp_path / "gpu.jsonl"
-    s = Sampler(_FallsOffTheBus(H200 / "profile_gemm_gpu.jsonl"), out, interval=0.02).start()
+    s = Sampler(GpuFallsOffTheBus(good_reads=3), out, interval=0.02).start()
     time.sleep(0.4)
     stats = s.stop()
     rows = read_samples(out)

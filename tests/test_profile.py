@@ -74,12 +74,23 @@ def test_no_nvml_is_one_line_and_the_cpu_job_is_still_diagnosed(tmp_path):
     assert read_run(run).gpu_counters.startswith("not sampled: NVML Shared Library Not Found")
 
 
-def test_sigkill_mid_run_keeps_everything_collected(tmp_path):
-    run = tmp_path / "run"
+def start_forever_job(run: Path) -> subprocess.Popen:
+    """A never-ending job under gpudiag profile, returned once its trace is written and it
+    has run 8 steps: what a signal then interrupts is a job mid-run with data to keep."""
     p = start("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--",
               sys.executable, str(JOB), "--forever")
     try:
         wait_for(lambda: (run / "traces" / "rank-0.json.gz").exists() and steps_done(run) >= 8)
+    except BaseException:
+        p.kill()
+        raise
+    return p
+
+
+def test_sigkill_mid_run_keeps_everything_collected(tmp_path):
+    run = tmp_path / "run"
+    p = start_forever_job(run)
+    try:
         pid = read_run(run).pid
         os.kill(pid, signal.SIGKILL)
         _, err = p.communicate(timeout=120)
@@ -96,10 +107,8 @@ def test_sigkill_mid_run_keeps_everything_collected(tmp_path):
 
 def test_ctrl_c_is_forwarded_and_the_run_is_saved(tmp_path):
     run = tmp_path / "run"
-    p = start("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--",
-              sys.executable, str(JOB), "--forever")
+    p = start_forever_job(run)
     try:
-        wait_for(lambda: (run / "traces" / "rank-0.json.gz").exists() and steps_done(run) >= 8)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=120)
     finally:
