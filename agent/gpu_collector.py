@@ -12,10 +12,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from gpudiag.collectors.nvml import GpuBackend
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from collectors.nvml import GpuBackend
 
 log = logging.getLogger("gpudiag.agent")
 

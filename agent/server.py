@@ -9,14 +9,13 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpudiag.agent.attribution import JobAttribution
+from gpudiag.agent.gpu_collector import GpuCollector
+from gpudiag.agent.signals import JobTable
+from gpudiag.collectors.nvml import NvmlUnavailable, open_backend
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from agent.attribution import JobAttribution
-from agent.gpu_collector import GpuCollector
-from agent.signals import JobTable
-from collectors.nvml import NvmlUnavailable, open_backend
 
 log = logging.getLogger("gpudiag.agent")
 

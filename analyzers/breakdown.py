@@ -18,15 +18,15 @@ than ``TINY_CPU_OP_US`` are counted as host overhead: their cost is dispatch, no
 from __future__ import annotations
 
 import numpy as np
-
-from analyzers import intervals as iv
-from analyzers.roofline import (
+from gpudiag.analyzers import intervals as iv
+from gpudiag.analyzers.roofline import (
     BOUND_COMPUTE,
     BOUND_MEMORY,
     WorkBounds,
     is_cpu_work,
 )
-from analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
+from gpudiag.analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
+
 from gpudiag.diagnosis import GpuSpanBreakdown, StepBreakdown, TimeBreakdown
 
 # An eager PyTorch CPU op costs ~5-20 us of dispatcher/Python overhead before any math

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from analyzers import intervals as iv
-from analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
+from gpudiag.analyzers import intervals as iv
+from gpudiag.analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
+
 from gpudiag.devices import DTYPE_BYTES, DevicePeak
 from gpudiag.diagnosis import CollectiveStats
 

@@ -15,20 +15,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from analyzers.breakdown import gpu_span_breakdown, rank_breakdown, sum_breakdowns
-from analyzers.classify import classify
-from analyzers.communication import collective_acc, finish_collectives
-from analyzers.mfu import compute_mfu
-from analyzers.roofline import BOUND_MEMORY, RooflineAcc, build_roofline, work_bounds
-from analyzers.stragglers import find_stragglers
-from analyzers.trace_loader import (
+from gpudiag.analyzers.breakdown import gpu_span_breakdown, rank_breakdown, sum_breakdowns
+from gpudiag.analyzers.classify import classify
+from gpudiag.analyzers.communication import collective_acc, finish_collectives
+from gpudiag.analyzers.mfu import compute_mfu
+from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, build_roofline, work_bounds
+from gpudiag.analyzers.stragglers import find_stragglers
+from gpudiag.analyzers.trace_loader import (
     KCLASS_COMPUTE,
     RankTrace,
     check_unique_ranks,
     find_trace_files,
     load_rank,
 )
+
 from gpudiag import __version__
 from gpudiag.devices import DevicePeak, lookup_device, match_device, user_device
 from gpudiag.diagnosis import (
@@ -196,7 +196,7 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     d = assemble(partials, choice, explicit, flops_per_step, [str(f) for f in files])
     run_dir = Path(target)
     if run_dir.is_dir() and (run_dir / "run.json").is_file():
-        from analyzers.timeline import run_summary, run_timeline
+        from gpudiag.analyzers.timeline import run_summary, run_timeline
 
         d.run = run_summary(run_dir)
         d.timeline = run_timeline(run_dir)

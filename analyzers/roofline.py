@@ -14,8 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+from gpudiag.analyzers.trace_loader import KCLASS_COMPUTE, RankTrace
 
-from analyzers.trace_loader import KCLASS_COMPUTE, RankTrace
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak
 from gpudiag.diagnosis import Roofline, RooflinePoint
 

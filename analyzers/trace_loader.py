@@ -22,8 +22,8 @@ from typing import Any, Union
 
 import msgspec
 import numpy as np
+from gpudiag.analyzers.op_flops import op_cost
 
-from analyzers.op_flops import op_cost
 from gpudiag.errors import TraceError
 
 Num = Union[int, float]

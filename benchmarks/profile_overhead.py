@@ -48,7 +48,7 @@ def calibrate(seconds: float) -> int:
 
 def sampler_cost(seconds: float) -> tuple[float, int]:
     sys.path.insert(0, str(REPO))
-    from collectors.nvml import ReplayBackend, Sampler
+    from gpudiag.collectors.nvml import ReplayBackend, Sampler
 
     with tempfile.TemporaryDirectory() as d:
         s = Sampler(ReplayBackend(REPLAY), Path(d) / "gpu.jsonl", interval=0.1).start()
@@ -62,8 +62,7 @@ def hook_cost_us(calls: int = 20000) -> float:
     import os
 
     import torch
-
-    from collectors import torch_bootstrap as tb
+    from gpudiag.collectors import torch_bootstrap as tb
 
     with tempfile.TemporaryDirectory() as d:
         os.environ.update(GPUDIAG_RUN_DIR=d, GPUDIAG_SKIP=str(10**9), GPUDIAG_STEPS="1")

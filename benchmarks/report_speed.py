@@ -6,10 +6,10 @@ analysis time would be a tax on every run. Target: rendering adds at most 20% to
 analysis time of the same run.
 
 What is measured, in ONE process so both figures share the interpreter, caches and machine:
-  * analysis: ``analyzers.diagnose.diagnose`` on the 8-rank trace set that
+  * analysis: ``gpudiag.analyzers.diagnose.diagnose`` on the 8-rank trace set that
     benchmarks/analyze_speed.py builds (1 GiB by default; reused from .bench/ when present);
     the files are read once beforehand so disk speed does not flatter the ratio.
-  * rendering: ``reports.html.render_report`` of that Diagnosis, first as analysed (no
+  * rendering: ``gpudiag.reports.html.render_report`` of that Diagnosis, first as analysed (no
     counters: a trace folder is not a run directory), then with the largest timeline a run
     directory can carry attached (8 GPUs x 5 counter series + step and collective time for 8
     ranks, each at the analyzer's cap of 400 points): synthetic values, real size. The first
@@ -41,11 +41,11 @@ from analyze_speed import (  # noqa: E402 - the sibling script, run from anywher
     _warm_cache,
     prepare_trace_set,
 )
+from gpudiag.analyzers.diagnose import diagnose  # noqa: E402
+from gpudiag.analyzers.timeline import MAX_POINTS  # noqa: E402
+from gpudiag.reports.html import render_report  # noqa: E402
 
-from analyzers.diagnose import diagnose  # noqa: E402
-from analyzers.timeline import MAX_POINTS  # noqa: E402
 from gpudiag.diagnosis import Diagnosis, RunSummary, Series, Timeline  # noqa: E402
-from reports.html import render_report  # noqa: E402
 
 TARGET = 0.20  # rendering may add at most this fraction of the analysis time
 GPU_SERIES = [("SM activity", "%", 100.0), ("tensor activity", "%", 100.0), ("DRAM bandwidth", "%", 100.0),

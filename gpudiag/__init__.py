@@ -16,6 +16,6 @@ def step() -> None:
     """
     import sys
 
-    boot = sys.modules.get("collectors.torch_bootstrap")
+    boot = sys.modules.get("gpudiag.collectors.torch_bootstrap")
     if boot is not None:
         boot.step()

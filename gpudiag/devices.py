@@ -4,7 +4,7 @@ Traces carry the device *name* (``deviceProperties``) but never its peaks, so MF
 roofline need this table. Every figure is the dense (no structured sparsity) peak from the
 vendor's datasheet cited beside it; boost clocks, SXM form factor unless the entry says
 otherwise. The CPU has no datasheet peak worth trusting, so its entry is measured on the
-machine (``collectors.cpu_peak``) and passed in as a ``DevicePeak`` like any other.
+machine (``gpudiag.collectors.cpu_peak``) and passed in as a ``DevicePeak`` like any other.
 """
 
 from __future__ import annotations

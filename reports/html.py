@@ -23,11 +23,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from gpudiag.reports import svg
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from gpudiag.diagnosis import Diagnosis, DiagnosisDiff, ItemDelta, RunSummary, TimeBreakdown, TopItem
-from reports import svg
 
 TEMPLATES = Path(__file__).parent / "templates"
 TOP_ROWS = 25  # rows of kernel/operator/roofline tables; the JSON block holds what the diagnosis kept

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collectors.nvml import ReplayBackend
+from gpudiag.collectors.nvml import ReplayBackend
 
 H200_SAMPLES = Path(__file__).parent / "fixtures" / "h200" / "profile_gemm_gpu.jsonl"
 

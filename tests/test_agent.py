@@ -17,11 +17,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from gpudiag.agent.gpu_collector import GpuCollector
+from gpudiag.agent.signals import MAX_SIGNAL_BYTES, JobTable, parse_signal
+from gpudiag.collectors.nvml import ReplayBackend
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agent.gpu_collector import GpuCollector
-from agent.signals import MAX_SIGNAL_BYTES, JobTable, parse_signal
-from collectors.nvml import ReplayBackend
 from gpudiag.jobsignal import write_signal
 from tests.replay import GpuFallsOffTheBus
 
@@ -307,7 +307,7 @@ def test_every_dashboard_expression_evaluates_on_a_real_prometheus(prometheus):
     ({}, ""),
 ])
 def test_a_process_is_attributed_to_its_job_from_its_environment(env, expected):
-    from agent.attribution import JobAttribution
+    from gpudiag.agent.attribution import JobAttribution
 
     clean = {k: v for k, v in os.environ.items()
              if k not in ("GPUDIAG_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")}

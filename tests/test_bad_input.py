@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpudiag.analyzers.diagnose import diagnose
 
-from analyzers.diagnose import diagnose
 from gpudiag.diagnosis import Bottleneck
 from gpudiag.errors import TraceError
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from gpudiag.analyzers.diagnose import diagnose
 
-from analyzers.diagnose import diagnose
 from tests.conftest import GPU_TRACE_DIRS
 
 TOLERANCE_PP = 1.0

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+from gpudiag.collectors.nvml import NvmlBackend, NvmlUnavailable, ReplayBackend, Sampler, read_samples
 
-from collectors.nvml import NvmlBackend, NvmlUnavailable, ReplayBackend, Sampler, read_samples
 from tests.replay import GpuFallsOffTheBus
 
 H200 = Path(__file__).parent / "fixtures" / "h200"

@@ -245,3 +245,41 @@ def test_unmodified_workload_under_profile_gets_its_label(tmp_path, workload, la
     assert d.verdict.label.value == label, d.verdict.evidence
     assert d.run is not None and d.run.status == "completed" and d.run.last_step == 9
     assert d.timeline is not None and any(s.name == "step time" for s in d.timeline.series)
+
+
+SHADOW_JOB = '''
+import sys
+import collectors, analyzers, reports, agent  # the job's own packages, not gpudiag's
+for mod in (collectors, analyzers, reports, agent):
+    assert mod.OWNER == "job", mod.__file__
+    assert mod.__file__.startswith(sys.argv[1]), mod.__file__
+import torch
+m = torch.nn.Linear(32, 32)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(8):
+    m(torch.randn(16, 32)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+assert collectors.OWNER == "job"  # still the job's after gpudiag armed itself
+assert "gpudiag.collectors.torch_bootstrap" in sys.modules
+print("job packages intact", flush=True)
+'''
+
+
+def test_a_job_with_its_own_collectors_agent_packages_is_profiled_and_traced(tmp_path):
+    """Our subpackages live under `gpudiag.`: a job repo with packages named like our folders
+    imports its own, and the bootstrap still arms and traces it."""
+    repo = tmp_path / "jobrepo"
+    for name in ("collectors", "analyzers", "reports", "agent"):
+        (repo / name).mkdir(parents=True)
+        (repo / name / "__init__.py").write_text('OWNER = "job"\n')
+    (repo / "train.py").write_text(SHADOW_JOB)
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", "1",
+                           "--steps", "2", "--", sys.executable, "train.py", str(repo)],
+                          capture_output=True, text=True, timeout=180, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    assert "job packages intact" in proc.stdout
+    assert "bootstrap not armed" not in proc.stderr
+    assert (run / "traces" / "rank-0.json.gz").exists()
+    assert len(Diagnosis.from_json((run / "diagnosis.json").read_text()).ranks[0].steps) == 2

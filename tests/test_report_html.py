@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpudiag.analyzers.compare import compare
+from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
+from gpudiag.collectors.cpu_peak import cpu_peak
+from gpudiag.reports.html import render_diff, render_report
 
-from analyzers.compare import compare
-from analyzers.diagnose import DeviceChoice, diagnose
-from collectors.cpu_peak import cpu_peak
 from gpudiag.diagnosis import Diagnosis, RunSummary, Series, Stragglers, Timeline
-from reports.html import render_diff, render_report
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -189,7 +189,7 @@ def test_hostile_names_are_escaped_and_the_data_block_stays_closed(tmp_path):
 
 
 def test_json_block_escapes_every_character_that_could_end_it():
-    from reports.html import embed_json
+    from gpudiag.reports.html import embed_json
 
     value = {"k": "</script><!-- & \u2028\u2029 <b>"}
     text = str(embed_json(value))

@@ -1,9 +1,15 @@
 """gpudiag's job bootstrap: put on PYTHONPATH by ``gpudiag profile``; arms when torch loads.
 
 Python imports the first ``sitecustomize`` on sys.path at start-up. This one installs an
-import hook that calls ``collectors.torch_bootstrap.arm(torch)`` right after ``import
+import hook that calls ``gpudiag.collectors.torch_bootstrap.arm(torch)`` right after ``import
 torch`` finishes, then hands over to any other ``sitecustomize`` further down sys.path, so a
 site's own customisation still runs. Processes that never import torch pay nothing.
+
+The bootstrap module is loaded from the file beside this folder under its own name,
+``gpudiag.collectors.torch_bootstrap`` (it needs only the standard library and torch): the job's
+``sys.path`` is never extended, so a job with its own ``collectors`` or ``agent`` package sees
+exactly the modules it would see without gpudiag, and a job whose Python has torch but not
+gpudiag (gpudiag installed with pipx, the job in conda) is still observed.
 """
 
 import importlib.abc
@@ -13,7 +19,23 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(os.path.dirname(_HERE))  # the folder holding collectors/ and gpudiag/
+_MODULE = "gpudiag.collectors.torch_bootstrap"
+
+
+def _load_bootstrap():
+    mod = sys.modules.get(_MODULE)
+    if mod is not None:
+        return mod
+    spec = importlib.util.spec_from_file_location(
+        _MODULE, os.path.join(os.path.dirname(_HERE), "torch_bootstrap.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[_MODULE] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[_MODULE]
+        raise
+    return mod
 
 
 class _TorchWatcher(importlib.abc.MetaPathFinder):
@@ -30,11 +52,7 @@ class _TorchWatcher(importlib.abc.MetaPathFinder):
         def exec_module(module):
             real_exec(module)
             try:
-                if _ROOT not in sys.path:
-                    sys.path.append(_ROOT)
-                from collectors import torch_bootstrap
-
-                torch_bootstrap.arm(module)
+                _load_bootstrap().arm(module)
             except Exception as e:  # never break the job
                 sys.stderr.write(f"gpudiag: bootstrap not armed: {e}\n")
 

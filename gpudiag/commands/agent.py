@@ -35,7 +35,7 @@ def agent(listen: str, backend: str, state_dir: Path | None) -> None:
       gpudiag agent --listen 0.0.0.0:9835
       gpudiag profile -- python train.py     # on the same node: its signals appear
     """
-    from agent.server import serve
+    from gpudiag.agent.server import serve
     from gpudiag.jobsignal import default_state_dir
 
     m = _LISTEN.match(listen)

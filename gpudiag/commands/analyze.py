@@ -32,9 +32,9 @@ def analyze(target: str, as_json: bool, device: str | None, peak_tflops: float |
       gpudiag analyze rank-0.json.gz --device H100-SXM
       gpudiag analyze ./traces --json | jq .verdict
     """
-    from analyzers.diagnose import DeviceChoice, diagnose
-    from collectors.cpu_peak import cpu_peak
-    from reports.terminal import render_terminal
+    from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
+    from gpudiag.collectors.cpu_peak import cpu_peak
+    from gpudiag.reports.terminal import render_terminal
 
     if flops_per_step is not None and flops_per_step <= 0:
         raise click.BadParameter("must be positive", param_hint="--flops-per-step")

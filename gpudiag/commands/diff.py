@@ -25,7 +25,7 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
       gpudiag diff runs/baseline runs/fused-adam           # writes ./gpudiag-diff.html
       gpudiag diff old_traces/ new_traces/ --json | jq .step_time_change
     """
-    from analyzers.compare import compare
+    from gpudiag.analyzers.compare import compare
     from gpudiag.commands.report import load_diagnosis, write_html
 
     b, a = load_diagnosis(before), load_diagnosis(after)
@@ -33,7 +33,7 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
     if as_json:
         click.echo(result.to_json())
         return
-    from reports.html import render_diff
+    from gpudiag.reports.html import render_diff
 
     write_html(output, render_diff(result, b, a))
     click.echo(str(output))

@@ -98,10 +98,10 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     import platform
     import socket
 
-    from collectors.host import HostSampler
-    from collectors.job import job_env, run_job
-    from collectors.nvml import NvmlUnavailable, Sampler, open_backend
     from gpudiag import __version__
+    from gpudiag.collectors.host import HostSampler
+    from gpudiag.collectors.job import job_env, run_job
+    from gpudiag.collectors.nvml import NvmlUnavailable, Sampler, open_backend
     from gpudiag.rundir import RunInfo, prepare_run_dir, write_run
 
     run_dir = prepare_run_dir(opts.out)
@@ -172,7 +172,7 @@ def _signal_reporter(run_dir: Path, info: object) -> object:
     """Signals for the node's agent, when one runs here (its spool exists)."""
     import os
 
-    from collectors.job_signals import SignalReporter
+    from gpudiag.collectors.job_signals import SignalReporter
     from gpudiag.jobsignal import default_state_dir, job_id_from_env
 
     interval = float(os.environ.get("GPUDIAG_SIGNAL_INTERVAL", "15"))
@@ -195,8 +195,8 @@ def _estimator(run_dir: Path):  # noqa: ANN202 - a closure
         if "d" not in cache:
             if not (run_dir / "traces" / "rank-0.json.gz").exists():
                 return {}
-            from analyzers.diagnose import DeviceChoice, diagnose
-            from collectors.cpu_peak import cpu_peak
+            from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
+            from gpudiag.collectors.cpu_peak import cpu_peak
 
             cache["d"] = diagnose(run_dir / "traces", DeviceChoice(cpu_peak=cpu_peak), jobs=1)
         d = cache["d"]
@@ -277,9 +277,9 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | Non
              f"profiler window starts after --skip {opts.skip} (lower --skip, or call "
              "gpudiag.step() once per step if the loop has no optimizer)")
         return None
-    from analyzers.diagnose import DeviceChoice, diagnose
-    from collectors.cpu_peak import cpu_peak
-    from reports.terminal import render_terminal
+    from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
+    from gpudiag.collectors.cpu_peak import cpu_peak
+    from gpudiag.reports.terminal import render_terminal
 
     d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak))
     untraced = _untraced_step_ms(run_dir, opts)
@@ -299,7 +299,7 @@ def _write_report(run_dir: Path, d: object) -> None:
     """report.html beside diagnosis.json; the report is a convenience, so a failure here is
     one line on stderr and changes nothing else (diagnosis.json is already written)."""
     try:
-        from reports.html import render_report
+        from gpudiag.reports.html import render_report
 
         (run_dir / "report.html").write_text(render_report(d), encoding="utf-8")
     except Exception as e:  # noqa: BLE001 - the job's outcome and the verdict must not change

@@ -28,8 +28,8 @@ def load_diagnosis(target: Path) -> Diagnosis:
             return Diagnosis.from_json((target / "diagnosis.json").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, BadInput):
             pass  # missing, torn or another version: analyse the traces again
-    from analyzers.diagnose import DeviceChoice, diagnose
-    from collectors.cpu_peak import cpu_peak
+    from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
+    from gpudiag.collectors.cpu_peak import cpu_peak
 
     return diagnose(target, DeviceChoice(cpu_peak=cpu_peak))
 
@@ -64,7 +64,7 @@ def report(target: Path, output: Path | None, as_json: bool) -> None:
     if as_json:
         click.echo(d.to_json())
         return
-    from reports.html import render_report
+    from gpudiag.reports.html import render_report
 
     out = output or (target / "report.html" if is_run_dir(target) else Path("gpudiag-report.html"))
     write_html(out, render_report(d))
