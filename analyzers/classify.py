@@ -36,6 +36,29 @@ MEMCPY_NOTABLE = 0.05
 # MFU under this on a compute-bound job means the math is running far from peak.
 LOW_MFU = 0.30
 
+# Confidence of the label (0..1). Our own calibration, not a published figure: the label is
+# the largest share of step time, so how sure we are grows with its margin over the runner-up.
+# A tie (margin 0) is a coin toss between two labels, hence the 0.5 base; every point of
+# margin adds a point of confidence.
+CONFIDENCE_BASE = 0.5
+# A label that wins by a whole step (margin 1.0) is still capped: the breakdown itself carries
+# measurement error (profiler dilation, a few traced steps), so we never claim certainty.
+CONFIDENCE_MAX = 0.95
+# Even a near-tie names the larger share correctly more often than not; below this floor the
+# margin alone would say "no idea", which understates a label that did come out on top.
+CONFIDENCE_MARGIN_FLOOR = 0.3
+# Penalties for what the label rests on. Kernel-name classes (no shapes) misjudge kernels whose
+# name does not say what they do; with no roofline at all compute vs memory is a default, not a
+# measurement; a single traced step cannot show step-to-step variation.
+PENALTY_KERNEL_NAMES = 0.2
+PENALTY_NO_ROOFLINE = 0.3
+PENALTY_ONE_STEP = 0.1
+# The floor after penalties: a label is always the best guess there is, never 0.
+CONFIDENCE_MIN = 0.05
+# Levels shown beside the number: "high" above three in four, "low" below a coin toss.
+CONFIDENCE_HIGH = 0.75
+CONFIDENCE_MEDIUM = 0.5
+
 _NOTABLE = {
     Bottleneck.INPUT: INPUT_MODERATE,
     Bottleneck.COMMUNICATION: COMM_NOTABLE,
@@ -77,20 +100,22 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
     second_share = others[0][1] if others else 0.0
     secondary = next((k for k, v in others if v >= _NOTABLE[k]), None)
 
-    confidence = min(0.95, max(0.3, 0.5 + (top - second_share)))
+    margin = top - second_share
+    confidence = min(CONFIDENCE_MAX, max(CONFIDENCE_MARGIN_FLOOR, CONFIDENCE_BASE + margin))
     why_lower = []
     if label in (Bottleneck.COMPUTE, Bottleneck.MEMORY):
         if roofline.method == "kernel-names":
-            confidence -= 0.2
+            confidence -= PENALTY_KERNEL_NAMES
             why_lower.append("compute/memory split from kernel names, not shapes")
         elif roofline.method == "none" or b.compute_bound + b.memory_bound <= 0:
-            confidence -= 0.3
+            confidence -= PENALTY_NO_ROOFLINE
             why_lower.append("no roofline information")
     if n_steps <= 1:
-        confidence -= 0.1
+        confidence -= PENALTY_ONE_STEP
         why_lower.append("fewer than two profiler steps")
-    confidence = max(0.05, confidence)
-    level = "high" if confidence >= 0.75 else "medium" if confidence >= 0.5 else "low"
+    confidence = max(CONFIDENCE_MIN, confidence)
+    level = ("high" if confidence >= CONFIDENCE_HIGH else "medium" if confidence >= CONFIDENCE_MEDIUM
+             else "low")
 
     evidence = {f"{k.value} share": round(v, 4) for k, v in s.items()}
     evidence["step time ms"] = round(b.step_time / 1e3, 3)
