@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
 
+from gpudiag.units import si
+
 # Okabe & Ito, "Color Universal Design" (2008)
 BLACK = "#000000"
 ORANGE = "#E69F00"
@@ -111,16 +113,6 @@ def tick_label(v: float) -> str:
     if abs(v) >= 1000:
         return f"{v:,.0f}"
     return f"{v:.6g}"
-
-
-def si(v: float, unit: str = "") -> str:
-    """1.95e13 -> '19.5 T'; for log axes and peak figures."""
-    if v == 0 or not math.isfinite(v):
-        return f"{v:g} {unit}".strip()
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(v) >= factor:
-            return f"{v / factor:.3g} {prefix}{unit}"
-    return f"{v:.3g} {unit}".strip()
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:

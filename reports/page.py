@@ -1,0 +1,100 @@
+"""What both HTML pages (the report and the diff) share: the page environment, the data block,
+the parts of a step and how a step-time bar is split, the verdict and the two views of a step.
+
+Safety: every string from a trace or a command line is escaped, by Jinja's autoescape in the
+templates and by ``svg._esc`` in the charts; the JSON block is serialised so that no value can
+close its script element (``embed_json``).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from gpudiag.reports import svg
+from gpudiag.reports.fmt import evidence_value, ms, num, pct, si_text, when
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
+
+from gpudiag.diagnosis import Diagnosis, TimeBreakdown
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+# (TimeBreakdown field, label, colour): the parts of a step, in drawing order. Colours are
+# shared by every chart so "memory-bound" is the same orange everywhere.
+PARTS = [
+    ("compute_bound", "compute-bound", svg.BLUE),
+    ("memory_bound", "memory-bound", svg.ORANGE),
+    ("comm_exposed", "exposed communication", svg.GREEN),
+    ("memcpy_exposed", "exposed memcpy/memset", svg.PURPLE),
+    ("input_wait", "input wait (DataLoader)", svg.VERMILLION),
+    ("host_overhead", "host overhead", svg.YELLOW),
+]
+SHORT_LABELS = ["compute-bound", "memory-bound", "exposed comm", "exposed memcpy", "input wait",
+                "host overhead"]  # table headers
+UNSPLIT = ("compute not split by roofline", svg.SKY_BLUE)
+BOUND_COLOURS = {"compute": svg.BLUE, "memory": svg.ORANGE}
+SLOWER, FASTER = svg.VERMILLION, svg.BLUE
+
+
+_JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def embed_json(data: Any) -> Markup:
+    """JSON for a <script type="application/json"> element that no value can break out of.
+
+    ``</script>`` or ``<!--`` inside a kernel name would end or confuse the element; with
+    ``<``, ``>`` and ``&`` as \\u escapes the text holds no markup at all, and ``json.loads``
+    of the element's text still returns the original values.
+    """
+    text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    for ch, rep in _JSON_ESCAPES.items():
+        text = text.replace(ch, rep)
+    return Markup(text)
+
+
+@lru_cache(maxsize=1)
+def env() -> Environment:
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(num=num, ms=ms, pct=pct, when=when)
+    return env
+
+
+def part_segments(b: TimeBreakdown, length: float, unit_tip: bool) -> list[svg.Segment]:
+    """Segments of one step-time bar; ``length`` is the bar's full length in axis units.
+
+    Each part is drawn at its share of the step (``TimeBreakdown.fraction``) times the
+    length: pure scaling. Compute time that the roofline did not split is drawn as its own
+    segment so the bar still spans the whole step.
+    """
+    segs = []
+    for key, label, colour in PARTS[:2]:
+        f = b.fraction(key)
+        segs.append(svg.Segment(f * length, colour, f"{label}: {pct(f)}"
+                                + (f", {ms(getattr(b, key))}" if unit_tip else "")))
+    unsplit = b.fraction("compute") - b.fraction("compute_bound") - b.fraction("memory_bound")
+    if unsplit * length > 1e-9:
+        segs.append(svg.Segment(unsplit * length, UNSPLIT[1], f"{UNSPLIT[0]} (part of compute "
+                                f"{pct(b.fraction('compute'))})"))
+    for key, label, colour in PARTS[2:]:
+        f = b.fraction(key)
+        segs.append(svg.Segment(f * length, colour, f"{label}: {pct(f)}"
+                                + (f", {ms(getattr(b, key))}" if unit_tip else "")))
+    return segs
+
+
+def legend_parts() -> list[tuple[str, str]]:
+    return [(label, colour) for _, label, colour in PARTS[:2]] + [UNSPLIT] + \
+        [(label, colour) for _, label, colour in PARTS[2:]]
+
+
+def verdict_ctx(d: Diagnosis) -> dict[str, Any]:
+    v = d.verdict
+    return {"label": v.label.value, "confidence": f"{v.confidence:.2f}", "level": v.confidence_level,
+            "summary": si_text(v.summary), "secondary": v.secondary.value if v.secondary else None,
+            "recommendations": [si_text(r) for r in v.recommendations],
+            "evidence": [(k, evidence_value(k, x)) for k, x in v.evidence.items()]}
+
