@@ -58,7 +58,6 @@ class HostSampler:
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpudiag-host", daemon=True)
-        self.peak_rss = 0
 
     def start(self) -> HostSampler:
         if os.path.isdir("/proc"):
@@ -88,7 +87,6 @@ class HostSampler:
                     rss_total += r[1]
                 util = cpu_total / (now - prev_t) if prev else 0.0
                 prev, prev_t = cur, now
-                self.peak_rss = max(self.peak_rss, int(rss_total))
                 f.write(json.dumps({"t": time.time(), "processes": len(cur), "cpu_cores": round(util, 3),
                                     "rss_bytes": int(rss_total)}) + "\n")
                 f.flush()

@@ -82,7 +82,6 @@ class RankResult:
     total: TimeBreakdown
     mean_step_time: float
     gpu_span: GpuSpanBreakdown | None = None
-    dataloader_workers_hint: str | None = None
 
 
 @dataclass
