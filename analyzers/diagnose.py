@@ -28,6 +28,7 @@ from gpudiag.analyzers.trace_loader import (
     find_trace_files,
     load_rank,
 )
+from gpudiag.analyzers.unprofiled import estimate_unprofiled, measure_dilation
 
 from gpudiag import __version__
 from gpudiag.devices import DevicePeak, lookup_device, match_device, user_device
@@ -43,6 +44,7 @@ from gpudiag.diagnosis import (
     Verdict,
 )
 from gpudiag.errors import BadInput, TraceError
+from gpudiag.rundir import all_step_times, is_run_dir
 
 
 @dataclass
@@ -165,37 +167,64 @@ def _trace_device(path_name: str | None, memory: int | None) -> DevicePeak | Non
     return dev
 
 
-def _load_and_analyze(args: tuple[str, int, DevicePeak | None, Callable[[], DevicePeak] | None]
-                      ) -> RankPartial:
-    path, hint, device, cpu_peak = args
+def _load_and_analyze(args: tuple[str, int, DevicePeak | None, DevicePeak | None]) -> RankPartial:
+    path, hint, device, cpu_device = args
     rt = load_rank(Path(path), rank_hint=hint)
     dev = device
     if dev is None:
-        if rt.has_gpu:
-            dev = _trace_device(rt.device_name, rt.device_memory)
-        elif cpu_peak is not None:
-            dev = cpu_peak()
+        dev = _trace_device(rt.device_name, rt.device_memory) if rt.has_gpu else cpu_device
     return analyze_rank(rt, dev)
+
+
+# How much of a (decompressed) trace is read to see whether it came from a GPU: Kineto writes
+# "deviceProperties" in the header, before any event.
+_HEADER_PEEK_BYTES = 256 * 1024
+
+
+def _looks_gpu(path: Path) -> bool:
+    import gzip
+
+    try:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            return b'"deviceProperties"' in f.read(_HEADER_PEEK_BYTES)
+    except (OSError, EOFError):
+        return False  # the loader will report what is wrong with it
 
 
 def diagnose(target: str | Path, choice: DeviceChoice | None = None,
              flops_per_step: float | None = None, jobs: int | None = None) -> Diagnosis:
-    """Analyse a trace file, a folder of rank traces, or a run directory."""
+    """Analyse a trace file, a folder of rank traces, or a run directory.
+
+    The CPU peak (for traces without GPU work) is resolved once, here, before any worker
+    starts: every rank is judged against the same ridge point, and workers never benchmark
+    the CPU side by side.
+    """
     choice = choice or DeviceChoice()
     files = find_trace_files(Path(target))
     explicit = choice.explicit()
-    work = [(str(f), i, explicit, choice.cpu_peak) for i, f in enumerate(files)]
+    cpu_device = None
+    if explicit is None and choice.cpu_peak is not None and not all(_looks_gpu(f) for f in files):
+        cpu_device = choice.cpu_peak()
+    work = [(str(f), i, explicit, cpu_device) for i, f in enumerate(files)]
     workers = min(jobs or os.cpu_count() or 1, len(files), 4)
     if workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             partials = list(pool.map(_load_and_analyze, work))
     else:
         partials = [_load_and_analyze(w) for w in work]
+    if (explicit is None and cpu_device is None and choice.cpu_peak is not None
+            and any(not p.has_gpu for p in partials)):
+        # a header that named a GPU over a trace without GPU work (rare): measure now, redo those
+        cpu_device = choice.cpu_peak()
+        partials = [_load_and_analyze((w[0], w[1], None, cpu_device)) if not p.has_gpu else p
+                    for w, p in zip(work, partials, strict=True)]
     check_unique_ranks([(p.result.rank, p.result.trace) for p in partials])
     partials.sort(key=lambda p: p.result.rank)
-    d = assemble(partials, choice, explicit, flops_per_step, [str(f) for f in files])
     run_dir = Path(target)
-    if run_dir.is_dir() and (run_dir / "run.json").is_file():
+    timer = _step_timer(run_dir) if is_run_dir(run_dir) else None
+    d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f) for f in files], timer)
+    if is_run_dir(run_dir):
         from gpudiag.analyzers.timeline import run_summary, run_timeline
 
         d.run = run_summary(run_dir)
@@ -203,8 +232,22 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     return d
 
 
-def assemble(partials: list[RankPartial], choice: DeviceChoice, explicit: DevicePeak | None,
-             flops_per_step: float | None, sources: list[str]) -> Diagnosis:
+def _step_timer(run_dir: Path) -> tuple[list[float], list[float]]:
+    """(traced, untraced) step seconds of all ranks, pooled: in a synchronous job every rank
+    runs at the job's pace, and pooling keeps one slow rank's steps in the reference."""
+    traced: list[float] = []
+    untraced: list[float] = []
+    for st in all_step_times(run_dir):
+        traced.extend(st.traced)
+        untraced.extend(st.untraced)
+    return traced, untraced
+
+
+def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explicit: DevicePeak | None,
+             flops_per_step: float | None, sources: list[str],
+             timer: tuple[list[float], list[float]] | None = None) -> Diagnosis:
+    """One Diagnosis from the ranks' partial results; ``timer`` is the job's own step timer
+    (traced, untraced seconds) when the input is a run directory."""
     warnings: list[str] = []
     for p in partials:
         warnings.extend(p.warnings)
@@ -231,7 +274,7 @@ def assemble(partials: list[RankPartial], choice: DeviceChoice, explicit: Device
                             "analysed with the CPU as the device")
         else:
             warnings.append("no GPU activity in the trace: analysed with the CPU as the device")
-        device = choice.cpu_peak() if choice.cpu_peak is not None else None
+        device = cpu_device
         if device is not None:
             warnings.append(f"CPU peak {device.peak_for('float')[0] / 1e9:.3g} GFLOP/s and "
                             f"{device.bandwidth / 1e9:.3g} GB/s measured on this machine; if "
@@ -283,12 +326,29 @@ def assemble(partials: list[RankPartial], choice: DeviceChoice, explicit: Device
     dl_iters = sorted({it for p in partials for it in p.dataloader_iters})
     n_steps = max((len(r.steps) if r.steps and r.steps[0].step is not None else 0)
                   for r in results) if results else 0
+    dilation = unprofiled = traced_verdict = None
+    basis = "profiled-steps"
     if breakdown.step_time > 0:
-        verdict = classify(breakdown, device_kind=kind, roofline=roofline, mfu=mfu,
-                           collectives=collectives, stragglers=stragglers, n_steps=n_steps,
-                           dataloader_iters=dl_iters,
-                           top_memory_ops=[k for k, _ in sorted(memory_ops.items(),
-                                                                 key=lambda kv: -kv[1])])
+        top_memory = [k for k, _ in sorted(memory_ops.items(), key=lambda kv: -kv[1])]
+
+        def verdict_of(b: TimeBreakdown, m: Mfu) -> Verdict:
+            return classify(b, device_kind=kind, roofline=roofline, mfu=m, collectives=collectives,
+                            stragglers=stragglers, n_steps=n_steps, dataloader_iters=dl_iters,
+                            top_memory_ops=top_memory)
+
+        verdict = verdict_of(breakdown, mfu)
+        dilation = measure_dilation(*timer) if timer is not None else None
+        if dilation is not None:
+            unprofiled = estimate_unprofiled(breakdown, dilation, kind)
+            mfu = compute_mfu(results, device, dtype, flops_per_step, shapes,
+                              untraced_step_us=dilation.untraced_step_us)
+            traced_verdict = verdict
+            verdict = verdict_of(unprofiled, mfu)
+            basis = "unprofiled-estimate"
+        elif timer is not None:
+            warnings.append(f"the step timer holds {len(timer[1])} untraced steps (after the first "
+                            "ones): too few to measure the profiler's slowdown; the breakdown, verdict "
+                            "and MFU describe the profiled steps (run more steps)")
     else:
         verdict = Verdict(label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
                           summary="nothing to analyse: the trace holds no timed events",
@@ -305,6 +365,7 @@ def assemble(partials: list[RankPartial], choice: DeviceChoice, explicit: Device
         device=dev_info, world_size=world, ranks=results, breakdown=breakdown, verdict=verdict,
         mfu=mfu, roofline=roofline, communication=collectives, stragglers=stragglers,
         top_kernels=_top(kernels, busy), top_ops=_top(ops, busy), warnings=_dedupe(warnings),
+        basis=basis, dilation=dilation, unprofiled=unprofiled, traced_verdict=traced_verdict,
     )
 
 

@@ -19,9 +19,26 @@ def _si(x: float) -> str:
 
 
 def compute_mfu(ranks: list[RankResult], device: DevicePeak | None, dtype: str,
-                flops_per_step: float | None, shapes_recorded: bool) -> Mfu:
-    step_times = [r.mean_step_time for r in ranks if r.mean_step_time > 0]
-    step_us = sum(step_times) / len(step_times) if step_times else None
+                flops_per_step: float | None, shapes_recorded: bool,
+                untraced_step_us: float | None = None) -> Mfu:
+    """MFU over the job's real step time when its step timer gives one (``untraced_step_us``:
+    the median step with the profiler off), else over the traced steps, which the profiler
+    slowed, so that MFU reads low; ``step_time_basis`` says which."""
+    if untraced_step_us:
+        step_us, basis = untraced_step_us, "untraced steps"
+    else:
+        step_times = [r.mean_step_time for r in ranks if r.mean_step_time > 0]
+        step_us = sum(step_times) / len(step_times) if step_times else None
+        basis = "traced steps"
+    mfu = _mfu(ranks, device, dtype, flops_per_step, shapes_recorded, step_us)
+    mfu.step_time_basis = basis
+    if mfu.value is not None:
+        mfu.reason += f" ({basis})"
+    return mfu
+
+
+def _mfu(ranks: list[RankResult], device: DevicePeak | None, dtype: str,
+         flops_per_step: float | None, shapes_recorded: bool, step_us: float | None) -> Mfu:
     if device is None:
         return Mfu(None, "not available: unknown device peak (pass --device or --peak-tflops "
                    "and --peak-gbps)", None, "none", None, None, step_us)

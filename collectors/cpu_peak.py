@@ -71,7 +71,8 @@ def cpu_peak() -> DevicePeak:
     flops, bw = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        # one temp name per process: concurrent first runs never write into each other's file
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({**key, "flops": flops, "bandwidth": bw}))
         tmp.replace(path)
     except OSError:

@@ -32,13 +32,14 @@ class JobResult:
     forwarded: list[str]  # signals gpudiag received and passed on
 
 
-def job_env(run_dir: Path, skip: int, steps: int) -> dict[str, str]:
+def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0) -> dict[str, str]:
     env = dict(os.environ)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + old if old else "")
     env["GPUDIAG_RUN_DIR"] = str(run_dir.resolve())
     env["GPUDIAG_SKIP"] = str(skip)
     env["GPUDIAG_STEPS"] = str(steps)
+    env["GPUDIAG_RETRACE_S"] = str(retrace_s)
     # NCCL collectives are timed by PyTorch's flight recorder (CUDA events per collective);
     # a job's own settings win.
     env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")

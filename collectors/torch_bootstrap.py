@@ -10,7 +10,14 @@ What it does, cheaply, for the whole run:
 - times collectives (``torch.distributed`` calls; blocking calls only, whose wall time is the
   collective's time on gloo/CPU) per type per step;
 - and for ``--steps`` steps after ``--skip`` steps only, runs ``torch.profiler`` with
-  ``record_shapes=True`` and writes ``traces/rank-<RANK>.json.gz``.
+  ``record_shapes=True`` and writes ``traces/rank-<RANK>.json.gz``; with a re-trace interval
+  (``--monitor``), it opens a new window that often and replaces the trace, so a job that
+  changes phase gets a fresh one.
+
+Every step row says whether the profiler touched that step (``"profiler"``: warm-up, traced,
+export) and the meta file lists the traced steps, so readers never recompute the window: the
+analysis needs exactly which steps ran unobserved, to measure how much the profiler dilated
+the traced ones.
 
 Timings go to ``samples/steps-rank-<RANK>.jsonl``, flushed about once a second, so a crash
 loses at most the last second. Nothing here may change the job's outcome: every failure is
@@ -47,11 +54,21 @@ def _rank() -> int:
     return 0
 
 
+# Values of a step row's "profiler" key; gpudiag/rundir.py reads them (PROFILER_*).
+_WARMUP, _TRACED, _EXPORT = "warmup", "traced", "export"
+
+
 class _Bootstrap:
-    def __init__(self, run_dir: Path, skip: int, steps: int) -> None:
+    def __init__(self, run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0) -> None:
         self.run_dir = run_dir
         self.skip = skip
         self.steps = steps
+        self.retrace_s = retrace_s  # 0: one window only
+        self.next_window_at = 0.0  # monotonic time before which no new window opens
+        self.phase: str | None = None  # what the profiler is doing in the step now running
+        self.window: list[int] = []  # traced steps of the window being recorded
+        self.traced_steps: list[int] = []  # traced steps of the trace on disk
+        self.windows: list[dict[str, Any]] = []
         self.rank = _rank()
         self.pid = os.getpid()  # forked children (DataLoader workers) must not write as us
         self.step = 0
@@ -64,6 +81,7 @@ class _Bootstrap:
         self.last_flush = time.monotonic()
         self.prof: Any = None
         self.prof_done = False
+        self.discard = False  # a window cut short at exit after a complete one: not written
         self.notes: list[str] = []
         self.dataloader_workers: set[int] = set()
         (run_dir / "samples").mkdir(parents=True, exist_ok=True)
@@ -79,6 +97,11 @@ class _Bootstrap:
         now = time.perf_counter()
         self.step += 1
         row = {"step": self.step, "t": time.time(), "dt": now - self.t_step}
+        if self.phase is not None:
+            row["profiler"] = self.phase
+            if self.phase == _TRACED:
+                self.window.append(self.step)
+            self.phase = None
         if self.coll:
             row["collectives"] = {k: {"count": int(v[0]), "seconds": v[1]} for k, v in self.coll.items()}
             self.coll = {}
@@ -110,7 +133,7 @@ class _Bootstrap:
             import torch
 
             if self.prof is None:
-                if self.step < self.skip:
+                if self.step < self.skip or time.monotonic() < self.next_window_at:
                     return
                 if torch.autograd.profiler._is_profiler_enabled:
                     self.note("the job runs its own torch profiler: gpudiag does not start a "
@@ -124,17 +147,25 @@ class _Bootstrap:
                 self.prof = torch.profiler.profile(activities=acts, record_shapes=True,
                                                    schedule=sched, on_trace_ready=self._write_trace)
                 # ProfilerStep#0 is the warm-up step, #1..#steps the traced ones; the job's
-                # own step numbers are in the steps file (window starts after step `skip`).
+                # own step numbers are in the steps file, marked as they happen.
+                self.window = []
                 self.prof.start()
+                self.phase = _WARMUP
                 return
             self.prof.step()
-            if self.prof_done:  # the window completed and was written
+            self.phase = _TRACED
+            if self.prof_done:  # the window completed and was written (inside the next step)
+                self.phase = _EXPORT
                 self.prof.stop()
+                self._end_window()
         except Exception as e:  # noqa: BLE001 - never break the job
             self.note(f"torch profiler failed: {type(e).__name__}: {e}")
             self.prof_done = True
 
     def _write_trace(self, prof: Any) -> None:
+        if self.discard:
+            self.prof_done = True
+            return
         final = self.run_dir / "traces" / f"rank-{self.rank}.json.gz"
         raw = final.with_name(f".rank-{self.rank}.json.partial")
         try:
@@ -143,11 +174,23 @@ class _Bootstrap:
             with raw.open("rb") as src, gzip.open(tmp, "wb", compresslevel=3) as dst:
                 shutil.copyfileobj(src, dst)
             tmp.replace(final)  # readers never see a half-written trace
+            self.traced_steps = list(self.window)
+            self.windows.append({"first": self.window[0] if self.window else None,
+                                 "last": self.window[-1] if self.window else None,
+                                 "t": time.time(), "file": final.name})
+            self.write_meta()
         except Exception as e:  # noqa: BLE001
             self.note(f"cannot write the trace: {type(e).__name__}: {e}")
         finally:
             raw.unlink(missing_ok=True)
         self.prof_done = True
+
+    def _end_window(self) -> None:
+        """After a window: done for good, or (re-trace interval set) wait and open another."""
+        if self.retrace_s > 0:
+            self.prof = None
+            self.prof_done = False
+            self.next_window_at = time.monotonic() + self.retrace_s
 
     def finish(self) -> None:
         """At exit: a window still open is cut short and written (fewer steps than asked)."""
@@ -155,11 +198,15 @@ class _Bootstrap:
             return
         try:
             if self.prof is not None and not self.prof_done:
-                self.note(f"the job ended inside the profiling window (step {self.step}): the "
-                          "trace holds the steps completed so far")
-                self.prof.stop()
-                if not self.prof_done:
-                    self._write_trace(self.prof)
+                if self.windows:  # a re-trace cut short: the last complete trace stays
+                    self.discard = True
+                    self.prof.stop()
+                else:
+                    self.note(f"the job ended inside the profiling window (step {self.step}): "
+                              "the trace holds the steps completed so far")
+                    self.prof.stop()
+                    if not self.prof_done:
+                        self._write_trace(self.prof)
         except Exception as e:  # noqa: BLE001
             self.note(f"profiler stop failed: {type(e).__name__}: {e}")
         self.flush()
@@ -221,7 +268,8 @@ class _Bootstrap:
                 "torch": getattr(torch, "__version__", None),
                 "skip": self.skip, "steps": self.steps, "notes": self.notes,
                 "dataloader_workers": sorted(self.dataloader_workers),
-                "explicit_steps": self.explicit}
+                "explicit_steps": self.explicit, "traced_steps": self.traced_steps,
+                "windows": self.windows[-20:], "retrace_s": self.retrace_s}
         path = self.run_dir / "samples" / f"bootstrap-rank-{self.rank}.json"
         try:
             tmp = path.with_suffix(".partial")
@@ -231,7 +279,7 @@ class _Bootstrap:
             pass
 
 
-_config: tuple[Path, int, int] | None = None
+_config: tuple[Path, int, int, float] | None = None
 
 
 def _get_state() -> _Bootstrap | None:
@@ -299,7 +347,8 @@ def arm(torch: Any) -> None:
         return
     try:
         _config = (Path(run_dir), int(os.environ.get("GPUDIAG_SKIP", "10")),
-                   int(os.environ.get("GPUDIAG_STEPS", "5")))
+                   int(os.environ.get("GPUDIAG_STEPS", "5")),
+                   float(os.environ.get("GPUDIAG_RETRACE_S", "0")))
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         register_optimizer_step_post_hook(lambda *_: _on_step(explicit=False))

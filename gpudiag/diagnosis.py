@@ -17,7 +17,9 @@ from typing import Any
 
 from gpudiag.errors import BadInput
 
-DIAGNOSIS_SCHEMA_VERSION = 1
+DIAGNOSIS_SCHEMA_VERSION = 2
+# Version 1 (before the unprofiled estimate) is still read: its new fields take their defaults.
+READABLE_DIAGNOSIS_VERSIONS = (1, 2)
 
 
 class Bottleneck(str, enum.Enum):
@@ -133,6 +135,9 @@ class Mfu:
     dtype_family: str | None
     peak_flops: float | None
     step_time_us: float | None
+    # which step time divides the FLOPs: "untraced steps" (the job's own step timer, profiler
+    # off: what the job really runs at) or "traced steps" (trace only, dilated by the profiler)
+    step_time_basis: str = "traced steps"
 
 
 @dataclass
@@ -211,6 +216,25 @@ class Timeline:
 
 
 @dataclass
+class Dilation:
+    """How much observing the job slowed it, from the job's own step timer.
+
+    The profiler adds host time to every op it records; that time shows up in the trace as GPU
+    idle gaps, which a breakdown of traced steps reads as host overhead. The step timer runs on
+    every step, traced or not, so it measures the slowdown directly.
+    """
+
+    traced_step_us: float  # median wall time of the traced steps (step timer)
+    untraced_step_us: float  # median wall time of steps with the profiler off
+    factor: float  # traced / untraced
+    traced_steps: int
+    untraced_steps: int
+    untraced_spread: float  # interquartile range / median of the untraced steps: run noise
+    model: str  # how the unprofiled breakdown was estimated, in one sentence
+    caveats: list[str] = field(default_factory=list)  # where that estimate is unsafe, and why
+
+
+@dataclass
 class Diagnosis:
     schema_version: int
     gpudiag_version: str
@@ -229,6 +253,13 @@ class Diagnosis:
     warnings: list[str]
     run: RunSummary | None = None
     timeline: Timeline | None = None
+    # "profiled-steps": breakdown and verdict describe the traced steps as they ran under the
+    # profiler (all a trace alone can say). "unprofiled-estimate": a step timer showed how much
+    # the profiler slowed them; verdict and MFU describe the job as it runs unobserved.
+    basis: str = "profiled-steps"
+    dilation: Dilation | None = None
+    unprofiled: TimeBreakdown | None = None  # estimated mean step of the job unobserved
+    traced_verdict: Verdict | None = None  # what the traced breakdown alone would say
 
     def to_dict(self) -> dict[str, Any]:
         return _encode(self)
@@ -249,10 +280,10 @@ class Diagnosis:
         if not isinstance(data, dict):
             raise BadInput("diagnosis must be a JSON object")
         version = data.get("schema_version")
-        if version != DIAGNOSIS_SCHEMA_VERSION:
+        if version not in READABLE_DIAGNOSIS_VERSIONS:
             raise BadInput(
-                f"diagnosis schema version {version!r} is not supported "
-                f"(this gpudiag reads version {DIAGNOSIS_SCHEMA_VERSION}); re-run gpudiag analyze"
+                f"diagnosis schema version {version!r} is not supported (this gpudiag reads "
+                f"versions {', '.join(map(str, READABLE_DIAGNOSIS_VERSIONS))}); re-run gpudiag analyze"
             )
         try:
             return _decode(cls, data)
@@ -303,7 +334,7 @@ def _decode(tp: Any, v: Any) -> Any:
     return v
 
 
-DIFF_SCHEMA_VERSION = 1
+DIFF_SCHEMA_VERSION = 2  # 2: step_change, basis and step_time_verdict
 
 
 @dataclass
@@ -315,6 +346,25 @@ class ItemDelta:
     after_us: float
     delta_us: float
     ratio: float | None  # after / before; None when new or gone
+
+
+@dataclass
+class StepChange:
+    """Median step time before and after, from the two runs' own step timers (profiler off),
+    and whether the change is larger than run-to-run noise (``analyzers.compare.step_change``)."""
+
+    before_median_us: float
+    after_median_us: float
+    change: float  # after / before - 1
+    ci_low: float  # bootstrap interval of the change (ratio of medians - 1)
+    ci_high: float
+    confidence: float  # of that interval, e.g. 0.95
+    before_steps: int
+    after_steps: int
+    noise_floor: float  # smallest change called significant, whatever the interval says
+    significant: bool
+    direction: str  # "slower", "faster" or "no significant change"
+    method: str  # how the interval was obtained, in one sentence
 
 
 @dataclass
@@ -337,6 +387,12 @@ class DiagnosisDiff:
     device_after: str
     notes: list[str] = field(default_factory=list)
     breakdown_delta: TimeBreakdown | None = None  # after - before, per step (us)
+    # "unprofiled-estimate": both sides had a step timer; breakdowns, labels and MFU are those of
+    # the unprofiled estimates. "profiled-steps": at least one side is traces only; all compared
+    # as traced, where the profiler's own slowdown can pass for a change.
+    basis: str = "profiled-steps"
+    step_change: StepChange | None = None  # from the step timers; None for trace-only inputs
+    step_time_verdict: str = ""  # one sentence: the change and whether it is more than noise
 
     def to_dict(self) -> dict[str, Any]:
         return _encode(self)

@@ -1,9 +1,14 @@
 """The run directory: one folder per ``gpudiag profile`` run, readable after any crash.
 
     run.json        what ran, where, when, how it ended (schema-versioned)
-    samples/        append-only JSONL: gpu.jsonl, host.jsonl, steps-rank-N.jsonl
+    samples/        append-only JSONL: gpu.jsonl, host.jsonl, steps-rank-N.jsonl; and
+                    bootstrap-rank-N.json, what the job's bootstrap did (incl. which steps it traced)
     traces/         rank-N.json.gz, written whole or not at all
     diagnosis.json  the Diagnosis of what was collected
+
+This module is the one place that knows this layout: every reader (analyzers, reports,
+commands, benchmarks) asks it, so "is this a run dir", "which steps were traced" and "how
+long did the untraced steps take" have one answer each.
 
 ``run.json`` is rewritten atomically (write to a temp file, rename), so a reader sees the
 old or the new version, never half of one.
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +48,11 @@ class RunInfo:
     sampler: dict[str, Any] = field(default_factory=dict)  # samples, cpu_seconds, wall_seconds
     schema_version: int = RUN_SCHEMA_VERSION
     kind: str = "gpudiag-run"
+
+
+def is_run_dir(path: Path) -> bool:
+    """A ``gpudiag profile`` run directory (by its run.json), as opposed to a trace folder."""
+    return path.is_dir() and (path / "run.json").is_file()
 
 
 def write_run(run_dir: Path, info: RunInfo) -> None:
@@ -97,3 +108,164 @@ def prepare_run_dir(path: Path) -> Path:
     except OSError as e:
         raise BadInput(f"--out {path}: cannot write there ({e.strerror or e})") from None
     return path
+
+
+# -- what the job's bootstrap recorded --------------------------------------------------------
+
+# Step rows carry a "profiler" key for every step the profiler touched (the bootstrap marks
+# them as they happen); these are its values.
+PROFILER_WARMUP = "warmup"  # profiler on, events discarded (torch's warm-up step)
+PROFILER_TRACED = "traced"  # events kept in the trace
+PROFILER_EXPORT = "export"  # the trace was written during this step (its wall time includes that)
+# The first steps of any job are slow for reasons that have nothing to do with the profiler
+# (allocator growth, cuDNN autotuning, lazy init, torch.compile): left out of the untraced
+# reference so they do not drag its median.
+STARTUP_STEPS = 2
+
+
+@dataclass
+class BootstrapMeta:
+    """samples/bootstrap-rank-N.json: what the bootstrap saw and did in one rank."""
+
+    rank: int
+    steps_seen: int = 0
+    skip: int = 0
+    steps: int = 0
+    torch: str | None = None
+    notes: list[str] = field(default_factory=list)
+    dataloader_workers: list[int] = field(default_factory=list)
+    explicit_steps: bool = False
+    traced_steps: list[int] = field(default_factory=list)  # job step numbers in the trace(s)
+    windows: list[dict[str, Any]] = field(default_factory=list)  # one per trace window written
+
+
+def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:
+    """Per rank, what its bootstrap recorded (ranks whose file is missing or torn are absent)."""
+    out: dict[int, BootstrapMeta] = {}
+    known = set(BootstrapMeta.__dataclass_fields__)
+    for f in sorted((run_dir / "samples").glob("bootstrap-rank-*.json")):
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("rank"), int):
+            continue
+        out[data["rank"]] = BootstrapMeta(**{k: v for k, v in data.items() if k in known})
+    return out
+
+
+@dataclass
+class StepRow:
+    step: int
+    t: float  # unix time at the end of the step
+    dt: float  # wall seconds of the step
+    profiler: str | None = None  # None, or one of the PROFILER_* values
+    collectives: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def read_steps(run_dir: Path) -> dict[int, list[StepRow]]:
+    """Per rank, the step timer's rows (torn or malformed lines are skipped)."""
+    out: dict[int, list[StepRow]] = {}
+    for f in sorted((run_dir / "samples").glob("steps-rank-*.jsonl")):
+        try:
+            rank = int(f.name[len("steps-rank-"):-len(".jsonl")])
+        except ValueError:
+            continue
+        rows = []
+        for r in read_jsonl(f):
+            step, t, dt = r.get("step"), r.get("t"), r.get("dt")
+            if not isinstance(step, int) or not _num(t) or not _num(dt):
+                continue
+            prof = r.get("profiler")
+            colls = r.get("collectives")
+            rows.append(StepRow(step=step, t=float(t), dt=float(dt),
+                                profiler=prof if isinstance(prof, str) else None,
+                                collectives=colls if isinstance(colls, dict) else {}))
+        out[rank] = rows
+    return out
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+@dataclass
+class StepTimes:
+    """Step-timer wall times of one rank, split by whether the profiler was on (seconds)."""
+
+    rank: int
+    traced: list[float]  # steps whose events are in a trace
+    untraced: list[float]  # profiler off, after the first STARTUP_STEPS steps
+    touched: int  # steps the profiler slowed but did not trace (warm-up, export)
+
+    def median_untraced(self) -> float | None:
+        return statistics.median(self.untraced) if self.untraced else None
+
+    def median_traced(self) -> float | None:
+        return statistics.median(self.traced) if self.traced else None
+
+
+def step_times(run_dir: Path, rank: int = 0, last: int | None = None) -> StepTimes | None:
+    """Traced and untraced step times of ``rank`` (None without a step file for it).
+
+    The traced steps are those of the trace on disk (a re-tracing run replaces it; the meta
+    file names its steps); with several windows, the untraced reference is the steps since
+    the window before it, the same phase of the job. ``last`` keeps only the most recent N
+    untraced steps: what a running job does now.
+    """
+    rows = read_steps(run_dir).get(rank)
+    if rows is None:
+        return None
+    meta = read_bootstrap(run_dir).get(rank)
+    if meta is not None and not any(r.profiler for r in rows):
+        _mark_legacy_window(rows, meta)
+    return split_step_rows(rank, rows, last, meta)
+
+
+def all_step_times(run_dir: Path) -> list[StepTimes]:
+    """``step_times`` of every rank that has a step file."""
+    steps = read_steps(run_dir)
+    boot = read_bootstrap(run_dir)
+    out = []
+    for rank, rows in sorted(steps.items()):
+        meta = boot.get(rank)
+        if meta is not None and not any(r.profiler for r in rows):
+            _mark_legacy_window(rows, meta)
+        out.append(split_step_rows(rank, rows, None, meta))
+    return out
+
+
+def split_step_rows(rank: int, rows: list[StepRow], last: int | None = None,
+                    meta: BootstrapMeta | None = None) -> StepTimes:
+    in_trace = set(meta.traced_steps) if meta is not None and meta.traced_steps else None
+    traced = [r.dt for r in rows if r.profiler == PROFILER_TRACED
+              and (in_trace is None or r.step in in_trace)]
+    touched = sum(1 for r in rows if r.profiler in (PROFILER_WARMUP, PROFILER_EXPORT))
+    since = STARTUP_STEPS
+    if meta is not None and len(meta.windows) > 1 and isinstance(meta.windows[-2].get("last"), int):
+        since = max(since, meta.windows[-2]["last"])
+    untraced = [r.dt for r in rows if r.profiler is None and r.step > since]
+    if last is not None:
+        untraced = untraced[-last:]
+    return StepTimes(rank=rank, traced=traced, untraced=untraced, touched=touched)
+
+
+def _mark_legacy_window(rows: list[StepRow], meta: BootstrapMeta) -> None:
+    """Run directories written before the bootstrap marked its rows (gpudiag 0.1 runs): the one
+    window it opened after ``skip`` steps was a warm-up step, ``steps`` traced steps, and the
+    export inside the step after them. Only for those; new runs carry the marks."""
+    if meta.steps <= 0:
+        return
+    first = meta.skip + 1
+    for r in rows:
+        if r.step == first:
+            r.profiler = PROFILER_WARMUP
+        elif first < r.step <= first + meta.steps:
+            r.profiler = PROFILER_TRACED
+        elif r.step == first + meta.steps + 1:
+            r.profiler = PROFILER_EXPORT
+
+
+def last_step(run_dir: Path) -> int | None:
+    steps = [r.step for rows in read_steps(run_dir).values() for r in rows]
+    return max(steps) if steps else None
