@@ -28,9 +28,15 @@ GPM_METRICS: dict[str, int] = {
     "fp32_activity": 12, "fp16_activity": 13, "pcie_tx_mib_s": 20, "pcie_rx_mib_s": 21,
     "nvlink_rx_mib_s": 60, "nvlink_tx_mib_s": 61,
 }
-LEGACY_FIELDS = ("name", "util_gpu", "util_mem", "mem_used", "mem_total", "power_mw",
-                 "sm_clock_mhz", "temp_c", "throttle", "pids")
 SAMPLES_SCHEMA_VERSION = 1
+
+
+# ``--backend none``: GPU counters off. open_backend raises NvmlUnavailable with this reason,
+# exactly what NvmlBackend raises when nvmlInit fails, so everything after it (profile,
+# agent) takes the same no-NVML path. For nodes and containers that must not load NVML, and
+# for tests of that path that do not depend on whether this machine has a GPU.
+NO_BACKEND = "none"
+NO_BACKEND_REASON = "GPU counters turned off (--backend none)"
 
 
 class NvmlUnavailable(Exception):
@@ -64,6 +70,9 @@ class NvmlBackend:
         except nv.NVMLError as e:
             raise NvmlUnavailable(str(e)) from None
         self.nv = nv
+        # sample() swaps each GPU's GPM sample pair: callers on several threads (concurrent
+        # agent scrapes) must not interleave reads of one GPU
+        self._lock = threading.Lock()
         self.handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
         self._gpm: list[list[Any] | None] = []
         for h in self.handles:
@@ -102,6 +111,10 @@ class NvmlBackend:
         return out
 
     def sample(self, index: int) -> dict[str, Any]:
+        with self._lock:
+            return self._sample(index)
+
+    def _sample(self, index: int) -> dict[str, Any]:
         nv = self.nv
         h = self.handles[index]
         row: dict[str, Any] = {}
@@ -186,12 +199,13 @@ class ReplayBackend:
                 gpu = int(row["gpu"])
             except (TypeError, ValueError):
                 raise NvmlUnavailable(f"{path}:{n}: bad 'gpu' value") from None
-            if "error" not in row and "gpm_error" not in row:
+            if "error" not in row:
                 rows.setdefault(gpu, []).append(row)
         if not rows:
             raise NvmlUnavailable(f"{path}: no samples to replay")
         self.rows = [rows[i] for i in sorted(rows)]
         self.pos = [0] * len(self.rows)
+        self._lock = threading.Lock()  # each read advances a position: one reader at a time
 
     def gpu_count(self) -> int:
         return len(self.rows)
@@ -202,22 +216,33 @@ class ReplayBackend:
                  "replay_of": self.path.name} for i, r in enumerate(self.rows)]
 
     def sample(self, index: int) -> dict[str, Any]:
-        rows = self.rows[index]
-        row = rows[self.pos[index] % len(rows)]
-        self.pos[index] += 1
+        with self._lock:
+            rows = self.rows[index]
+            row = rows[self.pos[index] % len(rows)]
+            self.pos[index] += 1
         return {k: v for k, v in row.items() if k not in ("t", "gpu")}
 
     def close(self) -> None:
         pass
 
 
+BACKEND_SPECS = "nvml|replay:FILE|none"
+
+
+def check_backend_spec(spec: str) -> None:
+    """ValueError unless ``spec`` is one of BACKEND_SPECS (without opening anything)."""
+    if spec not in ("nvml", NO_BACKEND) and not (spec.startswith("replay:") and len(spec) > len("replay:")):
+        raise ValueError(f"unknown GPU backend {spec!r}: use nvml, replay:FILE or none")
+
+
 def open_backend(spec: str) -> GpuBackend:
-    """``nvml`` or ``replay:FILE``."""
+    """``nvml``, ``replay:FILE`` or ``none``; NvmlUnavailable when there are no counters to read."""
+    check_backend_spec(spec)
+    if spec == NO_BACKEND:
+        raise NvmlUnavailable(NO_BACKEND_REASON)
     if spec == "nvml":
         return NvmlBackend()
-    if spec.startswith("replay:"):
-        return ReplayBackend(Path(spec[len("replay:"):]))
-    raise ValueError(f"unknown GPU backend {spec!r}: use 'nvml' or 'replay:FILE'")
+    return ReplayBackend(Path(spec[len("replay:"):]))
 
 
 @dataclass

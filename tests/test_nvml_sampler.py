@@ -7,16 +7,55 @@ import time
 from pathlib import Path
 
 import pytest
-from gpudiag.collectors.nvml import NvmlBackend, NvmlUnavailable, ReplayBackend, Sampler, read_samples
+from gpudiag.collectors.nvml import (
+    NO_BACKEND_REASON,
+    NvmlBackend,
+    NvmlUnavailable,
+    ReplayBackend,
+    Sampler,
+    check_backend_spec,
+    open_backend,
+    read_samples,
+)
 
 from tests.replay import GpuFallsOffTheBus
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
 
 
-def test_missing_nvml_says_why_in_nvmls_own_words():
-    with pytest.raises(NvmlUnavailable, match="NVML Shared Library Not Found"):
-        NvmlBackend()
+def test_live_nvml_reads_every_gpu_or_says_why_in_nvmls_own_words():
+    """Whichever this host is. With NVML: every GPU answers a sample (real memory size, a
+    GPM pair that survives two reads). Without: NvmlUnavailable carries one of NVML's own
+    error strings, not a traceback or a paraphrase."""
+    import pynvml as nv
+
+    nvml_words = {str(nv.NVMLError(getattr(nv, k))) for k in dir(nv) if k.startswith("NVML_ERROR_")}
+    try:
+        backend = NvmlBackend()
+    except NvmlUnavailable as e:
+        assert str(e) in nvml_words
+        return
+    try:
+        assert backend.gpu_count() >= 1
+        for i, meta in enumerate(backend.describe()):
+            assert str(meta["uuid"]).startswith(("GPU-", "MIG-"))
+            for _ in range(2):
+                row = backend.sample(i)
+                assert isinstance(row["mem_total"], int) and row["mem_total"] > 0, row
+            if meta["gpm"]:
+                gpm = [row.get(f"gpm_{m}") for m in ("sm_activity", "dram_bw_util")]
+                assert any(isinstance(v, float) for v in gpm), row
+    finally:
+        backend.close()
+
+
+def test_backend_none_is_the_no_nvml_path_and_bad_specs_are_refused():
+    with pytest.raises(NvmlUnavailable) as e:
+        open_backend("none")
+    assert str(e.value) == NO_BACKEND_REASON
+    for bad in ("nvm", "replay:", "NONE", ""):
+        with pytest.raises(ValueError, match="unknown GPU backend"):
+            check_backend_spec(bad)
 
 
 def test_replay_of_a_real_recording_yields_its_rows_in_order():
