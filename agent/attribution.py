@@ -1,18 +1,31 @@
-"""Which job owns a GPU process: from the process's environment or cgroup.
+"""Which job owns a GPU process, and which user runs it: from the process's environment,
+cgroup and owner.
 
 Schedulers leave their mark in every process they start: Slurm sets ``SLURM_JOB_ID``,
 torchrun ``TORCHELASTIC_RUN_ID``, Kubernetes puts the pod UID in the cgroup path, and
 users can set ``GPUDIAG_JOB``. Results are cached per (pid, start time), so a recycled pid
 is never attributed to the job that used it before.
+
+The uid that runs a job's processes is what binds the job's signals to their writer
+(agent/job_table.py): a user can name any job in a signal, but cannot run another user's
+processes.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+import time
 
 from gpudiag.jobsignal import clean_job_id
 
 _POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+ROOT_UID = 0
+# a job whose processes the GPU scrape has not seen for this long is no longer bound by them
+# (the same 10 minutes after which a silent job leaves the table)
+PROCESS_OWNER_TTL_S = 600.0
+MAX_PROCESS_OWNERS = 4096  # bounded like the job table: one entry per job with GPU processes
 
 
 def _start_time(pid: int) -> str | None:
@@ -21,6 +34,14 @@ def _start_time(pid: int) -> str | None:
             stat = f.read()
         return stat[stat.rfind(b")") + 2:].split()[19].decode()
     except (OSError, IndexError):
+        return None
+
+
+def _uid(pid: int) -> int | None:
+    """The process's owner (the owner of /proc/<pid> is its effective uid)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
         return None
 
 
@@ -51,26 +72,68 @@ def job_of_pid(pid: int) -> str:
     return ""
 
 
-class JobAttribution:
-    """Callable: the one job owning these PIDs, "multiple", or ""."""
+class JobOwners:
+    """job id -> uid of the processes the GPU scrape last saw running it. Thread-safe.
 
-    def __init__(self, max_cache: int = 4096) -> None:
-        self.cache: dict[tuple[int, str], str] = {}
+    A non-root owner wins over root: helpers a job's launcher runs as root do not make the
+    job root's, while a job that runs only as root is bound to root.
+    """
+
+    def __init__(self, ttl: float = PROCESS_OWNER_TTL_S, max_jobs: int = MAX_PROCESS_OWNERS) -> None:
+        self.ttl = ttl
+        self.max_jobs = max_jobs
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def saw(self, job: str, uid: int, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._lock:
+            old = self._seen.get(job)
+            if uid == ROOT_UID and old is not None and old[0] != ROOT_UID and now - old[1] <= self.ttl:
+                uid = old[0]
+            if old is None and len(self._seen) >= self.max_jobs:
+                self._seen = {j: v for j, v in self._seen.items() if now - v[1] <= self.ttl}
+                if len(self._seen) >= self.max_jobs:
+                    return  # every entry is live: the newest job stays unbound by processes
+            self._seen[job] = (uid, now)
+
+    def uid_of(self, job: str, now: float | None = None) -> int | None:
+        """The uid running ``job``'s processes, or None if none was seen within the TTL."""
+        now = time.time() if now is None else now
+        with self._lock:
+            v = self._seen.get(job)
+        return v[0] if v is not None and now - v[1] <= self.ttl else None
+
+
+class JobAttribution:
+    """Callable: the one job owning these PIDs, "multiple", or "". Tells ``owners`` (when
+    given) which uid runs each job it finds. Thread-safe."""
+
+    def __init__(self, owners: JobOwners | None = None, max_cache: int = 4096) -> None:
+        self.cache: dict[tuple[int, str], tuple[str, int | None]] = {}
         self.max_cache = max_cache
+        self.owners = owners
+        self._lock = threading.Lock()
 
     def __call__(self, pids: list[int]) -> str:
         jobs = set()
         for pid in pids:
-            if not isinstance(pid, int):
+            if not isinstance(pid, int) or isinstance(pid, bool):
                 continue
             key = (pid, _start_time(pid) or "")
-            job = self.cache.get(key)
-            if job is None:
-                if len(self.cache) >= self.max_cache:
-                    self.cache.clear()
-                job = self.cache[key] = job_of_pid(pid)
+            with self._lock:
+                hit = self.cache.get(key)
+            if hit is None:
+                hit = (job_of_pid(pid), _uid(pid))
+                with self._lock:
+                    if len(self.cache) >= self.max_cache:
+                        self.cache.clear()
+                    self.cache[key] = hit
+            job, uid = hit
             if job:
                 jobs.add(job)
+                if self.owners is not None and uid is not None:
+                    self.owners.saw(job, uid)
         if not jobs:
             return ""
         return jobs.pop() if len(jobs) == 1 else "multiple"

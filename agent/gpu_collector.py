@@ -9,7 +9,8 @@ thread, no stale cache, and a scrape costs exactly one read of each GPU. One GPU
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from gpudiag.collectors.nvml import GpuBackend
@@ -61,22 +62,30 @@ def _num(v: Any) -> float | None:
 
 
 class GpuCollector(Collector):
-    """Exports every GPU of ``backend``; ``job_of`` maps a GPU's PIDs to a job id ("" if none)."""
+    """Exports every GPU of ``backend`` (None: NVML is unavailable, only ``gpudiag_nvml_up 0``);
+    ``job_of`` maps a GPU's PIDs to a job id ("" if none).
 
-    def __init__(self, backend: GpuBackend | None, unavailable: str | None,
-                 job_of: Callable[[list[int]], str]) -> None:
+    Scrapes are serialised by a lock: each reads every GPU once (GPM metrics are the
+    difference between this read and the previous one, so reads must not interleave) and
+    updates the error counts.
+    """
+
+    def __init__(self, backend: GpuBackend | None, job_of: Callable[[list[int]], str]) -> None:
         self.backend = backend
-        self.unavailable = unavailable
         self.job_of = job_of
         self.errors: dict[str, int] = {}
         self.info = backend.describe() if backend is not None else []
+        self._lock = threading.Lock()
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> list[Metric]:
+        with self._lock:
+            return self._families()
+
+    def _families(self) -> list[Metric]:
         up_nvml = GaugeMetricFamily("gpudiag_nvml_up", "1 if GPU counters can be read on this node.")
         up_nvml.add_metric([], 0.0 if self.backend is None else 1.0)
-        yield up_nvml
         if self.backend is None:
-            return
+            return [up_nvml]
         labels = ["gpu", "uuid", "model", "job_id"]
         up = GaugeMetricFamily("gpudiag_gpu_up", "1 if the GPU answered this scrape.", labels=labels)
         gauges = {name: GaugeMetricFamily(name, help_, labels=labels) for _, name, help_, _ in GAUGES}
@@ -108,7 +117,4 @@ class GpuCollector(Collector):
                     for bit, reason in THROTTLE_REASONS.items():
                         throttle.add_metric([*lv, reason], 1.0 if int(mask) & bit else 0.0)
             errors.add_metric([str(i), uuid, model], float(self.errors.get(str(i), 0)))
-        yield up
-        yield from gauges.values()
-        yield throttle
-        yield errors
+        return [up_nvml, up, *gauges.values(), throttle, errors]

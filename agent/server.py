@@ -9,10 +9,10 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpudiag.agent.attribution import JobAttribution
+from gpudiag.agent.attribution import JobAttribution, JobOwners
 from gpudiag.agent.gpu_collector import GpuCollector
-from gpudiag.agent.signals import JobTable
-from gpudiag.collectors.nvml import NvmlUnavailable, open_backend
+from gpudiag.agent.job_table import JobTable
+from gpudiag.collectors.nvml import GpuBackend, NvmlUnavailable, open_backend
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -47,24 +47,30 @@ class HostCollector(Collector):
             pass
 
 
-def build_registry(backend_spec: str, state_dir: Path) -> tuple[CollectorRegistry, JobTable, str | None]:
+def build_registry(backend_spec: str, state_dir: Path) -> tuple[CollectorRegistry, str | None]:
+    """The agent's collectors, and why GPU counters are unavailable (None when they are).
+
+    The GPU collector is registered before the job table, so each scrape attributes GPU
+    processes to jobs (and their owners) before it ingests signals, which are checked
+    against those owners.
+    """
     registry = CollectorRegistry(auto_describe=False)
     try:
-        backend = open_backend(backend_spec)
+        backend: GpuBackend | None = open_backend(backend_spec)
         unavailable = None
     except NvmlUnavailable as e:
         backend, unavailable = None, str(e)
-    registry.register(GpuCollector(backend, unavailable, JobAttribution()))
-    jobs = JobTable(state_dir)
-    registry.register(jobs)
+    owners = JobOwners()
+    registry.register(GpuCollector(backend, JobAttribution(owners)))
+    registry.register(JobTable(state_dir, owners))
     registry.register(HostCollector())
     registry.register(ProcessCollector(namespace="gpudiag_agent", registry=None))
-    return registry, jobs, unavailable
+    return registry, unavailable
 
 
 def serve(listen: str, backend_spec: str, state_dir: Path, ready: threading.Event | None = None) -> None:
     host, _, port = listen.rpartition(":")
-    registry, _, unavailable = build_registry(backend_spec, state_dir)
+    registry, unavailable = build_registry(backend_spec, state_dir)
     if unavailable:
         log.warning("GPU counters are unavailable: %s (exporting host and job metrics only)",
                     unavailable)

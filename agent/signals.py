@@ -1,41 +1,53 @@
-"""Job signals: what jobs running under gpudiag report to their node's agent.
+"""Job signals and the agent's job table: their formats, validation and files.
 
 Intake is a spool directory, local only: a job writes one small JSON file (atomically, by
-rename) and the agent ingests it at the next scrape. No socket to attack from the network,
-nothing executed, every file size-limited and validated; a bad file is logged, counted and
-deleted, never fatal. The table of jobs is bounded (so label values cannot explode), and
-persisted in the state directory on every change, so an agent restart or crash loses
-nothing a job reported. Jobs expire when they say they ended or go silent.
+rename) and the agent ingests it at the next scrape (agent/job_table.py). No socket to attack
+from the network, nothing executed, every file size-limited and validated here; a bad file is
+logged, counted and deleted, never fatal.
+
+The agent persists its table of jobs in ``STATE_DIR/jobs.json`` (``write_job_table``): a
+versioned document replaced atomically (write a temporary file, fsync, rename), so another
+process — the embedded scheduler's ``SignalSource`` — can read it at any moment with
+``read_job_table`` and see either the previous table or the next one, never half of one.
+
+``jobs.json``, schema 2::
+
+    {"schema_version": 2, "kind": "gpudiag-job-table", "written_at": <unix time>,
+     "jobs": [{"job_id", "owner_uid", "ts", "received_at", "signals_applied",
+               "step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at",
+               "dilation", "traced_steps", "input_wait_ratio",
+               "collective_seconds_total", "ended"}, ...]}
+
+``owner_uid`` is the uid the job is bound to (its processes' owner, else its first signal's
+file owner; null while only root has reported), ``ts`` the job's own time of its last applied
+signal, ``received_at`` the agent's time when it applied it. Schema 1 (agents before owners
+existed) is still read; its jobs have no owner.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
-import stat
-import time
-from collections.abc import Iterator
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-from gpudiag.jobsignal import MAX_JOB_ID, SIGNAL_SCHEMA_VERSION, clean_job_id
-
-log = logging.getLogger("gpudiag.agent")
+from gpudiag.jobsignal import ACCEPTED_SIGNAL_VERSIONS, MAX_JOB_ID, clean_job_id
 
 MAX_SIGNAL_BYTES = 16 * 1024
-MAX_JOBS = 512  # label cardinality bound: jobs beyond this are refused until others expire
 MAX_COLLECTIVES = 16
-SILENT_TTL_S = 600.0  # a job that has not reported for this long is gone
-ENDED_GRACE_S = 60.0  # an ended job's last values stay this long, so scrapes see them
-MAX_FILES_PER_SCRAPE = 2000  # a flood of files is drained over several scrapes
 LABELS = {"compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound",
           "unknown"}
+JOB_TABLE_SCHEMA_VERSION = 2
+JOB_TABLE_KIND = "gpudiag-job-table"
+_READABLE_TABLE_VERSIONS = (1, 2)
+# plausibility bounds: anything outside is a broken or hostile writer, not a measurement
+MAX_UNIX_TIME = 1e11  # year ~5138
+MAX_STEP_SECONDS = 1e6
+MAX_DILATION = 1e6
+MAX_TRACED_STEPS = 10**9
 
 
 class BadSignal(ValueError):
@@ -46,43 +58,63 @@ class BadSignal(ValueError):
         self.reason = reason
 
 
+class JobTableError(ValueError):
+    """jobs.json is not a job table this reader understands; the message says why."""
+
+
 @dataclass
 class JobSignal:
+    """One job as the agent knows it: the merge of the signals it applied for the job."""
+
     job_id: str
     ts: float
     step_seconds: float | None = None
     mfu_ratio: float | None = None
     bottleneck: str | None = None
+    confidence: float | None = None
+    traced_at: float | None = None
+    dilation: float | None = None
+    traced_steps: int | None = None
     input_wait_ratio: float | None = None
     collective_seconds_total: dict[str, float] = field(default_factory=dict)
     ended: bool = False
+    # kept by the agent, not sent by jobs
+    owner_uid: int | None = None
+    received_at: float | None = None
+    signals_applied: int = 0
 
 
-def _opt_float(d: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
+# fields a signal may omit, so that the previous signal's value stands
+OPTIONAL_FIELDS = ("step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at", "dilation",
+                   "traced_steps", "input_wait_ratio")
+
+
+def _opt_float(d: dict[str, Any], key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
     v = d.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        raise BadSignal(f"{key} must be a number in [{lo}, {hi}]", "bad_value")
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or not lo <= v <= hi or (lo_open and v == lo)):
+        span = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+        raise BadSignal(f"{key} must be a number in {span}", "bad_value")
     return float(v)
 
 
-def parse_signal(raw: bytes) -> JobSignal:
-    """Validate one signal file. Raises BadSignal with the reason."""
-    if len(raw) > MAX_SIGNAL_BYTES:
-        raise BadSignal(f"larger than {MAX_SIGNAL_BYTES} bytes", "too_large")
-    try:
-        d = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadSignal("not JSON", "not_json") from None
-    if not isinstance(d, dict):
-        raise BadSignal("not a JSON object", "not_json")
-    if d.get("schema_version") != SIGNAL_SCHEMA_VERSION:
-        raise BadSignal(f"schema_version must be {SIGNAL_SCHEMA_VERSION}", "schema")
+def _opt_int(d: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise BadSignal(f"{key} must be an integer in [{lo}, {hi}]", "bad_value")
+    return v
+
+
+def _signal_from_dict(d: dict[str, Any]) -> JobSignal:
+    """The fields a job sends, validated (shared by the spool intake and the table reader)."""
     job = d.get("job_id")
     if not isinstance(job, str) or not job.strip() or len(job) > MAX_JOB_ID:
-        raise BadSignal("job_id must be a non-empty string of at most 128 characters", "job_id")
-    ts = _opt_float(d, "ts", 0, 1e11)
+        raise BadSignal(f"job_id must be a non-empty string of at most {MAX_JOB_ID} characters", "job_id")
+    ts = _opt_float(d, "ts", 0, MAX_UNIX_TIME)
     if ts is None:
         raise BadSignal("ts is required", "bad_value")
     label = d.get("bottleneck")
@@ -102,18 +134,38 @@ def parse_signal(raw: bytes) -> JobSignal:
         raise BadSignal("ended must be true or false", "bad_value")
     return JobSignal(
         job_id=clean_job_id(job), ts=ts,
-        step_seconds=_opt_float(d, "step_seconds", 0, 1e6),
+        step_seconds=_opt_float(d, "step_seconds", 0, MAX_STEP_SECONDS),
         mfu_ratio=_opt_float(d, "mfu_ratio", 0, 1.0),
-        bottleneck=label, input_wait_ratio=_opt_float(d, "input_wait_ratio", 0, 1.0),
+        bottleneck=label,
+        confidence=_opt_float(d, "confidence", 0, 1.0),
+        traced_at=_opt_float(d, "traced_at", 0, MAX_UNIX_TIME),
+        dilation=_opt_float(d, "dilation", 0, MAX_DILATION, lo_open=True),
+        traced_steps=_opt_int(d, "traced_steps", 0, MAX_TRACED_STEPS),
+        input_wait_ratio=_opt_float(d, "input_wait_ratio", 0, 1.0),
         collective_seconds_total=clean_colls, ended=ended,
     )
+
+
+def parse_signal(raw: bytes) -> JobSignal:
+    """Validate one signal file (schema 1 or 2). Raises BadSignal with the reason."""
+    if len(raw) > MAX_SIGNAL_BYTES:
+        raise BadSignal(f"larger than {MAX_SIGNAL_BYTES} bytes", "too_large")
+    try:
+        d = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise BadSignal("not JSON", "not_json") from None
+    if not isinstance(d, dict):
+        raise BadSignal("not a JSON object", "not_json")
+    if d.get("schema_version") not in ACCEPTED_SIGNAL_VERSIONS:
+        raise BadSignal(f"schema_version must be one of {list(ACCEPTED_SIGNAL_VERSIONS)}", "schema")
+    return _signal_from_dict(d)
 
 
 def prepare_spool(state_dir: Path) -> Path:
     """state_dir/spool: anyone may drop a file, only the agent may list or delete others'.
 
     Mode 1733 (like /tmp without read): jobs of every user can write signals, no job can
-    read or remove another job's.
+    read or remove another job's. Who wrote a file is its owner, which the agent checks.
     """
     spool = state_dir / "spool"
     spool.mkdir(parents=True, exist_ok=True)
@@ -122,135 +174,55 @@ def prepare_spool(state_dir: Path) -> Path:
     return spool
 
 
-class JobTable(Collector):
-    """The current jobs; ingests the spool at each scrape and exports per-job metrics."""
-
-    def __init__(self, state_dir: Path, ttl: float = SILENT_TTL_S, max_jobs: int = MAX_JOBS) -> None:
-        self.state_dir = state_dir
-        self.spool = prepare_spool(state_dir)
-        self.state_file = state_dir / "jobs.json"
-        self.ttl = ttl
-        self.max_jobs = max_jobs
-        self.jobs: dict[str, JobSignal] = {}
-        self.rejected: dict[str, int] = {}
-        self._load()
-
-    # -- persistence ------------------------------------------------------------------------
-    def _load(self) -> None:
+def write_job_table(path: Path, jobs: list[JobSignal], now: float) -> None:
+    """Replace ``path`` atomically with the table (temporary file in the same folder, fsync,
+    rename): a reader sees the old table or the new one, and a crash leaves one of them.
+    World-readable (0644) so a scheduler running as another user can read it."""
+    doc = {"schema_version": JOB_TABLE_SCHEMA_VERSION, "kind": JOB_TABLE_KIND, "written_at": now,
+           "jobs": [asdict(j) for j in jobs]}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
         try:
-            data = json.loads(self.state_file.read_text())
-            for j in data.get("jobs", []):
-                sig = JobSignal(**j)
-                self.jobs[sig.job_id] = sig
-        except FileNotFoundError:
+            os.unlink(tmp)
+        except OSError:
             pass
-        except (OSError, ValueError, TypeError) as e:
-            log.warning("state file %s unreadable (%s): starting with no jobs", self.state_file, e)
+        raise
 
-    def _save(self) -> None:
-        tmp = self.state_file.with_suffix(".partial")
-        tmp.write_text(json.dumps({"schema_version": SIGNAL_SCHEMA_VERSION,
-                                   "jobs": [asdict(j) for j in self.jobs.values()]}))
-        os.replace(tmp, self.state_file)
 
-    # -- intake -----------------------------------------------------------------------------
-    def _reject(self, reason: str, name: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        log.warning("rejected signal %s: %s", name, reason)
+def read_job_table(path: Path) -> dict[str, JobSignal]:
+    """The jobs of an agent's ``jobs.json``, by job id. Pure: reads the file, nothing else.
 
-    def ingest(self, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        changed = False
+    Safe at any moment while the agent runs (the file is only ever replaced whole). Raises
+    OSError when it cannot be read (FileNotFoundError: no agent has written one yet) and
+    JobTableError when it is not a job table of a known schema.
+    """
+    try:
+        doc = json.loads(Path(path).read_bytes())
+    except ValueError:
+        raise JobTableError(f"{path}: not JSON") from None
+    if not isinstance(doc, dict) or doc.get("schema_version") not in _READABLE_TABLE_VERSIONS:
+        raise JobTableError(f"{path}: not a job table of schema {list(_READABLE_TABLE_VERSIONS)}")
+    rows = doc.get("jobs")
+    if not isinstance(rows, list):
+        raise JobTableError(f"{path}: 'jobs' must be a list")
+    out: dict[str, JobSignal] = {}
+    for n, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise JobTableError(f"{path}: job {n} is not an object")
         try:
-            entries = sorted(os.scandir(self.spool), key=lambda e: e.name)[:MAX_FILES_PER_SCRAPE]
-        except OSError as e:
-            log.warning("cannot read spool %s: %s", self.spool, e)
-            entries = []
-        for entry in entries:
-            if entry.name.startswith(".") or not entry.name.endswith(".json"):
-                continue  # a job's temporary file, not yet renamed into place
-            path = Path(entry.path)
-            try:
-                st = entry.stat(follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode):
-                    raise BadSignal("not a regular file", "not_regular_file")
-                if st.st_size > MAX_SIGNAL_BYTES:
-                    raise BadSignal(f"larger than {MAX_SIGNAL_BYTES} bytes", "too_large")
-                with open(path, "rb") as f:
-                    sig = parse_signal(f.read(MAX_SIGNAL_BYTES + 1))
-                changed |= self._apply(sig)
-            except BadSignal as e:
-                self._reject(e.reason, f"{entry.name}: {e}")
-            except OSError as e:
-                self._reject("unreadable", f"{entry.name}: {e}")
-            finally:
-                try:
-                    path.unlink()
-                except OSError:
-                    pass
-        for job_id, sig in list(self.jobs.items()):
-            if now - sig.ts > (ENDED_GRACE_S if sig.ended else self.ttl):
-                del self.jobs[job_id]
-                changed = True
-        if changed:
-            try:
-                self._save()
-            except OSError as e:
-                log.warning("cannot persist job state: %s", e)
+            sig = _signal_from_dict(row)
+            sig.owner_uid = _opt_int(row, "owner_uid", 0, 2**32 - 1)
+            sig.received_at = _opt_float(row, "received_at", 0, MAX_UNIX_TIME)
+            sig.signals_applied = _opt_int(row, "signals_applied", 0, 2**63 - 1) or 0
+        except BadSignal as e:
+            raise JobTableError(f"{path}: job {n}: {e}") from None
+        out[sig.job_id] = sig
+    return out
 
-    def _apply(self, sig: JobSignal) -> bool:
-        old = self.jobs.get(sig.job_id)
-        if old is None and len(self.jobs) >= self.max_jobs:
-            # ended jobs only linger so scrapes see their last values: make room with them
-            ended = sorted((j for j in self.jobs.values() if j.ended), key=lambda j: j.ts)
-            if not ended:
-                self._reject("too_many_jobs", sig.job_id)
-                return False
-            del self.jobs[ended[0].job_id]
-        if old is not None and old.ts > sig.ts:
-            return False  # an older signal arriving late
-        if old is not None:
-            # counters only grow: keep the larger total per collective
-            for k, v in old.collective_seconds_total.items():
-                sig.collective_seconds_total[k] = max(v, sig.collective_seconds_total.get(k, 0.0))
-            for attr in ("step_seconds", "mfu_ratio", "bottleneck", "input_wait_ratio"):
-                if getattr(sig, attr) is None:
-                    setattr(sig, attr, getattr(old, attr))
-        self.jobs[sig.job_id] = sig
-        return True
-
-    # -- export -----------------------------------------------------------------------------
-    def collect(self) -> Iterator[Metric]:
-        self.ingest()
-        mfu = GaugeMetricFamily("gpudiag_job_mfu_ratio", "Model FLOPs utilisation of the job.",
-                                labels=["job_id"])
-        step = GaugeMetricFamily("gpudiag_job_step_seconds", "Recent training step time.",
-                                 labels=["job_id"])
-        wait = GaugeMetricFamily("gpudiag_job_input_wait_ratio",
-                                 "Fraction of step time waiting for input.", labels=["job_id"])
-        label = GaugeMetricFamily("gpudiag_job_bottleneck",
-                                  "1 for the job's current bottleneck label.", labels=["job_id", "label"])
-        coll = CounterMetricFamily("gpudiag_job_collective_seconds",
-                                   "Time in collectives since the job started.",
-                                   labels=["job_id", "collective"])
-        seen = GaugeMetricFamily("gpudiag_job_last_signal_timestamp_seconds",
-                                 "When the job last reported.", labels=["job_id"])
-        for j in self.jobs.values():
-            seen.add_metric([j.job_id], j.ts)
-            if j.mfu_ratio is not None:
-                mfu.add_metric([j.job_id], j.mfu_ratio)
-            if j.step_seconds is not None:
-                step.add_metric([j.job_id], j.step_seconds)
-            if j.input_wait_ratio is not None:
-                wait.add_metric([j.job_id], j.input_wait_ratio)
-            if j.bottleneck is not None:
-                label.add_metric([j.job_id, j.bottleneck], 1.0)
-            for name, secs in j.collective_seconds_total.items():
-                coll.add_metric([j.job_id, name], secs)
-        jobs = GaugeMetricFamily("gpudiag_agent_jobs", "Jobs currently reporting to this agent.")
-        jobs.add_metric([], float(len(self.jobs)))
-        rej = CounterMetricFamily("gpudiag_agent_signals_rejected", "Job signals refused, by reason.",
-                                  labels=["reason"])
-        for reason, n in sorted(self.rejected.items()):
-            rej.add_metric([reason], float(n))
-        yield from (mfu, step, wait, label, coll, seen, jobs, rej)

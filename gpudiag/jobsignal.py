@@ -2,6 +2,25 @@
 
 A job drops small JSON files into the agent's spool directory; the agent validates and
 exports them (agent/signals.py). Both sides import this module, so the format has one home.
+
+Schema 2 (what ``write_signal`` writes; the agent also accepts 1, whose files lack the v2
+fields). Every field but ``job_id`` and ``ts`` is optional; a field a signal omits keeps the
+value the job's previous signal gave it.
+
+| field | meaning |
+|---|---|
+| ``job_id`` | the job (string, at most 128 characters; cleaned into a label value) |
+| ``ts`` | unix time the signal was written |
+| ``step_seconds`` | live median step time of untraced steps |
+| ``mfu_ratio`` | unprofiled MFU: FLOPs per step / (``step_seconds`` x device peak), 0..1 |
+| ``bottleneck`` | the label (compute-bound, memory-bound, ...) of the unprofiled estimate |
+| ``confidence`` | (v2) confidence of that label, 0..1 |
+| ``traced_at`` | (v2) unix time of the trace the label and FLOPs come from |
+| ``dilation`` | (v2) traced / untraced step time: how much the profiler slowed the steps |
+| ``traced_steps`` | (v2) how many steps that trace holds |
+| ``input_wait_ratio`` | share of step time waiting for input, 0..1 |
+| ``collective_seconds_total`` | time in each collective since the job started |
+| ``ended`` | true in the job's last signal |
 """
 
 from __future__ import annotations
@@ -13,7 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-SIGNAL_SCHEMA_VERSION = 1
+SIGNAL_SCHEMA_VERSION = 2
+# what the agent accepts: 1 is the format before confidence/age/dilation existed
+ACCEPTED_SIGNAL_VERSIONS = (1, 2)
 MAX_JOB_ID = 128
 _SAFE = re.compile(r"[^A-Za-z0-9_.:@/-]")
 
@@ -45,7 +66,7 @@ def job_id_from_env(fallback: str) -> str:
 
 def write_signal(spool: Path, sig: dict[str, Any]) -> Path:
     """Drop one signal into the spool: written to a hidden temp name, then renamed, so the
-    agent never reads half a file."""
+    agent never reads half a file. The file's owner is who the agent believes sent it."""
     name = f"{clean_job_id(str(sig.get('job_id', 'job'))).replace('/', '_')}-{os.getpid()}-{time.time_ns()}"
     tmp = spool / f".{name}.tmp"
     final = spool / f"{name}.json"

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 from gpudiag.agent.gpu_collector import GpuCollector
-from gpudiag.agent.signals import MAX_SIGNAL_BYTES, JobTable, parse_signal
-from gpudiag.collectors.nvml import ReplayBackend
+from gpudiag.agent.job_table import JobTable
+from gpudiag.agent.signals import MAX_SIGNAL_BYTES, parse_signal
+from gpudiag.collectors.nvml import NO_BACKEND_REASON, ReplayBackend
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpudiag.jobsignal import write_signal
@@ -90,20 +91,40 @@ def promtool_check(text: str) -> subprocess.CompletedProcess:
     return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
 
 
+# a schema-2 signal with every field a job may send
+def full_signal(job_id: str, **over: object) -> dict:
+    now = time.time()
+    return {"job_id": job_id, "ts": now, "mfu_ratio": 0.31, "bottleneck": "memory-bound",
+            "confidence": 0.8, "traced_at": now - 120.0, "dilation": 1.25, "traced_steps": 5,
+            "step_seconds": 0.2, "input_wait_ratio": 0.03, "collective_seconds_total": {"all_reduce": 3.0},
+            **over}
+
+
+def sample_value(text: str, series: str) -> float:
+    m = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    assert m, f"{series} not in the scrape"
+    return float(m.group(1))
+
+
 def test_metrics_pass_promtool_with_gpu_and_job_series(agent):
-    write_signal(agent.state / "spool", {"job_id": "slurm:7", "ts": time.time(), "mfu_ratio": 0.31,
-                                         "bottleneck": "memory-bound", "step_seconds": 0.2,
-                                         "collective_seconds_total": {"all_reduce": 3.0}})
+    write_signal(agent.state / "spool", full_signal("slurm:7"))
     text = agent.metrics()
     assert 'gpudiag_gpu_up{gpu="0",job_id="",model="NVIDIA H200",uuid="replay-0"} 1.0' in text
     assert 'gpudiag_job_mfu_ratio{job_id="slurm:7"} 0.31' in text
     assert 'gpudiag_job_collective_seconds_total{collective="all_reduce",job_id="slurm:7"} 3.0' in text
+    assert 'gpudiag_job_signal_confidence{job_id="slurm:7"} 0.8' in text
+    assert 'gpudiag_job_profiler_dilation_ratio{job_id="slurm:7"} 1.25' in text
+    assert 'gpudiag_job_signal_traced_steps{job_id="slurm:7"} 5.0' in text
+    assert 120.0 <= sample_value(text, 'gpudiag_job_signal_age_seconds{job_id="slurm:7"}') < 150.0
+    assert "gpudiag_agent_signals_applied_total 1.0" in text
     check = promtool_check(text)
     assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
 
 
 def test_without_nvml_the_agent_says_so_once_and_exports_health(tmp_path):
-    a = Agent(tmp_path / "state", backend="nvml")
+    # --backend none takes the path a failed nvmlInit takes (NvmlUnavailable from
+    # open_backend), whether or not this host has NVML
+    a = Agent(tmp_path / "state", backend="none")
     try:
         text = a.metrics()
         a.metrics()
@@ -111,7 +132,7 @@ def test_without_nvml_the_agent_says_so_once_and_exports_health(tmp_path):
         err = a.stop()
     assert "gpudiag_nvml_up 0.0" in text and "gpudiag_host_cpus" in text
     assert "gpudiag_gpu_up{" not in text
-    assert err.count("NVML Shared Library Not Found") == 1
+    assert err.count(NO_BACKEND_REASON) == 1
     assert promtool_check(text).returncode == 0
 
 
@@ -150,7 +171,7 @@ def test_job_signals_survive_a_killed_agent(tmp_path):
 
 def test_a_gpu_off_the_bus_is_marked_down_and_the_others_stay_up():
     reg = CollectorRegistry()
-    reg.register(GpuCollector(GpuFallsOffTheBus(good_reads=2), None, lambda pids: ""))
+    reg.register(GpuCollector(GpuFallsOffTheBus(good_reads=2), lambda pids: ""))
     for _ in range(4):
         text = generate_latest(reg).decode()
     assert re.search(r'gpudiag_gpu_up\{gpu="0",[^}]*\} 1\.0', text)
@@ -194,7 +215,7 @@ def _rss() -> int:
 def test_five_thousand_scrapes_grow_rss_by_less_than_5_mb(tmp_path):
     table = JobTable(tmp_path / "state")
     reg = CollectorRegistry()
-    reg.register(GpuCollector(ReplayBackend(REPLAY), None, lambda pids: "job"))
+    reg.register(GpuCollector(ReplayBackend(REPLAY), lambda pids: "job"))
     reg.register(table)
     for i in range(100):
         write_signal(table.spool, {"job_id": f"job-{i}", "ts": time.time(), "mfu_ratio": 0.5,
@@ -286,18 +307,48 @@ def test_real_prometheus_reads_back_the_mfu_and_label_of_a_profiled_job(tmp_path
     assert up[0]["metric"]["model"] == "NVIDIA H200"
 
 
-def test_every_dashboard_expression_evaluates_on_a_real_prometheus(prometheus):
-    wait_series(prometheus, "gpudiag_nvml_up")
+PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads: identifiers outside strings, label
+    matchers, ranges and by/without/on/ignoring lists that are not functions or keywords."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
+    names = set()
+    for m in re.finditer(r"(?<![\w.$])[A-Za-z_:][A-Za-z0-9_:]*", s):
+        if m.group() in PROMQL_WORDS or s[m.end():].lstrip().startswith("("):
+            continue
+        names.add(m.group())
+    return names
+
+
+def test_promql_metric_names_finds_a_misspelled_metric():
+    assert promql_metric_names(
+        'sum by (gpu) (rate(gpudiag_gpu_erors_total{instance=~"$instance"}[5m])) > 1e3 or vector(0)'
+    ) == {"gpudiag_gpu_erors_total"}
+    assert promql_metric_names("a_total / on (job_id) b_seconds") == {"a_total", "b_seconds"}
+
+
+def test_every_dashboard_expression_reads_exported_metrics_and_evaluates(agent, prometheus):
+    write_signal(agent.state / "spool", full_signal("dash-job"))
+    exported = {ln.split("{")[0].split(" ")[0] for ln in agent.metrics().splitlines()
+                if ln and not ln.startswith("#")}
+    wait_series(prometheus, 'gpudiag_job_signal_age_seconds{job_id="dash-job"}')
     dash = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     assert len(exprs) >= 15
     for expr in exprs:
+        assert promql_metric_names(expr) <= exported, (expr, promql_metric_names(expr) - exported)
         promql(prometheus, expr.replace("$instance", ".*").replace("$job_id", ".*"))
     for var in dash["templating"]["list"]:
         if var["type"] == "query":
             m = re.match(r"label_values\((\w+), (\w+)\)", var["query"])
             assert m, var["query"]
-            promql(prometheus, m.group(1))
+            assert m.group(1) in exported, var["query"]
+            assert wait_series(prometheus, m.group(1))[0]["metric"].get(m.group(2)), var["query"]
 
 
 @pytest.mark.parametrize("env,expected", [

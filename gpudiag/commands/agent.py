@@ -16,8 +16,9 @@ _LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]*):(\d{1,5})$")
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--listen", default="127.0.0.1:9835", show_default=True, metavar="ADDR:PORT",
               help="Where /metrics is served (0.0.0.0:9835 to let Prometheus scrape the node).")
-@click.option("--backend", default="nvml", show_default=True, metavar="nvml|replay:FILE",
-              help="GPU counters from NVML, or replayed from a recorded samples file.")
+@click.option("--backend", default="nvml", show_default=True, metavar="nvml|replay:FILE|none",
+              help="GPU counters from NVML, replayed from a recorded samples file, or none "
+                   "(a node without GPUs: host and job metrics only).")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="Job state and the spool jobs write signals into "
                    "(default: $GPUDIAG_AGENT_DIR, /var/lib/gpudiag as root, else ~/.local/state/gpudiag).")
@@ -27,8 +28,10 @@ def agent(listen: str, backend: str, state_dir: Path | None) -> None:
     Prometheus scrapes /metrics: per GPU (labels gpu, uuid, model, job_id) SM/tensor activity,
     DRAM bandwidth, NVLink/PCIe throughput (GPM where supported), legacy utilisation,
     memory, power, clock, temperature, throttle reasons and gpudiag_gpu_up; per job
-    (gpudiag profile reports here) MFU, step time, bottleneck label, input wait and
-    collective time. The job label is called job_id because Prometheus reserves "job".
+    (gpudiag profile reports here) MFU, step time, bottleneck label with its confidence and
+    the age of the trace behind it, profiler dilation, input wait and collective time. A
+    job's signals count only when written by the user running its processes (or root). The
+    job label is called job_id because Prometheus reserves "job".
 
     \b
     Example:
@@ -36,13 +39,16 @@ def agent(listen: str, backend: str, state_dir: Path | None) -> None:
       gpudiag profile -- python train.py     # on the same node: its signals appear
     """
     from gpudiag.agent.server import serve
+    from gpudiag.collectors.nvml import check_backend_spec
     from gpudiag.jobsignal import default_state_dir
 
     m = _LISTEN.match(listen)
     if not m or not 0 < int(m.group(2)) < 65536:
         raise BadInput(f"--listen {listen!r}: use ADDR:PORT, e.g. 127.0.0.1:9835")
-    if not (backend == "nvml" or backend.startswith("replay:")):
-        raise BadInput(f"--backend {backend!r}: use nvml or replay:FILE")
+    try:
+        check_backend_spec(backend)
+    except ValueError as e:
+        raise BadInput(f"--backend: {e}") from None
     logging.basicConfig(level=logging.INFO, format="gpudiag agent: %(message)s")
     state = state_dir or default_state_dir()
     try:
