@@ -18,8 +18,8 @@ import numpy as np
 from gpudiag.analyzers.breakdown import gpu_span_breakdown, rank_breakdown, sum_breakdowns
 from gpudiag.analyzers.classify import classify
 from gpudiag.analyzers.communication import collective_acc, finish_collectives
-from gpudiag.analyzers.mfu import compute_mfu
-from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, build_roofline, work_bounds
+from gpudiag.analyzers.mfu import compute_mfu, note_uncosted
+from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, build_roofline, roof_violations, work_bounds
 from gpudiag.analyzers.stragglers import find_stragglers
 from gpudiag.analyzers.trace_loader import (
     KCLASS_COMPUTE,
@@ -286,6 +286,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     for p in partials:
         roof_acc.merge(p.roofline)
     roofline = build_roofline(roof_acc, device)
+    warnings.extend(roof_violations(roof_acc, device))
     shapes = any(p.shapes_recorded for p in partials)
     if roofline.method == "kernel-names" and has_gpu:
         if shapes:
@@ -354,6 +355,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
                           summary="nothing to analyse: the trace holds no timed events",
                           evidence={}, secondary=None, recommendations=[])
         mfu = Mfu(None, "not available: no steps", None, "none", None, None, None)
+    mfu = note_uncosted(mfu, roof_acc.uncosted_share())
     dev_info = DeviceInfo(
         name=device.name if device else (trace_dev_name or ("CPU" if kind == "cpu" else "unknown")),
         source=device.source if device else "unknown", kind=kind,

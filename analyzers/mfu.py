@@ -37,6 +37,21 @@ def compute_mfu(ranks: list[RankResult], device: DevicePeak | None, dtype: str,
     return mfu
 
 
+# Below this share of device time in uncosted ops the MFU reason does not mention them.
+UNCOSTED_NOTE_SHARE = 0.01
+
+
+def note_uncosted(mfu: Mfu, share: float | None) -> Mfu:
+    """Say in the reason how much device time went to ops without a FLOP formula (custom and
+    fused kernels, ops we do not know): MFU counts none of their FLOPs, so it reads low by up
+    to their share if they did model math."""
+    if (mfu.value is not None and mfu.flops_source == "shapes" and share is not None
+            and share >= UNCOSTED_NOTE_SHARE):
+        mfu.reason += (f"; {100 * share:.0f}% of device time is in ops without a FLOP formula, "
+                       "whose FLOPs it does not count")
+    return mfu
+
+
 def _mfu(ranks: list[RankResult], device: DevicePeak | None, dtype: str,
          flops_per_step: float | None, shapes_recorded: bool, step_us: float | None) -> Mfu:
     if device is None:

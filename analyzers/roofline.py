@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+from gpudiag.analyzers.op_tree import counted_ops
 from gpudiag.analyzers.trace_loader import KCLASS_COMPUTE, RankTrace
 
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak
@@ -52,29 +53,8 @@ class WorkBounds:
     by_shapes: np.ndarray  # bool: decided from shapes (else name or unknown)
     op_index: np.ndarray  # costed CPU op the item belongs to, -1 if none
     wraps_costed: np.ndarray  # CPU traces: uncosted op with a costed op inside
-    inner: np.ndarray  # innermost costed CPU ops (see innermost_costed), computed once per rank
-
-
-def innermost_costed(rt: RankTrace) -> np.ndarray:
-    """Mask of CPU ops with a known cost and no costed op nested inside them.
-
-    linear -> addmm, matmul -> mm: counting only the innermost costed op avoids counting the
-    same multiply twice. CPU ops on one thread either nest or are disjoint, so an op has a
-    costed descendant exactly when the next costed op on its thread starts before it ends.
-    """
-    costed = np.flatnonzero(np.isfinite(rt.cpu_flops))
-    mask = np.zeros(rt.cpu_ts.size, dtype=bool)
-    if costed.size == 0:
-        return mask
-    ts = rt.cpu_ts[costed]
-    end = ts + rt.cpu_dur[costed]
-    tid = rt.cpu_tid[costed]
-    order = np.lexsort((-rt.cpu_dur[costed], ts, tid))
-    ts, end, tid, idx = ts[order], end[order], tid[order], costed[order]
-    has_child = np.zeros(idx.size, dtype=bool)
-    has_child[:-1] = (tid[1:] == tid[:-1]) & (ts[1:] < end[:-1])
-    mask[idx[~has_child]] = True
-    return mask
+    inner: np.ndarray  # counted costed CPU ops (see op_tree.counted_ops), computed once per rank
+    owner: np.ndarray  # per CPU op: the counted op its work belongs to, -1 if none
 
 
 def _op_bound(rt: RankTrace, device: DevicePeak | None, ops: np.ndarray) -> np.ndarray:
@@ -97,7 +77,7 @@ def _op_bound(rt: RankTrace, device: DevicePeak | None, ops: np.ndarray) -> np.n
 
 def work_bounds(rt: RankTrace, device: DevicePeak | None) -> WorkBounds:
     """Bound of every GPU activity (GPU trace) or every CPU op (CPU-only trace)."""
-    inner = innermost_costed(rt)
+    inner, owner = counted_ops(rt)
     op_bound_all = np.full(rt.cpu_ts.size, BOUND_UNKNOWN, dtype=np.int8)
     inner_idx = np.flatnonzero(inner)
     op_bound_all[inner_idx] = _op_bound(rt, device, inner_idx)
@@ -106,7 +86,9 @@ def work_bounds(rt: RankTrace, device: DevicePeak | None) -> WorkBounds:
         n = rt.gpu_ts.size
         op_index = np.full(n, -1, dtype=np.int64)
         if inner_idx.size and rt.cpu_ext.size:
-            ext_to_op = {int(rt.cpu_ext[i]): int(i) for i in inner_idx if rt.cpu_ext[i] >= 0}
+            # kernels of an absorbed helper (addmm's bias copy) belong to the op that owns it
+            owned = np.flatnonzero((owner >= 0) & (rt.cpu_ext >= 0))
+            ext_to_op = dict(zip(rt.cpu_ext[owned].tolist(), owner[owned].tolist(), strict=True))
             if ext_to_op:
                 op_index = np.fromiter((ext_to_op.get(int(e), -1) for e in rt.gpu_ext.tolist()),
                                        dtype=np.int64, count=n)
@@ -125,7 +107,8 @@ def work_bounds(rt: RankTrace, device: DevicePeak | None) -> WorkBounds:
         bound = np.where(by_shapes, bound, names_bound).astype(np.int8)
         bound[rt.gpu_class != KCLASS_COMPUTE] = BOUND_MEMORY
         return WorkBounds(bound=bound, by_shapes=by_shapes, op_index=op_index,
-                          wraps_costed=np.zeros(rt.cpu_ts.size, dtype=bool), inner=inner)
+                          wraps_costed=np.zeros(rt.cpu_ts.size, dtype=bool), inner=inner,
+                          owner=owner)
 
     wraps = _wraps_costed(rt, inner_idx)
     bound = op_bound_all.copy()
@@ -135,7 +118,7 @@ def work_bounds(rt: RankTrace, device: DevicePeak | None) -> WorkBounds:
     bound = np.where(by_shapes, bound, names_bound).astype(np.int8)
     op_index = np.where(inner, np.arange(rt.cpu_ts.size), -1)
     return WorkBounds(bound=bound, by_shapes=by_shapes, op_index=op_index,
-                      wraps_costed=wraps, inner=inner)
+                      wraps_costed=wraps, inner=inner, owner=owner)
 
 
 def _wraps_costed(rt: RankTrace, inner_idx: np.ndarray) -> np.ndarray:
@@ -231,6 +214,8 @@ class RooflineAcc:
     mb_time: float = 0.0
     unknown_time: float = 0.0
     shapes_time: float = 0.0
+    work_time: float = 0.0  # all device work (compute kernels, or CPU work items)
+    uncosted_time: float = 0.0  # the part of it in ops without a cost formula
 
     def add(self, rt: RankTrace, wb: WorkBounds) -> None:
         if rt.has_gpu:
@@ -243,6 +228,8 @@ class RooflineAcc:
         self.mb_time += float(dur[work & (wb.bound == BOUND_MEMORY)].sum())
         self.unknown_time += float(dur[work & (wb.bound == BOUND_UNKNOWN)].sum())
         self.shapes_time += float(dur[work & wb.by_shapes].sum())
+        self.work_time += float(dur[work].sum())
+        self.uncosted_time += float(dur[work & (wb.op_index < 0)].sum())
         model = rt.cpu_is_model_flop & wb.inner
         for d, f in zip(rt.cpu_dtype[model].tolist(), rt.cpu_flops[model].tolist(), strict=False):
             self.dtype_flops[rt.names[d] if d >= 0 else "float"] += f
@@ -270,20 +257,27 @@ class RooflineAcc:
         self.mb_time += other.mb_time
         self.unknown_time += other.unknown_time
         self.shapes_time += other.shapes_time
+        self.work_time += other.work_time
+        self.uncosted_time += other.uncosted_time
 
     def dominant_dtype(self) -> str:
         """The dtype carrying most model FLOPs ("float" when nothing is known)."""
         return max(self.dtype_flops, key=self.dtype_flops.get) if self.dtype_flops else "float"
 
+    def uncosted_share(self) -> float | None:
+        """Share of device work time in ops with no FLOP formula (None: no work at all)."""
+        return self.uncosted_time / self.work_time if self.work_time > 0 else None
+
     def __getstate__(self) -> dict:
         return {"groups": dict(self.groups), "dtype_flops": dict(self.dtype_flops),
                 "cb_time": self.cb_time, "mb_time": self.mb_time,
-                "unknown_time": self.unknown_time, "shapes_time": self.shapes_time}
+                "unknown_time": self.unknown_time, "shapes_time": self.shapes_time,
+                "work_time": self.work_time, "uncosted_time": self.uncosted_time}
 
     def __setstate__(self, st: dict) -> None:
         self.groups = defaultdict(lambda: [0, 0.0, 0.0, 0.0], st["groups"])
         self.dtype_flops = defaultdict(float, st["dtype_flops"])
-        for k in ("cb_time", "mb_time", "unknown_time", "shapes_time"):
+        for k in ("cb_time", "mb_time", "unknown_time", "shapes_time", "work_time", "uncosted_time"):
             setattr(self, k, st[k])
 
 
@@ -295,7 +289,7 @@ def build_roofline(acc: RooflineAcc, device: DevicePeak | None, max_points: int 
         peak, family = device.peak_for(dtype)
         bw = device.bandwidth
         for (op, shape, dt), (calls, flops, nbytes, t) in acc.groups.items():
-            if t <= 0:
+            if t <= 0 or flops <= 0:  # no place on a log-scale roofline; its time is counted
                 continue
             pk, _ = device.peak_for(dt)
             intensity = flops / nbytes if nbytes > 0 else float("inf")
@@ -323,3 +317,42 @@ def build_roofline(acc: RooflineAcc, device: DevicePeak | None, max_points: int 
         compute_bound_time=acc.cb_time, memory_bound_time=acc.mb_time,
         unattributed_time=acc.unknown_time, points=points[:max_points],
     )
+
+
+# A point may sit this far above a roof before it is called a counting bug: datasheet peaks
+# are rounded, and the boost clock they assume can be exceeded by a few percent.
+ROOF_TOLERANCE = 1.05
+# Data that fits in the on-chip cache is read faster than main memory allows (an in-place
+# ReLU on a 26 MB activation just written by batch norm runs at 4 TB/s on an H100 whose HBM
+# gives 3.35), so the bandwidth roof binds only calls that move more than the largest
+# last-level cache among the devices we know (H100/H200 50 MB L2, A100 40 MB) with room.
+CACHE_RESIDENT_BYTES = 128 * 2**20
+
+
+def roof_violations(acc: RooflineAcc, device: DevicePeak | None) -> list[str]:
+    """One warning per (op, shape, dtype) whose achieved rate is above the compute roof of its
+    dtype or above the bandwidth roof.
+
+    Both are impossible for work counted right: FLOPs are the model's and bytes a lower bound
+    (``op_flops``), so such a point means its cost was over-counted or its time
+    under-attributed (ResNet-50's strided stem counted at 4x, a point at 1.6 PFLOP/s on a
+    989 TFLOP/s H100). It is named so the formula can be fixed.
+    """
+    if device is None:
+        return []
+    out = []
+    for (op, shape, dt), (calls, flops, nbytes, t) in acc.groups.items():
+        if t <= 0:
+            continue
+        seconds = t * 1e-6
+        peak, family = device.peak_for(dt)
+        if flops / seconds > peak * ROOF_TOLERANCE:
+            out.append(f"roofline: {op} {shape} ({dt}) counted at {flops / seconds / 1e12:.4g} "
+                       f"TFLOP/s, above the {peak / 1e12:.4g} TFLOP/s {family} peak: its FLOPs "
+                       "are over-counted or its time under-attributed")
+        elif (nbytes / seconds > device.bandwidth * ROOF_TOLERANCE
+              and nbytes / max(calls, 1) > CACHE_RESIDENT_BYTES):
+            out.append(f"roofline: {op} {shape} ({dt}) counted at {nbytes / seconds / 1e9:.4g} "
+                       f"GB/s, above the {device.bandwidth / 1e9:.4g} GB/s memory bandwidth: "
+                       "its bytes are over-counted or its time under-attributed")
+    return out

@@ -12,12 +12,11 @@ import re
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from gpudiag.analyzers.op_flops import op_cost
-from gpudiag.analyzers.trace_decode import SALVAGE_MARKER, EventArgs
+from gpudiag.analyzers.trace_decode import SALVAGE_MARKER, EventArgs, as_int, rank_of
 
 # --- event kinds ------------------------------------------------------------------------
 
@@ -80,6 +79,7 @@ class RankTrace:
     cpu_bytes: np.ndarray
     cpu_dtype: np.ndarray  # index into names; -1 unknown
     cpu_is_model_flop: np.ndarray  # bool: matmul/conv/attention (counts toward MFU)
+    cpu_kind: np.ndarray  # op_args.KIND_* of costed ops, 0 where uncosted
     cpu_had_shapes: np.ndarray  # bool: "Input Dims" recorded
     cpu_depth: np.ndarray  # nesting depth among cpu ops on the same thread (0 = top level)
     cpu_is_op: np.ndarray  # bool: an operator (cpu_op), not a user annotation
@@ -104,21 +104,6 @@ class RankTrace:
 
 def _hashable(v: Any) -> Any:
     return v if isinstance(v, (int, str, float)) or v is None else repr(v)
-
-
-def _as_int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, float) and v == v and abs(v) < 2**62:
-        v = int(v)
-    elif isinstance(v, str):
-        try:
-            v = int(v)
-        except ValueError:
-            return None
-    if isinstance(v, int) and -(2**62) < v < 2**62:  # fits the int64 columns
-        return v
-    return None
 
 
 def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hint: int | None) -> RankTrace:
@@ -148,6 +133,7 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
     c_bytes = array('d')
     c_dtype = array('i')
     c_model = array('b')
+    c_kind = array('b')
     c_shapes = array('b')
     c_isop = array('b')
     c_shape_txt: dict[int, str] = {}
@@ -195,16 +181,16 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
             g_dur.append(dur)
             g_kind.append(gk)
             g_name.append(nid(name))
-            stream = _as_int(a.stream) if a is not None else None
+            stream = as_int(a.stream) if a is not None else None
             g_stream.append(-1 if stream is None else stream)
-            corr = _as_int(a.correlation) if a is not None else None
+            corr = as_int(a.correlation) if a is not None else None
             g_corr.append(-1 if corr is None else corr)
-            ext = _as_int(a.external_id) if a is not None else None
+            ext = as_int(a.external_id) if a is not None else None
             g_ext.append(-1 if ext is None else ext)
             if a is not None and a.collective is not None and gk == 0:
                 gpu_colls.append(_collective(a, ts, dur))
         elif is_rt:
-            corr = _as_int(a.correlation) if a is not None else None
+            corr = as_int(a.correlation) if a is not None else None
             if corr is not None:
                 rt_corr[corr] = (ts, tid_ids.setdefault(_hashable(ev.tid), len(tid_ids)))
         else:
@@ -234,13 +220,13 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
             c_dur.append(dur)
             c_name.append(nid(name))
             c_tid.append(tid)
-            ext = _as_int(a.external_id) if a is not None else None
+            ext = as_int(a.external_id) if a is not None else None
             c_ext.append(-1 if ext is None else ext)
             dims = None
             if a is not None:
                 dims = a.input_dims if a.input_dims is not None else a.input_dims_old
             if dims is not None and cat != "user_annotation":
-                cost = op_cost(name, dims, a.input_type)
+                cost = op_cost(name, dims, a.input_type, a.concrete)
                 c_shapes.append(True)
                 if cost is not None:
                     c_shape_txt[len(c_flops)] = str(dims)
@@ -248,6 +234,7 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
                     c_bytes.append(cost.bytes)
                     c_dtype.append(nid(cost.dtype))
                     c_model.append(cost.model_flop)
+                    c_kind.append(cost.kind)
                     continue
             else:
                 c_shapes.append(False)
@@ -255,13 +242,14 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
             c_bytes.append(nan)
             c_dtype.append(-1)
             c_model.append(False)
+            c_kind.append(0)
 
-    rank, world, backend = _rank_of(dist, rank_hint, path)
+    rank, world, backend = rank_of(dist, rank_hint, path)
     dev_name = dev_mem = None
     if props:
         p0 = props[0]
         dev_name = p0.name if isinstance(p0.name, str) else None
-        dev_mem = _as_int(p0.totalGlobalMem)
+        dev_mem = as_int(p0.totalGlobalMem)
 
     warnings: list[str] = []
     if dropped_neg:
@@ -302,6 +290,7 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
         cpu_bytes=np.asarray(c_bytes, dtype=np.float64),
         cpu_dtype=np.asarray(c_dtype, dtype=np.int32),
         cpu_is_model_flop=np.asarray(c_model, dtype=bool),
+        cpu_kind=np.asarray(c_kind, dtype=np.int8),
         cpu_had_shapes=np.asarray(c_shapes, dtype=bool),
         cpu_depth=_op_depth(cpu_ts, cpu_dur, cpu_tid, is_op),
         cpu_is_op=is_op,
@@ -320,8 +309,8 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
 def _collective(a: EventArgs, ts: float, dur: float) -> dict[str, Any]:
     return {
         "name": str(a.collective), "ts": float(ts), "dur": float(dur),
-        "in_nelems": _as_int(a.in_nelems), "out_nelems": _as_int(a.out_nelems),
-        "group_size": _as_int(a.group_size), "dtype": a.dtype if isinstance(a.dtype, str) else None,
+        "in_nelems": as_int(a.in_nelems), "out_nelems": as_int(a.out_nelems),
+        "group_size": as_int(a.group_size), "dtype": a.dtype if isinstance(a.dtype, str) else None,
     }
 
 
@@ -336,7 +325,7 @@ def _annotated_collective(name: str, a: EventArgs | None, ts: float, dur: float)
     types = a.input_type if a is not None else None
     dtype = types[0] if isinstance(types, list) and types and isinstance(types[0], str) else None
     return {"name": name.split(":", 1)[1], "ts": float(ts), "dur": float(dur),
-            "in_nelems": _as_int(nelems), "out_nelems": None, "group_size": None, "dtype": dtype}
+            "in_nelems": as_int(nelems), "out_nelems": None, "group_size": None, "dtype": dtype}
 
 
 def _kernel_classes(gpu_name: np.ndarray, gpu_kind: np.ndarray, names: list[str]) -> np.ndarray:
@@ -392,19 +381,3 @@ def _nesting_depth(ts: np.ndarray, dur: np.ndarray, tid: np.ndarray) -> np.ndarr
         stack.append(end_l[i])
     depth[:] = depth_l
     return depth
-
-
-_RANK_FROM_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-
-
-def _rank_of(dist: Any, rank_hint: int | None, path: str) -> tuple[int, int | None, str | None]:
-    rank = world = None
-    backend = None
-    if dist is not None:
-        rank = _as_int(dist.rank)
-        world = _as_int(dist.world_size)
-        backend = dist.backend if isinstance(dist.backend, str) else None
-    if rank is None:
-        m = _RANK_FROM_NAME.search(Path(path).name)
-        rank = int(m.group(1)) if m else rank_hint
-    return (0 if rank is None else rank), world, backend

@@ -33,6 +33,7 @@ class EventArgs(msgspec.Struct, frozen=True):
     input_dims: Any = msgspec.field(default=None, name="Input Dims")
     input_dims_old: Any = msgspec.field(default=None, name="Input dims")
     input_type: Any = msgspec.field(default=None, name="Input type")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
     collective: Any = msgspec.field(default=None, name="Collective name")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
@@ -221,6 +222,7 @@ def _loose_event(raw: Any) -> Any:
             external_id=args.get("External id"), correlation=args.get("correlation"),
             stream=args.get("stream"), input_dims=args.get("Input Dims"),
             input_dims_old=args.get("Input dims"), input_type=args.get("Input type"),
+            concrete=args.get("Concrete Inputs"),
             collective=args.get("Collective name"), in_nelems=args.get("In msg nelems"),
             out_nelems=args.get("Out msg nelems"), group_size=args.get("Group size"),
             dtype=args.get("dtype"),
@@ -228,3 +230,39 @@ def _loose_event(raw: Any) -> Any:
     return _EventTyped(ph=raw.get("ph"), cat=raw.get("cat"), name=raw.get("name"),
                        pid=raw.get("pid"), tid=raw.get("tid"), ts=raw.get("ts"),
                        dur=raw.get("dur"), args=targs)
+
+
+# --- values of the decoded document ----------------------------------------------------
+
+def as_int(v: Any) -> int | None:
+    """An int that fits the int64 columns, from an int, integral float or numeric string."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, float) and v == v and abs(v) < 2**62:
+        v = int(v)
+    elif isinstance(v, str):
+        try:
+            v = int(v)
+        except ValueError:
+            return None
+    if isinstance(v, int) and -(2**62) < v < 2**62:  # fits the int64 columns
+        return v
+    return None
+
+
+_RANK_FROM_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+def rank_of(dist: Any, rank_hint: int | None, path: str) -> tuple[int, int | None, str | None]:
+    """(rank, world size, backend): from distributedInfo, else a "rank-N" file name, else
+    the caller's hint (the file's position in its folder)."""
+    rank = world = None
+    backend = None
+    if dist is not None:
+        rank = as_int(dist.rank)
+        world = as_int(dist.world_size)
+        backend = dist.backend if isinstance(dist.backend, str) else None
+    if rank is None:
+        m = _RANK_FROM_NAME.search(Path(path).name)
+        rank = int(m.group(1)) if m else rank_hint
+    return (0 if rank is None else rank), world, backend
