@@ -8,14 +8,12 @@ of points per series, whatever the run's length or GPU count: a 10-hour, 8-GPU r
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from gpudiag.diagnosis import RunSummary, Series, Timeline
-from gpudiag.rundir import read_jsonl
+from gpudiag.rundir import PROFILER_TRACED, is_run_dir, read_jsonl, read_run, read_steps
 
 MAX_POINTS = 400
 # (row key, series name, unit). GPM metrics first; the legacy utilisation is kept as the
@@ -45,34 +43,30 @@ def _bucket(t: np.ndarray, v: np.ndarray, t0: float, n: int) -> tuple[list, list
 
 
 def run_summary(run_dir: Path) -> RunSummary | None:
-    """run.json as the Diagnosis carries it (None when the folder is not a run directory)."""
-    try:
-        data = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
+    """run.json as the Diagnosis carries it (None when the folder is not a run directory).
+
+    A run.json of a schema this gpudiag does not read is an error, not a silent "no run".
+    """
+    if not is_run_dir(run_dir):
         return None
-    if not isinstance(data, dict) or data.get("kind") != "gpudiag-run":
-        return None
+    info = read_run(run_dir)
     return RunSummary(
-        command=[str(c) for c in data.get("command", [])], host=str(data.get("host", "")),
-        start=float(data.get("start") or 0), end=data.get("end"), status=str(data.get("status")),
-        exit_code=data.get("exit_code"), signal=data.get("signal"), last_step=data.get("last_step"),
-        gpus=[{k: str(v) for k, v in g.items()} for g in data.get("gpus", []) if isinstance(g, dict)],
-        gpu_counters=str(data.get("gpu_counters", "")),
-        versions={str(k): str(v) for k, v in (data.get("versions") or {}).items()},
-        notes=[str(n) for n in data.get("notes", [])],
+        command=[str(c) for c in info.command], host=str(info.host), start=float(info.start or 0),
+        end=info.end, status=str(info.status), exit_code=info.exit_code, signal=info.signal,
+        last_step=info.last_step,
+        gpus=[{k: str(v) for k, v in g.items()} for g in info.gpus if isinstance(g, dict)],
+        gpu_counters=str(info.gpu_counters),
+        versions={str(k): str(v) for k, v in (info.versions or {}).items()},
+        notes=[str(n) for n in info.notes],
     )
 
 
 def run_timeline(run_dir: Path, max_points: int = MAX_POINTS) -> Timeline | None:
     """Counters and per-step collective time over the whole run, downsampled."""
     gpu_rows = [r for r in read_jsonl(run_dir / "samples" / "gpu.jsonl") if "gpu" in r and "t" in r]
-    step_rows: dict[int, list[dict[str, Any]]] = {}
-    for f in sorted((run_dir / "samples").glob("steps-rank-*.jsonl")):
-        try:
-            rank = int(f.stem.rsplit("-", 1)[1])
-        except ValueError:
-            continue
-        step_rows[rank] = [r for r in read_jsonl(f) if "t" in r and "step" in r]
+    step_rows = {rank: [{"t": r.t, "dt": r.dt, "step": r.step, "collectives": r.collectives,
+                         "profiler": r.profiler} for r in rows]
+                 for rank, rows in read_steps(run_dir).items()}
     times = [r["t"] for r in gpu_rows] + [r["t"] for rows in step_rows.values() for r in rows]
     if not times:
         return None
@@ -103,19 +97,16 @@ def run_timeline(run_dir: Path, max_points: int = MAX_POINTS) -> Timeline | None
             xs, ys = _bucket(t, coll * 1e3, t0, max_points)
             series.append(Series(name="collective time per step", unit="ms", gpu=None, rank=rank,
                                  t=xs, v=ys))
-    meta = _jsonl_one(run_dir / "samples" / "bootstrap-rank-0.json")
-    if meta and step_rows.get(0):
-        skip, steps = int(meta.get("skip", 0)), int(meta.get("steps", 0))
-        window = [r for r in step_rows[0] if skip + 2 <= r["step"] < skip + 2 + steps]
-        if window:
-            traced.append([round(window[0]["t"] - window[0].get("dt", 0) - t0, 3),
-                           round(window[-1]["t"] - t0, 3)])
+    # traced spans: runs of rank 0's steps the bootstrap marked as traced
+    span: list[float] | None = None
+    for r in step_rows.get(0, []):
+        if r["profiler"] == PROFILER_TRACED:
+            start, end = round(r["t"] - r["dt"] - t0, 3), round(r["t"] - t0, 3)
+            if span is None:
+                span = [start, end]
+                traced.append(span)
+            else:
+                span[1] = end
+        else:
+            span = None
     return Timeline(start=t0, duration=t1 - t0, series=series, traced=traced)
-
-
-def _jsonl_one(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -8,7 +8,6 @@ sent and the run says so once.
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -16,22 +15,22 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag.jobsignal import write_signal
-from gpudiag.rundir import read_jsonl
+from gpudiag.rundir import read_steps, split_step_rows
 
 RECENT_STEPS = 50
 
 
 def step_stats(run_dir: Path) -> tuple[float | None, dict[str, float], int]:
-    """(median recent step seconds, collective seconds so far, last step) from rank 0."""
-    rows = read_jsonl(run_dir / "samples" / "steps-rank-0.jsonl")
+    """(median of the recent untraced steps in seconds, collective seconds so far, last step)
+    from rank 0. Untraced only: a step the profiler slowed is not the job's pace."""
+    rows = read_steps(run_dir).get(0, [])
     colls: dict[str, float] = {}
     for r in rows:
-        for name, c in (r.get("collectives") or {}).items():
+        for name, c in r.collectives.items():
             if isinstance(c, dict) and isinstance(c.get("seconds"), (int, float)):
                 colls[name] = colls.get(name, 0.0) + float(c["seconds"])
-    dts = [float(r["dt"]) for r in rows[-RECENT_STEPS:] if isinstance(r.get("dt"), (int, float))]
-    last = int(rows[-1].get("step", 0)) if rows else 0
-    return (statistics.median(dts) if dts else None), colls, last
+    live = split_step_rows(0, rows, last=RECENT_STEPS).median_untraced()
+    return live, colls, (rows[-1].step if rows else 0)
 
 
 class SignalReporter:

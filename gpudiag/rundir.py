@@ -97,6 +97,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def prepare_run_dir(path: Path) -> Path:
     """Create the run directory (and its parts); BadInput if it cannot be written."""
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"--out {path}: exists and is not a folder; choose a new folder name")
     if path.exists() and any(path.iterdir()):
         raise BadInput(f"--out {path}: folder exists and is not empty; choose a new one")
     try:
@@ -163,8 +165,10 @@ class StepRow:
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def read_steps(run_dir: Path) -> dict[int, list[StepRow]]:
-    """Per rank, the step timer's rows (torn or malformed lines are skipped)."""
+def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None) -> dict[int, list[StepRow]]:
+    """Per rank, the step timer's rows (torn or malformed lines are skipped), each marked with
+    what the profiler did in that step."""
+    boot = read_bootstrap(run_dir) if boot is None else boot
     out: dict[int, list[StepRow]] = {}
     for f in sorted((run_dir / "samples").glob("steps-rank-*.jsonl")):
         try:
@@ -181,6 +185,8 @@ def read_steps(run_dir: Path) -> dict[int, list[StepRow]]:
             rows.append(StepRow(step=step, t=float(t), dt=float(dt),
                                 profiler=prof if isinstance(prof, str) else None,
                                 collectives=colls if isinstance(colls, dict) else {}))
+        if rank in boot and not any(r.profiler for r in rows):
+            _mark_legacy_window(rows, boot[rank])
         out[rank] = rows
     return out
 
@@ -213,26 +219,18 @@ def step_times(run_dir: Path, rank: int = 0, last: int | None = None) -> StepTim
     the window before it, the same phase of the job. ``last`` keeps only the most recent N
     untraced steps: what a running job does now.
     """
-    rows = read_steps(run_dir).get(rank)
+    boot = read_bootstrap(run_dir)
+    rows = read_steps(run_dir, boot).get(rank)
     if rows is None:
         return None
-    meta = read_bootstrap(run_dir).get(rank)
-    if meta is not None and not any(r.profiler for r in rows):
-        _mark_legacy_window(rows, meta)
-    return split_step_rows(rank, rows, last, meta)
+    return split_step_rows(rank, rows, last, boot.get(rank))
 
 
 def all_step_times(run_dir: Path) -> list[StepTimes]:
     """``step_times`` of every rank that has a step file."""
-    steps = read_steps(run_dir)
     boot = read_bootstrap(run_dir)
-    out = []
-    for rank, rows in sorted(steps.items()):
-        meta = boot.get(rank)
-        if meta is not None and not any(r.profiler for r in rows):
-            _mark_legacy_window(rows, meta)
-        out.append(split_step_rows(rank, rows, None, meta))
-    return out
+    return [split_step_rows(rank, rows, None, boot.get(rank))
+            for rank, rows in sorted(read_steps(run_dir, boot).items())]
 
 
 def split_step_rows(rank: int, rows: list[StepRow], last: int | None = None,

@@ -30,8 +30,8 @@ def parse_interval(text: str) -> float:
               help="Run directory to create (default: runs/<time>-<command>).")
 @click.option("--interval", default="100ms", show_default=True,
               help="GPU sampling interval (e.g. 100ms, 1s).")
-@click.option("--steps", type=click.IntRange(1, 1000), default=5, show_default=True,
-              help="Training steps traced with the torch profiler.")
+@click.option("--steps", type=click.IntRange(1, 1000), default=None,
+              help="Training steps traced with the torch profiler  [default: 5; 2 with --monitor].")
 @click.option("--skip", type=click.IntRange(0, 10**9), default=10, show_default=True,
               help="Steps run untraced first (warm-up, compilation, caches).")
 @click.option("--backend", default="nvml", show_default=True, metavar="nvml|replay:FILE",
@@ -39,12 +39,15 @@ def parse_interval(text: str) -> float:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the Diagnosis as JSON (after the job's own output).")
 @click.option("--monitor", is_flag=True,
-              help="Always-on mode for jobs watched all the time: trace one step only (for MFU "
-                   "and the label), then just step timing, sampling and periodic signals to the "
-                   "node agent.")
+              help="Always-on mode for jobs watched all the time: trace a short window (2 steps: "
+                   "one traced step can read host-bound), again every --retrace, and in between "
+                   "only step timing, sampling and periodic signals to the node agent.")
+@click.option("--retrace", default=None, metavar="DURATION",
+              help="Open a new trace window this often (e.g. 10m, 600s; 0 = once), so a job that "
+                   "changes phase gets a fresh label  [default: 10m with --monitor, else 0].")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def profile(out: Path | None, interval: str, steps: int, skip: int, backend: str, as_json: bool,
-            monitor: bool, command: tuple[str, ...]) -> None:
+def profile(out: Path | None, interval: str, steps: int | None, skip: int, backend: str,
+            as_json: bool, monitor: bool, retrace: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged while sampling GPUs and tracing a few steps, then diagnose it.
 
     The job keeps its arguments, stdin/stdout/stderr, environment and exit code; gpudiag
@@ -59,16 +62,42 @@ def profile(out: Path | None, interval: str, steps: int, skip: int, backend: str
       gpudiag profile --steps 3 --skip 20 -- torchrun --nproc_per_node 8 train.py
       gpudiag profile --out runs/slow-job --json -- python train.py > out.txt
     """
-    if monitor:
-        steps = 1
+    if steps is None:
+        steps = MONITOR_STEPS if monitor else DEFAULT_STEPS
+    elif monitor and steps < MONITOR_STEPS:
+        raise click.BadParameter(f"--monitor traces at least {MONITOR_STEPS} steps (one traced step "
+                                 "cannot tell a slow step from a slow job)", param_hint="--steps")
+    retrace_s = parse_duration(retrace, "--retrace") if retrace is not None else (
+        MONITOR_RETRACE_S if monitor else 0.0)
     opts = ProfileOptions(out=out or _default_out(command), interval=parse_interval(interval),
-                          steps=steps, skip=skip, backend=backend, as_json=as_json)
+                          steps=steps, skip=skip, backend=backend, as_json=as_json,
+                          retrace_s=retrace_s)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise BadInput("no command to profile: gpudiag profile -- python train.py")
     code = profile_job(list(command), opts)
     raise click.exceptions.Exit(code)
+
+
+DEFAULT_STEPS = 5
+# One traced step read host-bound on a GPT job whose truth is memory-bound: one step cannot
+# tell a slow step from a slow job, two can (and the analysis flags a lone step's confidence).
+MONITOR_STEPS = 2
+# How often --monitor re-traces: often enough that a job that changes phase (eval, a new
+# curriculum stage) is relabelled within minutes, rare enough that a window's cost (a few
+# dilated steps and an export) stays well under 1% of the run.
+MONITOR_RETRACE_S = 600.0
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION_UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str, option: str) -> float:
+    """'10m', '600s', '1.5h', '0' -> seconds (0 turns the feature off)."""
+    m = _DURATION.match(text)
+    if not m:
+        raise click.BadParameter(f"{text!r}: use e.g. 10m, 600s or 0", param_hint=option)
+    return float(m.group(1)) * _DURATION_UNIT[m.group(2)]
 
 
 def _default_out(command: tuple[str, ...]) -> Path:
@@ -86,6 +115,7 @@ class ProfileOptions:
     skip: int
     backend: str
     as_json: bool
+    retrace_s: float = 0.0
 
 
 def _say(msg: str) -> None:
@@ -109,7 +139,7 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
                    start=time.time(), versions={"gpudiag": __version__,
                                                 "python": platform.python_version()},
                    options={"interval_s": opts.interval, "steps": opts.steps, "skip": opts.skip,
-                            "backend": opts.backend})
+                            "backend": opts.backend, "retrace_s": opts.retrace_s})
     sampler = None
     try:
         backend = open_backend(opts.backend)
@@ -132,7 +162,8 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
 
     reporter = _signal_reporter(run_dir, info)
     try:
-        result = run_job(command, job_env(run_dir, opts.skip, opts.steps), on_start=started)
+        result = run_job(command, job_env(run_dir, opts.skip, opts.steps, opts.retrace_s),
+                         on_start=started)
     except BadInput:
         info.status, info.end = "failed", time.time()
         info.notes.append("the command could not be started")
@@ -164,7 +195,7 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     except Exception as e:  # noqa: BLE001 - the job's outcome must not change
         _say(f"analysis failed: {type(e).__name__}: {e} (the run directory is complete)")
     if reporter is not None:
-        _final_signal(reporter, d)
+        _final_signal(reporter, d, run_dir)
     return result.exit_code
 
 
@@ -186,36 +217,58 @@ def _signal_reporter(run_dir: Path, info: object) -> object:
 
 
 def _estimator(run_dir: Path):  # noqa: ANN202 - a closure
-    """MFU and label while the job runs: the traced steps are analysed once, as soon as rank
-    0's trace exists; MFU then follows the measured step time (model FLOPs per step from
-    the trace over the recent untraced step time, at the device's peak)."""
-    cache: dict[str, object] = {}
+    """MFU and label while the job runs, from the unprofiled estimate of the run directory.
 
-    def estimate(step_seconds: float | None) -> dict:
-        if "d" not in cache:
-            if not (run_dir / "traces" / "rank-0.json.gz").exists():
-                return {}
+    The run directory is analysed again whenever a trace window is written (the first, and
+    each re-trace), so the label follows the job's phase; between windows, MFU follows the
+    live untraced step time (model FLOPs per step from the trace over the median of the
+    most recent untraced steps, at the device's peak), never the dilated traced steps.
+    """
+    cache: dict[str, object] = {}
+    trace = run_dir / "traces" / "rank-0.json.gz"
+
+    def estimate(live_step_s: float | None) -> dict:
+        try:
+            mtime = trace.stat().st_mtime
+        except OSError:
+            return {}
+        if cache.get("mtime") != mtime:
             from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
             from gpudiag.collectors.cpu_peak import cpu_peak
 
-            cache["d"] = diagnose(run_dir / "traces", DeviceChoice(cpu_peak=cpu_peak), jobs=1)
-        d = cache["d"]
-        b = d.breakdown
-        out = {"bottleneck": d.verdict.label.value,
-               "input_wait_ratio": b.input_wait / b.step_time if b.step_time > 0 else None}
-        if d.mfu.flops_per_step and d.mfu.peak_flops and step_seconds:
-            out["mfu_ratio"] = min(1.0, d.mfu.flops_per_step / step_seconds / d.mfu.peak_flops)
-        return out
+            cache["d"] = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak), jobs=1)
+            cache["mtime"] = mtime
+        return signal_fields(cache["d"], live_step_s, traced_at=mtime)
 
     return estimate
 
 
-def _final_signal(reporter: object, d: object) -> None:
+def signal_fields(d: object, live_step_s: float | None, traced_at: float | None) -> dict:
+    """The fields of a job signal (gpudiag/jobsignal.py, v2) from a Diagnosis."""
+    b = d.unprofiled or d.breakdown
+    out = {"bottleneck": d.verdict.label.value, "confidence": d.verdict.confidence,
+           "input_wait_ratio": b.input_wait / b.step_time if b.step_time > 0 else None,
+           "traced_steps": max((len(r.steps) for r in d.ranks), default=0)}
+    if traced_at is not None:
+        out["traced_at"] = traced_at
+    if d.dilation is not None:
+        out["dilation"] = round(d.dilation.factor, 4)
+    mfu = d.mfu
+    if mfu.flops_per_step and mfu.peak_flops and live_step_s:
+        out["mfu_ratio"] = min(1.0, mfu.flops_per_step / live_step_s / mfu.peak_flops)
+    elif mfu.value is not None:
+        out["mfu_ratio"] = mfu.value
+    return out
+
+
+def _final_signal(reporter: object, d: object, run_dir: Path) -> None:
     fields = {}
     if d is not None:
-        b = d.breakdown
-        fields = {"mfu_ratio": d.mfu.value, "bottleneck": d.verdict.label.value,
-                  "input_wait_ratio": (b.input_wait / b.step_time) if b.step_time > 0 else None}
+        try:
+            traced_at = (run_dir / "traces" / "rank-0.json.gz").stat().st_mtime
+        except OSError:
+            traced_at = None
+        fields = signal_fields(d, None, traced_at)
     reporter.finish(**fields)
     if reporter.error:
         _say(reporter.error)
@@ -231,43 +284,14 @@ def _stop(sampler: object, host: list, info: object) -> None:
 
 
 def _step_summary(run_dir: Path) -> dict:
-    import json
+    from gpudiag.rundir import last_step, read_bootstrap
 
-    from gpudiag.rundir import read_jsonl
-
-    last = 0
     notes: list[str] = []
     torch_version = None
-    for f in sorted((run_dir / "samples").glob("steps-rank-*.jsonl")):
-        steps = [r["step"] for r in read_jsonl(f) if isinstance(r.get("step"), int)]
-        last = max([last, *steps])
-    for f in sorted((run_dir / "samples").glob("bootstrap-rank-*.json")):
-        try:
-            meta = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        notes.extend(f"rank {meta.get('rank')}: {n}" for n in meta.get("notes", []))
-        if meta.get("torch"):
-            torch_version = str(meta["torch"])
-    return {"last_step": last or None, "notes": notes, "torch": torch_version}
-
-
-# Traced steps slower than this factor over untraced ones mean the profiler's own per-op cost
-# distorts the picture (typical on CPU jobs with many small ops); below it, noise.
-PROFILER_INFLATION = 1.5
-
-
-def _untraced_step_ms(run_dir: Path, opts: ProfileOptions) -> float | None:
-    """Median step time of rank 0 outside the profiling window (and its first step)."""
-    import statistics
-
-    from gpudiag.rundir import read_jsonl
-
-    window = range(opts.skip, opts.skip + opts.steps + 2)
-    dts = [float(r["dt"]) for r in read_jsonl(run_dir / "samples" / "steps-rank-0.jsonl")
-           if isinstance(r.get("step"), int) and isinstance(r.get("dt"), (int, float))
-           and r["step"] > 1 and r["step"] not in window]
-    return statistics.median(dts) * 1e3 if len(dts) >= 3 else None
+    for rank, meta in sorted(read_bootstrap(run_dir).items()):
+        notes.extend(f"rank {rank}: {n}" for n in meta.notes)
+        torch_version = torch_version or meta.torch
+    return {"last_step": last_step(run_dir), "notes": notes, "torch": torch_version}
 
 
 def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | None:
@@ -282,13 +306,6 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | Non
     from gpudiag.reports.terminal import render_terminal
 
     d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak))
-    untraced = _untraced_step_ms(run_dir, opts)
-    traced = d.breakdown.step_time / 1e3
-    if untraced and traced > PROFILER_INFLATION * untraced:
-        d.warnings.append(
-            f"traced steps took {traced:.3g} ms against {untraced:.3g} ms untraced (median): the "
-            f"profiler slowed them {traced / untraced:.1f}x, mostly per operator, so host/op "
-            "overhead is over-represented in this breakdown")
     (run_dir / "diagnosis.json").write_text(d.to_json())
     _write_report(run_dir, d)
     click.echo(d.to_json() if opts.as_json else render_terminal(d))
