@@ -1,0 +1,200 @@
+"""The scheduler's data: cluster, jobs, live signals, decisions and the policy's knobs.
+
+Plain dataclasses and nothing else, so that the three runtimes (the trace-replay simulator,
+the one-machine daemon with its SQLite state, the Slurm controller) can build them from what
+they hold and hand them to the same policy functions. Times are seconds on one clock chosen by
+the runtime (the simulator's starts at the first submission).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class Tier(IntEnum):
+    """Priority tiers; a higher value always goes first and only a higher tier may preempt."""
+
+    SPOT = 0        # preemptible capacity, cheapest
+    RESERVED = 1    # a team's reserved (quota) capacity: the default
+    ON_DEMAND = 2   # paid for now, must start now
+
+
+TIER_NAMES = {Tier.SPOT: "spot", Tier.RESERVED: "reserved", Tier.ON_DEMAND: "on-demand"}
+
+# The bottleneck labels gpudiag's analyzers assign (gpudiag/diagnosis.py), plus "unknown".
+LABELS = ("compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound", "unknown")
+# A GPU that waits for input or for the host is idle however "busy" nvidia-smi says it is.
+GPU_IDLE_LABELS = frozenset({"input-bound", "host-bound"})
+COMM_LABEL = "communication-bound"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    index: int
+    gpus: int
+    rack: int
+    model: str = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    nodes: tuple[Node, ...]
+
+    @classmethod
+    def uniform(cls, nodes: int, gpus_per_node: int = 8, rack_size: int = 4,
+                model: str = "unknown") -> Cluster:
+        """``nodes`` identical nodes; nodes ``i*rack_size .. (i+1)*rack_size-1`` share rack ``i``."""
+        if nodes < 1 or gpus_per_node < 1 or rack_size < 1:
+            raise ValueError("nodes, gpus per node and rack size must be positive")
+        return cls(tuple(Node(i, gpus_per_node, i // rack_size, model) for i in range(nodes)))
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+
+@dataclass(slots=True)
+class Job:
+    """A gang: all ``gpus`` start together or none do.
+
+    ``key`` is the recurring "same job" identity (a sweep, a nightly run, user + job name):
+    what an earlier job of the key taught us about MFU applies to this one. ``estimate_s`` is
+    what backfill believes about the run time (a time limit, or the exact duration in a replay).
+    """
+
+    id: int
+    gpus: int
+    submit: float
+    estimate_s: float
+    user: str = ""
+    team: str = ""
+    key: str = ""
+    tier: Tier = Tier.RESERVED
+    preemptible: bool = True
+    grace_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """What the gpudiag agent exports about a running job (gpudiag_job_mfu_ratio, ..._bottleneck)."""
+
+    mfu: float          # unprofiled MFU, 0..1
+    label: str          # one of LABELS
+    confidence: float   # 0..1, the analyzer's confidence in the label
+    age_s: float        # seconds since the agent last heard from the job
+
+
+@dataclass(slots=True)
+class KeyHistory:
+    """Decayed record of the MFU earlier jobs of one key reached."""
+
+    mfu: float
+    label: str
+    weight: float       # decayed number of observations (1.0 = one fresh observation)
+    updated: float      # when ``weight`` was last decayed
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Exact GPUs: ((node index, (gpu indices...)), ...)."""
+
+    slots: tuple[tuple[int, tuple[int, ...]], ...]
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(n for n, _ in self.slots)
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(g) for _, g in self.slots)
+
+
+@dataclass(slots=True)
+class Running:
+    job: Job
+    placement: Placement
+    start: float
+    expected_end: float           # start + estimate (what backfill plans with)
+    last_checkpoint: float        # work after this is lost if the job is killed now
+    terminating: bool = False     # a preemption was decided; it is in its grace period
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One thing to do now, with the reason a person reads and the numbers behind it."""
+
+    kind: str                     # "start" | "preempt" | "hold"
+    job_id: int
+    reason: str
+    placement: Placement | None = None
+    grace_s: float = 0.0
+    numbers: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TeamShare:
+    """A team's quota and its recent use, both in GPUs (use is a decayed average)."""
+
+    quota_gpus: float
+    used_gpus: float
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Every knob of the policy; the defaults are gpudiag's, ``fifo()``/``easy()`` the baselines.
+
+    Each mechanism can be switched off on its own (the benchmark's ablation).
+    """
+
+    name: str = "gpudiag"
+    backfill: bool = True                 # EASY backfill behind the head's reservation
+    order: str = "priority"               # "arrival" (FIFO/EASY) or "priority" (tier, aging, penalties)
+    efficiency: bool = True               # low MFU / GPU-idle label lowers priority
+    fair_share: bool = True               # team use above quota lowers priority
+    label_aware_placement: bool = True    # communication-bound jobs wait for one node / fewest racks
+    spread_small: bool = True             # jobs of <= one node's GPUs may span nodes when no node fits
+    preemption: bool = True               # a higher tier may preempt a lower one
+    # Signals: the agent writes every 15 s; twenty missed writes is a job we no longer hear.
+    min_signal_confidence: float = 0.5
+    max_signal_age_s: float = 300.0
+    # Key history: act on it while it weighs at least one observation one half-life old.
+    min_history_weight: float = 0.5
+    history_half_life_s: float = 7 * 86400.0   # Slurm's PriorityDecayHalfLife default (7 days)
+    # Efficiency: a job at ratio r < 1 of its class median MFU waits as if submitted
+    # (1 - factor) * max_efficiency_delay_s later; GPU-idle labels cap the factor.
+    max_efficiency_delay_s: float = 4 * 3600.0
+    idle_label_factor: float = 0.5
+    min_efficiency_factor: float = 0.1
+    # Fair share: a team using u GPUs against quota q waits (u/q - 1) * fair_share_scale_s
+    # longer, clamped to [-max_fair_share_bonus_s, max_fair_share_delay_s] (the wait bonus).
+    fair_share_scale_s: float = 3600.0
+    max_fair_share_delay_s: float = 2 * 3600.0
+    max_fair_share_bonus_s: float = 1800.0
+    fair_share_half_life_s: float = 86400.0
+    # Preemption: no victim younger than this (thrashing); SIGTERM then this grace by default.
+    min_runtime_s: float = 600.0
+
+    @property
+    def aging_bound_s(self) -> float:
+        """A pending job is never ordered behind a job of its tier submitted more than this later.
+
+        Penalties shift a job's effective submit time by at most the delay caps above and
+        bonuses by at most the bonus cap, so two jobs submitted further apart than their sum
+        keep their arrival order: the set of jobs that can pass a given job is finite, and with
+        the head's reservation (EASY) every job starts in bounded time - no starvation.
+        """
+        pen = (self.max_efficiency_delay_s if self.efficiency else 0.0) + (
+            self.max_fair_share_delay_s if self.fair_share else 0.0)
+        bonus = self.max_fair_share_bonus_s if self.fair_share else 0.0
+        return pen + bonus if self.order == "priority" else 0.0
+
+    @classmethod
+    def fifo(cls) -> Policy:
+        return cls(name="fifo", backfill=False, order="arrival", efficiency=False, fair_share=False,
+                   label_aware_placement=False, spread_small=False, preemption=False)
+
+    @classmethod
+    def easy(cls) -> Policy:
+        return cls(name="easy", backfill=True, order="arrival", efficiency=False, fair_share=False,
+                   label_aware_placement=False, spread_small=False, preemption=False)

@@ -1,0 +1,196 @@
+"""Gang placement: where a job's GPUs go, all at once or not at all, and the head's reservation.
+
+Rules (the baselines' are the published simulators'; gpudiag's add topology and labels):
+- A job of at most one node's GPUs goes on one node, best fit: the node with the fewest free
+  GPUs that fit, ties to the lowest index - the classic defence against fragmentation.
+- A larger job takes ceil(g / G) wholly free nodes (G GPUs per node) and uses g GPUs of them
+  (the last node's remainder stays free for others). The baselines take the lowest-indexed
+  free nodes; gpudiag takes them from the fewest racks (one rack when one has enough).
+- gpudiag only: a job of at most one node's GPUs that is not known to be communication-bound
+  may be spread over several nodes when no single node fits - inside one rack when a rack has
+  room (fewest nodes first), else over the racks with most free GPUs. Jobs known to be
+  communication-bound wait for a consolidated placement instead. The cost of spreading is
+  modelled by ``gpudiag.scheduler.slowdown``.
+
+EASY's reservation: the head job's start time ("shadow") is found by releasing running jobs in
+order of expected end until the head fits; the GPUs it would take then are reserved. A job that
+would still run at the shadow time may backfill only onto GPUs the head will not need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpudiag.scheduler.cluster_state import ClusterState
+from gpudiag.scheduler.model import Placement
+
+Plan = list[tuple[int, int]]   # (node, GPUs there)
+
+
+def nodes_needed(gpus: int, per_node: int) -> int:
+    return -(-gpus // per_node)
+
+
+def one_node(state: ClusterState, gpus: int, spare: dict[int, int] | None = None) -> Plan | None:
+    n = state.best_fit_node(gpus, spare)
+    return None if n is None else [(n, gpus)]
+
+
+def _split(gpus: int, per_node: int, nodes: list[int]) -> Plan:
+    plan = [(n, per_node) for n in nodes[:-1]]
+    return plan + [(nodes[-1], gpus - per_node * (len(nodes) - 1))]
+
+
+def whole_nodes(state: ClusterState, gpus: int, fewest_racks: bool,
+                banned: frozenset[int] = frozenset()) -> Plan | None:
+    """ceil(g/G) wholly free nodes: the lowest-indexed ones, or those of the fewest racks."""
+    per = state.max_gpus
+    k = nodes_needed(gpus, per)
+    free = [n for n in state.whole if n not in banned] if banned else state.whole
+    if len(free) < k:
+        return None
+    if not fewest_racks:
+        return _split(gpus, per, free[:k])
+    by_rack: dict[int, list[int]] = {}
+    for n in free:
+        by_rack.setdefault(state.rack[n], []).append(n)
+    fitting = [r for r, ns in by_rack.items() if len(ns) >= k]
+    if fitting:   # one rack: the one with the fewest whole nodes that suffice (best fit)
+        r = min(fitting, key=lambda r: (len(by_rack[r]), r))
+        return _split(gpus, per, by_rack[r][:k])
+    chosen: list[int] = []
+    for r in sorted(by_rack, key=lambda r: (-len(by_rack[r]), r)):
+        chosen.extend(by_rack[r][: k - len(chosen)])
+        if len(chosen) == k:
+            break
+    return _split(gpus, per, sorted(chosen))
+
+
+def spread(state: ClusterState, gpus: int, banned: frozenset[int] = frozenset()) -> Plan | None:
+    """Fewest nodes inside one rack (the rack with the least room that suffices), else across racks."""
+    if state.total_free < gpus:
+        return None
+
+    def nodes_of(r: int) -> list[int]:
+        return sorted((n for n in state.rack_nodes[r] if state.free[n] and n not in banned),
+                      key=lambda n: (-state.free[n], n))
+
+    def room(r: int) -> int:
+        return sum(state.free[n] for n in state.rack_nodes[r] if n not in banned) if banned \
+            else state.rack_free[r]
+
+    racks = [r for r in range(state.racks) if room(r) >= gpus]
+    order = [min(racks, key=lambda r: (room(r), r))] if racks else sorted(
+        range(state.racks), key=lambda r: (-room(r), r))
+    plan: Plan = []
+    need = gpus
+    for r in order:
+        for n in nodes_of(r):
+            take = min(need, state.free[n])
+            plan.append((n, take))
+            need -= take
+            if need == 0:
+                return plan
+    return None
+
+
+@dataclass
+class Rule:
+    """How one job may be placed."""
+
+    gpus: int
+    whole: bool           # needs wholly free nodes (more GPUs than one node has)
+    fewest_racks: bool    # whole nodes from the fewest racks (gpudiag) or lowest index (baselines)
+    may_spread: bool      # a one-node job that may span nodes when no node fits
+
+
+def place(state: ClusterState, rule: Rule, spare: dict[int, int] | None = None,
+          banned: frozenset[int] = frozenset()) -> Plan | None:
+    """Where the job goes now, or None. ``spare``/``banned`` keep a reservation's GPUs."""
+    if rule.gpus > state.total_free:
+        return None
+    if rule.whole:
+        return whole_nodes(state, rule.gpus, rule.fewest_racks, banned)
+    plan = one_node(state, rule.gpus, spare)
+    if plan is None and rule.may_spread:
+        plan = spread(state, rule.gpus, banned)
+    return plan
+
+
+@dataclass
+class Reservation:
+    """The head's start time and what long backfill jobs may still use."""
+
+    shadow: float
+    nodes: frozenset[int]                            # nodes the head will use
+    spare: dict[int, int] = field(default_factory=dict)   # reserved node -> GPUs a long job may use
+    spare_count: int | None = None                  # count-based (spreadable head): GPUs to spare
+
+    def allows(self, plan: Plan) -> bool:
+        if self.spare_count is not None:
+            return sum(g for _, g in plan) <= self.spare_count
+        return all(n not in self.spare or g <= self.spare[n] for n, g in plan)
+
+    def charge(self, plan: Plan) -> None:
+        if self.spare_count is not None:
+            self.spare_count -= sum(g for _, g in plan)
+            return
+        for n, g in plan:
+            if n in self.spare:
+                self.spare[n] -= g
+
+
+def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, Placement]],
+            now: float) -> Reservation | None:
+    """Release running jobs in order of expected end until the head fits; reserve its GPUs then.
+
+    None when the head cannot fit even on an empty cluster (runtimes reject such jobs earlier).
+    """
+    free = list(state.free)
+    size = state.size
+    whole = len(state.whole)
+    total = state.total_free
+    per = state.max_gpus
+    k = nodes_needed(rule.gpus, per)
+    spreadable = rule.may_spread and not rule.whole
+
+    def fits() -> bool:
+        if rule.whole:
+            return whole >= k
+        if spreadable:
+            return total >= rule.gpus
+        return any(f >= rule.gpus for f in free)
+
+    shadow = now
+    if not fits():
+        for end, _, placement in by_end:
+            for n, idx in placement.slots:
+                before = free[n]
+                free[n] += len(idx)
+                total += len(idx)
+                if free[n] == size[n] and before < size[n]:
+                    whole += 1
+            shadow = max(now, end)
+            if fits():
+                break
+        else:
+            return None
+    if spreadable:
+        return Reservation(shadow, frozenset(), spare_count=total - rule.gpus)
+    if rule.whole:
+        cands = [n for n in range(len(free)) if free[n] == size[n]]
+        nodes = cands[:k]
+        if rule.fewest_racks:   # same choice whole_nodes() would make on the released cluster
+            by_rack: dict[int, list[int]] = {}
+            for n in cands:
+                by_rack.setdefault(state.rack[n], []).append(n)
+            fitting = [r for r, ns in by_rack.items() if len(ns) >= k]
+            if fitting:
+                nodes = by_rack[min(fitting, key=lambda r: (len(by_rack[r]), r))][:k]
+        plan = _split(rule.gpus, per, nodes)
+    else:
+        n = min((n for n in range(len(free)) if free[n] >= rule.gpus), key=lambda n: (free[n], n))
+        plan = [(n, rule.gpus)]
+    return Reservation(shadow, frozenset(n for n, _ in plan),
+                       spare={n: free[n] - g for n, g in plan})

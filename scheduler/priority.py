@@ -1,0 +1,139 @@
+"""Queue order: tier first; inside a tier, age shifted by bounded efficiency and fair-share terms.
+
+Every term is expressed as a shift of the job's *effective submit time*, so the order within a
+tier is "earliest effective submit first" and a job ages simply by waiting: a penalty delays a
+job by at most its cap, never forever (``Policy.aging_bound_s`` states the bound). It also makes
+the order independent of the current time, so runtimes may keep the queue sorted and recompute
+the terms only when their inputs change (Slurm recomputes priorities every PriorityCalcPeriod).
+
+- Efficiency (``efficiency_factor``): the job's unprofiled MFU - from a valid live signal, else
+  from earlier jobs of its key - against the median of its class; a GPU-idle label (input- or
+  host-bound) caps the factor. No signal, a weak one (confidence below
+  ``Policy.min_signal_confidence``) or a stale one (older than ``Policy.max_signal_age_s``): neutral.
+- Fair share: a team's decayed GPU use against its quota; above quota waits longer, below gets a
+  bounded bonus.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpudiag.scheduler.model import (
+    GPU_IDLE_LABELS,
+    TIER_NAMES,
+    Job,
+    KeyHistory,
+    Policy,
+    Signal,
+    TeamShare,
+)
+
+_BINS = 200   # class-median resolution: 0.5 percentage points of MFU
+
+
+def job_class(gpus: int) -> str:
+    """Jobs are compared with jobs of their size: MFU falls with scale (communication)."""
+    return "1 GPU" if gpus == 1 else ("2-8 GPUs" if gpus <= 8 else ">8 GPUs")
+
+
+class MfuBook:
+    """MFU learned per key (decayed) and per class (a histogram, for the class median)."""
+
+    def __init__(self, half_life_s: float) -> None:
+        self.half_life_s = half_life_s
+        self.keys: dict[str, KeyHistory] = {}
+        self.hist: dict[str, list[int]] = {}
+        self.counts: dict[str, int] = {}
+
+    def _decayed(self, h: KeyHistory, now: float) -> float:
+        return h.weight * math.pow(2.0, -max(0.0, now - h.updated) / self.half_life_s)
+
+    def observe(self, key: str, cls: str, mfu: float, label: str, now: float) -> None:
+        h = self.keys.get(key)
+        if h is None:
+            self.keys[key] = KeyHistory(mfu, label, 1.0, now)
+        else:
+            w = self._decayed(h, now)
+            h.mfu = (h.mfu * w + mfu) / (w + 1.0)
+            h.weight, h.updated, h.label = w + 1.0, now, label
+        bins = self.hist.setdefault(cls, [0] * _BINS)
+        bins[min(_BINS - 1, max(0, int(mfu * _BINS)))] += 1
+        self.counts[cls] = self.counts.get(cls, 0) + 1
+
+    def lookup(self, key: str, now: float) -> KeyHistory | None:
+        h = self.keys.get(key)
+        return None if h is None else KeyHistory(h.mfu, h.label, self._decayed(h, now), now)
+
+    def class_median(self, cls: str) -> float | None:
+        n = self.counts.get(cls, 0)
+        if n == 0:
+            return None
+        seen = 0
+        for i, c in enumerate(self.hist[cls]):
+            seen += c
+            if 2 * seen >= n:
+                return (i + 0.5) / _BINS
+        return None
+
+
+def signal_usable(sig: Signal | None, policy: Policy) -> bool:
+    return sig is not None and sig.confidence >= policy.min_signal_confidence \
+        and sig.age_s <= policy.max_signal_age_s
+
+
+def efficiency_factor(job: Job, signal: Signal | None, history: KeyHistory | None, policy: Policy,
+                      class_median: float | None) -> tuple[float, str]:
+    """(factor in (0, 1], reason): 1 is neutral; lower factors wait longer (never forever)."""
+    if signal_usable(signal, policy):
+        mfu, label, src = signal.mfu, signal.label, "its signal"
+    elif history is not None and history.weight >= policy.min_history_weight:
+        mfu, label, src = history.mfu, history.label, f"earlier jobs of key {job.key}"
+    else:
+        why = "no signal"
+        if signal is not None:
+            why = (f"signal ignored (confidence {signal.confidence:.2f} < {policy.min_signal_confidence})"
+                   if signal.confidence < policy.min_signal_confidence
+                   else f"signal ignored (stale: {signal.age_s:.0f} s old)")
+        return 1.0, f"{why}: neutral"
+    factor, parts = 1.0, []
+    if class_median and mfu < class_median:
+        factor = max(policy.min_efficiency_factor, mfu / class_median)
+        parts.append(f"MFU {mfu:.0%} vs {class_median:.0%} median of its class ({job_class(job.gpus)})")
+    if label in GPU_IDLE_LABELS:
+        factor = min(factor, policy.idle_label_factor)
+        parts.append(f"{label}: its GPUs wait idle")
+    if not parts:
+        return 1.0, f"MFU {mfu:.0%} from {src}: not lowered"
+    return factor, f"priority lowered: {'; '.join(parts)} (from {src})"
+
+
+def fair_share_delay(share: TeamShare | None, policy: Policy) -> tuple[float, str]:
+    """Seconds added to (or, below quota, taken from) the effective submit time."""
+    if share is None or share.quota_gpus <= 0:
+        return 0.0, ""
+    ratio = share.used_gpus / share.quota_gpus
+    d = min(policy.max_fair_share_delay_s,
+            max(-policy.max_fair_share_bonus_s, (ratio - 1.0) * policy.fair_share_scale_s))
+    if abs(d) < 1.0:
+        return 0.0, ""
+    verb = "waits" if d > 0 else "moves up"
+    return d, f"team uses {ratio:.0%} of its quota: {verb} {abs(d) / 60:.0f} min"
+
+
+def effective_submit(job: Job, factor: float, fair_delay: float, policy: Policy) -> float:
+    if policy.order != "priority":
+        return job.submit
+    eff = (1.0 - factor) * policy.max_efficiency_delay_s if policy.efficiency else 0.0
+    return job.submit + eff + (fair_delay if policy.fair_share else 0.0)
+
+
+TIER_SPAN_S = 1e12   # ~30,000 years: tiers never mix, whatever the effective submit times
+
+
+def sort_key(job: Job, eff_submit: float) -> float:
+    """One float: higher tier first, then the earliest effective submit (ties keep arrival order)."""
+    return -int(job.tier) * TIER_SPAN_S + eff_submit
+
+
+def tier_name(job: Job) -> str:
+    return TIER_NAMES[job.tier]
