@@ -1,21 +1,142 @@
 """Before/after: what changed between two diagnoses of (supposedly) the same job.
 
-Kernels and operators are compared by mean time *per step*, so runs that traced a
-different number of steps or ranks still compare like for like.
+Why it is careful: two runs of the same unchanged job never take exactly the same time, and
+profiled steps are slowed by the profiler by an amount that itself varies from run to run (the
+same GPT job on an H100 read "50.4 -> 38.6 ms, 23% faster" from its traced steps while its own
+step timer said 28.8 vs 28.5 ms). So when both sides are run directories, the step time is
+compared from the runs' step timers (untraced steps, profiler off), with a bootstrap interval
+on the ratio of the medians and a run-to-run noise floor (``step_change``); breakdowns, labels
+and MFU come from the unprofiled estimates. With a trace on either side there is no step timer,
+and the comparison says it cannot tell noise from change.
+
+Kernels and operators are compared by mean time *per step*, so runs that traced a different
+number of steps or ranks still compare like for like.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
 from gpudiag.diagnosis import (
     DIFF_SCHEMA_VERSION,
+    Bottleneck,
     Diagnosis,
     DiagnosisDiff,
     ItemDelta,
+    StepChange,
     TimeBreakdown,
     TopItem,
 )
+from gpudiag.units import pct
 
 MAX_ITEMS = 15
+
+# The interval: a percentile bootstrap of the ratio of the two medians (Efron & Tibshirani, "An
+# Introduction to the Bootstrap", 1993, ch. 13). Medians, not means: step times have a long right
+# tail (a checkpoint, a DataLoader hiccup) that moves a mean by more than the change sought.
+CONFIDENCE = 0.95
+RESAMPLES = 2000  # the 2.5% / 97.5% quantiles of 2000 resamples move by well under 0.1%
+BOOTSTRAP_SEED = 0  # fixed: the same two runs always get the same answer
+_CHUNK = 250  # resamples drawn at a time, so a 100k-step run needs no gigabytes
+# Fewer untraced steps than this on either side give no interval worth printing.
+MIN_STEPS = 5
+# The interval only knows the step-to-step jitter inside each run; runs also differ as a whole
+# (GPU clocks and temperature, other tenants, where the allocator landed), and the interval of
+# a few hundred steps is narrower than that. So a change must also exceed the run-to-run noise:
+# - at least RUN_TO_RUN_FLOOR: two runs of the same unchanged job differed by 1.0% in median step
+#   time on an H100 (GPT: 28.8 vs 28.5 ms), and gpudiag's dilation model treats under 2% as noise
+#   (analyzers/unprofiled.NOISE_FLOOR);
+# - and at least half the interquartile range (over the median) of the noisier run: a median that
+#   moves by less than the run's own step-to-step spread is what a change of conditions (a noisy
+#   neighbour in one run) does. Seen here: the same CPU job twice on a shared machine, +3.0% with
+#   a bootstrap interval of +2.4..+3.8%, while the second run's half-IQR was 8.5%.
+RUN_TO_RUN_FLOOR = 0.02
+
+# The percentile interval of a median is a little too narrow on small samples (medians of few
+# steps take few distinct values): with 10 steps a side it excluded "no change" for 5.5% of
+# pairs drawn from one distribution. A rank test (Mann-Whitney U, two-sided, normal
+# approximation with tie and continuity corrections: Mann & Whitney 1947; Lehmann,
+# "Nonparametrics", 1975, ch. 1) holds its level there; a change must pass both.
+ALPHA = 1 - CONFIDENCE
+
+NO_CHANGE = "no significant change"
+METHOD = (f"{CONFIDENCE:.0%} percentile bootstrap interval ({RESAMPLES} resamples, fixed seed) of the "
+          "ratio of median untraced step times; significant when the interval excludes no change, a "
+          f"Mann-Whitney U test agrees (p < {ALPHA:.2g}) and the change exceeds run-to-run noise (at least "
+          f"{RUN_TO_RUN_FLOOR:.0%}, and at least half the interquartile range of either run's steps)")
+
+
+def half_iqr(x: np.ndarray) -> float:
+    """Half the interquartile range over the median: the '±' of a run's step time."""
+    q1, med, q3 = np.percentile(x, [25, 50, 75])
+    return float((q3 - q1) / 2 / med) if med > 0 else 0.0
+
+
+def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:
+    """Two-sided p-value of the Mann-Whitney U test (normal approximation, tie- and
+    continuity-corrected): are values of one sample systematically larger than the other's?"""
+    n1, n2 = len(x), len(y)
+    both = np.concatenate([x, y])
+    order = np.argsort(both, kind="mergesort")
+    ranks = np.empty(len(both))
+    sorted_vals = both[order]
+    # average ranks over ties
+    _, first, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
+    avg = first + (counts + 1) / 2.0
+    ranks[order] = np.repeat(avg, counts)
+    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
+    n = n1 + n2
+    var = n1 * n2 / 12.0 * ((n + 1) - float((counts ** 3 - counts).sum()) / (n * (n - 1)))
+    if var <= 0:
+        return 1.0  # every value tied: nothing tells the samples apart
+    z = (abs(u - n1 * n2 / 2.0) - 0.5) / math.sqrt(var)
+    return math.erfc(max(z, 0.0) / math.sqrt(2.0))
+
+
+def step_change(before_s: Sequence[float], after_s: Sequence[float], *, confidence: float = CONFIDENCE,
+                resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                floor: float = RUN_TO_RUN_FLOOR) -> StepChange | None:
+    """Whether the median step time changed by more than noise, from two samples of step times
+    (seconds, untraced steps of each run). None when either side has fewer than MIN_STEPS."""
+    b = np.asarray([x for x in before_s if x > 0 and np.isfinite(x)], dtype=float)
+    a = np.asarray([x for x in after_s if x > 0 and np.isfinite(x)], dtype=float)
+    if len(b) < MIN_STEPS or len(a) < MIN_STEPS:
+        return None
+    rng = np.random.default_rng(seed)
+    ratios = []
+    for start in range(0, resamples, _CHUNK):
+        n = min(_CHUNK, resamples - start)
+        mb = np.median(b[rng.integers(0, len(b), size=(n, len(b)))], axis=1)
+        ma = np.median(a[rng.integers(0, len(a), size=(n, len(a)))], axis=1)
+        ratios.append(ma / mb)
+    tail = (1 - confidence) / 2
+    lo, hi = np.quantile(np.concatenate(ratios), [tail, 1 - tail]) - 1.0
+    med_b, med_a = float(np.median(b)), float(np.median(a))
+    change = med_a / med_b - 1.0
+    noise = max(floor, half_iqr(b), half_iqr(a))
+    significant = bool((lo > 0 or hi < 0) and abs(change) >= noise
+                       and mann_whitney_p(b, a) < 1 - confidence)
+    direction = NO_CHANGE if not significant else "slower" if change > 0 else "faster"
+    return StepChange(before_median_us=med_b * 1e6, after_median_us=med_a * 1e6, change=change,
+                      ci_low=float(lo), ci_high=float(hi), confidence=confidence,
+                      before_steps=len(b), after_steps=len(a), noise_floor=noise,
+                      significant=significant, direction=direction,
+                      method=METHOD if (confidence, resamples, floor) == (CONFIDENCE, RESAMPLES,
+                                                                          RUN_TO_RUN_FLOOR) else
+                      f"{confidence:.0%} percentile bootstrap interval ({resamples} resamples) of the ratio "
+                      f"of median step times; noise floor {floor:.1%}")
+
+
+def describe(sc: StepChange) -> str:
+    """'-0.3% (95% interval -1.5% to +0.9%; noise ±1.2%; 412 and 398 untraced steps): no significant
+    change'."""
+    what = NO_CHANGE if not sc.significant else f"significantly {sc.direction}"
+    lo, hi = pct(sc.ci_low, signed=True), pct(sc.ci_high, signed=True)
+    return (f"{pct(sc.change, signed=True)} ({sc.confidence:.0%} interval {lo} to {hi}; noise "
+            f"\u00b1{pct(sc.noise_floor)}; {sc.before_steps} and {sc.after_steps} untraced steps): {what}")
 
 
 def _steps(d: Diagnosis) -> int:
@@ -36,7 +157,26 @@ def _deltas(before: dict[str, float], after: dict[str, float]) -> list[ItemDelta
     return out[:MAX_ITEMS]
 
 
-def compare(before: Diagnosis, after: Diagnosis) -> DiagnosisDiff:
+def _has_estimate(d: Diagnosis) -> bool:
+    return d.basis == "unprofiled-estimate" and d.unprofiled is not None and d.unprofiled.step_time > 0
+
+
+def _traced_view(d: Diagnosis) -> tuple[TimeBreakdown, Bottleneck, float | None]:
+    """Breakdown, label and MFU of the traced steps, also for a diagnosis whose verdict and MFU
+    are of its unprofiled estimate: the like-for-like side of a trace-only comparison."""
+    if not _has_estimate(d):
+        return d.breakdown, d.verdict.label, d.mfu.value
+    label = (d.traced_verdict or d.verdict).label
+    m, st = d.mfu, d.breakdown.step_time
+    mfu = m.flops_per_step / (st * 1e-6) / m.peak_flops if m.flops_per_step and m.peak_flops and st > 0 \
+        else None
+    return d.breakdown, label, mfu
+
+
+def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] | None = None,
+            after_steps: Sequence[float] | None = None) -> DiagnosisDiff:
+    """``before_steps`` / ``after_steps``: untraced step times (seconds) from each run's step
+    timer, when the input was a run directory; with both, the step time is judged against noise."""
     nb, na = _steps(before), _steps(after)
     notes = []
     if before.device.name != after.device.name:
@@ -46,18 +186,43 @@ def compare(before: Diagnosis, after: Diagnosis) -> DiagnosisDiff:
     if before.top_kernels and after.top_kernels:
         notes.append("kernels and operators are compared by mean time per traced step and rank, "
                      "over the top items of each run")
-    bst, ast = before.breakdown.step_time, after.breakdown.step_time
+    unprofiled = _has_estimate(before) and _has_estimate(after)
+    if unprofiled:
+        assert before.unprofiled is not None and after.unprofiled is not None
+        bb, ab = before.unprofiled, after.unprofiled
+        labels = before.verdict.label, after.verdict.label
+        mfus = before.mfu.value, after.mfu.value
+        notes.append("breakdowns, labels and MFU are those of each run's unprofiled estimate (its own "
+                     "step timer, profiler off), not of the traced steps")
+    else:
+        (bb, lb, mb), (ab, la, ma) = _traced_view(before), _traced_view(after)
+        labels, mfus = (lb, la), (mb, ma)
+        if _has_estimate(before) or _has_estimate(after):
+            notes.append("only one side has a step timer: both are compared as traced, so labels and "
+                         "MFU here may differ from that run's own report")
+    sc = step_change(before_steps, after_steps) if before_steps and after_steps else None
+    if sc is not None:
+        change: float | None = sc.change
+        verdict = describe(sc)
+    else:
+        bst, ast = bb.step_time, ab.step_time
+        change = (ast / bst - 1) if bst > 0 and ast > 0 else None
+        why = (f"fewer than {MIN_STEPS} untraced steps on a side" if before_steps and after_steps
+               else "no step timer on at least one side (traces only)")
+        verdict = ((f"{pct(change, signed=True)} in traced step time; " if change is not None else "")
+                   + f"cannot tell noise from change: {why}. Traced steps are "
+                   "slowed by the profiler by an amount that varies from run to run; compare two "
+                   "gpudiag profile run directories for a judgement.")
     return DiagnosisDiff(
         schema_version=DIFF_SCHEMA_VERSION,
         before_sources=before.sources, after_sources=after.sources,
-        before=before.breakdown, after=after.breakdown,
-        step_time_change=(ast / bst - 1) if bst > 0 and ast > 0 else None,
-        label_before=before.verdict.label, label_after=after.verdict.label,
-        mfu_before=before.mfu.value, mfu_after=after.mfu.value,
+        before=bb, after=ab, step_time_change=change,
+        label_before=labels[0], label_after=labels[1], mfu_before=mfus[0], mfu_after=mfus[1],
         kernels=_deltas(_per_step(before.top_kernels, nb), _per_step(after.top_kernels, na)),
         ops=_deltas(_per_step(before.top_ops, nb), _per_step(after.top_ops, na)),
         device_before=before.device.name, device_after=after.device.name, notes=notes,
         breakdown_delta=TimeBreakdown(**{
-            f: getattr(after.breakdown, f) - getattr(before.breakdown, f)
-            for f in TimeBreakdown.__dataclass_fields__}),
+            f: getattr(ab, f) - getattr(bb, f) for f in TimeBreakdown.__dataclass_fields__}),
+        basis="unprofiled-estimate" if unprofiled else "profiled-steps",
+        step_change=sc, step_time_verdict=verdict,
     )

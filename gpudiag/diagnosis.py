@@ -361,7 +361,9 @@ class StepChange:
     confidence: float  # of that interval, e.g. 0.95
     before_steps: int
     after_steps: int
-    noise_floor: float  # smallest change called significant, whatever the interval says
+    # smallest change called significant, whatever the interval says: run-to-run noise (a fixed
+    # floor, or half the interquartile range of either run's steps if larger)
+    noise_floor: float
     significant: bool
     direction: str  # "slower", "faster" or "no significant change"
     method: str  # how the interval was obtained, in one sentence
