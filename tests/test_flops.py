@@ -231,3 +231,21 @@ def test_resnet18_flops_per_step_match_the_architecture():
     analytic = _resnet18_train_flops(batch=128)
     for f in flops:
         assert f == pytest.approx(analytic, rel=1e-9)
+
+
+def test_mfu_reason_names_the_share_of_device_time_without_a_flop_formula():
+    # torch 2.11 recorded no TensorList shapes, so the GPT run's fused AdamW has no cost: its
+    # kernels are the bulk of the device time MFU cannot count
+    from gpudiag.analyzers.diagnose import diagnose
+    from gpudiag.analyzers.trace_loader import KCLASS_COMPUTE
+
+    d = diagnose(RUNS / "h100-gpt-small", jobs=1)
+    share = float(re.search(r"(\d+)% of device time is in ops without a FLOP formula", d.mfu.reason).group(1))
+    rt = load_rank(RUNS / "h100-gpt-small" / "traces" / "rank-0.json.gz")
+    adamw = {int(e) for e, n in zip(rt.cpu_ext, rt.cpu_name, strict=True)
+             if rt.names[n] == "aten::_fused_adamw_"}
+    compute = rt.gpu_class == KCLASS_COMPUTE
+    in_adamw = compute & np.isin(rt.gpu_ext, list(adamw))
+    adamw_share = 100 * rt.gpu_dur[in_adamw].sum() / rt.gpu_dur[compute].sum()
+    assert adamw_share > 3
+    assert adamw_share - 0.5 <= share <= adamw_share + 2
