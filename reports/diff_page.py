@@ -51,14 +51,16 @@ def _delta_chart(title: str, items: list[ItemDelta]) -> Markup | None:
 
 def render_diff(diff: DiagnosisDiff, before: Diagnosis, after: Diagnosis) -> str:
     """Before/after page for ``gpudiag diff``; ``before``/``after`` supply context (verdicts)."""
+    unprofiled = diff.basis == "unprofiled-estimate"
+    view = "unprofiled estimates" if unprofiled else "as traced"
     bars = []
     for name, b in (("before", diff.before), ("after", diff.after)):
         if b.step_time > 0:
             bars.append(svg.Bar(name, part_segments(b, b.step_time / 1e3, True), note=ms(b.step_time)))
     charts = []
     if bars:
-        charts.append(Markup(svg.stacked_bars("Mean step time, before and after", bars, legend_parts(),
-                                              "mean step time (ms)")))
+        charts.append(Markup(svg.stacked_bars(f"Mean step time, before and after ({view})", bars,
+                                              legend_parts(), "mean step time (ms)")))
     rows = []
     # after - before per part; older DiagnosisDiffs (and their JSON) do not carry it
     delta: TimeBreakdown | None = getattr(diff, "breakdown_delta", None)
@@ -70,20 +72,26 @@ def render_diff(diff: DiagnosisDiff, before: Diagnosis, after: Diagnosis) -> str
                      "after_share": pct(diff.after.fraction(key)), "change": signed_ms(change),
                      "dir": "" if not change else "delta-up" if change > 0 else "delta-down"})
     label_changed = diff.label_before != diff.label_after
+    sc = diff.step_change
+    steps = ((ms(sc.before_median_us), ms(sc.after_median_us)) if sc is not None
+             else (ms(diff.before.step_time), ms(diff.after.step_time)))
     ctx = {
         "title": f"gpudiag diff: {diff.label_before.value} \u2192 {diff.label_after.value}",
-        "diff": diff, "label_changed": label_changed,
-        "step_change": pct(diff.step_time_change, signed=True),
-        "direction": ("n/a" if diff.step_time_change is None else "faster" if diff.step_time_change < 0
-                      else "slower" if diff.step_time_change > 0 else "unchanged"),
+        "diff": diff, "label_changed": label_changed, "view": view, "unprofiled": unprofiled,
+        "step_source": ("median untraced step (each job's own step timer, profiler off)" if sc is not None
+                        else "mean traced step (under the profiler)"),
+        "step_verdict": diff.step_time_verdict or pct(diff.step_time_change, signed=True),
+        "step_class": ("" if sc is None or not sc.significant
+                       else "delta-down" if sc.change < 0 else "delta-up"),
+        "method": sc.method if sc is not None else "",
         "mfu_before": pct(diff.mfu_before) if diff.mfu_before is not None else "not available",
         "mfu_after": pct(diff.mfu_after) if diff.mfu_after is not None else "not available",
         "sides": [{"name": "before", "d": before, "sources": diff.before_sources,
                    "device": diff.device_before, "verdict": verdict_ctx(before),
-                   "step": ms(diff.before.step_time)},
+                   "step": steps[0], "basis": before.basis},
                   {"name": "after", "d": after, "sources": diff.after_sources,
                    "device": diff.device_after, "verdict": verdict_ctx(after),
-                   "step": ms(diff.after.step_time)}],
+                   "step": steps[1], "basis": after.basis}],
         "charts": charts, "rows": rows, "has_delta": delta is not None,
         "kernel_chart": _delta_chart("Kernels: change in mean time per step", diff.kernels),
         "op_chart": _delta_chart("Operators: change in mean time per step", diff.ops),

@@ -31,6 +31,7 @@ from gpudiag.reports.page import (
     legend_parts,
     part_segments,
     verdict_ctx,
+    views_ctx,
 )
 from markupsafe import Markup
 
@@ -220,7 +221,9 @@ def _roofline(d: Diagnosis) -> dict[str, Any]:
             [("compute-bound", svg.BLUE), ("memory-bound", svg.ORANGE), ("unattributed", svg.GREY)],
             "ms", label_w=110))
     top = sorted(r.points, key=lambda p: -p.time_us)[:TOP_ROWS]
-    rows = [{"op": p.op, "short": short, "shape": p.shape, "dtype": p.dtype, "calls": p.calls,
+    # dtype shown without its namespace ('c10::bfloat16' -> 'bfloat16'; the title keeps it)
+    rows = [{"op": p.op, "short": short, "shape": p.shape, "dtype": p.dtype,
+             "dtype_short": p.dtype.split("::")[-1], "calls": p.calls,
              "time": ms(p.time_us), "flops": si(p.flops, "FLOP"), "bytes": si(p.bytes, "B"),
              "intensity": num(p.intensity), "achieved": si(p.achieved_flops, "FLOP/s"),
              "attainable": si(p.attainable_flops, "FLOP/s"), "bound": p.bound}
@@ -275,7 +278,7 @@ def _tables(d: Diagnosis) -> dict[str, Any]:
                      si(m.flops_per_step, "FLOP") if m.flops_per_step else "n/a"),
                     ("FLOPs from", m.flops_source), ("dtype family", m.dtype_family or "n/a"),
                     ("peak", si(m.peak_flops, "FLOP/s") if m.peak_flops else "n/a"),
-                    ("step time", ms(m.step_time_us))]}
+                    ("step time", ms(m.step_time_us)), ("step time from", m.step_time_basis)]}
     return {"top_chart": Markup(top_chart), "top_chart_kernels": bool(d.top_kernels),
             "comm_chart": Markup(comm_chart), "kernels": _item_rows(d.top_kernels),
             "n_kernels": len(d.top_kernels), "ops": _item_rows(d.top_ops), "n_ops": len(d.top_ops),
@@ -314,7 +317,7 @@ def render_report(d: Diagnosis) -> str:
     """The whole report for one Diagnosis as an HTML string."""
     ctx = {
         "title": f"gpudiag: {d.verdict.label.value} \u2014 {d.device.name}",
-        "header": _header(d), "sources": d.sources, "verdict": verdict_ctx(d),
+        "header": _header(d), "sources": d.sources, "verdict": verdict_ctx(d), "views": views_ctx(d),
         "breakdown": _breakdown(d), "timeline": _timeline(d), "roofline": _roofline(d),
         "tables": _tables(d), "missing": _missing(d), "data": embed_json(d.to_dict()),
         "generated_by": f"gpudiag {d.gpudiag_version}",

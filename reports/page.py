@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from gpudiag.reports import svg
+from gpudiag.reports import svg, views
 from gpudiag.reports.fmt import evidence_value, ms, num, pct, si_text, when
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
@@ -98,3 +98,27 @@ def verdict_ctx(d: Diagnosis) -> dict[str, Any]:
             "recommendations": [si_text(r) for r in v.recommendations],
             "evidence": [(k, evidence_value(k, x)) for k, x in v.evidence.items()]}
 
+
+def views_ctx(d: Diagnosis) -> dict[str, Any]:
+    """The basis of the verdict, the dilation, its caveats and the side-by-side table."""
+    both = views.has_both_views(d)
+    dil = d.dilation
+    rows = [{"label": r.label.strip(), "traced": ms(r.traced_us), "traced_share": pct(r.traced_share),
+             "unprofiled": ms(r.unprofiled_us), "unprofiled_share": pct(r.unprofiled_share),
+             "sub": r.label.startswith("  ")} for r in views.view_rows(d)] if both else []
+    chart = ""
+    if both and d.unprofiled is not None:
+        bars = [svg.Bar("as traced", part_segments(d.breakdown, d.breakdown.step_time / 1e3, True),
+                        note=ms(d.breakdown.step_time), tip="mean traced step, under the profiler"),
+                svg.Bar("unprofiled (est.)", part_segments(d.unprofiled, d.unprofiled.step_time / 1e3, True),
+                        note=ms(d.unprofiled.step_time),
+                        tip="estimated mean step of the job as it runs unobserved")]
+        chart = svg.stacked_bars("Mean step as traced and unprofiled (estimated)", bars, legend_parts(),
+                                 "mean step time (ms)", label_w=130,
+                                 desc="The same step twice: as the profiler recorded it, and with the "
+                                      "profiler's extra wall time removed from the idle gaps.")
+    return {"both": both, "basis": d.basis, "basis_line": views.basis_line(d),
+            "dilation": views.dilation_line(dil) if dil is not None else None,
+            "model": dil.model if dil is not None else None,
+            "caveats": [si_text(c) for c in dil.caveats] if dil is not None else [],
+            "traced_verdict": views.traced_verdict_line(d), "rows": rows, "chart": Markup(chart)}

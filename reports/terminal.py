@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import textwrap
 
+from gpudiag.reports import views
+
 from gpudiag.diagnosis import Diagnosis
+from gpudiag.units import pct, si
 
 _BAR = 30
 
@@ -14,12 +17,30 @@ def _bar(frac: float) -> str:
     return "#" * n + "." * (_BAR - n)
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:5.1f}%"
+def _pct(x: float | None) -> str:
+    return pct(x).rjust(6)
 
 
-def _ms(us: float) -> str:
-    return f"{us / 1e3:.3g} ms"
+def _ms(us: float | None) -> str:
+    return "n/a" if us is None else f"{us / 1e3:.3g} ms"
+
+
+def _breakdown(d: Diagnosis, unit: str) -> list[str]:
+    """The mean step: one view (traced), or both side by side with the bar for the verdict's."""
+    b = d.breakdown
+    if not views.has_both_views(d):
+        out = [f"Step time {_ms(b.step_time)} (mean per step over ranks), {unit} view:"]
+        for key, name in views.VIEW_ROWS[:-1]:
+            frac = b.fraction(key)
+            out.append(f"  {name:<26}{_pct(frac)}  {_bar(frac)}  {_ms(getattr(b, key))}")
+        return out
+    out = [f"Step time, {unit} view (mean per step over ranks), as traced and unprofiled (estimated):",
+           f"  {'':<26}{'as traced':>16}   {'unprofiled (est.)':>17}"]
+    for r in views.view_rows(d):
+        bar = "" if r.label == "step time" else "  " + _bar(r.unprofiled_share or 0.0)
+        out.append(f"  {r.label:<26}{_ms(r.traced_us):>9} {_pct(r.traced_share)}   "
+                   f"{_ms(r.unprofiled_us):>10} {_pct(r.unprofiled_share)}{bar}")
+    return out
 
 
 def render_terminal(d: Diagnosis, width: int = 100) -> str:
@@ -36,34 +57,30 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
     out.append(f"VERDICT: {v.label.value.upper()}  (confidence {v.confidence:.2f}, "
                f"{v.confidence_level}){second}")
     out.extend(textwrap.wrap(v.summary, width, initial_indent="  ", subsequent_indent="  "))
-    b = d.breakdown
-    if b.step_time > 0:
-        unit = "GPU" if dev.kind == "gpu" else "CPU"
+    wrap = {"width": width, "initial_indent": "  ", "subsequent_indent": "    "}
+    out.append("")
+    out.extend(textwrap.wrap(("Basis: unprofiled estimate. " if views.has_both_views(d) else
+                              "Basis: profiled steps. ") + views.basis_line(d), **wrap))
+    if d.dilation is not None:
+        out.extend(textwrap.wrap("The " + views.dilation_line(d.dilation) + ".", **wrap))
+    traced = views.traced_verdict_line(d)
+    if traced:
+        out.extend(textwrap.wrap("The " + traced, **wrap))
+    for c in d.dilation.caveats if d.dilation is not None else []:
+        out.extend(textwrap.wrap("Caveat: " + c, **wrap))
+    if d.breakdown.step_time > 0:
         out.append("")
-        out.append(f"Step time {_ms(b.step_time)} (mean per step over ranks), {unit} view:")
-        rows = [
-            ("compute", b.compute),
-            ("  compute-bound", b.compute_bound),
-            ("  memory-bound", b.memory_bound),
-            ("exposed communication", b.comm_exposed),
-            ("exposed memcpy/memset", b.memcpy_exposed),
-            ("input wait (DataLoader)", b.input_wait),
-            ("host overhead", b.host_overhead),
-        ]
-        for name, val in rows:
-            frac = val / b.step_time
-            out.append(f"  {name:<26}{_pct(frac)}  {_bar(frac)}  {_ms(val)}")
+        out.extend(_breakdown(d, "GPU" if dev.kind == "gpu" else "CPU"))
     m = d.mfu
     out.append("")
     if m.value is not None:
-        out.append(f"MFU: {100 * m.value:.1f}%  ({m.reason})")
+        out.append(f"MFU: {pct(m.value)}  ({m.reason})")
     else:
         out.append(f"MFU: {m.reason}")
     r = d.roofline
     if r.method != "none" and r.peak_flops > 0:
         out.append(f"Roofline ({r.method}): ridge {r.ridge_intensity:.3g} FLOP/byte at "
-                   f"{r.peak_flops / 1e12:.4g} TFLOP/s {r.dtype_family}, "
-                   f"{r.peak_bandwidth / 1e9:.4g} GB/s")
+                   f"{si(r.peak_flops, 'FLOP/s')} {r.dtype_family}, {si(r.peak_bandwidth, 'B/s')}")
     if d.communication:
         out.append("")
         out.append("Collectives:")

@@ -244,3 +244,37 @@ def test_harness_sees_dialogs_errors_requests_and_injected_script(browser, tmp_p
     assert pixel_stats(page.screenshot, (chart["x"], chart["y"], 50, 50)).ink == 1.0
     with pytest.raises(AssertionError, match="dialogs"):
         assert_quiet_and_offline(page)
+
+
+# -- both views of a profiled run ----------------------------------------------------------------
+def test_real_h100_run_report_draws_both_views_and_the_dilation(browser, shots, tmp_path):
+    """The real H100 GPT run directory: as traced beside unprofiled (estimated), the dilation line
+    and the basis, all drawn inside the window; its diff with itself reads no significant change."""
+    run = TRACES.parent / "runs" / "h100-gpt-small"
+    if not run.is_dir():
+        pytest.fail(f"test data missing: {run} (CI lays ../shared beside the repository)")
+    page = browser.open(report(run, tmp_path / "h100-gpt-small.html"))
+    assert_quiet_and_offline(page)
+    assert_drawn(page, shots, "run-h100-gpt-small")
+    text = " ".join(page.text.split())
+    for shown in ("Unprofiled estimate.", "The profiler slowed traced steps",
+                  "as traced | unprofiled (estimated)", "unprofiled (estimated)"):
+        assert shown in text, f"{shown!r} is not on the page"
+    views_chart = [c for c in page.charts if c["title"] == "Mean step as traced and unprofiled (estimated)"]
+    assert len(views_chart) == 1 and views_chart[0]["section"] == "breakdown"
+    assert page.clipped_boxes == [], f"content cut off or scrolled sideways: {page.clipped_boxes}"
+    out = tmp_path / "self-diff.html"
+    gpudiag("diff", run, run, "-o", out)
+    diff = browser.open(out)
+    assert_quiet_and_offline(diff)
+    keep_screenshot(diff, shots, "diff-h100-gpt-small-itself")
+    assert "no significant change" in diff.text and "Unprofiled estimates." in diff.text
+    assert diff.scroll_width <= diff.client_width, "the diff page sticks out sideways"
+    assert diff.clipped_boxes == [], f"content cut off or scrolled sideways: {diff.clipped_boxes}"
+
+
+def test_trace_only_report_says_it_shows_profiled_steps(browser, tmp_path):
+    page = browser.open(report(TRACES / "a100-nccl-2rank", tmp_path / "trace-only.html"))
+    assert_quiet_and_offline(page)
+    text = " ".join(page.text.split())
+    assert "This breakdown is of the profiled steps as they ran under the profiler" in text

@@ -366,3 +366,67 @@ def test_a_diagnosis_with_nothing_in_it_still_renders_every_section(gemm):
     text = render_report(d)
     assert assert_self_contained(text).sections == SECTIONS
     assert Diagnosis.from_dict(embedded(text)).to_dict() == d.to_dict()
+
+
+# --- both views: as traced and unprofiled (estimated) ------------------------------------------
+
+def text_of(html: str) -> str:
+    """The page's text as a reader sees it (tags dropped, entities decoded, spaces collapsed)."""
+    return " ".join(htmllib.unescape(re.sub(r"<[^>]+>", " ", html.split("<script", 1)[0])).split())
+
+
+def test_trace_only_report_says_its_breakdown_is_of_profiled_steps(gemm):
+    from gpudiag.reports.terminal import render_terminal
+
+    assert gemm.basis == "profiled-steps" and gemm.dilation is None
+    text = text_of(render_report(gemm))
+    assert "This breakdown is of the profiled steps as they ran under the profiler" in text
+    assert "unprofiled (estimated)" not in text  # no second view to show
+    term = render_terminal(gemm)
+    assert "Basis: profiled steps. This breakdown is of the profiled steps" in term
+
+
+def test_run_dir_report_shows_both_views_the_dilation_and_the_traced_verdict():
+    """The real H100 GPT run: the profiler dilated its traced steps; the report shows the step
+    as traced and as estimated unprofiled, the factor, and that traced steps alone read otherwise."""
+    from gpudiag.reports.terminal import render_terminal
+
+    run = REPO.parent / "shared" / "runs" / "h100-gpt-small"
+    d = diagnose(run, jobs=1)
+    assert d.basis == "unprofiled-estimate" and d.dilation is not None and d.unprofiled is not None
+    html = render_report(d)
+    assert_self_contained(html)
+    text = text_of(html)
+    dil = d.dilation
+    factor = f"{dil.factor:.2g}\u00d7"
+    assert (f"The profiler slowed traced steps {factor} ({dil.traced_step_us / 1e3:.3g} ms vs "
+            f"{dil.untraced_step_us / 1e3:.3g} ms untraced, {dil.untraced_steps} untraced steps, "
+            "noise \u00b1") in text
+    assert "Mean step, all ranks: as traced | unprofiled (estimated)" in text
+    assert f"{d.unprofiled.step_time / 1e3:.3g} ms 100.0%" in text  # the unprofiled step time column
+    assert "Mean step as traced and unprofiled (estimated)" in Page(html).chart_titles
+    if d.traced_verdict is not None and d.traced_verdict.label != d.verdict.label:
+        assert f"traced steps alone would read {d.traced_verdict.label.value}" in text
+    assert "step time from untraced steps" in text  # the MFU's basis
+    term = render_terminal(d)
+    assert "unprofiled (est.)" in term and f"slowed traced steps {factor}" in term
+    assert Diagnosis.from_dict(embedded(html)).to_dict() == d.to_dict()
+
+
+def test_caveats_and_a_differing_traced_verdict_are_shown(gemm):
+    from gpudiag.diagnosis import Bottleneck, Dilation, TimeBreakdown
+
+    d = copy.deepcopy(gemm)
+    b = d.breakdown
+    d.basis = "unprofiled-estimate"
+    d.unprofiled = TimeBreakdown(**{**b.__dict__, "step_time": b.step_time / 2})
+    d.dilation = Dilation(b.step_time, b.step_time / 2, 2.0, 5, 412, 0.024, "a model sentence",
+                          caveats=["CAVEAT-ONE <b>", "CAVEAT-TWO"])
+    d.traced_verdict = copy.deepcopy(d.verdict)
+    d.traced_verdict.label = Bottleneck.HOST
+    d.traced_verdict.evidence["host-bound share"] = 0.47
+    text = text_of(render_report(d))
+    assert "412 untraced steps, noise \u00b11.2%" in text
+    assert "Caveat: CAVEAT-ONE <b>" in text and "Caveat: CAVEAT-TWO" in text
+    assert "traced steps alone would read host-bound (47%)" in text
+    assert "How the unprofiled step was estimated: a model sentence" in text

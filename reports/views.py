@@ -1,0 +1,99 @@
+"""The two views of a step: as traced, and as the job runs unprofiled. One phrasing for every report.
+
+Why this exists: the profiler slows what it records (it adds host time to every op), so a
+breakdown of traced steps over-states idle and host time. When the job's own step timer shows
+by how much (``Diagnosis.dilation``), the analyzers estimate the unprofiled step
+(``Diagnosis.unprofiled``) and base the verdict and MFU on it; the traced breakdown is still
+shown, because it is what was measured. A reader must see both, the factor between them, and
+where the estimate is unsafe; a trace-only diagnosis must say plainly that it describes
+profiled steps. The terminal and HTML reports take their sentences from here so the two never
+disagree. Text only: no number is computed here that the Diagnosis does not hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpudiag.diagnosis import Diagnosis, Dilation, TimeBreakdown, Verdict
+from gpudiag.units import pct
+
+UNPROFILED = "unprofiled-estimate"
+PROFILED = "profiled-steps"
+
+# (TimeBreakdown field, row label) of the side-by-side table, in reading order.
+VIEW_ROWS = [
+    ("compute", "compute"),
+    ("compute_bound", "  compute-bound"),
+    ("memory_bound", "  memory-bound"),
+    ("comm_exposed", "exposed communication"),
+    ("memcpy_exposed", "exposed memcpy/memset"),
+    ("input_wait", "input wait (DataLoader)"),
+    ("host_overhead", "host overhead"),
+    ("step_time", "step time"),
+]
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.3g} ms"
+
+
+def has_both_views(d: Diagnosis) -> bool:
+    return d.basis == UNPROFILED and d.unprofiled is not None and d.unprofiled.step_time > 0
+
+
+def basis_line(d: Diagnosis) -> str:
+    """One sentence: what the breakdown and the verdict describe."""
+    if has_both_views(d):
+        return ("Verdict and MFU describe the job as it runs unprofiled, estimated from its own step "
+                "timer; the breakdown as traced is shown beside it.")
+    return ("This breakdown is of the profiled steps as they ran under the profiler, which adds host "
+            "time to every op (idle and host overhead read high); a trace alone cannot say how the job "
+            "runs unobserved. Run it under gpudiag profile to get the unprofiled estimate.")
+
+
+def noise(dil: Dilation) -> str:
+    """Half the interquartile range of the untraced steps, relative to their median: '±1.2%'."""
+    return "\u00b1" + pct(dil.untraced_spread / 2)
+
+
+def dilation_line(dil: Dilation) -> str:
+    """'profiler slowed traced steps 1.8× (50.4 ms vs 28.8 ms untraced, 412 untraced steps, noise ±1.2%)'."""
+    return (f"profiler slowed traced steps {dil.factor:.2g}\u00d7 ({_ms(dil.traced_step_us)} vs "
+            f"{_ms(dil.untraced_step_us)} untraced, {dil.untraced_steps} untraced step"
+            f"{'s' if dil.untraced_steps != 1 else ''}, noise {noise(dil)} (half the interquartile range))")
+
+
+def label_share(v: Verdict) -> float | None:
+    """The share of step time behind a verdict's label, from its evidence ('host-bound share')."""
+    return v.evidence.get(f"{v.label.value} share")
+
+
+def traced_verdict_line(d: Diagnosis) -> str | None:
+    """'traced steps alone would read host-bound (47%)', only where that differs from the verdict."""
+    tv = d.traced_verdict
+    if tv is None or tv.label == d.verdict.label:
+        return None
+    share = label_share(tv)
+    return (f"traced steps alone would read {tv.label.value}"
+            + (f" ({pct(share, digits=0)})" if share is not None else "")
+            + f"; with the profiler's extra time removed it reads {d.verdict.label.value}.")
+
+
+@dataclass
+class ViewRow:
+    label: str
+    traced_us: float
+    traced_share: float | None
+    unprofiled_us: float | None
+    unprofiled_share: float | None
+
+
+def view_rows(d: Diagnosis) -> list[ViewRow]:
+    """The mean step, part by part, as traced and (where estimated) unprofiled."""
+    b: TimeBreakdown = d.breakdown
+    u = d.unprofiled if has_both_views(d) else None
+    return [ViewRow(label.strip() if key == "step_time" else label, getattr(b, key),
+                    b.fraction(key) if b.step_time > 0 else None,
+                    getattr(u, key) if u is not None else None,
+                    u.fraction(key) if u is not None else None)
+            for key, label in VIEW_ROWS]
