@@ -29,6 +29,14 @@ GPM_METRICS: dict[str, int] = {
     "nvlink_rx_mib_s": 60, "nvlink_tx_mib_s": 61,
 }
 SAMPLES_SCHEMA_VERSION = 1
+# NVML's GPM docs: "The interval between two nvmlGpmSampleGet() calls should be greater than
+# 100ms due to the internal sample refresh rate". Shorter windows read 0: on an H100 busy
+# with a bf16 GEMM loop (SM activity ~95%), 4 windows each read 0 at 1 ms, 3 of 4 at 10 ms,
+# 2 of 4 at 50 ms, none at 90, 100 or 200 ms; concurrent agent scrapes ~1 ms apart exported
+# 0.0. So a read sooner than this after its window's start returns the previous window's
+# values instead of opening a new window. 95 ms, not 100: the sampler's default 100 ms ticks
+# jitter by a few ms either way.
+GPM_MIN_INTERVAL_S = 0.095
 
 
 # ``--backend none``: GPU counters off. open_backend raises NvmlUnavailable with this reason,
@@ -75,6 +83,8 @@ class NvmlBackend:
         self._lock = threading.Lock()
         self.handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
         self._gpm: list[list[Any] | None] = []
+        self._gpm_start: list[float] = []  # monotonic time of each GPU's window start sample
+        self._gpm_last: list[dict[str, Any] | None] = []  # each GPU's last window's values
         for h in self.handles:
             try:
                 ok = bool(nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
@@ -88,6 +98,8 @@ class NvmlBackend:
                 except Exception:  # noqa: BLE001
                     pair = None
             self._gpm.append(pair)
+            self._gpm_start.append(time.monotonic())
+            self._gpm_last.append(None)
 
     def gpu_count(self) -> int:
         return len(self.handles)
@@ -138,8 +150,14 @@ class NvmlBackend:
                 row[key] = _na(e)
         pair = self._gpm[index]
         if pair is not None:
-            row.update(self._read_gpm(h, pair))
-            pair.reverse()  # this sample becomes the next interval's start
+            now = time.monotonic()
+            if now - self._gpm_start[index] >= GPM_MIN_INTERVAL_S:
+                self._gpm_last[index] = self._read_gpm(h, pair)
+                pair.reverse()  # this sample becomes the next interval's start
+                self._gpm_start[index] = now
+            last = self._gpm_last[index]
+            row.update(last if last is not None else
+                       {f"gpm_{m}": "n/a: first GPM window still open" for m in GPM_METRICS})
         return row
 
     def _read_gpm(self, h: Any, pair: list[Any]) -> dict[str, Any]:
