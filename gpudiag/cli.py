@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "Write a self-contained HTML report of a run directory or of traces."),
     "diff": ("gpudiag.commands.diff", "diff",
              "Compare two runs (before/after) as an HTML page or JSON."),
+    "sim": ("gpudiag.commands.sim", "sim",
+            "Replay a cluster trace (Philly, Tiresias, sacct) under FIFO, EASY, Tiresias or gpudiag."),
 }
 
 

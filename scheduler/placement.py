@@ -164,17 +164,20 @@ def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, 
 
     shadow = now
     if not fits():
+        found = False
         for end, _, placement in by_end:
+            if found and end > shadow:   # jobs ending at the same instant are released together
+                break
             for n, idx in placement.slots:
                 before = free[n]
                 free[n] += len(idx)
                 total += len(idx)
                 if free[n] == size[n] and before < size[n]:
                     whole += 1
-            shadow = max(now, end)
-            if fits():
-                break
-        else:
+            if not found:
+                shadow = max(now, end)
+                found = fits()
+        if not found:
             return None
     if spreadable:
         return Reservation(shadow, frozenset(), spare_count=total - rule.gpus)

@@ -103,6 +103,9 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
     if i == n:
         return out
     head, rule = queue.jobs[i], rule_at(queue, i, policy)
+    if out:   # what started in order ahead of the head ends (by its estimate) before it can start
+        by_end = sorted([*by_end, *((now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement)
+                                    for d in out)], key=lambda x: x[0])
     if policy.preemption and running is not None and mfu_of is not None:
         victims = choose_victims(state, head, rule, running(), now, policy, mfu_of)
         if victims:

@@ -66,6 +66,7 @@ class SimJob:
     lost_gpu_s: float = 0.0
     slow_gpu_s: float = 0.0
     learned: bool = False
+    trace_id: int = -1
 
 
 @dataclass
@@ -209,7 +210,7 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
             continue
         m, label = mfu[t.id]
         job = Job(len(sims), t.gpus, t.submit, t.estimate or t.duration, t.user, t.team, t.key, t.tier)
-        sims.append(SimJob(job, t.duration, m, label, t.duration))
+        sims.append(SimJob(job, t.duration, m, label, t.duration, trace_id=t.id))
     prio = policy.order == "priority"
     pr = _Priorities(sims, policy, book, teams)
     queue = PendingQueue()

@@ -47,7 +47,7 @@ def simulate_tiresias(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, st
             continue
         m, label = mfu[t.id]
         sims.append(SimJob(Job(t.id, t.gpus, t.submit, t.duration, t.user, t.team, t.key, t.tier),
-                           t.duration, m, label, t.duration))
+                           t.duration, m, label, t.duration, trace_id=t.id))
     by_id = {s.job.id: s for s in sims}
     q0: list[tuple[float, int]] = []     # (arrival, id)
     q1: list[tuple[float, int]] = []     # (entered queue 1, id)

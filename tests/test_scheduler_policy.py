@@ -1,0 +1,263 @@
+"""Policy invariants on generated clusters and queues, and the policy's pieces on hand-made cases.
+
+Invariants (hypothesis): no partial gang, no GPU given twice or given while in use, no
+preemption by an equal or lower tier, a reason on every decision, the aging bound on the queue
+order, and EASY backfill never moving the head's reservation later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gpudiag.scheduler.cluster_state import ClusterState
+from gpudiag.scheduler.model import Cluster, Job, Placement, Policy, Running, Signal, TeamShare, Tier
+from gpudiag.scheduler.pending import PendingQueue
+from gpudiag.scheduler.placement import Rule, place, reserve, whole_nodes
+from gpudiag.scheduler.policy import explain, order_queue, plan_pass, schedule
+from gpudiag.scheduler.priority import MfuBook, efficiency_factor, fair_share_delay
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+NOW = 100_000.0
+LABELS = ["compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound", "unknown"]
+
+
+@st.composite
+def worlds(draw):
+    """A cluster, running jobs placed through the real state, pending jobs, signals, a policy."""
+    per = draw(st.sampled_from([2, 4, 8]))
+    cluster = Cluster.uniform(draw(st.integers(1, 10)), per, draw(st.integers(1, 4)))
+    state = ClusterState(cluster)
+    running, signals, book = [], {}, MfuBook(7 * 86400.0)
+    jid = 0
+    for _ in range(draw(st.integers(0, 25))):
+        g = draw(st.integers(1, per))
+        n = state.best_fit_node(g)
+        if n is None:
+            continue
+        start = NOW - draw(st.floats(0, 20_000))
+        job = Job(jid, g, start - 10, draw(st.floats(60, 40_000)), team=draw(st.sampled_from("ab")),
+                  key=f"k{draw(st.integers(0, 5))}", tier=Tier(draw(st.integers(0, 2))),
+                  preemptible=draw(st.booleans()), grace_s=draw(st.floats(0, 120)))
+        pl = state.allocate([(n, g)])
+        running.append(Running(job, pl, start, start + job.estimate_s, start + draw(st.floats(0, 1000))))
+        jid += 1
+    pending = []
+    for _ in range(draw(st.integers(0, 30))):
+        g = draw(st.integers(1, cluster.total_gpus))
+        pending.append(Job(jid, g, NOW - draw(st.floats(0, 50_000)), draw(st.floats(10, 50_000)),
+                           team=draw(st.sampled_from("abc")), key=f"k{draw(st.integers(0, 5))}",
+                           tier=Tier(draw(st.integers(0, 2)))))
+        jid += 1
+    for j in [r.job for r in running] + pending:
+        if draw(st.booleans()):
+            signals[j.id] = Signal(draw(st.floats(0, 1)), draw(st.sampled_from(LABELS)),
+                                   draw(st.floats(0, 1)), draw(st.floats(0, 1000)))
+    for k in range(draw(st.integers(0, 6))):
+        book.observe(f"k{k}", "1 GPU", draw(st.floats(0, 0.8)), draw(st.sampled_from(LABELS)), NOW - 100)
+    base = draw(st.sampled_from([Policy(), Policy.easy(), Policy.fifo()]))
+    policy = dataclasses.replace(base, spread_small=draw(st.booleans()) and base.name == "gpudiag")
+    teams = {"a": TeamShare(4.0, draw(st.floats(0, 20))), "b": TeamShare(4.0, draw(st.floats(0, 20)))}
+    return cluster, running, pending, signals, book, policy, teams
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_decisions_respect_gangs_gpus_tiers_and_reasons(world):
+    cluster, running, pending, signals, book, policy, teams = world
+    decisions = schedule(cluster, pending, running, signals, book, NOW, policy, teams)
+    size = {n.index: n.gpus for n in cluster.nodes}
+    used = {(n, i) for r in running for n, idx in r.placement.slots for i in idx}
+    by_id = {j.id: j for j in pending}
+    run_by_id = {r.job.id: r for r in running}
+    starts = [d for d in decisions if d.kind == "start"]
+    for d in decisions:
+        assert d.reason.strip(), d
+    for d in starts:
+        job = by_id[d.job_id]
+        assert d.placement.gpus == job.gpus                      # the whole gang, never part of it
+        for n, idx in d.placement.slots:
+            for i in idx:
+                assert 0 <= i < size[n]
+                assert (n, i) not in used                        # never a GPU in use or given twice
+                used.add((n, i))
+        if job.gpus <= max(size.values()) and not policy.spread_small:
+            assert len(d.placement.slots) == 1                    # a one-node job stays on one node
+    assert len({d.job_id for d in starts}) == len(starts)
+    for d in decisions:
+        if d.kind == "preempt":
+            victim, head = run_by_id[d.job_id].job, by_id[d.numbers["for_job"]]
+            assert victim.tier < head.tier and victim.preemptible
+            assert NOW - run_by_id[d.job_id].start >= policy.min_runtime_s
+    if policy.name == "fifo":   # strict order: a start never skips a waiting job
+        q = order_queue(pending, running, signals, book, NOW, policy, max(size.values()), teams)
+        started = {d.job_id for d in starts}
+        order = [j.id for j in q.jobs]
+        assert order[: len(started)] == [i for i in order if i in started]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_queue_order_respects_the_aging_bound(world):
+    cluster, running, pending, signals, book, policy, teams = world
+    q = order_queue(pending, running, signals, book, NOW, policy, 8, teams)
+    bound = policy.aging_bound_s
+    jobs = list(q.jobs)
+    for i, later in enumerate(jobs):
+        for earlier in jobs[:i]:
+            if earlier.tier == later.tier:
+                # ``earlier`` is ahead: it cannot have been submitted more than the bound after ``later``
+                assert earlier.submit <= later.submit + bound + 1e-6
+            else:
+                assert earlier.tier > later.tier
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_backfill_never_delays_the_heads_reservation(world):
+    cluster, running, pending, signals, book, policy, teams = world
+    if not policy.backfill:
+        return
+    policy = dataclasses.replace(policy, preemption=False)
+    state = ClusterState(cluster)
+    for r in running:
+        state.occupy(r.placement)
+    q = order_queue(pending, running, signals, book, NOW, policy, state.max_gpus, teams)
+    by_end = sorted(((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0])
+    decisions = plan_pass(state, q, by_end, NOW, policy)
+    hold = [d for d in decisions if d.kind == "hold"]
+    if not hold or hold[0].numbers["shadow"] is None:
+        return
+    head = next(j for j in q.jobs if j.id == hold[0].job_id)
+    pos = [j.id for j in q.jobs].index(head.id)
+    rule = Rule(head.gpus, head.gpus > state.max_gpus, policy.label_aware_placement,
+                bool(q.kind[pos] == 1))
+    by_id = {j.id: j for j in pending}
+    ends = by_end + [(NOW + by_id[d.job_id].estimate_s, d.job_id, d.placement)
+                     for d in decisions if d.kind == "start"]
+    res = reserve(state, rule, sorted(ends, key=lambda x: x[0]), NOW)
+    assert res is not None and res.shadow <= hold[0].numbers["shadow"] + 1e-6
+
+
+def _cluster_with(free_per_node: list[int], per: int = 8, rack: int = 2) -> ClusterState:
+    state = ClusterState(Cluster.uniform(len(free_per_node), per, rack))
+    for n, f in enumerate(free_per_node):
+        if per - f:
+            state.allocate([(n, per - f)])
+    return state
+
+
+def test_best_fit_takes_the_fullest_node_that_fits_lowest_index_on_ties():
+    state = _cluster_with([8, 3, 5, 3])
+    assert place(state, Rule(3, False, False, False)) == [(1, 3)]
+    assert place(state, Rule(4, False, False, False)) == [(2, 4)]
+    assert place(state, Rule(6, False, False, False)) == [(0, 6)]
+    assert place(state, Rule(9, False, False, False)) is None
+
+
+def test_whole_node_jobs_take_the_fewest_racks():
+    # racks of 2: nodes 0,1 | 2,3 | 4,5; nodes 0 and 3 busy
+    state = _cluster_with([0, 8, 8, 0, 8, 8])
+    assert whole_nodes(state, 16, fewest_racks=False) == [(1, 8), (2, 8)]   # lowest index: two racks
+    assert whole_nodes(state, 16, fewest_racks=True) == [(4, 8), (5, 8)]    # one rack
+    assert whole_nodes(state, 12, fewest_racks=True) == [(4, 8), (5, 4)]    # the remainder stays free
+
+
+def test_a_communication_bound_job_waits_for_one_node_others_spread():
+    state = _cluster_with([4, 4, 0, 0])
+    assert place(state, Rule(6, False, True, may_spread=False)) is None
+    plan = place(state, Rule(6, False, True, may_spread=True))
+    assert sorted(g for _, g in plan) == [2, 4] and {n for n, _ in plan} == {0, 1}
+
+
+def test_efficiency_factor_neutral_weak_stale_low_and_idle():
+    p = Policy()
+    job = Job(1, 1, 0.0, 100.0, key="k")
+    assert efficiency_factor(job, None, None, p, 0.31)[0] == 1.0
+    weak = Signal(0.04, "compute-bound", p.min_signal_confidence - 0.01, 5.0)
+    stale = Signal(0.04, "compute-bound", 0.9, p.max_signal_age_s + 1)
+    assert efficiency_factor(job, weak, None, p, 0.31)[0] == 1.0
+    assert efficiency_factor(job, stale, None, p, 0.31)[0] == 1.0
+    f, why = efficiency_factor(job, Signal(0.04, "compute-bound", 0.9, 5.0), None, p, 0.31)
+    assert abs(f - 0.04 / 0.31) < 1e-9 and "MFU 4% vs 31% median of its class" in why
+    f, why = efficiency_factor(job, Signal(0.40, "input-bound", 0.9, 5.0), None, p, 0.31)
+    assert f == p.idle_label_factor and "input-bound" in why
+    assert efficiency_factor(job, Signal(0.40, "compute-bound", 0.9, 5.0), None, p, 0.31)[0] == 1.0
+
+
+def test_fair_share_delay_is_bounded_both_ways():
+    p = Policy()
+    assert fair_share_delay(TeamShare(10, 10), p)[0] == 0.0
+    assert fair_share_delay(TeamShare(10, 1000), p)[0] == p.max_fair_share_delay_s
+    assert fair_share_delay(TeamShare(10, 0), p)[0] == -p.max_fair_share_bonus_s
+
+
+def _running(jid, node, gpus, tier, start, ckpt, state, preemptible=True):
+    pl = state.allocate([(node, gpus)])
+    return Running(Job(jid, gpus, start, 10_000.0, tier=tier, preemptible=preemptible), pl, start,
+                   start + 10_000.0, ckpt)
+
+
+def test_preemption_picks_the_least_useful_work_lost_and_only_lower_tiers():
+    cluster = Cluster.uniform(2, 8, 2)
+    state = ClusterState(cluster)
+    # node 0: a spot job with high MFU and long since its checkpoint; node 1: a spot job with low MFU
+    r0 = _running(1, 0, 8, Tier.SPOT, 0.0, 0.0, state)
+    r1 = _running(2, 1, 8, Tier.SPOT, 0.0, 0.0, state)
+    signals = {1: Signal(0.5, "compute-bound", 0.9, 1.0), 2: Signal(0.05, "input-bound", 0.9, 1.0)}
+    head = Job(3, 8, NOW, 100.0, tier=Tier.ON_DEMAND)
+    d = schedule(cluster, [head], [r0, r1], signals, MfuBook(1e6), NOW, Policy())
+    pre = [x for x in d if x.kind == "preempt"]
+    assert [x.job_id for x in pre] == [2] and "lowest useful work lost" in pre[0].reason
+    assert pre[0].grace_s == r1.job.grace_s
+    same = Job(4, 8, NOW, 100.0, tier=Tier.SPOT)
+    assert not [x for x in schedule(cluster, [same], [r0, r1], signals, MfuBook(1e6), NOW, Policy())
+                if x.kind == "preempt"]
+
+
+def test_no_preemption_of_young_or_non_preemptible_jobs():
+    cluster = Cluster.uniform(1, 8, 1)
+    state = ClusterState(cluster)
+    young = _running(1, 0, 4, Tier.SPOT, NOW - 60, NOW - 60, state)
+    pinned = _running(2, 0, 4, Tier.SPOT, 0.0, 0.0, state, preemptible=False)
+    head = Job(3, 8, NOW, 100.0, tier=Tier.ON_DEMAND)
+    d = schedule(cluster, [head], [young, pinned], {}, MfuBook(1e6), NOW, Policy())
+    assert [x.kind for x in d] == ["hold"]
+
+
+def test_explain_names_what_blocks_and_what_lowered():
+    cluster = Cluster.uniform(1, 8, 1)
+    state = ClusterState(cluster)
+    r = _running(1, 0, 6, Tier.RESERVED, 0.0, 0.0, state)
+    head = Job(12, 4, NOW - 500, 50_000.0, tier=Tier.ON_DEMAND)
+    low = Job(13, 4, NOW - 1000, 50_000.0, key="slow")
+    book = MfuBook(1e6)
+    for k, m in (("a", 0.31), ("b", 0.31), ("slow", 0.04)):
+        book.observe(k, "2-8 GPUs", m, "compute-bound", NOW - 10)
+    text = explain(13, cluster, [head, low], [r], {}, book, NOW, Policy())
+    assert "behind job 12 (on-demand)" in text
+    assert "priority lowered: MFU 4% vs 31% median of its class" in text
+    assert "needs 4 GPUs" in text and "2 free" in text
+    assert "head of the queue" in explain(12, cluster, [head, low], [r], {}, book, NOW, Policy())
+
+
+def test_pending_queue_keeps_order_on_insert_and_remove():
+    q = PendingQueue.build([(3.0, Job(1, 1, 3.0, 1.0), 0, ""), (1.0, Job(2, 1, 1.0, 1.0), 0, "")])
+    q.insert(2.0, Job(3, 2, 2.0, 1.0), 0)
+    q.insert(1.0, Job(4, 1, 1.0, 1.0), 0)   # a tie goes after the equal key
+    assert [j.id for j in q.jobs] == [2, 4, 3, 1]
+    q.remove([0, 2])
+    assert [j.id for j in q.jobs] == [4, 1] and list(q.gpus) == [1, 1]
+
+
+def test_cluster_state_refuses_double_use():
+    state = ClusterState(Cluster.uniform(1, 4, 1))
+    pl = state.allocate([(0, 2)])
+    try:
+        state.occupy(Placement(((0, (pl.slots[0][1][0],)),)))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a GPU in use was occupied again")
+    state.release(pl)
+    assert state.total_free == 4 and state.whole == [0]
