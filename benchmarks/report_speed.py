@@ -14,7 +14,8 @@ What is measured, in ONE process so both figures share the interpreter, caches a
     directory can carry attached (8 GPUs x 5 counter series + step and collective time for 8
     ranks, each at the analyzer's cap of 400 points): synthetic values, real size. The first
     render includes compiling the templates, as a CLI call pays it; the best of the repeats
-    shows the steady cost. The target is checked against the slowest of these.
+    shows the steady cost. Last, the same with the unprofiled view a run directory adds (both
+    views: the side-by-side table and chart). The target is checked against the slowest of these.
 
 Usage::
 
@@ -45,7 +46,7 @@ from gpudiag.analyzers.diagnose import diagnose  # noqa: E402
 from gpudiag.analyzers.timeline import MAX_POINTS  # noqa: E402
 from gpudiag.reports.html import render_report  # noqa: E402
 
-from gpudiag.diagnosis import Diagnosis, RunSummary, Series, Timeline  # noqa: E402
+from gpudiag.diagnosis import Diagnosis, Dilation, RunSummary, Series, TimeBreakdown, Timeline  # noqa: E402
 
 TARGET = 0.20  # rendering may add at most this fraction of the analysis time
 GPU_SERIES = [("SM activity", "%", 100.0), ("tensor activity", "%", 100.0), ("DRAM bandwidth", "%", 100.0),
@@ -70,6 +71,26 @@ def with_full_timeline(d: Diagnosis, duration_s: float = 3600.0) -> Diagnosis:
                          exit_code=0, signal=None, last_step=10_000,
                          gpus=[{"name": "NVIDIA H200", "driver": "bench"}] * WORLD_SIZE,
                          gpu_counters="nvml", versions={"python": sys.version.split()[0]})
+    return out
+
+
+def with_both_views(d: Diagnosis, dilation: float = 1.8) -> Diagnosis:
+    """``d`` with the unprofiled view a run directory's step timer adds (basis, dilation, the
+    estimated step, the traced verdict): the report then draws the side-by-side table and chart
+    too. Synthetic numbers of the real shape: the step ``dilation`` times shorter, the extra time
+    out of the host gaps (as analyzers/unprofiled.py does it)."""
+    out = copy.deepcopy(d)
+    b = out.breakdown
+    step = b.step_time / dilation
+    extra = b.step_time - step
+    host = max(0.0, b.host_overhead - extra)
+    out.basis = "unprofiled-estimate"
+    out.unprofiled = TimeBreakdown(**{**b.__dict__, "step_time": step, "host_overhead": host,
+                                      "idle": host + b.input_wait})
+    out.dilation = Dilation(traced_step_us=b.step_time, untraced_step_us=step, factor=dilation,
+                            traced_steps=5, untraced_steps=10_000, untraced_spread=0.024,
+                            model="benchmark: synthetic estimate", caveats=["a synthetic caveat"])
+    out.traced_verdict = copy.deepcopy(out.verdict)
     return out
 
 
@@ -106,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
           f"({len(d.ranks)} ranks, {steps} steps, label {d.verdict.label.value})")
 
     rows = []
-    cases = [("as analysed (no timeline)", d), ("with a full 8-GPU timeline", with_full_timeline(d))]
+    full = with_full_timeline(d)
+    cases = [("as analysed (no timeline)", d), ("with a full 8-GPU timeline", full),
+             ("timeline and both views", with_both_views(full))]
     for name, diag in cases:
         times, size = time_render(diag, args.repeats)
         rows.append((name, times, size))

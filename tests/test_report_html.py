@@ -291,13 +291,15 @@ def test_report_of_run_dir_uses_its_diagnosis_json_unless_stale(run_dir, tmp_pat
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == str(run_dir / "report.html")
         assert "MARKER-FROM-DIAGNOSIS-JSON" in (run_dir / "report.html").read_text()
-        data["schema_version"] = 99
-        diag.write_text(json.dumps(data))
-        proc = gpudiag("report", run_dir, "-o", tmp_path / "again.html")
-        assert proc.returncode == 0, proc.stderr
-        text = (tmp_path / "again.html").read_text()
-        assert "MARKER-FROM-DIAGNOSIS-JSON" not in text  # re-analysed from the traces
-        assert embedded(text)["run"]["status"] == "completed"
+        # 99: unreadable; 1: readable, but without the unprofiled view a fresh analysis adds
+        for version in (99, 1):
+            data["schema_version"] = version
+            diag.write_text(json.dumps(data))
+            proc = gpudiag("report", run_dir, "-o", tmp_path / "again.html")
+            assert proc.returncode == 0, proc.stderr
+            text = (tmp_path / "again.html").read_text()
+            assert "MARKER-FROM-DIAGNOSIS-JSON" not in text, version  # re-analysed from the traces
+            assert embedded(text)["run"]["status"] == "completed"
     finally:
         diag.write_text(original)
 

@@ -2,7 +2,8 @@
 
 A run directory already holds the ``diagnosis.json`` that ``gpudiag profile`` wrote, so the
 report is made from it without re-reading the traces; only when it is missing, unreadable or
-of another schema version are the traces analysed again.
+of an older schema version are the traces analysed again (an older one may still be readable,
+but it lacks what later analyses add, such as the unprofiled estimate from the step timer).
 """
 
 from __future__ import annotations
@@ -11,12 +12,9 @@ from pathlib import Path
 
 import click
 
-from gpudiag.diagnosis import Diagnosis
+from gpudiag.diagnosis import DIAGNOSIS_SCHEMA_VERSION, Diagnosis
 from gpudiag.errors import BadInput
-
-
-def is_run_dir(target: Path) -> bool:
-    return target.is_dir() and (target / "run.json").is_file()
+from gpudiag.rundir import is_run_dir
 
 
 def load_diagnosis(target: Path) -> Diagnosis:
@@ -25,9 +23,12 @@ def load_diagnosis(target: Path) -> Diagnosis:
         raise BadInput(f"{target}: no such file or directory")
     if is_run_dir(target):
         try:
-            return Diagnosis.from_json((target / "diagnosis.json").read_text(encoding="utf-8"))
+            d = Diagnosis.from_json((target / "diagnosis.json").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, BadInput):
             pass  # missing, torn or another version: analyse the traces again
+        else:
+            if d.schema_version == DIAGNOSIS_SCHEMA_VERSION:
+                return d
     from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
     from gpudiag.collectors.cpu_peak import cpu_peak
 
