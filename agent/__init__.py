@@ -1,1 +1,1 @@
-"""The node daemon (Prometheus exporter) and, later, the gang scheduler. Not built yet."""
+"""The node daemon: Prometheus collectors for GPU counters and job signals, and the job table."""
