@@ -92,8 +92,8 @@ def summarise(res: SimResult) -> dict:
         over = contended & (run + pend > quota + 1e-9)
         got = float((np.minimum(run[over], quota) * dt[over]).sum())
         due = quota * float(dt[over].sum())
-        team_share[team] = {"quota_gpus": round(quota, 2),
-                            "avg_used_gpus": round(float((run * dt).sum()) / makespan, 2) if makespan else 0.0,
+        used = float((run * dt).sum()) / makespan if makespan else 0.0
+        team_share[team] = {"quota_gpus": round(quota, 2), "avg_used_gpus": round(used, 2),
                             "contended_over_quota_s": round(float(dt[over].sum()), 1),
                             "contended_quota_share": round(got / due, 4) if due > 0 else None}
 
@@ -102,10 +102,12 @@ def summarise(res: SimResult) -> dict:
 
     out = {
         "jobs": n, "rejected": res.rejected,
-        "avg_jct_s": r(jct.mean()), "p50_jct_s": r(np.percentile(jct, 50)), "p99_jct_s": r(np.percentile(jct, 99)),
+        "avg_jct_s": r(jct.mean()), "p50_jct_s": r(np.percentile(jct, 50)),
+        "p99_jct_s": r(np.percentile(jct, 99)),
         "avg_queue_delay_s": r(wait.mean()), "p99_queue_delay_s": r(np.percentile(wait, 99)),
         "max_queue_delay_s": r(wait.max()), "makespan_s": r(makespan),
-        "gpu_utilisation": round(float((g * dur).sum()) / (res.total_gpus * makespan), 4) if makespan else 0.0,
+        "gpu_utilisation": round(float((g * dur).sum()) / (res.total_gpus * makespan), 4)
+        if makespan else 0.0,
         "useful_work_weighted_jct_s": r((w * jct).sum() / total_w) if total_w else 0.0,
         "useful_work_weighted_wait_s": r((w * wait).sum() / total_w) if total_w else 0.0,
         "high_mfu_avg_jct_s": r(jct[hi].mean()),

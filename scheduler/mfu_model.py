@@ -91,7 +91,8 @@ def read_mfu_file(path: str | Path, jobs: list[TraceJob],
             raise BadInput(f"--mfu file {path} line {n}: mfu {r['mfu']!r} is not a number") from None
         label = (r.get("label") or "unknown").strip()
         if not 0.0 <= mfu <= 1.0 or label not in LABELS:
-            raise BadInput(f"--mfu file {path} line {n}: mfu must be 0..1 and label one of {', '.join(LABELS)}")
+            raise BadInput(f"--mfu file {path} line {n}: mfu must be 0..1 and label one of "
+                           f"{', '.join(LABELS)}")
         measured[str(r["job"]).strip()] = (mfu, label)
     out = dict(synthetic)
     missing = 0

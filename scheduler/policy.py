@@ -104,8 +104,8 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         return out
     head, rule = queue.jobs[i], rule_at(queue, i, policy)
     if out:   # what started in order ahead of the head ends (by its estimate) before it can start
-        by_end = sorted([*by_end, *((now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement)
-                                    for d in out)], key=lambda x: x[0])
+        started = [(now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement) for d in out]
+        by_end = sorted([*by_end, *started], key=lambda x: x[0])
     if policy.preemption and running is not None and mfu_of is not None:
         victims = choose_victims(state, head, rule, running(), now, policy, mfu_of)
         if victims:
@@ -167,7 +167,8 @@ def order_queue(pending: Sequence[Job], running: Sequence[Running], signals: Map
         sig = signals.get(job.id)
         hist = history.lookup(job.key, now) if job.key else None
         if policy.efficiency and policy.order == "priority":
-            factor, why_e = efficiency_factor(job, sig, hist, policy, history.class_median(job_class(job.gpus)))
+            median = history.class_median(job_class(job.gpus))
+            factor, why_e = efficiency_factor(job, sig, hist, policy, median)
         else:
             factor, why_e = 1.0, ""
         delay, why_f = fair_share_delay((teams or {}).get(job.team), policy) \
@@ -232,7 +233,8 @@ def explain(job_id: int, cluster: Cluster, pending: Sequence[Job], running: Sequ
         elif rule.whole:
             parts.append(f"needs {job.gpus} GPUs on whole nodes, {len(state.whole)} nodes wholly free")
         else:
-            parts.append(f"needs {job.gpus} GPUs on one node, at most {state.max_free_on_a_node()} free on one")
+            most = state.max_free_on_a_node()
+            parts.append(f"needs {job.gpus} GPUs on one node, at most {most} free on one")
         if pos > 0:
             ahead = queue.jobs[pos - 1]
             parts.append(f"behind job {ahead.id} ({TIER_NAMES[ahead.tier]})")

@@ -137,8 +137,8 @@ def _philly(rows: list[dict], cols: set[str]) -> Trace:
     last: dict[tuple[str, int], tuple[float, str]] = {}
     for j in sorted(trace.jobs, key=lambda j: (j.submit, j.id)):
         prev = last.get((j.team, j.gpus))
-        key = prev[1] if prev is not None and j.submit - prev[0] <= SWEEP_GAP_S else f"{j.team}/{j.gpus}g/{j.id}"
-        j.key = key
+        same_sweep = prev is not None and j.submit - prev[0] <= SWEEP_GAP_S
+        key = j.key = prev[1] if same_sweep else f"{j.team}/{j.gpus}g/{j.id}"
         last[(j.team, j.gpus)] = (j.submit, key)
     return trace
 

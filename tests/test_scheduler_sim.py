@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from gpudiag.scheduler.metrics import KEYS, summarise
 from gpudiag.scheduler.mfu_model import synthesise
 from gpudiag.scheduler.model import Cluster, Policy
@@ -89,11 +88,12 @@ def reference(jobs: list[TraceJob], nodes: int, per: int, backfill: bool) -> dic
                 shadow = end
                 break
         spare = {n: copy[n] - g for n, g in fit(copy, head.gpus)}
+
+        def allowed(n: int, k: int, spare: dict = spare) -> bool:
+            return n not in spare or spare[n] >= k
+
         for j in list(pending[1:]):
-            if now + j.duration <= shadow:
-                plan = fit(free, j.gpus)
-            else:
-                plan = fit(free, j.gpus, lambda n, k: n not in spare or spare[n] >= k)
+            plan = fit(free, j.gpus) if now + j.duration <= shadow else fit(free, j.gpus, allowed)
             if plan:
                 if now + j.duration > shadow:
                     for n, g in plan:
@@ -169,7 +169,7 @@ def test_gpudiag_learns_a_keys_low_mfu_and_lets_others_go_first():
     # too (40%). A blocker holds the GPU 2000..3500; one job of each key arrives meanwhile, slow first.
     rows = [(0, 1, 700), (1, 1, 700), (2000, 1, 1500), (3100, 1, 100), (3101, 1, 100)]
     jobs = [TraceJob(i, t, d, g, "default", k) for i, ((t, g, d), k) in
-            enumerate(zip(rows, ["slow", "fast", "blocker", "slow", "fast"]))]
+            enumerate(zip(rows, ["slow", "fast", "blocker", "slow", "fast"], strict=True))]
     mfu = {0: (0.02, "input-bound"), 1: (0.4, "compute-bound"), 2: (0.3, "compute-bound"),
            3: (0.02, "input-bound"), 4: (0.4, "compute-bound")}
     cl = Cluster.uniform(1, 1, 1)

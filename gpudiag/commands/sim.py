@@ -60,14 +60,15 @@ def sim(trace: str, nodes: int, gpus_per_node: int, rack_size: int, policy: str,
     if policy == "tiresias":
         res = simulate_tiresias(tr.jobs, mfu, cluster)
     else:
-        res = simulate(tr.jobs, mfu, cluster, {"fifo": Policy.fifo(), "easy": Policy.easy()}.get(policy, Policy()))
+        chosen = {"fifo": Policy.fifo(), "easy": Policy.easy()}.get(policy, Policy())
+        res = simulate(tr.jobs, mfu, cluster, chosen)
     if res.rejected:
         tr.rejected["larger than the cluster"] = res.rejected
-    if tr.rejected:
-        click.echo("gpudiag sim: rejected " + ", ".join(f"{n} ({why})" for why, n in sorted(tr.rejected.items())),
-                   err=True)
     if not res.jobs:
         raise BadInput(f"{trace}: no job fits a cluster of {nodes} x {gpus_per_node} GPUs")
+    if tr.rejected:
+        why = ", ".join(f"{n} ({why})" for why, n in sorted(tr.rejected.items()))
+        click.echo(f"gpudiag sim: rejected {why}", err=True)
     m = summarise(res)
     m["rejected"] = sum(tr.rejected.values())
     if as_json:
