@@ -52,7 +52,7 @@ _ELEMENTWISE: dict[str, float] = {
         "tanh_backward", "addcmul_", "addcdiv_", "lerp_", "clamp", "clamp_", "clamp_min", "where",
         "clone", "masked_fill_", "native_dropout", "dropout", "hardtanh",
         "hardtanh_", "leaky_relu", "cumsum", "maximum", "minimum", "eq", "ne", "gt", "lt", "ge",
-        "le", "mse_loss_backward",
+        "le",
     )},
     **{f"aten::{n}": 5.0 for n in (
         "softmax", "_softmax", "log_softmax", "_log_softmax", "_softmax_backward_data",
@@ -78,6 +78,9 @@ _REDUCE: dict[str, float] = {
     )},
     **{f"aten::{n}": 5.0 for n in ("cross_entropy_loss",)},
 }
+# Loss backward: reads self and target, writes grad_input (the trace may also list the
+# grad_input buffer of the out= variant as an argument: it is written, not read).
+_LOSS_BACKWARD = {"aten::mse_loss_backward"}
 # Pooling backward: writes grad_input (the largest tensor) and reads the smaller grad_output.
 _POOL_BACKWARD = {"aten::max_pool2d_with_indices_backward", "aten::adaptive_avg_pool2d_backward",
                   "aten::avg_pool2d_backward"}
@@ -180,6 +183,8 @@ def _pointwise_cost(name: str, d: list[list[int] | None], types: Any, concrete: 
     per_elem = _REDUCE.get(name)
     if per_elem is not None:
         return OpCost(per_elem * largest, float(read), dt, KIND_ELEMENTWISE)
+    if name in _LOSS_BACKWARD:
+        return OpCost(2.0 * largest, 3.0 * largest * size_of(dt), dt, KIND_ELEMENTWISE)
     if name in _POOL_BACKWARD:
         first = numel(tensors[0][1]) * size_of(dt)  # grad_output
         return OpCost(float(largest), float(first + largest * size_of(dt)), dt, KIND_ELEMENTWISE)
