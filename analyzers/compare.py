@@ -70,8 +70,10 @@ METHOD = (f"{CONFIDENCE:.0%} percentile bootstrap interval ({RESAMPLES} resample
 
 
 def half_iqr(x: np.ndarray) -> float:
-    """Half the interquartile range over the median: the '±' of a run's step time."""
-    q1, med, q3 = np.percentile(x, [25, 50, 75])
+    """Half the interquartile range over the median: the '±' of a run's step time. Quartiles as
+    ``statistics.quantiles`` takes them (Weibull's p(n+1) positions), the method behind
+    ``Dilation.untraced_spread``, so a report's "noise ±" and the diff's agree."""
+    q1, med, q3 = np.percentile(x, [25, 50, 75], method="weibull")
     return float((q3 - q1) / 2 / med) if med > 0 else 0.0
 
 

@@ -199,5 +199,8 @@ def test_real_h100_run_dirs_diff_from_their_step_timers():
     assert d["step_change"]["significant"] is False and d["label_before"] == d["label_after"]
     # the untraced median of each job, not its dilated traced step (README: 28.8 ms alone)
     assert d["step_change"]["before_median_us"] == pytest.approx(28_800, rel=0.01)
+    # the diff's "noise ±" is the report's: half the untraced steps' IQR over their median
+    spread = diagnose(gpt, jobs=1).dilation.untraced_spread
+    assert d["step_change"]["noise_floor"] == pytest.approx(spread / 2)
     other = gpudiag_diff(gpt, resnet)
     assert other["step_change"]["after_median_us"] < other["step_change"]["before_median_us"]
