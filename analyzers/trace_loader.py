@@ -30,6 +30,7 @@ from gpudiag.analyzers.trace_columns import (
 from gpudiag.analyzers.trace_decode import DECODE_BATCH, decode_trace, read_trace_bytes
 
 from gpudiag.errors import TraceError
+from gpudiag.rundir import is_run_dir
 
 __all__ = [
     "COMM_KERNEL_RE", "DATALOADER_PREFIX", "DATALOADER_SUFFIX", "DECODE_BATCH", "KCLASS_COMM",
@@ -58,7 +59,7 @@ def find_trace_files(target: Path) -> list[Path]:
         raise TraceError(f"{target}: no such file or directory")
     if target.is_file():
         return [target]
-    if (target / "run.json").is_file() and (target / "traces").is_dir():
+    if is_run_dir(target):
         target = target / "traces"
     files = sorted(p for p in target.iterdir()
                    if p.is_file() and p.name.endswith(TRACE_SUFFIXES)

@@ -51,8 +51,15 @@ class RunInfo:
 
 
 def is_run_dir(path: Path) -> bool:
-    """A ``gpudiag profile`` run directory (by its run.json), as opposed to a trace folder."""
-    return path.is_dir() and (path / "run.json").is_file()
+    """A ``gpudiag profile`` run directory (its run.json says so), as opposed to a trace folder.
+
+    Any schema version counts: reading one this gpudiag does not know is then a clear error
+    (``read_run``), not a silent fallback to "just traces"."""
+    try:
+        data = json.loads((path / "run.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == "gpudiag-run"
 
 
 def write_run(run_dir: Path, info: RunInfo) -> None:

@@ -16,6 +16,7 @@ from gpudiag.analyzers.diagnose import diagnose
 
 from gpudiag.diagnosis import Bottleneck
 from gpudiag.errors import TraceError
+from gpudiag.rundir import RunInfo, write_run
 
 
 def gpudiag(*args: str) -> subprocess.CompletedProcess:
@@ -156,7 +157,8 @@ def test_old_category_names_are_accepted(traces, tmp_path):
 def test_run_directory_reads_its_traces_folder(traces, tmp_path):
     run = tmp_path / "run"
     (run / "traces").mkdir(parents=True)
-    (run / "run.json").write_text("{}")
+    write_run(run, RunInfo(command=["python", "train.py"], cwd=".", host="h", start=0.0, options={},
+                           versions={}))
     (run / "traces" / "rank-0.json.gz").write_bytes(
         Path(traces / "mi250" / "rank-0.json.gz").read_bytes())
     assert diagnose(run, jobs=1).ranks[0].rank == 0
