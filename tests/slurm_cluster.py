@@ -1,0 +1,263 @@
+"""A real one-node Slurm cluster for tests: munged, slurmctld and slurmd on 127.0.0.1.
+
+Everything lives under one folder the caller owns (a pytest tmp dir): the munge key and
+socket, ``slurm.conf``, ``gres.conf``, spool and state folders, logs, and the fake GPU device
+files (character devices 195:N, NVIDIA's major, made with mknod in that folder: Slurm only
+stats them, nothing opens them). Ports are picked free. The daemons run in the foreground as
+our children and are stopped by pid, so a test run never touches a system Slurm or munge.
+
+Slurm here is Debian's ``slurm-wlm`` (22.05 on bookworm). The configuration is the one the
+README documents, with every delay shortened so a test sees preemption and requeue in seconds:
+
+- three partitions as tiers on the one node (``spot`` < ``reserved`` < ``ondemand`` by
+  ``PriorityTier``), ``PreemptType=preempt/partition_prio``, ``PreemptMode=REQUEUE``, a short
+  ``GraceTime`` on the preemptible partitions;
+- ``KillWait`` (SIGTERM -> SIGKILL on a requeue) and ``AuthInfo=cred_expire`` (the BeginTime
+  hold of a requeued job: "how long a requeued job must wait before starting again") shortened;
+- ``sched_interval`` short so the main scheduler (and its preemption) runs every few seconds.
+
+Run ``python -m tests.slurm_cluster`` to start one by hand (Ctrl-C stops it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+NODE = "gpunode"
+GPUS = 4
+# The node claims more CPUs than this 2-core VM has (config_overrides lets slurmd accept the
+# configured numbers): every test job asks for one CPU per GPU and CPU-only torch jobs are
+# light, so the GPUs, not the CPUs, are what the jobs compete for.
+CPUS = 8
+NVIDIA_MAJOR = 195          # the character-device major of /dev/nvidia[0-9]
+KILL_WAIT_S = 5             # Slurm default 30: SIGTERM -> SIGKILL of a requeued/cancelled job
+GRACE_S = 10                # GraceTime of the preemptible partitions (Slurm default 0)
+CRED_EXPIRE_S = 10          # Slurm default 120: also the BeginTime hold after a requeue
+SCHED_INTERVAL_S = 2        # Slurm default 60: main scheduler period
+# partition name -> PriorityTier; the same names gpudiag's Slurm backend maps to its tiers
+TIERS = {"spot": 1, "reserved": 2, "ondemand": 3}
+
+SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "squeue", "sbatch", "scontrol")
+
+
+class SlurmUnavailable(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def missing_binaries() -> list[str]:
+    """Slurm/munge programs not on PATH (.ci/install-test-deps.sh installs them)."""
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    return [b for b in SLURM_BINARIES if shutil.which(b, path=path) is None]
+
+
+class SlurmCluster:
+    """Start with ``start()``, stop with ``stop()`` (idempotent, by pid, whatever state)."""
+
+    def __init__(self, root: Path, scheduler_params: str = "") -> None:
+        self.root = root
+        self.host = socket.gethostname().split(".")[0]
+        self.ctld_port = _free_port()
+        self.slurmd_port = _free_port()
+        self.conf = root / "etc" / "slurm.conf"
+        self.munge_socket = root / "munge" / "munge.socket"
+        self.extra_sched = scheduler_params
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    # --- environment for clients (sbatch, squeue, scontrol, the controller) -------------------
+    @property
+    def env(self) -> dict[str, str]:
+        path = os.environ.get("PATH", "")
+        if "/usr/sbin" not in path.split(":"):
+            path += ":/usr/sbin:/sbin"
+        return {**os.environ, "SLURM_CONF": str(self.conf), "PATH": path}
+
+    def log(self, name: str) -> Path:
+        return self.root / "log" / f"{name}.log"
+
+    # --- setup ----------------------------------------------------------------------------------
+    def _write_files(self) -> None:
+        for d in ("etc", "munge", "log", "state", "spool", "dev", "run"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+            os.chmod(self.root / d, 0o700)
+        # munged wants its socket's folder searchable by all (any user's job authenticates)
+        os.chmod(self.root / "spool", 0o755)
+        os.chmod(self.root / "munge", 0o711)
+        key = self.root / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        devs = []
+        for i in range(GPUS):
+            p = self.root / "dev" / f"nvidia{i}"
+            if not p.exists():
+                os.mknod(p, 0o600 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, i))
+            devs.append(str(p))
+        (self.root / "etc" / "gres.conf").write_text(
+            "AutoDetect=off\n" + "".join(f"NodeName={NODE} Name=gpu File={d}\n" for d in devs))
+        sched = f"sched_interval={SCHED_INTERVAL_S},bf_interval=2"
+        if self.extra_sched:
+            sched += "," + self.extra_sched
+        parts = "".join(
+            f"PartitionName={name} Nodes={NODE} PriorityTier={tier} MaxTime=INFINITE State=UP "
+            f"{'Default=YES ' if name == 'reserved' else ''}"
+            f"{'PreemptMode=OFF' if name == 'ondemand' else f'PreemptMode=REQUEUE GraceTime={GRACE_S}'}\n"
+            for name, tier in TIERS.items())
+        r = self.root
+        node = (f"NodeName={NODE} NodeHostname={self.host} NodeAddr=127.0.0.1 CPUs={CPUS} "
+                f"RealMemory=1000 Gres=gpu:{GPUS} State=UNKNOWN")
+        self.conf.write_text(f"""# generated by tests/slurm_cluster.py
+ClusterName=gpudiagtest
+SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldPort={self.ctld_port}
+SlurmdPort={self.slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE_S}
+StateSaveLocation={r / 'state'}
+SlurmdSpoolDir={r / 'spool'}/slurmd-%n
+SlurmctldPidFile={r / 'run'}/slurmctld.pid
+SlurmdPidFile={r / 'run'}/slurmd-%n.pid
+SlurmctldLogFile={self.log('slurmctld')}
+SlurmdLogFile={self.log('slurmd')}
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+SchedulerType=sched/backfill
+SchedulerParameters={sched}
+PriorityType=priority/basic
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+KillWait={KILL_WAIT_S}
+MinJobAge=600
+InactiveLimit=0
+SlurmctldTimeout=30
+SlurmdTimeout=30
+MessageTimeout=5
+{node}
+{parts}""")
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        out = open(self.log(f"{name}.stdout"), "ab")  # noqa: SIM115 - lives as long as the daemon
+        self.procs[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                            start_new_session=True)
+        out.close()
+
+    def start_munged(self) -> None:
+        m = self.root / "munge"
+        self._spawn("munged", ["munged", "-F", "--force", f"--socket={self.munge_socket}",
+                               f"--key-file={m / 'munge.key'}", f"--pid-file={m / 'munged.pid'}",
+                               f"--log-file={self.log('munged')}", f"--seed-file={m / 'munged.seed'}"])
+        self._wait(lambda: self.munge_socket.exists(), "munged", 20)
+
+    def start_slurmctld(self, clear_state: bool = True) -> None:
+        self._spawn("slurmctld", ["slurmctld", "-D", *(["-i"] if clear_state else []), "-f", str(self.conf)])
+        self._wait(self.controller_up, "slurmctld", 30)
+
+    def start_slurmd(self) -> None:
+        self._spawn("slurmd", ["slurmd", "-D", "-N", NODE, "-f", str(self.conf)])
+        self._wait(self.node_idle, "slurmd", 60)
+
+    def start(self) -> SlurmCluster:
+        missing = missing_binaries()
+        if missing:
+            raise SlurmUnavailable(f"not installed: {', '.join(missing)} (Debian: slurm-wlm munge)")
+        self._write_files()
+        try:
+            self.start_munged()
+            self.start_slurmctld()
+            self.start_slurmd()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    # --- state ------------------------------------------------------------------------------------
+    def run(self, *argv: str, timeout: float = 20, check: bool = True) -> subprocess.CompletedProcess:
+        p = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: exit {p.returncode}: {p.stderr.strip()}")
+        return p
+
+    def controller_up(self) -> bool:
+        try:
+            return self.run("scontrol", "ping", check=False, timeout=10).stdout.count("UP") > 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def node_idle(self) -> bool:
+        try:
+            p = self.run("sinfo", "-h", "-N", "-o", "%T", check=False, timeout=10)
+        except subprocess.TimeoutExpired:
+            return False
+        return p.returncode == 0 and p.stdout.strip().startswith(("idle", "mixed", "allocated"))
+
+    def _wait(self, ok, what: str, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            proc = self.procs.get(what)
+            if proc is not None and proc.poll() is not None:
+                raise SlurmUnavailable(f"{what} exited with {proc.returncode}: {self._tail(what)}")
+            if ok():
+                return
+            time.sleep(0.3)
+        raise SlurmUnavailable(f"{what} not ready in {timeout:.0f} s: {self._tail(what)}")
+
+    def _tail(self, name: str) -> str:
+        text = ""
+        for p in (self.log(name), self.log(f"{name}.stdout")):
+            if p.exists():
+                text += p.read_text(errors="replace")[-1500:]
+        return text.strip()
+
+    def stop_daemon(self, name: str, timeout: float = 20) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """slurmd (and with it the job steps it started), slurmctld, munged: by pid, in that order."""
+        for name in ("slurmd", "slurmctld", "munged"):
+            self.stop_daemon(name)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpudiag-slurm-") as d:
+        c = SlurmCluster(Path(d)).start()
+        print(f"export SLURM_CONF={c.conf}")
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            c.stop()
