@@ -148,12 +148,16 @@ class Policy:
     """
 
     name: str = "gpudiag"
-    backfill: bool = True                 # EASY backfill behind the head's reservation
-    order: str = "priority"               # "arrival" (FIFO/EASY) or "priority" (tier, aging, penalties)
+    backfill: bool = True                 # start jobs behind a blocked head ...
+    reservation: bool = True              # ... only where they cannot delay its reservation (EASY)
+    # "arrival" (FIFO/EASY), "priority" (tier, aging, penalties) or "mfu" (simulator only: the
+    # calibration prototype's order by each job's MFU known up front)
+    order: str = "priority"
     efficiency: bool = True               # low MFU / GPU-idle label lowers priority
     fair_share: bool = True               # team use above quota lowers priority
     label_aware_placement: bool = True    # communication-bound jobs wait for one node / fewest racks
-    spread_small: bool = True             # jobs of <= one node's GPUs may span nodes when no node fits
+    spread_small: bool = True             # a one-node job may span a rack's nodes when no node fits
+    spread_unknown: bool = False          # ... even when its label is unknown (policy.may_spread)
     preemption: bool = True               # a higher tier may preempt a lower one
     # Signals: the agent writes every 15 s; twenty missed writes is a job we no longer hear.
     min_signal_confidence: float = 0.5

@@ -5,6 +5,7 @@ about 80,000 scheduling passes; asking each queued job in Python whether it coul
 (about 5e8 questions) takes minutes. Instead a pass computes, per placement kind, the largest
 request that could possibly start now (and, behind a reservation, without touching the head's
 GPUs) and selects the candidates with one vectorised comparison; only those are checked exactly.
+The numeric columns live in one 2-D array so an insertion or removal is one copy, not five.
 """
 
 from __future__ import annotations
@@ -15,70 +16,95 @@ import numpy as np
 from gpudiag.scheduler.model import Job
 
 ONE_NODE, SPREAD, WHOLE = 0, 1, 2   # placement kinds: one node; may span nodes; whole nodes
+_GPUS, _EST, _KIND, _KEY, _TAG, _NEGTIER = range(6)
 
 
 def kind_of(gpus: int, per_node: int, may_spread: bool) -> int:
     return WHOLE if gpus > per_node else (SPREAD if may_spread else ONE_NODE)
 
 
+def _insert(a: np.ndarray, i: int, row) -> np.ndarray:
+    out = np.empty((a.shape[0] + 1, *a.shape[1:]), dtype=a.dtype)
+    out[:i] = a[:i]
+    out[i] = row
+    out[i + 1:] = a[i:]
+    return out
+
+
 class PendingQueue:
-    """Jobs in scheduling order with parallel columns: GPUs, estimate, kind, order key, why."""
+    """Jobs in scheduling order - higher tier first, then lower key - with parallel columns.
+
+    Columns: GPUs, estimate, kind, key (the effective submit time), tag (the runtime's own index
+    of the job), -tier. ``why`` (job id -> text) says what lowered a job. Tiers are a column of
+    their own, not an offset added to the key: a large offset would cost the key its precision.
+    """
 
     def __init__(self) -> None:
         self.jobs = np.zeros(0, dtype=object)   # Job objects (object arrays permute at C speed)
-        self.why = np.zeros(0, dtype=object)
-        self.gpus = np.zeros(0, dtype=np.int64)
-        self.est = np.zeros(0)
-        self.kind = np.zeros(0, dtype=np.int8)
-        self.key = np.zeros(0)
-        self.tag = np.zeros(0, dtype=np.int64)   # the runtime's own index of each job
+        self.num = np.zeros((0, 6))
+        self.why: dict[int, str] = {}
 
     def __len__(self) -> int:
         return len(self.jobs)
 
+    @property
+    def gpus(self) -> np.ndarray:
+        return self.num[:, _GPUS].astype(np.int64)
+
+    @property
+    def est(self) -> np.ndarray:
+        return self.num[:, _EST]
+
+    @property
+    def kind(self) -> np.ndarray:
+        return self.num[:, _KIND].astype(np.int8)
+
+    @property
+    def key(self) -> np.ndarray:
+        return self.num[:, _KEY]
+
+    @property
+    def tag(self) -> np.ndarray:
+        return self.num[:, _TAG].astype(np.int64)
+
     @classmethod
     def build(cls, rows: Iterable[tuple[float, Job, int, str]]) -> PendingQueue:
-        """From (order key, job, kind, why) rows; sorts them (stable) by key."""
+        """From (key, job, kind, why) rows; sorts them (stable) by tier, then key."""
         q = cls()
-        rows = sorted(rows, key=lambda r: r[0])
+        rows = sorted(rows, key=lambda r: (-int(r[1].tier), r[0]))
         q.jobs = np.empty(len(rows), dtype=object)
-        q.why = np.empty(len(rows), dtype=object)
         q.jobs[:] = [r[1] for r in rows]
-        q.why[:] = [r[3] for r in rows]
-        q.gpus = np.array([j.gpus for j in q.jobs], dtype=np.int64)
-        q.est = np.array([j.estimate_s for j in q.jobs], dtype=float)
-        q.kind = np.array([r[2] for r in rows], dtype=np.int8)
-        q.key = np.array([r[0] for r in rows], dtype=float)
-        q.tag = np.arange(len(rows), dtype=np.int64)
+        q.num = np.array([(r[1].gpus, r[1].estimate_s, r[2], r[0], i, -int(r[1].tier))
+                          for i, r in enumerate(rows)], dtype=float).reshape(len(rows), 6)
+        q.why = {r[1].id: r[3] for r in rows if r[3]}
         return q
 
     def insert(self, key: float, job: Job, kind: int, why: str = "", tag: int = -1) -> None:
-        """After every job whose key is <= ``key`` (ties keep arrival order)."""
-        i = int(np.searchsorted(self.key, key, side="right"))
-        self.jobs = np.insert(self.jobs, i, None)
+        """After every job of its tier whose key is <= ``key`` (ties keep arrival order)."""
+        neg = -int(job.tier)
+        tiers = self.num[:, _NEGTIER]
+        lo, hi = int(np.searchsorted(tiers, neg, "left")), int(np.searchsorted(tiers, neg, "right"))
+        i = lo + int(np.searchsorted(self.num[lo:hi, _KEY], key, side="right"))
+        self.jobs = _insert(self.jobs, i, None)
         self.jobs[i] = job
-        self.why = np.insert(self.why, i, why)
-        self.gpus = np.insert(self.gpus, i, job.gpus)
-        self.est = np.insert(self.est, i, job.estimate_s)
-        self.kind = np.insert(self.kind, i, kind)
-        self.key = np.insert(self.key, i, key)
-        self.tag = np.insert(self.tag, i, tag)
+        self.num = _insert(self.num, i, (job.gpus, job.estimate_s, kind, key, tag, neg))
+        if why:
+            self.why[job.id] = why
 
     def remove(self, positions: list[int]) -> None:
         if not positions:
             return
-        self.jobs = np.delete(self.jobs, positions)
-        self.why = np.delete(self.why, positions)
-        self.gpus = np.delete(self.gpus, positions)
-        self.est = np.delete(self.est, positions)
-        self.kind = np.delete(self.kind, positions)
-        self.key = np.delete(self.key, positions)
-        self.tag = np.delete(self.tag, positions)
+        keep = np.ones(len(self.jobs), bool)
+        keep[positions] = False
+        for j in self.jobs[~keep]:
+            self.why.pop(j.id, None)
+        self.jobs = self.jobs[keep]
+        self.num = self.num[keep]
 
-    def reorder(self, keys: np.ndarray, kinds: np.ndarray, whys: list[str] | None = None) -> None:
+    def reorder(self, keys: np.ndarray, kinds: np.ndarray) -> None:
         """New keys/kinds for the jobs in their current order; re-sorts (stable)."""
-        perm = np.argsort(keys, kind="stable")
+        self.num[:, _KEY] = keys
+        self.num[:, _KIND] = kinds
+        perm = np.lexsort((keys, self.num[:, _NEGTIER]))
         self.jobs = self.jobs[perm]
-        self.why = (self.why if whys is None else np.array(whys, dtype=object))[perm]
-        self.gpus, self.est = self.gpus[perm], self.est[perm]
-        self.kind, self.key, self.tag = kinds[perm].astype(np.int8), keys[perm], self.tag[perm]
+        self.num = self.num[perm]

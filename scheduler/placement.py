@@ -6,11 +6,10 @@ Rules (the baselines' are the published simulators'; gpudiag's add topology and 
 - A larger job takes ceil(g / G) wholly free nodes (G GPUs per node) and uses g GPUs of them
   (the last node's remainder stays free for others). The baselines take the lowest-indexed
   free nodes; gpudiag takes them from the fewest racks (one rack when one has enough).
-- gpudiag only: a job of at most one node's GPUs that is not known to be communication-bound
-  may be spread over several nodes when no single node fits - inside one rack when a rack has
-  room (fewest nodes first), else over the racks with most free GPUs. Jobs known to be
-  communication-bound wait for a consolidated placement instead. The cost of spreading is
-  modelled by ``gpudiag.scheduler.slowdown``.
+- gpudiag only: a job of at most one node's GPUs whose label is known and is not
+  communication-bound may be spread over several nodes of one rack (fewest nodes) when no
+  single node fits; communication-bound and unlabelled jobs wait for one node
+  (``policy.may_spread``). The cost of spreading is modelled by ``gpudiag.scheduler.slowdown``.
 
 EASY's reservation: the head job's start time ("shadow") is found by releasing running jobs in
 order of expected end until the head fits; the GPUs it would take then are reserved. A job that
@@ -68,7 +67,11 @@ def whole_nodes(state: ClusterState, gpus: int, fewest_racks: bool,
 
 
 def spread(state: ClusterState, gpus: int, banned: frozenset[int] = frozenset()) -> Plan | None:
-    """Fewest nodes inside one rack (the rack with the least room that suffices), else across racks."""
+    """Fewest nodes inside one rack (the rack with the least room that suffices); never across racks.
+
+    A job that fits on one node spans racks only at twice the cost (``slowdown``) for no gain
+    in what it can use: if no rack has room, it waits for one (or for a node).
+    """
     if state.total_free < gpus:
         return None
 
@@ -81,18 +84,17 @@ def spread(state: ClusterState, gpus: int, banned: frozenset[int] = frozenset())
             else state.rack_free[r]
 
     racks = [r for r in range(state.racks) if room(r) >= gpus]
-    order = [min(racks, key=lambda r: (room(r), r))] if racks else sorted(
-        range(state.racks), key=lambda r: (-room(r), r))
+    if not racks:
+        return None
     plan: Plan = []
     need = gpus
-    for r in order:
-        for n in nodes_of(r):
-            take = min(need, state.free[n])
-            plan.append((n, take))
-            need -= take
-            if need == 0:
-                return plan
-    return None
+    for n in nodes_of(min(racks, key=lambda r: (room(r), r))):
+        take = min(need, state.free[n])
+        plan.append((n, take))
+        need -= take
+        if need == 0:
+            break
+    return plan
 
 
 @dataclass
@@ -125,16 +127,24 @@ class Reservation:
     shadow: float
     nodes: frozenset[int]                            # nodes the head will use
     spare: dict[int, int] = field(default_factory=dict)   # reserved node -> GPUs a long job may use
-    spare_count: int | None = None                  # count-based (spreadable head): GPUs to spare
+    spare_count: int | None = None   # spreadable head over a rack: GPUs of ``nodes`` long jobs may use
+
+    def cap(self, node: int, free: int) -> int:
+        """GPUs of ``node`` a long job may take (one node's view)."""
+        if node in self.spare:
+            return min(free, self.spare[node])
+        if self.spare_count is not None and node in self.nodes:
+            return min(free, self.spare_count)
+        return free
 
     def allows(self, plan: Plan) -> bool:
         if self.spare_count is not None:
-            return sum(g for _, g in plan) <= self.spare_count
+            return sum(g for n, g in plan if n in self.nodes) <= self.spare_count
         return all(n not in self.spare or g <= self.spare[n] for n, g in plan)
 
     def charge(self, plan: Plan) -> None:
         if self.spare_count is not None:
-            self.spare_count -= sum(g for _, g in plan)
+            self.spare_count -= sum(g for n, g in plan if n in self.nodes)
             return
         for n, g in plan:
             if n in self.spare:
@@ -150,7 +160,7 @@ def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, 
     free = list(state.free)
     size = state.size
     whole = len(state.whole)
-    total = state.total_free
+    rack_free = list(state.rack_free)
     per = state.max_gpus
     k = nodes_needed(rule.gpus, per)
     spreadable = rule.may_spread and not rule.whole
@@ -158,9 +168,7 @@ def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, 
     def fits() -> bool:
         if rule.whole:
             return whole >= k
-        if spreadable:
-            return total >= rule.gpus
-        return any(f >= rule.gpus for f in free)
+        return any(f >= rule.gpus for f in free) or (spreadable and any(r >= rule.gpus for r in rack_free))
 
     shadow = now
     if not fits():
@@ -171,7 +179,7 @@ def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, 
             for n, idx in placement.slots:
                 before = free[n]
                 free[n] += len(idx)
-                total += len(idx)
+                rack_free[state.rack[n]] += len(idx)
                 if free[n] == size[n] and before < size[n]:
                     whole += 1
             if not found:
@@ -179,8 +187,9 @@ def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, 
                 found = fits()
         if not found:
             return None
-    if spreadable:
-        return Reservation(shadow, frozenset(), spare_count=total - rule.gpus)
+    if spreadable and not any(f >= rule.gpus for f in free):   # it will spread over the best-fit rack
+        r = min((r for r in range(state.racks) if rack_free[r] >= rule.gpus), key=lambda r: (rack_free[r], r))
+        return Reservation(shadow, frozenset(state.rack_nodes[r]), spare_count=rack_free[r] - rule.gpus)
     if rule.whole:
         cands = [n for n in range(len(free)) if free[n] == size[n]]
         nodes = cands[:k]
@@ -191,7 +200,9 @@ def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, 
             fitting = [r for r, ns in by_rack.items() if len(ns) >= k]
             if fitting:
                 nodes = by_rack[min(fitting, key=lambda r: (len(by_rack[r]), r))][:k]
-        plan = _split(rule.gpus, per, nodes)
+        # the whole-node rule needs these nodes wholly free at the shadow time, even the last
+        # one whose remainder the head will not use: nothing of them is spare for long jobs
+        return Reservation(shadow, frozenset(nodes), spare=dict.fromkeys(nodes, 0))
     else:
         n = min((n for n in range(len(free)) if free[n] >= rule.gpus), key=lambda n: (free[n], n))
         plan = [(n, rule.gpus)]

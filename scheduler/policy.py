@@ -45,10 +45,22 @@ def rule_at(q: PendingQueue, i: int, policy: Policy) -> Rule:
     return Rule(int(q.gpus[i]), k == WHOLE, policy.label_aware_placement, k == SPREAD)
 
 
-def kind_for(job: Job, per_node: int, policy: Policy, comm_bound: bool) -> int:
-    """Jobs known to be communication-bound wait for one node (label-aware placement)."""
-    return kind_of(job.gpus, per_node,
-                   policy.spread_small and not (comm_bound and policy.label_aware_placement))
+def may_spread(policy: Policy, label: str) -> bool:
+    """Spreading a one-node job is a bet that it is not placement-sensitive: made only on evidence.
+
+    Known communication-bound jobs wait for one node (label-aware placement); jobs with no
+    usable label wait too unless ``Policy.spread_unknown`` (a quarter of multi-GPU keys are
+    communication-bound in the simulator's model, and those run 1.5x as long spread).
+    """
+    if not policy.spread_small:
+        return False
+    if label == "unknown":
+        return policy.spread_unknown
+    return not (label == COMM_LABEL and policy.label_aware_placement)
+
+
+def kind_for(job: Job, per_node: int, policy: Policy, label: str) -> int:
+    return kind_of(job.gpus, per_node, may_spread(policy, label))
 
 
 def _fmt_t(t: float) -> str:
@@ -64,19 +76,20 @@ def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, n
     short = np.array([state.max_free_on_a_node(), state.total_free, len(state.whole)])
     if res is None:
         return short, short
-    if res.spare_count is not None:
-        c = res.spare_count
-        return short, np.array([min(short[0], c), min(short[1], c), short[2] if c > 0 else 0])
     best = 0
     for k in range(state.max_gpus, 0, -1):
         if any(n not in res.nodes for n in state.buckets[k]):
             best = k
             break
-    for n, sp in res.spare.items():
-        best = max(best, min(state.free[n], sp))
+    caps = {n: res.cap(n, state.free[n]) for n in res.nodes}
+    best = max([best, *caps.values()])
+    inside = sum(caps.values())
+    if res.spare_count is not None:
+        inside = min(inside, res.spare_count)
     outside = state.total_free - sum(state.free[n] for n in res.nodes)
-    whole = len(state.whole) - sum(1 for n in res.nodes if state.free[n] == state.size[n])
-    return short, np.array([best, outside, whole])
+    whole = len(state.whole) - sum(1 for n in res.nodes if state.free[n] == state.size[n]) \
+        + sum(1 for n, c in caps.items() if c == state.size[n])
+    return short, np.array([best, outside + inside, whole])
 
 
 def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[float, int, Placement]],
@@ -96,7 +109,7 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         plan = place(state, rule)
         if plan is None:
             break
-        why = queue.why[i]
+        why = queue.why.get(job.id, "")
         out.append(Decision("start", job.id, "next in order" + (f" ({why})" if why else ""),
                             state.allocate(plan), numbers={"position": i}))
         i += 1
@@ -112,7 +125,7 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
             out.extend(victims)
             deadline = {d.job_id: now + d.grace_s for d in victims}
             by_end = sorted(((deadline.get(j, e), j, pl) for e, j, pl in by_end), key=lambda x: x[0])
-    res = reserve(state, rule, by_end, now) if policy.backfill else None
+    res = reserve(state, rule, by_end, now) if policy.backfill and policy.reservation else None
     need = f"needs {head.gpus} GPUs" + ("" if rule.may_spread else
                                         " on whole nodes" if rule.whole else " on one node")
     out.append(Decision("hold", head.id,
@@ -124,9 +137,9 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         return out
     per = state.max_gpus
     rest = np.arange(i + 1, n)
-    need_units = np.where(queue.kind[rest] == WHOLE, -(-queue.gpus[rest] // per), queue.gpus[rest])
-    short_mask = (now + queue.est[rest] <= res.shadow) if res is not None else np.ones(len(rest), bool)
-    kinds = queue.kind[rest]
+    gpus, kinds, est = queue.gpus[i + 1:], queue.kind[i + 1:], queue.est[i + 1:]
+    need_units = np.where(kinds == WHOLE, -(-gpus // per), gpus)
+    short_mask = (now + est <= res.shadow) if res is not None else np.ones(len(rest), bool)
     while state.total_free > 0 and len(rest):
         lim_s, lim_l = _limits(state, res)
         ok = np.where(short_mask, need_units <= lim_s[kinds], need_units <= lim_l[kinds])
@@ -139,7 +152,8 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         if short:
             plan = place(state, rule)
         else:
-            plan = place(state, rule, spare=res.spare or None,
+            spare = res.spare if res.spare_count is None else dict.fromkeys(res.nodes, res.spare_count)
+            plan = place(state, rule, spare=spare or None,
                          banned=res.nodes if (rule.whole or rule.may_spread) else frozenset())
             if plan is not None and not res.allows(plan):
                 plan = None
@@ -177,7 +191,7 @@ def order_queue(pending: Sequence[Job], running: Sequence[Running], signals: Map
             hist.label if hist is not None and hist.weight >= policy.min_history_weight else "unknown")
         why = "; ".join(w for w in (why_e if factor < 1.0 else "", why_f) if w)
         rows.append((sort_key(job, effective_submit(job, factor, delay, policy)), job,
-                     kind_for(job, per_node, policy, label == COMM_LABEL), why))
+                     kind_for(job, per_node, policy, label), why))
     return PendingQueue.build(rows)
 
 
@@ -238,6 +252,6 @@ def explain(job_id: int, cluster: Cluster, pending: Sequence[Job], running: Sequ
         if pos > 0:
             ahead = queue.jobs[pos - 1]
             parts.append(f"behind job {ahead.id} ({TIER_NAMES[ahead.tier]})")
-    if queue.why[pos]:
-        parts.append(queue.why[pos])
+    if queue.why.get(job.id):
+        parts.append(queue.why[job.id])
     return f"job {job_id} waits: " + "; ".join(parts)

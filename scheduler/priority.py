@@ -44,6 +44,7 @@ class MfuBook:
         self.keys: dict[str, KeyHistory] = {}
         self.hist: dict[str, list[int]] = {}
         self.counts: dict[str, int] = {}
+        self._median: dict[str, float | None] = {}
 
     def _decayed(self, h: KeyHistory, now: float) -> float:
         return h.weight * math.pow(2.0, -max(0.0, now - h.updated) / self.half_life_s)
@@ -59,21 +60,25 @@ class MfuBook:
         bins = self.hist.setdefault(cls, [0] * _BINS)
         bins[min(_BINS - 1, max(0, int(mfu * _BINS)))] += 1
         self.counts[cls] = self.counts.get(cls, 0) + 1
+        self._median.pop(cls, None)
 
     def lookup(self, key: str, now: float) -> KeyHistory | None:
         h = self.keys.get(key)
         return None if h is None else KeyHistory(h.mfu, h.label, self._decayed(h, now), now)
 
     def class_median(self, cls: str) -> float | None:
+        if cls in self._median:
+            return self._median[cls]
         n = self.counts.get(cls, 0)
-        if n == 0:
-            return None
+        m = None
         seen = 0
-        for i, c in enumerate(self.hist[cls]):
+        for i, c in enumerate(self.hist.get(cls, ())):
             seen += c
             if 2 * seen >= n:
-                return (i + 0.5) / _BINS
-        return None
+                m = (i + 0.5) / _BINS
+                break
+        self._median[cls] = m
+        return m
 
 
 def signal_usable(sig: Signal | None, policy: Policy) -> bool:
@@ -127,12 +132,9 @@ def effective_submit(job: Job, factor: float, fair_delay: float, policy: Policy)
     return job.submit + eff + (fair_delay if policy.fair_share else 0.0)
 
 
-TIER_SPAN_S = 1e12   # ~30,000 years: tiers never mix, whatever the effective submit times
-
-
 def sort_key(job: Job, eff_submit: float) -> float:
-    """One float: higher tier first, then the earliest effective submit (ties keep arrival order)."""
-    return -int(job.tier) * TIER_SPAN_S + eff_submit
+    """The key inside a tier (``PendingQueue`` puts higher tiers first): earliest effective submit."""
+    return eff_submit
 
 
 def tier_name(job: Job) -> str:

@@ -1,12 +1,19 @@
 """Trace replay: the policy core driven by simulated time (FIFO, EASY and gpudiag; Tiresias: tiresias.py).
 
 Event semantics (those of published simulators, so numbers compare): at one instant all
-completions are handled before all arrivals, then one scheduling pass. The policy sees a job's
-MFU and label only once it has run ``LEARN_AFTER_S`` (the agent's first estimate needs a traced
-step; ten minutes is a conservative stand-in), or through earlier jobs of its key. Priorities
+completions are handled before all arrivals, then one scheduling pass. Durations are the
+trace's, except that a job of at most one node's GPUs that gpudiag spreads over several nodes
+runs longer by the ``slowdown`` model - the one placement the baselines never make. A job
+of more GPUs than a node replays its recorded duration under every policy (as the baselines'
+semantics require); what spanning more racks than needed would cost it under the model is
+recorded for every policy in ``rack_cost_gpu_s`` and printed by the benchmark, not applied.
+
+The policy sees a job's MFU and label only once it has run ``LEARN_AFTER_S`` (the agent's
+first estimate needs a traced step; ten minutes is a conservative stand-in), or through
+earlier jobs of its key (``Policy.order == "mfu"``, the calibration prototype's oracle, orders
+by each job's own MFU known at submission instead). Priorities
 are recomputed every ``PRIORITY_CALC_PERIOD_S`` (Slurm's PriorityCalcPeriod default) and for each
-arrival. Baselines replay the trace's durations exactly; under gpudiag a job placed more widely
-than it needs runs longer (``slowdown``), and that cost is reported.
+arrival.
 
 Preemption (tiers from an sacct export; Philly and Tiresias traces have one tier): a victim gets
 SIGTERM and its grace period, then its GPUs are free; work since its last periodic checkpoint
@@ -36,7 +43,6 @@ from gpudiag.scheduler.model import (
 from gpudiag.scheduler.pending import ONE_NODE, SPREAD, WHOLE, PendingQueue
 from gpudiag.scheduler.policy import kind_for, plan_pass
 from gpudiag.scheduler.priority import (
-    TIER_SPAN_S,
     MfuBook,
     efficiency_factor,
     fair_share_delay,
@@ -48,6 +54,7 @@ from gpudiag.scheduler.traces import TraceJob
 LEARN_AFTER_S = 600.0
 PRIORITY_CALC_PERIOD_S = 300.0
 CHECKPOINT_INTERVAL_S = 1800.0
+ORACLE_SPAN_S = 1e11   # MFU-first order: 1e-4 of MFU outweighs any submit-time difference (< 1e7 s)
 
 
 @dataclass(slots=True)
@@ -67,6 +74,7 @@ class SimJob:
     slow_gpu_s: float = 0.0
     learned: bool = False
     trace_id: int = -1
+    rack_cost_gpu_s: float = 0.0   # what spanning extra racks would cost under the model (not applied)
 
 
 @dataclass
@@ -133,7 +141,7 @@ class _Priorities:
         self.team_names = sorted(teams.quota)
         team_i = {t: i for i, t in enumerate(self.team_names)}
         self.sub = np.array([s.job.submit for s in sims])
-        self.tier = np.array([int(s.job.tier) for s in sims], dtype=float)
+        self.mfu = np.array([s.mfu for s in sims])
         self.key_i = np.array([self.key_index[s.job.key] for s in sims], dtype=np.int64)
         self.team_i = np.array([team_i[s.job.team] for s in sims], dtype=np.int64)
         self.gpus = np.array([s.job.gpus for s in sims], dtype=np.int64)
@@ -145,6 +153,7 @@ class _Priorities:
         self.key_until = np.full(k, -np.inf)
         self.medians: dict[str, float | None] = {}
         self.dirty = False
+        self._fair_at, self._fair = math.nan, np.zeros(0)
 
     def _delay(self, job: Job, mfu: float, label: str) -> float:
         f, _ = efficiency_factor(job, None, KeyHistory(mfu, label, 1.0, 0.0), self.policy,
@@ -184,18 +193,28 @@ class _Priorities:
                            np.where(valid, self.key_delay[self.key_i[idx]], 0.0))
         fair = 0.0
         if p.fair_share:
-            d = np.array([fair_share_delay(self.teams.share(t, now), p)[0] for t in self.team_names])
-            fair = d[self.team_i[idx]]
-        keys = -self.tier[idx] * TIER_SPAN_S + self.sub[idx] + eff + fair
+            if self._fair_at != now:   # team delays change with time only: once per instant
+                self._fair = np.array([fair_share_delay(self.teams.share(t, now), p)[0]
+                                       for t in self.team_names])
+                self._fair_at = now
+            fair = self._fair[self.team_i[idx]]
+        if p.order == "mfu":   # the oracle: every job's own MFU, known at submission
+            eff = (1.0 - self.mfu[idx]) * ORACLE_SPAN_S
+        keys = self.sub[idx] + eff + fair
         comm = np.where(self.learned[idx], self.own_comm[idx], valid & self.key_comm[self.key_i[idx]])
-        spread = p.spread_small & ~(comm & p.label_aware_placement)
+        known = self.learned[idx] | valid
+        spread = p.spread_small & np.where(known, ~(comm & p.label_aware_placement), p.spread_unknown)
         kinds = np.where(self.gpus[idx] > per_node, WHOLE, np.where(spread, SPREAD, ONE_NODE))
         return keys, kinds
 
 
 def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], cluster: Cluster,
-             policy: Policy) -> SimResult:
-    """Replay submit-sorted ``trace_jobs`` under ``policy``; jobs that can never fit are rejected."""
+             policy: Policy, oracle: bool = False) -> SimResult:
+    """Replay submit-sorted ``trace_jobs`` under ``policy``; jobs that can never fit are rejected.
+
+    ``oracle``: the policy knows every job's MFU and label at submission (against class medians
+    of the whole trace) instead of learning them - what learning costs, for the benchmark.
+    """
     wall0 = time.perf_counter()
     state = ClusterState(cluster)
     per, rack_size = state.max_gpus, max(len(r) for r in state.rack_nodes)
@@ -211,8 +230,16 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
         m, label = mfu[t.id]
         job = Job(len(sims), t.gpus, t.submit, t.estimate or t.duration, t.user, t.team, t.key, t.tier)
         sims.append(SimJob(job, t.duration, m, label, t.duration, trace_id=t.id))
-    prio = policy.order == "priority"
+    prio = policy.order in ("priority", "mfu")
+    # victims exist only below the top tier: with one tier in the trace there is nothing to preempt
+    preemptive = policy.preemption and len({s.job.tier for s in sims}) > 1
     pr = _Priorities(sims, policy, book, teams)
+    if oracle:
+        for s in sims:
+            book.observe("", job_class(s.job.gpus), s.mfu, s.label, 0.0)
+        for i, s in enumerate(sims):
+            pr.learned[i], pr.own_comm[i] = True, s.label == COMM_LABEL
+            pr.own_delay[i] = pr._delay(s.job, s.mfu, s.label)
     queue = PendingQueue()
     running: dict[int, Running] = {}
     by_end: list[tuple[float, int, Placement]] = []
@@ -227,13 +254,14 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
             k, kind = pr.keys(np.array([i]), now, per)
             queue.insert(float(k[0]), job, int(kind[0]), tag=i)
         else:
-            queue.insert(job.submit, job, kind_for(job, per, policy, False), tag=i)
+            queue.insert(job.submit, job, kind_for(job, per, policy, "unknown"), tag=i)
 
     def start(s: SimJob, placement: Placement, now: float) -> None:
         job = s.job
-        f = 1.0
-        if policy.name not in ("fifo", "easy"):
-            f = slowdown(s.label, job.gpus, list(placement.nodes), state.rack, per, rack_size)
+        f = slowdown(s.label, job.gpus, list(placement.nodes), state.rack, per, rack_size)
+        if job.gpus > per:   # whole nodes: the baselines' semantics replay these as recorded
+            s.rack_cost_gpu_s += job.gpus * s.remaining * (f - 1.0)
+            f = 1.0
         wall = s.remaining * f
         s.slow_gpu_s += job.gpus * (wall - s.remaining)
         if math.isnan(s.first_start):
@@ -292,7 +320,7 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
         while ai < n and sims[ai].job.submit <= now:
             enqueue(ai, now)
             ai += 1
-        if not len(queue) or (state.total_free == 0 and not policy.preemption):
+        if not len(queue) or (state.total_free == 0 and not preemptive):
             continue
         if prio and now >= next_calc:
             if pr.dirty:
@@ -301,7 +329,7 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
             queue.reorder(k, kinds)
             next_calc = now + PRIORITY_CALC_PERIOD_S
         decisions = plan_pass(state, queue, by_end, now, policy,
-                              (lambda: list(running.values())) if policy.preemption else None, mfu_of)
+                              (lambda: list(running.values())) if preemptive else None, mfu_of)
         started = []
         for d in decisions:
             if d.kind == "start":

@@ -107,7 +107,7 @@ def test_queue_order_respects_the_aging_bound(world):
         for earlier in jobs[:i]:
             if earlier.tier == later.tier:
                 # ``earlier`` is ahead: it cannot have been submitted more than the bound after ``later``
-                assert earlier.submit <= later.submit + bound + 1e-6
+                assert earlier.submit <= later.submit + bound + 1e-3
             else:
                 assert earlier.tier > later.tier
 

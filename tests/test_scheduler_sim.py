@@ -87,7 +87,8 @@ def reference(jobs: list[TraceJob], nodes: int, per: int, backfill: bool) -> dic
             if fit(copy, head.gpus):
                 shadow = end
                 break
-        spare = {n: copy[n] - g for n, g in fit(copy, head.gpus)}
+        # a whole-node head needs its nodes wholly free: none of their GPUs is spare
+        spare = {n: 0 if head.gpus > per else copy[n] - g for n, g in fit(copy, head.gpus)}
 
         def allowed(n: int, k: int, spare: dict = spare) -> bool:
             return n not in spare or spare[n] >= k
