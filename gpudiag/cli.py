@@ -29,6 +29,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
              "Compare two runs (before/after) as an HTML page or JSON."),
     "sim": ("gpudiag.commands.sim", "sim",
             "Replay a cluster trace (Philly, Tiresias, sacct) under FIFO, EASY, Tiresias or gpudiag."),
+    "scheduler": ("gpudiag.commands.scheduler_cmd", "scheduler",
+                  "The embedded gang scheduler for one shared machine: gpudiag scheduler serve."),
+    "submit": ("gpudiag.commands.submit", "submit",
+               "Queue a job on this machine's scheduler; prints its id."),
+    "queue": ("gpudiag.commands.queue", "queue", "List this machine's jobs, and why each pending one waits."),
+    "cancel": ("gpudiag.commands.cancel", "cancel", "Cancel a job (yours; root may cancel any)."),
+    "logs": ("gpudiag.commands.logs", "logs", "Print a scheduled job's output (-f to follow)."),
 }
 
 

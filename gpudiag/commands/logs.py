@@ -1,0 +1,35 @@
+"""``gpudiag logs ID [-f]``: a job's output, through the daemon (it checks that the job is yours)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+FOLLOW_POLL_S = 0.5
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("job_id", type=click.IntRange(1))
+@click.option("-f", "--follow", is_flag=True, help="Keep printing output until the job ends.")
+@click.option("--stderr", is_flag=True, help="The job's stderr (gpudiag profile's notes are there too).")
+@click.option("--state-dir", type=click.Path(path_type=Path), default=None,
+              help="The scheduler's state folder.")
+def logs(job_id: int, follow: bool, stderr: bool, state_dir: Path | None) -> None:
+    """Print job JOB_ID's stdout (or --stderr)."""
+    from gpudiag.scheduler.local.client import ask
+
+    offset = 0
+    while True:
+        answer = ask(state_dir, {"op": "logs", "id": job_id, "stream": "stderr" if stderr else "stdout",
+                                 "offset": offset})
+        sys.stdout.write(answer["data"])
+        sys.stdout.flush()
+        offset = answer["next"]
+        if answer["data"]:
+            continue   # more may be waiting: read until caught up
+        if not follow or answer["ended"]:
+            return
+        time.sleep(FOLLOW_POLL_S)

@@ -1,0 +1,96 @@
+"""``gpudiag scheduler serve``: the embedded gang scheduler for one shared machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from gpudiag.errors import BadInput
+
+
+def _machine_ids(gpus: str | None, slots: int | None) -> tuple[tuple[str, ...], bool]:
+    """(ids a job sees, whether they are GPUs). ``--slots`` wins on a machine without GPUs."""
+    if slots is not None:
+        if gpus is not None:
+            raise BadInput("give --gpus or --slots, not both")
+        return tuple(str(i) for i in range(slots)), False
+    if gpus is None or gpus == "all":
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            n = pynvml.nvmlDeviceGetCount()
+        except Exception as e:  # noqa: BLE001 - NVML's errors vary by driver; one line says which
+            raise BadInput(f"cannot count GPUs (NVML: {e}); on a machine without GPUs use --slots N"
+                           ) from None
+        if n < 1:
+            raise BadInput("NVML sees no GPUs; on a machine without GPUs use --slots N")
+        return tuple(str(i) for i in range(n)), True
+    ids = [x.strip() for x in gpus.split(",")]
+    if not all(x.isdigit() for x in ids) or len(set(ids)) != len(ids):
+        raise BadInput(f"--gpus {gpus!r}: use all, or distinct GPU indices like 0,1,2,3")
+    return tuple(ids), True
+
+
+def _quota(items: tuple[str, ...]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        team, _, n = item.partition("=")
+        if not team or not n.isdigit() or int(n) < 1:
+            raise BadInput(f"--quota {item!r}: use TEAM=N with N a positive number of GPUs")
+        out[team] = int(n)
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def scheduler() -> None:
+    """The embedded gang scheduler: gpudiag submit / queue / cancel / logs talk to it."""
+
+
+@scheduler.command()
+@click.option("--state-dir", type=click.Path(path_type=Path), default=None,
+              help="Database, socket and job folders (default: $GPUDIAG_SCHEDULER_DIR, "
+                   "/var/lib/gpudiag/scheduler as root, else ~/.local/state/gpudiag/scheduler).")
+@click.option("--gpus", default=None, metavar="all|0,1,2,3", help="GPUs to schedule  [default: all].")
+@click.option("--slots", type=click.IntRange(1, 4096), default=None,
+              help="Schedule N CPU slots instead (a machine without GPUs): jobs get GPUDIAG_SLOTS.")
+@click.option("--quota", multiple=True, metavar="TEAM=N", help="A team's GPU quota (fair share); repeatable.")
+@click.option("--min-runtime", default="5m", show_default=True,
+              help="No job is preempted before it has run this long (no thrashing).")
+@click.option("--efficiency-delay", default="4h", show_default=True,
+              help="The most a low MFU may delay a job: its part of the aging bound.")
+@click.option("--agent-dir", type=click.Path(path_type=Path), default=None,
+              help="The node agent's state folder, whose jobs.json gives MFU signals "
+                   "(default: the agent's default).")
+@click.option("--agent-url", default=None, metavar="URL",
+              help="Read signals by scraping the agent instead, e.g. http://127.0.0.1:9835/metrics.")
+@click.option("--monitor/--no-monitor", default=True, show_default=True,
+              help="Run each job under `gpudiag profile --monitor` (MFU and label to the agent).")
+def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tuple[str, ...],
+          min_runtime: str, efficiency_delay: str, agent_dir: Path | None, agent_url: str | None,
+          monitor: bool) -> None:
+    """Run the scheduler daemon in the foreground (jobs outlive it and are re-adopted).
+
+    \b
+    Examples:
+      gpudiag scheduler serve                      # all GPUs, as root: for every user
+      gpudiag scheduler serve --gpus 0,1,2,3 --quota vision=2 --quota nlp=2
+      gpudiag scheduler serve --slots 4            # a machine without GPUs
+    """
+    from gpudiag.commands.profile import parse_duration
+    from gpudiag.jobsignal import default_state_dir as agent_default
+    from gpudiag.scheduler.local.config import default_state_dir
+    from gpudiag.scheduler.local.daemon import Daemon, main_loop
+    from gpudiag.scheduler.local.engine import Machine
+    from gpudiag.scheduler.local.signals import JobTableSource, MetricsSource
+    from gpudiag.scheduler.model import Policy
+
+    ids, are_gpus = _machine_ids(gpus, slots)
+    policy = Policy(min_runtime_s=parse_duration(min_runtime, "--min-runtime"),
+                    max_efficiency_delay_s=parse_duration(efficiency_delay, "--efficiency-delay"))
+    source = (MetricsSource(agent_url) if agent_url
+              else JobTableSource((agent_dir or agent_default()) / "jobs.json"))
+    daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, _quota(quota), source,
+                    monitor)
+    main_loop(daemon)

@@ -1,0 +1,342 @@
+"""``gpudiag scheduler serve``: one thread, one event loop, one SQLite file.
+
+The loop (``selectors``) waits on the Unix socket, the clients' connections and a wakeup pipe
+that SIGCHLD writes to (``signal.set_wakeup_fd``), with a one-second tick for the things time
+alone changes (grace periods, time limits, aging, an adopted job that ended). After anything
+happened it runs one scheduling pass and applies its decisions. No thread, so no lock: a
+request is answered from the same state the pass uses.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpudiag.scheduler.local import protocol
+from gpudiag.scheduler.local.config import (
+    DB_NAME,
+    LOCK_NAME,
+    MAX_REQUEST_BYTES,
+    SOCKET_NAME,
+    prepare_daemon_dir,
+)
+from gpudiag.scheduler.local.engine import Engine, Machine, stored_signal
+from gpudiag.scheduler.local.lifecycle import Jobs, _log
+from gpudiag.scheduler.local.protocol import Peer, Refused
+from gpudiag.scheduler.local.store import ACTIVE, CANCELLED, FINAL, PENDING, JobRow, Store
+from gpudiag.scheduler.model import Policy, Signal
+from gpudiag.scheduler.priority import MfuBook
+from gpudiag.scheduler.signals import SignalRead, SignalSource
+
+from gpudiag.errors import BadInput
+
+TICK_S = 1.0              # grace periods and time limits are seconds; a second late is fine
+SIGNAL_PERIOD_S = 5.0     # the agent hears from a job every 15 s; reading it 3x as often suffices
+RECENT_FINISHED = 20      # `gpudiag queue` without --all: this many ended jobs
+LISTEN_BACKLOG = 128
+
+
+@dataclass
+class Conn:
+    sock: socket.socket
+    peer: Peer
+    inbuf: bytearray = field(default_factory=bytearray)
+    outbuf: bytes = b""
+
+
+class Daemon:
+    def __init__(self, state_dir: Path, machine: Machine, policy: Policy, quota: dict[str, int],
+                 source: SignalSource | None, monitor: bool = True) -> None:
+        self.state_dir = state_dir
+        self.machine = machine
+        self.policy = policy
+        self.source = source
+        self.stopping = False
+        self.dirty = True
+        prepare_daemon_dir(state_dir)
+        self._lock = open(state_dir / LOCK_NAME, "a")  # noqa: SIM115 - held for the daemon's life
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BadInput(f"a scheduler is already running on {state_dir}") from None
+        try:
+            self.store = Store(state_dir / DB_NAME)
+        except Exception as e:  # noqa: BLE001 - sqlite3/schema errors become one line
+            raise BadInput(f"cannot open the scheduler database: {e}") from None
+        book = MfuBook(policy.history_half_life_s)
+        for key, cls, mfu, label, t in self.store.observations():
+            book.observe(key, cls, mfu, label, t)
+        self.engine = Engine(machine, policy, book, quota)
+        self.jobs = Jobs(self.store, state_dir, machine, monitor)
+        self.jobs.load()
+        self.signals = SignalRead(available=False, why="not read yet")
+        self.signals_t = -1e18
+        self.read_signals(time.time())
+        for note in self.jobs.recover(time.time()):
+            _log(note)
+
+    # -- signals ------------------------------------------------------------------------------
+    def read_signals(self, now: float) -> None:
+        if self.source is None:
+            self.signals = SignalRead(available=False, why="no signal source configured")
+        else:
+            self.signals = self.source.read(now)
+        self.signals_t = now
+        changed = []
+        for row in self.jobs.active.values():
+            s = self._live(row)
+            if s is not None and (s.mfu, s.label, s.confidence) != (row.sig_mfu, row.sig_label, row.sig_conf):
+                changed.append((row, {"sig_mfu": s.mfu, "sig_label": s.label, "sig_conf": s.confidence,
+                                      "sig_t": now - s.age_s}))
+        if changed:
+            self.store.update_many(changed)
+
+    def _live(self, row: JobRow) -> Signal | None:
+        return self.signals.signals.get(f"{self.store.prefix}:{row.id}")
+
+    def signal_map(self, now: float) -> dict[int, Signal]:
+        out = {}
+        for row in self.jobs.active.values():
+            s = self._live(row)
+            if s is not None:
+                out[row.id] = s
+        for row in self.jobs.pending.values():
+            s = stored_signal(row, now)
+            if s is not None:
+                out[row.id] = s
+        return out
+
+    def final_signal(self, row: JobRow) -> Signal | None:
+        """A job that just ended sent its last signal as it ended: read the source once more."""
+        now = time.time()
+        if now - self.signals_t > 0.2:
+            self.read_signals(now)
+        return self._live(row)
+
+    # -- the pass -------------------------------------------------------------------------------
+    def schedule(self, now: float) -> None:
+        self.jobs.enforce(now)
+        if self.jobs.reap(now, self.final_signal):
+            self.dirty = True
+        if now - self.signals_t >= SIGNAL_PERIOD_S:
+            self.read_signals(now)
+        if not self.jobs.pending:
+            return
+        active = list(self.jobs.active.values())
+        ckpt = {r.id: self.jobs.checkpoint_time(r) for r in active}
+        decisions = self.engine.decide(list(self.jobs.pending.values()), active, self.signal_map(now), ckpt,
+                                       now, self.signals.available)
+        for d in decisions:
+            if d.kind == "start" and d.job_id in self.jobs.pending:
+                slots = sorted(i for _, idx in d.placement.slots for i in idx)
+                self.jobs.start(self.jobs.pending[d.job_id], slots, now)
+            elif d.kind == "preempt" and d.job_id in self.jobs.active:
+                self.jobs.stop(self.jobs.active[d.job_id], "preempt",
+                               self.engine.words(f"preempted: {d.reason}", now), now)
+
+    # -- requests -------------------------------------------------------------------------------
+    def handle(self, req: dict, peer: Peer) -> dict:
+        op = req["op"]
+        if op == "ping":
+            return {"ok": True, "pid": os.getpid(), "prefix": self.store.prefix}
+        if op == "submit":
+            return self.submit(protocol.parse_submit(req), peer)
+        if op == "queue":
+            return self.queue(bool(req.get("all")))
+        row = self._job_for(protocol.job_id_of(req), peer)
+        if op == "cancel":
+            return self.cancel(row, peer)
+        return self.logs(row, req)
+
+    def _job_for(self, job_id: int, peer: Peer) -> JobRow:
+        row = self.jobs.pending.get(job_id) or self.jobs.active.get(job_id) or self.store.job(job_id)
+        if row is None:
+            raise Refused(f"no job {job_id}")
+        if peer.uid not in (0, row.uid):
+            raise Refused(f"job {job_id} belongs to {row.user}: only its owner or root may do that")
+        return row
+
+    def submit(self, s: protocol.SubmitRequest, peer: Peer) -> dict:
+        total = len(self.machine.ids)
+        if s.gpus > total:
+            raise Refused(f"needs {s.gpus} {self.machine.unit}, this machine has {total}")
+        if os.geteuid() != 0 and peer.uid != os.geteuid():
+            raise Refused(f"this scheduler runs as uid {os.geteuid()} and runs only that user's jobs "
+                          "(run it as root to share the machine)")
+        from gpudiag.scheduler.local.runner import user_name
+
+        user = user_name(peer.uid)
+        row = JobRow(id=0, uid=peer.uid, user=user, team=s.team or user, name=s.name,
+                     key=f"{user}/{s.name}" if s.name else "", tier=int(s.tier), gpus=s.gpus,
+                     grace_s=s.grace_s,
+                     time_limit_s=s.time_limit_s, cmd=s.cmd, env=s.env, cwd=s.cwd, submit_t=time.time(),
+                     state=PENDING, reason="submitted")
+        self.store.submit(row)
+        self.jobs.pending[row.id] = row
+        self.dirty = True
+        return {"ok": True, "id": row.id, "agent_job_id": f"{self.store.prefix}:{row.id}"}
+
+    def cancel(self, row: JobRow, peer: Peer) -> dict:
+        now = time.time()
+        who = "root" if peer.uid == 0 and row.uid != 0 else row.user
+        if row.state in FINAL:
+            raise Refused(f"job {row.id} has already ended ({row.state})")
+        if row.state == PENDING:
+            self.store.update(row, state=CANCELLED, ended_t=now, reason=f"cancelled by {who} while pending")
+            del self.jobs.pending[row.id]
+        else:
+            self.jobs.stop(row, "cancel", f"cancelled by {who}", now)
+        self.dirty = True
+        return {"ok": True, "id": row.id, "state": row.state}
+
+    def queue(self, everything: bool) -> dict:
+        now = time.time()
+        pending = list(self.jobs.pending.values())
+        order, why = self.engine.reasons(pending, list(self.jobs.active.values()), self.signal_map(now), now,
+                                         self.signals.available)
+        rows = [self.jobs.pending[i] for i in order] + list(self.jobs.active.values())
+        finished = self.store.jobs(FINAL, limit=None if everything else RECENT_FINISHED)
+        out = []
+        for r in rows + finished:
+            d = r.public()
+            d["why"] = why.get(r.id, r.reason)
+            d["slot_ids"] = [self.machine.ids[i] for i in (r.slots or ())]
+            out.append(d)
+        sig = self.signals
+        return {"ok": True, "jobs": out, "unit": self.machine.unit, "total": len(self.machine.ids),
+                "free": len(self.machine.ids) - sum(len(r.slots or ()) for r in self.jobs.active.values()),
+                "signals": {"available": sig.available, "why": sig.why, "jobs": len(sig.signals)},
+                "prefix": self.store.prefix}
+
+    def logs(self, row: JobRow, req: dict) -> dict:
+        stream = req.get("stream", "stdout")
+        offset = req.get("offset", 0)
+        if stream not in ("stdout", "stderr") or isinstance(offset, bool) or not isinstance(offset, int) \
+                or offset < 0:
+            raise Refused("logs: stream must be stdout or stderr and offset a byte count")
+        path = self.jobs.job_dir(row) / stream
+        data = b""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            fd = None
+        except OSError as e:
+            raise Refused(f"cannot read {stream} of job {row.id}: {e.strerror}") from None
+        if fd is not None:
+            try:
+                os.lseek(fd, offset, os.SEEK_SET)
+                data = os.read(fd, protocol.MAX_LOG_CHUNK)
+            finally:
+                os.close(fd)
+        return {"ok": True, "data": data.decode("utf-8", "replace"), "next": offset + len(data),
+                "ended": row.state not in (PENDING, *ACTIVE), "state": row.state}
+
+    # -- the loop -------------------------------------------------------------------------------
+    def serve(self) -> None:
+        sock_path = self.state_dir / SOCKET_NAME
+        try:
+            sock_path.unlink()   # ours to remove: the lock says no other daemon uses it
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(sock_path))
+        os.chmod(sock_path, 0o666)  # everybody may connect; SO_PEERCRED says who they are
+        listener.listen(LISTEN_BACKLOG)
+        listener.setblocking(False)
+        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, self._stop)
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ, "listen")
+        sel.register(rfd, selectors.EVENT_READ, "wake")
+        _log(f"serving {len(self.machine.ids)} {self.machine.unit} on {sock_path} (pid {os.getpid()}); "
+             f"signals: {'available' if self.signals.available else self.signals.why}")
+        next_tick = 0.0
+        while not self.stopping:
+            timeout = max(0.0, next_tick - time.monotonic()) if not self.dirty else 0.0
+            for key, mask in sel.select(timeout):
+                if key.data == "listen":
+                    self._accept(listener, sel)
+                elif key.data == "wake":
+                    try:
+                        while os.read(rfd, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    self.dirty = True
+                else:
+                    self._io(key.data, mask, sel)
+            if self.dirty or time.monotonic() >= next_tick:
+                self.dirty = False
+                self.schedule(time.time())
+                next_tick = time.monotonic() + TICK_S
+        _log("stopped (running jobs keep running and are re-adopted at the next start)")
+        listener.close()
+        sock_path.unlink(missing_ok=True)
+        self.store.close()
+
+    def _stop(self, *_: object) -> None:
+        self.stopping = True
+
+    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector) -> None:
+        while True:
+            try:
+                s, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ, Conn(s, protocol.peer_of(s)))
+
+    def _io(self, c: Conn, mask: int, sel: selectors.BaseSelector) -> None:
+        try:
+            if mask & selectors.EVENT_READ and not c.outbuf:
+                b = c.sock.recv(65536)
+                c.inbuf += b
+                if len(c.inbuf) > MAX_REQUEST_BYTES:
+                    self._answer(c, {"ok": False, "error": f"request larger than {MAX_REQUEST_BYTES} bytes"},
+                                 sel)
+                elif b"\n" in c.inbuf or not b:
+                    self._answer(c, self._respond(bytes(c.inbuf).split(b"\n", 1)[0], c.peer), sel)
+            elif mask & selectors.EVENT_WRITE:
+                n = c.sock.send(c.outbuf)
+                c.outbuf = c.outbuf[n:]
+                if not c.outbuf:
+                    sel.unregister(c.sock)
+                    c.sock.close()
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as e:
+            if e.errno not in (errno.EPIPE, errno.ECONNRESET):
+                _log(f"client connection: {e}")
+            sel.unregister(c.sock)
+            c.sock.close()
+
+    def _respond(self, line: bytes, peer: Peer) -> dict:
+        try:
+            return self.handle(protocol.decode_request(line), peer)
+        except Refused as e:
+            return {"ok": False, "error": str(e)}
+        except Exception as e:  # noqa: BLE001 - one bad request must not take the machine's queue down
+            _log(f"request failed: {type(e).__name__}: {e}")
+            return {"ok": False, "error": f"internal error: {type(e).__name__}: {e}", "internal": True}
+
+    def _answer(self, c: Conn, msg: dict, sel: selectors.BaseSelector) -> None:
+        c.outbuf = protocol.encode(msg)
+        sel.modify(c.sock, selectors.EVENT_WRITE, c)
+
+
+def main_loop(daemon: Daemon) -> None:
+    try:
+        daemon.serve()
+    except KeyboardInterrupt:
+        sys.exit(0)

@@ -1,0 +1,157 @@
+"""The client/daemon protocol: one JSON request line, one JSON answer, over the state folder's Unix socket.
+
+No TCP: who is calling comes from the kernel (``SO_PEERCRED``: the uid of the process that
+connected), not from anything the client says, so "only a job's owner or root may cancel it"
+and "jobs run as whoever submitted them" cannot be forged. Every request is validated here,
+with limits, before the daemon looks at it; a refusal is one line the client prints (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpudiag.scheduler.local.config import (
+    MAX_ARGS,
+    MAX_COMMAND_BYTES,
+    MAX_ENV_BYTES,
+    MAX_GRACE_S,
+    MAX_NAME,
+    MAX_REQUEST_BYTES,
+    MAX_TIME_LIMIT_S,
+)
+from gpudiag.scheduler.model import TIER_NAMES, Tier
+
+TIERS = {name: tier for tier, name in TIER_NAMES.items()}
+OPS = ("submit", "queue", "cancel", "logs", "ping")
+MAX_LOG_CHUNK = 256 * 1024   # one `logs` answer: -f asks again from the next offset
+CLIENT_TIMEOUT_S = 30.0
+_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+class Refused(ValueError):
+    """A request the daemon will not act on; the message is the one line the client shows."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_of(conn: socket.socket) -> Peer:
+    """The connecting process as the kernel saw it at connect() (struct ucred: pid, uid, gid)."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return Peer(*struct.unpack("3i", raw))
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    cmd: list[str]
+    gpus: int
+    tier: Tier
+    team: str
+    name: str
+    grace_s: float
+    time_limit_s: float | None
+    env: dict[str, str]
+    cwd: str
+
+
+def _number(req: dict, key: str, lo: float, hi: float, optional: bool = False) -> float | None:
+    v = req.get(key)
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise Refused(f"{key} must be a number in [{lo:g}, {hi:g}]")
+    return float(v)
+
+
+def _label(req: dict, key: str) -> str:
+    v = req.get(key, "")
+    if not isinstance(v, str) or len(v) > MAX_NAME or not set(v) <= _NAME_OK:
+        raise Refused(f"{key} must be at most {MAX_NAME} characters of letters, digits, '_', '.', '-'")
+    return v
+
+
+def parse_submit(req: dict) -> SubmitRequest:
+    """A submit request, checked field by field; ``Refused`` says what is wrong."""
+    cmd = req.get("cmd")
+    if not isinstance(cmd, list) or not all(isinstance(a, str) for a in cmd):
+        raise Refused("cmd must be a list of strings")
+    if not cmd or not cmd[0]:
+        raise Refused("empty command: gpudiag submit --gpus N -- python train.py")
+    if len(cmd) > MAX_ARGS or sum(len(a.encode()) + 1 for a in cmd) > MAX_COMMAND_BYTES:
+        raise Refused(f"command too large: at most {MAX_ARGS} arguments and {MAX_COMMAND_BYTES // 1024} KiB")
+    if any("\0" in a for a in cmd):
+        raise Refused("command arguments cannot contain NUL bytes")
+    env = req.get("env")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in env.items()):
+        raise Refused("env must be an object of strings")
+    if sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items()) > MAX_ENV_BYTES:
+        raise Refused(f"environment too large: at most {MAX_ENV_BYTES // 1024} KiB (unset what the job "
+                      "does not need)")
+    if any("\0" in k or "=" in k or not k or "\0" in v for k, v in env.items()):
+        raise Refused("environment names and values cannot contain NUL bytes (or '=' in a name)")
+    gpus = req.get("gpus")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise Refused("gpus must be a positive integer")
+    tier = req.get("tier", "reserved")
+    if tier not in TIERS:
+        raise Refused(f"unknown tier {str(tier)[:40]!r}: one of {', '.join(TIERS)}")
+    cwd = req.get("cwd", "/")
+    if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd or len(cwd) > 4096:
+        raise Refused("cwd must be an absolute path")
+    return SubmitRequest(
+        cmd=cmd, gpus=gpus, tier=TIERS[tier], team=_label(req, "team"), name=_label(req, "name"),
+        grace_s=_number(req, "grace_s", 0.0, MAX_GRACE_S),
+        time_limit_s=_number(req, "time_limit_s", 1.0, MAX_TIME_LIMIT_S, optional=True), env=env, cwd=cwd)
+
+
+def job_id_of(req: dict) -> int:
+    v = req.get("id")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise Refused("id must be a positive job number")
+    return v
+
+
+def encode(msg: dict) -> bytes:
+    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+
+
+def decode_request(line: bytes) -> dict:
+    try:
+        req = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise Refused("request is not JSON") from None
+    if not isinstance(req, dict) or req.get("op") not in OPS:
+        raise Refused(f"unknown request: op must be one of {', '.join(OPS)}")
+    return req
+
+
+def call(sock_path: Path, req: dict, timeout: float = CLIENT_TIMEOUT_S) -> dict:
+    """Send one request and return the daemon's answer (raises OSError when it cannot be reached)."""
+    data = encode(req)
+    if len(data) > MAX_REQUEST_BYTES:
+        raise Refused(f"request too large ({len(data) // 1024} KiB; at most {MAX_REQUEST_BYTES // 1024} KiB)")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock_path))
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            chunks.append(b)
+    raw = b"".join(chunks)
+    if not raw:
+        raise ConnectionError("the scheduler closed the connection without an answer")
+    return json.loads(raw)

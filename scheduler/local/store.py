@@ -1,0 +1,211 @@
+"""The scheduler's state in SQLite: every job, every transition, and what earlier jobs taught us.
+
+Why SQLite (stdlib ``sqlite3``) in WAL mode with ``synchronous=FULL``: a transaction that has
+committed survives a SIGKILL of the daemon and a power cut, and readers never block the writer.
+Every state change is exactly one transaction, committed *before* the side effect that depends
+on it is taken as done (write-ahead intent): "starting job 7 on slots 0,1" is on disk before the
+process is spawned, and recovery settles whatever a crash left between intent and effect.
+
+Jobs move: pending -> starting -> running [-> stopping] -> done | failed | cancelled, and a
+preempted job goes back to pending with ``restarts`` raised. ``attempt`` counts launches, so a
+process can always be matched to the launch it belongs to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+PENDING, STARTING, RUNNING, STOPPING = "pending", "starting", "running", "stopping"
+DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
+ACTIVE = (STARTING, RUNNING, STOPPING)       # states that hold slots
+FINAL = (DONE, FAILED, CANCELLED)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    uid INTEGER NOT NULL, user TEXT NOT NULL, team TEXT NOT NULL, name TEXT NOT NULL,
+    key TEXT NOT NULL, tier INTEGER NOT NULL, gpus INTEGER NOT NULL, grace_s REAL NOT NULL,
+    time_limit_s REAL, cmd TEXT NOT NULL, env TEXT NOT NULL, cwd TEXT NOT NULL,
+    submit_t REAL NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
+    slots TEXT, attempt INTEGER NOT NULL DEFAULT 0, restarts INTEGER NOT NULL DEFAULT 0,
+    pid INTEGER, pid_start INTEGER, started_t REAL,
+    stop_kind TEXT, stop_deadline REAL, killed INTEGER NOT NULL DEFAULT 0,
+    ended_t REAL, exit_code INTEGER,
+    sig_mfu REAL, sig_label TEXT, sig_conf REAL, sig_t REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS observations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, cls TEXT NOT NULL,
+    mfu REAL NOT NULL, label TEXT NOT NULL, t REAL NOT NULL
+);
+"""
+
+
+@dataclass
+class JobRow:
+    """One row of ``jobs``: what was asked, and where the job stands."""
+
+    id: int
+    uid: int
+    user: str
+    team: str
+    name: str
+    key: str
+    tier: int
+    gpus: int
+    grace_s: float
+    time_limit_s: float | None
+    cmd: list[str]
+    env: dict[str, str]
+    cwd: str
+    submit_t: float
+    state: str
+    reason: str = ""
+    slots: list[int] | None = None
+    attempt: int = 0
+    restarts: int = 0
+    pid: int | None = None
+    pid_start: int | None = None
+    started_t: float | None = None
+    stop_kind: str | None = None
+    stop_deadline: float | None = None
+    killed: int = 0
+    ended_t: float | None = None
+    exit_code: int | None = None
+    sig_mfu: float | None = None
+    sig_label: str | None = None
+    sig_conf: float | None = None
+    sig_t: float | None = None
+    extra: dict = field(default_factory=dict)   # never stored: the daemon's per-pass scratch
+
+    def public(self) -> dict:
+        """What a client may see (not the environment: it may hold the user's secrets)."""
+        return {k: getattr(self, k) for k in (
+            "id", "uid", "user", "team", "name", "tier", "gpus", "grace_s", "time_limit_s", "cmd",
+            "submit_t", "state", "reason", "slots", "attempt", "restarts", "pid", "started_t",
+            "stop_kind", "ended_t", "exit_code", "sig_mfu", "sig_label", "sig_conf")}
+
+
+_COLS = [f for f in JobRow.__dataclass_fields__ if f != "extra"]
+_JSON_COLS = {"cmd", "env", "slots"}
+
+
+def _row(values: tuple) -> JobRow:
+    d = dict(zip(_COLS, values, strict=True))
+    for k in _JSON_COLS:
+        if d[k] is not None:
+            d[k] = json.loads(d[k])
+    return JobRow(**d)
+
+
+class Store:
+    """The database of one state folder. Not thread-safe: the daemon is one thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # the rows hold users' environments: private from the first byte, and the WAL and
+        # shared-memory files SQLite creates take the database file's permissions
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if p.exists():
+                p.chmod(0o600)
+        self.db = sqlite3.connect(path, isolation_level=None, timeout=10.0)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(_SCHEMA)
+        with self.tx():
+            if self._meta("schema_version") is None:
+                self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                # agent job ids are "<prefix>:<id>": unique per state folder, so two schedulers
+                # on one machine (or a fresh database) never share a job's signals
+                self.db.execute("INSERT INTO meta VALUES ('prefix', ?)", (f"sched-{secrets.token_hex(3)}",))
+        version = self._meta("schema_version")
+        if version != str(SCHEMA_VERSION):
+            raise ValueError(f"{path}: scheduler database schema {version}, "
+                             f"this gpudiag reads {SCHEMA_VERSION}")
+        self.prefix: str = self._meta("prefix") or ""
+
+    def close(self) -> None:
+        self.db.close()
+
+    def tx(self) -> _Tx:
+        return _Tx(self.db)
+
+    def _meta(self, key: str) -> str | None:
+        r = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if r is None else r[0]
+
+    # -- reads ---------------------------------------------------------------------------
+    def jobs(self, states: tuple[str, ...] | None = None, limit: int | None = None) -> list[JobRow]:
+        sql = f"SELECT {','.join(_COLS)} FROM jobs"
+        args: list = []
+        if states:
+            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            args += list(states)
+        sql += " ORDER BY id DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return [_row(r) for r in reversed(self.db.execute(sql, args).fetchall())]
+
+    def job(self, job_id: int) -> JobRow | None:
+        r = self.db.execute(f"SELECT {','.join(_COLS)} FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return None if r is None else _row(r)
+
+    def observations(self) -> list[tuple[str, str, float, str, float]]:
+        return list(self.db.execute("SELECT key, cls, mfu, label, t FROM observations ORDER BY id"))
+
+    # -- transitions: each one transaction ------------------------------------------------
+    def submit(self, row: JobRow) -> JobRow:
+        vals = {k: getattr(row, k) for k in _COLS if k != "id"}
+        for k in _JSON_COLS:
+            if vals[k] is not None:
+                vals[k] = json.dumps(vals[k])
+        with self.tx():
+            cur = self.db.execute(f"INSERT INTO jobs ({','.join(vals)}) VALUES ({','.join('?' * len(vals))})",
+                                  list(vals.values()))
+        row.id = int(cur.lastrowid)
+        return row
+
+    def update(self, row: JobRow, **changes: object) -> JobRow:
+        """Apply ``changes`` to the row in one transaction, then to the object (only once durable)."""
+        self.update_many([(row, changes)])
+        return row
+
+    def update_many(self, items: list[tuple[JobRow, dict]],
+                    observation: tuple[str, str, float, str, float] | None = None) -> None:
+        """Several rows' changes (and what a finished job taught us: key, class, MFU, label,
+        time) in one transaction: all of them happen, or none."""
+        with self.tx():
+            if observation is not None:
+                self.db.execute("INSERT INTO observations (key, cls, mfu, label, t) VALUES (?,?,?,?,?)",
+                                observation)
+            for row, changes in items:
+                if not changes:
+                    continue
+                vals = [json.dumps(v) if k in _JSON_COLS and v is not None else v for k, v in changes.items()]
+                self.db.execute(f"UPDATE jobs SET {','.join(f'{k}=?' for k in changes)} WHERE id=?",
+                                [*vals, row.id])
+        for row, changes in items:
+            for k, v in changes.items():
+                setattr(row, k, v)
+
+
+class _Tx:
+    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on an exception): one transaction, taken eagerly so
+    a second process on the same file (a benchmark, a test reading it) cannot interleave."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001 - the context-manager protocol
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
