@@ -163,7 +163,7 @@ class Jobs:
             changes.update(state=PENDING, restarts=row.restarts + 1, stop_kind=None, stop_deadline=None,
                            reason=f"requeued after preemption ({how}); restart {row.restarts + 1}")
         elif row.stop_kind == "cancel":
-            changes.update(state=CANCELLED, ended_t=now, reason=f"cancelled ({how})")
+            changes.update(state=CANCELLED, ended_t=now, reason=f"{row.reason} ({how})")
         elif row.stop_kind == "timeout":
             changes.update(state=FAILED, ended_t=now, reason=f"time limit reached ({how})")
         else:

@@ -1,0 +1,315 @@
+"""``gpudiag scheduler serve`` with real processes: CPU slots, real jobs, a real second user.
+
+Every test starts its own daemon on its own state folder (``--slots N``: a machine without
+GPUs) and talks to it through the real CLI or the real socket protocol; the database and
+/proc are read directly to check what the daemon claims.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from gpudiag.scheduler.local.protocol import call
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ROOT / "tests" / "jobs"
+WAIT_S = 60.0
+
+
+class Sched:
+    """A daemon on its own state folder, and the client commands pointed at it."""
+
+    def __init__(self, base: Path, *args: str, env: dict | None = None) -> None:
+        self.state = base / "state"
+        self.args = ["--state-dir", str(self.state), *args]
+        self.env = {**os.environ, **(env or {})}
+        self.log = base / "daemon.log"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "gpudiag", "scheduler", "serve", *self.args],
+                                         stdout=log, stderr=log, env=self.env, cwd=ROOT)
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"daemon exited {self.proc.returncode}: {self.log.read_text()}"
+            try:
+                call(self.state / "sock", {"op": "ping"}, timeout=5)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("daemon did not come up")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=30)
+
+    def cli(self, *args: str, check: bool = True, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "gpudiag", args[0], "--state-dir", str(self.state), *args[1:]]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT_S, env=self.env, cwd=cwd)
+        if check:
+            assert r.returncode == 0, f"gpudiag {' '.join(args)}: {r.returncode} {r.stderr}"
+        return r
+
+    def submit(self, *args: str) -> int:
+        opts, cmd = args[:args.index("--")], args[args.index("--") + 1:]
+        return int(self.cli("submit", *opts, "--", *cmd).stdout)
+
+    def ask(self, req: dict) -> dict:
+        return call(self.state / "sock", req)
+
+    def jobs(self) -> dict[int, dict]:
+        return {j["id"]: j for j in self.ask({"op": "queue", "all": True})["jobs"]}
+
+    def wait(self, what: str, pred: Callable[[dict[int, dict]], bool], timeout: float = WAIT_S) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            jobs = self.jobs()
+            if pred(jobs):
+                return jobs
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}: {json.dumps(self.jobs(), indent=1)[-3000:]}\n"
+                             f"{self.log.read_text()[-2000:]}")
+
+    def db(self) -> list[sqlite3.Row]:
+        con = sqlite3.connect(f"file:{self.state / 'scheduler.db'}?mode=ro", uri=True)
+        con.row_factory = sqlite3.Row
+        try:
+            return con.execute("SELECT * FROM jobs ORDER BY id").fetchall()
+        finally:
+            con.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+        # jobs outlive the daemon by design: end what a test left running
+        for j in self.db():
+            if j["pid"] and j["state"] in ("running", "stopping"):
+                try:
+                    os.killpg(j["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+@pytest.fixture
+def sched_factory(tmp_path):
+    made: list[Sched] = []
+
+    def make(*args: str, base: Path | None = None, env: dict | None = None) -> Sched:
+        s = Sched(base or tmp_path, *args, env=env)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def state_of(jobs: dict[int, dict], i: int) -> str:
+    return jobs[i]["state"]
+
+
+# --- 1. gang -------------------------------------------------------------------------------------
+
+def test_a_two_slot_job_waits_for_two_free_slots_and_gets_both(sched_factory, tmp_path):
+    s = sched_factory("--slots", "2", "--no-monitor", "--min-runtime", "0")
+    gate = tmp_path / "gate"
+    a = s.submit("--gpus", "1", "--", "sh", "-c",
+                 f'echo "A $GPUDIAG_SLOTS"; while [ ! -e {gate} ]; do sleep 0.05; done')
+    s.wait("A running", lambda j: state_of(j, a) == "running")
+    b = s.submit("--gpus", "2", "--", "sh", "-c", 'echo "B $GPUDIAG_SLOTS"')
+    c = s.submit("--gpus", "1", "--", "sh", "-c", 'echo "C $GPUDIAG_SLOTS"')
+    time.sleep(1.5)   # several passes and ticks: one slot is free all along
+    jobs = s.jobs()
+    assert (state_of(jobs, b), state_of(jobs, c)) == ("pending", "pending")
+    assert "needs 2 slots, 1 free" in jobs[b]["why"], jobs[b]["why"]
+    assert f"behind job {b} (reserved)" in jobs[c]["why"], jobs[c]["why"]  # no backfill onto B's reservation
+    q = s.cli("queue").stdout
+    assert "needs 2 slots, 1 free" in q and "1 of 2 slots free" in q, q
+    gate.touch()
+    jobs = s.wait("all done", lambda j: all(state_of(j, i) == "done" for i in (a, b, c)))
+    rows = {r["id"]: r for r in s.db()}
+    assert rows[b]["started_t"] >= rows[a]["ended_t"]          # never on one free slot
+    assert s.cli("logs", str(b)).stdout.strip() == "B 0,1"    # both slots, as one gang
+    assert rows[c]["started_t"] >= rows[b]["ended_t"]
+    assert s.cli("logs", str(a)).stdout.strip() == "A 0"
+
+
+# --- 2. tiers, preemption, checkpoint --------------------------------------------------------------
+
+def test_on_demand_preempts_spot_which_checkpoints_is_requeued_and_resumes(sched_factory):
+    s = sched_factory("--slots", "1", "--min-runtime", "0")   # jobs under gpudiag profile --monitor
+    spot = s.submit("--gpus", "1", "--tier", "spot", "--grace", "5s", "--",
+                    sys.executable, str(JOBS / "ckpt_job.py"), "--steps", "40", "--sleep", "0.05")
+    deadline = time.monotonic() + WAIT_S
+    while "step 5\n" not in s.cli("logs", str(spot)).stdout:
+        assert time.monotonic() < deadline, s.cli("logs", str(spot), "--stderr").stdout
+        time.sleep(0.2)
+    od = s.submit("--gpus", "1", "--tier", "on-demand", "--", "sh", "-c", "echo on-demand ran")
+    s.wait("spot requeued", lambda j: j[spot]["restarts"] == 1)
+    s.wait("both done", lambda j: state_of(j, spot) == "done" and state_of(j, od) == "done")
+    out = s.cli("logs", str(spot)).stdout
+    saved = int(out.split("checkpointed at step ")[1].split()[0])
+    assert f"resumed at step {saved} (restart 1)" in out, out   # the job asserted its restored state
+    assert out.startswith("fresh start (restart 0)") and out.rstrip().endswith("finished at step 40"), out
+    rows = {r["id"]: r for r in s.db()}
+    assert rows[spot]["attempt"] == 2 and rows[spot]["exit_code"] == 0
+    assert rows[od]["started_t"] < rows[spot]["started_t"]    # the spot job's second start came after
+    assert "on-demand ran" in s.cli("logs", str(od)).stdout
+
+
+# --- 5. bad input and permissions ---------------------------------------------------------------------
+
+def one_line_refusal(r: subprocess.CompletedProcess, words: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and words in r.stderr, r.stderr
+
+
+def test_bad_requests_are_one_line_exit_2_and_change_nothing(sched_factory):
+    s = sched_factory("--slots", "2", "--no-monitor")
+    before = [dict(r) for r in s.db()]
+    one_line_refusal(s.cli("submit", "--gpus", "3", "--", "true", check=False),
+                     "needs 3 slots, this machine has 2")
+    one_line_refusal(s.cli("submit", "--gpus", "1", "--tier", "gold", "--", "true", check=False),
+                     "unknown tier")
+    one_line_refusal(s.cli("submit", "--gpus", "1", "--", check=False), "empty command")
+    one_line_refusal(s.cli("submit", "--gpus", "1", "--", "echo", "x" * 70_000, check=False),
+                     "command too large")
+    big = {f"BIG{i}": "y" * 100_000 for i in range(3)}
+    r = subprocess.run([sys.executable, "-m", "gpudiag", "submit", "--state-dir", str(s.state), "--gpus", "1",
+                        "--", "true"], capture_output=True, text=True, env={**s.env, **big}, timeout=WAIT_S)
+    one_line_refusal(r, "environment too large")
+    one_line_refusal(s.cli("cancel", "99", check=False), "no job 99")
+    one_line_refusal(s.cli("logs", "99", check=False), "no job 99")
+    # what another client could send over the socket, bypassing the CLI's own checks
+    base = {"op": "submit", "cmd": ["true"], "gpus": 1, "tier": "spot", "grace_s": 1, "env": {}, "cwd": "/"}
+    for bad, words in [({"tier": "gold"}, "unknown tier"), ({"cmd": []}, "empty command"),
+                       ({"gpus": 0}, "positive"), ({"gpus": 3}, "this machine has 2"),
+                       ({"cmd": ["x" * 70_000]}, "command too large"), ({"cwd": "relative"}, "absolute"),
+                       ({"env": {"A": "b" * 300_000}}, "environment too large"), ({"grace_s": -1}, "grace_s"),
+                       ({"name": "../../etc"}, "name must be"), ({"op": "rm"}, "unknown request")]:
+        answer = s.ask({**base, **bad})
+        assert not answer["ok"] and words in answer["error"], (bad, answer)
+    assert [dict(r) for r in s.db()] == before == []
+
+
+@pytest.fixture
+def open_base():
+    """A folder other users can reach (pytest's tmp_path is private to root)."""
+    d = Path(tempfile.mkdtemp(prefix="gpudiag-sched-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_unsafe_state_dir_or_socket_is_refused(open_base, users, sched_factory):
+    alice, _ = users
+    loose = open_base / "loose"
+    loose.mkdir(mode=0o777)
+    os.chmod(loose, 0o777)
+    r = subprocess.run([sys.executable, "-m", "gpudiag", "scheduler", "serve", "--state-dir", str(loose),
+                        "--slots", "1"], capture_output=True, text=True, timeout=WAIT_S)
+    one_line_refusal(r, "unsafe state dir")
+    assert list(loose.iterdir()) == []   # nothing created there
+    s = sched_factory("--slots", "1", "--no-monitor", base=open_base)
+    assert s.cli("queue").returncode == 0
+    os.chmod(s.state, 0o777)
+    one_line_refusal(s.cli("queue", check=False), "writable by group or others")
+    os.chmod(s.state, 0o755)
+    os.chown(s.state / "sock", alice.pw_uid, alice.pw_gid)   # someone else's socket: could be anyone's daemon
+    one_line_refusal(s.cli("submit", "--gpus", "1", "--", "true", check=False), "owned by uid")
+    os.chown(s.state / "sock", 0, 0)
+    assert s.db() == []
+
+
+def _useradd(name: str) -> None:
+    for _ in range(20):  # /etc/passwd may be locked by another useradd for a moment
+        r = subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", name],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"useradd {name}: {r.stderr}")
+
+
+@pytest.fixture
+def users():
+    """Two real unprivileged users (unique names), removed afterwards."""
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.fail("these tests create users: run them as root with useradd (CI does)")
+    tag = uuid.uuid4().hex[:8]
+    made = []
+    try:
+        for n in (f"gpsal{tag}", f"gpsml{tag}"):
+            _useradd(n)
+            made.append(n)
+        yield [pwd.getpwnam(n) for n in made]
+    finally:
+        for n in made:
+            subprocess.run(["pkill", "-KILL", "-u", n], capture_output=True)
+            subprocess.run(["userdel", "-f", n], capture_output=True)
+
+
+def as_user(user: pwd.struct_passwd, sock: Path, req: dict) -> dict:
+    """Send ``req`` from a process of ``user``: a fork that drops to that uid before it connects,
+    so the daemon's SO_PEERCRED sees that user (this interpreter lives where other users cannot
+    start it, so the fork is how a second user's client runs here)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            out = json.dumps(call(sock, req))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out = json.dumps({"ok": False, "error": f"client failed: {type(e).__name__}: {e}"})
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_jobs_run_as_their_submitter_and_only_owner_or_root_may_cancel(open_base, users, sched_factory):
+    alice, mallory = users
+    s = sched_factory("--slots", "2", "--no-monitor", "--min-runtime", "0", base=open_base)
+    sock = s.state / "sock"
+    mine = s.submit("--gpus", "1", "--", "sleep", "30")
+    sub = {"op": "submit", "gpus": 1, "tier": "reserved", "grace_s": 1, "env": {"PATH": "/usr/bin:/bin"},
+           "cwd": "/"}
+    a = as_user(alice, sock, {**sub, "cmd": ["sh", "-c", "id -u; pwd; echo $GPUDIAG_JOB"]})
+    assert a["ok"], a
+    s.wait("alice's job done", lambda j: state_of(j, a["id"]) == "done")
+    logs = as_user(alice, sock, {"op": "logs", "id": a["id"]})
+    assert logs["data"].split() == [str(alice.pw_uid), "/", a["agent_job_id"]]
+    assert (s.state / "jobs" / str(a["id"]) / "exit-1").stat().st_uid == alice.pw_uid
+    before = [dict(r) for r in s.db()]
+    for who, job in ((alice, mine), (mallory, a["id"])):
+        for op in ("cancel", "logs"):
+            answer = as_user(who, sock, {"op": op, "id": job})
+            assert not answer["ok"] and "only its owner or root" in answer["error"], answer
+    assert [dict(r) for r in s.db()] == before
+    b = as_user(alice, sock, {**sub, "cmd": ["sleep", "30"]})
+    s.wait("alice's second job running", lambda j: state_of(j, b["id"]) == "running")
+    assert as_user(alice, sock, {"op": "cancel", "id": b["id"]})["ok"]
+    assert s.cli("cancel", str(mine)).returncode == 0   # root may cancel anyone's; here its own
+    jobs = s.wait("both cancelled", lambda j: state_of(j, b["id"]) == state_of(j, mine) == "cancelled")
+    assert "cancelled by" in jobs[b["id"]]["why"]
