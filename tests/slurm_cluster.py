@@ -243,10 +243,42 @@ MessageTimeout=5
             proc.kill()
             proc.wait(timeout=10)
 
+    def cancel_all(self, timeout: float = KILL_WAIT_S + 15) -> None:
+        """The harness (never the controller) cancels every job of this cluster and waits for them."""
+        if "slurmctld" not in self.procs:
+            return
+        try:
+            self.run("scancel", "--user", str(os.getuid()), check=False)
+            end = time.monotonic() + timeout
+            while time.monotonic() < end and self.run("squeue", "-h", check=False).stdout.strip():
+                time.sleep(0.5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _leftovers(self) -> list[int]:
+        """Processes our daemons started that outlived them (slurmstepd and job scripts): their
+        environment names this cluster's slurm.conf."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        out = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) != os.getpid():
+                try:
+                    if mark in (d / "environ").read_bytes().split(b"\0"):
+                        out.append(int(d.name))
+                except OSError:
+                    continue
+        return out
+
     def stop(self) -> None:
-        """slurmd (and with it the job steps it started), slurmctld, munged: by pid, in that order."""
+        """Jobs cancelled, then slurmd, slurmctld, munged by pid, then any job process left."""
+        self.cancel_all()
         for name in ("slurmd", "slurmctld", "munged"):
             self.stop_daemon(name)
+        for pid in self._leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":

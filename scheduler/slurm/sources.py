@@ -1,0 +1,153 @@
+"""Signals for Slurm jobs: from Prometheus' HTTP API, or straight from the agents' ``/metrics``.
+
+Both implement ``gpudiag.scheduler.signals.SignalSource`` and return agent job ids
+(``slurm:<id>``) -> ``Signal``. A job's signal is its MFU, its current label (the one
+``gpudiag_job_bottleneck{label}`` series at 1), the label's confidence and the age of the trace
+behind them (``gpudiag_job_signal_age_seconds``, plus how old Prometheus' sample is). A job
+without an age series gets an infinite age and a job without a confidence 0, so the policy
+ignores it (stale or weak signals are never acted on). A job reported by several agents (a
+multi-node job) keeps its freshest report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+from gpudiag.scheduler.model import LABELS, Signal
+from gpudiag.scheduler.signals import SignalRead
+from prometheus_client.parser import text_string_to_metric_families
+
+JOB_PREFIX = "slurm:"
+HTTP_TIMEOUT_S = 5.0
+# one selector per series, all Slurm jobs at once: four HTTP queries per round, whatever the load
+_SEL = f'{{job_id=~"{JOB_PREFIX}[0-9]+"}}'
+QUERIES = {
+    "mfu": f"gpudiag_job_mfu_ratio{_SEL}",
+    "label": f"gpudiag_job_bottleneck{_SEL} == 1",
+    "confidence": f"gpudiag_job_signal_confidence{_SEL}",
+    "age": f"gpudiag_job_signal_age_seconds{_SEL}",
+}
+_METRIC_OF = {"gpudiag_job_mfu_ratio": "mfu", "gpudiag_job_bottleneck": "label",
+              "gpudiag_job_signal_confidence": "confidence", "gpudiag_job_signal_age_seconds": "age"}
+
+
+@dataclass
+class _Partial:
+    mfu: float | None = None
+    label: str = "unknown"
+    confidence: float = 0.0
+    age: float = math.inf
+
+
+def _combine(rows: dict[tuple[str, str], _Partial]) -> dict[str, Signal]:
+    """(job, instance) partials -> one Signal per job: the freshest instance wins."""
+    best: dict[str, Signal] = {}
+    for (job, _inst), p in rows.items():
+        if p.mfu is None or not math.isfinite(p.mfu):
+            continue
+        s = Signal(mfu=min(1.0, max(0.0, p.mfu)), label=p.label if p.label in LABELS else "unknown",
+                   confidence=p.confidence, age_s=p.age)
+        if job not in best or s.age_s < best[job].age_s:
+            best[job] = s
+    return best
+
+
+def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[str, Signal]:
+    """The four /api/v1/query answers (JSON, keyed as QUERIES) -> signals.
+
+    Raises ValueError on an answer that is not a Prometheus vector result.
+    """
+    rows: dict[tuple[str, str], _Partial] = {}
+    for what, doc in answers.items():
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            raise ValueError(f"query {what}: status {doc.get('status') if isinstance(doc, dict) else doc!r}")
+        data = doc.get("data") or {}
+        if data.get("resultType") != "vector":
+            raise ValueError(f"query {what}: result type {data.get('resultType')!r}, expected vector")
+        for r in data.get("result", []):
+            metric, (ts, val) = r["metric"], r["value"]
+            job = metric.get("job_id", "")
+            p = rows.setdefault((job, metric.get("instance", "")), _Partial())
+            v = float(val)
+            if what == "mfu":
+                p.mfu = v
+            elif what == "label":
+                p.label = metric.get("label", "unknown")
+            elif what == "confidence":
+                p.confidence = v
+            elif what == "age":   # the agent's age at scrape time, plus the sample's own age
+                p.age = v + max(0.0, now - float(ts))
+    return _combine(rows)
+
+
+class PrometheusSource:
+    """Reads the agents' series from a Prometheus server's HTTP API (``/api/v1/query``)."""
+
+    def __init__(self, base_url: str, timeout: float = HTTP_TIMEOUT_S) -> None:
+        self.base = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def read(self, now: float) -> SignalRead:
+        answers = {}
+        try:
+            for what, expr in QUERIES.items():
+                url = f"{self.base}/api/v1/query?query={urllib.parse.quote(expr)}&time={now:.3f}"
+                with urllib.request.urlopen(url, timeout=self.timeout) as r:  # noqa: S310 - admin's URL
+                    answers[what] = json.loads(r.read())
+            return SignalRead(parse_prometheus_answers(answers, now))
+        except (OSError, urllib.error.URLError) as e:
+            return SignalRead(available=False, why=f"Prometheus at {self.base} unreachable: {e}")
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            return SignalRead(available=False, why=f"Prometheus at {self.base}: unexpected answer: {e}")
+
+
+def parse_agent_metrics(text: str, instance: str) -> dict[tuple[str, str], _Partial]:
+    rows: dict[tuple[str, str], _Partial] = {}
+    for fam in text_string_to_metric_families(text):
+        what = _METRIC_OF.get(fam.name)
+        if what is None:
+            continue
+        for s in fam.samples:
+            job = s.labels.get("job_id", "")
+            if not job.startswith(JOB_PREFIX):
+                continue
+            p = rows.setdefault((job, instance), _Partial())
+            if what == "mfu":
+                p.mfu = s.value
+            elif what == "label":
+                if s.value == 1:
+                    p.label = s.labels.get("label", "unknown")
+            elif what == "confidence":
+                p.confidence = s.value
+            else:
+                p.age = s.value
+    return rows
+
+
+class AgentsSource:
+    """Scrapes each agent's ``/metrics`` (``HOST:PORT``) itself: no Prometheus needed.
+
+    Agents that do not answer are named in ``why``; the read is unavailable only when none did.
+    """
+
+    def __init__(self, agents: list[str], timeout: float = HTTP_TIMEOUT_S) -> None:
+        self.urls = [a if "://" in a else f"http://{a}/metrics" for a in agents]
+        self.timeout = timeout
+
+    def read(self, now: float) -> SignalRead:
+        rows: dict[tuple[str, str], _Partial] = {}
+        down = []
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(url, timeout=self.timeout) as r:  # noqa: S310 - admin's URL
+                    rows.update(parse_agent_metrics(r.read().decode(), url))
+            except (OSError, ValueError) as e:
+                down.append(f"{url}: {e}")
+        if down and len(down) == len(self.urls):
+            return SignalRead(available=False, why="no agent answered: " + "; ".join(down))
+        return SignalRead(_combine(rows), why="; ".join(f"unreachable {d}" for d in down))

@@ -1,0 +1,243 @@
+"""Slurm's view of jobs, nodes and partitions, parsed from its commands' output.
+
+``squeue --json`` (OpenAPI v0.0.38 in Slurm 22.05, the dialect read here; later versions add
+fields, which are ignored) is preferred; Slurms without it get the fixed ``squeue -o`` format
+below. Anything that does not parse raises ``BadSlurmOutput`` with what was wrong, and the
+controller skips that round (acting on half-read state could requeue the wrong job).
+
+GPU counts come from the request (``tres_per_node``/``tres_per_job``: ``gres:gpu:2``,
+``gres/gpu:2``, ``gres:gpu:a100:2``) and, for a running job, which GPUs it holds from
+``gres_detail`` (``gpu:2(IDX:0-1)``, one entry per node, in node order).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+# What squeue prints with the fixed format; "|" never occurs in the fields we ask for but %j,
+# and a job name is the last but one field so a "|" in it is still recoverable.
+FIXED_FORMAT = "%i|%u|%a|%P|%T|%r|%y|%Q|%V|%S|%l|%b|%D|%N|%j"
+FIXED_FIELDS = 15
+ACTIVE_STATES = ("PENDING", "RUNNING")
+
+_GPU_REQ = re.compile(r"(?:^|[,;])(?:gres[:/])?gpu(?::[\w.-]+)?:(\d+)")
+_IDX = re.compile(r"IDX:([0-9,\-]+)")
+_HOSTLIST = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?")
+
+
+class BadSlurmOutput(ValueError):
+    """Slurm's output did not have the shape this module reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmJob:
+    id: int
+    name: str
+    user: str
+    account: str
+    partition: str
+    state: str                      # PENDING, RUNNING (others are dropped)
+    reason: str                     # the pending reason (Resources, Priority, BeginTime, ...)
+    nice: int
+    priority: int
+    submit: float
+    start: float                    # actual start (running) or Slurm's estimate (pending)
+    time_limit_s: float | None      # None: no limit
+    gpus: int                       # GPUs in total
+    nodes: tuple[str, ...] = ()
+    gpu_index: tuple[tuple[int, ...], ...] = field(default=())   # per node, for running jobs
+
+
+def expand_hostlist(expr: str) -> tuple[str, ...]:
+    """``n[1-3,5],gpu7`` -> (n1, n2, n3, n5, gpu7); zero padding kept (``n[01-02]``)."""
+    out: list[str] = []
+    for m in _HOSTLIST.finditer(expr.replace(" ", "")):
+        prefix, ranges = m.group(1), m.group(2)
+        if not prefix and not ranges:
+            continue
+        if ranges is None:
+            out.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise BadSlurmOutput(f"bad host list {expr!r}")
+            for i in range(int(lo), int(hi or lo) + 1):
+                out.append(f"{prefix}{i:0{len(lo)}d}")
+    return tuple(out)
+
+
+def _indices(spec: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(out)
+
+
+def gpus_requested(per_node: str, per_job: str, node_count: int) -> int:
+    m = _GPU_REQ.search(per_job or "")
+    if m:
+        return int(m.group(1))
+    m = _GPU_REQ.search(per_node or "")
+    return int(m.group(1)) * max(1, node_count) if m else 0
+
+
+def _num(v: object, what: str, job: object) -> float:
+    """v0.0.38 gives numbers, or null for "unset" (nice 0, no limit)."""
+    if v is None:
+        return 0.0
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BadSlurmOutput(f"job {job}: {what} is {v!r}, not a number")
+    return float(v)
+
+
+def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
+    """Pending and running jobs from ``squeue --json``."""
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise BadSlurmOutput(f"squeue --json is not JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+        raise BadSlurmOutput("squeue --json has no 'jobs' list")
+    if doc.get("errors"):
+        raise BadSlurmOutput(f"squeue --json reports errors: {str(doc['errors'])[:200]}")
+    out = []
+    for j in doc["jobs"]:
+        if not isinstance(j, dict):
+            raise BadSlurmOutput("squeue --json: a job is not an object")
+        state = j.get("job_state")
+        if state not in ACTIVE_STATES:
+            continue
+        jid = j.get("job_id")
+        if not isinstance(jid, int) or isinstance(jid, bool):
+            raise BadSlurmOutput(f"squeue --json: job_id {jid!r} is not an integer")
+        nodes = expand_hostlist(j.get("nodes") or "") if state == "RUNNING" else ()
+        detail = j.get("gres_detail") or []
+        idx = []
+        for d in detail if isinstance(detail, list) else []:
+            m = _IDX.search(str(d))
+            idx.append(_indices(m.group(1)) if m else ())
+        gpus = gpus_requested(str(j.get("tres_per_node") or ""), str(j.get("tres_per_job") or ""),
+                              int(_num(j.get("node_count"), "node_count", jid)))
+        if state == "RUNNING" and idx and sum(len(i) for i in idx):
+            gpus = sum(len(i) for i in idx)
+        limit = j.get("time_limit")
+        out.append(SlurmJob(
+            id=jid, name=str(j.get("name") or ""), user=str(j.get("user_name") or ""),
+            account=str(j.get("account") or ""), partition=str(j.get("partition") or ""),
+            state=state, reason=str(j.get("state_reason") or "None"),
+            nice=int(_num(j.get("nice"), "nice", jid)),
+            priority=int(_num(j.get("priority"), "priority", jid)),
+            submit=_num(j.get("submit_time"), "submit_time", jid),
+            start=_num(j.get("start_time"), "start_time", jid),
+            time_limit_s=None if limit is None else _num(limit, "time_limit", jid) * 60.0,
+            gpus=gpus, nodes=nodes, gpu_index=tuple(idx)))
+    return out
+
+
+def _limit_s(text: str) -> float | None:
+    """squeue's %l: UNLIMITED, [days-]hours:minutes:seconds, minutes:seconds."""
+    if text in ("UNLIMITED", "INVALID", "NOT_SET", "Partition_Limit"):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = rest.split(":")
+    if not all(p.isdigit() for p in parts) or (days and not days.isdigit()) or len(parts) > 3:
+        raise BadSlurmOutput(f"time limit {text!r}")
+    secs = 0
+    for p in parts:   # h:m:s or m:s
+        secs = secs * 60 + int(p)
+    return secs + int(days or 0) * 86400.0
+
+
+def _time(text: str) -> float:
+    if text in ("N/A", "Unknown", "None", ""):
+        return 0.0
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise BadSlurmOutput(f"time {text!r}") from None
+
+
+def parse_squeue_fixed(text: str) -> list[SlurmJob]:
+    """Pending and running jobs from ``squeue -h -o FIXED_FORMAT`` (no GPU indices in it)."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        f = line.split("|", FIXED_FIELDS - 1)
+        if len(f) != FIXED_FIELDS:
+            raise BadSlurmOutput(f"squeue line {n}: {len(f)} fields, expected {FIXED_FIELDS}")
+        jid, user, acct, part, state, reason, nice, prio, sub, start, limit, tres, ncount, nodes, name = f
+        if state not in ACTIVE_STATES:
+            continue
+        if not jid.isdigit() or not ncount.isdigit() or not prio.isdigit() or not nice.lstrip("-").isdigit():
+            raise BadSlurmOutput(f"squeue line {n}: not a job line: {line[:120]!r}")
+        out.append(SlurmJob(
+            id=int(jid), name=name, user=user, account=acct, partition=part, state=state, reason=reason,
+            nice=int(nice), priority=int(prio), submit=_time(sub), start=_time(start),
+            time_limit_s=_limit_s(limit), gpus=gpus_requested(tres, "", int(ncount)),
+            nodes=expand_hostlist(nodes) if state == "RUNNING" and nodes not in ("", "(null)") else ()))
+    return out
+
+
+def parse_sinfo_nodes(text: str) -> dict[str, int]:
+    """``sinfo -h -N -o %N|%G`` -> node -> GPUs (a node listed once per partition counts once)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, sep, gres = line.partition("|")
+        if not sep:
+            raise BadSlurmOutput(f"sinfo line {line[:80]!r}")
+        out[name.strip()] = gpus_requested(gres.strip(), "", 1)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    name: str
+    priority_tier: int
+    preempt_mode: str
+    grace_s: float
+
+
+def parse_partitions(text: str) -> dict[str, Partition]:
+    """``scontrol show partition -o``: one ``Key=Value ...`` line per partition."""
+    out = {}
+    for line in text.splitlines():
+        kv = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        if "PartitionName" not in kv:
+            continue
+        try:
+            out[kv["PartitionName"]] = Partition(
+                kv["PartitionName"], int(kv.get("PriorityTier", "1")), kv.get("PreemptMode", "OFF"),
+                float(kv.get("GraceTime", "0")))
+        except ValueError:
+            raise BadSlurmOutput(f"partition line {line[:120]!r}") from None
+    return out
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config``: ``Key = Value`` lines."""
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip() and " " not in k.strip():
+            out[k.strip()] = v.strip()
+    return out
+
+
+def duration_s(text: str) -> float:
+    """Slurm durations in ``scontrol show config``: ``30 sec``, ``00:05:00``, ``7-00:00:00``, ``NONE``."""
+    t = text.strip()
+    if t.upper() in ("", "NONE", "UNLIMITED", "N/A"):
+        return 0.0
+    m = re.fullmatch(r"(\d+)\s*(sec|min)?", t)
+    if m:
+        return float(m.group(1)) * (60 if m.group(2) == "min" else 1)
+    limit = _limit_s(t)
+    return limit or 0.0
