@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from gpudiag.commands.scheduler_slurm import serve_slurm, slurm_options
 from gpudiag.errors import BadInput
 
 
@@ -67,9 +68,10 @@ def scheduler() -> None:
               help="Read signals by scraping the agent instead, e.g. http://127.0.0.1:9835/metrics.")
 @click.option("--monitor/--no-monitor", default=True, show_default=True,
               help="Run each job under `gpudiag profile --monitor` (MFU and label to the agent).")
+@slurm_options
 def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tuple[str, ...],
           min_runtime: str, efficiency_delay: str, agent_dir: Path | None, agent_url: str | None,
-          monitor: bool) -> None:
+          monitor: bool, backend: str, **slurm: object) -> int | None:
     """Run the scheduler daemon in the foreground (jobs outlive it and are re-adopted).
 
     \b
@@ -77,7 +79,10 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
       gpudiag scheduler serve                      # all GPUs, as root: for every user
       gpudiag scheduler serve --gpus 0,1,2,3 --quota vision=2 --quota nlp=2
       gpudiag scheduler serve --slots 4            # a machine without GPUs
+      gpudiag scheduler serve --backend slurm --prometheus http://prom:9090 --restore
     """
+    if backend == "slurm":
+        return serve_slurm(**slurm)  # type: ignore[arg-type]
     from gpudiag.commands.profile import parse_duration
     from gpudiag.jobsignal import default_state_dir as agent_default
     from gpudiag.scheduler.local.config import default_state_dir
