@@ -10,6 +10,8 @@ improved until the GPU is fed.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpudiag.diagnosis import (
     Bottleneck,
     CollectiveStats,
@@ -66,6 +68,34 @@ _NOTABLE = {
     Bottleneck.COMPUTE: DEVICE_NOTABLE,
     Bottleneck.MEMORY: DEVICE_NOTABLE,
 }
+
+
+# Events a trace lost (negative, missing or implausible durations, unreadable JSON): the
+# breakdown describes what is left. Every point of share lost costs a point of confidence once
+# at least LOST_NOTABLE is gone; with LOST_REFUSE or more of the GPU's own events gone, there
+# is no verdict to give: the GPU's time is mostly unknown, so any label would be a guess.
+LOST_NOTABLE = 0.01
+LOST_PENALTY_PER_SHARE = 1.0
+LOST_REFUSE = 0.5
+
+
+def account_for_lost_events(v: Verdict, lost: int, total: int, gpu_lost: int, gpu_total: int
+                            ) -> Verdict:
+    """The verdict, its confidence lowered (or refused) for what the trace lost, and why."""
+    if gpu_total > 0 and gpu_lost / gpu_total >= LOST_REFUSE:
+        return replace(v, label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
+                       secondary=None, recommendations=[],
+                       summary=(f"no verdict: {gpu_lost} of {gpu_total} GPU events (kernels, copies) were "
+                                "unusable (negative, missing or implausible durations), so the GPU's time "
+                                "is mostly unknown; re-record the trace"))
+    share = lost / total if total > 0 else 0.0
+    if share < LOST_NOTABLE:
+        return v
+    conf = max(CONFIDENCE_MIN, v.confidence - LOST_PENALTY_PER_SHARE * share)
+    level = ("high" if conf >= CONFIDENCE_HIGH else "medium" if conf >= CONFIDENCE_MEDIUM else "low")
+    return replace(v, confidence=round(conf, 2), confidence_level=level,
+                   summary=f"{v.summary} (confidence lowered: {_pct(share)} of the trace's timed events "
+                           "were unusable)")
 
 
 def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:

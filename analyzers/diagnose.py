@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 from gpudiag.analyzers.breakdown import gpu_span_breakdown, rank_breakdown, sum_breakdowns
-from gpudiag.analyzers.classify import classify
+from gpudiag.analyzers.classify import account_for_lost_events, classify
 from gpudiag.analyzers.communication import collective_acc, finish_collectives
 from gpudiag.analyzers.mfu import compute_mfu, note_uncosted
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, build_roofline, roof_violations, work_bounds
@@ -85,6 +85,9 @@ class RankPartial:
     memory_ops: dict[str, float]
     dataloader_iters: list[str]
     warnings: list[str] = field(default_factory=list)
+    # (kept, dropped) timed events, all and GPU only: what the trace lost lowers the confidence
+    events: tuple[int, int] = (0, 0)
+    gpu_events: tuple[int, int] = (0, 0)
 
 
 def _top(acc: dict[str, list[float]], busy: float, n: int = 100) -> list[TopItem]:
@@ -143,6 +146,8 @@ def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
         shapes_recorded=rt.shapes_recorded, roofline=roof, collectives=collective_acc(rt),
         kernels=dict(kernels), ops=dict(ops), memory_ops=dict(memory_ops),
         dataloader_iters=rt.dataloader_iters, warnings=warnings,
+        events=(rt.kept_events, rt.dropped_events),
+        gpu_events=(rt.kept_gpu_events, rt.dropped_gpu_events),
     )
 
 
@@ -356,6 +361,15 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
                           evidence={}, secondary=None, recommendations=[])
         mfu = Mfu(None, "not available: no steps", None, "none", None, None, None)
     mfu = note_uncosted(mfu, roof_acc.uncosted_share())
+    kept, lost = (sum(p.events[i] for p in partials) for i in (0, 1))
+    gpu_kept, gpu_lost = (sum(p.gpu_events[i] for p in partials) for i in (0, 1))
+    verdict = account_for_lost_events(verdict, lost, kept + lost, gpu_lost, gpu_kept + gpu_lost)
+    if traced_verdict is not None:
+        traced_verdict = account_for_lost_events(traced_verdict, lost, kept + lost, gpu_lost,
+                                                 gpu_kept + gpu_lost)
+    if verdict.label is Bottleneck.UNKNOWN and gpu_lost:
+        mfu = Mfu(None, "not available: the trace lost most of its GPU events", None, "none", None,
+                  None, None)
     dev_info = DeviceInfo(
         name=device.name if device else (trace_dev_name or ("CPU" if kind == "cpu" else "unknown")),
         source=device.source if device else "unknown", kind=kind,

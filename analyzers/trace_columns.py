@@ -92,7 +92,10 @@ class RankTrace:
     cpu_comm_intervals: np.ndarray  # (n, 2)
     dataloader_iters: list[str] = field(default_factory=list)  # e.g. _SingleProcessDataLoaderIter
     warnings: list[str] = field(default_factory=list)
-    dropped_events: int = 0
+    dropped_events: int = 0  # timed events (kernels, runtime calls, CPU ops) left out as unusable
+    kept_events: int = 0
+    dropped_gpu_events: int = 0
+    kept_gpu_events: int = 0
 
     @property
     def has_gpu(self) -> bool:
@@ -101,6 +104,11 @@ class RankTrace:
     @property
     def shapes_recorded(self) -> bool:
         return bool(self.cpu_had_shapes.any())
+
+# No event in a trace of a few training steps lasts an hour: a longer one is a corrupt or
+# edited timestamp, and kept it would swallow every union it joins (one 10^18 us kernel makes
+# the GPU "busy" for the whole step). Dropped and counted instead.
+MAX_EVENT_US = 3.6e9
 
 def _hashable(v: Any) -> Any:
     return v if isinstance(v, (int, str, float)) or v is None else repr(v)
@@ -146,7 +154,7 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
     cpu_colls: list[dict[str, Any]] = []
     cpu_annotated: list[dict[str, Any]] = []
     tid_ids: dict[Any, int] = {}
-    dropped_neg = dropped_missing = 0
+    dropped_neg = dropped_missing = dropped_long = dropped_gpu = kept = 0
     nan = float("nan")
 
     salvage_dropped = None
@@ -165,15 +173,20 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
         is_cpu = cat in _CPU_CATS
         if gk is None and not is_rt and not is_cpu:
             continue
-        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts != ts:
+        if (not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts != ts
+                or not isinstance(dur, (int, float)) or isinstance(dur, bool) or dur != dur):
             dropped_missing += 1
+            dropped_gpu += gk is not None
             continue
-        if not isinstance(dur, (int, float)) or isinstance(dur, bool) or dur != dur:
-            dropped_missing += 1
+        if dur < 0 or dur > MAX_EVENT_US:
+            if dur < 0:
+                dropped_neg += 1
+            else:
+                dropped_long += 1
+            if gk is not None:
+                dropped_gpu += 1
             continue
-        if dur < 0:
-            dropped_neg += 1
-            continue
+        kept += 1
         a = ev.args
         if gk is not None:
             name = ev.name
@@ -256,6 +269,10 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
         warnings.append(f"rank {rank}: dropped {dropped_neg} events with a negative duration")
     if dropped_missing:
         warnings.append(f"rank {rank}: dropped {dropped_missing} events without a timestamp or duration")
+    if dropped_long:
+        warnings.append(f"rank {rank}: dropped {dropped_long} events with implausible durations (longer "
+                        f"than {MAX_EVENT_US / 3.6e9:.0f} h in a trace of a few steps: a corrupt or "
+                        "hand-edited trace)")
     if salvage_dropped is not None:
         warnings.append(f"rank {rank}: the trace is not valid JSON (torch writes names containing "
                         f"'\"' unescaped); read it event by event and dropped {salvage_dropped} "
@@ -302,7 +319,8 @@ def fold_events(events: Iterator[Any], props: Any, dist: Any, path: str, rank_hi
         cpu_comm_intervals=np.asarray(cpu_comm, dtype=np.float64).reshape(-1, 2),
         dataloader_iters=sorted(dl_kinds),
         warnings=warnings,
-        dropped_events=dropped_neg + dropped_missing,
+        dropped_events=dropped_neg + dropped_missing + dropped_long,
+        kept_events=kept, dropped_gpu_events=dropped_gpu, kept_gpu_events=len(g_ts),
     )
 
 

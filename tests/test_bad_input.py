@@ -184,3 +184,45 @@ def test_torch_trace_with_a_quote_in_an_annotation_is_read_event_by_event(tmp_pa
     assert any("not valid JSON" in w and "dropped" in w for w in d.warnings)
     assert d.verdict.label is not Bottleneck.UNKNOWN
     assert any(t.name == "aten::matmul" and t.calls == 3 for t in d.top_ops)  # nothing else lost
+
+
+def _mi250_with(traces, tmp_path, change) -> Path:
+    doc = json.loads(gzip.decompress((traces / "mi250" / "rank-0.json.gz").read_bytes()))
+    change([e for e in doc["traceEvents"] if e.get("cat") == "kernel"], doc["traceEvents"])
+    p = tmp_path / "rank-0.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_a_trace_that_lost_its_gpu_events_gets_no_verdict_and_says_why(traces, tmp_path):
+    """Every kernel with a negative duration: no GPU time is known, so no label is given (it
+    used to read host-bound with confidence 0.95)."""
+    def negate(kernels, _):
+        for k in kernels:
+            k["dur"] = -abs(k.get("dur") or 1)
+    d = diagnose(_mi250_with(traces, tmp_path, negate), jobs=1)
+    assert d.verdict.label is Bottleneck.UNKNOWN and d.verdict.confidence == 0.0
+    assert "GPU events" in d.verdict.summary and "unusable" in d.verdict.summary
+    assert any("negative duration" in w for w in d.warnings)
+    assert d.mfu.value is None
+
+
+def test_a_trace_that_lost_a_share_of_its_events_gets_a_lower_confidence(traces, tmp_path):
+    before = diagnose(traces / "mi250", jobs=1).verdict
+
+    def drop_some(_, events):
+        timed = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime")]
+        for e in timed[: len(timed) // 5]:
+            del e["ts"]
+    after = diagnose(_mi250_with(traces, tmp_path, drop_some), jobs=1).verdict
+    assert after.confidence < before.confidence
+    assert "confidence lowered" in after.summary and "unusable" in after.summary
+
+
+def test_an_implausibly_long_kernel_is_dropped_and_counted(traces, tmp_path):
+    def forever(kernels, _):
+        kernels[0]["dur"] = 1e18
+    d = diagnose(_mi250_with(traces, tmp_path, forever), jobs=1)
+    assert any("1 events with implausible durations" in w for w in d.warnings)
+    b = d.breakdown
+    assert b.gpu_busy <= b.step_time  # the 10^18 us kernel did not swallow the step
