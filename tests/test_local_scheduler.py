@@ -126,7 +126,8 @@ def state_of(jobs: dict[int, dict], i: int) -> str:
 # --- 1. gang -------------------------------------------------------------------------------------
 
 def test_a_two_slot_job_waits_for_two_free_slots_and_gets_both(sched_factory, tmp_path):
-    s = sched_factory("--slots", "2", "--no-monitor", "--min-runtime", "0")
+    s = sched_factory("--slots", "2", "--no-monitor", "--min-runtime", "0",
+                      "--agent-dir", str(tmp_path / "none"))
     gate = tmp_path / "gate"
     a = s.submit("--gpus", "1", "--", "sh", "-c",
                  f'echo "A $GPUDIAG_SLOTS"; while [ ! -e {gate} ]; do sleep 0.05; done')
@@ -140,6 +141,7 @@ def test_a_two_slot_job_waits_for_two_free_slots_and_gets_both(sched_factory, tm
     assert f"behind job {b} (reserved)" in jobs[c]["why"], jobs[c]["why"]  # no backfill onto B's reservation
     q = s.cli("queue").stdout
     assert "needs 2 slots, 1 free" in q and "1 of 2 slots free" in q, q
+    assert "signals: none (no agent job table at" in q and "without the efficiency factor" in q, q
     gate.touch()
     jobs = s.wait("all done", lambda j: all(state_of(j, i) == "done" for i in (a, b, c)))
     rows = {r["id"]: r for r in s.db()}

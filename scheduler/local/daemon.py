@@ -75,7 +75,7 @@ class Daemon:
         for key, cls, mfu, label, t in self.store.observations():
             book.observe(key, cls, mfu, label, t)
         self.engine = Engine(machine, policy, book, quota)
-        self.jobs = Jobs(self.store, state_dir, machine, monitor)
+        self.jobs = Jobs(self.store, state_dir, machine, monitor, book)
         self.jobs.load()
         self.signals = SignalRead(available=False, why="not read yet")
         self.signals_t = -1e18

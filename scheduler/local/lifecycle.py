@@ -39,7 +39,7 @@ from gpudiag.scheduler.local.store import (
     Store,
 )
 from gpudiag.scheduler.model import Signal
-from gpudiag.scheduler.priority import job_class
+from gpudiag.scheduler.priority import MfuBook, job_class
 
 SIGTERM_SENT, SIGKILL_SENT = 1, 2
 
@@ -51,8 +51,9 @@ def _log(msg: str) -> None:
 class Jobs:
     """The jobs the daemon is responsible for (pending and active), mirrored from the store."""
 
-    def __init__(self, store: Store, state_dir: Path, machine: Machine, monitor: bool) -> None:
+    def __init__(self, store: Store, state_dir: Path, machine: Machine, monitor: bool, book: MfuBook) -> None:
         self.store = store
+        self.book = book   # what ended jobs reached: the store's observations, replayed at start
         self.state_dir = state_dir
         self.machine = machine
         self.monitor = monitor
@@ -174,6 +175,8 @@ class Jobs:
                            sig_t=now - sig.age_s)
             obs = (row.key or f"job:{row.id}", job_class(row.gpus), sig.mfu, sig.label, now)
         self.store.update_many([(row, changes)], observation=obs)
+        if obs is not None:
+            self.book.observe(*obs)
         del self.active[row.id]
         if row.state == PENDING:
             self.pending[row.id] = row
