@@ -25,7 +25,8 @@ from gpudiag.analyzers.diagnose import diagnose
 from gpudiag.diagnosis import Bottleneck, Dilation, TimeBreakdown, Verdict
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+from tests.conftest import SHARED  # noqa: E402  (one place decides where test data is)
+
 FIXTURES = REPO / "tests" / "fixtures" / "h200"
 LOOP_JOB = REPO / "tests" / "jobs" / "loop_job.py"
 

@@ -25,7 +25,9 @@ from gpudiag.analyzers.trace_loader import RankTrace, load_rank
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-RUNS = Path(__file__).resolve().parents[1].parent / "shared" / "runs"
+from tests.conftest import SHARED  # noqa: E402  (one place decides where test data is)
+
+RUNS = SHARED / "runs"
 STEPS = 2
 
 

@@ -32,16 +32,15 @@ def test_h200_workload_gets_its_known_label(workload, label):
     assert d.verdict.confidence_level == "high"
 
 
-def test_h200_gemm_mfu_matches_analytic_flops_over_traced_step_time():
+def test_h200_gemm_mfu_matches_analytic_flops_over_the_jobs_wall_time():
     d = diagnose(H200 / "gemm_bf16", jobs=1)
     results = json.loads((H200 / "validation_results.json").read_text())
     flops_per_step = results["gemm_flops"]
     assert d.mfu.flops_source == "shapes" and d.mfu.dtype_family == "bf16"
     # FLOPs from recorded shapes are exact for torch.mm
     assert d.mfu.flops_per_step == pytest.approx(flops_per_step, rel=1e-9)
-    analytic = flops_per_step / (d.mfu.step_time_us * 1e-6) / 989.4e12
-    assert d.mfu.value == pytest.approx(analytic, rel=1e-6)
-    # and against the unprofiled (power-capped, see the issue note) wall-clock timing
+    # against the job's own wall-clock step time (power-capped, see the issue note), not the
+    # step time gpudiag measured itself
     wall = flops_per_step / results["gemm_step_s"] / 989.4e12
     assert d.mfu.value == pytest.approx(wall, rel=0.10)
 

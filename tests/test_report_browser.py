@@ -23,7 +23,8 @@ import pytest
 from tests.browser import BrowserError, Chromium, Page, pixel_stats
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from tests.conftest import TRACES  # noqa: E402  (one place decides where test data is)
+
 FIXTURES = REPO / "tests" / "fixtures" / "h200"
 LOOP_JOB = REPO / "tests" / "jobs" / "loop_job.py"
 

@@ -29,7 +29,8 @@ from gpudiag.reports.html import render_diff, render_report
 from gpudiag.diagnosis import Diagnosis, RunSummary, Series, Stragglers, Timeline
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from tests.conftest import SHARED, TRACES  # noqa: E402  (one place decides where test data is)
+
 FIXTURES = REPO / "tests" / "fixtures" / "h200"
 LOOP_JOB = REPO / "tests" / "jobs" / "loop_job.py"
 SECTIONS = ["verdict", "breakdown", "timeline", "roofline", "tables", "missing"]
@@ -393,7 +394,7 @@ def test_run_dir_report_shows_both_views_the_dilation_and_the_traced_verdict():
     as traced and as estimated unprofiled, the factor, and that traced steps alone read otherwise."""
     from gpudiag.reports.terminal import render_terminal
 
-    run = REPO.parent / "shared" / "runs" / "h100-gpt-small"
+    run = SHARED / "runs" / "h100-gpt-small"
     d = diagnose(run, jobs=1)
     assert d.basis == "unprofiled-estimate" and d.dilation is not None and d.unprofiled is not None
     html = render_report(d)

@@ -16,14 +16,19 @@ from gpudiag.analyzers.roofline import RooflineAcc, roof_violations, work_bounds
 from gpudiag.analyzers.trace_loader import find_trace_files, load_rank
 
 from gpudiag.devices import DevicePeak, match_device
-from tests.conftest import GPU_TRACE_DIRS, REPO, TRACES
+from tests.conftest import (
+    GPU_TRACE_DIRS,
+    SHARED,  # noqa: E402  (one place decides where test data is)
+    TRACES,
+)
 
-RUNS = REPO.parent / "shared" / "runs"
+RUNS = SHARED / "runs"
 FIXTURES = Path(__file__).parent / "fixtures" / "h200"
 TRACE_DIRS = (
     [TRACES / d for d in GPU_TRACE_DIRS]
     + sorted(p for p in RUNS.iterdir() if (p / "traces").is_dir())
-    + sorted(p for p in FIXTURES.iterdir() if p.is_dir())
+    + sorted(p for p in FIXTURES.iterdir() if p.is_dir() and p.name != "runs")
+    + sorted(p for p in (FIXTURES / "runs").iterdir() if (p / "traces").is_dir())
 )
 
 

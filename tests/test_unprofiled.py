@@ -18,9 +18,9 @@ from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
 
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.rundir import PROFILER_EXPORT, PROFILER_TRACED, PROFILER_WARMUP, read_bootstrap, read_steps
-from tests.conftest import REPO
+from tests.conftest import REPO, SHARED
 
-RUNS = REPO.parent / "shared" / "runs"
+RUNS = SHARED / "runs"
 JOB = Path(__file__).parent / "jobs" / "small_ops_job.py"
 # ../shared/runs/README.md: the GPT job alone runs 28.8 ms per step; 5.64 TFLOP per step
 # analytic; MFU 19.8% of the H100's 989.4 TFLOP/s bf16 peak.
