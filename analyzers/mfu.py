@@ -9,13 +9,7 @@ from __future__ import annotations
 
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak
 from gpudiag.diagnosis import Mfu, RankResult
-
-
-def _si(x: float) -> str:
-    for div, unit in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= div:
-            return f"{x / div:.3g} {unit}"
-    return f"{x:.3g} "
+from gpudiag.units import si
 
 
 def compute_mfu(ranks: list[RankResult], device: DevicePeak | None, dtype: str,
@@ -84,6 +78,6 @@ def _mfu(ranks: list[RankResult], device: DevicePeak | None, dtype: str,
                    f"the {peak / 1e12:.4g} TFLOP/s peak, so the peak is not the device that "
                    "recorded it; pass --device or --peak-tflops/--peak-gbps",
                    flops, source, family, peak, step_us)
-    reason = (f"{_si(flops)}FLOP per step per rank ({source}) over "
+    reason = (f"{si(flops, 'FLOP')} per step per rank ({source}) over "
               f"{step_us / 1e3:.3g} ms per step at {peak / 1e12:.4g} TFLOP/s {family} peak")
     return Mfu(value, reason, flops, source, family, peak, step_us)

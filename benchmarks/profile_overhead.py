@@ -17,13 +17,14 @@ Two figures:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gpudiag.rundir import read_run, read_steps
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "benchmarks" / "workloads" / "steady_train.py"
@@ -47,7 +48,6 @@ def calibrate(seconds: float) -> int:
 
 
 def sampler_cost(seconds: float) -> tuple[float, int]:
-    sys.path.insert(0, str(REPO))
     from gpudiag.collectors.nvml import ReplayBackend, Sampler
 
     with tempfile.TemporaryDirectory() as d:
@@ -76,14 +76,13 @@ def hook_cost_us(calls: int = 20000) -> float:
     return cost * 1e6
 
 
-def window_extra_s(run: Path, skip: int, steps: int) -> tuple[float, float]:
+def window_extra_s(run: Path) -> tuple[float, float]:
     """Extra seconds the profiler window cost in this run, from the run's own step timer:
-    the window's steps (warm-up, traced, the export after them) minus the median step."""
-    rows = [json.loads(x) for x in (run / "samples" / "steps-rank-0.jsonl").read_text().splitlines()]
-    window = range(skip + 1, skip + steps + 3)
-    dts = [r["dt"] for r in rows]
-    med = statistics.median(dts)
-    return sum(r["dt"] - med for r in rows if r["step"] in window), med
+    the steps the bootstrap marked (warm-up, traced, the export after them) minus the median
+    untraced step."""
+    rows = read_steps(run)[0]
+    med = statistics.median(r.dt for r in rows if r.profiler is None)
+    return sum(r.dt - med for r in rows if r.profiler is not None), med
 
 
 def main() -> int:
@@ -98,7 +97,6 @@ def main() -> int:
     steps = calibrate(args.seconds)
     print(f"workload: {WORKLOAD.name} --steps {steps} (about {args.seconds:.0f} s plain)")
     plain, job, total, analysis = [], [], [], []
-    skip, steps_traced = 10, (1 if args.monitor else 5)
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.pairs):
             out = Path(tmp) / f"run{i}"
@@ -113,12 +111,12 @@ def main() -> int:
             else:
                 total.append(timed(prof_cmd))
                 plain.append(timed(plain_cmd))
-            info = json.loads((out / "run.json").read_text())
-            job.append(info["end"] - info["start"])
+            info = read_run(out)
+            job.append(info.end - info.start)
             analysis.append(total[-1] - job[-1])
             print(f"  pair {i + 1}: plain {plain[-1]:.2f} s, profiled job {job[-1]:.2f} s, "
                   f"gpudiag total {total[-1]:.2f} s")
-        extra, med = window_extra_s(out, skip, steps_traced)
+        extra, med = window_extra_s(out)
     job_ratio = statistics.median(j / p for j, p in zip(job, plain, strict=True))
     total_ratio = statistics.median(t / p for t, p in zip(total, plain, strict=True))
     target = 1.01 if args.monitor else 1.03

@@ -34,8 +34,9 @@ def parse_interval(text: str) -> float:
               help="Training steps traced with the torch profiler  [default: 5; 2 with --monitor].")
 @click.option("--skip", type=click.IntRange(0, 10**9), default=10, show_default=True,
               help="Steps run untraced first (warm-up, compilation, caches).")
-@click.option("--backend", default="nvml", show_default=True, metavar="nvml|replay:FILE",
-              help="Where GPU counters come from; replay:FILE plays back recorded samples.")
+@click.option("--backend", default="nvml", show_default=True, metavar="nvml|none|replay:FILE",
+              help="Where GPU counters come from: NVML; none (do not sample GPUs); replay:FILE "
+                   "plays back recorded samples.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the Diagnosis as JSON (after the job's own output).")
 @click.option("--monitor", is_flag=True,
