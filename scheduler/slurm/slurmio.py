@@ -82,8 +82,23 @@ class SlurmIO:
                     raise
             else:
                 self.json_ok = True
-                return parse_squeue_json(out)
+                try:
+                    return parse_squeue_json(out)
+                except BadSlurmOutput:
+                    # 22.05's squeue --json exits 0 with {"errors": [slurm_load_jobs ...]} when
+                    # slurmctld is away: ask it directly before calling the output malformed
+                    self.ping()
+                    raise
         return parse_squeue_fixed(self._run("squeue", "-h", "-a", "-t", "PD,R", "-o", FIXED_FORMAT))
+
+    def ping(self) -> None:
+        """SlurmUnreachable unless ``scontrol ping`` finds a controller UP."""
+        try:
+            out = self._run("scontrol", "ping")
+        except SlurmError as e:
+            raise SlurmUnreachable(f"scontrol ping: {e}") from None
+        if "UP" not in out:
+            raise SlurmUnreachable(f"scontrol ping: {out.strip()[:200]}")
 
     def nodes(self) -> dict[str, int]:
         return parse_sinfo_nodes(self._run("sinfo", "-h", "-N", "-o", "%N|%G"))
