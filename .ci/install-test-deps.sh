@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # System packages the tests drive for real, from Debian: chromium (the HTML reports are
-# opened headless) and prometheus with promtool (the agent is scraped by a real server).
+# opened headless), prometheus with promtool (the agent is scraped by a real server), and
+# slurm-wlm with munge (tests/test_slurm.py starts munged, slurmctld and slurmd on 127.0.0.1).
 # Installs only what is missing; needs root (CI runs as root) or sudo.
 set -euo pipefail
 need=()
 [ -x /usr/bin/chromium ] || need+=(chromium)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+# slurmctld/slurmd/munged live in /usr/sbin, which a non-root PATH may lack
+[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null 2>&1 || need+=(slurm-wlm)
+[ -x /usr/sbin/munged ] || need+=(munge)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

@@ -61,7 +61,7 @@ class SlurmIO:
         except subprocess.TimeoutExpired:
             raise SlurmUnreachable(f"{' '.join(argv[:3])}: no answer in {self.timeout:.0f} s") from None
         if p.returncode != 0:
-            err = (p.stderr or p.stdout).strip().splitlines()
+            err = [ln for ln in (p.stderr or p.stdout).strip().splitlines() if ln.strip("* \t")]
             msg = err[-1] if err else f"exit {p.returncode}"
             if any(w.lower() in (p.stderr + p.stdout).lower() for w in UNREACHABLE_WORDS):
                 raise SlurmUnreachable(f"{argv[0]}: {msg}")
