@@ -166,8 +166,11 @@ class Policy:
     min_history_weight: float = 0.5
     history_half_life_s: float = 7 * 86400.0   # Slurm's PriorityDecayHalfLife default (7 days)
     # Efficiency: a job at ratio r < 1 of its class median MFU waits as if submitted
-    # (1 - factor) * max_efficiency_delay_s later; GPU-idle labels cap the factor.
-    max_efficiency_delay_s: float = 4 * 3600.0
+    # (1 - factor) * max_efficiency_delay_s later; GPU-idle labels cap the factor. One day: the
+    # promise a platform team can make to its users is "a deprioritised job loses at most one
+    # day of queue position". (A cap far below the cluster's waits does nothing: 4 h left the
+    # Philly replay, whose waits are days, unchanged; benchmarks/scheduler_replay.py sweeps it.)
+    max_efficiency_delay_s: float = 24 * 3600.0
     idle_label_factor: float = 0.5
     min_efficiency_factor: float = 0.1
     # Fair share: a team using u GPUs against quota q waits (u/q - 1) * fair_share_scale_s

@@ -84,8 +84,6 @@ def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, n
     caps = {n: res.cap(n, state.free[n]) for n in res.nodes}
     best = max([best, *caps.values()])
     inside = sum(caps.values())
-    if res.spare_count is not None:
-        inside = min(inside, res.spare_count)
     outside = state.total_free - sum(state.free[n] for n in res.nodes)
     whole = len(state.whole) - sum(1 for n in res.nodes if state.free[n] == state.size[n]) \
         + sum(1 for n, c in caps.items() if c == state.size[n])
@@ -152,8 +150,7 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         if short:
             plan = place(state, rule)
         else:
-            spare = res.spare if res.spare_count is None else dict.fromkeys(res.nodes, res.spare_count)
-            plan = place(state, rule, spare=spare or None,
+            plan = place(state, rule, spare=res.spare or None,
                          banned=res.nodes if (rule.whole or rule.may_spread) else frozenset())
             if plan is not None and not res.allows(plan):
                 plan = None

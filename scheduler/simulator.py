@@ -234,12 +234,15 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
     # victims exist only below the top tier: with one tier in the trace there is nothing to preempt
     preemptive = policy.preemption and len({s.job.tier for s in sims}) > 1
     pr = _Priorities(sims, policy, book, teams)
-    if oracle:
+    if oracle:   # class medians of the whole trace, kept apart from what the policy learns
+        whole = MfuBook(policy.history_half_life_s)
         for s in sims:
-            book.observe("", job_class(s.job.gpus), s.mfu, s.label, 0.0)
+            whole.observe("", job_class(s.job.gpus), s.mfu, s.label, 0.0)
         for i, s in enumerate(sims):
+            f, _ = efficiency_factor(s.job, None, KeyHistory(s.mfu, s.label, 1.0, 0.0), policy,
+                                     whole.class_median(job_class(s.job.gpus)))
             pr.learned[i], pr.own_comm[i] = True, s.label == COMM_LABEL
-            pr.own_delay[i] = pr._delay(s.job, s.mfu, s.label)
+            pr.own_delay[i] = (1.0 - f) * policy.max_efficiency_delay_s
     queue = PendingQueue()
     running: dict[int, Running] = {}
     by_end: list[tuple[float, int, Placement]] = []
