@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -59,8 +60,9 @@ def scheduler() -> None:
 @click.option("--quota", multiple=True, metavar="TEAM=N", help="A team's GPU quota (fair share); repeatable.")
 @click.option("--min-runtime", default="5m", show_default=True,
               help="No job is preempted before it has run this long (no thrashing).")
-@click.option("--efficiency-delay", default="4h", show_default=True,
-              help="The most a low MFU may delay a job: its part of the aging bound.")
+@click.option("--efficiency-delay", default=None,
+              help="The most a low MFU may delay a job: its part of the aging bound  [default: the "
+                   "policy's, Policy.max_efficiency_delay_s].")
 @click.option("--agent-dir", type=click.Path(path_type=Path), default=None,
               help="The node agent's state folder, whose jobs.json gives MFU signals "
                    "(default: the agent's default).")
@@ -92,8 +94,10 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     from gpudiag.scheduler.model import Policy
 
     ids, are_gpus = _machine_ids(gpus, slots)
-    policy = Policy(min_runtime_s=parse_duration(min_runtime, "--min-runtime"),
-                    max_efficiency_delay_s=parse_duration(efficiency_delay, "--efficiency-delay"))
+    policy = Policy(min_runtime_s=parse_duration(min_runtime, "--min-runtime"))
+    if efficiency_delay is not None:
+        policy = dataclasses.replace(policy, max_efficiency_delay_s=parse_duration(efficiency_delay,
+                                                                                   "--efficiency-delay"))
     source = (MetricsSource(agent_url) if agent_url
               else JobTableSource((agent_dir or agent_default()) / "jobs.json"))
     daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, _quota(quota), source,
