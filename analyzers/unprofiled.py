@@ -16,7 +16,9 @@ extra time from it is the last resort). It is unsafe, and says so, when:
 - the device work alone is longer than the untraced step: the profiler slowed the device work
   itself (CUPTI on many tiny kernels, or CPU operators whose own time grew), so the work is
   scaled down to fit and the compute/memory split keeps its proportions;
-- the device is the CPU: operator time itself carries part of the profiler's cost.
+- the device is the CPU: operator time itself carries part of the profiler's cost, so there
+  the extra time is taken from operator time and the gaps between operators in proportion,
+  and the input wait keeps its length.
 """
 
 from __future__ import annotations
@@ -68,9 +70,6 @@ def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: 
         caveats.append(f"untraced steps vary a lot (interquartile range "
                        f"{100 * dilation.untraced_spread:.0f}% of their median): the reference step "
                        "time is itself unsteady")
-    if device_kind == "cpu":
-        caveats.append("the device is the CPU: operator time also carries part of the profiler's cost, "
-                       "so compute shares in this estimate are upper bounds")
     if dilation.factor < 1 - NOISE_FLOOR:
         caveats.append(f"untraced steps were slower than traced ones ({dilation.factor:.2f}x): the job "
                        "changed phase or its steps differ; the traced breakdown is used as is")
@@ -79,6 +78,8 @@ def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: 
     # The unobserved step is the step timer's untraced median itself (not the traced mean shrunk
     # by the factor): one slow traced step (a sync, an allocation) must not leak into it.
     step = dilation.untraced_step_us
+    if device_kind == "cpu":
+        return _cpu_estimate(traced, step, caveats)
     work = traced.compute + traced.comm_exposed + traced.memcpy_exposed
     if work > step:
         caveats.append(f"device work alone ({work / 1e3:.3g} ms) exceeds the untraced step "
@@ -103,3 +104,41 @@ def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: 
     host = max(0.0, idle - input_wait)
     input_wait = idle - host
     return replace(traced, step_time=step, idle=idle, input_wait=input_wait, host_overhead=host)
+
+
+def _cpu_estimate(traced: TimeBreakdown, step: float, caveats: list[str]) -> TimeBreakdown:
+    """The CPU as the device: the profiler's per-operator cost lands inside the operators' own
+    spans as much as in the gaps between them, so both shrink by the same factor; the input
+    wait (blocked on the DataLoader: I/O, decoding, a sleep) carries little of it and keeps
+    its traced length unless the rest cannot absorb the extra time."""
+    extra = traced.step_time - step
+    ops_and_gaps = traced.compute + traced.comm_exposed + traced.memcpy_exposed + traced.host_overhead
+    input_wait = traced.input_wait
+    if ops_and_gaps <= 0:
+        return replace(traced)
+    keep = (ops_and_gaps - extra) / ops_and_gaps
+    if keep < 0:
+        input_wait = max(0.0, input_wait + keep * ops_and_gaps)
+        keep = 0.0
+        caveats.append("the profiler's extra time exceeded the traced operator and gap time: the rest "
+                       "was taken from the input wait")
+    caveats.append("the device is the CPU: the profiler's cost was taken from operator time and the "
+                   "gaps between operators in proportion (it is paid per operator, inside and between "
+                   "them), not from the input wait")
+    k = keep
+    out = TimeBreakdown(
+        step_time=0.0, gpu_busy=traced.gpu_busy * k, compute=traced.compute * k,
+        compute_bound=traced.compute_bound * k, memory_bound=traced.memory_bound * k,
+        comm_total=traced.comm_total * k, comm_exposed=traced.comm_exposed * k,
+        memcpy_exposed=traced.memcpy_exposed * k, input_wait=input_wait,
+        host_overhead=traced.host_overhead * k)
+    out.idle = out.input_wait + out.host_overhead
+    # the parts add up to the untraced step; rounding and a traced input wait longer than the
+    # whole untraced step (noise) are absorbed by scaling all of them to it
+    total = out.compute + out.comm_exposed + out.memcpy_exposed + out.idle
+    f = step / total if total > 0 else 1.0
+    for name in ("gpu_busy", "compute", "compute_bound", "memory_bound", "comm_total", "comm_exposed",
+                 "memcpy_exposed", "input_wait", "host_overhead", "idle"):
+        setattr(out, name, getattr(out, name) * f)
+    out.step_time = step
+    return out
