@@ -203,3 +203,39 @@ def test_same_seed_same_numbers_other_seed_other_mfu(clusters):
     for j in jobs:
         keys.setdefault(j.key, set()).add(a[j.id][1])
     assert all(len(v) == 1 for v in keys.values())      # one label per key, as documented
+
+
+def test_an_on_demand_job_preempts_the_spot_job_that_loses_least_and_the_victim_resumes():
+    # one node of 2 GPUs, two 1-GPU spot jobs running (MFU 40% and 5%); an on-demand 1-GPU job
+    # arrives after both ran 45 min. The 5% one is the victim: SIGTERM, its grace, then requeued
+    # with its work up to the last 30-min checkpoint; it finishes after the on-demand job.
+    from gpudiag.scheduler.model import Tier
+    from gpudiag.scheduler.simulator import CHECKPOINT_INTERVAL_S
+
+    jobs = [TraceJob(0, 0.0, 7200.0, 1, "a", "hi", tier=Tier.SPOT),
+            TraceJob(1, 0.0, 7200.0, 1, "a", "lo", tier=Tier.SPOT),
+            TraceJob(2, 2700.0, 600.0, 2, "b", "urgent", tier=Tier.ON_DEMAND)]
+    mfu = {0: (0.4, "compute-bound"), 1: (0.05, "input-bound"), 2: (0.3, "compute-bound")}
+    res = simulate(jobs, mfu, Cluster.uniform(1, 2, 1), Policy())
+    hi, lo, urgent = res.jobs
+    assert hi.preemptions == 1 and lo.preemptions == 1   # a 2-GPU head needs both GPUs
+    grace = urgent.job.grace_s
+    assert urgent.first_start == 2700.0 + grace
+    for s in (hi, lo):
+        assert s.lost_gpu_s == pytest.approx(2700.0 + grace - CHECKPOINT_INTERVAL_S)
+        assert s.end == pytest.approx(urgent.end + 7200.0 - CHECKPOINT_INTERVAL_S)
+    assert summarise(res)["preemptions"] == 2
+    easy = simulate(jobs, mfu, Cluster.uniform(1, 2, 1), Policy.easy())
+    assert summarise(easy)["preemptions"] == 0 and easy.jobs[2].first_start == 7200.0
+
+
+def test_the_victim_is_the_job_losing_least_useful_work():
+    from gpudiag.scheduler.model import Tier
+
+    jobs = [TraceJob(0, 0.0, 7200.0, 1, "a", "hi", tier=Tier.SPOT),
+            TraceJob(1, 0.0, 7200.0, 1, "a", "lo", tier=Tier.SPOT),
+            TraceJob(2, 2700.0, 600.0, 1, "b", "urgent", tier=Tier.ON_DEMAND)]
+    mfu = {0: (0.4, "compute-bound"), 1: (0.05, "input-bound"), 2: (0.3, "compute-bound")}
+    hi, lo, urgent = simulate(jobs, mfu, Cluster.uniform(1, 2, 1), Policy()).jobs
+    assert (hi.preemptions, lo.preemptions) == (0, 1)
+    assert urgent.first_start == 2700.0 + urgent.job.grace_s
