@@ -180,8 +180,9 @@ def main() -> int:
         for name, cap in (("4 h", 4 * 3600.0), ("14 d", 14 * 86400.0)):
             run(f"efficiency cap {name}", jobs, mfu, cluster,
                 dataclasses.replace(Policy(), max_efficiency_delay_s=cap))
-        run("fair-share cap 24 h", jobs, mfu, cluster,
-            dataclasses.replace(Policy(), max_fair_share_delay_s=86400.0))
+        # the delay is (use/quota - 1) x scale: a stronger fair share needs a larger scale, not only a cap
+        run("fair share x1 day, cap 24 h", jobs, mfu, cluster,
+            dataclasses.replace(Policy(), fair_share_scale_s=86400.0, max_fair_share_delay_s=86400.0))
         run("MFU known up front", jobs, mfu, cluster, Policy(), oracle=True)
         run("order by MFU (no aging)", jobs, mfu, cluster, dataclasses.replace(Policy(), order="mfu"))
 

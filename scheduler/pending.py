@@ -96,8 +96,9 @@ class PendingQueue:
             return
         keep = np.ones(len(self.jobs), bool)
         keep[positions] = False
-        for j in self.jobs[~keep]:
-            self.why.pop(j.id, None)
+        if self.why:
+            for j in self.jobs[~keep]:
+                self.why.pop(j.id, None)
         self.jobs = self.jobs[keep]
         self.num = self.num[keep]
 

@@ -157,23 +157,22 @@ def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, 
     per = state.max_gpus
     k = nodes_needed(rule.gpus, per)
 
-    def fits() -> bool:
-        return whole >= k if rule.whole else any(f >= rule.gpus for f in free)
-
     shadow = now
-    if not fits():
+    if (whole < k) if rule.whole else (state.max_free_on_a_node() < rule.gpus):
         found = False
         for end, _, placement in by_end:
             if found and end > shadow:   # jobs ending at the same instant are released together
                 break
+            hit = False   # only a node this job releases GPUs on can newly fit a one-node head
             for n, idx in placement.slots:
                 before = free[n]
                 free[n] += len(idx)
                 if free[n] == size[n] and before < size[n]:
                     whole += 1
+                hit = hit or free[n] >= rule.gpus
             if not found:
                 shadow = max(now, end)
-                found = fits()
+                found = whole >= k if rule.whole else hit
         if not found:
             return None
     if rule.whole:

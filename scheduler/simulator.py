@@ -193,7 +193,8 @@ class _Priorities:
                            np.where(valid, self.key_delay[self.key_i[idx]], 0.0))
         fair = 0.0
         if p.fair_share:
-            if self._fair_at != now:   # team delays change with time only: once per instant
+            # team delays drift slowly: recomputed once per priority period, as Slurm does
+            if not now - self._fair_at < PRIORITY_CALC_PERIOD_S:
                 self._fair = np.array([fair_share_delay(self.teams.share(t, now), p)[0]
                                        for t in self.team_names])
                 self._fair_at = now
@@ -326,6 +327,7 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
         if not len(queue) or (state.total_free == 0 and not preemptive):
             continue
         if prio and now >= next_calc:
+            pr._fair_at = -math.inf
             if pr.dirty:
                 pr._refresh()
             k, kinds = pr.keys(queue.tag, now, per)

@@ -239,3 +239,19 @@ def test_the_victim_is_the_job_losing_least_useful_work():
     hi, lo, urgent = simulate(jobs, mfu, Cluster.uniform(1, 2, 1), Policy()).jobs
     assert (hi.preemptions, lo.preemptions) == (0, 1)
     assert urgent.first_start == 2700.0 + urgent.job.grace_s
+
+
+@pytest.mark.parametrize("name", ["fifo", "easy", "tiresias"])
+def test_tiresias_60_job_trace_first_jobs_by_hand(clusters, name):
+    # 2 nodes x 8 GPUs. Best fit: job 0 (1 GPU) node 0; job 1 (8) node 1; jobs 2 (2), 3 (1) and
+    # 4 (4) fill node 0 exactly, each at its submit time. Job 5 (8 GPUs, t=132) needs a whole
+    # node: node 1 frees when job 1 ends (30 + 147 = 177), node 0 only at 220 (job 4). Under
+    # Tiresias every job is still in queue 0 (job 1 attained 8 x 102 s < 3,600 GPU-s): no
+    # preemption, and job 5 is selected once 8 GPUs are free by count, at 177.
+    jobs = read_trace(clusters / "tiresias_60job.csv").jobs
+    mfu = synthesise(jobs, 0)
+    cl = Cluster.uniform(2, 8, 4)
+    res = simulate_tiresias(jobs, mfu, cl) if name == "tiresias" else simulate(
+        jobs, mfu, cl, Policy.fifo() if name == "fifo" else Policy.easy())
+    start = {s.trace_id: s.first_start for s in res.jobs}
+    assert [start[i] for i in range(6)] == [0, 30, 53, 79, 99, 177]
