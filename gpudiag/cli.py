@@ -67,6 +67,9 @@ def main() -> None:
       gpudiag analyze rank-0.json.gz --json > diagnosis.json
       gpudiag report runs/my-run          # runs/my-run/report.html
       gpudiag diff runs/before runs/after # ./gpudiag-diff.html
+      gpudiag agent                       # node daemon for Prometheus
+      gpudiag submit --gpus 2 -- python train.py   # queue on this machine's scheduler
+      gpudiag sim philly.csv --policy gpudiag     # replay a cluster trace
 
     Exit codes: 0 ok, 1 failure, 2 bad input.
     """
