@@ -218,6 +218,38 @@ def schedule(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running
     return plan_pass(state, queue, by_end, now, policy, lambda: running, mfu_of)
 
 
+def wait_reasons(state: ClusterState, queue: PendingQueue, decisions: Mapping[int, Decision],
+                 policy: Policy) -> dict[int, tuple[bool, str]]:
+    """For every job of an ordered queue: (starts in this pass?, why, in words): its position,
+    what blocks it, what lowered its priority. One wording for ``explain``, the local daemon's
+    ``queue`` and the Slurm controller."""
+    out: dict[int, tuple[bool, str]] = {}
+    for pos, job in enumerate(queue.jobs):
+        d = decisions.get(job.id)
+        if d is not None and d.kind == "start":
+            out[job.id] = (True, d.reason)
+            continue
+        parts = []
+        if d is not None and d.kind == "hold":
+            parts.append(d.reason)
+        else:
+            rule = rule_at(queue, pos, policy)
+            if rule.may_spread:
+                parts.append(f"needs {job.gpus} GPUs, {state.total_free} free")
+            elif rule.whole:
+                parts.append(f"needs {job.gpus} GPUs on whole nodes, {len(state.whole)} nodes wholly free")
+            else:
+                most = state.max_free_on_a_node()
+                parts.append(f"needs {job.gpus} GPUs on one node, at most {most} free on one")
+            if pos > 0:
+                ahead = queue.jobs[pos - 1]
+                parts.append(f"behind job {ahead.id} ({TIER_NAMES[ahead.tier]})")
+        if queue.why.get(job.id):
+            parts.append(queue.why[job.id])
+        out[job.id] = (False, "; ".join(parts))
+    return out
+
+
 def explain(job_id: int, cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],
             signals: Mapping[int, Signal], history: MfuBook, now: float, policy: Policy,
             teams: Mapping[str, TeamShare] | None = None) -> str:
@@ -228,27 +260,8 @@ def explain(job_id: int, cluster: Cluster, pending: Sequence[Job], running: Sequ
     queue = order_queue(pending, running, signals, history, now, policy, state.max_gpus, teams)
     decisions = {d.job_id: d for d in plan_pass(state, queue, sorted(
         ((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0]), now, policy)}
-    pos = next((i for i, j in enumerate(queue.jobs) if j.id == job_id), None)
-    if pos is None:
+    why = wait_reasons(state, queue, decisions, policy).get(job_id)
+    if why is None:
         return f"job {job_id} is not pending"
-    job, rule = queue.jobs[pos], rule_at(queue, pos, policy)
-    d = decisions.get(job_id)
-    if d is not None and d.kind == "start":
-        return f"job {job_id} starts now: {d.reason}"
-    parts = []
-    if d is not None and d.kind == "hold":
-        parts.append(d.reason)
-    else:
-        if rule.may_spread:
-            parts.append(f"needs {job.gpus} GPUs, {state.total_free} free")
-        elif rule.whole:
-            parts.append(f"needs {job.gpus} GPUs on whole nodes, {len(state.whole)} nodes wholly free")
-        else:
-            most = state.max_free_on_a_node()
-            parts.append(f"needs {job.gpus} GPUs on one node, at most {most} free on one")
-        if pos > 0:
-            ahead = queue.jobs[pos - 1]
-            parts.append(f"behind job {ahead.id} ({TIER_NAMES[ahead.tier]})")
-    if queue.why.get(job.id):
-        parts.append(queue.why[job.id])
-    return f"job {job_id} waits: " + "; ".join(parts)
+    starts, text = why
+    return f"job {job_id} starts now: {text}" if starts else f"job {job_id} waits: {text}"

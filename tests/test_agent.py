@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from gpudiag.collectors.nvml import NO_BACKEND_REASON, ReplayBackend
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpudiag.jobsignal import write_signal
+from tests.harness import free_port, prometheus_server, wait_http
 from tests.replay import GpuFallsOffTheBus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,26 +32,9 @@ DASHBOARD = ROOT / "agent" / "deploy" / "grafana-dashboard.json"
 JOB = ROOT / "tests" / "jobs" / "loop_job.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_get(url: str, timeout: float = 5.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
         return r.read().decode()
-
-
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            http_get(url, 1.0)
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"{url} did not answer")
 
 
 class Agent:
@@ -241,29 +224,8 @@ def test_parse_signal_accepts_the_documented_format():
 
 @pytest.fixture
 def prometheus(tmp_path, agent):
-    exe = shutil.which("prometheus")
-    assert exe, "prometheus is not installed (.ci/run installs Debian's prometheus)"
-    port = free_port()
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(f"""
-global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: gpudiag
-    static_configs:
-      - targets: ["127.0.0.1:{agent.port}"]
-""")
-    proc = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{base}/-/ready", timeout=60)
+    with prometheus_server(tmp_path, agent.port) as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def promql(base: str, expr: str) -> dict:

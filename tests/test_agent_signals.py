@@ -25,6 +25,7 @@ from gpudiag.collectors.nvml import ReplayBackend
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpudiag.jobsignal import write_signal
+from tests.harness import unix_users
 from tests.test_agent import REPLAY, Agent, full_signal, sample_value
 
 SCRAPERS, SCRAPES_EACH = 8, 200
@@ -196,33 +197,11 @@ def test_an_agent_upgraded_over_a_schema_1_table_keeps_its_jobs(tmp_path):
 
 # --- signals bound to their writer -------------------------------------------------------------
 
-def _useradd(name: str) -> None:
-    for _ in range(20):  # /etc/passwd may be locked by another useradd for a moment
-        r = subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", name],
-                           capture_output=True, text=True)
-        if r.returncode == 0:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"useradd {name}: {r.stderr}")
-
-
 @pytest.fixture
 def users():
-    """Two real unprivileged users, alice and mallory (unique names), removed afterwards."""
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        pytest.fail("these tests create users: run them as root with useradd (CI does)")
-    tag = uuid.uuid4().hex[:8]
-    names = [f"gpdal{tag}", f"gpdml{tag}"]
-    made = []
-    try:
-        for n in names:
-            _useradd(n)
-            made.append(n)
-        yield [pwd.getpwnam(n) for n in names]
-    finally:
-        for n in made:
-            subprocess.run(["pkill", "-KILL", "-u", n], capture_output=True)
-            subprocess.run(["userdel", "-f", n], capture_output=True)
+    """Two real unprivileged users (unique names), removed afterwards."""
+    with unix_users("gpdu") as made:
+        yield made
 
 
 @pytest.fixture

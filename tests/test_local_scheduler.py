@@ -17,12 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from gpudiag.scheduler.local.protocol import call
+
+from tests.harness import unix_users
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "tests" / "jobs"
@@ -238,32 +239,11 @@ def test_unsafe_state_dir_or_socket_is_refused(open_base, users, sched_factory):
     assert s.db() == []
 
 
-def _useradd(name: str) -> None:
-    for _ in range(20):  # /etc/passwd may be locked by another useradd for a moment
-        r = subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", name],
-                           capture_output=True, text=True)
-        if r.returncode == 0:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"useradd {name}: {r.stderr}")
-
-
 @pytest.fixture
 def users():
     """Two real unprivileged users (unique names), removed afterwards."""
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        pytest.fail("these tests create users: run them as root with useradd (CI does)")
-    tag = uuid.uuid4().hex[:8]
-    made = []
-    try:
-        for n in (f"gpsal{tag}", f"gpsml{tag}"):
-            _useradd(n)
-            made.append(n)
-        yield [pwd.getpwnam(n) for n in made]
-    finally:
-        for n in made:
-            subprocess.run(["pkill", "-KILL", "-u", n], capture_output=True)
-            subprocess.run(["userdel", "-f", n], capture_output=True)
+    with unix_users("gpsu") as made:
+        yield made
 
 
 def as_user(user: pwd.struct_passwd, sock: Path, req: dict) -> dict:

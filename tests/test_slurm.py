@@ -7,7 +7,6 @@ module and are stopped by pid whatever the outcome.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import free_port, prometheus_server
 from tests.slurm_cluster import KILL_WAIT_S, SlurmCluster, missing_binaries
-from tests.test_agent import Agent, free_port, promql, wait_http
+from tests.test_agent import Agent, promql
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "jobs" / "slurm_train.py"
@@ -45,23 +45,8 @@ def agent(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory, agent):
-    exe = shutil.which("prometheus")
-    assert exe, "prometheus is not installed (.ci/run installs Debian's prometheus)"
-    d = tmp_path_factory.mktemp("prom")
-    port = free_port()
-    cfg = d / "prometheus.yml"
-    cfg.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: gpudiag\n"
-                   f"    static_configs:\n      - targets: ['127.0.0.1:{agent.port}']\n")
-    proc = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.tsdb.path={d / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{base}/-/ready", timeout=60)
+    with prometheus_server(tmp_path_factory.mktemp("prom"), agent.port) as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.local.store import STOPPING, JobRow
 from gpudiag.scheduler.model import (
-    TIER_NAMES,
     Cluster,
     Decision,
     Job,
@@ -30,7 +29,7 @@ from gpudiag.scheduler.model import (
     TeamShare,
     Tier,
 )
-from gpudiag.scheduler.policy import order_queue, plan_pass, rule_at, schedule
+from gpudiag.scheduler.policy import order_queue, plan_pass, schedule, wait_reasons
 from gpudiag.scheduler.priority import MfuBook
 
 # What backfill assumes of a job submitted without --time-limit: a day, so such a job never
@@ -124,28 +123,10 @@ class Engine:
                             state.max_gpus, teams_of(self.quota, active))
         by_end = sorted(((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0])
         decided = {d.job_id: d for d in plan_pass(state, queue, by_end, now, policy)}
-        out: dict[int, str] = {}
         order = [j.id for j in queue.jobs]
-        for pos, job in enumerate(queue.jobs):
-            d = decided.get(job.id)
-            if d is not None and d.kind == "start":
-                out[job.id] = f"starts at the next pass: {d.reason}"
-                continue
-            parts = []
-            if d is not None and d.kind == "hold":
-                parts.append(d.reason)
-            else:
-                rule = rule_at(queue, pos, policy)
-                if rule.may_spread:
-                    parts.append(f"needs {job.gpus} GPUs, {state.total_free} free")
-                else:
-                    parts.append(f"needs {job.gpus} GPUs on one node, {state.max_free_on_a_node()} free")
-                if pos > 0:
-                    ahead = queue.jobs[pos - 1]
-                    parts.append(f"behind job {ahead.id} ({TIER_NAMES[ahead.tier]})")
-            if queue.why.get(job.id):
-                parts.append(queue.why[job.id])
-            out[job.id] = self.words("; ".join(parts), now)
+        out: dict[int, str] = {}
+        for job_id, (starts, text) in wait_reasons(state, queue, decided, policy).items():
+            out[job_id] = f"starts at the next pass: {text}" if starts else self.words(text, now)
         return order, out
 
     def words(self, text: str, now: float) -> str:
@@ -154,6 +135,7 @@ class Engine:
         if not self.machine.gpus:
             text = text.replace("GPUs", "slots").replace("GPU-h", "slot-h")
         # one machine is one node: "on one node" says nothing there
+        text = re.sub(r" on one node, at most (\d+) free on one", r", \1 free", text)
         text = re.sub(r", at most \d+ on one node| on one node", "", text)
 
         def when(m: re.Match) -> str:
