@@ -58,3 +58,28 @@ def test_the_efficient_key_goes_first_and_the_other_within_its_aging_bound(tmp_p
     finally:
         s.stop()
         agent.stop()
+
+
+def test_jobs_report_to_the_agent_whose_job_table_the_daemon_reads(tmp_path):
+    """With --agent-dir, the daemon reads the agent's jobs.json, and the jobs it runs report to
+    that same agent whatever their submitter's environment says (seen on an H200: a job
+    submitted without GPUDIAG_AGENT_DIR reported nowhere the daemon could see)."""
+    agent = Agent(tmp_path / "agent", backend="none")
+    s = Sched(tmp_path, "--slots", "2", "--min-runtime", "0", "--agent-dir", str(tmp_path / "agent"),
+              env={"GPUDIAG_SIGNAL_INTERVAL": "1", "GPUDIAG_AGENT_DIR": str(tmp_path / "elsewhere")})
+    try:
+        # short: its MFU may arrive only with its final signal, after it exited
+        job = s.submit("--gpus", "1", "--name", "fast", "--", sys.executable,
+                       str(WORKLOADS / "compute_bound.py"), "--steps", "16")
+        deadline = time.monotonic() + WAIT_S * 3
+        while time.monotonic() < deadline:
+            agent.metrics()  # the agent takes in its spool when scraped
+            jobs = s.jobs()
+            if state_of(jobs, job) == "done" and jobs[job].get("sig_mfu"):
+                break
+            time.sleep(0.5)
+        assert jobs[job].get("sig_mfu") and jobs[job]["sig_mfu"] > 0.01, jobs[job]
+        assert not (tmp_path / "elsewhere").exists()
+    finally:
+        s.stop()
+        agent.stop()

@@ -98,8 +98,10 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     if efficiency_delay is not None:
         policy = dataclasses.replace(policy, max_efficiency_delay_s=parse_duration(efficiency_delay,
                                                                                    "--efficiency-delay"))
-    source = (MetricsSource(agent_url) if agent_url
-              else JobTableSource((agent_dir or agent_default()) / "jobs.json"))
+    # jobs report to the agent whose job table this daemon reads; scraping an agent by URL,
+    # its folder is unknown here and jobs keep their own (GPUDIAG_AGENT_DIR or the default)
+    agent_state = None if agent_url else (agent_dir or agent_default())
+    source = MetricsSource(agent_url) if agent_url else JobTableSource(agent_state / "jobs.json")
     daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, _quota(quota), source,
-                    monitor)
+                    monitor, agent_state)
     main_loop(daemon)

@@ -54,7 +54,7 @@ class Conn:
 
 class Daemon:
     def __init__(self, state_dir: Path, machine: Machine, policy: Policy, quota: dict[str, int],
-                 source: SignalSource | None, monitor: bool = True) -> None:
+                 source: SignalSource | None, monitor: bool = True, agent_dir: Path | None = None) -> None:
         self.state_dir = state_dir
         self.machine = machine
         self.policy = policy
@@ -75,7 +75,7 @@ class Daemon:
         for key, cls, mfu, label, t in self.store.observations():
             book.observe(key, cls, mfu, label, t)
         self.engine = Engine(machine, policy, book, quota)
-        self.jobs = Jobs(self.store, state_dir, machine, monitor, book)
+        self.jobs = Jobs(self.store, state_dir, machine, monitor, book, agent_dir)
         self.jobs.load()
         self.signals = SignalRead(available=False, why="not read yet")
         self.signals_t = -1e18
@@ -98,6 +98,7 @@ class Daemon:
                                       "sig_t": now - s.age_s}))
         if changed:
             self.store.update_many(changed)
+        self.jobs.late_signals(self._live, now)
 
     def _live(self, row: JobRow) -> Signal | None:
         return self.signals.signals.get(f"{self.store.prefix}:{row.id}")

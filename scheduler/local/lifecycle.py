@@ -42,6 +42,10 @@ from gpudiag.scheduler.model import Signal
 from gpudiag.scheduler.priority import MfuBook, job_class
 
 SIGTERM_SENT, SIGKILL_SENT = 1, 2
+# How long after a job ended its last signal is still awaited: the agent keeps an ended job's
+# values 60 s (agent/job_table.py), and the job's reporter sends its final signal after the
+# job's analysis, which can take a few seconds more.
+LATE_SIGNAL_S = 90.0
 
 
 def _log(msg: str) -> None:
@@ -51,8 +55,13 @@ def _log(msg: str) -> None:
 class Jobs:
     """The jobs the daemon is responsible for (pending and active), mirrored from the store."""
 
-    def __init__(self, store: Store, state_dir: Path, machine: Machine, monitor: bool, book: MfuBook) -> None:
+    def __init__(self, store: Store, state_dir: Path, machine: Machine, monitor: bool, book: MfuBook,
+                 agent_dir: Path | None = None) -> None:
         self.store = store
+        # the node agent whose job table this daemon reads: jobs report there (their own
+        # environment may name another agent folder, or none)
+        self.agent_dir = agent_dir
+        self.awaiting_signal: dict[int, tuple[JobRow, float]] = {}  # ended without a signal yet
         self.book = book   # what ended jobs reached: the store's observations, replayed at start
         self.state_dir = state_dir
         self.machine = machine
@@ -87,6 +96,8 @@ class Jobs:
         env.update({"GPUDIAG_JOB": f"{self.store.prefix}:{row.id}",
                     "GPUDIAG_RESTART_COUNT": str(row.restarts),
                     "GPUDIAG_CHECKPOINT_DIR": str(jdir / "checkpoint"), runner.LAUNCH_VAR: self.marker(row)})
+        if self.agent_dir is not None:
+            env["GPUDIAG_AGENT_DIR"] = str(self.agent_dir)
         try:
             runner.prepare_job_dir(jdir, row.uid)
             proc = runner.spawn(runner.LaunchSpec(row.id, row.attempt, row.uid, row.cmd, env, row.cwd, jdir,
@@ -177,9 +188,26 @@ class Jobs:
         self.store.update_many([(row, changes)], observation=obs)
         if obs is not None:
             self.book.observe(*obs)
+        elif row.state != PENDING:
+            self.awaiting_signal[row.id] = (row, now)
         del self.active[row.id]
         if row.state == PENDING:
             self.pending[row.id] = row
+
+    def late_signals(self, lookup: Callable[[JobRow], Signal | None], now: float) -> None:
+        """A short job's only signal may be its last, sent after it exited (``gpudiag profile``
+        reports once more when the job ends): taken into its key's history when it arrives, as
+        long as the agent still holds an ended job's values (LATE_SIGNAL_S)."""
+        for job_id, (row, ended) in list(self.awaiting_signal.items()):
+            sig = lookup(row)
+            if sig is not None:
+                obs = (row.key or f"job:{row.id}", job_class(row.gpus), sig.mfu, sig.label, now)
+                self.store.update_many([(row, {"sig_mfu": sig.mfu, "sig_label": sig.label,
+                                               "sig_conf": sig.confidence, "sig_t": now - sig.age_s})],
+                                       observation=obs)
+                self.book.observe(*obs)
+            if sig is not None or now - ended > LATE_SIGNAL_S:
+                del self.awaiting_signal[job_id]
 
     # -- recovery ------------------------------------------------------------------------------
     def recover(self, now: float) -> list[str]:
