@@ -13,9 +13,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gpudiag.collectors.nvml import GpuBackend
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from gpudiag.collectors.nvml import GpuBackend
 
 log = logging.getLogger("gpudiag.agent")
 

@@ -34,6 +34,9 @@ import threading
 import time
 from pathlib import Path
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 from gpudiag.agent.attribution import ROOT_UID, JobOwners
 from gpudiag.agent.signals import (
     MAX_SIGNAL_BYTES,
@@ -46,8 +49,6 @@ from gpudiag.agent.signals import (
     read_job_table,
     write_job_table,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 log = logging.getLogger("gpudiag.agent")
 

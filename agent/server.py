@@ -9,13 +9,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 from gpudiag.agent.attribution import JobAttribution, JobOwners
 from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.agent.job_table import JobTable
 from gpudiag.collectors.nvml import GpuBackend, NvmlUnavailable, open_backend
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 log = logging.getLogger("gpudiag.agent")
 

@@ -18,6 +18,7 @@ than ``TINY_CPU_OP_US`` are counted as host overhead: their cost is dispatch, no
 from __future__ import annotations
 
 import numpy as np
+
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.roofline import (
     BOUND_COMPUTE,
@@ -26,7 +27,6 @@ from gpudiag.analyzers.roofline import (
     is_cpu_work,
 )
 from gpudiag.analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
-
 from gpudiag.diagnosis import GpuSpanBreakdown, StepBreakdown, TimeBreakdown
 
 # An eager PyTorch CPU op costs ~5-20 us of dispatcher/Python overhead before any math

@@ -13,7 +13,6 @@ from collections import defaultdict
 
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
-
 from gpudiag.devices import DTYPE_BYTES, DevicePeak
 from gpudiag.diagnosis import CollectiveStats
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from gpudiag import __version__
 from gpudiag.analyzers.breakdown import gpu_span_breakdown, rank_breakdown, sum_breakdowns
 from gpudiag.analyzers.classify import account_for_lost_events, classify
 from gpudiag.analyzers.communication import collective_acc, finish_collectives
@@ -29,8 +31,6 @@ from gpudiag.analyzers.trace_loader import (
     load_rank,
 )
 from gpudiag.analyzers.unprofiled import estimate_unprofiled, measure_dilation
-
-from gpudiag import __version__
 from gpudiag.devices import DevicePeak, lookup_device, match_device, user_device
 from gpudiag.diagnosis import (
     DIAGNOSIS_SCHEMA_VERSION,

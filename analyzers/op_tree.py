@@ -20,6 +20,7 @@ same-kind siblings, at least ``SAME_WORK_SHARE`` of the parent's cost.
 from __future__ import annotations
 
 import numpy as np
+
 from gpudiag.analyzers.op_args import KIND_MODEL
 from gpudiag.analyzers.trace_columns import RankTrace
 

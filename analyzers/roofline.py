@@ -14,9 +14,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from gpudiag.analyzers.op_tree import counted_ops
 from gpudiag.analyzers.trace_loader import KCLASS_COMPUTE, RankTrace
-
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak
 from gpudiag.diagnosis import Roofline, RooflinePoint
 

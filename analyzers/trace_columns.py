@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from gpudiag.analyzers.op_flops import op_cost
 from gpudiag.analyzers.trace_decode import SALVAGE_MARKER, EventArgs, as_int, rank_of
 

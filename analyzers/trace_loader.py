@@ -28,7 +28,6 @@ from gpudiag.analyzers.trace_columns import (
     fold_events,
 )
 from gpudiag.analyzers.trace_decode import DECODE_BATCH, decode_trace, read_trace_bytes
-
 from gpudiag.errors import TraceError
 from gpudiag.rundir import is_run_dir
 

@@ -62,6 +62,7 @@ def hook_cost_us(calls: int = 20000) -> float:
     import os
 
     import torch
+
     from gpudiag.collectors import torch_bootstrap as tb
 
     with tempfile.TemporaryDirectory() as d:

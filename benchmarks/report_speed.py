@@ -42,11 +42,11 @@ from analyze_speed import (  # noqa: E402 - the sibling script, run from anywher
     _warm_cache,
     prepare_trace_set,
 )
+
 from gpudiag.analyzers.diagnose import diagnose  # noqa: E402
 from gpudiag.analyzers.timeline import MAX_POINTS  # noqa: E402
-from gpudiag.reports.html import render_report  # noqa: E402
-
 from gpudiag.diagnosis import Diagnosis, Dilation, RunSummary, Series, TimeBreakdown, Timeline  # noqa: E402
+from gpudiag.reports.html import render_report  # noqa: E402
 
 TARGET = 0.20  # rendering may add at most this fraction of the analysis time
 GPU_SERIES = [("SM activity", "%", 100.0), ("tensor activity", "%", 100.0), ("DRAM bandwidth", "%", 100.0),

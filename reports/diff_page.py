@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from markupsafe import Markup
+
+from gpudiag.diagnosis import Diagnosis, DiagnosisDiff, ItemDelta, TimeBreakdown
 from gpudiag.reports import svg
 from gpudiag.reports.fmt import ms, pct, signed_ms
 from gpudiag.reports.names import display_names
@@ -22,9 +25,6 @@ from gpudiag.reports.page import (
     part_segments,
     verdict_ctx,
 )
-from markupsafe import Markup
-
-from gpudiag.diagnosis import Diagnosis, DiagnosisDiff, ItemDelta, TimeBreakdown
 
 NAME_LABEL_W = 360  # px for kernel/operator names left of the bars (as on the report page)
 

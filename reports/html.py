@@ -18,6 +18,9 @@ import shlex
 from collections import Counter
 from typing import Any
 
+from markupsafe import Markup
+
+from gpudiag.diagnosis import Diagnosis, TopItem
 from gpudiag.reports import svg
 from gpudiag.reports.diff_page import render_diff
 from gpudiag.reports.fmt import gbps, ms, num, pct, run_status, si, si_text, when
@@ -33,9 +36,6 @@ from gpudiag.reports.page import (
     verdict_ctx,
     views_ctx,
 )
-from markupsafe import Markup
-
-from gpudiag.diagnosis import Diagnosis, TopItem
 
 __all__ = ["embed_json", "render_diff", "render_report"]
 

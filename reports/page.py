@@ -13,12 +13,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from gpudiag.reports import svg, views
-from gpudiag.reports.fmt import evidence_value, ms, num, pct, si_text, when
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from gpudiag.diagnosis import Diagnosis, TimeBreakdown
+from gpudiag.reports import svg, views
+from gpudiag.reports.fmt import evidence_value, ms, num, pct, si_text, when
 
 TEMPLATES = Path(__file__).parent / "templates"
 

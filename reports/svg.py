@@ -41,7 +41,6 @@ from gpudiag.reports.svg_base import (
     text_width,
     tick_label,
 )
-
 from gpudiag.units import si
 
 __all__ = ["BLACK", "BLUE", "FONT", "GREEN", "GREY", "HALO", "LINE_COLOURS", "LINE_DASHES", "MIN_SPAN_PX",

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from gpudiag.reports import views
-
 from gpudiag.diagnosis import Diagnosis
+from gpudiag.reports import views
 from gpudiag.units import pct, si
 
 _BAR = 30

@@ -21,6 +21,7 @@ Definitions (t = 0 at the first submission):
 from __future__ import annotations
 
 import numpy as np
+
 from gpudiag.scheduler.simulator import SimResult
 
 KEYS = ("jobs", "rejected", "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_delay_s", "p99_queue_delay_s",

@@ -31,11 +31,11 @@ import math
 from pathlib import Path
 
 import numpy as np
+
+from gpudiag.errors import BadInput
 from gpudiag.scheduler.model import LABELS
 from gpudiag.scheduler.priority import job_class
 from gpudiag.scheduler.traces import TraceJob
-
-from gpudiag.errors import BadInput
 
 LABEL_MIX: dict[str, dict[str, float]] = {
     "1 GPU": {"compute-bound": 0.35, "memory-bound": 0.25, "input-bound": 0.25, "host-bound": 0.15},

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+
 from gpudiag.scheduler.model import Job
 
 ONE_NODE, SPREAD, WHOLE = 0, 1, 2   # placement kinds: one node; may span nodes; whole nodes

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import (
     COMM_LABEL,

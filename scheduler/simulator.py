@@ -29,6 +29,7 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import (
     COMM_LABEL,

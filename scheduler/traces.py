@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpudiag.scheduler.model import Tier
-
 from gpudiag.errors import BadInput
+from gpudiag.scheduler.model import Tier
 
 SWEEP_GAP_S = 600.0
 

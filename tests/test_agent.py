@@ -16,12 +16,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
 from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.agent.job_table import JobTable
 from gpudiag.agent.signals import MAX_SIGNAL_BYTES, parse_signal
 from gpudiag.collectors.nvml import NO_BACKEND_REASON, ReplayBackend
-from prometheus_client import CollectorRegistry, generate_latest
-
 from gpudiag.jobsignal import write_signal
 from tests.harness import free_port, prometheus_server, wait_http
 from tests.replay import GpuFallsOffTheBus

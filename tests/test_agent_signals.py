@@ -17,13 +17,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
 from gpudiag.agent.attribution import JobAttribution, JobOwners
 from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.agent.job_table import JobTable
 from gpudiag.agent.signals import BadSignal, JobTableError, parse_signal, read_job_table
 from gpudiag.collectors.nvml import ReplayBackend
-from prometheus_client import CollectorRegistry, generate_latest
-
 from gpudiag.jobsignal import write_signal
 from tests.harness import unix_users
 from tests.test_agent import REPLAY, Agent, full_signal, sample_value

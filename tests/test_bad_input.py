@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpudiag.analyzers.diagnose import diagnose
 
+from gpudiag.analyzers.diagnose import diagnose
 from gpudiag.diagnosis import Bottleneck
 from gpudiag.errors import TraceError
 from gpudiag.rundir import RunInfo, write_run

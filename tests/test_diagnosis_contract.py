@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
 
+from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
 from gpudiag.devices import DEVICE_TABLE, lookup_device, match_device
 from gpudiag.diagnosis import Diagnosis
 from gpudiag.errors import BadInput

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from gpudiag.analyzers.compare import MIN_STEPS, NO_CHANGE, compare, mann_whitney_p, step_change
 from gpudiag.analyzers.diagnose import diagnose
-
 from gpudiag.diagnosis import Bottleneck, Dilation, TimeBreakdown, Verdict
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from gpudiag.analyzers.breakdown import rank_breakdown
 from gpudiag.analyzers.op_args import KIND_EMBEDDING, KIND_OPTIMIZER
 from gpudiag.analyzers.op_tree import counted_ops

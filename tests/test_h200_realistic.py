@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
-from gpudiag.analyzers.diagnose import diagnose
 
+from gpudiag.analyzers.diagnose import diagnose
 from gpudiag.diagnosis import Bottleneck
 
 H200 = Path(__file__).parent / "fixtures" / "h200"

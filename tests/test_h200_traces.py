@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from gpudiag.analyzers.diagnose import diagnose
 
+from gpudiag.analyzers.diagnose import diagnose
 from gpudiag.diagnosis import Bottleneck
 
 H200 = Path(__file__).parent / "fixtures" / "h200"

@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 import pytest
-from gpudiag.analyzers.diagnose import diagnose
 
+from gpudiag.analyzers.diagnose import diagnose
 from tests.conftest import GPU_TRACE_DIRS, REPO, SHARED_ENV
 
 TOLERANCE_PP = 1.0

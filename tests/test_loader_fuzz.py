@@ -10,11 +10,11 @@ import gzip
 import json
 from pathlib import Path
 
-from gpudiag.analyzers.diagnose import analyze_rank
-from gpudiag.analyzers.trace_loader import decode_trace, load_rank
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpudiag.analyzers.diagnose import analyze_rank
+from gpudiag.analyzers.trace_loader import decode_trace, load_rank
 from gpudiag.errors import TraceError
 from tests.conftest import TRACES
 

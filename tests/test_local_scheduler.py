@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from gpudiag.scheduler.local.protocol import call
 
+from gpudiag.scheduler.local.protocol import call
 from tests.harness import unix_users
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,6 @@ import threading
 import time
 
 from gpudiag.scheduler.local.runner import alive, find_launches
-
 from tests.test_local_scheduler import WAIT_S, Sched
 
 KILLS = 50

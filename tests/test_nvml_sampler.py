@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from gpudiag.collectors.nvml import (
     GPM_MIN_INTERVAL_S,
     NO_BACKEND_REASON,
@@ -18,7 +19,6 @@ from gpudiag.collectors.nvml import (
     open_backend,
     read_samples,
 )
-
 from tests.replay import GpuFallsOffTheBus
 
 H200 = Path(__file__).parent / "fixtures" / "h200"

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpudiag.analyzers.compare import compare
 from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
 from gpudiag.collectors.cpu_peak import cpu_peak
-from gpudiag.reports.html import render_diff, render_report
-
 from gpudiag.diagnosis import Diagnosis, RunSummary, Series, Stragglers, Timeline
+from gpudiag.reports.html import render_diff, render_report
 
 REPO = Path(__file__).resolve().parents[1]
 from tests.conftest import SHARED, TRACES  # noqa: E402  (one place decides where test data is)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
 from gpudiag.analyzers.roofline import RooflineAcc, roof_violations, work_bounds
 from gpudiag.analyzers.trace_loader import find_trace_files, load_rank
-
 from gpudiag.devices import DevicePeak, match_device
 from tests.conftest import (
     GPU_TRACE_DIRS,

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Job, Placement, Policy, Running, Signal, TeamShare, Tier
 from gpudiag.scheduler.pending import PendingQueue
 from gpudiag.scheduler.placement import Rule, place, reserve, whole_nodes
 from gpudiag.scheduler.policy import explain, order_queue, plan_pass, schedule
 from gpudiag.scheduler.priority import MfuBook, efficiency_factor, fair_share_delay
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 NOW = 100_000.0
 LABELS = ["compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound", "unknown"]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpudiag.scheduler.metrics import KEYS, summarise
 from gpudiag.scheduler.mfu_model import synthesise
 from gpudiag.scheduler.model import Cluster, Policy

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpudiag.scheduler.model import Tier
-from gpudiag.scheduler.traces import SWEEP_GAP_S, read_trace, slurm_duration
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudiag.errors import BadInput
+from gpudiag.scheduler.model import Tier
+from gpudiag.scheduler.traces import SWEEP_GAP_S, read_trace, slurm_duration
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "clusters"
 

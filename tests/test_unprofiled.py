@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpudiag.analyzers.classify import INPUT_HIGH
 from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
-
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.rundir import PROFILER_EXPORT, PROFILER_TRACED, PROFILER_WARMUP, read_bootstrap, read_steps
 from tests.conftest import REPO, SHARED

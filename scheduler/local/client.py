@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpudiag.errors import BadInput, GpudiagError
 from gpudiag.scheduler.local.config import check_client_dir, default_state_dir
 from gpudiag.scheduler.local.protocol import Refused, call
-
-from gpudiag.errors import BadInput, GpudiagError
 
 
 def ask(state_dir: Path | None, req: dict) -> dict:

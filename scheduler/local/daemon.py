@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpudiag.errors import BadInput
 from gpudiag.scheduler.local import protocol
 from gpudiag.scheduler.local.config import (
     DB_NAME,
@@ -35,8 +36,6 @@ from gpudiag.scheduler.local.store import ACTIVE, CANCELLED, FINAL, PENDING, Job
 from gpudiag.scheduler.model import Policy, Signal
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.signals import SignalRead, SignalSource
-
-from gpudiag.errors import BadInput
 
 TICK_S = 1.0              # grace periods and time limits are seconds; a second late is fine
 SIGNAL_PERIOD_S = 5.0     # the agent hears from a job every 15 s; reading it 3x as often suffices

@@ -18,9 +18,10 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from gpudiag.scheduler.model import LABELS, Signal
 from gpudiag.scheduler.signals import SignalRead
-from prometheus_client.parser import text_string_to_metric_families
 
 JOB_PREFIX = "slurm:"
 HTTP_TIMEOUT_S = 5.0
