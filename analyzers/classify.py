@@ -79,6 +79,26 @@ LOST_PENALTY_PER_SHARE = 1.0
 LOST_REFUSE = 0.5
 
 
+# Traced steps slowed this much or more are mostly the profiler's own cost (at 5x, 80% of each
+# traced step): how the remaining, real step divides between its parts is then a model, not a
+# measurement, whatever the estimate does. Its label loses this much confidence and says why.
+EXTREME_DILATION = 5.0
+PENALTY_EXTREME_DILATION = 0.3
+
+
+def account_for_dilation(v: Verdict, factor: float | None) -> Verdict:
+    """The verdict of an unprofiled estimate, its confidence lowered when the profiler dwarfed
+    the job's own work in the traced steps."""
+    if factor is None or factor < EXTREME_DILATION:
+        return v
+    conf = max(CONFIDENCE_MIN, v.confidence - PENALTY_EXTREME_DILATION)
+    level = ("high" if conf >= CONFIDENCE_HIGH else "medium" if conf >= CONFIDENCE_MEDIUM else "low")
+    return replace(v, confidence=round(conf, 2), confidence_level=level,
+                   summary=f"{v.summary} (confidence lowered: the profiler slowed the traced steps "
+                           f"{factor:.0f}x, so the split of the real step is estimated, not measured; "
+                           "trace a larger batch or fewer, larger ops)")
+
+
 def account_for_lost_events(v: Verdict, lost: int, total: int, gpu_lost: int, gpu_total: int
                             ) -> Verdict:
     """The verdict, its confidence lowered (or refused) for what the trace lost, and why."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from gpudiag import __version__
 from gpudiag.analyzers.breakdown import gpu_span_breakdown, rank_breakdown, sum_breakdowns
-from gpudiag.analyzers.classify import account_for_lost_events, classify
+from gpudiag.analyzers.classify import account_for_dilation, account_for_lost_events, classify
 from gpudiag.analyzers.communication import collective_acc, finish_collectives
 from gpudiag.analyzers.mfu import compute_mfu, note_uncosted
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, build_roofline, roof_violations, work_bounds
@@ -349,7 +349,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
             mfu = compute_mfu(results, device, dtype, flops_per_step, shapes,
                               untraced_step_us=dilation.untraced_step_us)
             traced_verdict = verdict
-            verdict = verdict_of(unprofiled, mfu)
+            verdict = account_for_dilation(verdict_of(unprofiled, mfu), dilation.factor)
             basis = "unprofiled-estimate"
         elif timer is not None:
             warnings.append(f"the step timer holds {len(timer[1])} untraced steps (after the first "

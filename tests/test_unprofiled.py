@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.analyzers.classify import INPUT_HIGH
+from gpudiag.analyzers.classify import EXTREME_DILATION, INPUT_HIGH, account_for_dilation
 from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.rundir import PROFILER_EXPORT, PROFILER_TRACED, PROFILER_WARMUP, read_bootstrap, read_steps
@@ -182,3 +182,14 @@ def test_an_input_bound_cpu_job_under_monitor_stays_input_bound(tmp_path):
     # XProf's "highly input-bound": at least 20% of the step waiting for input (the CPU share
     # itself moves with this shared machine's load, so no tighter bound than the label's own)
     assert d.unprofiled.input_wait / d.unprofiled.step_time >= INPUT_HIGH, why
+
+
+
+def test_an_extreme_dilation_lowers_the_confidence_and_says_why():
+    """Traced steps slowed 5x or more are mostly the profiler: the real step's split is a model."""
+    d = diagnose(shared_run("h100-gpt-small"), jobs=1)
+    v = d.verdict
+    assert account_for_dilation(v, d.dilation.factor) == v  # 1.6x: left alone
+    worse = account_for_dilation(v, EXTREME_DILATION * 2)
+    assert worse.label is v.label and worse.confidence < v.confidence
+    assert "estimated, not measured" in worse.summary and "10x" in worse.summary
