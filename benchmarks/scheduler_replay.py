@@ -173,7 +173,7 @@ def main() -> int:
     if not a.no_ablation:
         print("\n4. Ablation (gpudiag with one mechanism changed)")
         header()
-        for field in ("efficiency", "fair_share", "label_aware_placement", "spread_small"):
+        for field in ("efficiency", "fair_share", "team_queues", "label_aware_placement", "spread_small"):
             run(f"no {field}", jobs, mfu, cluster, dataclasses.replace(Policy(), **{field: False}))
         run("spread unlabelled jobs too", jobs, mfu, cluster,
             dataclasses.replace(Policy(), spread_unknown=True))

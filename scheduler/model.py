@@ -155,6 +155,16 @@ class Policy:
     order: str = "priority"
     efficiency: bool = True               # low MFU / GPU-idle label lowers priority
     fair_share: bool = True               # team use above quota lowers priority
+    # Per-team queues (scheduler/team_queues.py): inside a tier the next job comes from the team
+    # whose (GPUs in use + GPUs given earlier in the order) / quota is lowest. Only with
+    # order="priority". A job that has waited team_overdue_s goes ahead of the interleave: the
+    # starvation bound. Three weeks, measured on the Philly replay (59 nodes; EASY's waits: mean
+    # 4.3 days, longest 16): overdue jobs, in arrival order, are the over-quota teams' and take
+    # GPUs from the teams below quota, so a short bound undoes the interleave (worst team's
+    # share of its quota: 57% at 3 and 7 days, 60% at 14, 76% at 21, 81% with no bound), while
+    # with no bound the longest wait grows to 2.3x EASY's (21 days: 1.5x).
+    team_queues: bool = True
+    team_overdue_s: float = 21 * 86400.0
     label_aware_placement: bool = True    # communication-bound jobs wait for one node / fewest racks
     spread_small: bool = True             # a one-node job may span a rack's nodes when no node fits
     spread_unknown: bool = False          # ... even when its label is unknown (policy.may_spread)
@@ -190,18 +200,30 @@ class Policy:
         bonuses by at most the bonus cap, so two jobs submitted further apart than their sum
         keep their arrival order: the set of jobs that can pass a given job is finite, and with
         the head's reservation (EASY) every job starts in bounded time - no starvation.
+
+        Per-team queues (``team_queues``) may put a job behind a later job of a team further
+        below its quota, but only while it has waited less than ``team_overdue_s``; then it goes
+        ahead of every job of its tier that has not (``team_queues.interleave``). A job passed
+        by a later one has waited at least their submit difference, so the bound is the larger
+        of ``team_overdue_s`` and the shift bound above.
         """
+        if self.order != "priority":
+            return 0.0
         pen = (self.max_efficiency_delay_s if self.efficiency else 0.0) + (
             self.max_fair_share_delay_s if self.fair_share else 0.0)
         bonus = self.max_fair_share_bonus_s if self.fair_share else 0.0
-        return pen + bonus if self.order == "priority" else 0.0
+        return max(pen + bonus, self.team_overdue_s) if self.uses_team_queues else pen + bonus
+
+    @property
+    def uses_team_queues(self) -> bool:
+        return self.team_queues and self.order == "priority"
 
     @classmethod
     def fifo(cls) -> Policy:
         return cls(name="fifo", backfill=False, order="arrival", efficiency=False, fair_share=False,
-                   label_aware_placement=False, spread_small=False, preemption=False)
+                   team_queues=False, label_aware_placement=False, spread_small=False, preemption=False)
 
     @classmethod
     def easy(cls) -> Policy:
         return cls(name="easy", backfill=True, order="arrival", efficiency=False, fair_share=False,
-                   label_aware_placement=False, spread_small=False, preemption=False)
+                   team_queues=False, label_aware_placement=False, spread_small=False, preemption=False)

@@ -103,6 +103,16 @@ class PendingQueue:
         self.jobs = self.jobs[keep]
         self.num = self.num[keep]
 
+    def permute(self, perm: np.ndarray) -> None:
+        """Put the rows in the order ``perm`` (e.g. ``team_queues.interleave``'s); ``insert``
+        then places by key within the tier, and the runtime re-interleaves before its pass."""
+        self.jobs = self.jobs[perm]
+        self.num = self.num[perm]
+
+    @property
+    def neg_tier(self) -> np.ndarray:
+        return self.num[:, _NEGTIER]
+
     def reorder(self, keys: np.ndarray, kinds: np.ndarray) -> None:
         """New keys/kinds for the jobs in their current order; re-sorts (stable)."""
         self.num[:, _KEY] = keys

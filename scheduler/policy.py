@@ -39,6 +39,7 @@ from gpudiag.scheduler.priority import (
     signal_usable,
     sort_key,
 )
+from gpudiag.scheduler.team_queues import interleave, team_quotas
 
 
 def rule_at(q: PendingQueue, i: int, policy: Policy) -> Rule:
@@ -172,8 +173,13 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
 
 def order_queue(pending: Sequence[Job], running: Sequence[Running], signals: Mapping[int, Signal],
                 history: MfuBook, now: float, policy: Policy, per_node: int,
-                teams: Mapping[str, TeamShare] | None = None) -> PendingQueue:
-    """The pending jobs in the order the pass walks them, each with its placement kind and why."""
+                teams: Mapping[str, TeamShare] | None = None, total_gpus: int | None = None) -> PendingQueue:
+    """The pending jobs in the order the pass walks them, each with its placement kind and why.
+
+    With ``Policy.uses_team_queues`` the teams are interleaved by quota (``team_queues``): a
+    team's use is the GPUs its running jobs hold now, its quota ``teams[team].quota_gpus``;
+    ``total_gpus`` sizes the equal share of a team without a quota.
+    """
     rows = []
     for job in pending:
         sig = signals.get(job.id)
@@ -190,7 +196,26 @@ def order_queue(pending: Sequence[Job], running: Sequence[Running], signals: Map
         why = "; ".join(w for w in (why_e if factor < 1.0 else "", why_f) if w)
         rows.append((sort_key(job, effective_submit(job, factor, delay, policy)), job,
                      kind_for(job, per_node, policy, label), why))
-    return PendingQueue.build(rows)
+    q = PendingQueue.build(rows)
+    if policy.uses_team_queues and len(q):
+        q.permute(fair_order(q, running, teams, now, policy, total_gpus))
+    return q
+
+
+def fair_order(q: PendingQueue, running: Sequence[Running], teams: Mapping[str, TeamShare] | None,
+               now: float, policy: Policy, total_gpus: int | None) -> np.ndarray:
+    """``team_queues.interleave`` for a queue built from Job objects (the stateless runtimes)."""
+    quota = team_quotas({j.team for j in q.jobs} | {r.job.team for r in running},
+                        {t: s.quota_gpus for t, s in (teams or {}).items()}, total_gpus)
+    names = sorted(quota)
+    index = {t: i for i, t in enumerate(names)}
+    use = np.zeros(len(names))
+    for r in running:
+        use[index[r.job.team]] += r.job.gpus
+    team = np.array([index[j.team] for j in q.jobs], dtype=np.int64)
+    submit = np.array([j.submit for j in q.jobs])
+    return interleave(q.neg_tier, team, q.key, q.tag, q.gpus, submit, use,
+                      np.array([quota[t] for t in names]), now, policy.team_overdue_s)
 
 
 def schedule(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],
@@ -204,7 +229,8 @@ def schedule(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running
     state = ClusterState(cluster)
     for r in running:
         state.occupy(r.placement)
-    queue = order_queue(pending, running, signals, history, now, policy, state.max_gpus, teams)
+    queue = order_queue(pending, running, signals, history, now, policy, state.max_gpus, teams,
+                        state.total_gpus)
     by_end = sorted(((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0])
 
     def mfu_of(r: Running) -> float:
@@ -258,7 +284,8 @@ def explain(job_id: int, cluster: Cluster, pending: Sequence[Job], running: Sequ
     state = ClusterState(cluster)
     for r in running:
         state.occupy(r.placement)
-    queue = order_queue(pending, running, signals, history, now, policy, state.max_gpus, teams)
+    queue = order_queue(pending, running, signals, history, now, policy, state.max_gpus, teams,
+                        state.total_gpus)
     decisions = {d.job_id: d for d in plan_pass(state, queue, sorted(
         ((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0]), now, policy)}
     why = wait_reasons(state, queue, decisions, policy).get(job_id)

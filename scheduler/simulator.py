@@ -50,6 +50,7 @@ from gpudiag.scheduler.priority import (
     job_class,
 )
 from gpudiag.scheduler.slowdown import slowdown
+from gpudiag.scheduler.team_queues import interleave, team_quotas
 from gpudiag.scheduler.traces import TraceJob
 
 LEARN_AFTER_S = 600.0
@@ -245,6 +246,9 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
                                      whole.class_median(job_class(s.job.gpus)))
             pr.learned[i], pr.own_comm[i] = True, s.label == COMM_LABEL
             pr.own_delay[i] = (1.0 - f) * policy.max_efficiency_delay_s
+    fair_teams = policy.uses_team_queues
+    q_all = team_quotas(pr.team_names, quotas, state.total_gpus)
+    team_quota = np.array([q_all[t] for t in pr.team_names])
     queue = PendingQueue()
     running: dict[int, Running] = {}
     by_end: list[tuple[float, int, Placement]] = []
@@ -334,6 +338,11 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
             k, kinds = pr.keys(queue.tag, now, per)
             queue.reorder(k, kinds)
             next_calc = now + PRIORITY_CALC_PERIOD_S
+        if fair_teams:   # team use changes with every start and end: interleave before every pass
+            use = np.array([teams.gpus[t] for t in pr.team_names], float)
+            tags = queue.tag
+            queue.permute(interleave(queue.neg_tier, pr.team_i[tags], queue.key, tags, queue.gpus,
+                                     pr.sub[tags], use, team_quota, now, policy.team_overdue_s))
         decisions = plan_pass(state, queue, by_end, now, policy,
                               (lambda: list(running.values())) if preemptive else None, mfu_of)
         started = []

@@ -262,3 +262,72 @@ def test_cluster_state_refuses_double_use():
         raise AssertionError("a GPU in use was occupied again")
     state.release(pl)
     assert state.total_free == 4 and state.whole == [0]
+
+
+def _greedy_team_order(q0, running, quota, now, overdue_s):
+    """Per-team queues by their written rule, in plain Python: per tier, the overdue jobs in
+    queue order, then repeatedly the head of the team whose (use + given) / quota is lowest
+    (ties: lower key, then earlier in the queue)."""
+    given = dict.fromkeys(quota, 0.0)
+    for r in running:
+        given[r.job.team] += r.job.gpus
+    rows = [(j, float(k), pos) for pos, (j, k) in enumerate(zip(q0.jobs, q0.key, strict=True))]
+    out = []
+    for tier in sorted({j.tier for j, _, _ in rows}, reverse=True):
+        mine = [r for r in rows if r[0].tier == tier]
+        fresh = [r for r in mine if now - r[0].submit < overdue_s]
+        for j, _, _ in (r for r in mine if now - r[0].submit >= overdue_s):
+            out.append(j)
+            given[j.team] += j.gpus
+        while fresh:
+            heads = {}
+            for r in fresh:
+                heads.setdefault(r[0].team, r)
+            j, k, pos = min(heads.values(), key=lambda r: (given[r[0].team] / quota[r[0].team], r[1], r[2]))
+            fresh.remove((j, k, pos))
+            out.append(j)
+            given[j.team] += j.gpus
+    return [j.id for j in out]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds(), st.floats(0, 60_000))
+def test_team_queues_interleave_by_quota_and_keep_the_starvation_bound(world, overdue_s):
+    cluster, running, pending, signals, book, _, teams = world
+    policy = dataclasses.replace(Policy(), team_overdue_s=overdue_s)
+    total = cluster.total_gpus
+    q = order_queue(pending, running, signals, book, NOW, policy, 8, teams, total)
+    q0 = order_queue(pending, running, signals, book, NOW, dataclasses.replace(policy, team_queues=False),
+                     8, teams, total)
+    seen = {"a", "b"} | {j.team for j in pending} | {r.job.team for r in running}
+    quota = {t: teams[t].quota_gpus if t in teams else total / len(seen) for t in seen}
+    assert [j.id for j in q.jobs] == _greedy_team_order(q0, running, quota, NOW, overdue_s)
+    jobs = list(q.jobs)
+    for i, later in enumerate(jobs):
+        for earlier in jobs[:i]:
+            if earlier.tier == later.tier:
+                assert earlier.submit <= later.submit + policy.aging_bound_s + 1e-3
+                if NOW - later.submit >= overdue_s:   # overdue: only other overdue jobs are ahead
+                    assert NOW - earlier.submit >= overdue_s
+
+
+def test_team_under_quota_goes_first_until_an_overdue_job_of_any_team():
+    cluster = Cluster.uniform(2, 8, 1)
+    state = ClusterState(cluster)
+    busy = Running(Job(1, 4, 0.0, 1e6, team="a"), state.allocate([(0, 4)]), 0.0, 1e6, 0.0)
+    p = Policy()
+    old = Job(10, 1, NOW - p.team_overdue_s - 1, 100.0, team="a")
+    a1, a2 = Job(11, 2, NOW - 5000, 100.0, team="a"), Job(12, 2, NOW - 4900, 100.0, team="a")
+    b = [Job(20 + i, 2, NOW - 100 + i, 100.0, team="b") for i in range(3)]
+    teams = {"a": TeamShare(4.0, 4.0), "b": TeamShare(4.0, 0.0)}
+    args = ([old, a1, a2, *b], [busy], {}, MfuBook(1e6), NOW)
+    off = order_queue(*args, dataclasses.replace(p, team_queues=False), 8, teams, 16)
+    assert [j.id for j in off.jobs] == [10, 11, 12, 20, 21, 22]      # by (shifted) submit time
+    on = order_queue(*args, p, 8, teams, 16)
+    # a holds 4 + 1 (the overdue job) of its 4: b's ratios 0, 0.5, 1.0 come before a's 1.25, 1.75
+    assert [j.id for j in on.jobs] == [10, 20, 21, 22, 11, 12]
+    # a team without a quota gets an equal share of the 16 GPUs among the 3 teams seen
+    c = Job(30, 8, NOW - 10, 100.0, team="c")
+    assert [j.id for j in order_queue([a1, c], [busy], {}, MfuBook(1e6), NOW, p, 8, teams, 16).jobs] \
+        == [30, 11]   # c: 0 / 5.33 before a: 4 / 4
+    assert Policy.easy().aging_bound_s == 0.0 and p.aging_bound_s == p.team_overdue_s

@@ -256,3 +256,17 @@ def test_tiresias_60_job_trace_first_jobs_by_hand(clusters, name):
         jobs, mfu, cl, Policy.fifo() if name == "fifo" else Policy.easy())
     start = {s.trace_id: s.first_start for s in res.jobs}
     assert [start[i] for i in range(6)] == [0, 30, 53, 79, 99, 177]
+
+
+def test_team_queues_give_a_late_team_its_share_of_a_busy_cluster():
+    # one node of 2 GPUs; teams a and b offer equal load (quota 1 GPU each). a submits four
+    # 1-GPU jobs of 1000 s at t=0..3, b four at t=4..7. EASY runs a's four first (b from 2000).
+    # Per-team queues: at 1000 a holds 1 GPU (a1) and b none, so b0 goes before a2; at 1001 a
+    # holds none and b one, so a2; the teams then alternate.
+    jobs = [TraceJob(i, float(i), 1000.0, 1, "a" if i < 4 else "b", f"k{i}") for i in range(8)]
+    mfu = {j.id: (0.3, "compute-bound") for j in jobs}
+    cl = Cluster.uniform(1, 2, 1)
+    easy = {s.trace_id: s.first_start for s in simulate(jobs, mfu, cl, Policy.easy()).jobs}
+    fair = {s.trace_id: s.first_start for s in simulate(jobs, mfu, cl, Policy()).jobs}
+    assert [easy[i] for i in range(8)] == [0, 1, 1000, 1001, 2000, 2001, 3000, 3001]
+    assert [fair[i] for i in range(8)] == [0, 1, 1001, 2001, 1000, 2000, 3000, 3001]

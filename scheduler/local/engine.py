@@ -120,7 +120,7 @@ class Engine:
         for r in running:
             state.occupy(r.placement)
         queue = order_queue([job_of(r) for r in pending], running, signals, self.book, now, policy,
-                            state.max_gpus, teams_of(self.quota, active))
+                            state.max_gpus, teams_of(self.quota, active), state.total_gpus)
         by_end = sorted(((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0])
         decided = {d.job_id: d for d in plan_pass(state, queue, by_end, now, policy)}
         order = [j.id for j in queue.jobs]
