@@ -287,3 +287,30 @@ def test_a_job_with_its_own_collectors_agent_packages_is_profiled_and_traced(tmp
     assert "bootstrap not armed" not in proc.stderr
     assert (run / "traces" / "rank-0.json.gz").exists()
     assert len(Diagnosis.from_json((run / "diagnosis.json").read_text()).ranks[0].steps) == 2
+
+
+def test_a_job_whose_python_has_torch_but_not_gpudiag_is_traced(tmp_path):
+    """gpudiag installed in one environment (pipx, a tools venv), the job in another that has
+    torch only: the bootstrap loads its module by file, so the job is still traced."""
+    import sysconfig
+    import venv
+
+    env_dir = tmp_path / "job-env"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    job_python = env_dir / "bin" / "python"
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = subprocess.run([str(job_python), "-c", where], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    # torch (and numpy) from this environment's site-packages, read as a plain path: its .pth
+    # files, gpudiag's editable finder among them, are not processed there
+    Path(purelib, "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = subprocess.run([str(job_python), "-c", "import torch, importlib.util; "
+                            "print(importlib.util.find_spec('gpudiag') is None)"],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert probe.stdout.strip() == "True", probe.stderr  # the job's Python cannot import gpudiag
+    run = tmp_path / "run"
+    proc = gpudiag("profile", "--out", str(run), "--skip", "2", "--steps", "2", "--",
+                   str(job_python), str(JOB), "--steps", "10")
+    assert proc.returncode == 0, proc.stderr
+    assert "bootstrap not armed" not in proc.stderr
+    assert (run / "traces" / "rank-0.json.gz").exists()
