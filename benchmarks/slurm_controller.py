@@ -96,7 +96,7 @@ def prometheus_answers(doc: dict, rng: random.Random) -> dict[str, bytes]:
     out = {
         "mfu": vec("gpudiag_job_mfu_ratio", lambda j: round(rng.uniform(0.02, 0.6), 3)),
         "confidence": vec("gpudiag_job_signal_confidence", lambda j: 0.9),
-        "age": vec("gpudiag_job_signal_age_seconds", lambda j: 30),
+        "seen": vec("gpudiag_job_last_signal_timestamp_seconds", lambda j: round(now - 30, 3)),
         "label": [{"metric": {"job_id": f"slurm:{j}", "instance": "n:9835", "label": labels[j]},
                    "value": [now, "1"]} for j in running],
     }

@@ -17,8 +17,8 @@ import urllib.request
 from pathlib import Path
 
 from gpudiag.agent.signals import JobTableError, read_job_table
-from gpudiag.scheduler.model import LABELS, Signal
-from gpudiag.scheduler.signals import SignalRead
+from gpudiag.scheduler.model import Signal
+from gpudiag.scheduler.signals import SignalRead, parse_metrics
 
 SCRAPE_TIMEOUT_S = 2.0          # a scheduling tick must not hang on a wedged agent
 MAX_SCRAPE_BYTES = 32 * 1024 * 1024
@@ -66,28 +66,3 @@ class MetricsSource:
             return SignalRead(parse_metrics(text, now))
         except ValueError as e:
             return SignalRead(available=False, why=f"agent at {self.url}: unparseable metrics: {e}")
-
-
-def parse_metrics(text: str, now: float) -> dict[str, Signal]:
-    """Per job_id, a Signal from the agent's exposition (only jobs that exported an MFU)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    mfu: dict[str, float] = {}
-    conf: dict[str, float] = {}
-    last: dict[str, float] = {}
-    label: dict[str, str] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            job = s.labels.get("job_id")
-            if not job:
-                continue
-            if s.name == "gpudiag_job_mfu_ratio":
-                mfu[job] = float(s.value)
-            elif s.name == "gpudiag_job_signal_confidence":
-                conf[job] = float(s.value)
-            elif s.name == "gpudiag_job_last_signal_timestamp_seconds":
-                last[job] = float(s.value)
-            elif s.name == "gpudiag_job_bottleneck" and s.value == 1 and s.labels.get("label") in LABELS:
-                label[job] = s.labels["label"]
-    return {j: Signal(mfu=m, label=label.get(j, "unknown"), confidence=conf.get(j, 0.0),
-                      age_s=max(0.0, now - last[j]) if j in last else float("inf")) for j, m in mfu.items()}

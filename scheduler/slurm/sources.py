@@ -2,10 +2,11 @@
 
 Both implement ``gpudiag.scheduler.signals.SignalSource`` and return agent job ids
 (``slurm:<id>``) -> ``Signal``. A job's signal is its MFU, its current label (the one
-``gpudiag_job_bottleneck{label}`` series at 1), the label's confidence and the age of the trace
-behind them (``gpudiag_job_signal_age_seconds``, plus how old Prometheus' sample is). A job
-without an age series gets an infinite age and a job without a confidence 0, so the policy
-ignores it (stale or weak signals are never acted on). A job reported by several agents (a
+``gpudiag_job_bottleneck{label}`` series at 1), the label's confidence and how long ago the
+agent last heard from the job (``gpudiag_job_last_signal_timestamp_seconds``; the policy's
+``Signal.age_s``). A job without
+that series gets an infinite age and a job without a confidence 0, so the policy ignores it
+(stale or weak signals are never acted on). A job reported by several agents (a
 multi-node job) keeps its freshest report.
 """
 
@@ -18,10 +19,8 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from gpudiag.scheduler.model import LABELS, Signal
-from gpudiag.scheduler.signals import SignalRead
+from gpudiag.scheduler.signals import SignalRead, parse_metrics
 
 JOB_PREFIX = "slurm:"
 HTTP_TIMEOUT_S = 5.0
@@ -31,10 +30,8 @@ QUERIES = {
     "mfu": f"gpudiag_job_mfu_ratio{_SEL}",
     "label": f"gpudiag_job_bottleneck{_SEL} == 1",
     "confidence": f"gpudiag_job_signal_confidence{_SEL}",
-    "age": f"gpudiag_job_signal_age_seconds{_SEL}",
+    "seen": f"gpudiag_job_last_signal_timestamp_seconds{_SEL}",
 }
-_METRIC_OF = {"gpudiag_job_mfu_ratio": "mfu", "gpudiag_job_bottleneck": "label",
-              "gpudiag_job_signal_confidence": "confidence", "gpudiag_job_signal_age_seconds": "age"}
 
 
 @dataclass
@@ -71,7 +68,7 @@ def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[str, 
         if data.get("resultType") != "vector":
             raise ValueError(f"query {what}: result type {data.get('resultType')!r}, expected vector")
         for r in data.get("result", []):
-            metric, (ts, val) = r["metric"], r["value"]
+            metric, (_ts, val) = r["metric"], r["value"]
             job = metric.get("job_id", "")
             p = rows.setdefault((job, metric.get("instance", "")), _Partial())
             v = float(val)
@@ -81,8 +78,8 @@ def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[str, 
                 p.label = metric.get("label", "unknown")
             elif what == "confidence":
                 p.confidence = v
-            elif what == "age":   # the agent's age at scrape time, plus the sample's own age
-                p.age = v + max(0.0, now - float(ts))
+            elif what == "seen":  # when the agent last heard from the job
+                p.age = max(0.0, now - v)
     return _combine(rows)
 
 
@@ -107,29 +104,6 @@ class PrometheusSource:
             return SignalRead(available=False, why=f"Prometheus at {self.base}: unexpected answer: {e}")
 
 
-def parse_agent_metrics(text: str, instance: str) -> dict[tuple[str, str], _Partial]:
-    rows: dict[tuple[str, str], _Partial] = {}
-    for fam in text_string_to_metric_families(text):
-        what = _METRIC_OF.get(fam.name)
-        if what is None:
-            continue
-        for s in fam.samples:
-            job = s.labels.get("job_id", "")
-            if not job.startswith(JOB_PREFIX):
-                continue
-            p = rows.setdefault((job, instance), _Partial())
-            if what == "mfu":
-                p.mfu = s.value
-            elif what == "label":
-                if s.value == 1:
-                    p.label = s.labels.get("label", "unknown")
-            elif what == "confidence":
-                p.confidence = s.value
-            else:
-                p.age = s.value
-    return rows
-
-
 class AgentsSource:
     """Scrapes each agent's ``/metrics`` (``HOST:PORT``) itself: no Prometheus needed.
 
@@ -141,14 +115,18 @@ class AgentsSource:
         self.timeout = timeout
 
     def read(self, now: float) -> SignalRead:
-        rows: dict[tuple[str, str], _Partial] = {}
+        best: dict[str, Signal] = {}
         down = []
         for url in self.urls:
             try:
                 with urllib.request.urlopen(url, timeout=self.timeout) as r:  # noqa: S310 - admin's URL
-                    rows.update(parse_agent_metrics(r.read().decode(), url))
+                    found = parse_metrics(r.read().decode(), now, JOB_PREFIX)
             except (OSError, ValueError) as e:
                 down.append(f"{url}: {e}")
+                continue
+            for job, sig in found.items():  # a multi-node job: the freshest report wins
+                if job not in best or sig.age_s < best[job].age_s:
+                    best[job] = sig
         if down and len(down) == len(self.urls):
             return SignalRead(available=False, why="no agent answered: " + "; ".join(down))
-        return SignalRead(_combine(rows), why="; ".join(f"unreachable {d}" for d in down))
+        return SignalRead(best, why="; ".join(f"unreachable {d}" for d in down))
