@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gpudiag.analyzers.unprofiled import iqr_over_median
 from gpudiag.diagnosis import (
     DIFF_SCHEMA_VERSION,
     Bottleneck,
@@ -69,14 +70,6 @@ METHOD = (f"{CONFIDENCE:.0%} percentile bootstrap interval ({RESAMPLES} resample
           f"{RUN_TO_RUN_FLOOR:.0%}, and at least half the interquartile range of either run's steps)")
 
 
-def half_iqr(x: np.ndarray) -> float:
-    """Half the interquartile range over the median: the '±' of a run's step time. Quartiles as
-    ``statistics.quantiles`` takes them (Weibull's p(n+1) positions), the method behind
-    ``Dilation.untraced_spread``, so a report's "noise ±" and the diff's agree."""
-    q1, med, q3 = np.percentile(x, [25, 50, 75], method="weibull")
-    return float((q3 - q1) / 2 / med) if med > 0 else 0.0
-
-
 def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:
     """Two-sided p-value of the Mann-Whitney U test (normal approximation, tie- and
     continuity-corrected): are values of one sample systematically larger than the other's?"""
@@ -118,7 +111,7 @@ def step_change(before_s: Sequence[float], after_s: Sequence[float], *, confiden
     lo, hi = np.quantile(np.concatenate(ratios), [tail, 1 - tail]) - 1.0
     med_b, med_a = float(np.median(b)), float(np.median(a))
     change = med_a / med_b - 1.0
-    noise = max(floor, half_iqr(b), half_iqr(a))
+    noise = max(floor, iqr_over_median(b) / 2, iqr_over_median(a) / 2)
     significant = bool((lo > 0 or hi < 0) and abs(change) >= noise
                        and mann_whitney_p(b, a) < 1 - confidence)
     direction = NO_CHANGE if not significant else "slower" if change > 0 else "faster"

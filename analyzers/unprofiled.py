@@ -24,6 +24,7 @@ extra time from it is the last resort). It is unsafe, and says so, when:
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import replace
 
 from gpudiag.diagnosis import Dilation, TimeBreakdown
@@ -42,7 +43,10 @@ MODEL = ("step = the median untraced step of the job's own step timer; device wo
          "first, then from the input wait")
 
 
-def _iqr_over_median(xs: list[float]) -> float:
+def iqr_over_median(xs: Sequence[float]) -> float:
+    """Interquartile range over the median: how unsteady a run's steps are. Quartiles as
+    ``statistics.quantiles`` takes them (Weibull's p(n+1) positions). The report's "noise ±"
+    and ``gpudiag diff``'s noise floor are both half of it."""
     if len(xs) < 4:
         return 0.0
     q = statistics.quantiles(xs, n=4)
@@ -60,7 +64,7 @@ def measure_dilation(traced_s: list[float], untraced_s: list[float]) -> Dilation
         return None
     return Dilation(traced_step_us=t * 1e6, untraced_step_us=u * 1e6, factor=t / u,
                     traced_steps=len(traced_s), untraced_steps=len(untraced_s),
-                    untraced_spread=_iqr_over_median(untraced_s), model=MODEL)
+                    untraced_spread=iqr_over_median(untraced_s), model=MODEL)
 
 
 def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: str) -> TimeBreakdown:
