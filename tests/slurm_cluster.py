@@ -30,6 +30,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.harness import free_port
+
 NODE = "gpunode"
 GPUS = 4
 # The node claims more CPUs than this 2-core VM has (config_overrides lets slurmd accept the
@@ -51,11 +53,6 @@ class SlurmUnavailable(RuntimeError):
     pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def missing_binaries() -> list[str]:
     """Slurm/munge programs not on PATH (.ci/install-test-deps.sh installs them)."""
@@ -69,8 +66,8 @@ class SlurmCluster:
     def __init__(self, root: Path, scheduler_params: str = "") -> None:
         self.root = root
         self.host = socket.gethostname().split(".")[0]
-        self.ctld_port = _free_port()
-        self.slurmd_port = _free_port()
+        self.ctld_port = free_port()
+        self.slurmd_port = free_port()
         self.conf = root / "etc" / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.socket"
         self.extra_sched = scheduler_params

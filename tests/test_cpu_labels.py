@@ -8,12 +8,13 @@ and the numbers behind it. Failures print the verdict's evidence shares.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.harness import free_port
 
 torch = pytest.importorskip("torch")
 
@@ -54,12 +55,6 @@ def _analyze(target: Path) -> dict:
 def _why(d: dict) -> str:
     v = d["verdict"]
     return f"verdict {v['label']} ({v['confidence']}), evidence {v['evidence']}: {v['summary']}"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_slow_dataset_with_num_workers_0_is_input_bound(tmp_path: Path) -> None:
@@ -114,7 +109,7 @@ def comm_diagnosis(tmp_path_factory: pytest.TempPathFactory, gpudiag_cache: Path
     out = tmp_path_factory.mktemp("comm_bound")
     for attempt in range(2):  # the free port can be taken before torchrun binds it
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                str(WORKLOADS / "comm_bound.py"), "--profile-out", str(out)]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
         if proc.returncode == 0 or attempt == 1 or "address already in use" not in proc.stderr.lower():

@@ -14,6 +14,7 @@ import pytest
 
 from gpudiag.diagnosis import Diagnosis
 from gpudiag.rundir import read_run
+from tests.harness import free_port
 
 JOB = Path(__file__).parent / "jobs" / "loop_job.py"
 # recorded by gpudiag profile's own sampler on an H200 (holds GPM NaNs, as NVML returns them)
@@ -201,19 +202,11 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, args, needle):
     assert "Traceback" not in proc.stderr
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_rank_gloo_torchrun_job_is_communication_bound(tmp_path):
     run = tmp_path / "run"
     proc = gpudiag("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--json", "--",
                    sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                   "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+                   "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                    str(Path(__file__).parent / "jobs" / "gloo_job.py"), "--steps", "10", timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (run / "traces").iterdir()) == ["rank-0.json.gz", "rank-1.json.gz"]
