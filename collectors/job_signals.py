@@ -23,7 +23,7 @@ RECENT_STEPS = 50
 def step_stats(run_dir: Path) -> tuple[float | None, dict[str, float], int]:
     """(median of the recent untraced steps in seconds, collective seconds so far, last step)
     from rank 0. Untraced only: a step the profiler slowed is not the job's pace."""
-    rows = read_steps(run_dir).get(0, [])
+    rows = read_steps(run_dir, rank=0).get(0, [])  # every 15 s: one rank's file, not all of them
     colls: dict[str, float] = {}
     for r in rows:
         for name, c in r.collectives.items():

@@ -172,12 +172,13 @@ class StepRow:
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None) -> dict[int, list[StepRow]]:
-    """Per rank, the step timer's rows (torn or malformed lines are skipped), each marked with
-    what the profiler did in that step."""
+def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
+               rank: int | None = None) -> dict[int, list[StepRow]]:
+    """Per rank (or only ``rank``), the step timer's rows (torn or malformed lines are skipped),
+    each marked with what the profiler did in that step."""
     boot = read_bootstrap(run_dir) if boot is None else boot
     out: dict[int, list[StepRow]] = {}
-    for f in sorted((run_dir / "samples").glob("steps-rank-*.jsonl")):
+    for f in sorted((run_dir / "samples").glob(f"steps-rank-{'*' if rank is None else rank}.jsonl")):
         try:
             rank = int(f.name[len("steps-rank-"):-len(".jsonl")])
         except ValueError:
@@ -227,7 +228,7 @@ def step_times(run_dir: Path, rank: int = 0, last: int | None = None) -> StepTim
     untraced steps: what a running job does now.
     """
     boot = read_bootstrap(run_dir)
-    rows = read_steps(run_dir, boot).get(rank)
+    rows = read_steps(run_dir, boot, rank).get(rank)
     if rows is None:
         return None
     return split_step_rows(rank, rows, last, boot.get(rank))
