@@ -108,6 +108,7 @@ def test_a_fifo_or_link_in_a_users_job_folder_is_refused_and_stalls_nobody(open_
         t0 = time.monotonic()
         queue = call(sock, {"op": "queue"}, timeout=10)
         assert queue["ok"] and time.monotonic() - t0 < 10
+        assert str(jid) in s.cli("queue").stdout   # the command line too (it would wait forever)
         answer = json.loads(hung.makefile("rb").readline())
     assert not answer["ok"] and f"stdout of job {jid} is a FIFO" in answer["error"], answer
     one_line_refusal(s.cli("logs", str(jid), check=False),

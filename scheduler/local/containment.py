@@ -189,8 +189,9 @@ class Containment:
         afterwards (a process takes a moment to die, longer in the kernel's uninterruptible
         sleep): the launch's slots stay taken until this is empty."""
         path = self.known.get(launch.marker)
+        keep = keep | {os.getpid()}   # the daemon is in a launch's cgroup only while it forks it
         victims = [p for p in self.processes(launch, scanned) if p.pid not in keep]
-        if path is not None and not keep:
+        if path is not None and not (keep & set(self._cgroup_pids(launch.marker))):
             with contextlib.suppress(OSError):
                 _write(path / "cgroup.kill", "1")
         for p in victims:

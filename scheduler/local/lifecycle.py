@@ -222,10 +222,17 @@ class Jobs:
             return None
 
     def _monitor_pids(self, row: JobRow) -> frozenset[int]:
-        """The wrapper and its own child (gpudiag profile): what may outlive the job's processes."""
-        wrapper = row.pid or 0
-        return frozenset({wrapper} | {p.pid for p in self.containment.processes(self.launch(row))
-                                      if p.ppid == wrapper})
+        """What may outlive the job's processes: the process tree under its wrapper, which once
+        gpudiag profile has reaped the job's command is the wrapper, profile and the workers of
+        its analysis (an orphan of the job is re-parented to init, out of that tree)."""
+        procs = self.containment.processes(self.launch(row))
+        keep = {row.pid or 0}
+        grew = True
+        while grew:
+            more = {p.pid for p in procs if p.ppid in keep} - keep
+            keep |= more
+            grew = bool(more)
+        return frozenset(keep)
 
     def _post_runs(self, now: float) -> None:
         for marker, pr in list(self.post_run.items()):
