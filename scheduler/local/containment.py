@@ -80,7 +80,7 @@ def _write(path: Path, text: str) -> None:
 
 
 class Containment:
-    """The daemon's way of holding launches: a cgroup each where it can, the marker always."""
+    """The daemon's way of holding launches: a cgroup each where it can, else the marker."""
 
     def __init__(self, prefix: str, use_cgroups: bool) -> None:
         self.prefix = prefix
@@ -92,7 +92,7 @@ class Containment:
 
     def describe(self) -> str:
         if self.base is not None:
-            return f"one cgroup v2 per job under {self.base} (cgroup.kill), and the launch marker"
+            return f"one cgroup v2 per job under {self.base} (killed with cgroup.kill)"
         return f"the launch marker only ({self.why})"
 
     def _probe(self) -> tuple[Path | None, str]:
@@ -138,9 +138,9 @@ class Containment:
 
     def discover(self) -> None:
         """After a restart: the cgroups of this scheduler's launches, wherever the daemon that
-        made them was (its own cgroup may have been another)."""
+        made them was (its own cgroup may have been another), also when this one makes none."""
         mount = _cgroup2_mount()
-        if mount is None or self.base is None:
+        if mount is None or os.geteuid() != 0:
             return
         head = f"gpudiag-{self.prefix}-"
         stack = [(mount, 0)]
