@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpudiag.scheduler.local.containment import Containment
 from gpudiag.scheduler.local.protocol import call
+from gpudiag.scheduler.local.store import read_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "tests" / "jobs"
@@ -92,13 +94,12 @@ class Sched:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.kill(signal.SIGTERM)
-        # jobs outlive the daemon by design: end what a test left running
-        for j in self.db():
-            if j["pid"] and j["state"] in ("running", "stopping"):
-                try:
-                    os.killpg(j["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        # jobs outlive the daemon by design: end what a test left running, cgroups included
+        if (self.state / "scheduler.db").exists():
+            Containment(self.prefix(), use_cgroups=False).end_all()
+
+    def prefix(self) -> str:
+        return read_prefix(self.state / "scheduler.db")
 
 
 def state_of(jobs: dict[int, dict], i: int) -> str:

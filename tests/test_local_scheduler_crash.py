@@ -12,7 +12,6 @@ import json
 import os
 import random
 import secrets
-import sqlite3
 import threading
 import time
 
@@ -27,11 +26,7 @@ TIERS = ("spot", "spot", "reserved", "on-demand")
 
 
 def prefix_of(s: Sched) -> str:
-    con = sqlite3.connect(f"file:{s.state / 'scheduler.db'}?mode=ro", uri=True)
-    try:
-        return con.execute("SELECT value FROM meta WHERE key='prefix'").fetchone()[0]
-    finally:
-        con.close()
+    return s.prefix()
 
 
 def launch_slots(pid: int) -> set[str]:

@@ -218,3 +218,12 @@ class Containment:
             raise
         del self.known[marker]
         return True
+
+    def end_all(self) -> None:
+        """Kill every launch of this scheduler and remove their cgroups: what a test or a
+        benchmark does after stopping a daemon whose jobs would otherwise outlive it."""
+        self.discover()
+        scanned = find_launches(self.prefix)
+        for marker in set(scanned) | set(self.known):
+            self.sweep(Launch(marker, None, None), scanned=scanned)
+            self.release(marker)
