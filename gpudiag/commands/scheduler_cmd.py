@@ -70,10 +70,14 @@ def scheduler() -> None:
               help="Read signals by scraping the agent instead, e.g. http://127.0.0.1:9835/metrics.")
 @click.option("--monitor/--no-monitor", default=True, show_default=True,
               help="Run each job under `gpudiag profile --monitor` (MFU and label to the agent).")
+@click.option("--cgroups/--no-cgroups", default=True, show_default=True,
+              help="One cgroup v2 per job where the host allows it (root, a writable cgroup2 mount), so "
+                   "no process of a job outlives it; the log's first line says which containment is in use "
+                   "(docs/scheduler-daemon.md).")
 @slurm_options
 def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tuple[str, ...],
           min_runtime: str, efficiency_delay: str, agent_dir: Path | None, agent_url: str | None,
-          monitor: bool, backend: str, **slurm: object) -> int | None:
+          monitor: bool, cgroups: bool, backend: str, **slurm: object) -> int | None:
     """Run the scheduler daemon in the foreground (jobs outlive it and are re-adopted).
 
     \b
@@ -103,5 +107,5 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     agent_state = None if agent_url else (agent_dir or agent_default())
     source = MetricsSource(agent_url) if agent_url else JobTableSource(agent_state / "jobs.json")
     daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, _quota(quota), source,
-                    monitor, agent_state)
+                    monitor, agent_state, cgroups)
     main_loop(daemon)
