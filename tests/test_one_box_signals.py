@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from gpudiag.agent.signals import read_job_table
-from gpudiag.scheduler.local.protocol import call
 from tests.harness import free_port, unix_users
 from tests.test_agent import Agent, full_signal
 from tests.test_agent_signals import write_as
@@ -67,62 +66,10 @@ def run_as(user: pwd.struct_passwd, argv: list[str], home: Path, **env: str) -> 
                           capture_output=True, text=True, timeout=WAIT_S)
 
 
-class Daemon:
-    """``gpudiag scheduler serve`` as root, run by ``python``: the daemon starts jobs with its own
-    interpreter (``sys.executable -m gpudiag profile``), so it must be one the user can run."""
-
-    def __init__(self, python: Path, state: Path, *args: str) -> None:
-        self.state = state
-        self.log = state.parent / "daemon.log"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([str(python), "-m", "gpudiag", "scheduler", "serve", "--state-dir",
-                                          str(state), *args], stdout=log, stderr=log, cwd="/")
-        end = time.monotonic() + WAIT_S
-        while time.monotonic() < end:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                call(state / "sock", {"op": "ping"}, timeout=5)
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError(f"daemon did not come up: {self.log.read_text()}")
-
-    def jobs(self) -> dict[int, dict]:
-        return {j["id"]: j for j in call(self.state / "sock", {"op": "queue", "all": True})["jobs"]}
-
-    def wait(self, what: str, pred, timeout: float) -> dict[int, dict]:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            jobs = self.jobs()
-            if pred(jobs):
-                return jobs
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}: {self.jobs()}\n{self.log.read_text()[-2000:]}")
-
-    def job_output(self, job: int) -> str:
-        folder = self.state / "jobs" / str(job)
-        return "\n".join(f"{n}: {(folder / n).read_text()[-3000:]}" for n in ("stdout", "stderr")
-                         if (folder / n).is_file())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-        for j in self.jobs_left():
-            try:
-                os.killpg(j, 9)
-            except ProcessLookupError:
-                pass
-
-    def jobs_left(self) -> list[int]:
-        import sqlite3
-
-        con = sqlite3.connect(f"file:{self.state / 'scheduler.db'}?mode=ro", uri=True)
-        try:
-            return [pid for (pid,) in con.execute(
-                "SELECT pid FROM jobs WHERE pid IS NOT NULL AND state IN ('running', 'stopping')")]
-        finally:
-            con.close()
+def job_output(s: Sched, job: int) -> str:
+    folder = s.state / "jobs" / str(job)
+    return "\n".join(f"{n}: {(folder / n).read_text()[-3000:]}" for n in ("stdout", "stderr")
+                     if (folder / n).is_file())
 
 
 def test_a_second_users_monitored_job_reports_to_the_daemon_and_a_forgery_does_not(open_base, user_python,
@@ -131,8 +78,10 @@ def test_a_second_users_monitored_job_reports_to_the_daemon_and_a_forgery_does_n
     base = Path(tempfile.mkdtemp(prefix="run-", dir=open_base))
     os.chmod(base, 0o755)
     agent = Agent(base / "agent", backend="none")   # root's agent; nothing scrapes it
-    daemon = Daemon(user_python, base / "sched", "--slots", "1", "--min-runtime", "0",
-                    "--agent-dir", str(base / "agent"))
+    # root's daemon, run by an interpreter alice can run: it starts her job with its own (and
+    # outside the checkout, whose gpudiag/ folder would shadow the environment's)
+    daemon = Sched(base, "--slots", "1", "--min-runtime", "0", "--agent-dir", str(base / "agent"),
+                   python=str(user_python), cwd=Path("/"))
     home = home_of(alice, base)
     for name in ("compute_bound.py", "_common.py"):   # the job's script, where alice can read it
         shutil.copy(WORKLOADS / name, home / name)
@@ -144,16 +93,15 @@ def test_a_second_users_monitored_job_reports_to_the_daemon_and_a_forgery_does_n
                    home, GPUDIAG_SIGNAL_INTERVAL="1", GPUDIAG_CACHE_DIR=str(home / "cache"))
         assert r.returncode == 0, r.stderr
         job, agent_job = json.loads(r.stdout)["id"], json.loads(r.stdout)["agent_job_id"]
-        jobs = daemon.wait("alice's job started", lambda j: state_of(j, job) not in ("pending", "starting"),
-                           WAIT_S)
-        assert state_of(jobs, job) in ("running", "done"), daemon.job_output(job)
+        jobs = daemon.wait("alice's job started", lambda j: state_of(j, job) not in ("pending", "starting"))
+        assert state_of(jobs, job) in ("running", "done"), job_output(daemon, job)
         # mallory names alice's job while it runs, with a later ts than any of alice's signals
         write_as(mallory, agent.state / "spool", full_signal(agent_job, mfu_ratio=0.001, confidence=1.0,
                                                              bottleneck="input-bound", ts=time.time() + 600))
         jobs = daemon.wait("alice's MFU at the daemon",
                            lambda j: state_of(j, job) != "running" and j[job].get("sig_mfu") is not None
-                           or state_of(j, job) == "failed", WAIT_S * 3)
-        assert state_of(jobs, job) == "done", daemon.job_output(job)
+                           or state_of(j, job) == "failed", timeout=WAIT_S * 3)
+        assert state_of(jobs, job) == "done", job_output(daemon, job)
         table = read_job_table(agent.state / "jobs.json")
         mine, forged = table[(agent_job, alice.pw_uid)], table.get((agent_job, mallory.pw_uid))
         assert forged is not None and forged.mfu_ratio == 0.001   # it reached the agent, as mallory's
@@ -172,30 +120,17 @@ def test_a_second_users_monitored_job_reports_to_the_daemon_and_a_forgery_does_n
         agent.stop()
 
 
-def test_with_agent_url_jobs_report_to_the_agent_it_names(tmp_path, sched_factory_url):
+def test_with_agent_url_jobs_report_to_the_agent_it_names(tmp_path):
     agent = Agent(tmp_path / "agent", backend="none")
+    env = {k: v for k, v in os.environ.items() if k != "GPUDIAG_AGENT_DIR"}
+    s = Sched(tmp_path, "--slots", "1", "--no-monitor", "--agent-url", agent.url, env=env)
     try:
-        s = sched_factory_url(tmp_path, "--slots", "1", "--no-monitor", "--agent-url", agent.url)
         job = s.submit("--gpus", "1", "--", "sh", "-c", 'echo "$GPUDIAG_AGENT_DIR"')
         s.wait("done", lambda j: state_of(j, job) == "done")
         assert s.cli("logs", str(job)).stdout.strip() == str(tmp_path / "agent")
     finally:
-        agent.stop()
-
-
-@pytest.fixture
-def sched_factory_url():
-    made: list[Sched] = []
-
-    def make(base: Path, *args: str) -> Sched:
-        env = {k: v for k, v in os.environ.items() if k != "GPUDIAG_AGENT_DIR"}
-        s = Sched(base, *args, env=env)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
         s.stop()
+        agent.stop()
 
 
 def test_agent_options_that_cannot_be_honoured_are_one_line_exit_2(tmp_path):
