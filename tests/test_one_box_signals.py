@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpudiag.agent.signals import read_job_table
+from gpudiag.collectors.cpu_peak import cache_path, cpu_peak
 from tests.harness import free_port, unix_users
 from tests.test_agent import Agent, full_signal
 from tests.test_agent_signals import write_as
@@ -85,6 +86,11 @@ def test_a_second_users_monitored_job_reports_to_the_daemon_and_a_forgery_does_n
     home = home_of(alice, base)
     for name in ("compute_bound.py", "_common.py"):   # the job's script, where alice can read it
         shutil.copy(WORKLOADS / name, home / name)
+    cpu_peak()   # measured once per session, not again (20 s at load) by alice's job
+    (home / "cache").mkdir()
+    shutil.copy(cache_path(), home / "cache" / cache_path().name)
+    for p in (home / "cache", home / "cache" / cache_path().name):
+        os.chown(p, alice.pw_uid, alice.pw_gid)
     try:
         # alice's environment names no agent: the daemon tells her job where it reads
         r = run_as(alice, [str(user_python), "-m", "gpudiag", "submit", "--state-dir", str(daemon.state),
