@@ -5,13 +5,14 @@ identity: (job id, the uid that wrote the signal), attributed only to a job of t
 
 from __future__ import annotations
 
+import json
 import math
 
 from gpudiag.scheduler.model import Policy
 from gpudiag.scheduler.priority import signal_usable
 from gpudiag.scheduler.signals import SignalRead, parse_metrics
 from gpudiag.scheduler.slurm.sources import QUERIES, parse_prometheus_answers, slurm_signals
-from gpudiag.scheduler.slurm.squeue import SlurmJob
+from gpudiag.scheduler.slurm.squeue import SlurmJob, parse_squeue_fixed, parse_squeue_json
 
 NOW = 1_800_000_000.0
 ALICE, MALLORY = 1001, 1002
@@ -73,3 +74,17 @@ def test_prometheus_answers_give_the_same_signals():
                                                                          (MALLORY, NOW - 1, {})])}
     assert set(answers) == set(QUERIES)
     assert parse_prometheus_answers(answers, NOW) == parse_metrics(EXPOSITION, NOW, prefix="slurm:")
+
+
+def test_squeue_gives_each_jobs_user_id_in_both_formats():
+    """The uid a Slurm job's signals must come from: ``user_id`` of --json, ``%U`` of -o."""
+    doc = {"jobs": [{"job_id": 7, "job_state": "RUNNING", "user_name": "alice", "user_id": ALICE,
+                     "nodes": "n1", "node_count": 1, "tres_per_node": "gres:gpu:1", "nice": 0, "priority": 1,
+                     "submit_time": 1, "start_time": 2, "time_limit": 60},
+                    {"job_id": 8, "job_state": "PENDING", "user_name": "bob", "node_count": 1, "nice": 0,
+                     "priority": 1, "submit_time": 1, "start_time": 0, "time_limit": None}]}
+    assert [j.user_id for j in parse_squeue_json(json.dumps(doc))] == [ALICE, None]
+    line = ("7|alice|acct|spot|RUNNING|None|0|100|2026-01-01T00:00:00|2026-01-01T00:01:00|1:00:00|"
+            f"gres:gpu:1|1|n1|{ALICE}|my|job")
+    (job,) = parse_squeue_fixed(line + "\n")
+    assert (job.user_id, job.name) == (ALICE, "my|job")
