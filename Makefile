@@ -6,9 +6,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# torch is pinned: a CPU wheel of 2.13.0 is what the test machines carry; an unpinned torch
-# pulls a multi-GB CUDA build.
-TORCH := torch==2.13.0
+# torch comes from the extras of pyproject.toml, where it is pinned once (the CPU wheel of
+# the test machines; an unpinned torch pulls a multi-GB CUDA build): the demo
+# installs the `torch` extra, the tests the `test` extra, which includes it.
 
 .PHONY: demo test lint clean system-deps
 
@@ -16,11 +16,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed-core: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q $(TORCH) -e .
+	$(BIN)/pip install -q -e '.[torch]'
 	touch $@
 
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q $(TORCH) -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]'
 	touch $@ $(VENV)/.installed-core
 
 demo: $(VENV)/.installed-core

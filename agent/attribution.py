@@ -6,9 +6,9 @@ torchrun ``TORCHELASTIC_RUN_ID``, Kubernetes puts the pod UID in the cgroup path
 users can set ``GPUDIAG_JOB``. Results are cached per (pid, start time), so a recycled pid
 is never attributed to the job that used it before.
 
-The uid that runs a job's processes is what binds the job's signals to their writer
-(agent/job_table.py): a user can name any job in a signal, but cannot run another user's
-processes.
+The uid that runs a job's processes is a second check on a signal's writer (agent/job_table.py):
+a user can name any job in a signal, but cannot run another user's processes, so a signal
+naming a job that runs as someone else is refused.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import re
 import threading
 import time
 
+from gpudiag.agent.signals import ROOT_UID
 from gpudiag.jobsignal import clean_job_id
 
 _POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
-ROOT_UID = 0
 # a job whose processes the GPU scrape has not seen for this long is no longer bound by them
 # (the same 10 minutes after which a silent job leaves the table)
 PROCESS_OWNER_TTL_S = 600.0

@@ -52,9 +52,15 @@ def squeue_doc(pending: int, running: int, rng: random.Random, now: float) -> di
     return {"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "errors": [], "jobs": jobs}
 
 
+def _uid(jid: int) -> int:
+    """The uid of a job's user (user_name u<N> is uid 1000+N): its agent series carry it as owner_uid."""
+    return 1000 + jid % 40
+
+
 def _job(jid: int, state: str, rng: random.Random, now: float, gpus: int, nodes: str,
          detail: str | None) -> dict:
-    return {"job_id": jid, "name": f"key{jid % 300}", "user_name": f"u{jid % 40}", "account": f"t{jid % 8}",
+    return {"job_id": jid, "name": f"key{jid % 300}", "user_name": f"u{jid % 40}", "user_id": _uid(jid),
+            "account": f"t{jid % 8}",
             "partition": rng.choice(("spot", "reserved", "reserved", "ondemand")), "job_state": state,
             "state_reason": "None" if state == "RUNNING" else rng.choice(("Priority", "Resources")),
             "nice": None, "priority": 4294900000 - jid, "submit_time": int(now - rng.uniform(60, 86400)),
@@ -90,14 +96,16 @@ def prometheus_answers(doc: dict, rng: random.Random) -> dict[str, bytes]:
     now = time.time()
 
     def vec(metric: str, value) -> list:
-        return [{"metric": {"__name__": metric, "job_id": f"slurm:{j}", "instance": "n:9835"},
+        return [{"metric": {"__name__": metric, "job_id": f"slurm:{j}", "owner_uid": str(_uid(j)),
+                            "instance": "n:9835"},
                  "value": [now, str(value(j))]} for j in running]
     labels = {j: rng.choice(("compute-bound", "input-bound", "memory-bound")) for j in running}
     out = {
         "mfu": vec("gpudiag_job_mfu_ratio", lambda j: round(rng.uniform(0.02, 0.6), 3)),
         "confidence": vec("gpudiag_job_signal_confidence", lambda j: 0.9),
         "seen": vec("gpudiag_job_last_signal_timestamp_seconds", lambda j: round(now - 30, 3)),
-        "label": [{"metric": {"job_id": f"slurm:{j}", "instance": "n:9835", "label": labels[j]},
+        "label": [{"metric": {"job_id": f"slurm:{j}", "owner_uid": str(_uid(j)), "instance": "n:9835",
+                              "label": labels[j]},
                    "value": [now, "1"]} for j in running],
     }
     return {QUERIES[k]: json.dumps({"status": "success",

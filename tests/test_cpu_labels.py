@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.harness import free_port
-
-torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ROOT / "benchmarks" / "workloads"

@@ -30,7 +30,9 @@ WAIT_S = 60.0
 class Sched:
     """A daemon on its own state folder, and the client commands pointed at it."""
 
-    def __init__(self, base: Path, *args: str, env: dict | None = None) -> None:
+    def __init__(self, base: Path, *args: str, env: dict | None = None, python: str = sys.executable,
+                 cwd: Path = ROOT) -> None:
+        self.python, self.cwd = python, cwd   # the daemon starts jobs with its own interpreter
         self.state = base / "state"
         self.args = ["--state-dir", str(self.state), *args]
         self.env = {**os.environ, **(env or {})}
@@ -40,8 +42,8 @@ class Sched:
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "gpudiag", "scheduler", "serve", *self.args],
-                                         stdout=log, stderr=log, env=self.env, cwd=ROOT)
+            self.proc = subprocess.Popen([self.python, "-m", "gpudiag", "scheduler", "serve", *self.args],
+                                         stdout=log, stderr=log, env=self.env, cwd=self.cwd)
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"daemon exited {self.proc.returncode}: {self.log.read_text()}"

@@ -30,8 +30,11 @@ def agent(listen: str, backend: str, state_dir: Path | None) -> None:
     memory, power, clock, temperature, throttle reasons and gpudiag_gpu_up; per job
     (gpudiag profile reports here) MFU, step time, bottleneck label with its confidence and
     the age of the trace behind it, profiler dilation, input wait and collective time. A
-    job's signals count only when written by the user running its processes (or root). The
-    job label is called job_id because Prometheus reserves "job".
+    job is (job_id, owner_uid): owner_uid is the uid that wrote its signals (the spool
+    file's owner), so no user can report for another's job; a signal naming a job whose
+    processes run as someone else is refused. Signals are taken in every second, scraped or
+    not, into STATE_DIR/jobs.json (what `gpudiag scheduler serve` reads). The job label is
+    called job_id because Prometheus reserves "job".
 
     \b
     Example:

@@ -209,9 +209,12 @@ def _signal_reporter(run_dir: Path, info: object) -> object:
 
     interval = float(os.environ.get("GPUDIAG_SIGNAL_INTERVAL", "15"))
     job_id = job_id_from_env(f"{info.host}:{run_dir.name}")
-    reporter = SignalReporter.for_node(default_state_dir(), job_id, run_dir, interval,
-                                       _estimator(run_dir))
+    state = default_state_dir()
+    reporter = SignalReporter.for_node(state, job_id, run_dir, interval, _estimator(run_dir))
     if reporter is None:
+        if os.environ.get("GPUDIAG_AGENT_DIR"):  # named (a scheduler does): its absence is news
+            info.notes.append(f"no signals sent: GPUDIAG_AGENT_DIR={state}, but {state / 'spool'} is "
+                              "missing or not writable by this user (is `gpudiag agent` running there?)")
         return None
     info.notes.append(f"reporting to the node agent as job_id {job_id}")
     return reporter.start()

@@ -64,10 +64,12 @@ def scheduler() -> None:
               help="The most a low MFU may delay a job: its part of the aging bound  [default: the "
                    "policy's, Policy.max_efficiency_delay_s].")
 @click.option("--agent-dir", type=click.Path(path_type=Path), default=None,
-              help="The node agent's state folder, whose jobs.json gives MFU signals "
-                   "(default: the agent's default).")
+              help="The node agent's state folder: the daemon reads its jobs.json, and every job reports "
+                   "into its spool (default: the agent's default, /var/lib/gpudiag as root).")
 @click.option("--agent-url", default=None, metavar="URL",
-              help="Read signals by scraping the agent instead, e.g. http://127.0.0.1:9835/metrics.")
+              help="Read signals by scraping the agent instead, e.g. http://127.0.0.1:9835/metrics; the "
+                   "agent must be running (it is asked for its folder, so jobs report to it). Beside "
+                   "--agent-dir, both must name the same agent.")
 @click.option("--monitor/--no-monitor", default=True, show_default=True,
               help="Run each job under `gpudiag profile --monitor` (MFU and label to the agent).")
 @click.option("--cgroups/--no-cgroups", default=True, show_default=True,
@@ -94,7 +96,7 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     from gpudiag.scheduler.local.config import default_state_dir
     from gpudiag.scheduler.local.daemon import Daemon, main_loop
     from gpudiag.scheduler.local.engine import Machine
-    from gpudiag.scheduler.local.signals import JobTableSource, MetricsSource
+    from gpudiag.scheduler.local.signals import AgentChoiceError, choose_agent
     from gpudiag.scheduler.model import Policy
 
     ids, are_gpus = _machine_ids(gpus, slots)
@@ -102,10 +104,13 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     if efficiency_delay is not None:
         policy = dataclasses.replace(policy, max_efficiency_delay_s=parse_duration(efficiency_delay,
                                                                                    "--efficiency-delay"))
-    # jobs report to the agent whose job table this daemon reads; scraping an agent by URL,
-    # its folder is unknown here and jobs keep their own (GPUDIAG_AGENT_DIR or the default)
-    agent_state = None if agent_url else (agent_dir or agent_default())
-    source = MetricsSource(agent_url) if agent_url else JobTableSource(agent_state / "jobs.json")
+    # every job reports to the agent this daemon reads, whichever option named it
+    try:
+        agent_state, source, notes = choose_agent(agent_dir, agent_url, agent_default())
+    except AgentChoiceError as e:
+        raise BadInput(str(e)) from None
+    for note in notes:
+        click.echo(f"gpudiag scheduler: {note}", err=True)
     daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, _quota(quota), source,
                     monitor, agent_state, cgroups)
     main_loop(daemon)

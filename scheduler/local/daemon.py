@@ -120,7 +120,7 @@ class Daemon:
         self.jobs.late_signals(self._live, now)
 
     def _live(self, row: JobRow) -> Signal | None:
-        return self.signals.signals.get(f"{self.store.prefix}:{row.id}")
+        return self.signals.of(f"{self.store.prefix}:{row.id}", row.uid)  # only its own user's
 
     def signal_map(self, now: float) -> dict[int, Signal]:
         out = {}

@@ -38,7 +38,7 @@ from gpudiag.scheduler.signals import SignalRead, SignalSource
 from gpudiag.scheduler.slurm.adapter import job_of, model_of, tiers_of
 from gpudiag.scheduler.slurm.ledger import Ledger, NiceChange, load_ledger, save_ledger
 from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
-from gpudiag.scheduler.slurm.sources import JOB_PREFIX
+from gpudiag.scheduler.slurm.sources import slurm_signals
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob, duration_s
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
@@ -132,8 +132,7 @@ class Controller:
             log.error("%s", res.skipped)
             return res
         sig = self._read_signals(now)
-        signals = {int(k[len(JOB_PREFIX):]): s for k, s in sig.signals.items()
-                   if k.startswith(JOB_PREFIX) and k[len(JOB_PREFIX):].isdigit()} if sig.available else {}
+        signals = slurm_signals(sig, jobs) if sig.available else {}   # each job's own user's only
         res.signals = {"available": sig.available, "why": sig.why, "jobs": len(signals)}
         res.jobs = {"pending": sum(j.state == "PENDING" for j in jobs),
                     "running": sum(j.state == "RUNNING" for j in jobs)}

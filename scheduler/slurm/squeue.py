@@ -19,8 +19,8 @@ from datetime import datetime
 
 # What squeue prints with the fixed format; "|" never occurs in the fields we ask for but %j,
 # and a job name is the last but one field so a "|" in it is still recoverable.
-FIXED_FORMAT = "%i|%u|%a|%P|%T|%r|%y|%Q|%V|%S|%l|%b|%D|%N|%j"
-FIXED_FIELDS = 15
+FIXED_FORMAT = "%i|%u|%a|%P|%T|%r|%y|%Q|%V|%S|%l|%b|%D|%N|%U|%j"
+FIXED_FIELDS = 16
 ACTIVE_STATES = ("PENDING", "RUNNING")
 
 _GPU_REQ = re.compile(r"(?:^|[,;])(?:gres[:/])?gpu(?::[\w.-]+)?:(\d+)")
@@ -49,6 +49,7 @@ class SlurmJob:
     gpus: int                       # GPUs in total
     nodes: tuple[str, ...] = ()
     gpu_index: tuple[tuple[int, ...], ...] = field(default=())   # per node, for running jobs
+    user_id: int | None = None      # the uid the job runs as: only its signals are the job's
 
 
 def expand_hostlist(expr: str) -> tuple[str, ...]:
@@ -95,6 +96,13 @@ def _num(v: object, what: str, job: object) -> float:
     return float(v)
 
 
+def _uid(v: object) -> int | None:
+    """squeue's user id (an int in --json, digits with -o %U); None when absent or odd."""
+    if isinstance(v, str) and v.isdigit():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32 - 1 else None
+
+
 def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
     """Pending and running jobs from ``squeue --json``."""
     try:
@@ -135,7 +143,7 @@ def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
             submit=_num(j.get("submit_time"), "submit_time", jid),
             start=_num(j.get("start_time"), "start_time", jid),
             time_limit_s=None if limit is None else _num(limit, "time_limit", jid) * 60.0,
-            gpus=gpus, nodes=nodes, gpu_index=tuple(idx)))
+            gpus=gpus, nodes=nodes, gpu_index=tuple(idx), user_id=_uid(j.get("user_id"))))
     return out
 
 
@@ -171,7 +179,8 @@ def parse_squeue_fixed(text: str) -> list[SlurmJob]:
         f = line.split("|", FIXED_FIELDS - 1)
         if len(f) != FIXED_FIELDS:
             raise BadSlurmOutput(f"squeue line {n}: {len(f)} fields, expected {FIXED_FIELDS}")
-        jid, user, acct, part, state, reason, nice, prio, sub, start, limit, tres, ncount, nodes, name = f
+        jid, user, acct, part, state, reason, nice, prio, sub, start, limit, tres, ncount, nodes, uid, \
+            name = f
         if state not in ACTIVE_STATES:
             continue
         if not jid.isdigit() or not ncount.isdigit() or not prio.isdigit() or not nice.lstrip("-").isdigit():
@@ -180,7 +189,8 @@ def parse_squeue_fixed(text: str) -> list[SlurmJob]:
             id=int(jid), name=name, user=user, account=acct, partition=part, state=state, reason=reason,
             nice=int(nice), priority=int(prio), submit=_time(sub), start=_time(start),
             time_limit_s=_limit_s(limit), gpus=gpus_requested(tres, "", int(ncount)),
-            nodes=expand_hostlist(nodes) if state == "RUNNING" and nodes not in ("", "(null)") else ()))
+            nodes=expand_hostlist(nodes) if state == "RUNNING" and nodes not in ("", "(null)") else (),
+            user_id=_uid(uid)))
     return out
 
 
