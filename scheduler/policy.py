@@ -140,7 +140,7 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
     out.append(Decision("hold", head.id,
                         f"head of the queue: {need}, {state.total_free} free, at most "
                         f"{state.max_free_on_a_node()} on one node"
-                        + (f"; reserved from {_fmt_t(res.shadow, now)}" if res else ""),
+                        + (f"; GPUs reserved for it, starting {_fmt_t(res.shadow, now)}" if res else ""),
                         numbers={"free": state.total_free, "shadow": res.shadow if res else None}))
     if not policy.backfill:
         return out
@@ -173,7 +173,7 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         if not short:
             res.charge(plan)
         why = (f"backfilled: ends {_fmt_t(now + job.estimate_s, now)}, before job {head.id}'s reservation "
-               f"{_fmt_t(res.shadow, now)}" if short and res is not None else
+               f"starts {_fmt_t(res.shadow, now)}" if short and res is not None else
                f"backfilled on GPUs job {head.id}'s reservation does not need")
         out.append(Decision("start", job.id, why, state.allocate(plan),
                             numbers={"position": j, "shadow": res.shadow if res else None}))

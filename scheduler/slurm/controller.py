@@ -187,6 +187,17 @@ class Controller:
             res.notes.append("this squeue has no --json (no requeue flag, no preempt_time): Slurm chooses "
                              "preemption victims; gpudiag only changes Nice")
         want = eligible(parts, modes, nodes, cfg.get("PreemptType", "")) if takeover else set()
+        # Slurm reads a partition's PreemptMode again when a victim's GraceTime ends: at OFF it kills
+        # the job it meant to requeue. So a partition with a job in Slurm's grace stays (or goes
+        # back) at its original mode until that preemption is done.
+        busy = {j.partition: j.id for j in jobs if j.holds and j.preempt_time > 0 and j.partition in want}
+        want -= set(busy)
+        busy_why = {p: f"Slurm is preempting job {jid} in it: it keeps its mode until that job is requeued"
+                    for p, jid in busy.items()}
+        res.notes += [f"partition {p}: {w}" for p, w in busy_why.items()]
+        if self.opt.dry_run:   # decide as a real run would once it holds what it would take
+            for r in model.running:
+                r.job.preemptible = by_id[r.job.id].partition in want and by_id[r.job.id].requeue
         decisions = []
         if model.cluster.nodes:
             decisions = schedule(model.cluster, model.pending, model.running, signals, self.history.book, now,
@@ -203,6 +214,7 @@ class Controller:
             requeues, handed_back, give_back = serve_waiting(serving, allow_victims=not blocked)
             res.notes += [blocked] if blocked else []
             why_back = {p: "a waiting job is Slurm's to serve (see handed_back)" for p in give_back}
+        why_back.update(busy_why)
         res.handed_back = handed_back
         res.actions += mode_actions(parts, modes, want - give_back, why_back)
         res.actions += requeues

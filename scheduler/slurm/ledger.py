@@ -13,10 +13,11 @@ Rules (``controller.apply`` and ``restore`` follow them):
 - **Bound to one cluster.** The ledger names its cluster (``slurmconf.cluster_identity``) and
   each job by id, submit time and restart count (``JobRef``): a job id reused by a cluster whose
   state was reset is a different job.
-- **A lease.** The controller renews ``lease`` every round; a ledger whose lease lapsed while
-  partitions are held at PreemptMode=OFF is a controller that died or hangs: ``--watchdog`` (or
-  the unit's ``--restore-only``) gives preemption back. A live lease also keeps a second
-  controller off the same ledger.
+- **A lease.** The controller renews ``lease`` every round; a ledger whose lease lapsed (or
+  whose holder is no longer running, on the same host) while partitions are held at
+  PreemptMode=OFF is a controller that died or hangs: ``--watchdog`` (or the unit's
+  ``--restore-only``) gives preemption back. A live lease also keeps a second controller off
+  the same ledger.
 
 One JSON file, read and replaced under an exclusive ``flock`` of ``<file>.lock`` (the controller,
 its watchdog and ``--restore-only`` may run at once), written atomically (temporary file, fsync,
@@ -106,7 +107,17 @@ class Lease:
     expires: float
 
     def live(self, now: float) -> bool:
-        return now < self.expires
+        """Unexpired and, on this host, its process still there: a controller that died here (what
+        systemd's ExecStopPost follows) frees its ledger at once; on another host, time tells."""
+        return now < self.expires and self.holder_alive()
+
+    def holder_alive(self) -> bool:
+        if self.host != socket.gethostname():
+            return True
+        try:   # a reused pid runs something else; a zombie has an empty cmdline
+            return b"gpudiag" in Path(f"/proc/{self.pid}/cmdline").read_bytes()
+        except OSError:
+            return False
 
     def mine(self) -> bool:
         return self.pid == os.getpid() and self.host == socket.gethostname()
