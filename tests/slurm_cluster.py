@@ -80,8 +80,11 @@ class SlurmCluster:
     """Start with ``start()``, stop with ``stop()`` (idempotent, by pid, whatever state)."""
 
     def __init__(self, root: Path, scheduler_params: str = "", nodes: dict[str, int] | None = None,
-                 cluster_name: str = "gpudiagtest", extra_conf: str = "") -> None:
+                 cluster_name: str = "gpudiagtest", extra_conf: str = "", slurm_user: str = "root") -> None:
+        """``slurm_user``: who slurmctld runs as (SlurmUser); another than root needs ``root`` to be
+        a folder that user can reach (pytest's tmp_path is private to root)."""
         self.root = root
+        self.slurm_user = slurm_user
         self.host = socket.gethostname().split(".")[0]
         self.nodes = dict(nodes or NODES)
         self.cluster_name = cluster_name
@@ -111,6 +114,10 @@ class SlurmCluster:
             os.chmod(self.root / d, 0o700)
         # munged wants its socket's folder searchable by all (any user's job authenticates)
         os.chmod(self.root / "spool", 0o755)
+        if self.slurm_user != "root":   # slurmctld drops to SlurmUser: its config, state, log, pid file
+            os.chmod(self.root / "etc", 0o755)
+            for d in ("state", "log", "run"):
+                shutil.chown(self.root / d, self.slurm_user)
         os.chmod(self.root / "munge", 0o711)
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
@@ -141,7 +148,7 @@ class SlurmCluster:
 ClusterName={self.cluster_name}
 SlurmctldHost={self.host}(127.0.0.1)
 SlurmctldPort={self.ctld_port}
-SlurmUser=root
+SlurmUser={self.slurm_user}
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
