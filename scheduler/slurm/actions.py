@@ -50,10 +50,9 @@ def record_intents(ledger: Ledger, actions: list[Action], now: float) -> None:
             jid = int(a.target)
             e = ledger.nice.get(jid)
             if e is None:
-                ledger.nice[jid] = NiceEntry(a.ref, original=int(a.old), set=None, want=int(a.new), at=now,
-                                             reason=a.reason)
+                ledger.nice[jid] = NiceEntry(a.ref, original=int(a.old), set=None, want=int(a.new), at=now)
             else:
-                e.want, e.at, e.reason = int(a.new), now, a.reason
+                e.want, e.at = int(a.new), now
         elif a.kind == "requeue":
             ledger.requeued[int(a.target)] = Requeue(a.ref, now, a.for_job, done=False)
 
@@ -99,15 +98,20 @@ def _run(io: SlurmIO, a: Action) -> None:
 
 def apply(actions: list[Action], io: SlurmIO, store: LedgerStore, now: float,
           renew: Callable[[Ledger], None], renew_every_s: float,
-          precheck: Callable[[Action], str] | None = None) -> None:
-    """Record, run, confirm. ``precheck(action)`` may veto a requeue just before it runs (the
-    job it is for started meanwhile, or Slurm took preemption back): its answer is the error."""
+          precheck: Callable[[Action], str] | None = None,
+          prepare: Callable[[Ledger], None] | None = None) -> None:
+    """Record, run, confirm: two ledger writes (one when there is nothing to change).
+    ``prepare(ledger)`` goes into the first write (the round's reconciliation and lease);
+    ``precheck(action)`` may veto a requeue just before it runs (the job it is for started
+    meanwhile, or Slurm took preemption back): its answer is the error."""
     todo = [a for a in actions if not a.error]
-    if not todo:
-        return
     with store.update() as ledger:
+        if prepare is not None:
+            prepare(ledger)
         record_intents(ledger, todo, now)
         renew(ledger)
+    if not todo:
+        return
     last = time.monotonic()
     try:
         for a in todo:
@@ -156,8 +160,8 @@ def reconcile(ledger: Ledger, jobs: Mapping[int, SlurmJob], notes: list[str]) ->
         if j.nice == e.original:
             del ledger.nice[jid]
         elif e.set is None or j.nice != e.set:
-            log.info("job %d: Nice %d set by someone else (gpudiag set %s): theirs, left alone", jid, j.nice,
-                     e.set)
+            notes.append(f"job {jid}: Nice {j.nice} set by someone else (gpudiag set {e.set}): theirs, "
+                         "left alone")
             del ledger.nice[jid]
     for jid, r in list(ledger.requeued.items()):
         j = jobs.get(jid)

@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -156,13 +157,12 @@ class Controller:
                           "counts submissions, not seconds; give --nice-max N (the least efficient job's "
                           "Nice) instead")
         by_id = {j.id: j for j in jobs}
-        with self.store.update() as ledger:
-            self._bind(ledger, cfg)
-            if not self.opt.dry_run:
-                self.renew(ledger, now)
-            reconcile(ledger, by_id, res.notes)
-            modes = reconcile_modes(ledger, parts)
-            snapshot = ledger
+        snapshot = self.store.read()    # decided on; written back (with the lease) before any change
+        self._bind(snapshot, cfg)
+        reconcile(snapshot, by_id, res.notes)
+        for n in res.notes:
+            log.info("%s", n)
+        modes = reconcile_modes(snapshot, parts)
         res.notes += modes.notes
         for n in modes.notes:
             log.warning("%s", n)
@@ -216,13 +216,22 @@ class Controller:
             why_back = {p: "a waiting job is Slurm's to serve (see handed_back)" for p in give_back}
         why_back.update(busy_why)
         res.handed_back = handed_back
+        for jid in set(handed_back) - set(snapshot.handed_back):
+            log.info("job %d: left to Slurm's preemption: %s", jid, handed_back[jid])
         res.actions += mode_actions(parts, modes, want - give_back, why_back)
         res.actions += requeues
         if not no_evidence and policy.efficiency:
             scale = self.opt.nice_max if self.opt.nice_max is not None else nice_scale(cfg, policy)
             res.actions += nice_actions(jobs, parts, snapshot.nice, signals, self.history.book, now, policy,
                                         scale, self.opt.min_change_interval_s, self.opt.max_changes)
-        self._apply(res, snapshot, handed_back, now, serving, by_id)
+        def prepare(ledger: Ledger) -> None:
+            self._bind(ledger, cfg)
+            self.renew(ledger, now)
+            reconcile(ledger, by_id, [])
+            reconcile_modes(ledger, parts)
+            ledger.handed_back = dict(handed_back)
+
+        self._apply(res, handed_back, now, serving, by_id, prepare)
         res.held = sorted((modes.held | {a.target for a in res.actions
                                          if a.kind == "preempt_mode" and a.applied and a.new == PREEMPT_OFF})
                           - {a.target for a in res.actions if a.kind == "preempt_mode" and a.applied
@@ -283,19 +292,13 @@ class Controller:
         return ""
 
     # --- writing -----------------------------------------------------------------------------------
-    def _apply(self, res: RoundResult, snapshot: Ledger, handed_back: dict[int, str], now: float,
-               serving: Serving | None, by_id: dict[int, SlurmJob]) -> None:
+    def _apply(self, res: RoundResult, handed_back: dict[int, str], now: float, serving: Serving | None,
+               by_id: dict[int, SlurmJob], prepare: Callable[[Ledger], None]) -> None:
         if self.opt.dry_run:
             for a in res.actions:
                 log.info("would %s %s: %s -> %s (%s)%s", a.kind, a.target, a.old, a.new, a.reason,
                          f" [skipped: {a.error}]" if a.error else "")
             return
-        if handed_back != snapshot.handed_back:
-            with self.store.update() as ledger:
-                ledger.handed_back = dict(handed_back)
-                self.renew(ledger)
-        for jid in set(handed_back) - set(snapshot.handed_back):
-            log.info("job %d: left to Slurm's preemption: %s", jid, handed_back[jid])
         parts_now: dict = {}
 
         def precheck(a: Action) -> str:
@@ -314,7 +317,7 @@ class Controller:
                 return f"job {a.for_job} is no longer pending ({state}): not requeued"
             return ""
 
-        apply(res.actions, self.io, self.store, now, self.renew, self.opt.lease_s / 3, precheck)
+        apply(res.actions, self.io, self.store, now, self.renew, self.opt.lease_s / 3, precheck, prepare)
         refused = [a for a in res.actions if a.kind == "requeue" and a.error and not a.applied
                    and "not requeued" not in a.error and "not tried" not in a.error]
         if not refused or serving is None:

@@ -69,7 +69,6 @@ class NiceEntry:
     set: int | None          # the last value gpudiag confirmed (None: none yet)
     want: int | None         # a change recorded, not yet confirmed
     at: float
-    reason: str
 
     def ours(self, nice: int) -> bool:
         return nice in (self.set, self.want)
@@ -142,7 +141,8 @@ class Ledger:
                            "nice": {str(k): asdict(v) for k, v in self.nice.items()},
                            "modes": {k: asdict(v) for k, v in self.modes.items()},
                            "requeued": {str(k): asdict(v) for k, v in self.requeued.items()},
-                           "handed_back": {str(k): v for k, v in self.handed_back.items()}}, indent=1)
+                           "handed_back": {str(k): v for k, v in self.handed_back.items()}},
+                          separators=(",", ":"))
 
     @classmethod
     def from_json(cls, d: dict) -> Ledger:
