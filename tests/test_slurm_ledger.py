@@ -60,7 +60,9 @@ def test_a_crash_before_the_command_forgets_the_intent_and_someone_elses_nice_is
     a = Action("nice", "7", "0", "5000", "low", applied=True)
     confirm(led, [a])
     reconcile(led, {7: sjob(7, nice=42)}, [])  # an admin set 42 since
-    assert 7 not in led.nice
+    assert 7 not in led.nice and 7 in led.theirs   # never touched again (nice_actions skips it)
+    reconcile(led, {}, [])
+    assert 7 not in led.theirs                     # forgotten with the job
 
 
 def test_partition_modes_reset_by_reconfigure_and_changed_by_an_admin():

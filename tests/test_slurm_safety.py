@@ -352,6 +352,11 @@ def test_min_runtime_and_quota_are_honoured(cluster, agent, tmp_path):
     assert round_of("--min-runtime", "1h") == (a, set())
     # --quota: vision (2 GPUs in use) is over its quota of 1, nlp well under its 8: b goes first
     assert round_of("--quota", "vision=1", "--quota", "nlp=8")[0] == b
+    # --efficiency-delay: priority/basic's Nice counts submissions, so it needs --nice-max for its scale
+    p = gpudiag(cluster, "--dry-run", "--once", "--agents", agents, "--state", ledger,
+                "--efficiency-delay", "2h")
+    assert p.returncode == 2 and "give --nice-max" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert round_of("--efficiency-delay", "2h", "--nice-max", "500")[0] == a
     assert cluster.job(a)["JobState"] == cluster.job(b)["JobState"] == "PENDING"   # dry runs changed nothing
     p = gpudiag(cluster, "--restore-only", "--state", ledger)
     assert p.returncode == 0 and cluster.preempt_mode("spot") == "REQUEUE", p.stdout + p.stderr

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from gpudiag.scheduler.slurm.ledger import JobRef, Ledger, LedgerStore, ModeEntry, NiceEntry, Requeue
 from gpudiag.scheduler.slurm.slurmconf import Partition
 from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
-from gpudiag.scheduler.slurm.squeue import SlurmJob
+from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
 
@@ -161,8 +161,12 @@ def reconcile(ledger: Ledger, jobs: Mapping[int, SlurmJob], notes: list[str]) ->
             del ledger.nice[jid]
         elif e.set is None or j.nice != e.set:
             notes.append(f"job {jid}: Nice {j.nice} set by someone else (gpudiag set {e.set}): theirs, "
-                         "left alone")
+                         "left alone from now on")
             del ledger.nice[jid]
+            ledger.theirs[jid] = e.ref
+    for jid, ref in list(ledger.theirs.items()):
+        if jid not in jobs or not ref.matches(jobs[jid]):
+            del ledger.theirs[jid]
     for jid, r in list(ledger.requeued.items()):
         j = jobs.get(jid)
         if j is None or not (r.ref.matches(j) or j.restarts > r.ref.restarts):
@@ -194,7 +198,7 @@ def restore(io: SlurmIO, store: LedgerStore, modes_only: bool = False, dry_run: 
     try:
         parts: dict[str, Partition] = io.partitions() if ledger.modes else {}
         jobs = {j.id: j for j in io.jobs()} if ledger.nice and not modes_only else {}
-    except SlurmError as e:
+    except (SlurmError, BadSlurmOutput) as e:
         out.failed.append(f"slurmctld could not be read ({e}): nothing restored, the ledger keeps everything")
         return out
     for name, e in ledger.modes.items():

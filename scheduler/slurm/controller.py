@@ -222,8 +222,9 @@ class Controller:
         res.actions += requeues
         if not no_evidence and policy.efficiency:
             scale = self.opt.nice_max if self.opt.nice_max is not None else nice_scale(cfg, policy)
-            res.actions += nice_actions(jobs, parts, snapshot.nice, signals, self.history.book, now, policy,
-                                        scale, self.opt.min_change_interval_s, self.opt.max_changes)
+            res.actions += nice_actions(jobs, parts, snapshot.nice, snapshot.theirs, signals,
+                                        self.history.book, now, policy, scale, self.opt.min_change_interval_s,
+                                        self.opt.max_changes)
         def prepare(ledger: Ledger) -> None:
             self._bind(ledger, cfg)
             self.renew(ledger, now)
@@ -309,7 +310,7 @@ class Controller:
                     parts_now.update(self.io.partitions())
                 part = parts_now.get(by_id[int(a.target)].partition)
                 state = self.io.job_state(a.for_job) if a.for_job is not None else "PENDING"
-            except SlurmError as e:
+            except (SlurmError, BadSlurmOutput) as e:
                 return f"cannot check before requeueing ({e}): not requeued"
             if part is None or part.preempt_mode.upper() != PREEMPT_OFF:
                 return f"partition {by_id[int(a.target)].partition} is no longer held at OFF: not requeued"

@@ -8,14 +8,14 @@ and one per job per ``min_change_interval_s``; a factor back at 1 puts the origi
 only orders pending jobs within a partition tier: Slurm's PriorityTier still goes first.
 
 ``original`` is the ledger's (the Nice before gpudiag first touched the job), never a value read
-from a job gpudiag already changed; a Nice someone else set since was dropped from the ledger by
-``actions.reconcile`` and is theirs.
+from a job gpudiag already changed; a job whose Nice someone else set since is theirs for good
+(``actions.reconcile`` records it in ``Ledger.theirs``): never fought over.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 
 from gpudiag.scheduler.model import Policy, Signal
 from gpudiag.scheduler.priority import MfuBook, efficiency_factor, job_class
@@ -52,13 +52,13 @@ def nice_scale(cfg: Mapping[str, str], policy: Policy) -> int:
 
 
 def nice_actions(jobs: Sequence[SlurmJob], parts: Mapping[str, Partition], entries: Mapping[int, NiceEntry],
-                 signals: Mapping[int, Signal], book: MfuBook, now: float, policy: Policy, scale: int,
-                 min_change_interval_s: float, max_changes: int) -> list[Action]:
+                 theirs: Container[int], signals: Mapping[int, Signal], book: MfuBook, now: float,
+                 policy: Policy, scale: int, min_change_interval_s: float, max_changes: int) -> list[Action]:
     tiers = tiers_of(parts)
     out: list[Action] = []
     step = max(1, scale // NICE_STEPS)
     for j in jobs:
-        if j.gpus <= 0 or not schedulable(j):
+        if j.gpus <= 0 or not schedulable(j) or j.id in theirs:
             continue
         entry = entries.get(j.id)
         original = entry.original if entry else j.nice

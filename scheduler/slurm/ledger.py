@@ -130,6 +130,7 @@ class Ledger:
     modes: dict[str, ModeEntry] = field(default_factory=dict)
     requeued: dict[int, Requeue] = field(default_factory=dict)
     handed_back: dict[int, str] = field(default_factory=dict)   # pending job id -> why Slurm serves it
+    theirs: dict[int, JobRef] = field(default_factory=dict)     # jobs whose Nice someone else set
 
     @property
     def holds_preemption(self) -> bool:
@@ -141,7 +142,8 @@ class Ledger:
                            "nice": {str(k): asdict(v) for k, v in self.nice.items()},
                            "modes": {k: asdict(v) for k, v in self.modes.items()},
                            "requeued": {str(k): asdict(v) for k, v in self.requeued.items()},
-                           "handed_back": {str(k): v for k, v in self.handed_back.items()}},
+                           "handed_back": {str(k): v for k, v in self.handed_back.items()},
+                           "theirs": {str(k): asdict(v) for k, v in self.theirs.items()}},
                           separators=(",", ":"))
 
     @classmethod
@@ -152,7 +154,8 @@ class Ledger:
                    modes={str(k): ModeEntry(**v) for k, v in d.get("modes", {}).items()},
                    requeued={int(k): Requeue(**{**v, "ref": JobRef(**v["ref"])})
                              for k, v in d.get("requeued", {}).items()},
-                   handed_back={int(k): str(v) for k, v in d.get("handed_back", {}).items()})
+                   handed_back={int(k): str(v) for k, v in d.get("handed_back", {}).items()},
+                   theirs={int(k): JobRef(**v) for k, v in d.get("theirs", {}).items()})
 
 
 def parse_ledger(text: str, where: str) -> Ledger:
@@ -225,7 +228,10 @@ class LedgerStore:
         if self.path is None:
             self._memory = ledger
             return
-        fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=self.path.parent)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=self.path.parent)
+        except OSError as e:
+            raise LedgerError(f"{self.path}: cannot write the ledger ({e}): changing nothing") from None
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(ledger.to_json())
@@ -237,6 +243,9 @@ class LedgerStore:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
+        except OSError as e:   # full or read-only disk: no intent recorded, so no change is made
+            Path(tmp).unlink(missing_ok=True)
+            raise LedgerError(f"{self.path}: cannot write the ledger ({e}): changing nothing") from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -27,6 +27,7 @@ from gpudiag.scheduler.slurm.controller import Controller, Refused, RoundResult
 from gpudiag.scheduler.slurm.ledger import LedgerError, LedgerStore
 from gpudiag.scheduler.slurm.slurmconf import cluster_identity
 from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
+from gpudiag.scheduler.slurm.squeue import BadSlurmOutput
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
 
@@ -97,7 +98,11 @@ def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore
                      else f"slurmctld unreachable: {e}")
                 rc = 1
                 break
-            _wait(ctl, stop, backoff)
+            try:
+                _wait(ctl, stop, backoff)
+            except LedgerError as e:
+                log.error("%s", e)
+                return 1
             continue
         except (LedgerError, Refused) as e:
             log.error("%s", e)
@@ -112,7 +117,12 @@ def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore
             failed = any(a.error and not a.error.endswith("not requeued") for a in res.actions)
             rc = 1 if res.skipped or failed else 0
             break
-        _wait(ctl, stop, interval_s)
+        try:
+            _wait(ctl, stop, interval_s)
+        except LedgerError as e:     # the lease was taken by another controller while we waited
+            log.error("%s", e)
+            emit(json.dumps({"error": str(e)}) if as_json else f"error: {e}")
+            return 1
     if restore_at_exit:
         rc = max(rc, _report(restore(ctl.io, ctl.store, dry_run=ctl.opt.dry_run), as_json, emit))
     elif not ctl.opt.dry_run:
@@ -156,7 +166,7 @@ def restore_only(io: SlurmIO, store: LedgerStore, as_json: bool, dry_run: bool =
     except LedgerError as e:
         emit(json.dumps({"error": str(e)}) if as_json else f"error: {e}")
         return 2
-    except SlurmError as e:
+    except (SlurmError, BadSlurmOutput) as e:
         emit(json.dumps({"failed": [f"slurmctld: {e}"]}) if as_json else f"could not restore: slurmctld: {e}")
         return 1
     r = restore(io, store, dry_run=dry_run)
