@@ -225,6 +225,7 @@ class Controller:
             res.actions += nice_actions(jobs, parts, snapshot.nice, snapshot.theirs, signals,
                                         self.history.book, now, policy, scale, self.opt.min_change_interval_s,
                                         self.opt.max_changes)
+
         def prepare(ledger: Ledger) -> None:
             self._bind(ledger, cfg)
             self.renew(ledger, now)
