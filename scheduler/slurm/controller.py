@@ -50,7 +50,13 @@ from gpudiag.scheduler.slurm.slurmconf import cluster_identity, duration_s, memo
 from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
 from gpudiag.scheduler.slurm.sources import JOB_PREFIX
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
-from gpudiag.scheduler.slurm.takeover import ModeView, eligible, mode_actions, reconcile_modes
+from gpudiag.scheduler.slurm.takeover import (
+    ModeView,
+    busy_partitions,
+    eligible,
+    mode_actions,
+    reconcile_modes,
+)
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
 
@@ -187,13 +193,8 @@ class Controller:
             res.notes.append("this squeue has no --json (no requeue flag, no preempt_time): Slurm chooses "
                              "preemption victims; gpudiag only changes Nice")
         want = eligible(parts, modes, nodes, cfg.get("PreemptType", "")) if takeover else set()
-        # Slurm reads a partition's PreemptMode again when a victim's GraceTime ends: at OFF it kills
-        # the job it meant to requeue. So a partition with a job in Slurm's grace stays (or goes
-        # back) at its original mode until that preemption is done.
-        busy = {j.partition: j.id for j in jobs if j.holds and j.preempt_time > 0 and j.partition in want}
-        want -= set(busy)
-        busy_why = {p: f"Slurm is preempting job {jid} in it: it keeps its mode until that job is requeued"
-                    for p, jid in busy.items()}
+        busy_why = busy_partitions(jobs, want)
+        want -= set(busy_why)
         res.notes += [f"partition {p}: {w}" for p, w in busy_why.items()]
         if self.opt.dry_run:   # decide as a real run would once it holds what it would take
             for r in model.running:
@@ -234,10 +235,8 @@ class Controller:
             ledger.handed_back = dict(handed_back)
 
         self._apply(res, handed_back, now, serving, by_id, prepare)
-        res.held = sorted((modes.held | {a.target for a in res.actions
-                                         if a.kind == "preempt_mode" and a.applied and a.new == PREEMPT_OFF})
-                          - {a.target for a in res.actions if a.kind == "preempt_mode" and a.applied
-                             and a.new != PREEMPT_OFF})
+        changed = {a.target: a.new for a in res.actions if a.kind == "preempt_mode" and a.applied}
+        res.held = sorted(p for p in modes.held | set(changed) if changed.get(p, PREEMPT_OFF) == PREEMPT_OFF)
         if not self.opt.dry_run:
             save_history(self.hist_path, self.history, now)
         return res

@@ -90,6 +90,16 @@ def eligible(parts: Mapping[str, Partition], modes: ModeView, nodes: Mapping[str
     return out
 
 
+def busy_partitions(jobs: Sequence[SlurmJob], want: set[str]) -> dict[str, str]:
+    """Partitions with a job in Slurm's GraceTime -> why they keep their mode for now.
+
+    Slurm reads a partition's PreemptMode again when a victim's GraceTime ends, and at OFF it
+    kills the job it meant to requeue (seen in tests/test_slurm_safety.py's reconfigure test).
+    So such a partition stays (or goes back) at its original mode until that job is requeued."""
+    return {j.partition: f"Slurm is preempting job {j.id} in it: it keeps its mode until that job is requeued"
+            for j in jobs if j.holds and j.preempt_time > 0 and j.partition in want}
+
+
 def mode_actions(parts: Mapping[str, Partition], modes: ModeView, want: set[str],
                  why_not: Mapping[str, str]) -> list[Action]:
     """Take what should be held and is not; give back what is held and should not be."""
