@@ -65,8 +65,17 @@ def kind_for(job: Job, per_node: int, policy: Policy, label: str) -> int:
     return kind_of(job.gpus, per_node, may_spread(policy, label))
 
 
-def _fmt_t(t: float) -> str:
-    return f"t={t:.0f}s"
+def _fmt_t(t: float, now: float) -> str:
+    """A time relative to the pass: every runtime's clock reads the same way (the Slurm
+    controller's is the epoch, where "t=1827233385s" said nothing)."""
+    d = t - now
+    if d < 1:
+        return "now"
+    if d < 90:
+        return f"in {d:.0f} s"
+    if d < 90 * 60:
+        return f"in {d / 60:.0f} min"
+    return f"in {d / 3600:.1f} h" if d < 48 * 3600 else f"in {d / 86400:.1f} days"
 
 
 def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, np.ndarray]:
@@ -131,7 +140,7 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
     out.append(Decision("hold", head.id,
                         f"head of the queue: {need}, {state.total_free} free, at most "
                         f"{state.max_free_on_a_node()} on one node"
-                        + (f"; reserved from {_fmt_t(res.shadow)}" if res else ""),
+                        + (f"; GPUs reserved for it, starting {_fmt_t(res.shadow, now)}" if res else ""),
                         numbers={"free": state.total_free, "shadow": res.shadow if res else None}))
     if not policy.backfill:
         return out
@@ -163,8 +172,8 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
             continue
         if not short:
             res.charge(plan)
-        why = (f"backfilled: ends by {_fmt_t(now + job.estimate_s)}, before job {head.id}'s reservation "
-               f"at {_fmt_t(res.shadow)}" if short and res is not None else
+        why = (f"backfilled: ends {_fmt_t(now + job.estimate_s, now)}, before job {head.id}'s reservation "
+               f"starts {_fmt_t(res.shadow, now)}" if short and res is not None else
                f"backfilled on GPUs job {head.id}'s reservation does not need")
         out.append(Decision("start", job.id, why, state.allocate(plan),
                             numbers={"position": j, "shadow": res.shadow if res else None}))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import TIER_NAMES, Decision, Job, Policy, Running
 from gpudiag.scheduler.placement import Rule, nodes_needed
+from gpudiag.scheduler.priority import fmt_mfu
 
 
 def lost_work(r: Running, mfu: float, now: float) -> float:
@@ -82,7 +83,7 @@ def choose_victims(state: ClusterState, head: Job, rule: Rule, running: Sequence
         since = max(0.0, now - r.last_checkpoint)
         out.append(Decision(
             "preempt", r.job.id,
-            f"victim: lowest useful work lost (MFU {mfu:.0%} x {r.job.gpus} GPUs x {since / 60:.0f} min "
+            f"victim: lowest useful work lost (MFU {fmt_mfu(mfu)} x {r.job.gpus} GPUs x {since / 60:.0f} min "
             f"since checkpoint = {cost[r.job.id] / 3600:.1f} GPU-h) so that job {head.id} "
             f"({TIER_NAMES[head.tier]}) can start; SIGTERM, {grace:.0f} s grace",
             placement=r.placement, grace_s=grace,

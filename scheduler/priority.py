@@ -81,6 +81,14 @@ class MfuBook:
         return m
 
 
+def fmt_mfu(x: float) -> str:
+    """An MFU in words with the digits that tell values apart: "0.12%", "3.4%", "41%" (MFUs of
+    input-bound jobs are often below 1%, where "0% vs 0% median" said nothing)."""
+    if x < 0.01:
+        return f"{x:.2%}"
+    return f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
+
+
 def signal_usable(sig: Signal | None, policy: Policy) -> bool:
     return sig is not None and sig.confidence >= policy.min_signal_confidence \
         and sig.age_s <= policy.max_signal_age_s
@@ -103,12 +111,13 @@ def efficiency_factor(job: Job, signal: Signal | None, history: KeyHistory | Non
     factor, parts = 1.0, []
     if class_median and mfu < class_median:
         factor = max(policy.min_efficiency_factor, mfu / class_median)
-        parts.append(f"MFU {mfu:.0%} vs {class_median:.0%} median of its class ({job_class(job.gpus)})")
+        parts.append(f"MFU {fmt_mfu(mfu)} vs {fmt_mfu(class_median)} median of its class "
+                     f"({job_class(job.gpus)})")
     if label in GPU_IDLE_LABELS:
         factor = min(factor, policy.idle_label_factor)
         parts.append(f"{label}: its GPUs wait idle")
     if not parts:
-        return 1.0, f"MFU {mfu:.0%} from {src}: not lowered"
+        return 1.0, f"MFU {fmt_mfu(mfu)} from {src}: not lowered"
     return factor, f"priority lowered: {'; '.join(parts)} (from {src})"
 
 

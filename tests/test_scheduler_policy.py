@@ -180,7 +180,7 @@ def test_efficiency_factor_neutral_weak_stale_low_and_idle():
     assert efficiency_factor(job, weak, None, p, 0.31)[0] == 1.0
     assert efficiency_factor(job, stale, None, p, 0.31)[0] == 1.0
     f, why = efficiency_factor(job, Signal(0.04, "compute-bound", 0.9, 5.0), None, p, 0.31)
-    assert abs(f - 0.04 / 0.31) < 1e-9 and "MFU 4% vs 31% median of its class" in why
+    assert abs(f - 0.04 / 0.31) < 1e-9 and "MFU 4.0% vs 31% median of its class" in why
     f, why = efficiency_factor(job, Signal(0.40, "input-bound", 0.9, 5.0), None, p, 0.31)
     assert f == p.idle_label_factor and "input-bound" in why
     assert efficiency_factor(job, Signal(0.40, "compute-bound", 0.9, 5.0), None, p, 0.31)[0] == 1.0
@@ -237,7 +237,7 @@ def test_explain_names_what_blocks_and_what_lowered():
         book.observe(k, "2-8 GPUs", m, "compute-bound", NOW - 10)
     text = explain(13, cluster, [head, low], [r], {}, book, NOW, Policy())
     assert "behind job 12 (on-demand)" in text
-    assert "priority lowered: MFU 4% vs 31% median of its class" in text
+    assert "priority lowered: MFU 4.0% vs 31% median of its class" in text
     assert "needs 4 GPUs" in text and "2 free" in text
     assert "head of the queue" in explain(12, cluster, [head, low], [r], {}, book, NOW, Policy())
 

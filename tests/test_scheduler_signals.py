@@ -85,6 +85,6 @@ def test_squeue_gives_each_jobs_user_id_in_both_formats():
                      "priority": 1, "submit_time": 1, "start_time": 0, "time_limit": None}]}
     assert [j.user_id for j in parse_squeue_json(json.dumps(doc))] == [ALICE, None]
     line = ("7|alice|acct|spot|RUNNING|None|0|100|2026-01-01T00:00:00|2026-01-01T00:01:00|1:00:00|"
-            f"gres:gpu:1|1|n1|{ALICE}|my|job")
+            f"gres:gpu:1|1|4|n1|{ALICE}|my|job")
     (job,) = parse_squeue_fixed(line + "\n")
     assert (job.user_id, job.name) == (ALICE, "my|job")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from gpudiag.commands.scheduler_slurm import serve_slurm, slurm_options
+from gpudiag.commands.scheduler_slurm import SLURM_PARAMS, check_options, serve_slurm, slurm_options
 from gpudiag.errors import BadInput
 
 
@@ -35,7 +35,7 @@ def _machine_ids(gpus: str | None, slots: int | None) -> tuple[tuple[str, ...], 
     return tuple(ids), True
 
 
-def _quota(items: tuple[str, ...]) -> dict[str, int]:
+def quota_of(items: tuple[str, ...]) -> dict[str, int]:
     out = {}
     for item in items:
         team, _, n = item.partition("=")
@@ -89,8 +89,12 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
       gpudiag scheduler serve --slots 4            # a machine without GPUs
       gpudiag scheduler serve --backend slurm --prometheus http://prom:9090 --restore
     """
+    local = {"state_dir": state_dir, "gpus": gpus, "slots": slots, "quota": quota, "min_runtime": min_runtime,
+             "efficiency_delay": efficiency_delay, "agent_dir": agent_dir, "agent_url": agent_url,
+             "monitor": monitor, "cgroups": cgroups}
+    check_options(backend, local, {k: slurm[k] for k in SLURM_PARAMS})
     if backend == "slurm":
-        return serve_slurm(**slurm)  # type: ignore[arg-type]
+        return serve_slurm(local, **slurm)  # type: ignore[arg-type]
     from gpudiag.commands.profile import parse_duration
     from gpudiag.jobsignal import default_state_dir as agent_default
     from gpudiag.scheduler.local.config import default_state_dir
@@ -111,6 +115,6 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
         raise BadInput(str(e)) from None
     for note in notes:
         click.echo(f"gpudiag scheduler: {note}", err=True)
-    daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, _quota(quota), source,
+    daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, quota_of(quota), source,
                     monitor, agent_state, cgroups)
     main_loop(daemon)
