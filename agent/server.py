@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpudiag.agent.attribution import JobAttribution, JobOwners
+from gpudiag.agent.attribution import HpcJobMapping, JobAttribution, JobOwners
 from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.agent.job_table import JobTable
 from gpudiag.collectors.nvml import GpuBackend, NvmlUnavailable, open_backend
@@ -48,8 +48,10 @@ class HostCollector(Collector):
             pass
 
 
-def build_registry(backend_spec: str, state_dir: Path) -> tuple[CollectorRegistry, str | None]:
+def build_registry(backend_spec: str, state_dir: Path,
+                   job_mapping_dir: Path | None = None) -> tuple[CollectorRegistry, str | None]:
     """The agent's collectors, and why GPU counters are unavailable (None when they are).
+    ``job_mapping_dir``: dcgm-exporter's HPC job-mapping folder, read at every scrape.
 
     The GPU collector is registered before the job table, so each scrape attributes GPU
     processes to jobs (and their owners) before it ingests signals, which are checked
@@ -62,16 +64,20 @@ def build_registry(backend_spec: str, state_dir: Path) -> tuple[CollectorRegistr
     except NvmlUnavailable as e:
         backend, unavailable = None, str(e)
     owners = JobOwners()
-    registry.register(GpuCollector(backend, JobAttribution(owners)))
+    mapping = HpcJobMapping(job_mapping_dir) if job_mapping_dir is not None else None
+    registry.register(GpuCollector(backend, JobAttribution(owners), mapping))
     registry.register(JobTable(state_dir, owners))
     registry.register(HostCollector())
     registry.register(ProcessCollector(namespace="gpudiag_agent", registry=None))
     return registry, unavailable
 
 
-def serve(listen: str, backend_spec: str, state_dir: Path, ready: threading.Event | None = None) -> None:
+def serve(listen: str, backend_spec: str, state_dir: Path, ready: threading.Event | None = None,
+          job_mapping_dir: Path | None = None) -> None:
     host, _, port = listen.rpartition(":")
-    registry, unavailable = build_registry(backend_spec, state_dir)
+    registry, unavailable = build_registry(backend_spec, state_dir, job_mapping_dir)
+    if job_mapping_dir is not None:
+        log.info("GPU series carry hpc_job from the job-mapping folder %s", job_mapping_dir)
     if unavailable:
         log.warning("GPU counters are unavailable: %s (exporting host and job metrics only)",
                     unavailable)
