@@ -212,6 +212,8 @@ class JobTable(Collector):
                                    "Time in collectives since the job started.",
                                    labels=["job_id", "collective"])
         seen = gauge("gpudiag_job_last_signal_timestamp_seconds", "When the job last reported.")
+        run = gauge("gpudiag_job_run_info", "1, labelled with the job's run directory (its report.html).",
+                    ("job_id", "run_dir"))
         for j in self.jobs.values():
             lv = [j.job_id]
             seen.add_metric(lv, j.ts)
@@ -223,6 +225,8 @@ class JobTable(Collector):
                 age.add_metric(lv, max(0.0, now - j.traced_at))
             if j.bottleneck is not None:
                 label.add_metric([j.job_id, j.bottleneck], 1.0)
+            if j.run_dir is not None:
+                run.add_metric([j.job_id, j.run_dir], 1.0)
             for name, secs in j.collective_seconds_total.items():
                 coll.add_metric([j.job_id, name], secs)
         jobs = GaugeMetricFamily("gpudiag_agent_jobs", "Jobs currently reporting to this agent.")
@@ -234,7 +238,7 @@ class JobTable(Collector):
                                   labels=["reason"])
         for reason, n in sorted(self.rejected.items()):
             rej.add_metric([reason], float(n))
-        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, jobs, applied, rej]
+        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, run, jobs, applied, rej]
 
 
 def _read_spool_file(path: Path) -> tuple[JobSignal, int]:
