@@ -1,0 +1,81 @@
+"""The snapshot ``gpudiag top`` shows, built without a terminal: from a real agent collector's
+exposition (replaying the recorded H100 readings) and from hand-computed job tables."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpudiag.agent.gpu_collector import GpuCollector
+from gpudiag.collectors.nvml import ReplayBackend
+from gpudiag.live.snapshot import build_snapshot, filter_owner, sort_jobs
+from gpudiag.live.sources import NodeRead, Sample, parse_exposition
+from gpudiag.reports.top_view import device_cells, render_text
+from tests.conftest import SHARED
+
+H100 = SHARED / "runs" / "h100-gpt-small" / "samples" / "gpu.jsonl"
+
+
+def exposition(tmp_path, row: dict, mapping: dict[int, list[str]] | None) -> list[Sample]:
+    """One recorded row on GPU 0, through the agent's own collector and Prometheus' text format."""
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({**row, "gpu": 0, "pids": []}) + "\n")
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(GpuCollector(ReplayBackend(path), lambda pids: "",
+                              (lambda: mapping) if mapping is not None else None))
+    return parse_exposition(generate_latest(reg).decode())
+
+
+def test_a_metric_the_gpu_did_not_give_reads_na_and_a_zero_reads_zero(tmp_path):
+    rows = [json.loads(line) for line in H100.read_text().splitlines() if '"gpu"' in line]
+    idle = next(r for r in rows if str(r["gpm_dram_bw_util"]).startswith("n/a"))   # NVML's NaN
+    assert idle["gpm_sm_activity"] == 0.0
+    snap = build_snapshot([NodeRead("n1", exposition(tmp_path, idle, None))], None, now=0.0)
+    [dev] = snap.devices
+    assert dev.dram_bw is None and dev.sm_active == 0.0
+    cells = dict(zip(("node", "gpu", "model", "sm", "tensor", "dram"), device_cells(dev), strict=False))
+    assert (cells["sm"], cells["dram"]) == ("0.0%", "n/a")
+    assert json.loads(json.dumps(snap.to_dict()))["devices"][0]["dram_bw"] is None
+
+
+def test_a_gpu_two_mapped_jobs_share_is_one_gpu_with_its_traffic_counted_once(tmp_path):
+    rows = [json.loads(line) for line in H100.read_text().splitlines() if '"gpu"' in line]
+    busy = max((r for r in rows if isinstance(r["gpm_pcie_rx_mib_s"], float)),
+               key=lambda r: r["gpm_pcie_rx_mib_s"])
+    snap = build_snapshot([NodeRead("n1", exposition(tmp_path, busy, {0: ["17", "18"]}))], None, now=0.0)
+    [dev] = snap.devices
+    assert dev.jobs == "slurm:17,slurm:18"
+    assert dev.pcie_bytes_s == pytest.approx((busy["gpm_pcie_tx_mib_s"] + busy["gpm_pcie_rx_mib_s"]) * 2**20)
+    assert {j.job_id: j.gpus for j in snap.jobs} == {"slurm:17": 1, "slurm:18": 1}
+
+
+def job(job_id: str, mfu: float) -> list[Sample]:
+    return [Sample("gpudiag_job_mfu_ratio", {"job_id": job_id}, mfu),
+            Sample("gpudiag_job_last_signal_timestamp_seconds", {"job_id": job_id}, 90.0)]
+
+
+def gpus(job_id: str, n: int) -> list[Sample]:
+    return [Sample("gpudiag_gpu_up", {"gpu": str(i), "job_id": job_id, "model": "m"}, 1.0) for i in range(n)]
+
+
+def test_jobs_come_in_wasted_gpu_time_order_against_their_class_median():
+    # class "1 GPU" has three jobs (MFU 10%, 20%, 40%: median 20%); the 8-GPU job is alone in its
+    # class, so it is held against the median of all four (12% and 20%: 16%)
+    node = NodeRead("n1", [*job("a", 0.10), *gpus("a", 1)])
+    other = NodeRead("n2", [*job("b", 0.20), *job("c", 0.40), *job("big", 0.12),
+                            *[Sample("gpudiag_gpu_up", {"gpu": str(g), "job_id": j, "model": "m"}, 1.0)
+                              for g, j in enumerate(["b", "c", *["big"] * 8])]])
+    snap = build_snapshot([node, other], None, now=100.0)
+    waste = {j.job_id: round(j.waste_gpus, 6) for j in snap.jobs}
+    assert waste == {"a": 0.5, "b": 0.0, "c": -1.0, "big": 2.0}
+    assert [j.job_id for j in snap.jobs] == ["big", "a", "b", "c"]
+    assert {j.job_id: j.median_of for j in snap.jobs} == {"a": "1 GPU", "b": "1 GPU", "c": "1 GPU",
+                                                          "big": "all jobs"}
+    assert [j.job_id for j in sort_jobs(snap.jobs, "mfu")] == ["a", "big", "b", "c"]
+    assert snap.jobs[0].last_signal_seconds_ago == 10.0
+    assert filter_owner(snap.jobs, "nobody") == []
+    ids = {"a", "b", "c", "big"}
+    shown = [ln.split()[0] for ln in render_text(snap).splitlines() if ln.split() and ln.split()[0] in ids]
+    assert shown == ["big", "a", "b", "c"]   # --once prints the same order
