@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("gpudiag.commands.logs", "logs", "Print a scheduled job's output (-f to follow)."),
     "top": ("gpudiag.commands.top", "top",
             "Live view: per-GPU activity beside each job's MFU, bottleneck and step time."),
+    "log": ("gpudiag.commands.log", "log", "Log a run's diagnosis to an experiment tracker (MLflow)."),
 }
 
 
