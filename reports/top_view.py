@@ -98,4 +98,4 @@ def render_text(snap: Snapshot, width: int = 200) -> str:
         for r in rows:
             table.add_row(*r)
         console.print(table if rows else f"{title}: none")
-    return buf.getvalue()
+    return "".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines())

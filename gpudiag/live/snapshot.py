@@ -271,7 +271,7 @@ def build_snapshot(reads: list[NodeRead], queue: QueueRead | None, now: float,
             pending = sum(1 for q in queue.jobs if q.get("state") == "pending")
             snap.scheduler = f"scheduler at {queue.state_dir}: {active} running, {pending} pending"
         else:
-            snap.scheduler = f"no scheduler: {queue.error}"
+            snap.scheduler = f"scheduler: {queue.error}"
     _waste(list(jobs.values()))
     snap.jobs = sort_jobs(list(jobs.values()), "waste")
     return snap
