@@ -4,6 +4,8 @@ exposition (replaying the recorded H100 readings) and from hand-computed job tab
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -14,6 +16,7 @@ from gpudiag.live.snapshot import build_snapshot, filter_owner, sort_jobs
 from gpudiag.live.sources import NodeRead, Sample, parse_exposition
 from gpudiag.reports.top_view import device_cells, render_text
 from tests.conftest import SHARED
+from tests.harness import free_port
 
 H100 = SHARED / "runs" / "h100-gpt-small" / "samples" / "gpu.jsonl"
 
@@ -79,3 +82,29 @@ def test_jobs_come_in_wasted_gpu_time_order_against_their_class_median():
     ids = {"a", "b", "c", "big"}
     shown = [ln.split()[0] for ln in render_text(snap).splitlines() if ln.split() and ln.split()[0] in ids]
     assert shown == ["big", "a", "b", "c"]   # --once prints the same order
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["top", "--agent", "ftp://gpu01:9835"], "use HOST:PORT"),
+    (["top", "--agent", "gpu01:9835", "--prometheus", "http://prom:9090"], "not both"),
+    (["top", "--interval", "10ms"], "--interval '10ms'"),
+    (["top", "--interval", "soon"], "--interval 'soon'"),
+    (["top"], "needs a terminal"),   # stdin/stdout are pipes here
+    (["log", "/nonexistent-run", "--mlflow"], "not a gpudiag run directory"),
+    (["log", "/nonexistent-run"], "--mlflow"),
+])
+def test_bad_top_and_log_invocations_are_one_line_and_exit_2(args, needle):
+    r = subprocess.run([sys.executable, "-m", "gpudiag", *args], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (r.returncode, r.stderr)
+
+
+def test_once_with_no_agent_answering_prints_why_and_exits_1():
+    port = free_port()   # nothing listens there
+    r = subprocess.run([sys.executable, "-m", "gpudiag", "top", "--once", "--agent", f"127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert f"127.0.0.1:{port}: not reachable" in r.stdout
+    assert r.stderr.strip().splitlines() == [f"gpudiag: error: nothing could be read from "
+                                             f"http://127.0.0.1:{port}/metrics"]

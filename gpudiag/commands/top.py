@@ -45,10 +45,13 @@ def top(agents: tuple[str, ...], prometheus: str | None, interval: str, once: bo
     from gpudiag.commands.profile import parse_duration
     from gpudiag.live.sources import DEFAULT_AGENT, agent_url
 
-    period = parse_duration(interval, "--interval")
+    try:
+        period = parse_duration(interval, "--interval")
+    except click.BadParameter:
+        period = -1.0
     if not MIN_INTERVAL_S <= period <= MAX_INTERVAL_S:
-        raise click.BadParameter(f"must be between {MIN_INTERVAL_S:g}s and {MAX_INTERVAL_S:g}s",
-                                 param_hint="--interval")
+        raise BadInput(f"--interval {interval!r}: use a period from {MIN_INTERVAL_S:g}s to "
+                       f"{MAX_INTERVAL_S:g}s, e.g. 2s, 500ms or 1m")
     if agents and prometheus:
         raise BadInput("give --agent or --prometheus, not both (Prometheus already scrapes the agents)")
     try:
