@@ -77,7 +77,12 @@ class TopApp(App):
         self.run_worker(self._fetch, thread=True, exclusive=True, group="fetch")
 
     def _fetch(self) -> None:
-        snap = self.fetch()
+        try:
+            snap = self.fetch()
+        except Exception as e:  # noqa: BLE001 - one bad read is a line on screen, not a traceback
+            self.call_from_thread(self.query_one("#head", Static).update,
+                                  f"gpudiag top · could not build the view: {type(e).__name__}: {e}")
+            return
         self.call_from_thread(self._show, snap)
 
     def _show(self, snap: Snapshot | None = None) -> None:

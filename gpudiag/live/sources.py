@@ -127,7 +127,7 @@ def read_queue(state_dir: Path | None = None) -> QueueRead:
     where = state_dir or default_state_dir(for_client=True)
     try:
         answer = ask(where, {"op": "queue", "all": False})
-    except GpudiagError as e:
+    except (GpudiagError, OSError, ValueError) as e:
         return QueueRead(state_dir=where, error=str(e))
     return QueueRead(jobs=list(answer.get("jobs", [])), prefix=str(answer.get("prefix", "")),
                      state_dir=where)
