@@ -134,6 +134,24 @@ def gpu_line(screen: str, port: int, gpu: int) -> str:
     return next((x for x in screen.splitlines() if re.match(rf"\s*127\.0\.0\.1:{port}\s+{gpu}\s", x)), "")
 
 
+def job_group(run_dir: Path) -> int | None:
+    """The training process's group: gpudiag profile starts the job in a group of its own
+    (collectors/job.py), so signalling profile's group does not reach it."""
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("pid")
+    except (OSError, ValueError):
+        return None
+
+
+def signal_groups(groups: list[int | None], sig: int) -> None:
+    for g in groups:
+        if g:
+            try:
+                os.killpg(g, sig)
+            except ProcessLookupError:
+                pass
+
+
 def job_order(screen: str, jobs: list[str]) -> list[str]:
     """The job ids in the order their rows appear on screen (rows start with the job id)."""
     rows = [line.split()[0] for line in screen.splitlines() if line.split() and line.split()[0] in jobs]
@@ -190,6 +208,13 @@ def test_top_in_a_terminal_over_replayed_gpus_and_real_jobs(tmp_path):
     quiet = {"GPUDIAG_SIGNAL_INTERVAL": "1", "OMP_NUM_THREADS": "1"}
     sched = Sched(tmp_path, "--slots", "3", "--min-runtime", "0", "--agent-dir", str(a_dir), env=quiet)
     slurm = agent_a = agent_b = term = None
+    def groups() -> list[int | None]:
+        """Every process group of the three jobs: the scheduler's wrappers, gpudiag profile
+        (which sends the signals), and the training processes."""
+        wrappers = [j["pid"] for j in sched.ask({"op": "queue"})["jobs"]] if sched.proc.poll() is None else []
+        runs = [*sorted((sched.state / "jobs").glob("*/run-*")), tmp_path / "slurm-run"]
+        return [*wrappers, slurm.pid if slurm else None, *map(job_group, runs)]
+
     try:
         loop = [py, str(LOOP_JOB), "--forever", "--sleep"]
         spot = sched.submit("--gpus", "2", "--tier", "spot", "--name", "slow", "--", *loop, "0.2")
@@ -229,8 +254,7 @@ def test_top_in_a_terminal_over_replayed_gpus_and_real_jobs(tmp_path):
         # hold the jobs still (SIGSTOP), so every reader below sees the same signals: the agents
         # take in what their spools hold at the next scrape, and nothing after (a signal caught
         # half written stays a dot file, which the agent leaves alone)
-        for pgid in (pid_spot, pid_od, slurm.pid):
-            os.killpg(pgid, signal.SIGSTOP)
+        signal_groups(groups(), signal.SIGSTOP)
         ma, mb = metrics(agent_a), metrics(agent_b)
         mfu = {j: job_value(ma if j != j_slurm else mb, "gpudiag_job_mfu_ratio", j) for j in jobs}
         expected = waste_order({j_spot: 2, j_od: 1, j_slurm: 1}, mfu)
@@ -318,8 +342,8 @@ def test_top_in_a_terminal_over_replayed_gpus_and_real_jobs(tmp_path):
     finally:
         if term is not None:
             term.kill()
+        signal_groups(groups(), signal.SIGKILL)
         if slurm is not None:
-            os.killpg(slurm.pid, signal.SIGKILL)
             slurm.wait(timeout=30)
         sched.stop()
         for a in (agent_a, agent_b):
