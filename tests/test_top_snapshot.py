@@ -12,11 +12,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.collectors.nvml import ReplayBackend
+from gpudiag.jobsignal import write_signal
 from gpudiag.live.snapshot import build_snapshot, filter_owner, sort_jobs
 from gpudiag.live.sources import NodeRead, Sample, parse_exposition
 from gpudiag.reports.top_view import device_cells, render_text
 from tests.conftest import SHARED
-from tests.harness import free_port
+from tests.harness import free_port, prometheus_server
+from tests.test_agent import Agent, full_signal, wait_series
 
 H100 = SHARED / "runs" / "h100-gpt-small" / "samples" / "gpu.jsonl"
 
@@ -108,3 +110,30 @@ def test_once_with_no_agent_answering_prints_why_and_exits_1():
     assert f"127.0.0.1:{port}: not reachable" in r.stdout
     assert r.stderr.strip().splitlines() == [f"gpudiag: error: nothing could be read from "
                                              f"http://127.0.0.1:{port}/metrics"]
+
+
+def test_through_a_real_prometheus_top_sees_what_it_sees_from_the_agent(tmp_path):
+    """--prometheus: one query to a real Prometheus scraping a real agent gives the snapshot that
+    reading the agent itself gives (Prometheus' instance label is the agent's address)."""
+    rows = [json.loads(line) for line in H100.read_text().splitlines() if '"gpu"' in line]
+    replay = tmp_path / "h100.jsonl"
+    replay.write_text(json.dumps({**max(rows, key=lambda r: r["power_mw"]), "gpu": 0, "pids": []}) + "\n")
+    agent = Agent(tmp_path / "state", backend=f"replay:{replay}")
+    try:
+        write_signal(agent.state / "spool", full_signal("slurm:9"))
+        with prometheus_server(tmp_path, agent.port) as prom:
+            wait_series(prom, 'gpudiag_job_mfu_ratio{job_id="slurm:9"}')
+            wait_series(prom, "gpudiag_gpu_power_watts")
+            via = {}
+            for how in (["--prometheus", prom], ["--agent", f"127.0.0.1:{agent.port}"]):
+                r = subprocess.run([sys.executable, "-m", "gpudiag", "top", "--once", "--json", *how],
+                                   capture_output=True, text=True, timeout=120)
+                assert r.returncode == 0, r.stderr
+                via[how[0]] = json.loads(r.stdout)
+    finally:
+        agent.stop()
+    moving = ("signal_age_seconds", "last_signal_seconds_ago")   # ages: taken at each read
+    jobs = {k: [{f: v for f, v in j.items() if f not in moving} for j in d["jobs"]] for k, d in via.items()}
+    assert via["--prometheus"]["devices"] == via["--agent"]["devices"]
+    assert jobs["--prometheus"] == jobs["--agent"] and jobs["--agent"][0]["mfu"] == 0.31
+    assert via["--prometheus"]["devices"][0]["power_watts"] == max(r["power_mw"] for r in rows) / 1000
