@@ -1,6 +1,7 @@
 # The two commands the README promises:
-#   make demo   builds .venv, installs gpudiag (+ torch==2.13.0), runs the bundled tiny CPU
-#               training script under `gpudiag profile` and prints the verdict. No GPU needed.
+#   make demo   builds .venv, installs gpudiag (+ torch==2.13.0), runs the bundled CPU training
+#               script (a small CNN behind a slow DataLoader) under `gpudiag profile` and prints
+#               the verdict. No GPU needed.
 #   make test   builds .venv with the test extras, installs the system packages the tests
 #               drive (Debian's chromium and prometheus, when missing) and runs ruff and pytest.
 PYTHON ?= python3
@@ -25,7 +26,7 @@ $(VENV)/.installed-test: $(BIN)/python pyproject.toml
 
 demo: $(VENV)/.installed-core
 	rm -rf runs/demo
-	$(BIN)/gpudiag profile --out runs/demo -- $(BIN)/python benchmarks/workloads/tiny_train.py
+	$(BIN)/gpudiag profile --out runs/demo -- $(BIN)/python benchmarks/workloads/demo_train.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

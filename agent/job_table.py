@@ -210,6 +210,8 @@ class JobTable(Collector):
                                    "Time in collectives since the job started.",
                                    labels=[*JOB_LABELS, "collective"])
         seen = gauge("gpudiag_job_last_signal_timestamp_seconds", "When the job last reported.")
+        run = gauge("gpudiag_job_run_info", "1, labelled with the job's run directory (its report.html).",
+                    (*JOB_LABELS, "run_dir"))
         for j in self.jobs.values():
             lv = [j.job_id, "" if j.owner_uid is None else str(j.owner_uid)]
             seen.add_metric(lv, j.ts)
@@ -221,6 +223,8 @@ class JobTable(Collector):
                 age.add_metric(lv, max(0.0, now - j.traced_at))
             if j.bottleneck is not None:
                 label.add_metric([*lv, j.bottleneck], 1.0)
+            if j.run_dir is not None:
+                run.add_metric([*lv, j.run_dir], 1.0)
             for name, secs in j.collective_seconds_total.items():
                 coll.add_metric([*lv, name], secs)
         jobs = GaugeMetricFamily("gpudiag_agent_jobs", "Jobs currently reporting to this agent.")
@@ -236,7 +240,7 @@ class JobTable(Collector):
                                  "1; state_dir: the folder whose spool/ jobs report into and whose "
                                  "jobs.json a scheduler reads.", labels=["state_dir"])
         info.add_metric([os.path.abspath(self.state_dir)], 1.0)
-        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, jobs, applied, rej, info]
+        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, run, jobs, applied, rej, info]
 
 
 def _read_spool_file(path: Path) -> tuple[JobSignal, int]:

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpudiag.agent.attribution import JobAttribution, JobOwners
+from gpudiag.agent.attribution import HpcJobMapping, JobAttribution, JobOwners
 from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.agent.job_table import JobTable
 from gpudiag.agent.signals import closed_to_others
@@ -60,10 +60,10 @@ class HostCollector(Collector):
             pass
 
 
-def build_registry(backend_spec: str, state_dir: Path
+def build_registry(backend_spec: str, state_dir: Path, job_mapping_dir: Path | None = None
                    ) -> tuple[CollectorRegistry, JobTable, str | None]:
     """The agent's collectors, its job table, and why GPU counters are unavailable (None when
-    they are).
+    they are). ``job_mapping_dir``: dcgm-exporter's HPC job-mapping folder, read at every scrape.
 
     The GPU collector is registered before the job table, so each scrape attributes GPU
     processes to jobs (and their owners) before it ingests signals, which are checked
@@ -76,8 +76,9 @@ def build_registry(backend_spec: str, state_dir: Path
     except NvmlUnavailable as e:
         backend, unavailable = None, str(e)
     owners = JobOwners()
+    mapping = HpcJobMapping(job_mapping_dir) if job_mapping_dir is not None else None
     table = JobTable(state_dir, owners)
-    registry.register(GpuCollector(backend, JobAttribution(owners)))
+    registry.register(GpuCollector(backend, JobAttribution(owners), mapping))
     registry.register(table)
     registry.register(HostCollector())
     registry.register(ProcessCollector(namespace="gpudiag_agent", registry=None))
@@ -96,9 +97,12 @@ def intake(table: JobTable, stop: threading.Event, period: float = INTAKE_PERIOD
             return
 
 
-def serve(listen: str, backend_spec: str, state_dir: Path, ready: threading.Event | None = None) -> None:
+def serve(listen: str, backend_spec: str, state_dir: Path, ready: threading.Event | None = None,
+          job_mapping_dir: Path | None = None) -> None:
     host, _, port = listen.rpartition(":")
-    registry, table, unavailable = build_registry(backend_spec, state_dir)
+    registry, table, unavailable = build_registry(backend_spec, state_dir, job_mapping_dir)
+    if job_mapping_dir is not None:
+        log.info("GPU series carry hpc_job from the job-mapping folder %s", job_mapping_dir)
     if unavailable:
         log.warning("GPU counters are unavailable: %s (exporting host and job metrics only)",
                     unavailable)

@@ -20,7 +20,7 @@ process — the embedded scheduler's ``SignalSource`` — can read it at any mom
      "jobs": [{"job_id", "owner_uid", "ts", "received_at", "signals_applied",
                "step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at",
                "dilation", "traced_steps", "input_wait_ratio",
-               "collective_seconds_total", "ended"}, ...]}
+               "run_dir", "collective_seconds_total", "ended"}, ...]}
 
 ``owner_uid`` is the uid that wrote the job's signals (a job id appears once per owner), ``ts``
 the job's own time of its last applied signal, ``received_at`` the agent's time when it
@@ -40,7 +40,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudiag.jobsignal import ACCEPTED_SIGNAL_VERSIONS, MAX_JOB_ID, clean_job_id
+from gpudiag.jobsignal import (
+    ACCEPTED_SIGNAL_VERSIONS,
+    MAX_JOB_ID,
+    MAX_RUN_DIR,
+    clean_job_id,
+    valid_run_dir,
+)
 
 MAX_SIGNAL_BYTES = 16 * 1024
 MAX_COLLECTIVES = 16
@@ -84,6 +90,7 @@ class JobSignal:
     dilation: float | None = None
     traced_steps: int | None = None
     input_wait_ratio: float | None = None
+    run_dir: str | None = None  # where the job's report.html is written (gpudiag top shows it)
     collective_seconds_total: dict[str, float] = field(default_factory=dict)
     ended: bool = False
     # kept by the agent, not sent by jobs: the uid that wrote the signals (None: a schema-1 table's)
@@ -94,7 +101,7 @@ class JobSignal:
 
 # fields a signal may omit, so that the previous signal's value stands
 OPTIONAL_FIELDS = ("step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at", "dilation",
-                   "traced_steps", "input_wait_ratio")
+                   "traced_steps", "input_wait_ratio", "run_dir")
 
 
 def _opt_float(d: dict[str, Any], key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
@@ -114,6 +121,16 @@ def _opt_int(d: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise BadSignal(f"{key} must be an integer in [{lo}, {hi}]", "bad_value")
+    return v
+
+
+def _opt_path(d: dict[str, Any], key: str) -> str | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not valid_run_dir(v):
+        raise BadSignal(f"{key} must be an absolute path of at most {MAX_RUN_DIR} printable characters",
+                        "bad_value")
     return v
 
 
@@ -150,6 +167,7 @@ def _signal_from_dict(d: dict[str, Any]) -> JobSignal:
         dilation=_opt_float(d, "dilation", 0, MAX_DILATION, lo_open=True),
         traced_steps=_opt_int(d, "traced_steps", 0, MAX_TRACED_STEPS),
         input_wait_ratio=_opt_float(d, "input_wait_ratio", 0, 1.0),
+        run_dir=_opt_path(d, "run_dir"),
         collective_seconds_total=clean_colls, ended=ended,
     )
 

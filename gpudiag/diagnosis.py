@@ -401,3 +401,34 @@ class DiagnosisDiff:
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+
+# --- accessors: what readers outside gpudiag (an experiment tracker, a live view) take from a
+# Diagnosis, in one place, so they follow it when its schema changes --------------------------
+
+def verdict_breakdown(d: Diagnosis) -> TimeBreakdown:
+    """The mean step the verdict describes: the unprofiled estimate when the run had a step
+    timer, else the traced steps."""
+    return d.unprofiled or d.breakdown
+
+
+SHARE_PARTS = ("compute", "compute_bound", "memory_bound", "comm_exposed", "memcpy_exposed",
+               "input_wait", "host_overhead", "idle")
+
+
+def summary_figures(d: Diagnosis) -> dict[str, float | str | None]:
+    """Label, confidence, MFU, profiler dilation and the verdict breakdown's shares of the step
+    (``share_<part>``), flat: the figures runs are compared by outside gpudiag."""
+    b = verdict_breakdown(d)
+    out: dict[str, float | str | None] = {
+        "label": d.verdict.label.value,
+        "secondary": d.verdict.secondary.value if d.verdict.secondary is not None else None,
+        "confidence": d.verdict.confidence,
+        "mfu": d.mfu.value,
+        "dilation": d.dilation.factor if d.dilation is not None else None,
+        "basis": d.basis,
+        "device": d.device.name,
+        "step_time_us": b.step_time,
+    }
+    out.update({f"share_{p}": b.fraction(p) for p in SHARE_PARTS})
+    return out

@@ -118,6 +118,7 @@ def test_schema_1_and_2_signals_are_accepted(version):
     ("schema_version", 3), ("confidence", 1.5), ("confidence", -0.1), ("confidence", "high"),
     ("dilation", 0), ("dilation", -2.0), ("dilation", math.inf), ("traced_steps", -1),
     ("traced_steps", 2.5), ("traced_steps", True), ("traced_at", -5), ("traced_at", "yesterday"),
+    ("run_dir", "runs/relative"), ("run_dir", "/a\nb"), ("run_dir", "/" + "x" * 1024), ("run_dir", 7),
 ])
 def test_bad_schema_2_fields_are_refused_with_a_reason(field, value):
     doc = {"schema_version": 2, "job_id": "j", "ts": 5.0, field: value}

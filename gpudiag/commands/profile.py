@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from gpudiag.errors import BadInput
+from gpudiag.commands.log import mlflow_option
+from gpudiag.errors import BadInput, GpudiagError
 
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
 
@@ -46,9 +47,11 @@ def parse_interval(text: str) -> float:
 @click.option("--retrace", default=None, metavar="DURATION",
               help="Open a new trace window this often (e.g. 10m, 600s; 0 = once), so a job that "
                    "changes phase gets a fresh label  [default: 10m with --monitor, else 0].")
+@mlflow_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(out: Path | None, interval: str, steps: int | None, skip: int, backend: str,
-            as_json: bool, monitor: bool, retrace: str | None, command: tuple[str, ...]) -> None:
+            as_json: bool, monitor: bool, retrace: str | None, mlflow_uri: str | None,
+            command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged while sampling GPUs and tracing a few steps, then diagnose it.
 
     The job keeps its arguments, stdin/stdout/stderr, environment and exit code; gpudiag
@@ -62,6 +65,7 @@ def profile(out: Path | None, interval: str, steps: int | None, skip: int, backe
       gpudiag profile -- python train.py --lr 3e-4
       gpudiag profile --steps 3 --skip 20 -- torchrun --nproc_per_node 8 train.py
       gpudiag profile --out runs/slow-job --json -- python train.py > out.txt
+      gpudiag profile --mlflow http://mlflow:5000 -- python train.py
     """
     if steps is None:
         steps = MONITOR_STEPS if monitor else DEFAULT_STEPS
@@ -70,9 +74,13 @@ def profile(out: Path | None, interval: str, steps: int | None, skip: int, backe
                                  "cannot tell a slow step from a slow job)", param_hint="--steps")
     retrace_s = parse_duration(retrace, "--retrace") if retrace is not None else (
         MONITOR_RETRACE_S if monitor else 0.0)
+    if mlflow_uri is not None:
+        from gpudiag.tracking import require_mlflow
+
+        require_mlflow()  # before the job runs, not after hours of it
     opts = ProfileOptions(out=out or _default_out(command), interval=parse_interval(interval),
                           steps=steps, skip=skip, backend=backend, as_json=as_json,
-                          retrace_s=retrace_s)
+                          retrace_s=retrace_s, mlflow_uri=mlflow_uri)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -117,6 +125,7 @@ class ProfileOptions:
     backend: str
     as_json: bool
     retrace_s: float = 0.0
+    mlflow_uri: str | None = None  # None: no MLflow; "": $MLFLOW_TRACKING_URI or MLflow's default
 
 
 def _say(msg: str) -> None:
@@ -197,7 +206,21 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
         _say(f"analysis failed: {type(e).__name__}: {e} (the run directory is complete)")
     if reporter is not None:
         _final_signal(reporter, d, run_dir)
+    if d is not None and opts.mlflow_uri is not None:
+        _log_mlflow(d, run_dir, opts.mlflow_uri)
     return result.exit_code
+
+
+def _log_mlflow(d: object, run_dir: Path, uri: str) -> None:
+    """The diagnosis into MLflow; a tracker that fails is one line, the job's exit code stands."""
+    from gpudiag.tracking import log_run_dir
+
+    try:
+        run_id, where = log_run_dir(d, run_dir, uri or None)
+    except GpudiagError as e:
+        _say(f"not logged to MLflow: {e}")
+        return
+    _say(f"logged to MLflow run {run_id}: {where}")
 
 
 def _signal_reporter(run_dir: Path, info: object) -> object:
@@ -249,7 +272,9 @@ def _estimator(run_dir: Path):  # noqa: ANN202 - a closure
 
 def signal_fields(d: object, live_step_s: float | None, traced_at: float | None) -> dict:
     """The fields of a job signal (gpudiag/jobsignal.py, v2) from a Diagnosis."""
-    b = d.unprofiled or d.breakdown
+    from gpudiag.diagnosis import verdict_breakdown
+
+    b = verdict_breakdown(d)
     out = {"bottleneck": d.verdict.label.value, "confidence": d.verdict.confidence,
            "input_wait_ratio": b.input_wait / b.step_time if b.step_time > 0 else None,
            "traced_steps": max((len(r.steps) for r in d.ranks), default=0)}
