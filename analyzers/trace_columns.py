@@ -19,11 +19,23 @@ from gpudiag.analyzers.trace_decode import EventArgs, as_int
 
 # Category codes. GPU activities (current and PyTorch 1.8-1.9 spelling) are 1-3 (kind + 1:
 # kernel, memcpy, memset), runtime calls 4, CPU operators and annotations 5-7; 0 is skipped.
-_CAT_CODE = {
+class _Codes(dict):
+    """Category -> code; any other category (or none) is 0, remembered after its first lookup
+    so that lookups stay in C."""
+
+    def __missing__(self, key: Any) -> int:
+        self[key] = 0
+        return 0
+
+    def copy(self) -> _Codes:
+        return _Codes(self)
+
+
+_CAT_CODE = _Codes({
     "kernel": 1, "Kernel": 1, "gpu_memcpy": 2, "Memcpy": 2, "gpu_memset": 3, "Memset": 3,
     "cuda_runtime": 4, "Runtime": 4, "cuda_driver": 4,
     "cpu_op": 5, "Operator": 5, "user_annotation": 6, "python_function": 7,
-}
+})
 _RUNTIME, _CPU_OP, _ANNOTATION, _PYFUNC = 4, 5, 6, 7
 
 # HTA's kernel classes (hta/utils/utils.py): communication = "^nccl.*Kernel", memory =
@@ -165,27 +177,64 @@ def op_depth(ts: np.ndarray, dur: np.ndarray, tid: np.ndarray, is_op: np.ndarray
 
 
 def _nesting_depth(ts: np.ndarray, dur: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    """Depth of each CPU event inside others on its thread (0 = not nested)."""
+    """Depth of each CPU event inside others on its thread (0 = not nested).
+
+    The definition is a stack walk in (thread, start, longest first) order: pop what ended at
+    or before this start, the depth is what stays open. Walked in Python it cost 0.4 us per op
+    (a fifth of the decode time of a CPU-heavy trace), so it is counted with numpy instead:
+    depth = ops before it on the thread - those that ended by its start. The two agree
+    whenever every op ends no later than the op it opened inside (a stack whose ends never
+    increase pops exactly what has ended); that is checked, and the walk is kept for the
+    threads of a trace where it does not hold (clock rounding can end a child after its
+    parent).
+    """
     depth = np.zeros(ts.size, dtype=np.int16)
     if ts.size == 0:
         return depth
     order = np.lexsort((-dur, ts, tid))
-    ends = ts + dur
-    stack: list[float] = []
-    cur_tid = -1
-    ts_l = ts.tolist()
-    end_l = ends.tolist()
-    tid_l = tid.tolist()
-    depth_l = [0] * ts.size
-    for i in order.tolist():
-        t = tid_l[i]
-        if t != cur_tid:
-            stack = []
-            cur_tid = t
-        s = ts_l[i]
-        while stack and stack[-1] <= s:
-            stack.pop()
-        depth_l[i] = len(stack)
-        stack.append(end_l[i])
-    depth[:] = depth_l
+    s, d, t = ts[order], dur[order], tid[order]
+    e = s + d
+    bounds = np.flatnonzero(np.diff(t)) + 1
+    out = np.empty(ts.size, dtype=np.int64)
+    for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), ts.size], strict=True):
+        got = _counted_depth(s[lo:hi], d[lo:hi], e[lo:hi])
+        out[lo:hi] = got if got is not None else _walked_depth(s[lo:hi], e[lo:hi])
+    depth[order] = out
     return depth
+
+
+def _counted_depth(s: np.ndarray, d: np.ndarray, e: np.ndarray) -> np.ndarray | None:
+    """Depths of one thread's ops (sorted by start, longest first) by counting; None when
+    the stack walk could disagree."""
+    n = s.size
+    pos = np.arange(n)
+    ended = np.searchsorted(np.sort(e), s, side="right")  # all ops with end <= this start
+    # ...less those at or after this one: zero-length ops starting at the same time, which
+    # sort last among the ops of that start
+    run_end = np.searchsorted(s, s, side="right")
+    run_start = np.searchsorted(s, s, side="left")
+    zeros = np.concatenate(([0], np.cumsum(d == 0)))
+    z_in_run = zeros[run_end] - zeros[run_start]
+    ended -= run_end - np.maximum(pos, run_end - z_in_run)
+    depth = pos - ended
+    if depth.min(initial=0) < 0 or depth.max(initial=0) > np.iinfo(np.int16).max:
+        return None
+    # the op each one opened inside is the last op before it one level up: it must not end first
+    for k in range(1, int(depth.max(initial=0)) + 1):
+        kids = np.flatnonzero(depth == k)
+        ups = np.flatnonzero(depth == k - 1)
+        j = np.searchsorted(ups, kids) - 1
+        if (j < 0).any() or (e[kids] > e[ups[j]]).any():
+            return None
+    return depth
+
+
+def _walked_depth(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    stack: list[float] = []
+    out = []
+    for start, end in zip(s.tolist(), e.tolist(), strict=True):
+        while stack and stack[-1] <= start:
+            stack.pop()
+        out.append(len(stack))
+        stack.append(end)
+    return np.asarray(out, dtype=np.int64)

@@ -20,6 +20,7 @@ The only exception that leaves this module is ``gpudiag.errors.TraceError``.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Union
@@ -64,8 +65,8 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     cat: Union[str, None] = None
     name: Union[str, None] = None
     tid: Union[int, str, None] = None
-    ts: Union[float, None] = None
-    dur: Union[float, None] = None
+    ts: float = math.nan  # NaN: not recorded (JSON has no NaN, so none is ever read)
+    dur: float = math.nan
     args: EventArgs = NO_ARGS
 
 
@@ -114,7 +115,7 @@ def decode_head(head: bytes, path: str) -> tuple[Any, Any]:
         raise TraceError(f"{path}: invalid or truncated JSON ({e})") from None
 
 
-def decode_batch_loose(blob: bytes) -> list[Event]:
+def decode_batch_loose(blob: bytes | memoryview) -> list[Event]:
     """A JSON array of events whose values do not all have the expected types."""
     return [loose_event(e) for e in _ANY_LIST.decode(blob)]
 
@@ -177,14 +178,15 @@ def salvage_block(block: bytes, final: bool) -> tuple[list[Event], int, int]:
     return events, dropped, rest
 
 
-def _float(v: Any) -> float | None:
+def _float(v: Any) -> float:
+    """A finite number, else NaN ("not recorded")."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
+        return math.nan
     try:
         f = float(v)
     except OverflowError:
-        return None
-    return f if f - f == 0.0 else None  # finite
+        return math.nan
+    return f if f - f == 0.0 else math.nan
 
 
 def _raw(v: Any) -> Raw:

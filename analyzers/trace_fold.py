@@ -12,6 +12,7 @@ shapes repeat every step, so N traced steps parse and cost each distinct call on
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from itertools import repeat
 from operator import attrgetter, eq, is_not, itemgetter
 from typing import Any
@@ -37,12 +38,15 @@ from gpudiag.analyzers.trace_columns import (
     kernel_classes,
     op_depth,
 )
-from gpudiag.analyzers.trace_decode import NO_ID, Event, as_int, rank_of
+from gpudiag.analyzers.trace_decode import NO_ID, Event, EventArgs, as_int, rank_of
 
 _ph, _cat, _name, _ts, _dur, _tid, _args = (attrgetter(f) for f in
                                             ("ph", "cat", "name", "ts", "dur", "tid", "args"))
 _stream, _corr, _ext = attrgetter("stream"), attrgetter("correlation"), attrgetter("external_id")
-_ZERO, _NONE, _X = repeat(0), repeat(None), repeat("X")
+_dims, _dims_old = attrgetter("input_dims"), attrgetter("input_dims_old")
+_coll = attrgetter("collective")
+_types, _concrete = attrgetter("input_type"), attrgetter("concrete")
+_NONE, _X = repeat(None), repeat("X")
 
 # Per-name flags, computed once per distinct name.
 _F_DATALOADER, _F_COMM, _F_ANNOT_COMM = 1, 2, 4
@@ -56,20 +60,29 @@ def _take(seq: list, idx: np.ndarray) -> list:
     return list(itemgetter(*idx.tolist())(seq))
 
 
-def _floats(values: list) -> np.ndarray:
-    """None (not recorded) becomes NaN."""
-    return np.array(values, dtype=np.float64)
+class _Table(dict):
+    """Value -> id; a miss calls ``new(value)`` once and remembers its answer, so that the
+    common case, a value seen before, is a dict lookup in C."""
+
+    def __init__(self, new: Callable[[Any], int]) -> None:
+        super().__init__()
+        self._new = new
+
+    def __missing__(self, key: Any) -> int:
+        i = self[key] = self._new(key)
+        return i
 
 
 class ColumnBuilder:
     """Accumulates one rank's columns, batch by batch (``add``), then ``finish``."""
 
     def __init__(self) -> None:
+        self._codes = _CAT_CODE.copy()
         self.names: list[str] = []
-        self._name_id: dict[Any, int] = {None: -1}
+        self._name_id = _Table(self._new_name)
         self._step_of: list[int] = []  # per name: ProfilerStep number, -1 if not a step
         self._flags: list[int] = []
-        self._tid_id: dict[Any, int] = {}
+        self._tid_id = _Table(lambda _tid: len(self._tid_id))
         self._cost_id: dict[tuple, int] = {}
         # cost table: one row per distinct costed call (flops, bytes, dtype, kind, shape text)
         self._costs: list[tuple[float, float, int, int, int]] = []
@@ -87,35 +100,33 @@ class ColumnBuilder:
     # --- interning ----------------------------------------------------------------------
 
     def _intern(self, name: str) -> int:
-        i = self._name_id.get(name)
-        if i is None:
-            i = self._name_id[name] = len(self.names)
-            self.names.append(name)
-            m = STEP_RE.match(name) if name.startswith("ProfilerStep") else None
-            self._step_of.append(int(m.group(1)) if m else -1)
-            f = 0
-            if name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX):
-                f |= _F_DATALOADER
-            if _CPU_COMM_RE.match(name):
-                f |= _F_COMM
-                if name.startswith(("gloo:", "nccl:")):
-                    f |= _F_ANNOT_COMM
-            self._flags.append(f)
+        return self._name_id[name]
+
+    def _new_name(self, name: str) -> int:
+        """Called by the name table on a miss: the name's id, and its classification."""
+        if not isinstance(name, str):
+            return -1  # no name (the table maps it to -1 from now on)
+        i = len(self.names)
+        self.names.append(name)
+        m = STEP_RE.match(name) if name.startswith("ProfilerStep") else None
+        self._step_of.append(int(m.group(1)) if m else -1)
+        f = 0
+        if name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX):
+            f |= _F_DATALOADER
+        if _CPU_COMM_RE.match(name):
+            f |= _F_COMM
+            if name.startswith(("gloo:", "nccl:")):
+                f |= _F_ANNOT_COMM
+        self._flags.append(f)
         return i
 
-    def _name_ids(self, names: list) -> np.ndarray:
-        ids = list(map(self._name_id.get, names))
-        if None in ids:
-            ids = [self._intern(n) if i is None else i for n, i in zip(names, ids, strict=True)]
-        return np.array(ids, dtype=np.int32)
+    def _name_ids(self, evs: list[Event]) -> np.ndarray:
+        return np.fromiter(map(self._name_id.__getitem__, map(_name, evs)), dtype=np.int32,
+                           count=len(evs))
 
-    def _tid_ids(self, tids: list) -> np.ndarray:
-        ids = list(map(self._tid_id.get, tids))
-        if None in ids:
-            for t in tids:
-                self._tid_id.setdefault(t, len(self._tid_id))
-            ids = list(map(self._tid_id.__getitem__, tids))
-        return np.array(ids, dtype=np.int32)
+    def _tid_ids(self, evs: list[Event]) -> np.ndarray:
+        return np.fromiter(map(self._tid_id.__getitem__, map(_tid, evs)), dtype=np.int32,
+                           count=len(evs))
 
     # --- one batch --------------------------------------------------------------------------
 
@@ -123,60 +134,63 @@ class ColumnBuilder:
         n = len(events)
         if n == 0:
             return
-        code = np.fromiter(map(_CAT_CODE.get, map(_cat, events), _ZERO), dtype=np.int8, count=n)
+        code = np.fromiter(map(self._codes.__getitem__, map(_cat, events)), dtype=np.int8, count=n)
         sel = np.flatnonzero(code)
         if sel.size == 0:
             return
         evs = _take(events, sel)
         code = code[sel]
         m = sel.size
-        ok = np.fromiter(map(eq, map(_ph, evs), _X), dtype=bool, count=m)
-        ok &= np.fromiter(map(is_not, map(_name, evs), _NONE), dtype=bool, count=m)
-        ts = _floats(list(map(_ts, evs)))
-        dur = _floats(list(map(_dur, evs)))
+        names = self._name_ids(evs)  # -1: no name
+        ok = np.fromiter(map(eq, map(_ph, evs), _X), dtype=bool, count=m) & (names >= 0)
+        ts = np.fromiter(map(_ts, evs), dtype=np.float64, count=m)
+        dur = np.fromiter(map(_dur, evs), dtype=np.float64, count=m)
         is_gpu = code <= 3
         missing = ok & (np.isnan(ts) | np.isnan(dur))
         neg = ok & ~missing & (dur < 0)
         long = ok & ~missing & (dur > MAX_EVENT_US)
-        self.dropped_missing += int(missing.sum())
-        self.dropped_neg += int(neg.sum())
-        self.dropped_long += int(long.sum())
-        self.dropped_gpu += int((is_gpu & (missing | neg | long)).sum())
-        keep = ok & ~(missing | neg | long)
+        bad = missing | neg | long
+        if bad.any():
+            self.dropped_missing += int(missing.sum())
+            self.dropped_neg += int(neg.sum())
+            self.dropped_long += int(long.sum())
+            self.dropped_gpu += int((is_gpu & bad).sum())
+        keep = ok & ~bad
         self.kept += int(keep.sum())
         g = np.flatnonzero(keep & is_gpu)
         if g.size:
-            self._add_gpu(_take(evs, g), code[g] - 1, ts[g], dur[g])
+            self._add_gpu(_take(evs, g), code[g] - 1, names[g], ts[g], dur[g])
         r = np.flatnonzero(keep & (code == _RUNTIME))
         if r.size:
             self._add_runtime(_take(evs, r), ts[r])
         c = np.flatnonzero(keep & (code > _RUNTIME))
         if c.size:
-            self._add_cpu(_take(evs, c), code[c], ts[c], dur[c])
+            self._add_cpu(_take(evs, c), code[c], names[c], ts[c], dur[c])
 
-    def _add_gpu(self, evs: list[Event], kind: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> None:
+    def _add_gpu(self, evs: list[Event], kind: np.ndarray, names: np.ndarray, ts: np.ndarray,
+                 dur: np.ndarray) -> None:
         args = list(map(_args, evs))
         p = self.parts
         p["g_ts"].append(ts)
         p["g_dur"].append(dur)
         p["g_kind"].append(kind.astype(np.int8))
-        p["g_name"].append(self._name_ids(list(map(_name, evs))))
+        p["g_name"].append(names)
         p["g_stream"].append(np.fromiter(map(_stream, args), dtype=np.int64, count=len(args)))
         p["g_corr"].append(np.fromiter(map(_corr, args), dtype=np.int64, count=len(args)))
         p["g_ext"].append(np.fromiter(map(_ext, args), dtype=np.int64, count=len(args)))
-        for i, a in enumerate(args):
-            if a.collective is not None and kind[i] == 0:
-                self.gpu_colls.append(collective_record(a, ts[i], dur[i]))
+        coll = np.fromiter(map(is_not, map(_coll, args), _NONE), dtype=bool, count=len(args))
+        for i in np.flatnonzero(coll & (kind == 0)).tolist():
+            self.gpu_colls.append(collective_record(args[i], ts[i], dur[i]))
 
     def _add_runtime(self, evs: list[Event], ts: np.ndarray) -> None:
         corr = np.fromiter(map(_corr, map(_args, evs)), dtype=np.int64, count=len(evs))
         has = corr != NO_ID
         self.parts["r_corr"].append(corr[has])
         self.parts["r_ts"].append(ts[has])
-        self.parts["r_tid"].append(self._tid_ids(list(map(_tid, evs)))[has])
+        self.parts["r_tid"].append(self._tid_ids(evs)[has])
 
-    def _add_cpu(self, evs: list[Event], code: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> None:
-        names = self._name_ids(list(map(_name, evs)))
+    def _add_cpu(self, evs: list[Event], code: np.ndarray, names: np.ndarray, ts: np.ndarray,
+                 dur: np.ndarray) -> None:
         step = np.asarray(self._step_of, dtype=np.int64)[names]
         flags = np.asarray(self._flags, dtype=np.int8)[names]
         is_step = step >= 0
@@ -201,29 +215,44 @@ class ColumnBuilder:
             elif flags[i] & _F_ANNOT_COMM:
                 self.cpu_annotated.append(annotated_collective(self.names[names[i]], a, ts[i], dur[i]))
         is_op = code != _ANNOTATION
-        cost = np.full(rows.size, -1, dtype=np.int32)
-        had = np.zeros(rows.size, dtype=bool)
-        for i in np.flatnonzero(is_op).tolist():
-            a = args[i]
-            dims = a.input_dims if len(a.input_dims) else a.input_dims_old
-            if len(dims):
-                had[i] = True
-                cost[i] = self._cost(int(names[i]), bytes(dims), bytes(a.input_type),
-                                     bytes(a.concrete))
+        cost, had = self._costs_of(args, names, is_op)
         p = self.parts
         p["c_ts"].append(ts)
         p["c_dur"].append(dur)
         p["c_name"].append(names)
-        p["c_tid"].append(self._tid_ids(list(map(_tid, evs))))
+        p["c_tid"].append(self._tid_ids(evs))
         p["c_ext"].append(np.fromiter(map(_ext, args), dtype=np.int64, count=len(args)))
         p["c_cost"].append(cost)
         p["c_shapes"].append(had)
         p["c_isop"].append(is_op)
 
-    def _cost(self, name: int, dims: bytes, types: bytes, concrete: bytes) -> int:
-        key = (name, dims, types, concrete)
+    def _costs_of(self, args: list[EventArgs], names: np.ndarray, is_op: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """(cost row or -1, shapes recorded) per CPU event; annotations are never costed."""
+        n = len(args)
+        dims = list(map(_dims, args))
+        if not any(map(len, dims)):
+            old = list(map(_dims_old, args))  # PyTorch 1.8's spelling
+            if any(map(len, old)):
+                dims = old
+        had = np.fromiter(map(len, dims), dtype=np.int64, count=n).astype(bool) & is_op
+        cost = np.full(n, -1, dtype=np.int32)
+        rows = np.flatnonzero(had)
+        if rows.size == 0:
+            return cost, had
+        sub = _take(args, rows)
+        keys = list(zip(names[rows].tolist(), map(bytes, _take(dims, rows)),
+                        map(bytes, map(_types, sub)), map(bytes, map(_concrete, sub)), strict=True))
+        ids = list(map(self._cost_id.get, keys))
+        if None in ids:
+            ids = [self._cost(k) if i is None else i for k, i in zip(keys, ids, strict=True)]
+        cost[rows] = ids
+        return cost, had
+
+    def _cost(self, key: tuple[int, bytes, bytes, bytes]) -> int:
         i = self._cost_id.get(key)
         if i is None:
+            name, dims, types, concrete = key
             c = op_cost(self.names[name], _json(dims), _json(types), _json(concrete))
             if c is None:
                 i = -1

@@ -56,8 +56,7 @@ def load_bytes(data: bytes, name: str = "<bytes>", rank_hint: int | None = None)
 
 def _fold(stream: TraceStream, path: str, rank_hint: int | None) -> RankTrace:
     b = ColumnBuilder()
-    for batch in stream.batches():
-        b.add(batch)
+    stream.run(b.add)
     return b.finish(stream.props, stream.dist, path, rank_hint, stream.salvage_dropped)
 
 
