@@ -204,8 +204,9 @@ class ColumnBuilder:
         rows = np.flatnonzero(~is_step & ~is_dl & (code != _PYFUNC))
         if rows.size == 0:
             return
-        evs = _take(evs, rows)
-        code, ts, dur, names, flags = code[rows], ts[rows], dur[rows], names[rows], flags[rows]
+        if rows.size < len(evs):
+            evs = _take(evs, rows)
+            code, ts, dur, names, flags = code[rows], ts[rows], dur[rows], names[rows], flags[rows]
         args = list(map(_args, evs))
         for i in np.flatnonzero((flags & _F_COMM) != 0).tolist():
             a = args[i]
@@ -230,18 +231,18 @@ class ColumnBuilder:
                   ) -> tuple[np.ndarray, np.ndarray]:
         """(cost row or -1, shapes recorded) per CPU event; annotations are never costed."""
         n = len(args)
-        dims = list(map(_dims, args))
-        if not any(map(len, dims)):
-            old = list(map(_dims_old, args))  # PyTorch 1.8's spelling
-            if any(map(len, old)):
-                dims = old
-        had = np.fromiter(map(len, dims), dtype=np.int64, count=n).astype(bool) & is_op
+        dims = _dims
+        lens = np.fromiter(map(len, map(dims, args)), dtype=np.int64, count=n)
+        if not lens.any():  # PyTorch 1.8's spelling (a trace has one or the other)
+            dims = _dims_old
+            lens = np.fromiter(map(len, map(dims, args)), dtype=np.int64, count=n)
+        had = (lens > 0) & is_op
         cost = np.full(n, -1, dtype=np.int32)
         rows = np.flatnonzero(had)
         if rows.size == 0:
             return cost, had
         sub = _take(args, rows)
-        keys = list(zip(names[rows].tolist(), map(bytes, _take(dims, rows)),
+        keys = list(zip(names[rows].tolist(), map(bytes, map(dims, sub)),
                         map(bytes, map(_types, sub)), map(bytes, map(_concrete, sub)), strict=True))
         ids = list(map(self._cost_id.get, keys))
         if None in ids:
