@@ -2,15 +2,14 @@
 
 Each rank is loaded, analysed and reduced to small partial results before the next one is
 loaded, so peak memory is one rank's columns, not the job's. With several ranks and more
-than one core, ranks are analysed in a bounded pool of worker processes.
+than one core, ranks are analysed in worker processes (``rank_pool``), one per core unless
+``jobs`` says otherwise.
 """
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from gpudiag.analyzers.breakdown import gpu_span_breakdown, rank_breakdown, sum_
 from gpudiag.analyzers.classify import account_for_dilation, account_for_lost_events, classify
 from gpudiag.analyzers.communication import collective_acc, finish_collectives
 from gpudiag.analyzers.mfu import compute_mfu, note_uncosted
+from gpudiag.analyzers.rank_pool import ProgressSink, RankFile, peek, run_ranks, select
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, build_roofline, roof_violations, work_bounds
 from gpudiag.analyzers.stragglers import find_stragglers
 from gpudiag.analyzers.trace_loader import (
@@ -30,6 +30,7 @@ from gpudiag.analyzers.trace_loader import (
     find_trace_files,
     load_rank,
 )
+from gpudiag.analyzers.trace_select import select_steps
 from gpudiag.analyzers.unprofiled import estimate_unprofiled, measure_dilation
 from gpudiag.devices import DevicePeak, lookup_device, match_device, user_device
 from gpudiag.diagnosis import (
@@ -172,63 +173,53 @@ def _trace_device(path_name: str | None, memory: int | None) -> DevicePeak | Non
     return dev
 
 
-def _load_and_analyze(args: tuple[str, int, DevicePeak | None, DevicePeak | None]) -> RankPartial:
-    path, hint, device, cpu_device = args
-    rt = load_rank(Path(path), rank_hint=hint)
+def _load_and_analyze(path: str, hint: int, device: DevicePeak | None, cpu_device: DevicePeak | None,
+                      steps: tuple[int, int] | None,
+                      on_bytes: Callable[[int], None] | None = None) -> RankPartial:
+    rt = load_rank(Path(path), rank_hint=hint, on_bytes=on_bytes)
+    if steps is not None:
+        rt = select_steps(rt, *steps)
     dev = device
     if dev is None:
         dev = _trace_device(rt.device_name, rt.device_memory) if rt.has_gpu else cpu_device
     return analyze_rank(rt, dev)
 
 
-# How much of a (decompressed) trace is read to see whether it came from a GPU: Kineto writes
-# "deviceProperties" in the header, before any event.
-_HEADER_PEEK_BYTES = 256 * 1024
-
-
-def _looks_gpu(path: Path) -> bool:
-    import gzip
-
-    try:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
-            return b'"deviceProperties"' in f.read(_HEADER_PEEK_BYTES)
-    except (OSError, EOFError):
-        return False  # the loader will report what is wrong with it
-
-
 def diagnose(target: str | Path, choice: DeviceChoice | None = None,
-             flops_per_step: float | None = None, jobs: int | None = None) -> Diagnosis:
+             flops_per_step: float | None = None, jobs: int | None = None,
+             ranks: list[int] | None = None, steps: tuple[int, int] | None = None,
+             progress: ProgressSink | None = None) -> Diagnosis:
     """Analyse a trace file, a folder of rank traces, or a run directory.
 
+    ``ranks`` keeps those ranks' files only, ``steps`` (first, last ProfilerStep number) those
+    steps of each rank; ``jobs`` is the number of worker processes (default: one per core).
     The CPU peak (for traces without GPU work) is resolved once, here, before any worker
     starts: every rank is judged against the same ridge point, and workers never benchmark
     the CPU side by side.
     """
     choice = choice or DeviceChoice()
-    files = find_trace_files(Path(target))
+    files = select([peek(p, i) for i, p in enumerate(find_trace_files(Path(target)))], ranks)
     explicit = choice.explicit()
     cpu_device = None
-    if explicit is None and choice.cpu_peak is not None and not all(_looks_gpu(f) for f in files):
+    if explicit is None and choice.cpu_peak is not None and not all(f.has_device for f in files):
         cpu_device = choice.cpu_peak()
-    work = [(str(f), i, explicit, cpu_device) for i, f in enumerate(files)]
-    workers = min(jobs or os.cpu_count() or 1, len(files), 4)
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            partials = list(pool.map(_load_and_analyze, work))
-    else:
-        partials = [_load_and_analyze(w) for w in work]
+
+    def args(f: RankFile) -> tuple:
+        return (str(f.path), f.hint, explicit, cpu_device, steps)
+
+    partials = run_ranks(_load_and_analyze, files, args, jobs, progress)
     if (explicit is None and cpu_device is None and choice.cpu_peak is not None
             and any(not p.has_gpu for p in partials)):
         # a header that named a GPU over a trace without GPU work (rare): measure now, redo those
         cpu_device = choice.cpu_peak()
-        partials = [_load_and_analyze((w[0], w[1], None, cpu_device)) if not p.has_gpu else p
-                    for w, p in zip(work, partials, strict=True)]
+        redo = [f for f, p in zip(files, partials, strict=True) if not p.has_gpu]
+        again = iter(run_ranks(_load_and_analyze, redo, args, jobs))
+        partials = [next(again) if not p.has_gpu else p for p in partials]
     check_unique_ranks([(p.result.rank, p.result.trace) for p in partials])
     partials.sort(key=lambda p: p.result.rank)
     run_dir = Path(target)
     timer = _step_timer(run_dir) if is_run_dir(run_dir) else None
-    d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f) for f in files], timer)
+    d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], timer)
     if is_run_dir(run_dir):
         from gpudiag.analyzers.timeline import run_summary, run_timeline
 

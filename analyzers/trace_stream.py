@@ -184,9 +184,16 @@ class TraceStream:
 
     # --- the document around the events ---------------------------------------------------
 
+    def open_header(self) -> None:
+        """Read up to the event array: ``props``/``dist`` as the header gives them."""
+        self._open_array()
+
+    def close(self) -> None:
+        self.src.close()
+
     def _open_array(self) -> bool:
-        """Position on the '[' of the event array; False for a document with no events array.
-        Returns True for a bare array document (``[ev, ...]``) too (then no header)."""
+        """Position on the '[' of the event array (of a document, or a bare array document
+        ``[ev, ...]``, which has no header); TraceError for a document without one."""
         while True:
             stripped = self._buf.lstrip(_WS)
             if stripped or not self._more():
