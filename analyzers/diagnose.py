@@ -22,7 +22,7 @@ from gpudiag.analyzers.communication import collective_acc, finish_collectives
 from gpudiag.analyzers.mfu import compute_mfu, note_uncosted
 from gpudiag.analyzers.rank_pool import ProgressSink, RankFile, peek, run_ranks, select
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, build_roofline, roof_violations, work_bounds
-from gpudiag.analyzers.stragglers import find_stragglers
+from gpudiag.analyzers.stragglers import find_stragglers, rank_spreads
 from gpudiag.analyzers.trace_loader import (
     KCLASS_COMPUTE,
     RankTrace,
@@ -373,6 +373,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         mfu=mfu, roofline=roofline, communication=collectives, stragglers=stragglers,
         top_kernels=_top(kernels, busy), top_ops=_top(ops, busy), warnings=_dedupe(warnings),
         basis=basis, dilation=dilation, unprofiled=unprofiled, traced_verdict=traced_verdict,
+        rank_spread=rank_spreads(results),
     )
 
 
