@@ -84,8 +84,10 @@ class ColumnBuilder:
         self._flags: list[int] = []
         self._tid_id = _Table(lambda _tid: len(self._tid_id))
         self._cost_id: dict[tuple, int] = {}
-        # cost table: one row per distinct costed call (flops, bytes, dtype, kind, shape text)
-        self._costs: list[tuple[float, float, int, int, int]] = []
+        # cost table: one row per distinct costed call (flops, bytes, dtype, kind, shape text);
+        # its strings join the name table after the events' names, so that the table is in
+        # file order whatever the batches
+        self._costs: list[tuple[float, float, str, int, str]] = []
         self.parts: dict[str, list[np.ndarray]] = defaultdict(list)
         self.steps: list[tuple[int, float, float]] = []
         self.dataloader: list[tuple[float, float]] = []
@@ -160,12 +162,19 @@ class ColumnBuilder:
         g = np.flatnonzero(keep & is_gpu)
         if g.size:
             self._add_gpu(_take(evs, g), code[g] - 1, names[g], ts[g], dur[g])
+        host = keep & ~is_gpu
+        if not host.any():
+            return
+        # thread ids in file order, whatever the batches: the same trace gives the same ids
+        tids = np.full(m, -1, dtype=np.int32)
+        h = np.flatnonzero(host)
+        tids[h] = self._tid_ids(_take(evs, h))
         r = np.flatnonzero(keep & (code == _RUNTIME))
         if r.size:
-            self._add_runtime(_take(evs, r), ts[r])
+            self._add_runtime(_take(evs, r), ts[r], tids[r])
         c = np.flatnonzero(keep & (code > _RUNTIME))
         if c.size:
-            self._add_cpu(_take(evs, c), code[c], names[c], ts[c], dur[c])
+            self._add_cpu(_take(evs, c), code[c], names[c], ts[c], dur[c], tids[c])
 
     def _add_gpu(self, evs: list[Event], kind: np.ndarray, names: np.ndarray, ts: np.ndarray,
                  dur: np.ndarray) -> None:
@@ -182,15 +191,15 @@ class ColumnBuilder:
         for i in np.flatnonzero(coll & (kind == 0)).tolist():
             self.gpu_colls.append(collective_record(args[i], ts[i], dur[i]))
 
-    def _add_runtime(self, evs: list[Event], ts: np.ndarray) -> None:
+    def _add_runtime(self, evs: list[Event], ts: np.ndarray, tids: np.ndarray) -> None:
         corr = np.fromiter(map(_corr, map(_args, evs)), dtype=np.int64, count=len(evs))
         has = corr != NO_ID
         self.parts["r_corr"].append(corr[has])
         self.parts["r_ts"].append(ts[has])
-        self.parts["r_tid"].append(self._tid_ids(evs)[has])
+        self.parts["r_tid"].append(tids[has])
 
     def _add_cpu(self, evs: list[Event], code: np.ndarray, names: np.ndarray, ts: np.ndarray,
-                 dur: np.ndarray) -> None:
+                 dur: np.ndarray, tids: np.ndarray) -> None:
         step = np.asarray(self._step_of, dtype=np.int64)[names]
         flags = np.asarray(self._flags, dtype=np.int8)[names]
         is_step = step >= 0
@@ -207,6 +216,7 @@ class ColumnBuilder:
         if rows.size < len(evs):
             evs = _take(evs, rows)
             code, ts, dur, names, flags = code[rows], ts[rows], dur[rows], names[rows], flags[rows]
+            tids = tids[rows]
         args = list(map(_args, evs))
         for i in np.flatnonzero((flags & _F_COMM) != 0).tolist():
             a = args[i]
@@ -221,7 +231,7 @@ class ColumnBuilder:
         p["c_ts"].append(ts)
         p["c_dur"].append(dur)
         p["c_name"].append(names)
-        p["c_tid"].append(self._tid_ids(evs))
+        p["c_tid"].append(tids)
         p["c_ext"].append(np.fromiter(map(_ext, args), dtype=np.int64, count=len(args)))
         p["c_cost"].append(cost)
         p["c_shapes"].append(had)
@@ -259,8 +269,7 @@ class ColumnBuilder:
                 i = -1
             else:
                 i = len(self._costs)
-                self._costs.append((c.flops, c.bytes, self._intern(c.dtype), c.kind,
-                                    self._intern(str(_json(dims)))))
+                self._costs.append((c.flops, c.bytes, c.dtype, c.kind, str(_json(dims))))
             self._cost_id[key] = i
         return i
 
@@ -294,7 +303,8 @@ class ColumnBuilder:
         cpu_tid = self._col("c_tid", np.int32)
         is_op = self._col("c_isop", bool)
         cost = self._col("c_cost", np.int32)
-        table = np.array(self._costs, dtype=np.float64).reshape(-1, 5)
+        table = np.array([(f, b, self._intern(dt), k, self._intern(sh))
+                          for f, b, dt, k, sh in self._costs], dtype=np.float64).reshape(-1, 5)
         costed = cost >= 0
         ci = cost[costed]
 

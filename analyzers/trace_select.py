@@ -3,7 +3,10 @@
 Every analysis then reads the narrower columns unchanged, so the breakdown, roofline, top
 kernels and collectives all describe the same steps. A step's window runs from its start to
 the next step's start (``breakdown.step_windows``); GPU work is kept when it overlaps a kept
-window (it runs behind the host), host events when they start in one.
+window (it runs behind the host). On a GPU trace every CPU operator is kept: operators only
+name and cost the kernels (a kernel early in a step was often launched in the step before),
+and what is summed is the kernels. On a CPU-only trace the operators are the work: those
+starting in a kept window are kept.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def select_steps(rt: RankTrace, first: int, last: int) -> RankTrace:
     hi = np.array([steps[i + 1][1] if i + 1 < len(steps) else steps[i][2] for i in keep])
     gpu_end = rt.gpu_ts + rt.gpu_dur
     gpu = _overlaps(rt.gpu_ts, gpu_end, lo, hi)
-    cpu = _starts_in(rt.cpu_ts, lo, hi)
+    cpu = np.ones(rt.cpu_ts.size, bool) if rt.has_gpu else _starts_in(rt.cpu_ts, lo, hi)
     out = _mask(rt, gpu, cpu, lo, hi)
     out.steps = [(s, a, b) for (s, a, _), b in zip((steps[i] for i in keep), hi.tolist(), strict=True)]
     return out

@@ -11,6 +11,7 @@ of its own runs while worker processes are forked.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -112,12 +113,20 @@ class TraceProgress:
         self._tasks[key] = self._progress.add_task(label, total=max(size, 1), completed=read)
 
 
+# Seconds before the bar appears, if not SHOW_AFTER_S (tests set 0 to see it on small inputs).
+AFTER_ENV = "GPUDIAG_PROGRESS_AFTER_S"
+
+
 def for_stderr(quiet: bool = False, stream: TextIO | None = None) -> TraceProgress | None:
     """A progress bar on stderr when it is a terminal and not ``quiet``; else None."""
     stream = stream or sys.stderr
     if quiet or not _is_tty(stream):
         return None
-    return TraceProgress(stream)
+    try:
+        after = float(os.environ.get(AFTER_ENV, SHOW_AFTER_S))
+    except ValueError:
+        after = SHOW_AFTER_S
+    return TraceProgress(stream, show_after_s=after)
 
 
 def _is_tty(stream: TextIO) -> bool:
