@@ -111,12 +111,7 @@ def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
     memory_ops: dict[str, float] = defaultdict(float)
     if rt.has_gpu:
         _group(kernels, rt.gpu_name, rt.gpu_dur, rt.names)
-        ext_to_name = {}
-        for e, n in zip(rt.cpu_ext.tolist(), rt.cpu_name.tolist(), strict=False):
-            if e >= 0 and e not in ext_to_name:
-                ext_to_name[e] = n
-        launch_op = np.fromiter((ext_to_name.get(e, -1) for e in rt.gpu_ext.tolist()),
-                                dtype=np.int64, count=rt.gpu_ext.size)
+        launch_op = _launching_op_names(rt)
         known = launch_op >= 0
         _group(ops, launch_op[known], rt.gpu_dur[known], rt.names)
         # calls are operator calls (distinct External ids), not the kernels they launched
@@ -150,6 +145,20 @@ def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
         events=(rt.kept_events, rt.dropped_events),
         gpu_events=(rt.kept_gpu_events, rt.dropped_gpu_events),
     )
+
+
+def _launching_op_names(rt: RankTrace) -> np.ndarray:
+    """Per GPU activity, the name of the first CPU event with its External id; -1 if none."""
+    out = np.full(rt.gpu_ext.size, -1, dtype=np.int64)
+    has = rt.cpu_ext >= 0
+    if not has.any() or out.size == 0:
+        return out
+    ext, first = np.unique(rt.cpu_ext[has], return_index=True)  # first occurrence of each id
+    names = rt.cpu_name[has][first]
+    k = np.clip(np.searchsorted(ext, rt.gpu_ext), 0, ext.size - 1)
+    hit = ext[k] == rt.gpu_ext
+    out[hit] = names[k[hit]]
+    return out
 
 
 def _group(acc: dict, name_ids: np.ndarray, dur: np.ndarray, names: list[str]) -> None:

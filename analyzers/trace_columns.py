@@ -90,7 +90,6 @@ class RankTrace:
     cpu_is_model_flop: np.ndarray  # bool: matmul/conv/attention (counts toward MFU)
     cpu_kind: np.ndarray  # op_args.KIND_* of costed ops, 0 where uncosted
     cpu_had_shapes: np.ndarray  # bool: "Input Dims" recorded
-    cpu_depth: np.ndarray  # nesting depth among cpu ops on the same thread (0 = top level)
     cpu_is_op: np.ndarray  # bool: an operator (cpu_op), not a user annotation
     cpu_shape: np.ndarray  # index into names of the "Input Dims" text of costed ops; -1 none
     # steps and dataloader waits
@@ -105,6 +104,17 @@ class RankTrace:
     kept_events: int = 0
     dropped_gpu_events: int = 0
     kept_gpu_events: int = 0
+    # nesting depth among cpu ops on the same thread (0 = top level): see ``cpu_depth``
+    _depth: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def cpu_depth(self) -> np.ndarray:
+        """Nesting depth of each CPU event among the operators of its thread (0 = top level).
+        Computed on first use: only CPU-only traces need it (a sort of every CPU op, a tenth
+        of the analysis of a GPU trace that never reads it)."""
+        if self._depth is None:
+            self._depth = op_depth(self.cpu_ts, self.cpu_dur, self.cpu_tid, self.cpu_is_op)
+        return self._depth
 
     @property
     def has_gpu(self) -> bool:

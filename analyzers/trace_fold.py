@@ -36,7 +36,6 @@ from gpudiag.analyzers.trace_columns import (
     annotated_collective,
     collective_record,
     kernel_classes,
-    op_depth,
 )
 from gpudiag.analyzers.trace_decode import NO_ID, Event, EventArgs, as_int, rank_of
 
@@ -327,7 +326,7 @@ class ColumnBuilder:
             cpu_flops=per_op(0, np.nan, np.float64), cpu_bytes=per_op(1, np.nan, np.float64),
             cpu_dtype=per_op(2, -1, np.int32), cpu_is_model_flop=kind == KIND_MODEL,
             cpu_kind=kind, cpu_had_shapes=self._col("c_shapes", bool),
-            cpu_depth=op_depth(cpu_ts, cpu_dur, cpu_tid, is_op), cpu_is_op=is_op,
+            cpu_is_op=is_op,
             cpu_shape=per_op(4, -1, np.int32),
             steps=self.steps,
             dataloader=np.asarray(self.dataloader, dtype=np.float64).reshape(-1, 2),

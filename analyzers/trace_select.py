@@ -69,4 +69,6 @@ def _mask(rt: RankTrace, gpu: np.ndarray, cpu: np.ndarray, lo: np.ndarray, hi: n
     keep = _overlaps(ts, ends, lo, hi).tolist()
     changes["collectives"] = [c for c, k in zip(rt.collectives, keep, strict=True) if k]
     changes["kept_gpu_events"] = int(gpu.sum())
+    # nesting as in the whole trace (an op's parent may start before the first kept step)
+    changes["_depth"] = None if rt.has_gpu else rt.cpu_depth[cpu]
     return dataclasses.replace(rt, **changes)
