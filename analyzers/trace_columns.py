@@ -31,12 +31,12 @@ class _Codes(dict):
         return _Codes(self)
 
 
-_CAT_CODE = _Codes({
+CATEGORY_CODE = _Codes({
     "kernel": 1, "Kernel": 1, "gpu_memcpy": 2, "Memcpy": 2, "gpu_memset": 3, "Memset": 3,
     "cuda_runtime": 4, "Runtime": 4, "cuda_driver": 4,
     "cpu_op": 5, "Operator": 5, "user_annotation": 6, "python_function": 7,
 })
-_RUNTIME, _CPU_OP, _ANNOTATION, _PYFUNC = 4, 5, 6, 7
+CODE_RUNTIME, CODE_CPU_OP, CODE_ANNOTATION, CODE_PYFUNC = 4, 5, 6, 7
 
 # HTA's kernel classes (hta/utils/utils.py): communication = "^nccl.*Kernel", memory =
 # "^Memcpy|^Memset|^dma", everything else computation. We use the same so our idle/compute/
@@ -53,7 +53,7 @@ DATALOADER_PREFIX = "enumerate(DataLoader)#"
 DATALOADER_SUFFIX = ".__next__"
 # CPU-side collective markers: gloo/NCCL calls are wrapped in record_param_comms and in
 # c10d annotations such as "nccl:all_reduce" / "gloo:all_reduce".
-_CPU_COMM_RE = re.compile(r"^(record_param_comms|c10d::|nccl:|gloo:)")
+CPU_COMM_RE = re.compile(r"^(record_param_comms|c10d::|nccl:|gloo:)")
 
 
 @dataclass

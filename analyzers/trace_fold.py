@@ -23,11 +23,11 @@ import numpy as np
 from gpudiag.analyzers.op_args import KIND_MODEL
 from gpudiag.analyzers.op_flops import op_cost
 from gpudiag.analyzers.trace_columns import (
-    _ANNOTATION,
-    _CAT_CODE,
-    _CPU_COMM_RE,
-    _PYFUNC,
-    _RUNTIME,
+    CATEGORY_CODE,
+    CODE_ANNOTATION,
+    CODE_PYFUNC,
+    CODE_RUNTIME,
+    CPU_COMM_RE,
     DATALOADER_PREFIX,
     DATALOADER_SUFFIX,
     MAX_EVENT_US,
@@ -76,7 +76,7 @@ class ColumnBuilder:
     """Accumulates one rank's columns, batch by batch (``add``), then ``finish``."""
 
     def __init__(self) -> None:
-        self._codes = _CAT_CODE.copy()
+        self._codes = CATEGORY_CODE.copy()
         self.names: list[str] = []
         self._name_id = _Table(self._new_name)
         self._step_of: list[int] = []  # per name: ProfilerStep number, -1 if not a step
@@ -114,7 +114,7 @@ class ColumnBuilder:
         f = 0
         if name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX):
             f |= _F_DATALOADER
-        if _CPU_COMM_RE.match(name):
+        if CPU_COMM_RE.match(name):
             f |= _F_COMM
             if name.startswith(("gloo:", "nccl:")):
                 f |= _F_ANNOT_COMM
@@ -168,10 +168,10 @@ class ColumnBuilder:
         tids = np.full(m, -1, dtype=np.int32)
         h = np.flatnonzero(host)
         tids[h] = self._tid_ids(_take(evs, h))
-        r = np.flatnonzero(keep & (code == _RUNTIME))
+        r = np.flatnonzero(keep & (code == CODE_RUNTIME))
         if r.size:
             self._add_runtime(_take(evs, r), ts[r], tids[r])
-        c = np.flatnonzero(keep & (code > _RUNTIME))
+        c = np.flatnonzero(keep & (code > CODE_RUNTIME))
         if c.size:
             self._add_cpu(_take(evs, c), code[c], names[c], ts[c], dur[c], tids[c])
 
@@ -209,7 +209,7 @@ class ColumnBuilder:
             self.dataloader.append((float(ts[i]), float(ts[i] + dur[i])))
             name = self.names[names[i]]
             self.dl_kinds.add(name[len(DATALOADER_PREFIX):-len(DATALOADER_SUFFIX)])
-        rows = np.flatnonzero(~is_step & ~is_dl & (code != _PYFUNC))
+        rows = np.flatnonzero(~is_step & ~is_dl & (code != CODE_PYFUNC))
         if rows.size == 0:
             return
         if rows.size < len(evs):
@@ -224,7 +224,7 @@ class ColumnBuilder:
                 self.cpu_colls.append(collective_record(a, ts[i], dur[i]))
             elif flags[i] & _F_ANNOT_COMM:
                 self.cpu_annotated.append(annotated_collective(self.names[names[i]], a, ts[i], dur[i]))
-        is_op = code != _ANNOTATION
+        is_op = code != CODE_ANNOTATION
         cost, had = self._costs_of(args, names, is_op)
         p = self.parts
         p["c_ts"].append(ts)
