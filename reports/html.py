@@ -14,6 +14,7 @@ module (the sections of the report page).
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections import Counter
 from typing import Any
@@ -171,6 +172,18 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
     return {"charts": [Markup(c) for c in charts], "mean_rows": mean_rows, "rank_rows": rank_rows,
             "part_labels": SHORT_LABELS, "stragglers": strag, "note": note,
             "spread": _spread_rows(d), "device": "GPU" if d.device.kind == "gpu" else "CPU"}
+
+
+def _sources(d: Diagnosis) -> list[str]:
+    """The trace files, or for many ranks their folder, how many, and the first and last."""
+    if len(d.sources) <= MAX_RANK_ROWS:
+        return d.sources
+    try:
+        folder = os.path.commonpath(d.sources)
+    except ValueError:  # absolute and relative paths mixed: no common folder to name
+        return d.sources
+    names = [os.path.relpath(x, folder) for x in d.sources]
+    return [f"{len(names)} files in {folder}: {names[0]}, {names[1]}, …, {names[-1]}"]
 
 
 def _embedded(d: Diagnosis) -> tuple[Markup, str]:
@@ -367,7 +380,7 @@ def render_report(d: Diagnosis) -> str:
     """The whole report for one Diagnosis as an HTML string."""
     ctx = {
         "title": f"gpudiag: {d.verdict.label.value} \u2014 {d.device.name}",
-        "header": _header(d), "sources": d.sources, "verdict": verdict_ctx(d), "views": views_ctx(d),
+        "header": _header(d), "sources": _sources(d), "verdict": verdict_ctx(d), "views": views_ctx(d),
         "breakdown": _breakdown(d), "timeline": _timeline(d), "roofline": _roofline(d),
         "tables": _tables(d), "missing": _missing(d), "generated_by": f"gpudiag {d.gpudiag_version}",
     }
