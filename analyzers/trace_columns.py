@@ -155,7 +155,12 @@ def annotated_collective(name: str, a: EventArgs, ts: float, dur: float) -> dict
 
 
 def _parse(raw: msgspec.Raw) -> Any:
-    return msgspec.json.decode(raw) if len(raw) else None
+    if not len(raw):
+        return None
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError):  # raw values are not UTF-8 checked
+        return None
 
 
 def kernel_classes(gpu_name: np.ndarray, gpu_kind: np.ndarray, names: list[str]) -> np.ndarray:

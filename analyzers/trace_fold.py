@@ -359,7 +359,14 @@ class ColumnBuilder:
 
 
 def _json(raw: bytes) -> Any:
-    return msgspec.json.decode(raw) if raw else None
+    """A raw argument (shapes, types) parsed; None when absent or unreadable (msgspec checks a
+    raw value's syntax while skipping it, not the UTF-8 inside its strings)."""
+    if not raw:
+        return None
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
 
 
 def _join_launches(gpu_corr: np.ndarray, r_corr: np.ndarray, r_ts: np.ndarray,

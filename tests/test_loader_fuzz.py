@@ -81,6 +81,15 @@ def test_mutated_event_fields_never_escape_as_other_errors(tmp_path, data):
     _check(json.dumps(doc).encode(), tmp_path)
 
 
+def test_invalid_utf8_inside_recorded_shapes_costs_nothing_and_loses_nothing(tmp_path):
+    """Shapes and types are kept raw until an op is costed; a byte that is not UTF-8 inside
+    them (a flipped bit) leaves that op uncosted instead of failing the file."""
+    at = RAW.index(b'"Input type": ["') + len(b'"Input type": ["')
+    bad = RAW[:at] + b"\x80" + RAW[at:]
+    _check(bad, tmp_path)
+    assert load_bytes(bad).kept_events == load_bytes(RAW).kept_events
+
+
 def test_decode_of_a_real_trace_keeps_every_complete_event():
     rt = load_bytes(RAW, "mi250")
     timed = [e for e in DOC["traceEvents"] if e.get("ph") == "X" and "dur" in e]
