@@ -36,7 +36,7 @@ are reused when their parameters match. Usage::
 
     python benchmarks/analyze_speed.py --size-gb 0.6125       # the issue's 8-rank ~650 MB set
     python benchmarks/analyze_speed.py --size-gb 8 --skip-hta --check-prefix-gb 0.6125 \
-        --workdir /tmp/big                                     # 8 ranks x 1 GiB
+        --workdir "$TMPDIR/big"                                # 8 ranks x 1 GiB
     python benchmarks/analyze_speed.py --world 128 --size-gb 2.5 --skip-hta   # 128 x 20 MB
 """
 
