@@ -149,6 +149,29 @@ class Stragglers:
 
 
 @dataclass
+class RankValue:
+    rank: int
+    value: float
+
+
+@dataclass
+class RankSpread:
+    """One per-rank number over all ranks: its distribution and the extreme ranks, so that a
+    job of 128 ranks reads as a few lines instead of 128 rows. Values are per step (us)."""
+
+    metric: str  # a TimeBreakdown field: "step_time", "comm_exposed", ...
+    label: str  # what a person reads: "mean step time", ...
+    ranks: int
+    minimum: float
+    p10: float
+    median: float
+    p90: float
+    maximum: float
+    highest: list[RankValue] = field(default_factory=list)  # largest first
+    lowest: list[RankValue] = field(default_factory=list)  # smallest first
+
+
+@dataclass
 class DeviceInfo:
     name: str
     source: str
@@ -260,6 +283,9 @@ class Diagnosis:
     dilation: Dilation | None = None
     unprofiled: TimeBreakdown | None = None  # estimated mean step of the job unobserved
     traced_verdict: Verdict | None = None  # what the traced breakdown alone would say
+    # per-rank numbers summarised over the ranks (2 or more ranks with steps); optional, so
+    # diagnoses written before it still read
+    rank_spread: list[RankSpread] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return _encode(self)

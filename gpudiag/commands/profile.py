@@ -332,9 +332,10 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | Non
         return None
     from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
     from gpudiag.collectors.cpu_peak import cpu_peak
+    from gpudiag.reports.progress import for_stderr
     from gpudiag.reports.terminal import render_terminal
 
-    d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak))
+    d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak), progress=for_stderr())
     (run_dir / "diagnosis.json").write_text(d.to_json())
     _write_report(run_dir, d)
     click.echo(d.to_json() if opts.as_json else render_terminal(d))
