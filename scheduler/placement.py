@@ -64,9 +64,10 @@ def _fewest(nodes: Sequence[int], size: Sequence[int], gpus: int) -> list[int] |
     return chosen[:-1] + [last]
 
 
-def _fill(chosen: list[int], size: Sequence[int], gpus: int) -> Plan:
-    """Every chosen node whole but the smallest, which takes the remainder; in node order."""
-    order = sorted(chosen, key=lambda n: (-size[n], n))
+def _fill(chosen: list[int], size: Sequence[int], gpus: int, by_index: bool = False) -> Plan:
+    """Every chosen node whole but one, which takes the remainder: the smallest (the fewest
+    nodes leave none empty that way) or, ``by_index``, the last; in node order."""
+    order = sorted(chosen) if by_index else sorted(chosen, key=lambda n: (-size[n], n))
     plan, left = [], gpus
     for n in order:
         take = min(size[n], left)
@@ -83,7 +84,8 @@ def pick_whole(cands: Sequence[int], size: Sequence[int], rack: Sequence[int], g
     the job takes wholly free nodes whose GPUs add up to its request: gpudiag takes the fewest
     such nodes, all in one rack when one rack can give them (the rack leaving the least over),
     else spread over the racks with the most free GPUs; the baselines take the lowest-indexed
-    nodes until the request is covered. Only the smallest chosen node is left partly used. On
+    nodes until the request is covered. Only one chosen node is left partly used (gpudiag's
+    smallest, the baselines' last). On
     a uniform cluster this is ceil(g/G) nodes, as the published simulators do.
     """
     if uniform:
@@ -117,7 +119,7 @@ def pick_whole(cands: Sequence[int], size: Sequence[int], rack: Sequence[int], g
             got += size[n]
             if got >= gpus:
                 break
-        return _fill(chosen, size, gpus)
+        return _fill(chosen, size, gpus, by_index=True)
     fewest = _fewest(cands, size, gpus)
     k = len(fewest)
     by_rack = {}
@@ -212,14 +214,21 @@ class Reservation:
 
     ``firm``: the head waits only for jobs in their grace period (a preemption it caused, or a
     cancel), which may end any moment before their kill deadline (the shadow): no backfill job
-    may count on ending before it, so the reserved GPUs go to no one else at all.
+    may count on ending before it, and the reserved nodes' GPUs go to no one else at all.
     """
 
     shadow: float
     nodes: frozenset[int]                            # nodes the head will use
     spare: dict[int, int] = field(default_factory=dict)   # reserved node -> GPUs a long job may use
-    waits_for: tuple[int, ...] = ()                  # jobs on those nodes whose end it waits for
     firm: bool = False
+    # (job id, placement) of the jobs released to find the shadow, in order of their end
+    released: Sequence[tuple[int, Placement]] = ()
+
+    @property
+    def waits_for(self) -> tuple[int, ...]:
+        """The jobs on the reserved nodes whose end the head waits for (computed when a reason
+        asks: a replay's millions of passes never do)."""
+        return tuple(j for j, p in self.released if any(n in self.nodes for n, _ in p.slots))
 
     def cap(self, node: int, free: int) -> int:
         """GPUs of ``node`` a long job may take."""
@@ -269,6 +278,11 @@ def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, 
     if rule.whole:
         cands = [n for n in range(len(free)) if usable[n] and free[n] == size[n]]
         plan = pick_whole(cands, size, state.rack, rule.gpus, rule.fewest_racks, state.uniform) or []
+        if len({state.rack[n] for n, _ in plan}) > 1:
+            # no one rack will do: reserve the lowest-indexed nodes (the baselines' choice), as
+            # this reservation always has. Reserving the racks pick_whole spreads over instead
+            # raised gpudiag's mean JCT on the full Philly replay from 86,676 s to 93,988 s.
+            plan = pick_whole(cands, size, state.rack, rule.gpus, False, state.uniform) or []
         nodes = frozenset(n for n, _ in plan)
         # the whole-node rule needs these nodes wholly free at the shadow time, even the last
         # one whose remainder the head will not use: nothing of them is spare for long jobs
@@ -276,28 +290,35 @@ def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, 
     else:
         n = min((n for n in range(len(free)) if free[n] >= rule.gpus), key=lambda n: (free[n], n))
         nodes, spare = frozenset((n,)), {n: free[n] - rule.gpus}
-    waits = tuple(j for j, p in released if any(n in nodes for n, _ in p.slots))
-    return Reservation(shadow, nodes, spare=spare, waits_for=waits)
+    return Reservation(shadow, nodes, spare=spare, released=released)
 
 
 def promise(state: ClusterState, rule: Rule, stopping: Sequence[tuple[float, int, Placement]],
             now: float) -> Reservation | None:
     """The head's reservation when the GPUs of jobs in their grace period are enough for it.
 
-    ``stopping``: (kill deadline, job id, placement) of every job told to stop. The head gets
-    the placement it would get once they are gone, from the latest deadline among the jobs on
-    those nodes (an upper bound: they may stop sooner), and the reservation is firm. None when
-    it would not fit even then (then it may need victims, or waits as any head does).
+    ``stopping``: (kill deadline, job id, placement) of every job told to stop. The head is
+    reserved what ``reserve`` finds releasing only those jobs, by deadline: the earliest
+    placement they free (the deadline is an upper bound: they may stop sooner), made firm, with
+    nothing of those nodes spare for others until it starts. A
+    head that may spread and fits no one node even then is promised where it would spread once
+    they are all gone. None when it would not fit even then (it may need victims, or waits as
+    any head does).
     """
+    res = reserve(state, rule, sorted(stopping, key=lambda x: x[0]), now)
+    if res is not None:
+        # the stopping jobs may end in any order, any moment: a GPU of those nodes given away now
+        # could be the one that would have let the head start at the first exit
+        res.firm, res.spare = True, dict.fromkeys(res.nodes, 0)
+        return res
+    if not rule.may_spread:
+        return None
     with state.released(p for _, _, p in stopping):
         plan = place(state, rule)
         if plan is None:
             return None
         nodes = frozenset(n for n, _ in plan)
-        if rule.whole:
-            spare = dict.fromkeys(nodes, 0)
-        else:
-            spare = {n: state.free[n] - g for n, g in plan}
-    on = [(end, j) for end, j, p in stopping if any(n in nodes for n, _ in p.slots)]
-    return Reservation(max([now, *(e for e, _ in on)]), nodes, spare=spare,
-                       waits_for=tuple(j for _, j in sorted(on)), firm=True)
+    spare = dict.fromkeys(nodes, 0)
+    on = sorted((end, j, p) for end, j, p in stopping if any(n in nodes for n, _ in p.slots))
+    return Reservation(max([now, *(e for e, _, _ in on)]), nodes, spare=spare, firm=True,
+                       released=[(j, p) for _, j, p in on])

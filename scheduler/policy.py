@@ -108,7 +108,7 @@ def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, n
     return short, np.array([best, outside + inside, whole])
 
 
-def _head(state: ClusterState, head: Job, rule: Rule, by_end: list[tuple[float, int, Placement]],
+def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[float, int, Placement]],
           now: float, policy: Policy, running: Sequence[Running] | None,
           mfu_of: MfuOf | None) -> tuple[list[Decision], Reservation | None]:
     """Preemptions for the head, and its reservation: steps 1-3 of the module docstring."""
@@ -155,7 +155,6 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
     if i == n:
         return out
     head, rule = queue.jobs[i], rule_at(queue, i, policy)
-    by_end = list(by_end)
     if out:   # what started in order ahead of the head ends (by its estimate) before it can start
         started = [(now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement) for d in out]
         by_end = sorted([*by_end, *started], key=lambda x: x[0])
@@ -173,7 +172,7 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
     blocked = f"needs {need}, {state.total_free} free, at most {state.max_free_on_a_node()} on one node"
     out.append(Decision("hold", head.id, f"head of the queue: {blocked}{when}",
                         numbers={"free": state.total_free, "shadow": res.shadow if res else None,
-                                 "waits_for": list(res.waits_for) if res else [],
+                                 "reservation": res,
                                  "firm": bool(res and res.firm), "position": i, "need": blocked}))
     if not policy.backfill:
         return out

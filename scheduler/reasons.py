@@ -65,9 +65,10 @@ def wait_reasons(state: ClusterState, queue: PendingQueue, decisions: Mapping[in
             continue
         if d is not None and d.kind == "hold":
             nums = d.numbers
+            res = nums.get("reservation")
             text = "; ".join(w for w in (d.reason, lowered) if w)
             out[job.id] = Why(False, text, pos, need=nums.get("need", ""), lowered=lowered, head=True,
-                              start_at=nums.get("shadow"), waits_for=tuple(nums.get("waits_for", ())),
+                              start_at=nums.get("shadow"), waits_for=res.waits_for if res else (),
                               firm=bool(nums.get("firm")))
             continue
         kind = int(kinds[pos])

@@ -89,3 +89,20 @@ def test_a_backfill_never_takes_the_slots_promised_to_a_preemptor(sched):
     rows = {r["id"]: r for r in s.db()}
     assert rows[b]["started_t"] < rows[c]["started_t"]
     assert rows[c]["started_t"] >= rows[b]["ended_t"]   # B took all 4 slots: C came after it
+
+
+def test_queue_names_fair_share_when_a_later_job_of_another_team_goes_first(sched, tmp_path):
+    s = sched
+    gate = tmp_path / "gate"
+    hold = f"while [ ! -e {gate} ]; do sleep 0.05; done"
+    busy = s.submit("--gpus", "4", "--team", "a", "--", "sh", "-c", hold)
+    s.wait("team a holds the machine", lambda j: state_of(j, busy) == "running")
+    first = s.submit("--gpus", "1", "--team", "a", "--", "true")
+    later = s.submit("--gpus", "1", "--team", "b", "--", "true")
+    # no --quota: each team's share is the machine's 4 slots over the 2 teams seen
+    jobs = s.wait("a pass ordered both", lambda j: "behind job" in j[first]["why"])
+    assert jobs[later]["why_numbers"]["position"] == 0 and jobs[first]["why_numbers"]["fair_share"]
+    assert (f"behind job {later} of team b: fair share (team a uses 4 of its 2-slot quota, team b 0 of 2)"
+            in jobs[first]["why"]), jobs[first]["why"]
+    gate.touch()
+    s.wait("all done", lambda j: all(state_of(j, i) == "done" for i in (busy, first, later)))

@@ -98,7 +98,7 @@ def test_decisions_respect_gangs_gpus_tiers_and_reasons(world):
         if job.gpus <= largest and not policy.spread_small:
             assert len(d.placement.slots) == 1                    # a one-node job stays on one node
         if job.gpus > largest:                                    # whole nodes, all but one fully used
-            assert sum(1 for n, idx in d.placement.slots if len(idx) < size[n]) <= 1
+            assert sum(1 for n, idx in d.placement.slots if len(idx) < size[n]) <= 1, d
     assert len({d.job_id for d in starts}) == len(starts)
     for d in decisions:
         if d.kind == "preempt":
@@ -197,6 +197,9 @@ def test_on_mixed_sizes_a_job_larger_than_any_node_takes_the_fewest_whole_nodes_
     assert whole_nodes(busy, 12, fewest_racks=True) == [(3, 4), (4, 4), (5, 4)]   # one rack
     assert whole_nodes(busy, 12, fewest_racks=False) == [(1, 4), (2, 4), (3, 4)]
     assert whole_nodes(busy, 21, fewest_racks=True) is None                 # 20 wholly free
+    _, small_first = _mixed([1, 1, 1, 8], 1)   # the baselines fill by index: no node left empty
+    assert whole_nodes(small_first, 9, fewest_racks=False) == [(0, 1), (1, 1), (2, 1), (3, 6)]
+    assert whole_nodes(small_first, 9, fewest_racks=True) == [(0, 1), (3, 8)]
     # reserved like that too: when node 0 frees, the 12-GPU head is reserved 8 + 4, not three 4s
     _, st2 = _mixed([8, 4, 4, 4, 4, 4], 3, busy=(0, 1, 3, 4))
     occupant = Placement(((0, (0,)),))
@@ -238,6 +241,9 @@ def test_whole_node_placement_uses_the_fewest_nodes_and_one_rack_when_one_can(si
     assert sum(1 for n, g in plan if g < sizes[n]) <= 1
     if any(len(c) == fewest and len({n // rack for n in c}) == 1 for c in fits):
         assert len({n // rack for n, _ in plan}) == 1, plan
+    base = whole_nodes(state, gpus, fewest_racks=False)   # the baselines: a prefix by index
+    assert [n for n, _ in base] == free_nodes[: len(base)] and sum(g for _, g in base) == gpus
+    assert all(g == sizes[n] for n, g in base[:-1]) and 0 < base[-1][1] <= sizes[base[-1][0]]
 
 
 def test_a_communication_bound_job_waits_for_one_node_others_spread():
@@ -316,6 +322,25 @@ def test_explain_names_what_blocks_and_what_lowered():
     assert "priority lowered: MFU 4% vs 31% median of its class" in text
     assert "needs 4 GPUs" in text and "2 free" in text
     assert "head of the queue" in explain(12, cluster, [head, low], [r], {}, book, NOW, Policy())
+
+
+def test_explain_gives_the_reason_of_the_pass_that_preempts():
+    # one 4-GPU node: a spot job holds 2, an on-demand job needs 4: the pass preempts for it,
+    # and explain says so instead of re-planning without preemption ("reserved in a year")
+    cluster = Cluster.uniform(1, 4, 1)
+    state = ClusterState(cluster)
+    spot = _running(1, 0, 2, Tier.SPOT, 0.0, 0.0, state)
+    od = Job(2, 4, NOW - 5, 100.0, tier=Tier.ON_DEMAND)
+    args = (cluster, [od], [spot], {}, MfuBook(1e6), NOW, Policy())
+    assert [d.kind for d in schedule(*args)] == ["preempt", "hold"]
+    text = explain(2, *args)
+    assert text.startswith("job 2 waits: head of the queue: needs 4 GPUs on one node, 2 free")
+    assert f"starts when job 1 stops (grace ends by t={NOW + spot.job.grace_s:.0f}s)" in text, text
+    # the next pass, with job 1 in its grace period: no new victim, the same promise
+    stopping = dataclasses.replace(spot, terminating=True, expected_end=NOW + spot.job.grace_s)
+    later = (cluster, [od], [stopping], {}, MfuBook(1e6), NOW + 1, Policy())
+    assert [d.kind for d in schedule(*later)] == ["hold"]
+    assert "starts when job 1 stops" in explain(2, *later)
 
 
 def test_pending_queue_keeps_order_on_insert_and_remove():

@@ -187,12 +187,24 @@ class Checker:
                 assert not fits(cluster, without, p.gpus, need_kind), (
                     f"job {p.id} did not need victim {skip.id}: victims {[v.id for v in victims]}")
 
-        # 3. GPUs a victim freed reach its preemptor, or a job ahead of it, first
+        # 3. GPUs a victim freed reach its preemptor, or a job ahead of it, first - while it is the
+        # head and they, with the GPUs of the jobs still stopping, are enough for it (once a job
+        # ahead of it is the head, or took part of what it needed, the head's reservation is what
+        # protects the order, and 4. checks that)
+        future = {n: set(s) for n, s in free.items()}
+        for d in ahead:
+            _take(future, d.placement)
+        for h in held:
+            if h.stopping:
+                _add(future, h.placement)
+        for g, p in list(self.promised.items()):
+            if not fits(cluster, future, waiting[p].gpus, waiting[p].kind):
+                del self.promised[g]
         started = {d.job_id for d in starts}
         for d in starts:
             for g in gpus_of(d.placement):
                 p = self.promised.get(g)
-                if p is not None and p not in started:
+                if p is not None and p not in started and p == head:
                     assert pos[d.job_id] < pos[p], (
                         f"job {d.job_id} (position {pos[d.job_id]}) started on GPU {g}, freed by a victim "
                         f"for job {p} (position {pos[p]}), which still waits")
@@ -461,6 +473,10 @@ class MixedClusterMachine(SchedulerMachine):
         nodes = list(self.runtime.cluster.nodes)
         nodes[node] = replace(nodes[node], available=not nodes[node].available)
         self.runtime.cluster = self.checker.cluster = Cluster(tuple(nodes))
+        # the machines changed under the plan: a preemptor may now be better placed elsewhere, so
+        # what earlier victims free (or will free) is no longer promised to it
+        self.checker.promised.clear()
+        self.checker.victims.clear()
         self.run_pass()
 
 
