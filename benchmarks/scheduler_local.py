@@ -103,8 +103,11 @@ def pass_times(queued: int, policy: Policy, reps: int = 50) -> tuple[list[float]
         t0 = time.perf_counter()
         engine.decide(pending, active, {}, {}, now, True)
         times.append(time.perf_counter() - t0)
+    last = engine.plan(pending, active, {}, {}, now, True)   # the daemon keeps its last pass
+    rows = {r.id: r for r in (*pending, *active)}
     t0 = time.perf_counter()
-    engine.reasons(pending, active, {}, now, True)
+    for why in last.why.values():   # what `gpudiag queue` asks of it: every reason, in words
+        engine.describe(why, rows, now)
     return times, time.perf_counter() - t0
 
 

@@ -29,12 +29,23 @@ GPU_IDLE_LABELS = frozenset({"input-bound", "host-bound"})
 COMM_LABEL = "communication-bound"
 
 
+def n_gpus(n: int) -> str:
+    """"1 GPU", "4 GPUs": every count a person reads. A runtime that hands out other units (the
+    local daemon's CPU slots) rewrites the word, and the plural stays right."""
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
+    """One machine. Nodes of one cluster may differ in size. ``available`` False: drained or
+    down - nothing new is placed on it, and the jobs already there keep their GPUs until they end
+    (Slurm's DRAIN: running jobs finish, no new ones start)."""
+
     index: int
     gpus: int
     rack: int
     model: str = "unknown"
+    available: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +56,16 @@ class Cluster:
     def uniform(cls, nodes: int, gpus_per_node: int = 8, rack_size: int = 4,
                 model: str = "unknown") -> Cluster:
         """``nodes`` identical nodes; nodes ``i*rack_size .. (i+1)*rack_size-1`` share rack ``i``."""
-        if nodes < 1 or gpus_per_node < 1 or rack_size < 1:
+        return cls.of_sizes([(nodes, gpus_per_node)], rack_size, model)
+
+    @classmethod
+    def of_sizes(cls, groups: list[tuple[int, int]], rack_size: int = 4, model: str = "unknown") -> Cluster:
+        """Groups of (N nodes, G GPUs each), indexed in the order given; racks of ``rack_size``
+        consecutive nodes (a rack may hold nodes of two groups, as in a real row of machines)."""
+        if not groups or rack_size < 1 or any(n < 1 or g < 1 for n, g in groups):
             raise ValueError("nodes, gpus per node and rack size must be positive")
-        return cls(tuple(Node(i, gpus_per_node, i // rack_size, model) for i in range(nodes)))
+        sizes = [g for n, g in groups for _ in range(n)]
+        return cls(tuple(Node(i, g, i // rack_size, model) for i, g in enumerate(sizes)))
 
     @property
     def total_gpus(self) -> int:
@@ -115,9 +133,13 @@ class Running:
     job: Job
     placement: Placement
     start: float
-    expected_end: float           # start + estimate (what backfill plans with)
+    # what backfill plans with: start + estimate, or, for a job in its grace period (terminating),
+    # its kill deadline - the latest it can hold its GPUs, whatever its estimate said
+    expected_end: float
     last_checkpoint: float        # work after this is lost if the job is killed now
-    terminating: bool = False     # a preemption was decided; it is in its grace period
+    # it was told to stop (preempted, cancelled, out of time) and is in its grace period: its GPUs
+    # are on their way to being free, and it is never chosen as a victim again
+    terminating: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,8 @@ class PendingQueue:
         self.jobs = np.zeros(0, dtype=object)   # Job objects (object arrays permute at C speed)
         self.num = np.zeros((0, 6))
         self.why: dict[int, str] = {}
+        # per team (GPUs in use, quota) when the order interleaved teams: for the reasons
+        self.share: dict[str, tuple[float, float]] = {}
 
     def __len__(self) -> int:
         return len(self.jobs)

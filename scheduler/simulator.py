@@ -227,7 +227,7 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
     sims: list[SimJob] = []
     rejected = 0
     for t in trace_jobs:
-        if t.gpus > state.total_gpus or (t.gpus > per and -(-t.gpus // per) > len(cluster.nodes)):
+        if t.gpus > state.total_gpus:   # larger jobs take whole nodes: all of them at most
             rejected += 1
             continue
         m, label = mfu[t.id]

@@ -196,6 +196,24 @@ def test_cli_json_has_exactly_the_promised_keys(clusters):
         assert m["useful_work_by_time"][-1] == pytest.approx(1.0, abs=1e-3)
 
 
+def test_cli_node_sizes_builds_a_mixed_cluster_and_refuses_bad_syntax_in_one_line(clusters):
+    trace = str(clusters / "tiresias_60job.csv")
+    same = [_cli(trace, *a, "--policy", "easy", "--json")
+            for a in (("--node-sizes", "2x8"), ("--nodes", "2"))]
+    assert all(p.returncode == 0 for p in same)
+    a, b = (json.loads(p.stdout) for p in same)
+    assert a.pop("sim_wall_s") > 0 and b.pop("sim_wall_s") > 0 and a == b   # the same uniform cluster
+    mixed = _cli(trace, "--node-sizes", "1x8, 3x2", "--policy", "gpudiag")
+    assert mixed.returncode == 0, mixed.stderr
+    assert mixed.stdout.startswith("gpudiag on 1 nodes x 8 GPUs + 3 nodes x 2 GPUs (racks of 4): 60 jobs")
+    for bad, words in ((("--node-sizes", "40x8,x4"), "expected groups of N nodes x G GPUs"),
+                       (("--node-sizes", "2x0"), "expected groups"),
+                       (("--node-sizes", "2x8", "--gpus-per-node", "4"), "leave out --gpus-per-node")):
+        p = _cli(trace, *bad)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and words in p.stderr, (bad, p.stderr)
+        assert "Traceback" not in p.stderr
+
+
 def test_same_seed_same_numbers_other_seed_other_mfu(clusters):
     jobs = read_trace(clusters / "philly.csv").jobs[:3000]
     a, b, c = synthesise(jobs, 1), synthesise(jobs, 1), synthesise(jobs, 2)

@@ -40,8 +40,9 @@ from gpudiag.scheduler.local.lifecycle import Jobs, _log
 from gpudiag.scheduler.local.protocol import Peer, Refused
 from gpudiag.scheduler.local.store import ACTIVE, CANCELLED, FINAL, PENDING, JobRow, Store
 from gpudiag.scheduler.local.usercheck import CommandCheck
-from gpudiag.scheduler.model import Policy, Signal
+from gpudiag.scheduler.model import TIER_NAMES, Policy, Signal, Tier
 from gpudiag.scheduler.priority import MfuBook
+from gpudiag.scheduler.reasons import Pass, Why
 from gpudiag.scheduler.signals import SignalRead, SignalSource
 
 TICK_S = 1.0              # grace periods and time limits are seconds; a second late is fine
@@ -95,6 +96,7 @@ class Daemon:
         self.containment = Containment(self.store.prefix, cgroups)
         self.jobs = Jobs(self.store, state_dir, machine, monitor, book, agent_dir, self.containment)
         self.waiting: dict[int, tuple[Conn, Deferred]] = {}   # by the check's fd
+        self.last_pass: Pass | None = None   # what ``gpudiag queue`` explains: the pass that decided
         self.jobs.load()
         self.signals = SignalRead(available=False, why="not read yet")
         self.signals_t = -1e18
@@ -152,9 +154,9 @@ class Daemon:
             return
         active = list(self.jobs.active.values())
         ckpt = {r.id: self.jobs.checkpoint_time(r) for r in active}
-        decisions = self.engine.decide(list(self.jobs.pending.values()), active, self.signal_map(now), ckpt,
-                                       now, self.signals.available)
-        for d in decisions:
+        self.last_pass = self.engine.plan(list(self.jobs.pending.values()), active, self.signal_map(now),
+                                          ckpt, now, self.signals.available)
+        for d in self.last_pass.decisions:
             if d.kind == "start" and d.job_id in self.jobs.pending:
                 slots = sorted(i for _, idx in d.placement.slots for i in idx)
                 self.jobs.start(self.jobs.pending[d.job_id], slots, now)
@@ -237,16 +239,27 @@ class Daemon:
         return {"ok": True, "id": row.id, "state": row.state}
 
     def queue(self, everything: bool) -> dict:
+        if self.dirty:   # something changed since the last pass: let a pass decide, then explain it
+            self.dirty = False
+            self.schedule(time.time())
         now = time.time()
-        pending = list(self.jobs.pending.values())
-        order, why = self.engine.reasons(pending, list(self.jobs.active.values()), self.signal_map(now), now,
-                                         self.signals.available)
+        last = self.last_pass
+        seen = last.why if last is not None else {}
+        rows_by_id = {**self.jobs.pending, **self.jobs.active}
+        order = [i for i in (last.order if last is not None else ()) if i in self.jobs.pending]
+        order += [i for i in self.jobs.pending if i not in seen]
         rows = [self.jobs.pending[i] for i in order] + list(self.jobs.active.values())
         finished = self.store.jobs(FINAL, limit=None if everything else RECENT_FINISHED)
         out = []
         for r in rows + finished:
             d = r.public()
-            d["why"] = why.get(r.id, r.reason)
+            d["tier_name"] = TIER_NAMES[Tier(r.tier)]
+            if r.state == PENDING:
+                d["why"] = self.engine.describe(seen[r.id], rows_by_id, now) if r.id in seen \
+                    else "waiting for the next scheduling pass"
+                d["why_numbers"] = _why_numbers(seen.get(r.id))
+            else:
+                d["why"] = r.reason
             d["slot_ids"] = [self.machine.ids[i] for i in (r.slots or ())]
             out.append(d)
         sig = self.signals
@@ -399,6 +412,15 @@ class Daemon:
         c.outbuf = protocol.encode(msg)
         sel.modify(c.sock, selectors.EVENT_WRITE, c)
         self._io(c, selectors.EVENT_WRITE, sel)
+
+
+def _why_numbers(why: Why | None) -> dict:
+    """The pass's reason as data, for ``gpudiag queue --json``."""
+    if why is None:
+        return {}
+    return {"position": why.position, "head": why.head, "start_at": why.start_at,
+            "waits_for": list(why.waits_for), "waits_for_stopping": why.firm, "behind": why.ahead,
+            "fair_share": why.fair_share}
 
 
 def main_loop(daemon: Daemon) -> None:
