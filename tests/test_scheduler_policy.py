@@ -335,7 +335,7 @@ def test_explain_gives_the_reason_of_the_pass_that_preempts():
     assert [d.kind for d in schedule(*args)] == ["preempt", "hold"]
     text = explain(2, *args)
     assert text.startswith("job 2 waits: head of the queue: needs 4 GPUs on one node, 2 free")
-    assert f"starts when job 1 stops (grace ends by t={NOW + spot.job.grace_s:.0f}s)" in text, text
+    assert f"starts when job 1 stops (grace ends in {spot.job.grace_s:.0f} s)" in text, text
     # the next pass, with job 1 in its grace period: no new victim, the same promise
     stopping = dataclasses.replace(spot, terminating=True, expected_end=NOW + spot.job.grace_s)
     later = (cluster, [od], [stopping], {}, MfuBook(1e6), NOW + 1, Policy())

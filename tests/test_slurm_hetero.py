@@ -165,8 +165,6 @@ def test_on_demand_job_gets_its_victims_on_the_one_node_it_fits(cluster, agent, 
     assert f"requeue {small}" not in err and int(cluster.job(small)["Restarts"]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="needs i15-core: placement gives every node the largest node's GPUs, "
-                   "so the pass raises ValueError placing a 12-GPU job over the 4- and 8-GPU nodes")
 def test_multi_node_job_short_of_cpus_on_the_small_node_goes_to_slurm(cluster, agent, users, open_dir,
                                                                       user_python):
     """A 12-GPU job over both nodes that Slurm cannot start for want of CPUs on the small node: the
