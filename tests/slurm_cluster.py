@@ -33,6 +33,8 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.harness import free_port
@@ -345,3 +347,15 @@ if __name__ == "__main__":
             pass
         finally:
             c.stop()
+
+
+@contextmanager
+def slurm_running(folder: Path, **kw) -> Iterator[SlurmCluster]:  # noqa: ANN003 - SlurmCluster's options
+    """A started cluster, stopped by pid however the tests that use it end."""
+    missing = missing_binaries()
+    assert not missing, f"not installed: {missing} (.ci/install-test-deps.sh installs slurm-wlm and munge)"
+    c = SlurmCluster(folder, **kw)
+    try:
+        yield c.start()
+    finally:
+        c.stop()

@@ -59,6 +59,13 @@ class Agent:
         _, err = self.proc.communicate(timeout=20)
         return err
 
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.stop()
+
 
 @pytest.fixture
 def agent(tmp_path):

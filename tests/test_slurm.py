@@ -17,7 +17,7 @@ import pytest
 
 from gpudiag.jobsignal import write_signal
 from tests.harness import free_port, prometheus_server
-from tests.slurm_cluster import KILL_WAIT_S, SlurmCluster, missing_binaries, wait_for
+from tests.slurm_cluster import KILL_WAIT_S, SlurmCluster, slurm_running, wait_for
 from tests.test_agent import Agent, promql
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,22 +26,14 @@ JOB = ROOT / "tests" / "jobs" / "slurm_train.py"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    missing = missing_binaries()
-    assert not missing, f"not installed: {missing} (.ci/install-test-deps.sh installs slurm-wlm and munge)"
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+    with slurm_running(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
-    a = Agent(tmp_path_factory.mktemp("agent"), backend="none")
-    try:
+    with Agent(tmp_path_factory.mktemp("agent"), backend="none") as a:
         yield a
-    finally:
-        a.stop()
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from tests.slurm_cluster import (
     KILL_WAIT_S,
     SCHED_INTERVAL_S,
     SlurmCluster,
-    missing_binaries,
+    slurm_running,
     wait_for,
 )
 from tests.test_agent import Agent
@@ -54,23 +54,15 @@ def open_dir():
 
 @pytest.fixture(scope="module")
 def cluster(users, open_dir):
-    missing = missing_binaries()
-    assert not missing, f"not installed: {missing} (.ci/install-test-deps.sh installs slurm-wlm and munge)"
     (open_dir / "slurm").mkdir()
-    c = SlurmCluster(open_dir / "slurm", nodes=NODES, slurm_user=users[0].pw_name)
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+    with slurm_running(open_dir / "slurm", nodes=NODES, slurm_user=users[0].pw_name) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
-    a = Agent(tmp_path_factory.mktemp("agent"), backend="none")
-    try:
+    with Agent(tmp_path_factory.mktemp("agent"), backend="none") as a:
         yield a
-    finally:
-        a.stop()
 
 
 @pytest.fixture(scope="module")

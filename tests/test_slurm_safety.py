@@ -29,7 +29,7 @@ from tests.slurm_cluster import (
     KILL_WAIT_S,
     SCHED_INTERVAL_S,
     SlurmCluster,
-    missing_binaries,
+    slurm_running,
     wait_for,
 )
 from tests.test_agent import Agent
@@ -50,22 +50,14 @@ PENDING = 150
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    missing = missing_binaries()
-    assert not missing, f"not installed: {missing} (.ci/install-test-deps.sh installs slurm-wlm and munge)"
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+    with slurm_running(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
-    a = Agent(tmp_path_factory.mktemp("agent"), backend="none")
-    try:
+    with Agent(tmp_path_factory.mktemp("agent"), backend="none") as a:
         yield a
-    finally:
-        a.stop()
 
 
 @pytest.fixture(autouse=True)
