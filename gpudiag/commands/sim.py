@@ -31,19 +31,19 @@ def sim(trace: str, nodes: int, gpus_per_node: int, rack_size: int, policy: str,
     3,600 GPU-s threshold, preemptive). gpudiag adds tiers, fair share, MFU-aware priority
     (MFU learned after 10 simulated minutes or from earlier jobs of the same key) and
     topology-aware gang placement. Each job's MFU and label come from a documented synthetic
-    model seeded by --seed (see gpudiag/scheduler/mfu_model.py) unless --mfu gives them.
+    model seeded by --seed (see gpudiag/scheduler/sim/mfu_model.py) unless --mfu gives them.
 
     \b
     Examples:
       gpudiag sim philly.csv --policy easy --json
       gpudiag sim sacct.txt --nodes 16 --policy gpudiag --mfu measured.csv
     """
-    from gpudiag.scheduler.metrics import summarise
-    from gpudiag.scheduler.mfu_model import read_mfu_file, synthesise
     from gpudiag.scheduler.model import Cluster, Policy
-    from gpudiag.scheduler.simulator import simulate
-    from gpudiag.scheduler.tiresias import simulate_tiresias
-    from gpudiag.scheduler.traces import read_trace
+    from gpudiag.scheduler.sim.metrics import summarise
+    from gpudiag.scheduler.sim.mfu_model import read_mfu_file, synthesise
+    from gpudiag.scheduler.sim.simulator import simulate
+    from gpudiag.scheduler.sim.tiresias import simulate_tiresias
+    from gpudiag.scheduler.sim.traces import read_trace
 
     for name, v in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node), ("--rack-size", rack_size)):
         if v < 1:

@@ -49,9 +49,9 @@ from gpudiag.scheduler.priority import (
     fair_share_delay,
     job_class,
 )
-from gpudiag.scheduler.slowdown import slowdown
+from gpudiag.scheduler.sim.slowdown import slowdown
+from gpudiag.scheduler.sim.traces import TraceJob
 from gpudiag.scheduler.team_queues import interleave, team_quotas
-from gpudiag.scheduler.traces import TraceJob
 
 LEARN_AFTER_S = 600.0
 PRIORITY_CALC_PERIOD_S = 300.0
