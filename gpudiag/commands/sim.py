@@ -6,6 +6,7 @@ import json
 
 import click
 
+from gpudiag.commands.policy_options import policy_options, with_options
 from gpudiag.errors import BadInput
 
 POLICIES = ("fifo", "easy", "tiresias", "gpudiag")
@@ -21,17 +22,20 @@ POLICIES = ("fifo", "easy", "tiresias", "gpudiag")
 @click.option("--mfu", "mfu_file", type=click.Path(path_type=str), default=None,
               help="CSV job,mfu,label of measured values (e.g. recorded by gpudiag agents); "
                    "replaces the synthetic MFU of the jobs it lists.")
+@policy_options
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 def sim(trace: str, nodes: int, gpus_per_node: int, rack_size: int, policy: str, seed: int,
-        mfu_file: str | None, as_json: bool) -> None:
+        mfu_file: str | None, min_runtime: str, efficiency_delay: str, as_json: bool) -> None:
     """Replay TRACE (Philly, Tiresias or `sacct --parsable2` format) under a policy.
 
     Baselines replay the trace's durations exactly: fifo (strict arrival order), easy
     (EASY backfill, exact durations as estimates), tiresias (discretised 2D-LAS, 2 queues,
     3,600 GPU-s threshold, preemptive). gpudiag adds tiers, fair share, MFU-aware priority
     (MFU learned after 10 simulated minutes or from earlier jobs of the same key) and
-    topology-aware gang placement. Each job's MFU and label come from a documented synthetic
-    model seeded by --seed (see gpudiag/scheduler/sim/mfu_model.py) unless --mfu gives them.
+    topology-aware gang placement; --min-runtime and --efficiency-delay are the scheduler
+    daemon's options (fifo and easy neither preempt nor weigh MFU). Each job's MFU and label
+    come from a documented synthetic model seeded by --seed (see
+    gpudiag/scheduler/sim/mfu_model.py) unless --mfu gives them.
 
     \b
     Examples:
@@ -60,7 +64,8 @@ def sim(trace: str, nodes: int, gpus_per_node: int, rack_size: int, policy: str,
     if policy == "tiresias":
         res = simulate_tiresias(tr.jobs, mfu, cluster)
     else:
-        chosen = {"fifo": Policy.fifo(), "easy": Policy.easy()}.get(policy, Policy())
+        chosen = with_options({"fifo": Policy.fifo(), "easy": Policy.easy()}.get(policy, Policy()),
+                              {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
         res = simulate(tr.jobs, mfu, cluster, chosen)
     if res.rejected:
         tr.rejected["larger than the cluster"] = res.rejected

@@ -32,10 +32,6 @@ from gpudiag.scheduler.model import (
 from gpudiag.scheduler.policy import order_queue, plan_pass, schedule, wait_reasons
 from gpudiag.scheduler.priority import MfuBook
 
-# What backfill assumes of a job submitted without --time-limit: a day, so such a job never
-# backfills in front of a reservation (it could run that long); Slurm uses the partition's limit.
-DEFAULT_ESTIMATE_S = 86400.0
-
 
 @dataclass(frozen=True)
 class Machine:
@@ -58,20 +54,22 @@ class Machine:
         return {"CUDA_VISIBLE_DEVICES": value} if self.gpus else {"GPUDIAG_SLOTS": value}
 
 
-def job_of(row: JobRow) -> Job:
-    """The policy's Job for a row (cached on the row: rows change state, not what was asked)."""
+def job_of(row: JobRow, default_estimate_s: float = Policy.default_estimate_s) -> Job:
+    """The policy's Job for a row (cached on the row: rows change state, not what was asked).
+    Without ``--time-limit`` backfill assumes ``Policy.default_estimate_s``."""
     job = row.extra.get("job")
     if job is None:
         job = Job(id=row.id, gpus=row.gpus, submit=row.submit_t,
-                  estimate_s=row.time_limit_s or DEFAULT_ESTIMATE_S, user=row.user, team=row.team,
+                  estimate_s=row.time_limit_s or default_estimate_s, user=row.user, team=row.team,
                   key=row.key, tier=Tier(row.tier), preemptible=True, grace_s=row.grace_s)
         row.extra["job"] = job
     return job
 
 
-def running_of(row: JobRow, last_checkpoint: float | None) -> Running:
+def running_of(row: JobRow, last_checkpoint: float | None,
+               default_estimate_s: float = Policy.default_estimate_s) -> Running:
     start = row.started_t or row.submit_t
-    job = job_of(row)
+    job = job_of(row, default_estimate_s)
     ckpt = start if last_checkpoint is None else max(start, last_checkpoint)
     return Running(job, Placement(((0, tuple(row.slots or ())),)), start,
                    expected_end=start + job.estimate_s, last_checkpoint=ckpt,
@@ -107,19 +105,21 @@ class Engine:
     def decide(self, pending: Sequence[JobRow], active: Sequence[JobRow], signals: Mapping[int, Signal],
                ckpt: Mapping[int, float | None], now: float, signals_available: bool) -> list[Decision]:
         """One pass: starts (exact slots), preemptions, and the head's hold."""
-        running = [running_of(r, ckpt.get(r.id)) for r in active]
-        return schedule(self.machine.cluster, [job_of(r) for r in pending], running, signals, self.book,
+        est = self.policy.default_estimate_s
+        running = [running_of(r, ckpt.get(r.id), est) for r in active]
+        return schedule(self.machine.cluster, [job_of(r, est) for r in pending], running, signals, self.book,
                         now, self._policy(signals_available), teams_of(self.quota, active))
 
     def reasons(self, pending: Sequence[JobRow], active: Sequence[JobRow], signals: Mapping[int, Signal],
                 now: float, signals_available: bool) -> tuple[list[int], dict[int, str]]:
         """(pending job ids in scheduling order, why each one waits), from one planning pass."""
         policy = self._policy(signals_available)
-        running = [running_of(r, None) for r in active]
+        est = self.policy.default_estimate_s
+        running = [running_of(r, None, est) for r in active]
         state = ClusterState(self.machine.cluster)
         for r in running:
             state.occupy(r.placement)
-        queue = order_queue([job_of(r) for r in pending], running, signals, self.book, now, policy,
+        queue = order_queue([job_of(r, est) for r in pending], running, signals, self.book, now, policy,
                             state.max_gpus, teams_of(self.quota, active), state.total_gpus)
         by_end = sorted(((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0])
         decided = {d.job_id: d for d in plan_pass(state, queue, by_end, now, policy)}

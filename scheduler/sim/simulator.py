@@ -165,7 +165,8 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
             rejected += 1
             continue
         m, label = mfu[t.id]
-        job = Job(len(sims), t.gpus, t.submit, t.estimate or t.duration, t.user, t.team, t.key, t.tier)
+        job = Job(len(sims), t.gpus, t.submit, t.estimate or t.duration, t.user, t.team, t.key, t.tier,
+                  grace_s=policy.default_grace_s)
         sims.append(SimJob(job, t.duration, m, label, t.duration, trace_id=t.id))
     # victims exist only below the top tier: with one tier in the trace there is nothing to preempt
     preemptive = policy.preemption and len({s.job.tier for s in sims}) > 1
