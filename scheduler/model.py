@@ -27,6 +27,9 @@ LABELS = ("compute-bound", "memory-bound", "communication-bound", "input-bound",
 # A GPU that waits for input or for the host is idle however "busy" nvidia-smi says it is.
 GPU_IDLE_LABELS = frozenset({"input-bound", "host-bound"})
 COMM_LABEL = "communication-bound"
+# SIGTERM to SIGKILL: Slurm's KillWait and Kubernetes' terminationGracePeriodSeconds both
+# default to 30 s. ``Policy.default_grace_s`` (a job that does not ask for its own grace).
+DEFAULT_GRACE_S = 30.0
 
 
 def n_gpus(n: int) -> str:
@@ -90,7 +93,7 @@ class Job:
     key: str = ""
     tier: Tier = Tier.RESERVED
     preemptible: bool = True
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +214,19 @@ class Policy:
     max_fair_share_delay_s: float = 2 * 3600.0
     max_fair_share_bonus_s: float = 1800.0
     fair_share_half_life_s: float = 86400.0
-    # Preemption: no victim younger than this (thrashing); SIGTERM then this grace by default.
+    # Preemption: no victim younger than this. The victim rule (least useful work lost) prefers
+    # the jobs that ran least since their checkpoint, so without a floor a job just (re)started
+    # is the cheapest victim again and again: thrashing. Ten minutes covers a typical restart
+    # (framework start-up, data loader warm-up, compilation) and the agent's first MFU estimate,
+    # which needs a traced step. Slurm's equivalent, PreemptExemptTime, defaults to 0 (none).
     min_runtime_s: float = 600.0
+    # SIGTERM, then this long to checkpoint before SIGKILL, for a job that does not ask its own.
+    default_grace_s: float = DEFAULT_GRACE_S
+    # What backfill and reservations assume of a job without a time limit: as long as the
+    # longest limit a runtime accepts (a year: the local daemon's MAX_TIME_LIMIT_S), so such a
+    # job never backfills in front of a reservation and its GPUs are never promised to the head
+    # early - Slurm's UNLIMITED time limit, in a number the arithmetic can use.
+    default_estimate_s: float = 365 * 86400.0
 
     @property
     def aging_bound_s(self) -> float:

@@ -11,7 +11,7 @@ Rules (the baselines' are the published simulators'; gpudiag's add topology and 
 - gpudiag only: a job of at most one node's GPUs whose label is known and is not
   communication-bound may be spread over several nodes of one rack (fewest nodes) when no
   single node fits; communication-bound and unlabelled jobs wait for one node
-  (``policy.may_spread``). The cost of spreading is modelled by ``gpudiag.scheduler.slowdown``.
+  (``policy.may_spread``). The cost of spreading is modelled by ``gpudiag.scheduler.sim.slowdown``.
 
 EASY's reservation: the head job's start time ("shadow") is found by releasing running jobs in
 order of expected end until the head fits; the GPUs it would take then are reserved. A job that

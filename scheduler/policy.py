@@ -29,7 +29,6 @@ import numpy as np
 
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import (
-    COMM_LABEL,
     Cluster,
     Decision,
     Job,
@@ -40,20 +39,12 @@ from gpudiag.scheduler.model import (
     TeamShare,
     n_gpus,
 )
-from gpudiag.scheduler.pending import _GPUS, _KIND, SPREAD, WHOLE, PendingQueue, kind_of
+from gpudiag.scheduler.ordering import Ordering
+from gpudiag.scheduler.pending import _GPUS, _KIND, SPREAD, WHOLE, PendingQueue
 from gpudiag.scheduler.placement import Reservation, Rule, place, promise, reserve
 from gpudiag.scheduler.preempt import MfuOf, choose_victims
-from gpudiag.scheduler.priority import (
-    MfuBook,
-    effective_submit,
-    efficiency_factor,
-    fair_share_delay,
-    job_class,
-    signal_usable,
-    sort_key,
-)
+from gpudiag.scheduler.priority import MfuBook, job_class, signal_usable
 from gpudiag.scheduler.reasons import Pass, Why, wait_reasons
-from gpudiag.scheduler.team_queues import interleave, team_quotas
 
 __all__ = ["Pass", "Why", "explain", "order_queue", "plan", "plan_pass", "schedule", "wait_reasons"]
 
@@ -61,24 +52,6 @@ __all__ = ["Pass", "Why", "explain", "order_queue", "plan", "plan_pass", "schedu
 def rule_at(q: PendingQueue, i: int, policy: Policy) -> Rule:
     k = int(q.num[i, _KIND])
     return Rule(int(q.num[i, _GPUS]), k == WHOLE, policy.label_aware_placement, k == SPREAD)
-
-
-def may_spread(policy: Policy, label: str) -> bool:
-    """Spreading a one-node job is a bet that it is not placement-sensitive: made only on evidence.
-
-    Known communication-bound jobs wait for one node (label-aware placement); jobs with no
-    usable label wait too unless ``Policy.spread_unknown`` (a quarter of multi-GPU keys are
-    communication-bound in the simulator's model, and those run 1.5x as long spread).
-    """
-    if not policy.spread_small:
-        return False
-    if label == "unknown":
-        return policy.spread_unknown
-    return not (label == COMM_LABEL and policy.label_aware_placement)
-
-
-def kind_for(job: Job, per_node: int, policy: Policy, label: str) -> int:
-    return kind_of(job.gpus, per_node, may_spread(policy, label))
 
 
 def _fmt_t(t: float, now: float) -> str:
@@ -231,48 +204,25 @@ def order_queue(pending: Sequence[Job], running: Sequence[Running], signals: Map
                 teams: Mapping[str, TeamShare] | None = None, total_gpus: int | None = None) -> PendingQueue:
     """The pending jobs in the order the pass walks them, each with its placement kind and why.
 
-    With ``Policy.uses_team_queues`` the teams are interleaved by quota (``team_queues``): a
-    team's use is the GPUs its running jobs hold now, its quota ``teams[team].quota_gpus``;
+    A fresh ``ordering.Ordering`` for this pass (the simulator keeps one across passes; both
+    order alike). ``signals``: each job's own latest signal (a requeued job's); ``teams``: each
+    team's quota and decayed use (fair share). With ``Policy.uses_team_queues`` the teams are
+    interleaved by quota (``team_queues``): a team's use is the GPUs its running jobs hold now;
     ``total_gpus`` sizes the equal share of a team without a quota.
     """
-    rows = []
-    for job in pending:
-        sig = signals.get(job.id)
-        hist = history.lookup(job.key, now) if job.key else None
-        if policy.efficiency and policy.order == "priority":
-            median = history.class_median(job_class(job.gpus))
-            factor, why_e = efficiency_factor(job, sig, hist, policy, median)
-        else:
-            factor, why_e = 1.0, ""
-        delay, why_f = fair_share_delay((teams or {}).get(job.team), policy) \
-            if policy.fair_share and policy.order == "priority" else (0.0, "")
-        label = sig.label if signal_usable(sig, policy) else (
-            hist.label if hist is not None and hist.weight >= policy.min_history_weight else "unknown")
-        why = "; ".join(w for w in (why_e if factor < 1.0 else "", why_f) if w)
-        rows.append((sort_key(job, effective_submit(job, factor, delay, policy)), job,
-                     kind_for(job, per_node, policy, label), why))
-    q = PendingQueue.build(rows)
+    o = Ordering(policy, history, per_node)
+    jobs = sorted(pending, key=lambda j: j.id)
+    rows = o.add(jobs)
+    for r, j in zip(rows.tolist(), jobs, strict=True):
+        sig = signals.get(j.id)
+        if sig is not None:
+            o.hear(r, sig.mfu, sig.label, sig.confidence, now - sig.age_s)
+    o.set_teams(teams or {}, now)
+    q = o.queue(rows, now, why=True)
     if policy.uses_team_queues and len(q):
-        q.permute(fair_order(q, running, teams, now, policy, total_gpus))
+        q.permute(o.team_order(q, o.use_of(running), {t: s.quota_gpus for t, s in (teams or {}).items()},
+                               total_gpus, now))
     return q
-
-
-def fair_order(q: PendingQueue, running: Sequence[Running], teams: Mapping[str, TeamShare] | None,
-               now: float, policy: Policy, total_gpus: int | None) -> np.ndarray:
-    """``team_queues.interleave`` for a queue built from Job objects (the stateless runtimes);
-    records each team's (use, quota) on the queue for the reasons."""
-    quota = team_quotas({j.team for j in q.jobs} | {r.job.team for r in running},
-                        {t: s.quota_gpus for t, s in (teams or {}).items()}, total_gpus)
-    names = sorted(quota)
-    index = {t: i for i, t in enumerate(names)}
-    use = np.zeros(len(names))
-    for r in running:
-        use[index[r.job.team]] += r.job.gpus
-    q.share = {t: (float(use[index[t]]), float(quota[t])) for t in names}
-    team = np.array([index[j.team] for j in q.jobs], dtype=np.int64)
-    submit = np.array([j.submit for j in q.jobs])
-    return interleave(q.neg_tier, team, q.key, q.tag, q.gpus, submit, use,
-                      np.array([quota[t] for t in names]), now, policy.team_overdue_s)
 
 
 def plan(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],

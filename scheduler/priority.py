@@ -134,16 +134,10 @@ def fair_share_delay(share: TeamShare | None, policy: Policy) -> tuple[float, st
     return d, f"team uses {ratio:.0%} of its quota: {verb} {abs(d) / 60:.0f} min"
 
 
-def effective_submit(job: Job, factor: float, fair_delay: float, policy: Policy) -> float:
-    if policy.order != "priority":
-        return job.submit
-    eff = (1.0 - factor) * policy.max_efficiency_delay_s if policy.efficiency else 0.0
-    return job.submit + eff + (fair_delay if policy.fair_share else 0.0)
-
-
-def sort_key(job: Job, eff_submit: float) -> float:
-    """The key inside a tier (``PendingQueue`` puts higher tiers first): earliest effective submit."""
-    return eff_submit
+def efficiency_delay(factor: float, policy: Policy) -> float:
+    """Seconds added to the effective submit time for an efficiency factor: at most
+    ``Policy.max_efficiency_delay_s`` (at factor 0), none at 1 or with efficiency off."""
+    return (1.0 - factor) * policy.max_efficiency_delay_s if policy.efficiency else 0.0
 
 
 def tier_name(job: Job) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -343,13 +344,18 @@ def test_explain_gives_the_reason_of_the_pass_that_preempts():
     assert "starts when job 1 stops" in explain(2, *later)
 
 
-def test_pending_queue_keeps_order_on_insert_and_remove():
-    q = PendingQueue.build([(3.0, Job(1, 1, 3.0, 1.0), 0, ""), (1.0, Job(2, 1, 1.0, 1.0), 0, "")])
-    q.insert(2.0, Job(3, 2, 2.0, 1.0), 0)
-    q.insert(1.0, Job(4, 1, 1.0, 1.0), 0)   # a tie goes after the equal key
-    assert [j.id for j in q.jobs] == [2, 4, 3, 1]
-    q.remove([0, 2])
-    assert [j.id for j in q.jobs] == [4, 1] and list(q.gpus) == [1, 1]
+def test_pending_queue_keeps_tier_key_tag_order_on_insert_and_remove():
+    jobs = np.empty(2, dtype=object)
+    jobs[:] = [Job(1, 1, 3.0, 1.0), Job(2, 1, 1.0, 1.0)]
+    one = np.ones(2)
+    q = PendingQueue.of(jobs, one, one, np.zeros(2), np.array([3.0, 1.0]), np.array([1, 2]), -one)
+    q.insert(2.0, Job(3, 2, 2.0, 1.0), 0, tag=3)
+    q.insert(1.0, Job(4, 1, 1.0, 1.0), 0, tag=4)   # a tie in key goes after a lower tag ...
+    q.insert(1.0, Job(0, 1, 1.0, 1.0), 0, tag=0)   # ... and before a higher one
+    q.insert(9.0, Job(5, 1, 9.0, 1.0, tier=Tier.ON_DEMAND), 0, tag=5)   # a higher tier goes first
+    assert [j.id for j in q.jobs] == [5, 0, 2, 4, 3, 1]
+    q.remove([0, 1, 3])
+    assert [j.id for j in q.jobs] == [2, 3, 1] and list(q.gpus) == [1, 2, 1]
 
 
 def test_cluster_state_refuses_double_use():

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.scheduler.metrics import KEYS, summarise
-from gpudiag.scheduler.mfu_model import synthesise
 from gpudiag.scheduler.model import Cluster, Policy
-from gpudiag.scheduler.simulator import simulate
-from gpudiag.scheduler.tiresias import RESTORE_S, THRESHOLD_GPU_S, simulate_tiresias
-from gpudiag.scheduler.traces import TraceJob, read_trace
+from gpudiag.scheduler.sim.metrics import KEYS, summarise
+from gpudiag.scheduler.sim.mfu_model import synthesise
+from gpudiag.scheduler.sim.simulator import simulate
+from gpudiag.scheduler.sim.tiresias import RESTORE_S, THRESHOLD_GPU_S, simulate_tiresias
+from gpudiag.scheduler.sim.traces import TraceJob, read_trace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "clusters"
 
@@ -229,7 +229,7 @@ def test_an_on_demand_job_preempts_the_spot_job_that_loses_least_and_the_victim_
     # arrives after both ran 45 min. The 5% one is the victim: SIGTERM, its grace, then requeued
     # with its work up to the last 30-min checkpoint; it finishes after the on-demand job.
     from gpudiag.scheduler.model import Tier
-    from gpudiag.scheduler.simulator import CHECKPOINT_INTERVAL_S
+    from gpudiag.scheduler.sim.simulator import CHECKPOINT_INTERVAL_S
 
     jobs = [TraceJob(0, 0.0, 7200.0, 1, "a", "hi", tier=Tier.SPOT),
             TraceJob(1, 0.0, 7200.0, 1, "a", "lo", tier=Tier.SPOT),

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import click
 
+from gpudiag.commands.policy_options import policy_options, with_options
 from gpudiag.commands.scheduler_slurm import SLURM_PARAMS, check_options, serve_slurm, slurm_options
 from gpudiag.errors import BadInput
 
@@ -58,11 +58,7 @@ def scheduler() -> None:
 @click.option("--slots", type=click.IntRange(1, 4096), default=None,
               help="Schedule N CPU slots instead (a machine without GPUs): jobs get GPUDIAG_SLOTS.")
 @click.option("--quota", multiple=True, metavar="TEAM=N", help="A team's GPU quota (fair share); repeatable.")
-@click.option("--min-runtime", default="5m", show_default=True,
-              help="No job is preempted before it has run this long (no thrashing).")
-@click.option("--efficiency-delay", default=None,
-              help="The most a low MFU may delay a job: its part of the aging bound  [default: the "
-                   "policy's, Policy.max_efficiency_delay_s].")
+@policy_options
 @click.option("--agent-dir", type=click.Path(path_type=Path), default=None,
               help="The node agent's state folder: the daemon reads its jobs.json, and every job reports "
                    "into its spool (default: the agent's default, /var/lib/gpudiag as root).")
@@ -95,7 +91,6 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     check_options(backend, local, {k: slurm[k] for k in SLURM_PARAMS})
     if backend == "slurm":
         return serve_slurm(local, **slurm)  # type: ignore[arg-type]
-    from gpudiag.commands.profile import parse_duration
     from gpudiag.jobsignal import default_state_dir as agent_default
     from gpudiag.scheduler.local.config import default_state_dir
     from gpudiag.scheduler.local.daemon import Daemon, main_loop
@@ -104,10 +99,7 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     from gpudiag.scheduler.model import Policy
 
     ids, are_gpus = _machine_ids(gpus, slots)
-    policy = Policy(min_runtime_s=parse_duration(min_runtime, "--min-runtime"))
-    if efficiency_delay is not None:
-        policy = dataclasses.replace(policy, max_efficiency_delay_s=parse_duration(efficiency_delay,
-                                                                                   "--efficiency-delay"))
+    policy = with_options(Policy(), {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
     # every job reports to the agent this daemon reads, whichever option named it
     try:
         agent_state, source, notes = choose_agent(agent_dir, agent_url, agent_default())

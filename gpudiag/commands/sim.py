@@ -8,6 +8,7 @@ import re
 import click
 from click.core import ParameterSource
 
+from gpudiag.commands.policy_options import policy_options, with_options
 from gpudiag.errors import BadInput
 
 POLICIES = ("fifo", "easy", "tiresias", "gpudiag")
@@ -39,17 +40,20 @@ def node_sizes(text: str) -> list[tuple[int, int]]:
 @click.option("--mfu", "mfu_file", type=click.Path(path_type=str), default=None,
               help="CSV job,mfu,label of measured values (e.g. recorded by gpudiag agents); "
                    "replaces the synthetic MFU of the jobs it lists.")
+@policy_options
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 def sim(trace: str, nodes: int, gpus_per_node: int, node_sizes_: str | None, rack_size: int, policy: str,
-        seed: int, mfu_file: str | None, as_json: bool) -> None:
+        seed: int, mfu_file: str | None, min_runtime: str, efficiency_delay: str, as_json: bool) -> None:
     """Replay TRACE (Philly, Tiresias or `sacct --parsable2` format) under a policy.
 
     Baselines replay the trace's durations exactly: fifo (strict arrival order), easy
     (EASY backfill, exact durations as estimates), tiresias (discretised 2D-LAS, 2 queues,
     3,600 GPU-s threshold, preemptive). gpudiag adds tiers, fair share, MFU-aware priority
     (MFU learned after 10 simulated minutes or from earlier jobs of the same key) and
-    topology-aware gang placement. Each job's MFU and label come from a documented synthetic
-    model seeded by --seed (see gpudiag/scheduler/mfu_model.py) unless --mfu gives them.
+    topology-aware gang placement; --min-runtime and --efficiency-delay are the scheduler
+    daemon's options (fifo and easy neither preempt nor weigh MFU). Each job's MFU and label
+    come from a documented synthetic model seeded by --seed (see
+    gpudiag/scheduler/sim/mfu_model.py) unless --mfu gives them.
 
     \b
     Examples:
@@ -57,12 +61,12 @@ def sim(trace: str, nodes: int, gpus_per_node: int, node_sizes_: str | None, rac
       gpudiag sim sacct.txt --nodes 16 --policy gpudiag --mfu measured.csv
       gpudiag sim philly.csv --node-sizes 40x8,38x4 --json
     """
-    from gpudiag.scheduler.metrics import summarise
-    from gpudiag.scheduler.mfu_model import read_mfu_file, synthesise
     from gpudiag.scheduler.model import Cluster, Policy
-    from gpudiag.scheduler.simulator import simulate
-    from gpudiag.scheduler.tiresias import simulate_tiresias
-    from gpudiag.scheduler.traces import read_trace
+    from gpudiag.scheduler.sim.metrics import summarise
+    from gpudiag.scheduler.sim.mfu_model import read_mfu_file, synthesise
+    from gpudiag.scheduler.sim.simulator import simulate
+    from gpudiag.scheduler.sim.tiresias import simulate_tiresias
+    from gpudiag.scheduler.sim.traces import read_trace
 
     for name, v in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node), ("--rack-size", rack_size)):
         if v < 1:
@@ -89,7 +93,8 @@ def sim(trace: str, nodes: int, gpus_per_node: int, node_sizes_: str | None, rac
     if policy == "tiresias":
         res = simulate_tiresias(tr.jobs, mfu, cluster)
     else:
-        chosen = {"fifo": Policy.fifo(), "easy": Policy.easy()}.get(policy, Policy())
+        chosen = with_options({"fifo": Policy.fifo(), "easy": Policy.easy()}.get(policy, Policy()),
+                              {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
         res = simulate(tr.jobs, mfu, cluster, chosen)
     if res.rejected:
         tr.rejected["larger than the cluster"] = res.rejected

@@ -34,10 +34,6 @@ from gpudiag.scheduler.policy import plan
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.reasons import Pass, Why
 
-# What backfill assumes of a job submitted without --time-limit: a day, so such a job never
-# backfills in front of a reservation (it could run that long); Slurm uses the partition's limit.
-# Only a planning figure: ``gpudiag queue`` never shows a start time derived from it.
-DEFAULT_ESTIMATE_S = 86400.0
 STOP_WORDS = {"preempt": "preempted", "cancel": "cancelled", "timeout": "out of time"}
 
 
@@ -62,22 +58,24 @@ class Machine:
         return {"CUDA_VISIBLE_DEVICES": value} if self.gpus else {"GPUDIAG_SLOTS": value}
 
 
-def job_of(row: JobRow) -> Job:
-    """The policy's Job for a row (cached on the row: rows change state, not what was asked)."""
+def job_of(row: JobRow, default_estimate_s: float = Policy.default_estimate_s) -> Job:
+    """The policy's Job for a row (cached on the row: rows change state, not what was asked).
+    Without ``--time-limit`` backfill assumes ``Policy.default_estimate_s``."""
     job = row.extra.get("job")
     if job is None:
         job = Job(id=row.id, gpus=row.gpus, submit=row.submit_t,
-                  estimate_s=row.time_limit_s or DEFAULT_ESTIMATE_S, user=row.user, team=row.team,
+                  estimate_s=row.time_limit_s or default_estimate_s, user=row.user, team=row.team,
                   key=row.key, tier=Tier(row.tier), preemptible=True, grace_s=row.grace_s)
         row.extra["job"] = job
     return job
 
 
-def running_of(row: JobRow, last_checkpoint: float | None) -> Running:
+def running_of(row: JobRow, last_checkpoint: float | None,
+               default_estimate_s: float = Policy.default_estimate_s) -> Running:
     """A stopping job holds its slots until its kill deadline at the latest (its estimate says
     nothing any more), and its slots are on their way to being free: never a victim again."""
     start = row.started_t or row.submit_t
-    job = job_of(row)
+    job = job_of(row, default_estimate_s)
     ckpt = start if last_checkpoint is None else max(start, last_checkpoint)
     stopping = row.state == STOPPING
     end = row.stop_deadline if stopping and row.stop_deadline is not None else start + job.estimate_s
@@ -114,8 +112,9 @@ class Engine:
     def plan(self, pending: Sequence[JobRow], active: Sequence[JobRow], signals: Mapping[int, Signal],
              ckpt: Mapping[int, float | None], now: float, signals_available: bool) -> Pass:
         """One pass: starts (exact slots), preemptions, the head's hold, and the reasons behind them."""
-        running = [running_of(r, ckpt.get(r.id)) for r in active]
-        return plan(self.machine.cluster, [job_of(r) for r in pending], running, signals, self.book,
+        est = self.policy.default_estimate_s
+        running = [running_of(r, ckpt.get(r.id), est) for r in active]
+        return plan(self.machine.cluster, [job_of(r, est) for r in pending], running, signals, self.book,
                     now, self._policy(signals_available), teams_of(self.quota, active))
 
     def decide(self, pending: Sequence[JobRow], active: Sequence[JobRow], signals: Mapping[int, Signal],

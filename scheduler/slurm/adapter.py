@@ -24,14 +24,14 @@ from __future__ import annotations
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Running, Tier
+from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Tier
 from gpudiag.scheduler.slurm.slurmconf import Partition, SlurmNode
 from gpudiag.scheduler.slurm.squeue import SlurmJob
 
 # Pending reasons under which Slurm would start the job as soon as it fits.
 SCHEDULABLE_REASONS = frozenset({"None", "Priority", "Resources"})
-# What backfill planning assumes about a job without a time limit: a year (it never ends).
-NO_LIMIT_ESTIMATE_S = 365 * 86400.0
+# What backfill planning assumes about a job without a time limit (Slurm's UNLIMITED).
+NO_LIMIT_ESTIMATE_S = Policy.default_estimate_s
 
 
 def tiers_of(partitions: Mapping[str, Partition]) -> dict[str, Tier]:

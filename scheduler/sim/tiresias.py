@@ -27,8 +27,8 @@ from bisect import bisect_left, insort
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Job
 from gpudiag.scheduler.placement import one_node, whole_nodes
-from gpudiag.scheduler.simulator import SimJob, SimResult, quotas_from_load
-from gpudiag.scheduler.traces import TraceJob
+from gpudiag.scheduler.sim.simulator import SimJob, SimResult, quotas_from_load
+from gpudiag.scheduler.sim.traces import TraceJob
 
 THRESHOLD_GPU_S = 3600.0
 RESTORE_S = 30.0
