@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import gpudiag.scheduler.simulator as simulator
-from gpudiag.scheduler.local.engine import DEFAULT_ESTIMATE_S, Engine, Machine
+import gpudiag.scheduler.sim.simulator as simulator
+from gpudiag.scheduler.local.engine import Engine, Machine
 from gpudiag.scheduler.local.store import PENDING as ROW_PENDING
 from gpudiag.scheduler.local.store import RUNNING as ROW_RUNNING
 from gpudiag.scheduler.local.store import STOPPING as ROW_STOPPING
@@ -41,7 +41,7 @@ from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Runni
 from gpudiag.scheduler.pending import ONE_NODE, WHOLE
 from gpudiag.scheduler.policy import plan
 from gpudiag.scheduler.priority import MfuBook
-from gpudiag.scheduler.traces import TraceJob
+from gpudiag.scheduler.sim.traces import TraceJob
 from tests.scheduler_invariants import EPS, Checker, Held, Waiting, gpus_of
 
 POLICY = Policy(min_runtime_s=0.0)   # as `serve --min-runtime 0s`: preemption at once
@@ -96,7 +96,7 @@ class LocalRuntime(Runtime):
         self.rows: dict[int, JobRow] = {}   # a fresh read of the database: nothing cached survives
 
     def estimate(self, j: MJob) -> float:
-        return j.limit or DEFAULT_ESTIMATE_S
+        return j.limit or Policy.default_estimate_s
 
     def row(self, j: MJob) -> JobRow:
         r = self.rows.get(j.id)
