@@ -77,8 +77,12 @@ def test_under_monitor_the_slot_is_released_when_the_job_ends_not_after_its_anal
     agent = Agent(tmp_path / "agent", backend="none")
     s = Sched(tmp_path, "--slots", "1", "--min-runtime", "0", "--agent-dir", str(tmp_path / "agent"))
     try:
+        # an empty peak cache: the analysis measures this CPU's peaks first, seconds of work the
+        # slot must not wait for (a cached peak made it as short as the slot's release)
+        s.env["GPUDIAG_CACHE_DIR"] = str(tmp_path / "empty-cache")
         first = s.submit("--gpus", "1", "--name", "k", "--", sys.executable, str(JOBS / "loop_job.py"),
                          "--steps", "16", "--exit-code", "3")
+        del s.env["GPUDIAG_CACHE_DIR"]
         second = s.submit("--gpus", "1", "--", "true")
         jobs = s.wait("both ended", lambda j: (state_of(j, first), state_of(j, second)) == ("failed", "done"),
                       timeout=WAIT_S * 3)
