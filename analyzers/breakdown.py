@@ -26,6 +26,7 @@ from gpudiag.analyzers.roofline import (
     WorkBounds,
     is_cpu_work,
 )
+from gpudiag.analyzers.trace_columns import _CPU_COMM_RE as CPU_COMM_RE
 from gpudiag.analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
 from gpudiag.diagnosis import GpuSpanBreakdown, StepBreakdown, TimeBreakdown
 
@@ -98,13 +99,13 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
         mb = _split(rt.gpu_dur[work & (wb.bound == BOUND_MEMORY)],
                     rt.gpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi)
     else:
-        ops = rt.cpu_is_op
-        op_u = iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + rt.cpu_dur)[ops])
+        # The collective's own calls (c10d::, record_param_comms, gloo:) are communication, not
+        # compute; everything else the threads run is. Gloo runs a collective on its own
+        # threads (DDP's reducer launches one per bucket during backward): it is exposed only
+        # where no compute runs beside it, as on a GPU, and hidden where backward overlaps it.
+        real = cpu_compute_intervals(rt)
         comm = iv.merge(rt.cpu_comm_intervals[:, 0], rt.cpu_comm_intervals[:, 1])
-        blocks_len = op_u[1] - op_u[0]
-        big = blocks_len >= TINY_CPU_OP_US
-        real = iv.subtract(iv.subtract((op_u[0][big], op_u[1][big]), comm), dl)
-        comm_x = iv.subtract(comm, dl)
+        comm_x = iv.subtract(comm, iv.union(real, dl))
         compute = iv.measure_in(real, lo, hi)
         comm_total = iv.measure_in(comm, lo, hi)
         comm_exposed = iv.measure_in(comm_x, lo, hi)
@@ -138,6 +139,30 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
         out.append(StepBreakdown(step=numbers[i], start=float(lo[i]), breakdown=tb,
                                  model_flops=None if flops is None else float(flops[i])))
     return out
+
+
+def cpu_comm_ops(rt: RankTrace) -> np.ndarray:
+    """Mask of CPU events that are a collective's own call, not work."""
+    ids = np.array([bool(CPU_COMM_RE.match(n)) for n in rt.names], dtype=bool)
+    return ids[rt.cpu_name] if rt.cpu_name.size and ids.size else np.zeros(rt.cpu_ts.size, dtype=bool)
+
+
+def cpu_compute_intervals(rt: RankTrace) -> iv.Intervals:
+    """The CPU's work as the breakdown counts it: blocks of (non-collective) operators at least
+    ``TINY_CPU_OP_US`` long, outside DataLoader waits."""
+    ops = rt.cpu_is_op & ~cpu_comm_ops(rt)
+    op_u = iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + rt.cpu_dur)[ops])
+    big = (op_u[1] - op_u[0]) >= TINY_CPU_OP_US
+    return iv.subtract((op_u[0][big], op_u[1][big]), iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1]))
+
+
+def work_intervals(rt: RankTrace) -> iv.Intervals:
+    """What hides a collective: computation kernels on a GPU; on the CPU, operator blocks and
+    DataLoader waits (the thread is busy either way)."""
+    if rt.has_gpu:
+        c = rt.gpu_class == KCLASS_COMPUTE
+        return iv.merge(rt.gpu_ts[c], (rt.gpu_ts + rt.gpu_dur)[c])
+    return iv.union(cpu_compute_intervals(rt), iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1]))
 
 
 def _model_flops(rt: RankTrace, wb: WorkBounds, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:

@@ -17,9 +17,11 @@ from typing import Any
 
 from gpudiag.errors import BadInput
 
-DIAGNOSIS_SCHEMA_VERSION = 2
-# Version 1 (before the unprofiled estimate) is still read: its new fields take their defaults.
-READABLE_DIAGNOSIS_VERSIONS = (1, 2)
+DIAGNOSIS_SCHEMA_VERSION = 3
+# Still read: version 1 (before the unprofiled estimate) and 2 (recommendations as plain
+# strings, before predictions): their new fields take their defaults, and a string
+# recommendation becomes one with action "unknown" and no prediction (``_upgrade``).
+READABLE_DIAGNOSIS_VERSIONS = (1, 2, 3)
 
 
 class Bottleneck(str, enum.Enum):
@@ -124,6 +126,11 @@ class CollectiveStats:
     algbw_gbps: float | None
     busbw_gbps: float | None
     link_peak_gbps: float | None
+    # per step and rank, in the verdict's view (unprofiled estimate or traced steps): the type's
+    # part of the breakdown's ``comm_total`` and ``comm_exposed``, so the table and the breakdown
+    # add up to the same figure by construction
+    time_per_step_us: float | None = None
+    exposed_per_step_us: float | None = None
 
 
 @dataclass
@@ -138,6 +145,10 @@ class Mfu:
     # which step time divides the FLOPs: "untraced steps" (the job's own step timer, profiler
     # off: what the job really runs at) or "traced steps" (trace only, dilated by the profiler)
     step_time_basis: str = "traced steps"
+    # dtype family -> share of the model FLOPs that ran in it (from the ops' input types); with
+    # more than one, ``peak_flops`` is the mix's peak: the FLOPs over the time they would take,
+    # each family at its own peak
+    dtype_mix: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -167,6 +178,26 @@ class TopItem:
 
 
 @dataclass
+class Recommendation:
+    """One fix, and the step time it predicts if it worked fully (``analyzers.whatif``)."""
+
+    action: str  # stable id: "dataloader-workers", "overlap-communication", ...
+    text: str
+    predicted_step_s: float | None  # None where no prediction is possible (``why`` says why)
+    why: str = ""  # how the prediction was made and what bounds it, or why there is none
+    step_s: float | None = None  # the step time it starts from (the verdict's view)
+    gain: float | None = None  # 1 - predicted / step: the share of the step the fix saves
+
+
+@dataclass
+class Deduction:
+    """One caveat's cost to the verdict's confidence (a named constant in ``classify``)."""
+
+    reason: str
+    amount: float
+
+
+@dataclass
 class Verdict:
     label: Bottleneck
     confidence: float  # 0..1
@@ -174,7 +205,12 @@ class Verdict:
     summary: str  # one sentence with the deciding numbers
     evidence: dict[str, float]
     secondary: Bottleneck | None
-    recommendations: list[str]
+    recommendations: list[Recommendation]
+    # every caveat that lowered the confidence, and by how much
+    deductions: list[Deduction] = field(default_factory=list)
+    # the runner-up, when the label's margin over it is within the step-time noise: a tie
+    tie_with: Bottleneck | None = None
+    noise: float | None = None  # step-time noise (half the interquartile range over the median)
 
 
 @dataclass
@@ -232,6 +268,30 @@ class Dilation:
     untraced_spread: float  # interquartile range / median of the untraced steps: run noise
     model: str  # how the unprofiled breakdown was estimated, in one sentence
     caveats: list[str] = field(default_factory=list)  # where that estimate is unsafe, and why
+    # (3) the reference: untraced steps just before and just after the traced window (same
+    # phase of the job), their medians, and whether the estimate could be trusted; when not,
+    # the verdict falls back to the traced view and ``caveats`` say why
+    reference: str = "all untraced steps"
+    before_step_us: float | None = None
+    after_step_us: float | None = None
+    load_change: float = 0.0  # |before / after - 1|: the job's pace changed across the window
+    trusted: bool = True
+
+
+@dataclass
+class JobTraits:
+    """What the trace shows of the job, so that advice fits it (``analyzers.traits``)."""
+
+    training: bool = False  # backward ops present
+    optimizer: bool = False  # an optimizer step ran
+    fused_optimizer: bool = False  # foreach or fused optimizer kernels already
+    compiled: bool = False  # torch.compile'd regions
+    ddp: bool = False
+    fsdp: bool = False
+    attention: bool = False  # attention built from matmul + softmax
+    sdpa: bool = False  # fused scaled_dot_product_attention
+    single_process_loader: bool = False  # a DataLoader with num_workers=0
+    dataloader_workers: list[int] = field(default_factory=list)  # as the bootstrap saw them
 
 
 @dataclass
@@ -260,6 +320,7 @@ class Diagnosis:
     dilation: Dilation | None = None
     unprofiled: TimeBreakdown | None = None  # estimated mean step of the job unobserved
     traced_verdict: Verdict | None = None  # what the traced breakdown alone would say
+    traits: JobTraits | None = None  # what the trace shows of the job (advice is chosen from it)
 
     def to_dict(self) -> dict[str, Any]:
         return _encode(self)
@@ -286,9 +347,27 @@ class Diagnosis:
                 f"versions {', '.join(map(str, READABLE_DIAGNOSIS_VERSIONS))}); re-run gpudiag analyze"
             )
         try:
-            return _decode(cls, data)
+            return _decode(cls, _upgrade(data))
         except (TypeError, ValueError, KeyError) as e:
             raise BadInput(f"diagnosis is malformed: {e}") from None
+
+
+def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 or 2 diagnosis in version 3's shape: recommendations were plain strings."""
+    if data.get("schema_version", DIAGNOSIS_SCHEMA_VERSION) >= 3:
+        return data
+    data = dict(data)
+    for key in ("verdict", "traced_verdict"):
+        v = data.get(key)
+        if isinstance(v, dict) and isinstance(v.get("recommendations"), list):
+            v = dict(v)
+            v["recommendations"] = [
+                {"action": "unknown", "text": r, "predicted_step_s": None,
+                 "why": f"written by a gpudiag of diagnosis schema {data.get('schema_version')}, "
+                        "before predictions"} if isinstance(r, str) else r
+                for r in v["recommendations"]]
+            data[key] = v
+    return data
 
 
 def _encode(v: Any) -> Any:

@@ -1,0 +1,58 @@
+"""A training job fed by a DataLoader whose samples are slow to read (a sleep per sample, as
+file or network I/O is), with its own step timer: the input-bound job of "predicted vs applied".
+
+    python feed_job.py --workers 0 --steps 80 --report own.json
+
+Each sample takes ``--sample-ms`` to read; the model's step takes longer than a batch's
+reading divided by 4, so 4 workers hide the reading entirely. ``--report`` gets the job's own
+step times (from the end of one optimizer step to the end of the next, as gpudiag's timer).
+"""
+
+import argparse
+import json
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=80)
+ap.add_argument("--workers", type=int, default=0)
+ap.add_argument("--batch", type=int, default=16)
+ap.add_argument("--sample-ms", type=float, default=1.5)
+ap.add_argument("--width", type=int, default=512)
+ap.add_argument("--report", required=True)
+args = ap.parse_args()
+
+
+class Slow(Dataset):
+    def __len__(self) -> int:
+        return args.steps * args.batch
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(args.sample_ms / 1e3)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(args.width, generator=g), torch.randn(1, generator=g)
+
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(args.width, 2048), torch.nn.GELU(),
+                            torch.nn.Linear(2048, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+loader = DataLoader(Slow(), batch_size=args.batch, num_workers=args.workers,
+                    persistent_workers=args.workers > 0)
+own = []
+t = time.perf_counter()
+for x, y in loader:
+    # a few passes over the batch: the model's step is the work the reading should hide behind
+    for _ in range(4):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+    now = time.perf_counter()
+    own.append(now - t)
+    t = now
+with open(args.report, "w") as f:
+    json.dump({"step_seconds": own}, f)
