@@ -61,6 +61,8 @@ class AdviceInputs:
     stragglers: Stragglers | None = None
     top_memory_ops: list[str] = field(default_factory=list)
     fusion_saved_share: float | None = None  # of memory-bound time, by fusing elementwise runs
+    fp32_memory_bytes: float | None = None  # bytes per step of memory-bound fp32 work
+    bandwidth: float = 0.0  # the device's, bytes/s
 
 
 def _pct(x: float) -> str:
@@ -289,13 +291,14 @@ CATALOGUE: list[Advice] = [
            _comm_text, lambda a: whatif.communication_overlapped(a.view), Bottleneck.COMMUNICATION),
     Advice("cuda-graphs-or-compile",
            lambda a, s: _gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
-           _graphs_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
+           _graphs_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share), Bottleneck.HOST),
     Advice("remove-host-syncs",
            lambda a, s: _gpu(a) and a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
            _syncs_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
     Advice("compile-small-ops",
            lambda a, s: not _gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
-           _compile_small_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
+           _compile_small_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share),
+           Bottleneck.HOST),
     Advice("batch-small-ops",
            lambda a, s: not _gpu(a) and a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
            _batch_small_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
@@ -306,7 +309,9 @@ CATALOGUE: list[Advice] = [
     Advice("bf16-activations",
            lambda a, s: s[Bottleneck.MEMORY] >= DEVICE_NOTABLE and a.view.memory_bound > 0
            and _fp32_share(a) >= 0.5 and "bf16" in a.device_peaks,
-           _bf16_bytes_text, lambda a: whatif.halved_bytes(a.view, _fp32_share(a)), Bottleneck.MEMORY),
+           _bf16_bytes_text,
+           lambda a: whatif.halved_bytes(a.view, _fp32_share(a), a.fp32_memory_bytes, a.bandwidth),
+           Bottleneck.MEMORY),
     Advice("fused-optimizer",
            lambda a, s: a.traits.optimizer and not a.traits.fused_optimizer
            and max(s[Bottleneck.MEMORY], s[Bottleneck.HOST]) >= DEVICE_NOTABLE,

@@ -23,7 +23,7 @@ from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violati
 from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
 from gpudiag.analyzers.stragglers import find_stragglers
 from gpudiag.analyzers.traits import job_traits
-from gpudiag.devices import DevicePeak, lookup_device, match_device
+from gpudiag.devices import DTYPE_FAMILY, DevicePeak, lookup_device, match_device
 from gpudiag.diagnosis import (
     DIAGNOSIS_SCHEMA_VERSION,
     Bottleneck,
@@ -120,7 +120,10 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
                 dst[k][1] += t
         for k, t in p.memory_ops.items():
             memory_ops[k] += t
-    busy = sum(r.total.gpu_busy for r in results)
+    # top items' shares: of device busy time on a GPU; of operator time on the CPU (the
+    # breakdown's busy time leaves out tiny ops and stalls, which the operator totals include)
+    busy = (sum(r.total.gpu_busy for r in results) if has_gpu
+            else sum(t for _, t in ops.values()))
     traits = job_traits([p.facts.traits for p in partials], workers)
     n_steps = max((len(r.steps) if r.steps and r.steps[0].step is not None else 0)
                   for r in results) if results else 0
@@ -129,7 +132,8 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     if breakdown.step_time > 0:
         facts = [p.facts for p in partials]
         events = (sum(f.events_per_step for f in facts) / len(facts),
-                  sum(f.events_in_compute_per_step for f in facts) / len(facts))
+                  sum(f.events_in_compute_per_step for f in facts) / len(facts),
+                  sum(f.stalled_us_per_step for f in facts) / len(facts))
         view = choose_view(breakdown, results, windows, kind, events)
         warnings.extend(view.warnings)
         mfu = compute_mfu(results, device, mix, flops_per_step, shapes, view.breakdown.step_time,
@@ -151,7 +155,9 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         verdict = replace(verdict, recommendations=recommend(AdviceInputs(
             view=view.breakdown, device_kind=kind, device_peaks=dict(device.flops) if device else {},
             traits=traits, mfu=mfu, roofline=roofline, collectives=collectives, stragglers=stragglers,
-            top_memory_ops=top_memory, fusion_saved_share=saved / mem if mem > 0 and saved > 0 else None)))
+            top_memory_ops=top_memory, fusion_saved_share=saved / mem if mem > 0 and saved > 0 else None,
+            fp32_memory_bytes=_fp32_memory_bytes(roof_acc, device, sum(len(r.steps) for r in results)),
+            bandwidth=device.bandwidth if device else 0.0)))
     else:
         roofline = build_roofline(roof_acc, device)
         verdict = Verdict(label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
@@ -167,6 +173,11 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         else:
             warnings.append("no operator shapes recorded: compute/memory split comes from kernel "
                             "names (profile with record_shapes=True for a roofline)")
+    stalled = max((p.facts.stalled_us_per_step for p in partials), default=0.0)
+    if stalled > 0:
+        warnings.append(f"{stalled / 1e3:.3g} ms per traced step of CPU operator time was the OS not "
+                        "running the job (operators 20x slower than the median of their kind: a busy "
+                        "machine): counted as host time, not work")
     for fam, rate in raised.items():
         warnings.append(f"the job ran {fam} at {rate / 1e9:.4g} GFLOP/s, above the measured peak: a "
                         "measured peak is a floor, so it is raised to that")
@@ -195,6 +206,18 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         basis=view.basis if view else PROFILED, dilation=view.dilation if view else None,
         unprofiled=view.unprofiled if view else None, traced_verdict=traced_verdict, traits=traits,
     )
+
+
+def _fp32_memory_bytes(acc: RooflineAcc, device: DevicePeak | None, steps: int) -> float | None:
+    """Bytes per (rank, step) moved by memory-bound fp32 operators (below their ridge point)."""
+    if device is None or steps <= 0 or not acc.groups:
+        return None
+    total = 0.0
+    for (_op, _shape, dt), (_calls, flops, nbytes, _t) in acc.groups.items():
+        fp32 = DTYPE_FAMILY.get(dt.lower(), "fp32") == "fp32"
+        if nbytes > 0 and fp32 and flops / nbytes < device.ridge(dt):
+            total += nbytes
+    return total / steps
 
 
 def _pick_device(partials: list[RankPartial], cpu_device: DevicePeak | None,

@@ -15,12 +15,11 @@ number of steps or ranks still compare like for like.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from gpudiag.analyzers.unprofiled import iqr_over_median
+from gpudiag.analyzers.stats import iqr_over_median, mann_whitney_p
 from gpudiag.diagnosis import (
     DIFF_SCHEMA_VERSION,
     Bottleneck,
@@ -68,27 +67,6 @@ METHOD = (f"{CONFIDENCE:.0%} percentile bootstrap interval ({RESAMPLES} resample
           "ratio of median untraced step times; significant when the interval excludes no change, a "
           f"Mann-Whitney U test agrees (p < {ALPHA:.2g}) and the change exceeds run-to-run noise (at least "
           f"{RUN_TO_RUN_FLOOR:.0%}, and at least half the interquartile range of either run's steps)")
-
-
-def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:
-    """Two-sided p-value of the Mann-Whitney U test (normal approximation, tie- and
-    continuity-corrected): are values of one sample systematically larger than the other's?"""
-    n1, n2 = len(x), len(y)
-    both = np.concatenate([x, y])
-    order = np.argsort(both, kind="mergesort")
-    ranks = np.empty(len(both))
-    sorted_vals = both[order]
-    # average ranks over ties
-    _, first, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
-    avg = first + (counts + 1) / 2.0
-    ranks[order] = np.repeat(avg, counts)
-    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
-    n = n1 + n2
-    var = n1 * n2 / 12.0 * ((n + 1) - float((counts ** 3 - counts).sum()) / (n * (n - 1)))
-    if var <= 0:
-        return 1.0  # every value tied: nothing tells the samples apart
-    z = (abs(u - n1 * n2 / 2.0) - 0.5) / math.sqrt(var)
-    return math.erfc(max(z, 0.0) / math.sqrt(2.0))
 
 
 def step_change(before_s: Sequence[float], after_s: Sequence[float], *, confidence: float = CONFIDENCE,

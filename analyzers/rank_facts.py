@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpudiag.analyzers.breakdown import TINY_CPU_OP_US, cpu_compute_intervals, step_windows
+from gpudiag.analyzers.breakdown import (
+    TINY_CPU_OP_US,
+    cpu_compute_intervals,
+    step_windows,
+    unstalled_dur,
+)
 from gpudiag.analyzers.op_args import KIND_ELEMENTWISE
 from gpudiag.analyzers.roofline import BOUND_MEMORY, WorkBounds, is_cpu_work
 from gpudiag.analyzers.trace_loader import KCLASS_COMPUTE, RankTrace
@@ -28,6 +33,7 @@ class RankFacts:
     # the profiler pays its cost per recorded event (unprofiled._cpu_estimate)
     events_per_step: float = 0.0
     events_in_compute_per_step: float = 0.0
+    stalled_us_per_step: float = 0.0  # CPU operator time the OS did not run (breakdown.unstalled_dur)
 
 
 def rank_facts(rt: RankTrace, wb: WorkBounds) -> RankFacts:
@@ -59,6 +65,11 @@ def rank_facts(rt: RankTrace, wb: WorkBounds) -> RankFacts:
         if comp[0].size:
             j = np.searchsorted(comp[0], rt.cpu_ts, side="right") - 1
             in_compute = inside & (j >= 0) & (rt.cpu_ts < comp[1][np.clip(j, 0, None)])
+    stalled = 0.0
+    if not rt.has_gpu:
+        top = inside & rt.cpu_is_op & (rt.cpu_depth == 0)
+        stalled = float((rt.cpu_dur - unstalled_dur(rt))[top].sum()) / n_steps
     return RankFacts(traits=traits, fusable_us=total, fusion_saves_us=saved, memory_bound_us=mem,
                      events_per_step=float(inside.sum()) / n_steps,
-                     events_in_compute_per_step=float(in_compute.sum()) / n_steps)
+                     events_in_compute_per_step=float(in_compute.sum()) / n_steps,
+                     stalled_us_per_step=stalled)

@@ -12,12 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from gpudiag.analyzers.classify import classify, extreme_dilation
-from gpudiag.analyzers.unprofiled import (
-    estimate_unprofiled,
-    iqr_over_median,
-    measure_dilation,
-    noise_deduction,
-)
+from gpudiag.analyzers.stats import iqr_over_median
+from gpudiag.analyzers.unprofiled import estimate_unprofiled, measure_dilation, noise_deduction
 from gpudiag.diagnosis import (
     Deduction,
     Dilation,
@@ -56,10 +52,11 @@ def traced_noise(results: list[RankResult], windows: list[WindowSteps] | None) -
 
 
 def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[WindowSteps] | None,
-                device_kind: str, events: tuple[float, float] | None = None) -> StepView:
+                device_kind: str, events: tuple[float, float, float] | None = None) -> StepView:
     """The unprofiled estimate where the reference around the traced window can be trusted;
-    otherwise the traced steps, saying why. ``events``: recorded CPU events per traced step,
-    all and inside compute blocks (CPU traces: the profiler's cost is paid per event)."""
+    otherwise the traced steps, saying why. ``events``: recorded CPU events per traced step, all
+    and inside compute blocks, and the stalls per step (CPU traces: the profiler's cost is paid
+    per event; ``unprofiled._cpu_per_event``)."""
     noise = traced_noise(results, windows)
     traced_cost = noise_deduction(noise, "the traced steps")
     if windows is None:

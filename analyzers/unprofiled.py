@@ -36,9 +36,11 @@ caveat is a ``Deduction`` from the verdict's confidence, of a stated amount:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
+from gpudiag.analyzers.stats import iqr_over_median, mann_whitney_p
 from gpudiag.diagnosis import Deduction, Dilation, TimeBreakdown
 from gpudiag.rundir import REFERENCE_STEPS, WindowSteps
 
@@ -50,13 +52,21 @@ MIN_SIDE_STEPS = 3
 # A dilation below 1 + this is within the step-to-step noise of most jobs: no correction.
 NOISE_FLOOR = 0.02
 # Interquartile range over median of the reference above this (noise beyond +-12.5%): the
-# reference is too unsteady to scale by; the traced view is used.
+# reference is unsteady. It is still used where the correction it makes dwarfs its noise (a
+# tiny-op job whose traced steps the profiler slowed 11x is far better described by a reference
+# +-15% noisy than by its traced steps); it is not where its noise, or a change of pace across
+# the window, is more than TRUST_SHARE of the correction (factor - 1): then the factor cannot
+# be told from noise or load, and the traced view is used.
 UNSTEADY_SPREAD = 0.25
-# The medians before and after the window differ by more than this: the job's pace (or the
-# machine's load) changed across the window, so neither side is known to be the traced steps'
-# pace; the traced view is used. 15%: more than the 1-10% run-to-run variation of steady jobs
-# seen here and on the H100 runs (../shared/runs), less than what a competing process does.
+TRUST_SHARE = 0.5
+# The medians before and after the window differ by more than this, and a rank test says the
+# two sides differ (p < LOAD_CHANGE_ALPHA): the job's pace (or the machine's load) changed
+# across the window, so neither side is known to be the traced steps' pace; the traced view is
+# used. 15%: more than the 1-10% run-to-run variation of steady jobs seen here and on the H100
+# runs (../shared/runs), less than what a competing process does; the test keeps a noisy job's
+# medians, which differ by chance, from passing for a change (Mann-Whitney U, as gpudiag diff).
 LOAD_CHANGE_MAX = 0.15
+LOAD_CHANGE_ALPHA = 0.05
 
 # Confidence deductions (points of confidence, 0..1) for the caveats of this module. Each is
 # our own calibration, stated so a reader can weigh it: noise costs in proportion (one point
@@ -64,6 +74,9 @@ LOAD_CHANGE_MAX = 0.15
 # traced view costs a fixed 0.1 for the host time the profiler adds to it; a repair of the
 # estimate (work scaled, input wait cut) 0.1; the CPU's proportional model 0.05.
 PENALTY_PER_NOISE = 1.0
+# ...each of these two at most this much: a reference noisy by +-300% (a 1 ms step among
+# preemptions) says little, and the floor of the confidence says the rest
+PENALTY_PROPORTIONAL_MAX = 0.5
 PENALTY_PER_LOAD_CHANGE = 1.0
 PENALTY_TRACED_VIEW = 0.1
 PENALTY_PER_SLOWER = 1.0  # per point by which the reference was slower than the traced steps
@@ -74,17 +87,6 @@ MODEL = ("step = the median of the untraced steps just before and after the trac
          f"(up to {REFERENCE_STEPS} a side, the job's own step timer); device work as traced; the "
          "profiler's extra wall time (traced mean minus that step) removed from the host gaps first, "
          "then from the input wait")
-
-
-def iqr_over_median(xs: Sequence[float]) -> float:
-    """Interquartile range over the median: how unsteady a run's steps are. Quartiles as
-    ``statistics.quantiles`` takes them (Weibull's p(n+1) positions). The report's "noise ±"
-    and ``gpudiag diff``'s noise floor are both half of it."""
-    if len(xs) < 4:
-        return 0.0
-    q = statistics.quantiles(xs, n=4)
-    med = statistics.median(xs)
-    return (q[2] - q[0]) / med if med > 0 else 0.0
 
 
 def measure_dilation(traced_step_us: float, windows: list[WindowSteps]
@@ -105,6 +107,8 @@ def measure_dilation(traced_step_us: float, windows: list[WindowSteps]
     mb = statistics.median(before) * 1e6 if len(before) >= MIN_SIDE_STEPS else None
     ma = statistics.median(after) * 1e6 if len(after) >= MIN_SIDE_STEPS else None
     change = max(mb, ma) / min(mb, ma) - 1 if mb and ma else 0.0
+    changed = (change > LOAD_CHANGE_MAX
+               and mann_whitney_p(np.array(before), np.array(after)) < LOAD_CHANGE_ALPHA)
     spread = iqr_over_median(ref)
     dil = Dilation(traced_step_us=traced_step_us, untraced_step_us=u, factor=traced_step_us / u,
                    traced_steps=len(traced), untraced_steps=len(ref), untraced_spread=spread,
@@ -113,14 +117,22 @@ def measure_dilation(traced_step_us: float, windows: list[WindowSteps]
                    load_change=change)
     out: list[Deduction] = []
     why = []
-    if change > LOAD_CHANGE_MAX:
-        why.append(f"the job's pace changed across the traced window (untraced steps before it "
-                   f"{mb / 1e3:.3g} ms, after it {ma / 1e3:.3g} ms: {100 * change:.0f}% apart, load "
-                   "on the machine or a change of phase)")
-        out.append(Deduction(why[-1], round(PENALTY_PER_LOAD_CHANGE * change, 3)))
-    if spread > UNSTEADY_SPREAD:
+    correction = abs(dil.factor - 1)  # what scaling by the reference would change
+    if changed:
+        text = (f"the job's pace changed across the traced window (untraced steps before it "
+                f"{mb / 1e3:.3g} ms, after it {ma / 1e3:.3g} ms: {100 * change:.0f}% apart, load on the "
+                "machine or a change of phase)")
+        if change > TRUST_SHARE * correction:
+            why.append(text)
+        else:
+            text += (f", by far less than the profiler's slowdown ({dil.factor:.2g}x): the reference "
+                     "still stands")
+            dil.caveats.append(text)
+        out.append(Deduction(text, round(min(PENALTY_PROPORTIONAL_MAX, PENALTY_PER_LOAD_CHANGE * change), 3)))
+    if spread > UNSTEADY_SPREAD and spread / 2 > TRUST_SHARE * correction:
         why.append(f"the untraced steps around the window vary a lot (interquartile range "
-                   f"{100 * spread:.0f}% of their median): the reference step time is itself unsteady")
+                   f"{100 * spread:.0f}% of their median), as much as the profiler's slowdown "
+                   f"({dil.factor:.2g}x) they would correct")
     if dil.factor < 1 - max(NOISE_FLOOR, spread / 2):  # slower by more than the noise
         why.append(f"the untraced steps around the window were slower than the traced ones "
                    f"({dil.factor:.2f}x): the job changed phase or its steps differ")
@@ -139,11 +151,11 @@ def noise_deduction(noise: float | None, of: str) -> list[Deduction]:
     if not noise:
         return []
     return [Deduction(f"step-time noise \u00b1{100 * noise:.1f}% (half the interquartile range of "
-                      f"{of})", round(PENALTY_PER_NOISE * noise, 3))]
+                      f"{of})", round(min(PENALTY_PROPORTIONAL_MAX, PENALTY_PER_NOISE * noise), 3))]
 
 
 def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: str,
-                        events: tuple[float, float] | None = None
+                        events: tuple[float, float, float] | None = None
                         ) -> tuple[TimeBreakdown, list[Deduction]]:
     """The mean step as it runs unobserved (for a trusted dilation), and the deductions its
     repairs cost; each is also appended to ``dilation.caveats``."""
@@ -189,20 +201,24 @@ def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: 
     return replace(traced, step_time=step, idle=idle, input_wait=input_wait, host_overhead=host), out
 
 
-def _cpu_per_event(traced: TimeBreakdown, step: float, events: tuple[float, float],
+def _cpu_per_event(traced: TimeBreakdown, step: float, events: tuple[float, float, float],
                    caveat) -> TimeBreakdown:  # noqa: ANN001
     """The CPU as the device: the profiler pays a roughly fixed cost per event it records
     (``benchmarks/profile_dilation.py``), inside the operators' spans and in the gaps between
-    them. So the extra wall time per step, over the events recorded per step, is that cost;
+    them. So the extra wall time per step (less the time the OS did not run the job at all),
+    over the events recorded per step, is that cost;
     operator blocks lose it once per event that starts inside them, the gaps the rest, and the
     input wait (blocked on the DataLoader) keeps its length. A big GEMM with one event keeps
     its time; a tiny op whose time was mostly the profiler's loses most of it."""
-    extra = traced.step_time - step
-    n_all, n_compute = events
+    n_all, n_compute, stalled = events
+    # time the OS did not run the job (breakdown.unstalled_dur) is already host time, and it is
+    # the machine's load, not the profiler's cost: it leaves the step first, then the profiler's
+    stalled = min(stalled, max(0.0, traced.step_time - step), traced.host_overhead)
+    extra = traced.step_time - stalled - step
     per_event = extra / n_all
     from_compute = min(traced.compute, per_event * n_compute)
     rest = extra - from_compute
-    host = traced.host_overhead - rest
+    host = traced.host_overhead - stalled - rest
     compute = traced.compute - from_compute
     input_wait = traced.input_wait
     if host < 0:

@@ -10,8 +10,8 @@ with one part removed or overlapped, and say what bounds the result:
   in that time;
 - exposed communication overlapped: it is hidden behind compute, as far as the compute not
   already hiding communication reaches;
-- host gaps closed (CUDA graphs, ``torch.compile``, fewer larger ops): the step loses its host
-  overhead; device work bounds it;
+- host gaps closed (CUDA graphs, fewer larger ops): the step loses its host overhead; device
+  work bounds it; ``torch.compile`` also fuses (below), so its prediction has both;
 - compute at a faster dtype's peak (bf16 autocast): compute-bound fp32 work takes
   ``peak_fp32 / peak_bf16`` of its time, at the efficiency it had;
 - memory-bound work fused: each run of consecutive memory-bound elementwise operators (or
@@ -77,6 +77,16 @@ def host_gaps_closed(b: TimeBreakdown) -> Prediction:
                       "input wait bound the step")
 
 
+def compiled(b: TimeBreakdown, saved_share: float | None) -> Prediction:
+    """``torch.compile`` does both: the gaps between ops close (one compiled call instead of
+    one dispatch per op), and runs of consecutive elementwise ops fuse into one pass."""
+    fused = b.memory_bound * (saved_share or 0.0)
+    return Prediction(b.step_time - b.host_overhead - fused,
+                      f"host gaps ({_ms(b.host_overhead)}) closed and each run of consecutive "
+                      f"memory-bound elementwise operators fused into one pass ({_ms(fused)} saved); "
+                      "the operators compile does not fuse (GEMMs, convolutions) keep their time")
+
+
 def copies_hidden(b: TimeBreakdown) -> Prediction:
     return Prediction(b.step_time - b.memcpy_exposed,
                       f"copies ({_ms(b.memcpy_exposed)}) overlapped with compute")
@@ -103,11 +113,21 @@ def memory_fused(b: TimeBreakdown, saved_share: float | None) -> Prediction:
                       f"{_ms(b.memory_bound)} memory-bound work saved")
 
 
-def halved_bytes(b: TimeBreakdown, fp32_memory_share: float) -> Prediction:
+def halved_bytes(b: TimeBreakdown, fp32_memory_share: float, fp32_bytes: float | None,
+                 bandwidth: float) -> Prediction:
+    """Memory-bound fp32 work in bf16 moves half its bytes: at most half its time, and no more
+    than half its bytes take at the device's bandwidth (an op bound by dispatch rather than
+    bytes gains little)."""
     part = b.memory_bound * fp32_memory_share
-    return Prediction(b.step_time - part / 2,
-                      f"memory-bound fp32 work ({_ms(part)}) moving half the bytes at the same "
-                      "bandwidth")
+    saved = part / 2
+    bound = ""
+    if fp32_bytes is not None and bandwidth > 0:
+        by_bytes = fp32_bytes / 2 / bandwidth * 1e6
+        if by_bytes < saved:
+            saved, bound = by_bytes, (f"; half of its {fp32_bytes / 1e6:.3g} MB per step at "
+                                      f"{bandwidth / 1e9:.3g} GB/s bounds the saving")
+    return Prediction(b.step_time - saved, f"memory-bound fp32 work ({_ms(part)}) moving half the "
+                                           f"bytes{bound}")
 
 
 def straggler_fixed(b: TimeBreakdown, median_us: float, worst_us: float) -> Prediction:

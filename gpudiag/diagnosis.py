@@ -7,14 +7,12 @@ not understand instead of misreading them.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag.codec import JsonValue, load_versioned
 from gpudiag.errors import BadInput
 
 DIAGNOSIS_SCHEMA_VERSION = 3
@@ -295,7 +293,7 @@ class JobTraits:
 
 
 @dataclass
-class Diagnosis:
+class Diagnosis(JsonValue):
     schema_version: int
     gpudiag_version: str
     sources: list[str]
@@ -322,12 +320,6 @@ class Diagnosis:
     traced_verdict: Verdict | None = None  # what the traced breakdown alone would say
     traits: JobTraits | None = None  # what the trace shows of the job (advice is chosen from it)
 
-    def to_dict(self) -> dict[str, Any]:
-        return _encode(self)
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-
     @classmethod
     def from_json(cls, text: str) -> Diagnosis:
         try:
@@ -338,79 +330,7 @@ class Diagnosis:
 
     @classmethod
     def from_dict(cls, data: Any) -> Diagnosis:
-        if not isinstance(data, dict):
-            raise BadInput("diagnosis must be a JSON object")
-        version = data.get("schema_version")
-        if version not in READABLE_DIAGNOSIS_VERSIONS:
-            raise BadInput(
-                f"diagnosis schema version {version!r} is not supported (this gpudiag reads "
-                f"versions {', '.join(map(str, READABLE_DIAGNOSIS_VERSIONS))}); re-run gpudiag analyze"
-            )
-        try:
-            return _decode(cls, _upgrade(data))
-        except (TypeError, ValueError, KeyError) as e:
-            raise BadInput(f"diagnosis is malformed: {e}") from None
-
-
-def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """A version 1 or 2 diagnosis in version 3's shape: recommendations were plain strings."""
-    if data.get("schema_version", DIAGNOSIS_SCHEMA_VERSION) >= 3:
-        return data
-    data = dict(data)
-    for key in ("verdict", "traced_verdict"):
-        v = data.get(key)
-        if isinstance(v, dict) and isinstance(v.get("recommendations"), list):
-            v = dict(v)
-            v["recommendations"] = [
-                {"action": "unknown", "text": r, "predicted_step_s": None,
-                 "why": f"written by a gpudiag of diagnosis schema {data.get('schema_version')}, "
-                        "before predictions"} if isinstance(r, str) else r
-                for r in v["recommendations"]]
-            data[key] = v
-    return data
-
-
-def _encode(v: Any) -> Any:
-    if dataclasses.is_dataclass(v):
-        return {f.name: _encode(getattr(v, f.name)) for f in dataclasses.fields(v)}
-    if isinstance(v, enum.Enum):
-        return v.value
-    if isinstance(v, dict):
-        return {str(k): _encode(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_encode(x) for x in v]
-    if isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")):
-            return None
-        return v
-    return v
-
-
-def _decode(tp: Any, v: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if v is None:
-            return None
-        return _decode(args[0], v)
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in v:
-                kwargs[f.name] = _decode(hints[f.name], v[f.name])
-        return tp(**kwargs)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp(v)
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        return [_decode(inner, x) for x in v]
-    if origin is dict:
-        _, inner = typing.get_args(tp)
-        return {k: _decode(inner, x) for k, x in v.items()}
-    if tp is float:
-        return float("nan") if v is None else float(v)
-    return v
+        return load_versioned(cls, data, READABLE_DIAGNOSIS_VERSIONS)
 
 
 DIFF_SCHEMA_VERSION = 2  # 2: step_change, basis and step_time_verdict
@@ -449,7 +369,7 @@ class StepChange:
 
 
 @dataclass
-class DiagnosisDiff:
+class DiagnosisDiff(JsonValue):
     """Before/after comparison of two diagnoses (``gpudiag diff``)."""
 
     schema_version: int
@@ -474,9 +394,3 @@ class DiagnosisDiff:
     basis: str = "profiled-steps"
     step_change: StepChange | None = None  # from the step timers; None for trace-only inputs
     step_time_verdict: str = ""  # one sentence: the change and whether it is more than noise
-
-    def to_dict(self) -> dict[str, Any]:
-        return _encode(self)
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)

@@ -244,9 +244,21 @@ class WindowSteps:
     """The traced steps of the trace on disk and the untraced steps around them (seconds)."""
 
     rank: int
-    traced: list[float]
-    before: list[float]  # untraced steps just before the window's warm-up step, in step order
-    after: list[float]  # untraced steps just after its export step, in step order
+    traced_rows: list[StepRow]
+    before_rows: list[StepRow]  # untraced steps just before the window's warm-up step, in order
+    after_rows: list[StepRow]  # untraced steps just after its export step, in order
+
+    @property
+    def traced(self) -> list[float]:
+        return [r.dt for r in self.traced_rows]
+
+    @property
+    def before(self) -> list[float]:
+        return [r.dt for r in self.before_rows]
+
+    @property
+    def after(self) -> list[float]:
+        return [r.dt for r in self.after_rows]
 
 
 def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS) -> list[WindowSteps]:
@@ -265,24 +277,23 @@ def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS) -> list[Window
             out.append(WindowSteps(rank, [], [], []))
             continue
         first, last = idx[0], idx[-1]
-        before: list[float] = []
+        before: list[StepRow] = []
         j = first - 1
         while j >= 0 and rows[j].profiler == PROFILER_WARMUP:
             j -= 1
         while (j >= 0 and rows[j].profiler is None and rows[j].step > STARTUP_STEPS
                and len(before) < reference):
-            before.append(rows[j].dt)
+            before.append(rows[j])
             j -= 1
-        after: list[float] = []
+        after: list[StepRow] = []
         j = last + 1
         while j < len(rows) and rows[j].profiler == PROFILER_EXPORT:
             j += 1
         while j < len(rows) and rows[j].profiler is None and len(after) < reference:
-            after.append(rows[j].dt)
+            after.append(rows[j])
             j += 1
-        out.append(WindowSteps(rank, [rows[i].dt for i in range(first, last + 1)
-                                      if rows[i].profiler == PROFILER_TRACED],
-                               before[::-1], after))
+        out.append(WindowSteps(rank, [rows[i] for i in range(first, last + 1)
+                                      if rows[i].profiler == PROFILER_TRACED], before[::-1], after))
     return out
 
 

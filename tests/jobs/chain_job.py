@@ -2,6 +2,7 @@
 timer: the host-bound job of "predicted vs applied" (``--compile`` applies the fix).
 
     python chain_job.py --steps 300 --report own.json [--compile]
+    python chain_job.py --phases b120,a60 --steps 600 --report own.json   # "a": compiled
 
 Each block is one GEMM followed by a chain of elementwise operators on a small activation:
 eager PyTorch pays its dispatch cost per operator, ``torch.compile`` fuses each chain into one
@@ -14,14 +15,16 @@ import json
 import time
 
 import torch
+from _phases import schedule
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=300)
-ap.add_argument("--blocks", type=int, default=6)
-ap.add_argument("--chain", type=int, default=12)
-ap.add_argument("--width", type=int, default=512)
-ap.add_argument("--batch", type=int, default=32)
+ap.add_argument("--blocks", type=int, default=8)
+ap.add_argument("--chain", type=int, default=16)
+ap.add_argument("--width", type=int, default=256)
+ap.add_argument("--batch", type=int, default=8)
 ap.add_argument("--compile", action="store_true")
+ap.add_argument("--phases", default="b1")
 ap.add_argument("--report", required=True)
 args = ap.parse_args()
 
@@ -38,7 +41,10 @@ def forward(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-fn = torch.compile(forward) if args.compile else forward
+plan = schedule(args.phases, args.steps)
+fns = {"b": torch.compile(forward) if args.compile else forward}
+if "a" in plan:
+    fns["a"] = torch.compile(forward)
 try:
     import gpudiag
     mark = gpudiag.step
@@ -50,11 +56,11 @@ x = torch.randn(args.batch, args.width)
 own = []
 with torch.no_grad():
     t = time.perf_counter()
-    for _ in range(args.steps):
-        fn(x)
+    for phase in plan:
+        fns[phase](x)
         mark()
         now = time.perf_counter()
         own.append(now - t)
         t = now
 with open(args.report, "w") as f:
-    json.dump({"step_seconds": own}, f)
+    json.dump({"step_seconds": own, "phases": plan}, f)

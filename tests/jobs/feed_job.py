@@ -2,10 +2,13 @@
 file or network I/O is), with its own step timer: the input-bound job of "predicted vs applied".
 
     python feed_job.py --workers 0 --steps 80 --report own.json
+    python feed_job.py --workers 0 --fixed-workers 4 --phases b40,a20 --steps 160 --report own.json
 
 Each sample takes ``--sample-ms`` to read; the model's step takes longer than a batch's
-reading divided by 4, so 4 workers hide the reading entirely. ``--report`` gets the job's own
-step times (from the end of one optimizer step to the end of the next, as gpudiag's timer).
+reading divided by 4, so 4 workers hide the reading entirely. With ``--phases`` (``_phases``)
+the "a" steps read from a second DataLoader with ``--fixed-workers``. ``--report`` gets the
+job's own step times (from the end of one optimizer step to the end of the next, as gpudiag's
+timer) and each step's phase.
 """
 
 import argparse
@@ -13,11 +16,14 @@ import json
 import time
 
 import torch
+from _phases import schedule
 from torch.utils.data import DataLoader, Dataset
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=80)
 ap.add_argument("--workers", type=int, default=0)
+ap.add_argument("--fixed-workers", type=int, default=4)
+ap.add_argument("--phases", default="b1")
 ap.add_argument("--batch", type=int, default=16)
 ap.add_argument("--sample-ms", type=float, default=1.5)
 ap.add_argument("--width", type=int, default=512)
@@ -40,11 +46,22 @@ torch.set_num_threads(1)
 model = torch.nn.Sequential(torch.nn.Linear(args.width, 2048), torch.nn.GELU(),
                             torch.nn.Linear(2048, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 1))
 opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-loader = DataLoader(Slow(), batch_size=args.batch, num_workers=args.workers,
-                    persistent_workers=args.workers > 0)
+plan = schedule(args.phases, args.steps)
+
+
+def loader(workers: int):  # noqa: ANN201 - an endless iterator of batches
+    while True:
+        yield from DataLoader(Slow(), batch_size=args.batch, num_workers=workers,
+                              persistent_workers=workers > 0)
+
+
+feeds = {"b": loader(args.workers)}
+if "a" in plan:
+    feeds["a"] = loader(args.fixed_workers)
 own = []
 t = time.perf_counter()
-for x, y in loader:
+for phase in plan:
+    x, y = next(feeds[phase])
     # a few passes over the batch: the model's step is the work the reading should hide behind
     for _ in range(4):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -55,4 +72,4 @@ for x, y in loader:
     own.append(now - t)
     t = now
 with open(args.report, "w") as f:
-    json.dump({"step_seconds": own}, f)
+    json.dump({"step_seconds": own, "phases": plan}, f)
