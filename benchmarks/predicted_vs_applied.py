@@ -67,7 +67,7 @@ CASES = {
     "compile": Case("compile", "compile-small-ops", "chain_job.py", [], "b60,a30", steps=270,
                     skip=110, settle=3),
     "ddp-buckets": Case("ddp-buckets", "overlap-communication", "ddp_bucket_job.py",
-                        ["--bucket-mb", "256", "--fixed-bucket-mb", "2", "--device-ms", "10"],
+                        ["--bucket-mb", "256", "--fixed-bucket-mb", "2", "--device-ms", "25"],
                         "b30,a15", steps=135, skip=55, ranks=2, settle=3),
 }
 
