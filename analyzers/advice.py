@@ -187,7 +187,7 @@ def _fuse_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     largest = f" (largest: {', '.join(fusable[:3])})" if fusable else ""
     return (f"Memory-bound {_unit(a)} work is {_pct(s[Bottleneck.MEMORY])} of step time"
             f"{largest}: fuse chains of elementwise and normalisation ops with torch.compile, "
-            "so each reads and writes its data once.")
+            "so each reads and writes its data once (it also closes the gaps between ops).")
 
 
 def _bf16_bytes_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
@@ -288,7 +288,8 @@ CATALOGUE: list[Advice] = [
     Advice("dataloader-workers", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE, _input_text,
            lambda a: whatif.input_hidden(a.view), Bottleneck.INPUT),
     Advice("overlap-communication", lambda a, s: s[Bottleneck.COMMUNICATION] >= COMM_NOTABLE,
-           _comm_text, lambda a: whatif.communication_overlapped(a.view), Bottleneck.COMMUNICATION),
+           _comm_text, lambda a: whatif.communication_overlapped(a.view, cpu=not _gpu(a)),
+           Bottleneck.COMMUNICATION),
     Advice("cuda-graphs-or-compile",
            lambda a, s: _gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
            _graphs_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share), Bottleneck.HOST),
@@ -302,10 +303,11 @@ CATALOGUE: list[Advice] = [
     Advice("batch-small-ops",
            lambda a, s: not _gpu(a) and a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
            _batch_small_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
+    # torch.compile once: where the host advice above already names it, not again for memory
     Advice("fuse-memory-bound",
            lambda a, s: not a.traits.compiled and s[Bottleneck.MEMORY] >= DEVICE_NOTABLE
-           and a.view.memory_bound > 0,
-           _fuse_text, lambda a: whatif.memory_fused(a.view, a.fusion_saved_share), Bottleneck.MEMORY),
+           and a.view.memory_bound > 0 and s[Bottleneck.HOST] < HOST_NOTABLE,
+           _fuse_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share), Bottleneck.MEMORY),
     Advice("bf16-activations",
            lambda a, s: s[Bottleneck.MEMORY] >= DEVICE_NOTABLE and a.view.memory_bound > 0
            and _fp32_share(a) >= 0.5 and "bf16" in a.device_peaks,

@@ -53,7 +53,9 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
     v = d.verdict
     second = f" | secondary: {v.secondary.value}" if v.secondary else ""
     out.append("")
-    out.append(f"VERDICT: {views.label_line(v).upper()}  (confidence {v.confidence:.2f}, "
+    label = v.label.value.upper() + (f" / {v.tie_with.value.upper()} (a tie within noise)"
+                                      if v.tie_with else "")
+    out.append(f"VERDICT: {label}  (confidence {v.confidence:.2f}, "
                f"{v.confidence_level}){second}")
     out.extend(textwrap.wrap(v.summary, width, initial_indent="  ", subsequent_indent="  "))
     wrap = {"width": width, "initial_indent": "  ", "subsequent_indent": "    "}

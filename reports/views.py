@@ -73,13 +73,6 @@ def dilation_line(dil: Dilation) -> str:
             "(half the interquartile range))")
 
 
-def label_line(v: Verdict) -> str:
-    """'host-bound', or 'host-bound / memory-bound (a tie within noise)'."""
-    if v.tie_with is None:
-        return v.label.value
-    return f"{v.label.value} / {v.tie_with.value} (a tie within noise)"
-
-
 def confidence_lines(v: Verdict) -> list[str]:
     """'−0.10: <reason>' for each deduction that lowered the confidence."""
     return [f"\u2212{d.amount:.2f}: {d.reason}" for d in v.deductions]

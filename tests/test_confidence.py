@@ -18,6 +18,7 @@ import pytest
 from gpudiag.analyzers.classify import CONFIDENCE_BASE, CONFIDENCE_MIN, classify, with_deductions
 from gpudiag.analyzers.unprofiled import (
     LOAD_CHANGE_MAX,
+    PENALTY_PROPORTIONAL_MAX,
     PENALTY_TRACED_VIEW,
     TRUST_SHARE,
     measure_dilation,
@@ -83,7 +84,8 @@ def test_load_that_changed_across_the_window_falls_back_to_the_traced_view():
     reasons = " | ".join(d.reason for d in cost)
     assert "pace changed across the traced window" in reasons and "used as is" in reasons
     change = next(d for d in cost if "pace changed" in d.reason)
-    assert change.amount == pytest.approx(dil.load_change, abs=0.001)  # in proportion
+    # in proportion, up to its cap
+    assert change.amount == pytest.approx(min(PENALTY_PROPORTIONAL_MAX, dil.load_change), abs=0.001)
 
 
 def test_an_unsteady_reference_still_stands_where_the_profiler_dwarfed_its_noise():

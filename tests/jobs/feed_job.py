@@ -4,8 +4,10 @@ file or network I/O is), with its own step timer: the input-bound job of "predic
     python feed_job.py --workers 0 --steps 80 --report own.json
     python feed_job.py --workers 0 --fixed-workers 4 --phases b40,a20 --steps 160 --report own.json
 
-Each sample takes ``--sample-ms`` to read; the model's step takes longer than a batch's
-reading divided by 4, so 4 workers hide the reading entirely. With ``--phases`` (``_phases``)
+Each batch takes ``--read-ms`` to read (one record of ``--batch`` samples, as from a shard:
+one wait per step, not one per sample, whose wake-ups on a loaded VM cost the compute after
+them more than the wait itself); the model's step takes longer than the reading divided by 4,
+so 4 workers hide the reading entirely. With ``--phases`` (``_phases``)
 the "a" steps read from a second DataLoader with ``--fixed-workers``. ``--report`` gets the
 job's own step times (from the end of one optimizer step to the end of the next, as gpudiag's
 timer) and each step's phase.
@@ -25,7 +27,7 @@ ap.add_argument("--workers", type=int, default=0)
 ap.add_argument("--fixed-workers", type=int, default=4)
 ap.add_argument("--phases", default="b1")
 ap.add_argument("--batch", type=int, default=16)
-ap.add_argument("--sample-ms", type=float, default=1.5)
+ap.add_argument("--read-ms", type=float, default=30.0)
 ap.add_argument("--width", type=int, default=512)
 ap.add_argument("--passes", type=int, default=1, help="forward/backward passes per batch")
 ap.add_argument("--report", required=True)
@@ -33,13 +35,15 @@ args = ap.parse_args()
 
 
 class Slow(Dataset):
+    """Batches of samples, each batch slow to read."""
+
     def __len__(self) -> int:
-        return args.steps * args.batch
+        return args.steps
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(args.sample_ms / 1e3)
+        time.sleep(args.read_ms / 1e3)
         g = torch.Generator().manual_seed(i)
-        return torch.randn(args.width, generator=g), torch.randn(1, generator=g)
+        return torch.randn(args.batch, args.width, generator=g), torch.randn(args.batch, 1, generator=g)
 
 
 torch.manual_seed(0)
@@ -52,7 +56,7 @@ plan = schedule(args.phases, args.steps)
 
 def loader(workers: int):  # noqa: ANN201 - an endless iterator of batches
     while True:
-        yield from DataLoader(Slow(), batch_size=args.batch, num_workers=workers,
+        yield from DataLoader(Slow(), batch_size=None, num_workers=workers,
                               persistent_workers=workers > 0)
 
 
