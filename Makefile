@@ -1,14 +1,15 @@
 # The two commands the README promises:
-#   make demo   builds .venv, installs gpudiag (+ torch==2.13.0), runs the bundled tiny CPU
-#               training script under `gpudiag profile` and prints the verdict. No GPU needed.
+#   make demo   builds .venv, installs gpudiag (+ torch==2.13.0), runs the bundled CPU training
+#               script (a small CNN behind a slow DataLoader) under `gpudiag profile` and prints
+#               the verdict. No GPU needed.
 #   make test   builds .venv with the test extras, installs the system packages the tests
 #               drive (Debian's chromium and prometheus, when missing) and runs ruff and pytest.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# torch is pinned: a CPU wheel of 2.13.0 is what the test machines carry; an unpinned torch
-# pulls a multi-GB CUDA build.
-TORCH := torch==2.13.0
+# torch comes from the extras of pyproject.toml, where it is pinned once (the CPU wheel of
+# the test machines; an unpinned torch pulls a multi-GB CUDA build): the demo
+# installs the `torch` extra, the tests the `test` extra, which includes it.
 
 .PHONY: demo test lint clean system-deps
 
@@ -16,16 +17,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed-core: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q $(TORCH) -e .
+	$(BIN)/pip install -q -e '.[torch]'
 	touch $@
 
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q $(TORCH) -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]'
 	touch $@ $(VENV)/.installed-core
 
 demo: $(VENV)/.installed-core
 	rm -rf runs/demo
-	$(BIN)/gpudiag profile --out runs/demo -- $(BIN)/python benchmarks/workloads/tiny_train.py
+	$(BIN)/gpudiag profile --out runs/demo -- $(BIN)/python benchmarks/workloads/demo_train.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System packages the tests drive for real, from Debian: chromium (the HTML reports are
 # opened headless), prometheus with promtool (the agent is scraped by a real server), and
-# slurm-wlm with munge (tests/test_slurm.py starts munged, slurmctld and slurmd on 127.0.0.1).
+# slurm-wlm with munge (tests/test_slurm.py starts munged, slurmctld and slurmd on 127.0.0.1),
+# and tmux (tests/test_top.py drives `gpudiag top` in a real terminal).
 # Installs only what is missing; needs root (CI runs as root) or sudo.
 set -euo pipefail
 need=()
@@ -10,6 +11,7 @@ need=()
 # slurmctld/slurmd/munged live in /usr/sbin, which a non-root PATH may lack
 [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null 2>&1 || need+=(slurm-wlm)
 [ -x /usr/sbin/munged ] || need+=(munge)
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then

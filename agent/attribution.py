@@ -1,27 +1,34 @@
 """Which job owns a GPU process, and which user runs it: from the process's environment,
-cgroup and owner.
+cgroup and owner; and which jobs a scheduler's prolog says hold each GPU (dcgm-exporter's HPC
+job-mapping folder).
 
 Schedulers leave their mark in every process they start: Slurm sets ``SLURM_JOB_ID``,
 torchrun ``TORCHELASTIC_RUN_ID``, Kubernetes puts the pod UID in the cgroup path, and
 users can set ``GPUDIAG_JOB``. Results are cached per (pid, start time), so a recycled pid
 is never attributed to the job that used it before.
 
-The uid that runs a job's processes is what binds the job's signals to their writer
-(agent/job_table.py): a user can name any job in a signal, but cannot run another user's
-processes.
+The uid that runs a job's processes is a second check on a signal's writer (agent/job_table.py):
+a user can name any job in a signal, but cannot run another user's processes, so a signal
+naming a job that runs as someone else is refused.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import re
+import stat
 import threading
 import time
+from pathlib import Path
 
-from gpudiag.jobsignal import clean_job_id
+from gpudiag.agent.signals import ROOT_UID
+from gpudiag.jobsignal import MAX_JOB_ID, clean_job_id
+
+log = logging.getLogger("gpudiag.agent")
 
 _POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
-ROOT_UID = 0
 # a job whose processes the GPU scrape has not seen for this long is no longer bound by them
 # (the same 10 minutes after which a silent job leaves the table)
 PROCESS_OWNER_TTL_S = 600.0
@@ -137,3 +144,90 @@ class JobAttribution:
         if not jobs:
             return ""
         return jobs.pop() if len(jobs) == 1 else "multiple"
+
+
+# --- dcgm-exporter's HPC job mapping ---------------------------------------------------------
+# dcgm-exporter (--hpc-job-mapping-dir, or this variable) reads a folder that the scheduler's
+# prolog fills and its epilog empties: one file per GPU, named by the GPU's index ("0", "1", ...)
+# or, for a MIG instance, GPU.INSTANCE ("2.0"); each line one job id. It exports a mapped GPU's
+# metrics once per listed job with the label hpc_job="<id>", and an unmapped GPU's without it.
+# Reading the same folder the same way lets a site that already runs those scripts attribute
+# gpudiag's GPU series with no new plumbing.
+HPC_JOB_MAPPING_ENV = "DCGM_HPC_JOB_MAPPING_DIR"
+_GPU_FILE = re.compile(r"^([0-9]+)(?:\.([0-9]+))?$")
+# bounds, as for the job table: the folder is a root-owned convention, but a file that grows
+# without bound, or thousands of them, must neither stall a scrape nor explode label values
+MAX_MAPPING_FILES = 1024
+MAX_MAPPING_BYTES = 64 * 1024
+MAX_JOBS_PER_GPU = 16
+# Slurm's prolog writes $SLURM_JOB_ID; a job under gpudiag profile reports as slurm:<id>
+# (gpudiag.jobsignal.job_id_from_env), so that is the job_id a bare id maps to.
+SLURM_JOB_PREFIX = "slurm:"
+
+
+def gpudiag_job_id(hpc_job: str) -> str:
+    """The ``job_id`` of gpudiag's series for a job id read from a mapping file: a bare id is a
+    Slurm job's; an id that already names its scheduler (``sched-1a2b:7``) is kept."""
+    return clean_job_id(hpc_job if ":" in hpc_job else SLURM_JOB_PREFIX + hpc_job)
+
+
+def _read_mapping_file(path: Path) -> list[str]:
+    """The job ids of one mapping file (a regular file, opened without following links, at most
+    MAX_MAPPING_BYTES read), stripped, blank lines skipped. A line cut by that bound, or longer
+    than a job id may be, is skipped: a shortened id would name another job."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        raw = os.read(fd, MAX_MAPPING_BYTES + 1)
+    finally:
+        os.close(fd)
+    lines = raw[:MAX_MAPPING_BYTES].decode("utf-8", "replace").splitlines()
+    if len(raw) > MAX_MAPPING_BYTES and lines:
+        lines.pop()
+    return [line.strip() for line in lines if line.strip() and len(line.strip()) <= MAX_JOB_ID]
+
+
+def read_job_mapping(folder: Path) -> dict[int, list[str]]:
+    """GPU index -> the job ids its mapping files list, in file order, each once (a MIG
+    instance's file counts for its GPU: gpudiag exports whole GPUs). Files whose names are not
+    GPU ids are skipped, as dcgm-exporter skips them. OSError when the folder cannot be listed."""
+    out: dict[int, list[str]] = {}
+    names = sorted(os.listdir(folder))[:MAX_MAPPING_FILES]
+    for name in names:
+        m = _GPU_FILE.match(name)
+        if not m:
+            continue
+        try:
+            jobs = _read_mapping_file(folder / name)
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ELOOP):  # removed by an epilog meanwhile; a link
+                log.warning("job mapping %s unreadable: %s", folder / name, e)
+            continue
+        listed = out.setdefault(int(m.group(1)), [])
+        for job in jobs:
+            job = clean_job_id(job)
+            if job and job not in listed and len(listed) < MAX_JOBS_PER_GPU:
+                listed.append(job)
+    return {gpu: jobs for gpu, jobs in out.items() if jobs}
+
+
+class HpcJobMapping:
+    """Callable: the mapping folder's GPU -> job ids at this moment ({} while the folder is
+    missing, which is logged once each time it goes away, as a node between jobs may have none)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._missing_logged = False
+
+    def __call__(self) -> dict[int, list[str]]:
+        try:
+            mapping = read_job_mapping(self.folder)
+        except OSError as e:
+            if not self._missing_logged:
+                log.warning("HPC job mapping folder %s unreadable (%s): GPU series carry no hpc_job "
+                            "until it exists", self.folder, e.strerror or e)
+                self._missing_logged = True
+            return {}
+        self._missing_logged = False
+        return mapping

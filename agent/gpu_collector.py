@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpudiag.agent.attribution import gpudiag_job_id
 from gpudiag.collectors.nvml import GpuBackend
 
 log = logging.getLogger("gpudiag.agent")
@@ -66,14 +67,23 @@ class GpuCollector(Collector):
     """Exports every GPU of ``backend`` (None: NVML is unavailable, only ``gpudiag_nvml_up 0``);
     ``job_of`` maps a GPU's PIDs to a job id ("" if none).
 
+    ``hpc_jobs`` (given when the agent reads a dcgm-exporter job-mapping folder) says which jobs
+    the scheduler's prolog put on each GPU. Then every GPU series also carries ``hpc_job`` as
+    dcgm-exporter's do: a mapped GPU is exported once per listed job, an unmapped one with
+    ``hpc_job=""``. Such a series' ``job_id`` is its processes' job when the PIDs name one, else
+    the mapped job's (``gpudiag_job_id``): the mapping covers what the PIDs cannot show (an agent
+    without the host's PID namespace, a job between kernels).
+
     Scrapes are serialised by a lock: each reads every GPU once (GPM metrics are the
     difference between this read and the previous one, so reads must not interleave) and
     updates the error counts.
     """
 
-    def __init__(self, backend: GpuBackend | None, job_of: Callable[[list[int]], str]) -> None:
+    def __init__(self, backend: GpuBackend | None, job_of: Callable[[list[int]], str],
+                 hpc_jobs: Callable[[], dict[int, list[str]]] | None = None) -> None:
         self.backend = backend
         self.job_of = job_of
+        self.hpc_jobs = hpc_jobs
         self.errors: dict[str, int] = {}
         self.info = backend.describe() if backend is not None else []
         self._lock = threading.Lock()
@@ -87,7 +97,8 @@ class GpuCollector(Collector):
         up_nvml.add_metric([], 0.0 if self.backend is None else 1.0)
         if self.backend is None:
             return [up_nvml]
-        labels = ["gpu", "uuid", "model", "job_id"]
+        mapping = self.hpc_jobs() if self.hpc_jobs is not None else None
+        labels = ["gpu", "uuid", "model", "job_id"] + (["hpc_job"] if mapping is not None else [])
         up = GaugeMetricFamily("gpudiag_gpu_up", "1 if the GPU answered this scrape.", labels=labels)
         gauges = {name: GaugeMetricFamily(name, help_, labels=labels) for _, name, help_, _ in GAUGES}
         throttle = GaugeMetricFamily("gpudiag_gpu_clock_throttled",
@@ -106,16 +117,26 @@ class GpuCollector(Collector):
                 row = None
             pids = row.get("pids") if row else None
             job = self.job_of(pids if isinstance(pids, list) else [])
-            lv = [str(i), uuid, model, job]
-            up.add_metric(lv, 0.0 if row is None else 1.0)
-            if row is not None:
-                for key, name, _, scale in GAUGES:
-                    v = _num(row.get(key))
-                    if v is not None:
-                        gauges[name].add_metric(lv, v * scale)
-                mask = _num(row.get("throttle"))
-                if mask is not None:
-                    for bit, reason in THROTTLE_REASONS.items():
-                        throttle.add_metric([*lv, reason], 1.0 if int(mask) & bit else 0.0)
+            if mapping is None:
+                series = [[str(i), uuid, model, job]]
+            else:
+                series = [[str(i), uuid, model, job or gpudiag_job_id(h), h] for h in mapping.get(i, [])]
+                series = series or [[str(i), uuid, model, job, ""]]
+            for lv in series:
+                up.add_metric(lv, 0.0 if row is None else 1.0)
+                if row is not None:
+                    self._add_row(row, lv, gauges, throttle)
             errors.add_metric([str(i), uuid, model], float(self.errors.get(str(i), 0)))
         return [up_nvml, up, *gauges.values(), throttle, errors]
+
+    @staticmethod
+    def _add_row(row: dict[str, Any], lv: list[str], gauges: dict[str, GaugeMetricFamily],
+                 throttle: GaugeMetricFamily) -> None:
+        for key, name, _, scale in GAUGES:
+            v = _num(row.get(key))
+            if v is not None:
+                gauges[name].add_metric(lv, v * scale)
+        mask = _num(row.get("throttle"))
+        if mask is not None:
+            for bit, reason in THROTTLE_REASONS.items():
+                throttle.add_metric([*lv, reason], 1.0 if int(mask) & bit else 0.0)

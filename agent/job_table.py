@@ -1,21 +1,26 @@
-"""The agent's table of jobs: ingests the spool at each scrape, binds each job to its owner,
-exports per-job metrics and persists itself.
+"""The agent's table of jobs: ingests the spool, keys each job by its owner, exports per-job
+metrics and persists itself.
 
-Concurrency: prometheus_client serves each scrape on its own thread and calls ``collect()``
-outside any lock (two Prometheus replicas, a person with curl). Everything here — reading and
-deleting spool files, the table, the counters, ``jobs.json`` — happens under one lock per
-table, so any number of concurrent scrapes is safe and each spool file is consumed by exactly
-one of them. Scrapes wait for each other only for the (sub-millisecond) table work.
+Concurrency: the agent's intake timer (agent/server.py) and prometheus_client, which serves
+each scrape on its own thread (two Prometheus replicas, a person with curl), call ``ingest()``
+and ``collect()`` outside any lock. Everything here — reading and deleting spool files, the
+table, the counters, ``jobs.json`` — happens under one lock per table, so any number of
+concurrent callers is safe and each spool file is consumed by exactly one of them. They wait
+for each other only for the (sub-millisecond) table work.
 
 How a signal is applied — exactly once, or not at all:
 
-1. Its file is opened (never following a link), read, validated and unlinked by one scrape.
-2. Its writer is the file's owner. The job is bound to the uid running its processes (what
-   the GPU scrape's attribution saw), else to the owner its entry already has (the first
-   non-root writer's). A signal from anyone but that uid or root is rejected (``owner``);
-   when the processes turn out to run as someone else than the entry's owner, the entry is
-   dropped, so the exported series carry no one else's signals.
-3. A signal older (by its ``ts``) than the job's entry is dropped (``stale``). Otherwise it
+1. Its file is opened (never following a link), checked on the open descriptor (a regular
+   file with one link), read, validated and unlinked by one caller.
+2. Its writer is the file's owner (``fstat``), never a claim in the JSON. A job's identity is
+   (job id, writer): a job id is per owner, so a file only ever lands in its writer's own job,
+   running or finished, for as long as the table remembers it; once forgotten, a writer's next
+   signal starts a new job of that writer, which inherits nothing. Every per-job series carries
+   ``owner_uid``, so a consumer (the schedulers) attributes a signal only to a job of that uid.
+3. A signal naming a job whose processes the GPU scrape saw running as another uid is rejected
+   (``owner``): that job is not the writer's; and an entry whose processes turn out to run as
+   another uid than its writer is dropped.
+4. A signal older (by its ``ts``) than its job's entry is dropped (``stale``). Otherwise it
    becomes the entry: fields it omits keep their previous values, collective totals keep the
    larger of old and new (counters never go down), ``signals_applied`` grows by one.
 
@@ -37,11 +42,12 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpudiag.agent.attribution import ROOT_UID, JobOwners
+from gpudiag.agent.attribution import JobOwners
 from gpudiag.agent.signals import (
     MAX_SIGNAL_BYTES,
     OPTIONAL_FIELDS,
     BadSignal,
+    JobKey,
     JobSignal,
     JobTableError,
     parse_signal,
@@ -56,6 +62,9 @@ MAX_JOBS = 512  # label cardinality bound: jobs beyond this are refused until ot
 SILENT_TTL_S = 600.0  # a job that has not reported for this long is gone
 ENDED_GRACE_S = 60.0  # an ended job's last values stay this long, so scrapes see them
 MAX_FILES_PER_SCRAPE = 2000  # a flood of files is drained over several scrapes
+# every per-job series: the job is (job_id, owner_uid), owner_uid the uid that wrote its
+# signals ("" only for jobs of a schema-1 table, whose writers nobody recorded)
+JOB_LABELS = ("job_id", "owner_uid")
 
 
 class JobTable(Collector):
@@ -69,9 +78,10 @@ class JobTable(Collector):
         self.owners = owners
         self.ttl = ttl
         self.max_jobs = max_jobs
-        self.jobs: dict[str, JobSignal] = {}
+        self.jobs: dict[JobKey, JobSignal] = {}
         self.rejected: dict[str, int] = {}
         self.applied = 0
+        self._saved = False   # jobs.json is written at the first ingest, jobs or not
         self._lock = threading.Lock()
         self._load()
 
@@ -87,6 +97,7 @@ class JobTable(Collector):
     def _save(self, now: float) -> None:
         try:
             write_job_table(self.state_file, list(self.jobs.values()), now)
+            self._saved = True
         except OSError as e:
             log.warning("cannot persist job state: %s", e)
 
@@ -101,7 +112,7 @@ class JobTable(Collector):
             self._ingest(time.time() if now is None else now)
 
     def _ingest(self, now: float) -> None:
-        changed = self._reconcile_owners(now)
+        changed = self._reconcile_owners(now) or not self._saved
         try:
             names = sorted(os.listdir(self.spool))
         except OSError as e:
@@ -122,9 +133,9 @@ class JobTable(Collector):
                     path.unlink()
                 except OSError:
                     pass
-        for job_id, sig in list(self.jobs.items()):
+        for key, sig in list(self.jobs.items()):
             if now - sig.ts > (ENDED_GRACE_S if sig.ended else self.ttl):
-                del self.jobs[job_id]
+                del self.jobs[key]
                 changed = True
         if changed:
             self._save(now)
@@ -133,43 +144,30 @@ class JobTable(Collector):
         return self.owners.uid_of(job_id, now) if self.owners is not None else None
 
     def _reconcile_owners(self, now: float) -> bool:
-        """Bind entries to the uid their processes run as; drop those someone else wrote."""
+        """Drop entries written by another uid than the one running their job's processes."""
         changed = False
-        for job_id, j in list(self.jobs.items()):
+        for (job_id, owner), _ in list(self.jobs.items()):
             uid = self._process_owner(job_id, now)
-            if uid is None or uid == j.owner_uid:
-                continue
-            if j.owner_uid is not None:
-                log.warning("job %s runs as uid %s but its signals came from uid %s: dropped them",
-                            job_id, uid, j.owner_uid)
-                del self.jobs[job_id]
-            else:
-                j.owner_uid = uid
-            changed = True
+            if uid is not None and uid != owner:
+                log.warning("job %s runs as uid %s but signals for it came from uid %s: dropped them",
+                            job_id, uid, owner)
+                del self.jobs[(job_id, owner)]
+                changed = True
         return changed
 
-    def _owner_for(self, sig: JobSignal, writer: int, now: float) -> int | None:
-        """The uid the job is bound to after this signal (None: only root so far), or
-        BadSignal("owner") when ``writer`` may not report for it."""
-        old = self.jobs.get(sig.job_id)
-        bound = self._process_owner(sig.job_id, now)
-        if bound is None and old is not None:
-            bound = old.owner_uid
-        if bound is None:
-            return None if writer == ROOT_UID else writer
-        if writer not in (bound, ROOT_UID):
-            raise BadSignal(f"job {sig.job_id} belongs to uid {bound}, the file to uid {writer}", "owner")
-        return bound
-
     def _apply(self, sig: JobSignal, writer: int, now: float) -> bool:
-        sig.owner_uid = self._owner_for(sig, writer, now)
-        old = self.jobs.get(sig.job_id)
+        runs_as = self._process_owner(sig.job_id, now)
+        if runs_as is not None and runs_as != writer:
+            raise BadSignal(f"job {sig.job_id} runs as uid {runs_as}, the file is uid {writer}'s", "owner")
+        sig.owner_uid = writer
+        key = (sig.job_id, writer)
+        old = self.jobs.get(key)
         if old is None and len(self.jobs) >= self.max_jobs:
             # ended jobs only linger so scrapes see their last values: make room with them
-            ended = sorted((j for j in self.jobs.values() if j.ended), key=lambda j: j.ts)
+            ended = sorted((k for k, j in self.jobs.items() if j.ended), key=lambda k: self.jobs[k].ts)
             if not ended:
                 raise BadSignal(f"already {self.max_jobs} jobs", "too_many_jobs")
-            del self.jobs[ended[0].job_id]
+            del self.jobs[ended[0]]
         if old is not None and old.ts > sig.ts:
             raise BadSignal(f"older than the last signal of {sig.job_id}", "stale")
         if old is not None:
@@ -181,7 +179,7 @@ class JobTable(Collector):
             sig.signals_applied = old.signals_applied
         sig.signals_applied += 1
         sig.received_at = now
-        self.jobs[sig.job_id] = sig
+        self.jobs[key] = sig
         self.applied += 1
         return True
 
@@ -194,14 +192,14 @@ class JobTable(Collector):
             return self._families(now)
 
     def _families(self, now: float) -> list[Metric]:
-        def gauge(name: str, help_: str, labels: tuple[str, ...] = ("job_id",)) -> GaugeMetricFamily:
+        def gauge(name: str, help_: str, labels: tuple[str, ...] = JOB_LABELS) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, help_, labels=list(labels))
 
         mfu = gauge("gpudiag_job_mfu_ratio", "Model FLOPs utilisation at the job's live untraced step time.")
         step = gauge("gpudiag_job_step_seconds", "Median recent untraced training step time.")
         wait = gauge("gpudiag_job_input_wait_ratio", "Fraction of step time waiting for input.")
         label = gauge("gpudiag_job_bottleneck", "1 for the job's current bottleneck label.",
-                      ("job_id", "label"))
+                      (*JOB_LABELS, "label"))
         conf = gauge("gpudiag_job_signal_confidence", "Confidence (0-1) of the job's bottleneck label.")
         age = gauge("gpudiag_job_signal_age_seconds",
                     "Time since the trace behind the job's label and FLOPs was taken.")
@@ -210,10 +208,12 @@ class JobTable(Collector):
         traced = gauge("gpudiag_job_signal_traced_steps", "Steps in the trace behind the job's label.")
         coll = CounterMetricFamily("gpudiag_job_collective_seconds",
                                    "Time in collectives since the job started.",
-                                   labels=["job_id", "collective"])
+                                   labels=[*JOB_LABELS, "collective"])
         seen = gauge("gpudiag_job_last_signal_timestamp_seconds", "When the job last reported.")
+        run = gauge("gpudiag_job_run_info", "1, labelled with the job's run directory (its report.html).",
+                    (*JOB_LABELS, "run_dir"))
         for j in self.jobs.values():
-            lv = [j.job_id]
+            lv = [j.job_id, "" if j.owner_uid is None else str(j.owner_uid)]
             seen.add_metric(lv, j.ts)
             for fam, v in ((mfu, j.mfu_ratio), (step, j.step_seconds), (wait, j.input_wait_ratio),
                            (conf, j.confidence), (dil, j.dilation), (traced, j.traced_steps)):
@@ -222,9 +222,11 @@ class JobTable(Collector):
             if j.traced_at is not None:
                 age.add_metric(lv, max(0.0, now - j.traced_at))
             if j.bottleneck is not None:
-                label.add_metric([j.job_id, j.bottleneck], 1.0)
+                label.add_metric([*lv, j.bottleneck], 1.0)
+            if j.run_dir is not None:
+                run.add_metric([*lv, j.run_dir], 1.0)
             for name, secs in j.collective_seconds_total.items():
-                coll.add_metric([j.job_id, name], secs)
+                coll.add_metric([*lv, name], secs)
         jobs = GaugeMetricFamily("gpudiag_agent_jobs", "Jobs currently reporting to this agent.")
         jobs.add_metric([], float(len(self.jobs)))
         applied = CounterMetricFamily("gpudiag_agent_signals_applied",
@@ -234,12 +236,18 @@ class JobTable(Collector):
                                   labels=["reason"])
         for reason, n in sorted(self.rejected.items()):
             rej.add_metric([reason], float(n))
-        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, jobs, applied, rej]
+        info = GaugeMetricFamily("gpudiag_agent_info",
+                                 "1; state_dir: the folder whose spool/ jobs report into and whose "
+                                 "jobs.json a scheduler reads.", labels=["state_dir"])
+        info.add_metric([os.path.abspath(self.state_dir)], 1.0)
+        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, run, jobs, applied, rej, info]
 
 
 def _read_spool_file(path: Path) -> tuple[JobSignal, int]:
     """(the signal, its file's owner). Opened without following links and checked on the
-    open descriptor, so what is read is what was checked."""
+    open descriptor, so what is read is what was checked, and its owner is the kernel's word.
+    A file with several links is refused: a link made to someone else's file would carry that
+    someone's uid."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
@@ -250,6 +258,8 @@ def _read_spool_file(path: Path) -> tuple[JobSignal, int]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise BadSignal("not a regular file", "not_regular_file")
+        if st.st_nlink != 1:
+            raise BadSignal(f"{st.st_nlink} hard links: not a file its owner wrote here", "hard_link")
         if st.st_size > MAX_SIGNAL_BYTES:
             raise BadSignal(f"larger than {MAX_SIGNAL_BYTES} bytes", "too_large")
         with os.fdopen(os.dup(fd), "rb") as f:

@@ -1,27 +1,32 @@
 """Job signals and the agent's job table: their formats, validation and files.
 
 Intake is a spool directory, local only: a job writes one small JSON file (atomically, by
-rename) and the agent ingests it at the next scrape (agent/job_table.py). No socket to attack
-from the network, nothing executed, every file size-limited and validated here; a bad file is
-logged, counted and deleted, never fatal.
+rename) and the agent ingests it within a second (agent/job_table.py, agent/server.py). No
+socket to attack from the network, nothing executed, every file size-limited and validated
+here; a bad file is logged, counted and deleted, never fatal.
+
+A signal's writer is its file's owner, as the kernel reports it (``fstat`` of the opened file),
+never a field of the JSON. A job's identity is (``job_id``, ``owner_uid``): a job id is per
+owner, so one user's file can only ever land in that user's own job.
 
 The agent persists its table of jobs in ``STATE_DIR/jobs.json`` (``write_job_table``): a
 versioned document replaced atomically (write a temporary file, fsync, rename), so another
 process — the embedded scheduler's ``SignalSource`` — can read it at any moment with
 ``read_job_table`` and see either the previous table or the next one, never half of one.
 
-``jobs.json``, schema 2::
+``jobs.json``, schema 3::
 
-    {"schema_version": 2, "kind": "gpudiag-job-table", "written_at": <unix time>,
+    {"schema_version": 3, "kind": "gpudiag-job-table", "written_at": <unix time>,
      "jobs": [{"job_id", "owner_uid", "ts", "received_at", "signals_applied",
                "step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at",
                "dilation", "traced_steps", "input_wait_ratio",
-               "collective_seconds_total", "ended"}, ...]}
+               "run_dir", "collective_seconds_total", "ended"}, ...]}
 
-``owner_uid`` is the uid the job is bound to (its processes' owner, else its first signal's
-file owner; null while only root has reported), ``ts`` the job's own time of its last applied
-signal, ``received_at`` the agent's time when it applied it. Schema 1 (agents before owners
-existed) is still read; its jobs have no owner.
+``owner_uid`` is the uid that wrote the job's signals (a job id appears once per owner), ``ts``
+the job's own time of its last applied signal, ``received_at`` the agent's time when it
+applied it. Older tables are still read: in schema 2 a null owner meant "only root reported"
+(read as uid 0); schema 1 had no owners, and its jobs keep ``owner_uid`` None, which no
+scheduler attributes to any job.
 """
 
 from __future__ import annotations
@@ -29,25 +34,34 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudiag.jobsignal import ACCEPTED_SIGNAL_VERSIONS, MAX_JOB_ID, clean_job_id
+from gpudiag.jobsignal import (
+    ACCEPTED_SIGNAL_VERSIONS,
+    MAX_JOB_ID,
+    MAX_RUN_DIR,
+    clean_job_id,
+    valid_run_dir,
+)
 
 MAX_SIGNAL_BYTES = 16 * 1024
 MAX_COLLECTIVES = 16
 LABELS = {"compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound",
           "unknown"}
-JOB_TABLE_SCHEMA_VERSION = 2
+JOB_TABLE_SCHEMA_VERSION = 3
 JOB_TABLE_KIND = "gpudiag-job-table"
-_READABLE_TABLE_VERSIONS = (1, 2)
+_READABLE_TABLE_VERSIONS = (1, 2, 3)
 # plausibility bounds: anything outside is a broken or hostile writer, not a measurement
 MAX_UNIX_TIME = 1e11  # year ~5138
 MAX_STEP_SECONDS = 1e6
 MAX_DILATION = 1e6
 MAX_TRACED_STEPS = 10**9
+MAX_UID = 2**32 - 2  # (uid_t)-1 means "no uid" to the kernel
+ROOT_UID = 0
 
 
 class BadSignal(ValueError):
@@ -76,9 +90,10 @@ class JobSignal:
     dilation: float | None = None
     traced_steps: int | None = None
     input_wait_ratio: float | None = None
+    run_dir: str | None = None  # where the job's report.html is written (gpudiag top shows it)
     collective_seconds_total: dict[str, float] = field(default_factory=dict)
     ended: bool = False
-    # kept by the agent, not sent by jobs
+    # kept by the agent, not sent by jobs: the uid that wrote the signals (None: a schema-1 table's)
     owner_uid: int | None = None
     received_at: float | None = None
     signals_applied: int = 0
@@ -86,7 +101,7 @@ class JobSignal:
 
 # fields a signal may omit, so that the previous signal's value stands
 OPTIONAL_FIELDS = ("step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at", "dilation",
-                   "traced_steps", "input_wait_ratio")
+                   "traced_steps", "input_wait_ratio", "run_dir")
 
 
 def _opt_float(d: dict[str, Any], key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
@@ -106,6 +121,16 @@ def _opt_int(d: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise BadSignal(f"{key} must be an integer in [{lo}, {hi}]", "bad_value")
+    return v
+
+
+def _opt_path(d: dict[str, Any], key: str) -> str | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not valid_run_dir(v):
+        raise BadSignal(f"{key} must be an absolute path of at most {MAX_RUN_DIR} printable characters",
+                        "bad_value")
     return v
 
 
@@ -142,6 +167,7 @@ def _signal_from_dict(d: dict[str, Any]) -> JobSignal:
         dilation=_opt_float(d, "dilation", 0, MAX_DILATION, lo_open=True),
         traced_steps=_opt_int(d, "traced_steps", 0, MAX_TRACED_STEPS),
         input_wait_ratio=_opt_float(d, "input_wait_ratio", 0, 1.0),
+        run_dir=_opt_path(d, "run_dir"),
         collective_seconds_total=clean_colls, ended=ended,
     )
 
@@ -165,13 +191,32 @@ def prepare_spool(state_dir: Path) -> Path:
     """state_dir/spool: anyone may drop a file, only the agent may list or delete others'.
 
     Mode 1733 (like /tmp without read): jobs of every user can write signals, no job can
-    read or remove another job's. Who wrote a file is its owner, which the agent checks.
+    read, replace or remove another job's (the sticky bit). Who wrote a file is its owner,
+    which the agent reads from the kernel: per-file ownership is the identity.
     """
     spool = state_dir / "spool"
     spool.mkdir(parents=True, exist_ok=True)
     os.chmod(state_dir, 0o755)
     os.chmod(spool, 0o1733)
     return spool
+
+
+def closed_to_others(folder: Path) -> str | None:
+    """Why a user who neither owns nor shares a group with ``folder``'s parents cannot reach
+    it (the first folder on its path without search permission for others), or None.
+
+    A spool under a private home (``~`` 0700, ``/root``) takes only its owner's signals; every
+    other user's job would report nowhere, which the agent and the scheduler say at start.
+    """
+    p = Path(os.path.abspath(folder))
+    for d in (*reversed(p.parents), p):
+        try:
+            mode = os.stat(d).st_mode
+        except OSError as e:
+            return f"{d}: {e.strerror or e}"
+        if not mode & stat.S_IXOTH:
+            return f"{d} is mode {stat.S_IMODE(mode):04o}: other users cannot reach it"
+    return None
 
 
 def write_job_table(path: Path, jobs: list[JobSignal], now: float) -> None:
@@ -196,8 +241,12 @@ def write_job_table(path: Path, jobs: list[JobSignal], now: float) -> None:
         raise
 
 
-def read_job_table(path: Path) -> dict[str, JobSignal]:
-    """The jobs of an agent's ``jobs.json``, by job id. Pure: reads the file, nothing else.
+JobKey = tuple[str, int | None]  # (job_id, owner_uid): a job's identity at the agent
+
+
+def read_job_table(path: Path) -> dict[JobKey, JobSignal]:
+    """The jobs of an agent's ``jobs.json``, by (job id, owner uid). Pure: reads the file,
+    nothing else.
 
     Safe at any moment while the agent runs (the file is only ever replaced whole). Raises
     OSError when it cannot be read (FileNotFoundError: no agent has written one yet) and
@@ -207,22 +256,29 @@ def read_job_table(path: Path) -> dict[str, JobSignal]:
         doc = json.loads(Path(path).read_bytes())
     except ValueError:
         raise JobTableError(f"{path}: not JSON") from None
-    if not isinstance(doc, dict) or doc.get("schema_version") not in _READABLE_TABLE_VERSIONS:
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if version not in _READABLE_TABLE_VERSIONS:
         raise JobTableError(f"{path}: not a job table of schema {list(_READABLE_TABLE_VERSIONS)}")
     rows = doc.get("jobs")
     if not isinstance(rows, list):
         raise JobTableError(f"{path}: 'jobs' must be a list")
-    out: dict[str, JobSignal] = {}
+    out: dict[JobKey, JobSignal] = {}
     for n, row in enumerate(rows):
         if not isinstance(row, dict):
             raise JobTableError(f"{path}: job {n} is not an object")
         try:
             sig = _signal_from_dict(row)
-            sig.owner_uid = _opt_int(row, "owner_uid", 0, 2**32 - 1)
+            sig.owner_uid = _opt_int(row, "owner_uid", 0, MAX_UID)
             sig.received_at = _opt_float(row, "received_at", 0, MAX_UNIX_TIME)
             sig.signals_applied = _opt_int(row, "signals_applied", 0, 2**63 - 1) or 0
         except BadSignal as e:
             raise JobTableError(f"{path}: job {n}: {e}") from None
-        out[sig.job_id] = sig
+        if sig.owner_uid is None and version == 2:
+            sig.owner_uid = ROOT_UID  # schema 2 left a job unowned while only root had reported
+        if version == 3 and sig.owner_uid is None:
+            raise JobTableError(f"{path}: job {n} has no owner_uid")
+        key = (sig.job_id, sig.owner_uid)
+        if key in out:
+            raise JobTableError(f"{path}: job {sig.job_id} of uid {sig.owner_uid} appears twice")
+        out[key] = sig
     return out
-

@@ -21,7 +21,7 @@ from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_m
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
 from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
-from gpudiag.analyzers.stragglers import find_stragglers
+from gpudiag.analyzers.stragglers import find_stragglers, rank_spreads
 from gpudiag.analyzers.traits import job_traits
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak, lookup_device, match_device
 from gpudiag.diagnosis import (
@@ -205,6 +205,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         top_kernels=_top(kernels, busy), top_ops=_top(ops, busy), warnings=_dedupe(warnings),
         basis=view.basis if view else PROFILED, dilation=view.dilation if view else None,
         unprofiled=view.unprofiled if view else None, traced_verdict=traced_verdict, traits=traits,
+        rank_spread=rank_spreads(results),
     )
 
 

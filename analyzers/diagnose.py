@@ -2,15 +2,14 @@
 
 Each rank is loaded, analysed and reduced to small partial results before the next one is
 loaded, so peak memory is one rank's columns, not the job's. With several ranks and more
-than one core, ranks are analysed in a bounded pool of worker processes.
+than one core, ranks are analysed in worker processes (``rank_pool``), one per core unless
+``jobs`` says otherwise.
 """
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from gpudiag.analyzers.breakdown import (
 )
 from gpudiag.analyzers.communication import collective_acc
 from gpudiag.analyzers.rank_facts import rank_facts
+from gpudiag.analyzers.rank_pool import ProgressSink, RankFile, peek, run_ranks, select
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, work_bounds
 from gpudiag.analyzers.trace_loader import (
     KCLASS_COMPUTE,
@@ -34,6 +34,7 @@ from gpudiag.analyzers.trace_loader import (
     find_trace_files,
     load_rank,
 )
+from gpudiag.analyzers.trace_select import select_steps
 from gpudiag.devices import DevicePeak, lookup_device, user_device
 from gpudiag.diagnosis import Diagnosis, RankResult
 from gpudiag.errors import BadInput, TraceError
@@ -78,12 +79,7 @@ def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
     memory_ops: dict[str, float] = defaultdict(float)
     if rt.has_gpu:
         _group(kernels, rt.gpu_name, rt.gpu_dur, rt.names)
-        ext_to_name = {}
-        for e, n in zip(rt.cpu_ext.tolist(), rt.cpu_name.tolist(), strict=False):
-            if e >= 0 and e not in ext_to_name:
-                ext_to_name[e] = n
-        launch_op = np.fromiter((ext_to_name.get(e, -1) for e in rt.gpu_ext.tolist()),
-                                dtype=np.int64, count=rt.gpu_ext.size)
+        launch_op = _launching_op_names(rt)
         known = launch_op >= 0
         _group(ops, launch_op[known], rt.gpu_dur[known], rt.names)
         # calls are operator calls (distinct External ids), not the kernels they launched
@@ -120,6 +116,20 @@ def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
     )
 
 
+def _launching_op_names(rt: RankTrace) -> np.ndarray:
+    """Per GPU activity, the name of the first CPU event with its External id; -1 if none."""
+    out = np.full(rt.gpu_ext.size, -1, dtype=np.int64)
+    has = rt.cpu_ext >= 0
+    if not has.any() or out.size == 0:
+        return out
+    ext, first = np.unique(rt.cpu_ext[has], return_index=True)  # first occurrence of each id
+    names = rt.cpu_name[has][first]
+    k = np.clip(np.searchsorted(ext, rt.gpu_ext), 0, ext.size - 1)
+    hit = ext[k] == rt.gpu_ext
+    out[hit] = names[k[hit]]
+    return out
+
+
 def _group(acc: dict, name_ids: np.ndarray, dur: np.ndarray, names: list[str]) -> None:
     if name_ids.size == 0:
         return
@@ -132,58 +142,48 @@ def _group(acc: dict, name_ids: np.ndarray, dur: np.ndarray, names: list[str]) -
         a[1] += tt
 
 
-def _load_and_analyze(args: tuple[str, int, DevicePeak | None, DevicePeak | None]) -> RankPartial:
-    path, hint, device, cpu_device = args
-    rt = load_rank(Path(path), rank_hint=hint)
+def _load_and_analyze(path: str, hint: int, device: DevicePeak | None, cpu_device: DevicePeak | None,
+                      steps: tuple[int, int] | None,
+                      on_bytes: Callable[[int], None] | None = None) -> RankPartial:
+    rt = load_rank(Path(path), rank_hint=hint, on_bytes=on_bytes)
+    if steps is not None:
+        rt = select_steps(rt, *steps)
     dev = device
     if dev is None:
         dev = trace_device(rt.device_name, rt.device_memory) if rt.has_gpu else cpu_device
     return analyze_rank(rt, dev)
 
 
-# How much of a (decompressed) trace is read to see whether it came from a GPU: Kineto writes
-# "deviceProperties" in the header, before any event.
-_HEADER_PEEK_BYTES = 256 * 1024
-
-
-def _looks_gpu(path: Path) -> bool:
-    import gzip
-
-    try:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
-            return b'"deviceProperties"' in f.read(_HEADER_PEEK_BYTES)
-    except (OSError, EOFError):
-        return False  # the loader will report what is wrong with it
-
-
 def diagnose(target: str | Path, choice: DeviceChoice | None = None,
-             flops_per_step: float | None = None, jobs: int | None = None) -> Diagnosis:
+             flops_per_step: float | None = None, jobs: int | None = None,
+             ranks: list[int] | None = None, steps: tuple[int, int] | None = None,
+             progress: ProgressSink | None = None) -> Diagnosis:
     """Analyse a trace file, a folder of rank traces, or a run directory.
 
+    ``ranks`` keeps those ranks' files only, ``steps`` (first, last ProfilerStep number) those
+    steps of each rank; ``jobs`` is the number of worker processes (default: one per core).
     The CPU peak (for traces without GPU work) is resolved once, here, before any worker
     starts: every rank is judged against the same ridge point, and workers never benchmark
     the CPU side by side.
     """
     choice = choice or DeviceChoice()
-    files = find_trace_files(Path(target))
+    files = select([peek(p, i) for i, p in enumerate(find_trace_files(Path(target)))], ranks)
     explicit = choice.explicit()
     cpu_device = None
-    if explicit is None and choice.cpu_peak is not None and not all(_looks_gpu(f) for f in files):
+    if explicit is None and choice.cpu_peak is not None and not all(f.has_device for f in files):
         cpu_device = choice.cpu_peak()
-    work = [(str(f), i, explicit, cpu_device) for i, f in enumerate(files)]
-    workers = min(jobs or os.cpu_count() or 1, len(files), 4)
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            partials = list(pool.map(_load_and_analyze, work))
-    else:
-        partials = [_load_and_analyze(w) for w in work]
+
+    def args(f: RankFile) -> tuple:
+        return (str(f.path), f.hint, explicit, cpu_device, steps)
+
+    partials = run_ranks(_load_and_analyze, files, args, jobs, progress)
     if (explicit is None and cpu_device is None and choice.cpu_peak is not None
             and any(not p.has_gpu for p in partials)):
         # a header that named a GPU over a trace without GPU work (rare): measure now, redo those
         cpu_device = choice.cpu_peak()
-        partials = [_load_and_analyze((w[0], w[1], None, cpu_device)) if not p.has_gpu else p
-                    for w, p in zip(work, partials, strict=True)]
+        redo = [f for f, p in zip(files, partials, strict=True) if not p.has_gpu]
+        again = iter(run_ranks(_load_and_analyze, redo, args, jobs))
+        partials = [next(again) if not p.has_gpu else p for p in partials]
     check_unique_ranks([(p.result.rank, p.result.trace) for p in partials])
     partials.sort(key=lambda p: p.result.rank)
     run_dir = Path(target)
@@ -191,7 +191,7 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     if is_run_dir(run_dir):
         windows = window_steps(run_dir)
         workers = [w for m in read_bootstrap(run_dir).values() for w in m.dataloader_workers]
-    d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f) for f in files], windows,
+    d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], windows,
                  workers)
     if d.device.source.startswith("measured") and cpu_device is not None and choice.peak_floor:
         raised = {f: v for f, v in d.device.peak_flops.items() if v > cpu_device.flops.get(f, 0.0)}

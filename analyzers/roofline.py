@@ -239,7 +239,8 @@ class RooflineAcc:
         for oi, d in zip(wb.op_index[sel].tolist(), dur[sel].tolist(), strict=False):
             op_time[oi] += d
         for oi, t in op_time.items():
-            key = (rt.names[rt.cpu_name[oi]], rt.cpu_shape.get(oi, ""),
+            shape = rt.cpu_shape[oi]
+            key = (rt.names[rt.cpu_name[oi]], rt.names[shape] if shape >= 0 else "",
                    rt.names[rt.cpu_dtype[oi]] if rt.cpu_dtype[oi] >= 0 else "float")
             g = self.groups[key]
             g[0] += 1

@@ -1,16 +1,18 @@
 """Load PyTorch profiler (Kineto) traces into compact columns, one rank at a time.
 
 The public face of trace loading: find the rank files of a target, and turn one file into
-a ``RankTrace``. The work is split in two modules with one job each: ``trace_decode`` turns
-bytes into typed events (msgspec, batched, salvaging torch's invalid JSON) and
-``trace_columns`` folds those events into numpy columns. Peak memory is the raw bytes of one
-rank plus its kept events.
+a ``RankTrace``. The work is split into modules with one job each: ``trace_stream`` reads the
+file (gzip or not) a chunk at a time and cuts its events into batches, ``trace_decode`` is
+the typed view msgspec decodes them into (salvaging torch's invalid JSON), ``trace_fold``
+folds each batch into numpy columns (``trace_columns``). Peak memory is one batch plus the
+columns of the events kept (about 60 bytes per kept event), never the file.
 
 The only exception that leaves this module is ``gpudiag.errors.TraceError``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from gpudiag.analyzers.trace_columns import (
@@ -25,26 +27,37 @@ from gpudiag.analyzers.trace_columns import (
     OTHER_KERNEL_RE,
     STEP_RE,
     RankTrace,
-    fold_events,
 )
-from gpudiag.analyzers.trace_decode import DECODE_BATCH, decode_trace, read_trace_bytes
+from gpudiag.analyzers.trace_fold import ColumnBuilder
+from gpudiag.analyzers.trace_stream import BATCH_BYTES, ByteSource, TraceStream
 from gpudiag.errors import TraceError
 from gpudiag.rundir import is_run_dir
 
 __all__ = [
-    "COMM_KERNEL_RE", "DATALOADER_PREFIX", "DATALOADER_SUFFIX", "DECODE_BATCH", "KCLASS_COMM",
+    "BATCH_BYTES", "COMM_KERNEL_RE", "DATALOADER_PREFIX", "DATALOADER_SUFFIX", "KCLASS_COMM",
     "KCLASS_COMPUTE", "KCLASS_MEMORY", "KCLASS_OTHER", "MEMORY_KERNEL_RE", "OTHER_KERNEL_RE",
     "STEP_RE", "TRACE_SUFFIXES", "RankTrace", "TraceError", "check_unique_ranks",
-    "decode_trace", "find_trace_files", "load_rank", "read_trace_bytes",
+    "find_trace_files", "load_rank", "load_bytes",
 ]
 
 
-def load_rank(path: Path, rank_hint: int | None = None) -> RankTrace:
-    """Read one rank file into columns. Raises TraceError on anything unusable."""
-    data = read_trace_bytes(path)
-    events, props, dist = decode_trace(data, str(path))
-    del data
-    return fold_events(events, props, dist, str(path), rank_hint)
+def load_rank(path: Path, rank_hint: int | None = None,
+              on_bytes: Callable[[int], None] | None = None) -> RankTrace:
+    """Read one rank file into columns. Raises TraceError on anything unusable.
+
+    ``on_bytes(n)`` is told of every n bytes read from the file (progress)."""
+    return _fold(TraceStream(ByteSource(path, on_bytes=on_bytes)), str(path), rank_hint)
+
+
+def load_bytes(data: bytes, name: str = "<bytes>", rank_hint: int | None = None) -> RankTrace:
+    """The same for a trace already in memory (tests, small inputs)."""
+    return _fold(TraceStream(ByteSource(data=data)), name, rank_hint)
+
+
+def _fold(stream: TraceStream, path: str, rank_hint: int | None) -> RankTrace:
+    b = ColumnBuilder()
+    stream.run(b.add)
+    return b.finish(stream.props, stream.dist, path, rank_hint, stream.salvage_dropped)
 
 
 # --- finding rank files ------------------------------------------------------------------

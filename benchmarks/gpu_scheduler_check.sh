@@ -11,7 +11,12 @@ N=$(nvidia-smi -L | wc -l)
 echo "GPUs on this machine: $N"
 python3 -m gpudiag agent --listen 127.0.0.1:9835 --state-dir "$A" > "$A.log" 2>&1 &
 AGENT=$!
-GPUDIAG_AGENT_DIR=$A python3 -m gpudiag scheduler serve --state-dir "$S" --gpus all --min-runtime 0 \
+# the daemon asks the agent at --agent-url for its folder (its jobs report there): agent first
+for _ in $(seq 100); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:9835/metrics')" 2>/dev/null && break
+    sleep 0.2
+done
+python3 -m gpudiag scheduler serve --state-dir "$S" --gpus all --min-runtime 0 \
     --agent-url http://127.0.0.1:9835/metrics > "$S.log" 2>&1 &
 DAEMON=$!
 for _ in $(seq 50); do [ -S "$S/sock" ] && break; sleep 0.2; done

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -27,9 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpudiag.scheduler.local.containment import Containment
 from gpudiag.scheduler.local.engine import Engine, Machine
 from gpudiag.scheduler.local.protocol import call
-from gpudiag.scheduler.local.store import PENDING, RUNNING, JobRow
+from gpudiag.scheduler.local.store import PENDING, RUNNING, JobRow, read_prefix
 from gpudiag.scheduler.model import Policy
 from gpudiag.scheduler.priority import MfuBook
 
@@ -103,8 +103,11 @@ def pass_times(queued: int, policy: Policy, reps: int = 50) -> tuple[list[float]
         t0 = time.perf_counter()
         engine.decide(pending, active, {}, {}, now, True)
         times.append(time.perf_counter() - t0)
+    last = engine.plan(pending, active, {}, {}, now, True)   # the daemon keeps its last pass
+    rows = {r.id: r for r in (*pending, *active)}
     t0 = time.perf_counter()
-    engine.reasons(pending, active, {}, now, True)
+    for why in last.why.values():   # what `gpudiag queue` asks of it: every reason, in words
+        engine.describe(why, rows, now)
     return times, time.perf_counter() - t0
 
 
@@ -143,11 +146,8 @@ def main() -> None:
     finally:
         daemon.terminate()
         daemon.wait()
-        for j in [r for r in running_pids(state) if r]:
-            try:
-                os.killpg(j, 9)
-            except ProcessLookupError:
-                pass
+        # its jobs (and their cgroups) outlive it by design
+        Containment(read_prefix(state / "scheduler.db"), use_cgroups=False).end_all()
         shutil.rmtree(tmp, ignore_errors=True)
     ours, queue_reasons = pass_times(args.queued, Policy())
     easy, _ = pass_times(args.queued, Policy.easy())
@@ -165,14 +165,6 @@ def main() -> None:
           f"{queue_reasons * 1000:.1f} ms for the reasons in-process")
     print(f"daemon RSS {rss:.1f} MB (peak {hwm:.1f} MB, target < 100 MB); bare interpreter with the policy "
           f"imported {bare_rss:.1f} MB; ratio {rss / bare_rss:.2f}x")
-
-
-def running_pids(state: Path) -> list[int]:
-    con = sqlite3.connect(f"file:{state / 'scheduler.db'}?mode=ro", uri=True)
-    try:
-        return [r[0] for r in con.execute("SELECT pid FROM jobs WHERE state IN ('running', 'stopping')")]
-    finally:
-        con.close()
 
 
 if __name__ == "__main__":

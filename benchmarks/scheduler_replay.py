@@ -28,15 +28,15 @@ import time
 from pathlib import Path
 
 from gpudiag.scheduler.cluster_state import ClusterState
-from gpudiag.scheduler.metrics import summarise
-from gpudiag.scheduler.mfu_model import synthesise
 from gpudiag.scheduler.model import Cluster, Job, Policy, Running, Signal, Tier
 from gpudiag.scheduler.placement import whole_nodes
 from gpudiag.scheduler.policy import schedule
 from gpudiag.scheduler.priority import MfuBook
-from gpudiag.scheduler.simulator import simulate
-from gpudiag.scheduler.tiresias import simulate_tiresias
-from gpudiag.scheduler.traces import read_trace
+from gpudiag.scheduler.sim.metrics import summarise
+from gpudiag.scheduler.sim.mfu_model import synthesise
+from gpudiag.scheduler.sim.simulator import simulate
+from gpudiag.scheduler.sim.tiresias import simulate_tiresias
+from gpudiag.scheduler.sim.traces import read_trace
 
 REPO = Path(__file__).resolve().parents[1]
 ROUND_BUDGET_S = 0.100

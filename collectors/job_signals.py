@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpudiag.jobsignal import write_signal
+from gpudiag.jobsignal import run_dir_field, write_signal
 from gpudiag.rundir import read_steps, split_step_rows
 
 RECENT_STEPS = 50
@@ -70,6 +70,7 @@ class SignalReporter:
             except Exception as e:  # noqa: BLE001 - signals are best effort, the job goes on
                 self.error = f"MFU estimate failed: {e}"
         sig = {"job_id": self.job_id, "ts": time.time(), "step_seconds": step,
+               "run_dir": run_dir_field(self.run_dir),
                "collective_seconds_total": colls, **extra, **fields}
         try:
             write_signal(self.spool, sig)

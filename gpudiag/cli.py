@@ -36,6 +36,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "queue": ("gpudiag.commands.queue", "queue", "List this machine's jobs, and why each pending one waits."),
     "cancel": ("gpudiag.commands.cancel", "cancel", "Cancel a job (yours; root may cancel any)."),
     "logs": ("gpudiag.commands.logs", "logs", "Print a scheduled job's output (-f to follow)."),
+    "top": ("gpudiag.commands.top", "top",
+            "Live view: per-GPU activity beside each job's MFU, bottleneck and step time."),
+    "log": ("gpudiag.commands.log", "log", "Log a run's diagnosis to an experiment tracker (MLflow)."),
 }
 
 
@@ -68,6 +71,7 @@ def main() -> None:
       gpudiag report runs/my-run          # runs/my-run/report.html
       gpudiag diff runs/before runs/after # ./gpudiag-diff.html
       gpudiag agent                       # node daemon for Prometheus
+      gpudiag top                         # live view of this node's GPUs and jobs
       gpudiag submit --gpus 2 -- python train.py   # queue on this machine's scheduler
       gpudiag sim philly.csv --policy gpudiag     # replay a cluster trace
 

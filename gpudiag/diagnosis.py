@@ -158,6 +158,29 @@ class Stragglers:
 
 
 @dataclass
+class RankValue:
+    rank: int
+    value: float
+
+
+@dataclass
+class RankSpread:
+    """One per-rank number over all ranks: its distribution and the extreme ranks, so that a
+    job of 128 ranks reads as a few lines instead of 128 rows. Values are per step (us)."""
+
+    metric: str  # a TimeBreakdown field: "step_time", "comm_exposed", ...
+    label: str  # what a person reads: "mean step time", ...
+    ranks: int
+    minimum: float
+    p10: float
+    median: float
+    p90: float
+    maximum: float
+    highest: list[RankValue] = field(default_factory=list)  # largest first
+    lowest: list[RankValue] = field(default_factory=list)  # smallest first
+
+
+@dataclass
 class DeviceInfo:
     name: str
     source: str
@@ -319,6 +342,9 @@ class Diagnosis(JsonValue):
     unprofiled: TimeBreakdown | None = None  # estimated mean step of the job unobserved
     traced_verdict: Verdict | None = None  # what the traced breakdown alone would say
     traits: JobTraits | None = None  # what the trace shows of the job (advice is chosen from it)
+    # per-rank numbers summarised over the ranks (2 or more ranks with steps); optional, so
+    # diagnoses written before it still read
+    rank_spread: list[RankSpread] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, text: str) -> Diagnosis:
@@ -394,3 +420,34 @@ class DiagnosisDiff(JsonValue):
     basis: str = "profiled-steps"
     step_change: StepChange | None = None  # from the step timers; None for trace-only inputs
     step_time_verdict: str = ""  # one sentence: the change and whether it is more than noise
+
+
+# --- accessors: what readers outside gpudiag (an experiment tracker, a live view) take from a
+# Diagnosis, in one place, so they follow it when its schema changes --------------------------
+
+def verdict_breakdown(d: Diagnosis) -> TimeBreakdown:
+    """The mean step the verdict describes: the unprofiled estimate when the run had a step
+    timer, else the traced steps."""
+    return d.unprofiled or d.breakdown
+
+
+SHARE_PARTS = ("compute", "compute_bound", "memory_bound", "comm_exposed", "memcpy_exposed",
+               "input_wait", "host_overhead", "idle")
+
+
+def summary_figures(d: Diagnosis) -> dict[str, float | str | None]:
+    """Label, confidence, MFU, profiler dilation and the verdict breakdown's shares of the step
+    (``share_<part>``), flat: the figures runs are compared by outside gpudiag."""
+    b = verdict_breakdown(d)
+    out: dict[str, float | str | None] = {
+        "label": d.verdict.label.value,
+        "secondary": d.verdict.secondary.value if d.verdict.secondary is not None else None,
+        "confidence": d.verdict.confidence,
+        "mfu": d.mfu.value,
+        "dilation": d.dilation.factor if d.dilation is not None else None,
+        "basis": d.basis,
+        "device": d.device.name,
+        "step_time_us": b.step_time,
+    }
+    out.update({f"share_{p}": b.fraction(p) for p in SHARE_PARTS})
+    return out

@@ -19,6 +19,7 @@ value the job's previous signal gave it.
 | ``dilation`` | (v2) traced / untraced step time: how much the profiler slowed the steps |
 | ``traced_steps`` | (v2) how many steps that trace holds |
 | ``input_wait_ratio`` | share of step time waiting for input, 0..1 |
+| ``run_dir`` | (v2, optional) absolute path of the job's run directory (its ``report.html``) |
 | ``collective_seconds_total`` | time in each collective since the job started |
 | ``ended`` | true in the job's last signal |
 """
@@ -36,6 +37,7 @@ SIGNAL_SCHEMA_VERSION = 2
 # what the agent accepts: 1 is the format before confidence/age/dilation existed
 ACCEPTED_SIGNAL_VERSIONS = (1, 2)
 MAX_JOB_ID = 128
+MAX_RUN_DIR = 1024  # ``run_dir`` is exported as a label value: bounded
 _SAFE = re.compile(r"[^A-Za-z0-9_.:@/-]")
 
 
@@ -62,6 +64,20 @@ def job_id_from_env(fallback: str) -> str:
         if v:
             return clean_job_id(prefix + v)
     return clean_job_id(fallback)
+
+
+def valid_run_dir(text: object) -> bool:
+    """What the agent accepts as ``run_dir``: an absolute path of at most MAX_RUN_DIR printable
+    characters (it becomes a label value)."""
+    return (isinstance(text, str) and text.startswith("/") and len(text) <= MAX_RUN_DIR
+            and not any(ord(c) < 32 or ord(c) == 127 for c in text))
+
+
+def run_dir_field(run_dir: Path) -> str | None:
+    """``run_dir`` as a signal carries it, or None for a path the agent would refuse: the signal
+    then goes without it rather than be refused whole."""
+    text = str(run_dir.resolve())
+    return text if valid_run_dir(text) else None
 
 
 def write_signal(spool: Path, sig: dict[str, Any]) -> Path:

@@ -14,13 +14,14 @@ module (the sections of the report page).
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections import Counter
 from typing import Any
 
 from markupsafe import Markup
 
-from gpudiag.diagnosis import Diagnosis, TopItem
+from gpudiag.diagnosis import Diagnosis, RankResult, TopItem
 from gpudiag.reports import svg
 from gpudiag.reports.diff_page import render_diff
 from gpudiag.reports.fmt import gbps, ms, num, pct, run_status, si, si_text, when
@@ -42,6 +43,13 @@ __all__ = ["embed_json", "render_diff", "render_report"]
 TOP_ROWS = 25  # rows of kernel/operator/roofline tables; the JSON block holds what the diagnosis kept
 TOP_BARS = 10  # bars in the "where device time went" chart
 MAX_STEP_ROWS = 48  # rows of the per-step chart (8 ranks x 6 steps)
+# Ranks drawn and listed one by one. A job with more shows the ranks the analysis named (the
+# slowest and fastest, the most exposed communication, the stragglers) and the distribution
+# over all ranks, so 128 ranks read as a few rows and the page stays small.
+MAX_RANK_ROWS = 16
+# Past this many bytes of embedded JSON, the per-step data of ranks not shown is left out of it
+# (diagnosis.json keeps everything): a report must stay small enough to mail (< 2 MB).
+MAX_EMBED_BYTES = 1_000_000
 NAME_LABEL_W = 360  # px for kernel/operator names left of the bars
 
 
@@ -77,13 +85,35 @@ def _header(d: Diagnosis) -> list[tuple[str, str]]:
     return rows
 
 
+def _shown_ranks(d: Diagnosis) -> list[RankResult]:
+    """All ranks, or for a large job the ones the analysis named, in rank order."""
+    if len(d.ranks) <= MAX_RANK_ROWS:
+        return d.ranks
+    named = set(d.stragglers.ranks[:MAX_RANK_ROWS // 2]) if d.stragglers else set()
+    for sp in d.rank_spread:
+        if sp.metric in ("step_time", "comm_exposed"):
+            named.update(v.rank for v in sp.highest)
+        if sp.metric == "step_time":
+            named.update(v.rank for v in sp.lowest)
+    return [r for r in d.ranks if r.rank in named]
+
+
+def _spread_rows(d: Diagnosis) -> list[dict[str, Any]]:
+    return [{"label": sp.label, "values": [ms(x) for x in (sp.minimum, sp.p10, sp.median, sp.p90,
+                                                          sp.maximum)],
+             "highest": ", ".join(f"{v.rank} ({ms(v.value)})" for v in sp.highest),
+             "lowest": ", ".join(f"{v.rank} ({ms(v.value)})" for v in sp.lowest)}
+            for sp in d.rank_spread]
+
+
 def _breakdown(d: Diagnosis) -> dict[str, Any]:
     slow = set(d.stragglers.ranks) if d.stragglers else set()
+    shown = _shown_ranks(d)
     bars = []
     if d.breakdown.step_time > 0:
         bars.append(svg.Bar("mean, all ranks", part_segments(d.breakdown, d.breakdown.step_time / 1e3, True),
                             note=ms(d.breakdown.step_time), tip="mean step over all ranks"))
-    for r in d.ranks:
+    for r in shown:
         if r.total.step_time <= 0:
             continue
         straggler = r.rank in slow
@@ -100,8 +130,8 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
                                        desc="Each bar is one rank's mean step, split into the parts "
                                             "of the time breakdown; stragglers are marked."))
     step_bars = []
-    total_steps = sum(len(r.steps) for r in d.ranks)
-    for r in d.ranks:
+    total_steps = sum(len(r.steps) for r in shown)
+    for r in shown:
         for s in r.steps:
             if len(step_bars) >= MAX_STEP_ROWS or s.breakdown.step_time <= 0:
                 continue
@@ -118,7 +148,7 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
                    pct(b.fraction("comm_total"))),
                   ("step time", ms(b.step_time), pct(1.0 if b.step_time > 0 else None))]
     rank_rows = []
-    for r in d.ranks:
+    for r in shown:
         rank_rows.append({
             "rank": r.rank, "trace": r.trace, "steps": len(r.steps),
             "mean": ms(r.mean_step_time),
@@ -134,9 +164,42 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
     note = ""
     if total_steps > len(step_bars) and step_bars:
         note = f"The per-step chart shows the first {len(step_bars)} of {total_steps} steps."
+    if len(shown) < len(d.ranks):
+        note = (f"{note} " if note else "") + (
+            f"{len(shown)} of {len(d.ranks)} ranks are drawn and listed: the slowest and fastest by "
+            "mean step time, those with the most exposed communication, and the stragglers; the "
+            "distribution below covers every rank, and diagnosis.json has each one.")
     return {"charts": [Markup(c) for c in charts], "mean_rows": mean_rows, "rank_rows": rank_rows,
             "part_labels": SHORT_LABELS, "stragglers": strag, "note": note,
-            "device": "GPU" if d.device.kind == "gpu" else "CPU"}
+            "spread": _spread_rows(d), "device": "GPU" if d.device.kind == "gpu" else "CPU"}
+
+
+def _sources(d: Diagnosis) -> list[str]:
+    """The trace files, or for many ranks their folder, how many, and the first and last."""
+    if len(d.sources) <= MAX_RANK_ROWS:
+        return d.sources
+    try:
+        folder = os.path.commonpath(d.sources)
+    except ValueError:  # absolute and relative paths mixed: no common folder to name
+        return d.sources
+    names = [os.path.relpath(x, folder) for x in d.sources]
+    return [f"{len(names)} files in {folder}: {names[0]}, {names[1]}, …, {names[-1]}"]
+
+
+def _embedded(d: Diagnosis) -> tuple[Markup, str]:
+    """The Diagnosis as the page's JSON data block, and a note when part was left out."""
+    data = d.to_dict()
+    text = embed_json(data)
+    if len(text) <= MAX_EMBED_BYTES:
+        return text, ""
+    keep = {r.rank for r in _shown_ranks(d)}
+    cut = 0
+    for r in data["ranks"]:
+        if r["rank"] not in keep and r["steps"]:
+            r["steps"] = []
+            cut += 1
+    return embed_json(data), (f"The embedded JSON data leaves out the per-step breakdowns of {cut} "
+                              "ranks to keep this page small; diagnosis.json has them.")
 
 
 def _no_timeline_reason(d: Diagnosis) -> str:
@@ -320,9 +383,9 @@ def render_report(d: Diagnosis) -> str:
     """The whole report for one Diagnosis as an HTML string."""
     ctx = {
         "title": f"gpudiag: {d.verdict.label.value} \u2014 {d.device.name}",
-        "header": _header(d), "sources": d.sources, "verdict": verdict_ctx(d), "views": views_ctx(d),
+        "header": _header(d), "sources": _sources(d), "verdict": verdict_ctx(d), "views": views_ctx(d),
         "breakdown": _breakdown(d), "timeline": _timeline(d), "roofline": _roofline(d),
-        "tables": _tables(d), "missing": _missing(d), "data": embed_json(d.to_dict()),
-        "generated_by": f"gpudiag {d.gpudiag_version}",
+        "tables": _tables(d), "missing": _missing(d), "generated_by": f"gpudiag {d.gpudiag_version}",
     }
+    ctx["data"], ctx["data_note"] = _embedded(d)
     return env().get_template("report.html.j2").render(ctx)

@@ -42,6 +42,30 @@ def _breakdown(d: Diagnosis, unit: str) -> list[str]:
     return out
 
 
+# Jobs with more ranks than this get the per-rank distribution (and the extreme ranks)
+# instead of anything listed rank by rank.
+MAX_RANK_ROWS = 8
+# Straggler ranks listed by number before "and N more".
+MAX_LISTED_RANKS = 10
+
+
+def _rank_list(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:MAX_LISTED_RANKS]))
+    more = len(ranks) - MAX_LISTED_RANKS
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _spread(d: Diagnosis) -> list[str]:
+    """Per-rank numbers over many ranks: distribution and the ranks at the top."""
+    out = [f"  {'per step, over ' + str(d.rank_spread[0].ranks) + ' ranks':<32}{'min':>9}{'p10':>9}"
+           f"{'median':>9}{'p90':>9}{'max':>9}   highest"]
+    for sp in d.rank_spread:
+        top = ", ".join(f"{v.rank} ({_ms(v.value)})" for v in sp.highest[:3])
+        out.append(f"  {sp.label:<32}" + "".join(f"{_ms(x):>9}" for x in
+                   (sp.minimum, sp.p10, sp.median, sp.p90, sp.maximum)) + f"   {top}")
+    return out
+
+
 def render_terminal(d: Diagnosis, width: int = 100) -> str:
     out: list[str] = []
     dev = d.device
@@ -103,9 +127,11 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
                    f"{'unprofiled' if views.has_both_views(d) else 'as traced'}, as in the breakdown)")
     if d.stragglers is not None:
         s = d.stragglers
-        slow = ", ".join(map(str, s.ranks)) or "none"
+        slow = _rank_list(s.ranks) or "none"
         out.append(f"Ranks: median step {_ms(s.median_step_us)}, imbalance "
                    f"{100 * s.imbalance:.1f}%, stragglers: {slow}")
+    if len(d.ranks) > MAX_RANK_ROWS and d.rank_spread:
+        out.extend(_spread(d))
     top = d.top_kernels if dev.kind == "gpu" and d.top_kernels else d.top_ops
     if top:
         out.append("")

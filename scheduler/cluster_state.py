@@ -5,11 +5,18 @@ best fit - the node with the fewest free GPUs that still fit, ties to the lowest
 first entry of the first non-empty bucket at or above the request. Per rack we keep the free
 GPUs and the number of wholly free nodes, which is what the fewest-racks rule needs. A 10,000-GPU
 cluster's scheduling round stays well under its 100 ms budget this way (benchmarks/scheduler_replay.py).
+
+Nodes may differ in size. A drained or down node (``Node.available`` False) keeps the GPUs its
+jobs hold, but its free GPUs are never offered: every count here (buckets, wholly free nodes,
+rack and total free GPUs) is of *placeable* GPUs, while the bitmask keeps the truth, so the
+jobs on such a node still release exactly what they took.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from gpudiag.scheduler.model import Cluster, Placement
 
@@ -21,21 +28,27 @@ class ClusterState:
         self.cluster = cluster
         self.size = [n.gpus for n in cluster.nodes]
         self.rack = [n.rack for n in cluster.nodes]
-        self.max_gpus = max(self.size)
-        self.free = list(self.size)
+        self.usable = [n.available for n in cluster.nodes]
+        usable_sizes = {g for g, u in zip(self.size, self.usable, strict=True) if u}
+        # the largest node a job can be placed on: a job of more GPUs needs whole nodes
+        self.max_gpus = max(usable_sizes, default=0)
+        # every usable node has max_gpus GPUs: whole-node placement takes the fast path
+        self.uniform = len(usable_sizes) <= 1
+        self.real = list(self.size)   # free GPUs, placeable or not
+        self.free = [g if u else 0 for g, u in zip(self.size, self.usable, strict=True)]
         self.mask = [(1 << g) - 1 for g in self.size]
         self.buckets: list[list[int]] = [[] for _ in range(self.max_gpus + 1)]
-        for i, g in enumerate(self.size):
+        for i, g in enumerate(self.free):
             self.buckets[g].append(i)
         self.racks = max(self.rack) + 1
         self.rack_nodes: list[list[int]] = [[] for _ in range(self.racks)]
         for i, r in enumerate(self.rack):
             self.rack_nodes[r].append(i)
-        self.rack_free = [sum(self.size[i] for i in nodes) for nodes in self.rack_nodes]
-        self.rack_whole = [len(nodes) for nodes in self.rack_nodes]
-        self.whole: list[int] = list(range(len(self.size)))   # sorted wholly free nodes
-        self.total_free = sum(self.size)
-        self.total_gpus = self.total_free
+        self.rack_free = [sum(self.free[i] for i in nodes) for nodes in self.rack_nodes]
+        self.rack_whole = [sum(1 for i in nodes if self.usable[i]) for nodes in self.rack_nodes]
+        self.whole: list[int] = [i for i, u in enumerate(self.usable) if u]   # sorted wholly free nodes
+        self.total_free = sum(self.free)
+        self.total_gpus = self.total_free   # placeable GPUs: drained and down nodes' are not
 
     # -- queries --------------------------------------------------------------------------
     def max_free_on_a_node(self) -> int:
@@ -57,7 +70,9 @@ class ClusterState:
         return None
 
     # -- changes --------------------------------------------------------------------------
-    def _set_free(self, node: int, new: int) -> None:
+    def _set_free(self, node: int, real: int) -> None:
+        self.real[node] = real
+        new = real if self.usable[node] else 0
         old = self.free[node]
         if old == new:
             return
@@ -90,7 +105,7 @@ class ClusterState:
         for i in got:
             m &= ~(1 << i)
         self.mask[node] = m
-        self._set_free(node, self.free[node] - gpus)
+        self._set_free(node, self.real[node] - gpus)
         return tuple(got)
 
     def allocate(self, plan: list[tuple[int, int]]) -> Placement:
@@ -109,7 +124,7 @@ class ClusterState:
                     raise ValueError(f"GPU {i} of node {node} given twice")
                 m &= ~(1 << i)
             self.mask[node] = m
-            self._set_free(node, self.free[node] - len(idx))
+            self._set_free(node, self.real[node] - len(idx))
 
     def release(self, placement: Placement) -> None:
         for node, idx in placement.slots:
@@ -119,4 +134,17 @@ class ClusterState:
                     raise ValueError(f"GPU {i} of node {node} released twice")
                 m |= 1 << i
             self.mask[node] = m
-            self._set_free(node, self.free[node] + len(idx))
+            self._set_free(node, self.real[node] + len(idx))
+
+    @contextmanager
+    def released(self, placements: Iterable[Placement]) -> Iterator[None]:
+        """The cluster as it will be once these jobs (in their grace period) are gone: for asking
+        where a job would go then; nothing may be allocated inside."""
+        placements = list(placements)
+        for p in placements:
+            self.release(p)
+        try:
+            yield
+        finally:
+            for p in placements:
+                self.occupy(p)

@@ -27,14 +27,28 @@ LABELS = ("compute-bound", "memory-bound", "communication-bound", "input-bound",
 # A GPU that waits for input or for the host is idle however "busy" nvidia-smi says it is.
 GPU_IDLE_LABELS = frozenset({"input-bound", "host-bound"})
 COMM_LABEL = "communication-bound"
+# SIGTERM to SIGKILL: Slurm's KillWait and Kubernetes' terminationGracePeriodSeconds both
+# default to 30 s. ``Policy.default_grace_s`` (a job that does not ask for its own grace).
+DEFAULT_GRACE_S = 30.0
+
+
+def n_gpus(n: int) -> str:
+    """"1 GPU", "4 GPUs": every count a person reads. A runtime that hands out other units (the
+    local daemon's CPU slots) rewrites the word, and the plural stays right."""
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
 @dataclass(frozen=True, slots=True)
 class Node:
+    """One machine. Nodes of one cluster may differ in size. ``available`` False: drained or
+    down - nothing new is placed on it, and the jobs already there keep their GPUs until they end
+    (Slurm's DRAIN: running jobs finish, no new ones start)."""
+
     index: int
     gpus: int
     rack: int
     model: str = "unknown"
+    available: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +59,16 @@ class Cluster:
     def uniform(cls, nodes: int, gpus_per_node: int = 8, rack_size: int = 4,
                 model: str = "unknown") -> Cluster:
         """``nodes`` identical nodes; nodes ``i*rack_size .. (i+1)*rack_size-1`` share rack ``i``."""
-        if nodes < 1 or gpus_per_node < 1 or rack_size < 1:
+        return cls.of_sizes([(nodes, gpus_per_node)], rack_size, model)
+
+    @classmethod
+    def of_sizes(cls, groups: list[tuple[int, int]], rack_size: int = 4, model: str = "unknown") -> Cluster:
+        """Groups of (N nodes, G GPUs each), indexed in the order given; racks of ``rack_size``
+        consecutive nodes (a rack may hold nodes of two groups, as in a real row of machines)."""
+        if not groups or rack_size < 1 or any(n < 1 or g < 1 for n, g in groups):
             raise ValueError("nodes, gpus per node and rack size must be positive")
-        return cls(tuple(Node(i, gpus_per_node, i // rack_size, model) for i in range(nodes)))
+        sizes = [g for n, g in groups for _ in range(n)]
+        return cls(tuple(Node(i, g, i // rack_size, model) for i, g in enumerate(sizes)))
 
     @property
     def total_gpus(self) -> int:
@@ -72,7 +93,7 @@ class Job:
     key: str = ""
     tier: Tier = Tier.RESERVED
     preemptible: bool = True
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +136,13 @@ class Running:
     job: Job
     placement: Placement
     start: float
-    expected_end: float           # start + estimate (what backfill plans with)
+    # what backfill plans with: start + estimate, or, for a job in its grace period (terminating),
+    # its kill deadline - the latest it can hold its GPUs, whatever its estimate said
+    expected_end: float
     last_checkpoint: float        # work after this is lost if the job is killed now
-    terminating: bool = False     # a preemption was decided; it is in its grace period
+    # it was told to stop (preempted, cancelled, out of time) and is in its grace period: its GPUs
+    # are on their way to being free, and it is never chosen as a victim again
+    terminating: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,8 +214,19 @@ class Policy:
     max_fair_share_delay_s: float = 2 * 3600.0
     max_fair_share_bonus_s: float = 1800.0
     fair_share_half_life_s: float = 86400.0
-    # Preemption: no victim younger than this (thrashing); SIGTERM then this grace by default.
+    # Preemption: no victim younger than this. The victim rule (least useful work lost) prefers
+    # the jobs that ran least since their checkpoint, so without a floor a job just (re)started
+    # is the cheapest victim again and again: thrashing. Ten minutes covers a typical restart
+    # (framework start-up, data loader warm-up, compilation) and the agent's first MFU estimate,
+    # which needs a traced step. Slurm's equivalent, PreemptExemptTime, defaults to 0 (none).
     min_runtime_s: float = 600.0
+    # SIGTERM, then this long to checkpoint before SIGKILL, for a job that does not ask its own.
+    default_grace_s: float = DEFAULT_GRACE_S
+    # What backfill and reservations assume of a job without a time limit: as long as the
+    # longest limit a runtime accepts (a year: the local daemon's MAX_TIME_LIMIT_S), so such a
+    # job never backfills in front of a reservation and its GPUs are never promised to the head
+    # early - Slurm's UNLIMITED time limit, in a number the arithmetic can use.
+    default_estimate_s: float = 365 * 86400.0
 
     @property
     def aging_bound_s(self) -> float:

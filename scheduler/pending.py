@@ -10,8 +10,6 @@ The numeric columns live in one 2-D array so an insertion or removal is one copy
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 
 from gpudiag.scheduler.model import Job
@@ -33,7 +31,8 @@ def _insert(a: np.ndarray, i: int, row) -> np.ndarray:
 
 
 class PendingQueue:
-    """Jobs in scheduling order - higher tier first, then lower key - with parallel columns.
+    """Jobs in scheduling order - higher tier first, then lower key, then lower tag - with
+    parallel columns.
 
     Columns: GPUs, estimate, kind, key (the effective submit time), tag (the runtime's own index
     of the job), -tier. ``why`` (job id -> text) says what lowered a job. Tiers are a column of
@@ -44,6 +43,8 @@ class PendingQueue:
         self.jobs = np.zeros(0, dtype=object)   # Job objects (object arrays permute at C speed)
         self.num = np.zeros((0, 6))
         self.why: dict[int, str] = {}
+        # per team (GPUs in use, quota) when the order interleaved teams: for the reasons
+        self.share: dict[str, tuple[float, float]] = {}
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -69,23 +70,24 @@ class PendingQueue:
         return self.num[:, _TAG].astype(np.int64)
 
     @classmethod
-    def build(cls, rows: Iterable[tuple[float, Job, int, str]]) -> PendingQueue:
-        """From (key, job, kind, why) rows; sorts them (stable) by tier, then key."""
+    def of(cls, jobs: np.ndarray, gpus: np.ndarray, est: np.ndarray, kinds: np.ndarray, keys: np.ndarray,
+           tags: np.ndarray, neg_tier: np.ndarray, why: dict[int, str] | None = None) -> PendingQueue:
+        """From columns (``jobs`` an object array of Job); sorted by tier, key, then tag."""
         q = cls()
-        rows = sorted(rows, key=lambda r: (-int(r[1].tier), r[0]))
-        q.jobs = np.empty(len(rows), dtype=object)
-        q.jobs[:] = [r[1] for r in rows]
-        q.num = np.array([(r[1].gpus, r[1].estimate_s, r[2], r[0], i, -int(r[1].tier))
-                          for i, r in enumerate(rows)], dtype=float).reshape(len(rows), 6)
-        q.why = {r[1].id: r[3] for r in rows if r[3]}
+        num = np.column_stack([gpus, est, kinds, keys, tags, neg_tier]).astype(float).reshape(len(jobs), 6)
+        perm = np.lexsort((tags, keys, neg_tier))
+        q.jobs, q.num = jobs[perm], num[perm]
+        q.why = dict(why or {})
         return q
 
     def insert(self, key: float, job: Job, kind: int, why: str = "", tag: int = -1) -> None:
-        """After every job of its tier whose key is <= ``key`` (ties keep arrival order)."""
+        """At its place in (tier, key, tag) order: ties in key go to the lower tag."""
         neg = -int(job.tier)
         tiers = self.num[:, _NEGTIER]
         lo, hi = int(np.searchsorted(tiers, neg, "left")), int(np.searchsorted(tiers, neg, "right"))
-        i = lo + int(np.searchsorted(self.num[lo:hi, _KEY], key, side="right"))
+        keys = self.num[lo:hi, _KEY]
+        a, b = lo + int(np.searchsorted(keys, key, "left")), lo + int(np.searchsorted(keys, key, "right"))
+        i = a + int(np.searchsorted(self.num[a:b, _TAG], tag, "left"))
         self.jobs = _insert(self.jobs, i, None)
         self.jobs[i] = job
         self.num = _insert(self.num, i, (job.gpus, job.estimate_s, kind, key, tag, neg))
@@ -104,8 +106,8 @@ class PendingQueue:
         self.num = self.num[keep]
 
     def permute(self, perm: np.ndarray) -> None:
-        """Put the rows in the order ``perm`` (e.g. ``team_queues.interleave``'s); ``insert``
-        then places by key within the tier, and the runtime re-interleaves before its pass."""
+        """Put the rows in the order ``perm`` (e.g. ``team_queues.interleave``'s). ``insert``
+        assumes (tier, key, tag) order: a runtime that permutes re-interleaves before its pass."""
         self.jobs = self.jobs[perm]
         self.num = self.num[perm]
 
@@ -113,10 +115,13 @@ class PendingQueue:
     def neg_tier(self) -> np.ndarray:
         return self.num[:, _NEGTIER]
 
-    def reorder(self, keys: np.ndarray, kinds: np.ndarray) -> None:
-        """New keys/kinds for the jobs in their current order; re-sorts (stable)."""
+    def reorder(self, keys: np.ndarray, kinds: np.ndarray, sort: bool = True) -> None:
+        """New keys/kinds for the jobs in their current order; re-sorts by (tier, key, tag) - not
+        with ``sort=False``, for a runtime that ``permute``s the whole queue before its pass."""
         self.num[:, _KEY] = keys
         self.num[:, _KIND] = kinds
-        perm = np.lexsort((keys, self.num[:, _NEGTIER]))
+        if not sort:
+            return
+        perm = np.lexsort((self.num[:, _TAG], keys, self.num[:, _NEGTIER]))
         self.jobs = self.jobs[perm]
         self.num = self.num[perm]

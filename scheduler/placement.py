@@ -3,13 +3,15 @@
 Rules (the baselines' are the published simulators'; gpudiag's add topology and labels):
 - A job of at most one node's GPUs goes on one node, best fit: the node with the fewest free
   GPUs that fit, ties to the lowest index - the classic defence against fragmentation.
-- A larger job takes ceil(g / G) wholly free nodes (G GPUs per node) and uses g GPUs of them
-  (the last node's remainder stays free for others). The baselines take the lowest-indexed
-  free nodes; gpudiag takes them from the fewest racks (one rack when one has enough).
+- A larger job (more GPUs than the largest usable node) takes wholly free nodes whose GPUs add
+  up to g, and uses g GPUs of them (the smallest chosen node's remainder stays free for others):
+  on a uniform cluster ceil(g / G) nodes. The baselines take the lowest-indexed free nodes;
+  gpudiag takes the fewest nodes, from the fewest racks (one rack when one has enough)
+  (``pick_whole``). Nodes may differ in size; drained or down nodes are never offered.
 - gpudiag only: a job of at most one node's GPUs whose label is known and is not
   communication-bound may be spread over several nodes of one rack (fewest nodes) when no
   single node fits; communication-bound and unlabelled jobs wait for one node
-  (``policy.may_spread``). The cost of spreading is modelled by ``gpudiag.scheduler.slowdown``.
+  (``policy.may_spread``). The cost of spreading is modelled by ``gpudiag.scheduler.sim.slowdown``.
 
 EASY's reservation: the head job's start time ("shadow") is found by releasing running jobs in
 order of expected end until the head fits; the GPUs it would take then are reserved. A job that
@@ -22,7 +24,7 @@ one run where tie-breaking alone moves mean JCT by up to 7%).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpudiag.scheduler.cluster_state import ClusterState
@@ -45,29 +47,111 @@ def _split(gpus: int, per_node: int, nodes: list[int]) -> Plan:
     return plan + [(nodes[-1], gpus - per_node * (len(nodes) - 1))]
 
 
-def whole_nodes(state: ClusterState, gpus: int, fewest_racks: bool,
-                banned: frozenset[int] = frozenset()) -> Plan | None:
-    """ceil(g/G) wholly free nodes: the lowest-indexed ones, or those of the fewest racks."""
-    per = state.max_gpus
-    k = nodes_needed(gpus, per)
-    free = [n for n in state.whole if n not in banned] if banned else state.whole
-    if len(free) < k:
+def _fewest(nodes: Sequence[int], size: Sequence[int], gpus: int) -> list[int] | None:
+    """The fewest of ``nodes`` whose GPUs add up to ``gpus``: the largest first, then the last one
+    swapped for the smallest that still covers the remainder (best fit for what is left over)."""
+    by_size = sorted(nodes, key=lambda n: (-size[n], n))
+    got, chosen = 0, []
+    for n in by_size:
+        chosen.append(n)
+        got += size[n]
+        if got >= gpus:
+            break
+    else:
+        return None
+    rest = gpus - (got - size[chosen[-1]])
+    last = min((n for n in by_size[len(chosen) - 1:] if size[n] >= rest), key=lambda n: (size[n], n))
+    return chosen[:-1] + [last]
+
+
+def _fill(chosen: list[int], size: Sequence[int], gpus: int, by_index: bool = False) -> Plan:
+    """Every chosen node whole but one, which takes the remainder: the smallest (the fewest
+    nodes leave none empty that way) or, ``by_index``, the last; in node order."""
+    order = sorted(chosen) if by_index else sorted(chosen, key=lambda n: (-size[n], n))
+    plan, left = [], gpus
+    for n in order:
+        take = min(size[n], left)
+        plan.append((n, take))
+        left -= take
+    return sorted(plan)
+
+
+def pick_whole(cands: Sequence[int], size: Sequence[int], rack: Sequence[int], gpus: int,
+               fewest_racks: bool, uniform: bool) -> Plan | None:
+    """Wholly free nodes (``cands``, by index) for a job larger than any one node.
+
+    On a mixed cluster "larger than a node" means more GPUs than the largest usable node, and
+    the job takes wholly free nodes whose GPUs add up to its request: gpudiag takes the fewest
+    such nodes, all in one rack when one rack can give them (the rack leaving the least over),
+    else spread over the racks with the most free GPUs; the baselines take the lowest-indexed
+    nodes until the request is covered. Only one chosen node is left partly used (gpudiag's
+    smallest, the baselines' last). On
+    a uniform cluster this is ceil(g/G) nodes, as the published simulators do.
+    """
+    if uniform:
+        if not cands:
+            return None
+        per = size[cands[0]]
+        k = nodes_needed(gpus, per)
+        if len(cands) < k:
+            return None
+        if not fewest_racks:
+            return _split(gpus, per, list(cands[:k]))
+        by_rack: dict[int, list[int]] = {}
+        for n in cands:
+            by_rack.setdefault(rack[n], []).append(n)
+        fitting = [r for r, ns in by_rack.items() if len(ns) >= k]
+        if fitting:   # one rack: the one with the fewest whole nodes that suffice (best fit)
+            r = min(fitting, key=lambda r: (len(by_rack[r]), r))
+            return _split(gpus, per, by_rack[r][:k])
+        chosen: list[int] = []
+        for r in sorted(by_rack, key=lambda r: (-len(by_rack[r]), r)):
+            chosen.extend(by_rack[r][: k - len(chosen)])
+            if len(chosen) == k:
+                break
+        return _split(gpus, per, sorted(chosen))
+    if sum(size[n] for n in cands) < gpus:
         return None
     if not fewest_racks:
-        return _split(gpus, per, free[:k])
-    by_rack: dict[int, list[int]] = {}
-    for n in free:
-        by_rack.setdefault(state.rack[n], []).append(n)
-    fitting = [r for r, ns in by_rack.items() if len(ns) >= k]
-    if fitting:   # one rack: the one with the fewest whole nodes that suffice (best fit)
-        r = min(fitting, key=lambda r: (len(by_rack[r]), r))
-        return _split(gpus, per, by_rack[r][:k])
-    chosen: list[int] = []
-    for r in sorted(by_rack, key=lambda r: (-len(by_rack[r]), r)):
-        chosen.extend(by_rack[r][: k - len(chosen)])
-        if len(chosen) == k:
+        got, chosen = 0, []
+        for n in cands:
+            chosen.append(n)
+            got += size[n]
+            if got >= gpus:
+                break
+        return _fill(chosen, size, gpus, by_index=True)
+    fewest = _fewest(cands, size, gpus)
+    k = len(fewest)
+    by_rack = {}
+    for n in cands:
+        by_rack.setdefault(rack[n], []).append(n)
+    best: tuple[tuple, list[int]] | None = None
+    for r, ns in by_rack.items():   # one rack, if one can do it with the fewest nodes: least left over
+        pick = _fewest(ns, size, gpus)
+        if pick is not None and len(pick) == k:
+            key = (sum(size[n] for n in pick) - gpus, len(ns), r)
+            if best is None or key < best[0]:
+                best = (key, pick)
+    if best is not None:
+        return _fill(best[1], size, gpus)
+    # across racks: the racks with the most free GPUs first, each rack's largest nodes first,
+    # unless that takes more nodes than the fewest possible
+    order = [n for r in sorted(by_rack, key=lambda r: (-sum(size[n] for n in by_rack[r]), r))
+             for n in sorted(by_rack[r], key=lambda n: (-size[n], n))]
+    got, chosen = 0, []
+    for n in order:
+        chosen.append(n)
+        got += size[n]
+        if got >= gpus:
             break
-    return _split(gpus, per, sorted(chosen))
+    return _fill(chosen if len(chosen) == k else fewest, size, gpus)
+
+
+def whole_nodes(state: ClusterState, gpus: int, fewest_racks: bool,
+                banned: frozenset[int] = frozenset()) -> Plan | None:
+    """Wholly free nodes for a job larger than a node (``pick_whole``)."""
+    free = [n for n in state.whole if n not in banned] if banned else state.whole
+    return pick_whole(free, state.size, state.rack, gpus, fewest_racks, state.uniform)
 
 
 def spread(state: ClusterState, gpus: int, banned: frozenset[int] = frozenset()) -> Plan | None:
@@ -126,11 +210,25 @@ def place(state: ClusterState, rule: Rule, spare: dict[int, int] | None = None,
 
 @dataclass
 class Reservation:
-    """The head's start time and what long backfill jobs may still use."""
+    """The head's start time and what long backfill jobs may still use.
+
+    ``firm``: the head waits only for jobs in their grace period (a preemption it caused, or a
+    cancel), which may end any moment before their kill deadline (the shadow): no backfill job
+    may count on ending before it, and the reserved nodes' GPUs go to no one else at all.
+    """
 
     shadow: float
     nodes: frozenset[int]                            # nodes the head will use
     spare: dict[int, int] = field(default_factory=dict)   # reserved node -> GPUs a long job may use
+    firm: bool = False
+    # (job id, placement) of the jobs released to find the shadow, in order of their end
+    released: Sequence[tuple[int, Placement]] = ()
+
+    @property
+    def waits_for(self) -> tuple[int, ...]:
+        """The jobs on the reserved nodes whose end the head waits for (computed when a reason
+        asks: a replay's millions of passes never do)."""
+        return tuple(j for j, p in self.released if any(n in self.nodes for n, _ in p.slots))
 
     def cap(self, node: int, free: int) -> int:
         """GPUs of ``node`` a long job may take."""
@@ -152,44 +250,75 @@ def reserve(state: ClusterState, rule: Rule, by_end: Iterable[tuple[float, int, 
     None when the head cannot fit even on an empty cluster (runtimes reject such jobs earlier).
     """
     free = list(state.free)
-    size = state.size
-    whole = len(state.whole)
-    per = state.max_gpus
-    k = nodes_needed(rule.gpus, per)
+    size, usable = state.size, state.usable
+    whole_g = len(state.whole) * state.max_gpus if state.uniform else sum(size[n] for n in state.whole)
+    released: list[tuple[int, Placement]] = []
 
     shadow = now
-    if (whole < k) if rule.whole else (state.max_free_on_a_node() < rule.gpus):
+    if (whole_g < rule.gpus) if rule.whole else (state.max_free_on_a_node() < rule.gpus):
         found = False
-        for end, _, placement in by_end:
+        for end, job_id, placement in by_end:
             if found and end > shadow:   # jobs ending at the same instant are released together
                 break
+            released.append((job_id, placement))
             hit = False   # only a node this job releases GPUs on can newly fit a one-node head
             for n, idx in placement.slots:
+                if not usable[n]:
+                    continue   # a drained node's GPUs are never placed again
                 before = free[n]
                 free[n] += len(idx)
                 if free[n] == size[n] and before < size[n]:
-                    whole += 1
+                    whole_g += size[n]
                 hit = hit or free[n] >= rule.gpus
             if not found:
                 shadow = max(now, end)
-                found = whole >= k if rule.whole else hit
+                found = whole_g >= rule.gpus if rule.whole else hit
         if not found:
             return None
     if rule.whole:
-        cands = [n for n in range(len(free)) if free[n] == size[n]]
-        nodes = cands[:k]
-        if rule.fewest_racks:   # same choice whole_nodes() would make on the released cluster
-            by_rack: dict[int, list[int]] = {}
-            for n in cands:
-                by_rack.setdefault(state.rack[n], []).append(n)
-            fitting = [r for r, ns in by_rack.items() if len(ns) >= k]
-            if fitting:
-                nodes = by_rack[min(fitting, key=lambda r: (len(by_rack[r]), r))][:k]
+        cands = [n for n in range(len(free)) if usable[n] and free[n] == size[n]]
+        plan = pick_whole(cands, size, state.rack, rule.gpus, rule.fewest_racks, state.uniform) or []
+        if len({state.rack[n] for n, _ in plan}) > 1:
+            # no one rack will do: reserve the lowest-indexed nodes (the baselines' choice), as
+            # this reservation always has. Reserving the racks pick_whole spreads over instead
+            # raised gpudiag's mean JCT on the full Philly replay from 86,676 s to 93,988 s.
+            plan = pick_whole(cands, size, state.rack, rule.gpus, False, state.uniform) or []
+        nodes = frozenset(n for n, _ in plan)
         # the whole-node rule needs these nodes wholly free at the shadow time, even the last
         # one whose remainder the head will not use: nothing of them is spare for long jobs
-        return Reservation(shadow, frozenset(nodes), spare=dict.fromkeys(nodes, 0))
+        spare = dict.fromkeys(nodes, 0)
     else:
         n = min((n for n in range(len(free)) if free[n] >= rule.gpus), key=lambda n: (free[n], n))
-        plan = [(n, rule.gpus)]
-    return Reservation(shadow, frozenset(n for n, _ in plan),
-                       spare={n: free[n] - g for n, g in plan})
+        nodes, spare = frozenset((n,)), {n: free[n] - rule.gpus}
+    return Reservation(shadow, nodes, spare=spare, released=released)
+
+
+def promise(state: ClusterState, rule: Rule, stopping: Sequence[tuple[float, int, Placement]],
+            now: float) -> Reservation | None:
+    """The head's reservation when the GPUs of jobs in their grace period are enough for it.
+
+    ``stopping``: (kill deadline, job id, placement) of every job told to stop. The head is
+    reserved what ``reserve`` finds releasing only those jobs, by deadline: the earliest
+    placement they free (the deadline is an upper bound: they may stop sooner), made firm, with
+    nothing of those nodes spare for others until it starts. A
+    head that may spread and fits no one node even then is promised where it would spread once
+    they are all gone. None when it would not fit even then (it may need victims, or waits as
+    any head does).
+    """
+    res = reserve(state, rule, sorted(stopping, key=lambda x: x[0]), now)
+    if res is not None:
+        # the stopping jobs may end in any order, any moment: a GPU of those nodes given away now
+        # could be the one that would have let the head start at the first exit
+        res.firm, res.spare = True, dict.fromkeys(res.nodes, 0)
+        return res
+    if not rule.may_spread:
+        return None
+    with state.released(p for _, _, p in stopping):
+        plan = place(state, rule)
+        if plan is None:
+            return None
+        nodes = frozenset(n for n, _ in plan)
+    spare = dict.fromkeys(nodes, 0)
+    on = sorted((end, j, p) for end, j, p in stopping if any(n in nodes for n, _ in p.slots))
+    return Reservation(max([now, *(e for e, _, _ in on)]), nodes, spare=spare, firm=True,
+                       released=[(j, p) for _, j, p in on])

@@ -1,11 +1,24 @@
-"""One scheduling pass, and the entry points the runtimes call: ``schedule`` and ``explain``.
+"""One scheduling pass, and the entry points the runtimes call: ``plan``/``schedule`` and ``explain``.
 
 The pass (Volcano's allocate + backfill actions, Slurm's main and backfill schedulers in one):
 walk the ordered queue and start every job that fits (gang: all GPUs or none); the first job
-that does not fit is the head. FIFO stops there. Otherwise the head may preempt lower tiers
-(``preempt.choose_victims``) and gets a reservation (``placement.reserve``); the jobs behind it
-start only where they cannot delay that reservation: they end before it (by their estimate), or
-they use GPUs it does not need. Decisions are data with a readable reason and their numbers.
+that does not fit is the head. FIFO stops there. Otherwise preemption and backfill are one plan:
+
+1. Jobs in their grace period (preempted, cancelled, out of time: ``Running.terminating``) hold
+   GPUs that are on their way to being free. If the head fits once they are gone, it is
+   promised that placement (``placement.promise``) and nobody is preempted.
+2. Else the head may preempt lower tiers for what those GPUs do not cover
+   (``preempt.choose_victims`` on the cluster as it will be), and is promised the placement the
+   victims free.
+3. Else it gets EASY's reservation (``placement.reserve``: running jobs released by expected end,
+   a stopping job at its kill deadline).
+
+The jobs behind the head start only where they cannot delay it: on GPUs it does not need, or,
+under an EASY reservation, if they end (by their estimate) before it. A promise is firm: the
+jobs it waits for may stop any moment, so "ends before" counts for nothing and its GPUs go to
+no one behind it - in this pass and in every later one until it starts, because each pass
+derives the promise again from the stopping jobs. Decisions are data with a readable reason
+and their numbers; ``plan`` keeps them with the pass that made them (``reasons.Pass``).
 """
 
 from __future__ import annotations
@@ -16,8 +29,6 @@ import numpy as np
 
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import (
-    COMM_LABEL,
-    TIER_NAMES,
     Cluster,
     Decision,
     Job,
@@ -26,47 +37,34 @@ from gpudiag.scheduler.model import (
     Running,
     Signal,
     TeamShare,
+    n_gpus,
 )
-from gpudiag.scheduler.pending import SPREAD, WHOLE, PendingQueue, kind_of
-from gpudiag.scheduler.placement import Reservation, Rule, place, reserve
-from gpudiag.scheduler.preempt import choose_victims
-from gpudiag.scheduler.priority import (
-    MfuBook,
-    effective_submit,
-    efficiency_factor,
-    fair_share_delay,
-    job_class,
-    signal_usable,
-    sort_key,
-)
-from gpudiag.scheduler.team_queues import interleave, team_quotas
+from gpudiag.scheduler.ordering import Ordering
+from gpudiag.scheduler.pending import _GPUS, _KIND, SPREAD, WHOLE, PendingQueue
+from gpudiag.scheduler.placement import Reservation, Rule, place, promise, reserve
+from gpudiag.scheduler.preempt import MfuOf, choose_victims
+from gpudiag.scheduler.priority import MfuBook, job_class, signal_usable
+from gpudiag.scheduler.reasons import Pass, Why, wait_reasons
+
+__all__ = ["Pass", "Why", "explain", "order_queue", "plan", "plan_pass", "schedule", "wait_reasons"]
 
 
 def rule_at(q: PendingQueue, i: int, policy: Policy) -> Rule:
-    k = int(q.kind[i])
-    return Rule(int(q.gpus[i]), k == WHOLE, policy.label_aware_placement, k == SPREAD)
+    k = int(q.num[i, _KIND])
+    return Rule(int(q.num[i, _GPUS]), k == WHOLE, policy.label_aware_placement, k == SPREAD)
 
 
-def may_spread(policy: Policy, label: str) -> bool:
-    """Spreading a one-node job is a bet that it is not placement-sensitive: made only on evidence.
-
-    Known communication-bound jobs wait for one node (label-aware placement); jobs with no
-    usable label wait too unless ``Policy.spread_unknown`` (a quarter of multi-GPU keys are
-    communication-bound in the simulator's model, and those run 1.5x as long spread).
-    """
-    if not policy.spread_small:
-        return False
-    if label == "unknown":
-        return policy.spread_unknown
-    return not (label == COMM_LABEL and policy.label_aware_placement)
-
-
-def kind_for(job: Job, per_node: int, policy: Policy, label: str) -> int:
-    return kind_of(job.gpus, per_node, may_spread(policy, label))
-
-
-def _fmt_t(t: float) -> str:
-    return f"t={t:.0f}s"
+def _fmt_t(t: float, now: float) -> str:
+    """A time relative to the pass: every runtime's clock reads the same way (the Slurm
+    controller's is the epoch, where "t=1827233385s" said nothing)."""
+    d = t - now
+    if d < 1:
+        return "now"
+    if d < 90:
+        return f"in {d:.0f} s"
+    if d < 90 * 60:
+        return f"in {d / 60:.0f} min"
+    return f"in {d / 3600:.1f} h" if d < 48 * 3600 else f"in {d / 86400:.1f} days"
 
 
 def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, np.ndarray]:
@@ -92,14 +90,37 @@ def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, n
     return short, np.array([best, outside + inside, whole])
 
 
+def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[float, int, Placement]],
+          now: float, policy: Policy, running: Sequence[Running] | None,
+          mfu_of: MfuOf | None) -> tuple[list[Decision], Reservation | None]:
+    """Preemptions for the head, and its reservation: steps 1-3 of the module docstring."""
+    stopping = [(r.expected_end, r.job.id, r.placement) for r in running or () if r.terminating]
+    res = promise(state, rule, stopping, now) if stopping else None
+    victims: list[Decision] = []
+    if res is None and policy.preemption and running is not None and mfu_of is not None:
+        with state.released(p for _, _, p in stopping):
+            victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
+        if victims:
+            stopping += [(now + d.grace_s, d.job_id, d.placement) for d in victims]
+            res = promise(state, rule, stopping, now)
+    if res is None and policy.backfill and policy.reservation:
+        if victims:   # (a promise always follows victims; this keeps the reservation honest if not)
+            deadline = {d.job_id: now + d.grace_s for d in victims}
+            by_end = sorted(((deadline.get(j, e), j, pl) for e, j, pl in by_end), key=lambda x: x[0])
+        res = reserve(state, rule, by_end, now)
+    return victims, res
+
+
 def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[float, int, Placement]],
               now: float, policy: Policy,
               running: Callable[[], Sequence[Running]] | None = None,
-              mfu_of: Callable[[Running], float] | None = None) -> list[Decision]:
+              mfu_of: MfuOf | None = None) -> list[Decision]:
     """Decide starts (allocating them in ``state``), preemptions and the head's hold.
 
     ``by_end``: running jobs' (expected end, job id, placement), sorted by end; a job in its
-    grace period appears with its kill deadline. ``running``/``mfu_of`` enable preemption.
+    grace period appears with its kill deadline. ``running`` (every running job, those in their
+    grace period marked ``terminating``) lets the pass see GPUs on their way to being free;
+    with ``mfu_of`` (a job's MFU, or (MFU, measured?)) it may also preempt.
     """
     out: list[Decision] = []
     n = len(queue)
@@ -119,27 +140,34 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
     if out:   # what started in order ahead of the head ends (by its estimate) before it can start
         started = [(now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement) for d in out]
         by_end = sorted([*by_end, *started], key=lambda x: x[0])
-    if policy.preemption and running is not None and mfu_of is not None:
-        victims = choose_victims(state, head, rule, running(), now, policy, mfu_of)
-        if victims:
-            out.extend(victims)
-            deadline = {d.job_id: now + d.grace_s for d in victims}
-            by_end = sorted(((deadline.get(j, e), j, pl) for e, j, pl in by_end), key=lambda x: x[0])
-    res = reserve(state, rule, by_end, now) if policy.backfill and policy.reservation else None
-    need = f"needs {head.gpus} GPUs" + ("" if rule.may_spread else
-                                        " on whole nodes" if rule.whole else " on one node")
-    out.append(Decision("hold", head.id,
-                        f"head of the queue: {need}, {state.total_free} free, at most "
-                        f"{state.max_free_on_a_node()} on one node"
-                        + (f"; reserved from {_fmt_t(res.shadow)}" if res else ""),
-                        numbers={"free": state.total_free, "shadow": res.shadow if res else None}))
+    victims, res = _head(state, head, rule, by_end, now, policy, running() if running is not None else None,
+                         mfu_of)
+    out.extend(victims)
+    where = "" if rule.may_spread else " on whole nodes" if rule.whole else " on one node"
+    need = n_gpus(head.gpus) + where
+    if res is not None and res.firm:
+        stops = ", ".join(str(j) for j in res.waits_for)
+        when = (f"; starts when job{'s' if len(res.waits_for) > 1 else ''} {stops} "
+                f"stop{'' if len(res.waits_for) > 1 else 's'} (grace ends {_fmt_t(res.shadow, now)})")
+    else:
+        when = f"; GPUs reserved for it, starting {_fmt_t(res.shadow, now)}" if res else ""
+    blocked = f"needs {need}, {state.total_free} free, at most {state.max_free_on_a_node()} on one node"
+    out.append(Decision("hold", head.id, f"head of the queue: {blocked}{when}",
+                        numbers={"free": state.total_free, "shadow": res.shadow if res else None,
+                                 "reservation": res,
+                                 "firm": bool(res and res.firm), "position": i, "need": blocked}))
     if not policy.backfill:
         return out
     per = state.max_gpus
     rest = np.arange(i + 1, n)
     gpus, kinds, est = queue.gpus[i + 1:], queue.kind[i + 1:], queue.est[i + 1:]
-    need_units = np.where(kinds == WHOLE, -(-gpus // per), gpus)
-    short_mask = (now + est <= res.shadow) if res is not None else np.ones(len(rest), bool)
+    need_units = np.where(kinds == WHOLE, -(-gpus // max(per, 1)), gpus)
+    if res is None:
+        short_mask = np.ones(len(rest), bool)
+    elif res.firm:   # the jobs it waits for may stop any moment: no one ends "before" it
+        short_mask = np.zeros(len(rest), bool)
+    else:
+        short_mask = now + est <= res.shadow
     while state.total_free > 0 and len(rest):
         lim_s, lim_l = _limits(state, res)
         ok = np.where(short_mask, need_units <= lim_s[kinds], need_units <= lim_l[kinds])
@@ -163,8 +191,8 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
             continue
         if not short:
             res.charge(plan)
-        why = (f"backfilled: ends by {_fmt_t(now + job.estimate_s)}, before job {head.id}'s reservation "
-               f"at {_fmt_t(res.shadow)}" if short and res is not None else
+        why = (f"backfilled: ends {_fmt_t(now + job.estimate_s, now)}, before job {head.id}'s reservation "
+               f"starts {_fmt_t(res.shadow, now)}" if short and res is not None else
                f"backfilled on GPUs job {head.id}'s reservation does not need")
         out.append(Decision("start", job.id, why, state.allocate(plan),
                             numbers={"position": j, "shadow": res.shadow if res else None}))
@@ -176,55 +204,36 @@ def order_queue(pending: Sequence[Job], running: Sequence[Running], signals: Map
                 teams: Mapping[str, TeamShare] | None = None, total_gpus: int | None = None) -> PendingQueue:
     """The pending jobs in the order the pass walks them, each with its placement kind and why.
 
-    With ``Policy.uses_team_queues`` the teams are interleaved by quota (``team_queues``): a
-    team's use is the GPUs its running jobs hold now, its quota ``teams[team].quota_gpus``;
+    A fresh ``ordering.Ordering`` for this pass (the simulator keeps one across passes; both
+    order alike). ``signals``: each job's own latest signal (a requeued job's); ``teams``: each
+    team's quota and decayed use (fair share). With ``Policy.uses_team_queues`` the teams are
+    interleaved by quota (``team_queues``): a team's use is the GPUs its running jobs hold now;
     ``total_gpus`` sizes the equal share of a team without a quota.
     """
-    rows = []
-    for job in pending:
-        sig = signals.get(job.id)
-        hist = history.lookup(job.key, now) if job.key else None
-        if policy.efficiency and policy.order == "priority":
-            median = history.class_median(job_class(job.gpus))
-            factor, why_e = efficiency_factor(job, sig, hist, policy, median)
-        else:
-            factor, why_e = 1.0, ""
-        delay, why_f = fair_share_delay((teams or {}).get(job.team), policy) \
-            if policy.fair_share and policy.order == "priority" else (0.0, "")
-        label = sig.label if signal_usable(sig, policy) else (
-            hist.label if hist is not None and hist.weight >= policy.min_history_weight else "unknown")
-        why = "; ".join(w for w in (why_e if factor < 1.0 else "", why_f) if w)
-        rows.append((sort_key(job, effective_submit(job, factor, delay, policy)), job,
-                     kind_for(job, per_node, policy, label), why))
-    q = PendingQueue.build(rows)
+    o = Ordering(policy, history, per_node)
+    jobs = sorted(pending, key=lambda j: j.id)
+    rows = o.add(jobs)
+    for r, j in zip(rows.tolist(), jobs, strict=True):
+        sig = signals.get(j.id)
+        if sig is not None:
+            o.hear(r, sig.mfu, sig.label, sig.confidence, now - sig.age_s)
+    o.set_teams(teams or {}, now)
+    q = o.queue(rows, now, why=True)
     if policy.uses_team_queues and len(q):
-        q.permute(fair_order(q, running, teams, now, policy, total_gpus))
+        q.permute(o.team_order(q, o.use_of(running), {t: s.quota_gpus for t, s in (teams or {}).items()},
+                               total_gpus, now))
     return q
 
 
-def fair_order(q: PendingQueue, running: Sequence[Running], teams: Mapping[str, TeamShare] | None,
-               now: float, policy: Policy, total_gpus: int | None) -> np.ndarray:
-    """``team_queues.interleave`` for a queue built from Job objects (the stateless runtimes)."""
-    quota = team_quotas({j.team for j in q.jobs} | {r.job.team for r in running},
-                        {t: s.quota_gpus for t, s in (teams or {}).items()}, total_gpus)
-    names = sorted(quota)
-    index = {t: i for i, t in enumerate(names)}
-    use = np.zeros(len(names))
-    for r in running:
-        use[index[r.job.team]] += r.job.gpus
-    team = np.array([index[j.team] for j in q.jobs], dtype=np.int64)
-    submit = np.array([j.submit for j in q.jobs])
-    return interleave(q.neg_tier, team, q.key, q.tag, q.gpus, submit, use,
-                      np.array([quota[t] for t in names]), now, policy.team_overdue_s)
+def plan(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],
+         signals: Mapping[int, Signal], history: MfuBook, now: float, policy: Policy,
+         teams: Mapping[str, TeamShare] | None = None) -> Pass:
+    """One stateless round, kept whole: its decisions, its order and (when asked) its reasons.
 
-
-def schedule(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],
-             signals: Mapping[int, Signal], history: MfuBook, now: float, policy: Policy,
-             teams: Mapping[str, TeamShare] | None = None) -> list[Decision]:
-    """One stateless round: what to start, whom to preempt, and why the head waits.
-
-    ``signals`` maps job id -> the agent's latest signal (running jobs, and pending jobs that
-    ran before); ``history`` holds what earlier jobs of each key reached.
+    ``running`` holds every job that holds GPUs, those told to stop marked ``terminating`` with
+    their kill deadline as ``expected_end``. ``signals`` maps job id -> the agent's latest signal
+    (running jobs, and pending jobs that ran before); ``history`` holds what earlier jobs of each
+    key reached.
     """
     state = ClusterState(cluster)
     for r in running:
@@ -233,63 +242,33 @@ def schedule(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running
                         state.total_gpus)
     by_end = sorted(((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0])
 
-    def mfu_of(r: Running) -> float:
+    def mfu_of(r: Running) -> tuple[float, bool]:
         sig = signals.get(r.job.id)
         if signal_usable(sig, policy):
-            return sig.mfu
+            return sig.mfu, True
         h = history.lookup(r.job.key, now) if r.job.key else None
         if h is not None and h.weight >= policy.min_history_weight:
-            return h.mfu
-        return history.class_median(job_class(r.job.gpus)) or 1.0
+            return h.mfu, True
+        return history.class_median(job_class(r.job.gpus)) or 1.0, False
 
-    return plan_pass(state, queue, by_end, now, policy, lambda: running, mfu_of)
+    decisions = plan_pass(state, queue, by_end, now, policy, lambda: running, mfu_of)
+    return Pass(decisions, state, queue, policy, now)
 
 
-def wait_reasons(state: ClusterState, queue: PendingQueue, decisions: Mapping[int, Decision],
-                 policy: Policy) -> dict[int, tuple[bool, str]]:
-    """For every job of an ordered queue: (starts in this pass?, why, in words): its position,
-    what blocks it, what lowered its priority. One wording for ``explain``, the local daemon's
-    ``queue`` and the Slurm controller."""
-    out: dict[int, tuple[bool, str]] = {}
-    for pos, job in enumerate(queue.jobs):
-        d = decisions.get(job.id)
-        if d is not None and d.kind == "start":
-            out[job.id] = (True, d.reason)
-            continue
-        parts = []
-        if d is not None and d.kind == "hold":
-            parts.append(d.reason)
-        else:
-            rule = rule_at(queue, pos, policy)
-            if rule.may_spread:
-                parts.append(f"needs {job.gpus} GPUs, {state.total_free} free")
-            elif rule.whole:
-                parts.append(f"needs {job.gpus} GPUs on whole nodes, {len(state.whole)} nodes wholly free")
-            else:
-                most = state.max_free_on_a_node()
-                parts.append(f"needs {job.gpus} GPUs on one node, at most {most} free on one")
-            if pos > 0:
-                ahead = queue.jobs[pos - 1]
-                parts.append(f"behind job {ahead.id} ({TIER_NAMES[ahead.tier]})")
-        if queue.why.get(job.id):
-            parts.append(queue.why[job.id])
-        out[job.id] = (False, "; ".join(parts))
-    return out
+def schedule(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],
+             signals: Mapping[int, Signal], history: MfuBook, now: float, policy: Policy,
+             teams: Mapping[str, TeamShare] | None = None) -> list[Decision]:
+    """One stateless round: what to start, whom to preempt, and why the head waits (``plan``'s
+    decisions)."""
+    return plan(cluster, pending, running, signals, history, now, policy, teams).decisions
 
 
 def explain(job_id: int, cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],
             signals: Mapping[int, Signal], history: MfuBook, now: float, policy: Policy,
             teams: Mapping[str, TeamShare] | None = None) -> str:
-    """Why a pending job waits, in words: its position, what blocks it, what lowered it."""
-    state = ClusterState(cluster)
-    for r in running:
-        state.occupy(r.placement)
-    queue = order_queue(pending, running, signals, history, now, policy, state.max_gpus, teams,
-                        state.total_gpus)
-    decisions = {d.job_id: d for d in plan_pass(state, queue, sorted(
-        ((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0]), now, policy)}
-    why = wait_reasons(state, queue, decisions, policy).get(job_id)
+    """Why a pending job waits, in words: the reason of the pass ``schedule`` would run on the
+    same inputs (preemption included), not of a second planning."""
+    why = plan(cluster, pending, running, signals, history, now, policy, teams).why.get(job_id)
     if why is None:
         return f"job {job_id} is not pending"
-    starts, text = why
-    return f"job {job_id} starts now: {text}" if starts else f"job {job_id} waits: {text}"
+    return f"job {job_id} starts now: {why.text}" if why.starts else f"job {job_id} waits: {why.text}"

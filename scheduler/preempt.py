@@ -1,16 +1,22 @@
 """Victims for a blocked higher-tier job: the least useful work lost, then the fewest jobs.
 
 Only a strictly higher tier preempts, only preemptible jobs that have run ``Policy.min_runtime_s``
-(so two tiers cannot thrash each other's jobs), and never a job already in its grace period.
+(so two tiers cannot thrash each other's jobs), and never a job already in its grace period:
+its GPUs are on their way to being free, and the caller asks this module only for what they do
+not cover (``choose_victims`` sees the cluster as it will be once those jobs are gone - without
+that, a second pass during a slow checkpoint preempted again for GPUs already promised).
 Useful work lost by killing a job now = MFU x GPUs x seconds since its last checkpoint: a
 victim gets SIGTERM and its grace period to checkpoint, but what it computed since the last
-checkpoint is what we assume is lost if it cannot. A job without a usable MFU counts at its
-class median (neutral, like the priority's treatment of unknown jobs).
+checkpoint is what we assume is lost if it cannot. A job without a measured MFU counts at what
+the runtime's ``mfu_of`` says (the class median: neutral, like the priority's treatment of
+unknown jobs), and its reason says the MFU was not measured.
 
-For a one-node head we look at every node and, per node, take its eligible jobs in order of
-lost work until enough GPUs are free (a greedy cover, exact for one victim and close otherwise);
-the cheapest node wins. A head needing whole nodes takes the cheapest nodes whose every job is
-eligible; a victim spanning two chosen nodes is counted on each (an over-estimate, never under).
+For a one-node head we look at every usable node big enough and, per node, take its eligible
+jobs in order of lost work until enough GPUs are free (a greedy cover), then drop every victim
+the others already cover (so no victim is ever more than the head needs); the cheapest node
+wins. A head needing whole nodes takes, node by node, the cheapest extra work lost that makes
+one more node wholly free (a node whose every job is eligible) until those nodes' GPUs cover
+the request, then drops every victim the others already cover.
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gpudiag.scheduler.cluster_state import ClusterState
-from gpudiag.scheduler.model import TIER_NAMES, Decision, Job, Policy, Running
-from gpudiag.scheduler.placement import Rule, nodes_needed
+from gpudiag.scheduler.model import TIER_NAMES, Decision, Job, Policy, Running, n_gpus
+from gpudiag.scheduler.placement import Rule
+from gpudiag.scheduler.priority import fmt_mfu
+
+# mfu_of(r) -> MFU, or (MFU, measured?): a bare number is taken as measured
+MfuOf = Callable[[Running], "float | tuple[float, bool]"]
 
 
 def lost_work(r: Running, mfu: float, now: float) -> float:
@@ -27,65 +37,110 @@ def lost_work(r: Running, mfu: float, now: float) -> float:
     return mfu * r.job.gpus * max(0.0, now - r.last_checkpoint)
 
 
-def choose_victims(state: ClusterState, head: Job, rule: Rule, running: Sequence[Running], now: float,
-                   policy: Policy, mfu_of: Callable[[Running], float]) -> list[Decision]:
-    """Preempt decisions that let ``head`` start once the victims are gone; [] if none can."""
-    eligible = [r for r in running
-                if r.job.tier < head.tier and r.job.preemptible and not r.terminating
-                and now - r.start >= policy.min_runtime_s]
-    if not eligible:
-        return []
-    cost = {r.job.id: lost_work(r, mfu_of(r), now) for r in eligible}
+def _mfu(mfu_of: MfuOf, r: Running) -> tuple[float, bool]:
+    v = mfu_of(r)
+    return v if isinstance(v, tuple) else (v, True)
+
+
+def _on(r: Running, node: int) -> int:
+    return sum(len(idx) for n, idx in r.placement.slots if n == node)
+
+
+def _one_node(state: ClusterState, rule: Rule, eligible: Sequence[Running],
+              cost: dict[int, float]) -> list[Running]:
     on_node: dict[int, list[Running]] = {}
     for r in eligible:
         for n in r.placement.nodes:
             on_node.setdefault(n, []).append(r)
     best: tuple[float, int, int] | None = None
     chosen: list[Running] = []
-    if rule.whole:
-        per_node_all: dict[int, list[Running]] = {}
-        for r in running:
+    for n, rs in on_node.items():
+        need = rule.gpus - state.free[n]
+        if need <= 0 or not state.usable[n] or state.size[n] < rule.gpus:
+            continue
+        got, picked = 0, []
+        for r in sorted(rs, key=lambda r: (cost[r.job.id], r.job.id)):
+            got += _on(r, n)
+            picked.append(r)
+            if got >= need:
+                break
+        if got < need:
+            continue
+        for r in sorted(picked, key=lambda r: (-cost[r.job.id], -r.job.id)):   # drop the redundant
+            if got - _on(r, n) >= need:
+                got -= _on(r, n)
+                picked.remove(r)
+        total = sum(cost[r.job.id] for r in picked)
+        if best is None or (total, len(picked), n) < best:
+            best, chosen = (total, len(picked), n), picked
+    return chosen
+
+
+def _whole_nodes(state: ClusterState, rule: Rule, running: Sequence[Running],
+                 cost: dict[int, float]) -> list[Running]:
+    """Victims until wholly free nodes cover the head: a greedy in the cheapest extra work lost
+    (a victim spanning several nodes frees all of them at its one cost), then every victim the
+    others already cover dropped, the costliest first."""
+    users: dict[int, list[Running]] = {}
+    for r in running:
+        if not r.terminating:
             for n in r.placement.nodes:
-                per_node_all.setdefault(n, []).append(r)
-        options = []
-        for n in range(len(state.free)):
-            users = per_node_all.get(n, [])
-            if all(u.job.id in cost for u in users):
-                options.append((sum(cost[u.job.id] for u in users), len(users), n, users))
-        k = nodes_needed(rule.gpus, state.max_gpus)
-        if len(options) < k:
+                users.setdefault(n, []).append(r)
+    nodes = []   # nodes that become wholly free once their (eligible) jobs go
+    for n in range(len(state.size)):
+        us = users.get(n, [])
+        # jobs started in this pass are not in ``running``: the free count says whether any is there
+        if state.usable[n] and all(u.job.id in cost for u in us) \
+                and state.free[n] + sum(_on(u, n) for u in us) == state.size[n]:
+            nodes.append((n, {u.job.id for u in us}))
+    by_id = {r.job.id: r for r in running if r.job.id in cost}
+
+    def covered(victims: set[int]) -> int:
+        return sum(state.size[n] for n, us in nodes if us <= victims)
+
+    chosen: set[int] = set()
+    while covered(chosen) < rule.gpus:
+        todo = [(sum(cost[j] for j in us - chosen), len(us - chosen), n, us) for n, us in nodes
+                if not us <= chosen]
+        if not todo:
             return []
-        options.sort(key=lambda o: o[:3])
-        seen: dict[int, Running] = {}
-        for o in options[:k]:
-            for u in o[3]:
-                seen[u.job.id] = u
-        chosen = list(seen.values())
+        chosen |= min(todo, key=lambda o: o[:3])[3]
+    for j in sorted(chosen, key=lambda j: (-cost[j], -j)):
+        if covered(chosen - {j}) >= rule.gpus:
+            chosen.discard(j)
+    return [by_id[j] for j in sorted(chosen)]
+
+
+def choose_victims(state: ClusterState, head: Job, rule: Rule, running: Sequence[Running], now: float,
+                   policy: Policy, mfu_of: MfuOf) -> list[Decision]:
+    """Preempt decisions that let ``head`` start once the victims are gone; [] if none can.
+
+    ``state``: the cluster once the jobs in their grace period are gone (``ClusterState.released``).
+    """
+    eligible = [r for r in running
+                if r.job.tier < head.tier and r.job.preemptible and not r.terminating
+                and now - r.start >= policy.min_runtime_s]
+    if not eligible:
+        return []
+    mfu = {r.job.id: _mfu(mfu_of, r) for r in eligible}
+    cost = {r.job.id: lost_work(r, mfu[r.job.id][0], now) for r in eligible}
+    if rule.whole:
+        chosen = _whole_nodes(state, rule, running, cost)
     else:
-        for n, rs in on_node.items():
-            need = rule.gpus - state.free[n]
-            if need <= 0 or state.size[n] < rule.gpus:
-                continue
-            got, total, picked = 0, 0.0, []
-            for r in sorted(rs, key=lambda r: (cost[r.job.id], r.job.id)):
-                got += sum(len(idx) for node, idx in r.placement.slots if node == n)
-                total += cost[r.job.id]
-                picked.append(r)
-                if got >= need:
-                    break
-            if got >= need and (best is None or (total, len(picked), n) < best):
-                best, chosen = (total, len(picked), n), picked
+        chosen = _one_node(state, rule, eligible, cost)
     out = []
     for r in chosen:
         grace = r.job.grace_s
-        mfu = mfu_of(r)
+        value, measured = mfu[r.job.id]
         since = max(0.0, now - r.last_checkpoint)
+        work = (f"MFU {fmt_mfu(value)} x {n_gpus(r.job.gpus)} x {since / 60:.0f} min since checkpoint "
+                f"= {cost[r.job.id] / 3600:.1f} GPU-h" if measured else
+                f"{n_gpus(r.job.gpus)} x {since / 60:.0f} min since checkpoint, MFU not measured")
         out.append(Decision(
             "preempt", r.job.id,
-            f"victim: lowest useful work lost (MFU {mfu:.0%} x {r.job.gpus} GPUs x {since / 60:.0f} min "
-            f"since checkpoint = {cost[r.job.id] / 3600:.1f} GPU-h) so that job {head.id} "
+            f"victim: lowest useful work lost ({work}) so that job {head.id} "
             f"({TIER_NAMES[head.tier]}) can start; SIGTERM, {grace:.0f} s grace",
             placement=r.placement, grace_s=grace,
-            numbers={"lost_gpu_s": cost[r.job.id], "mfu": mfu, "for_job": head.id,
-                     "victim_tier": int(r.job.tier), "head_tier": int(head.tier)}))
+            numbers={"lost_gpu_s": cost[r.job.id], "mfu": value, "mfu_measured": measured,
+                     "for_job": head.id, "victim_tier": int(r.job.tier), "head_tier": int(head.tier)}))
     return out

@@ -81,6 +81,14 @@ class MfuBook:
         return m
 
 
+def fmt_mfu(x: float) -> str:
+    """An MFU in words with the digits that tell values apart: "0.12%", "3.4%", "41%" (MFUs of
+    input-bound jobs are often below 1%, where "0% vs 0% median" said nothing)."""
+    if x < 0.01:
+        return f"{x:.2%}"
+    return f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
+
+
 def signal_usable(sig: Signal | None, policy: Policy) -> bool:
     return sig is not None and sig.confidence >= policy.min_signal_confidence \
         and sig.age_s <= policy.max_signal_age_s
@@ -103,12 +111,13 @@ def efficiency_factor(job: Job, signal: Signal | None, history: KeyHistory | Non
     factor, parts = 1.0, []
     if class_median and mfu < class_median:
         factor = max(policy.min_efficiency_factor, mfu / class_median)
-        parts.append(f"MFU {mfu:.0%} vs {class_median:.0%} median of its class ({job_class(job.gpus)})")
+        parts.append(f"MFU {fmt_mfu(mfu)} vs {fmt_mfu(class_median)} median of its class "
+                     f"({job_class(job.gpus)})")
     if label in GPU_IDLE_LABELS:
         factor = min(factor, policy.idle_label_factor)
         parts.append(f"{label}: its GPUs wait idle")
     if not parts:
-        return 1.0, f"MFU {mfu:.0%} from {src}: not lowered"
+        return 1.0, f"MFU {fmt_mfu(mfu)} from {src}: not lowered"
     return factor, f"priority lowered: {'; '.join(parts)} (from {src})"
 
 
@@ -125,16 +134,10 @@ def fair_share_delay(share: TeamShare | None, policy: Policy) -> tuple[float, st
     return d, f"team uses {ratio:.0%} of its quota: {verb} {abs(d) / 60:.0f} min"
 
 
-def effective_submit(job: Job, factor: float, fair_delay: float, policy: Policy) -> float:
-    if policy.order != "priority":
-        return job.submit
-    eff = (1.0 - factor) * policy.max_efficiency_delay_s if policy.efficiency else 0.0
-    return job.submit + eff + (fair_delay if policy.fair_share else 0.0)
-
-
-def sort_key(job: Job, eff_submit: float) -> float:
-    """The key inside a tier (``PendingQueue`` puts higher tiers first): earliest effective submit."""
-    return eff_submit
+def efficiency_delay(factor: float, policy: Policy) -> float:
+    """Seconds added to the effective submit time for an efficiency factor: at most
+    ``Policy.max_efficiency_delay_s`` (at factor 0), none at 1 or with efficiency off."""
+    return (1.0 - factor) * policy.max_efficiency_delay_s if policy.efficiency else 0.0
 
 
 def tier_name(job: Job) -> str:

@@ -6,24 +6,51 @@ Slurm cluster. Each source says, besides the signals, whether it could be read a
 agent running" and "no signals yet" are different facts, and ``gpudiag queue`` / the Slurm
 controller say which one holds (with no source the policy runs without its efficiency factor;
 it never treats a missing source as "every job is efficient" or as "every job is idle").
+
+A signal's identity includes its writer: the agent keys every job by (job id, owner uid), the
+uid that wrote its signals as the kernel reported it (``owner_uid`` on every per-job series).
+Job ids are the agent's, which anyone can name, so a runtime attributes a signal to one of its
+jobs only when the writer is that job's user (``SignalRead.of``/``attributed``): a user's
+signal for another user's job, running or long finished, never reaches that job or its key's
+history.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpudiag.scheduler.model import LABELS, Signal
 
+# (agent job id, uid that wrote its signals); the uid is None only where an old agent did not
+# say, and such a signal is attributed to no job
+JobKey = tuple[str, int | None]
+
 
 @dataclass
 class SignalRead:
-    """One read of a source: agent job id (e.g. ``"gpudiag:17"``, ``"slurm:4242"``) -> Signal."""
+    """One read of a source: (agent job id, e.g. ``"gpudiag:17"`` or ``"slurm:4242"``, writer's
+    uid) -> Signal."""
 
-    signals: dict[str, Signal] = field(default_factory=dict)
+    signals: dict[JobKey, Signal] = field(default_factory=dict)
     available: bool = True  # False: the source could not be read (then ``why`` says why)
     why: str = ""
+
+    def of(self, job_id: str, uid: int) -> Signal | None:
+        """The signal ``uid`` wrote for ``job_id``: the only one that may speak for a job of that user."""
+        return self.signals.get((job_id, uid))
+
+    def attributed(self, owners: Mapping[str, int]) -> dict[str, Signal]:
+        """Per job id in ``owners`` (job id -> its user's uid), the signal its user wrote;
+        the others' signals for those ids are left out."""
+        return {j: s for j, uid in owners.items() if (s := self.signals.get((j, uid))) is not None}
+
+
+def owner_of(label: str | None) -> int | None:
+    """An ``owner_uid`` label value as a uid (None: absent, empty or not a uid)."""
+    return int(label) if label and label.isdigit() and len(label) <= 10 else None
 
 
 class SignalSource(Protocol):
@@ -33,31 +60,32 @@ class SignalSource(Protocol):
     def read(self, now: float) -> SignalRead: ...
 
 
-def parse_metrics(text: str, now: float, prefix: str = "") -> dict[str, Signal]:
-    """Per job_id (those starting with ``prefix``), a Signal from one agent's ``/metrics``: only
-    jobs that exported an MFU. The age is the model's: seconds since the agent last heard from
-    the job (``gpudiag_job_last_signal_timestamp_seconds``), not the age of the trace behind the
-    label, which a ``--monitor`` job renews only every re-trace. Every runtime reads an agent's
-    exposition through this one function."""
+def parse_metrics(text: str, now: float, prefix: str = "") -> dict[JobKey, Signal]:
+    """Per (job_id, owner_uid) (job ids starting with ``prefix``), a Signal from one agent's
+    ``/metrics``: only jobs that exported an MFU. The age is the model's: seconds since the agent
+    last heard from the job (``gpudiag_job_last_signal_timestamp_seconds``), not the age of the
+    trace behind the label, which a ``--monitor`` job renews only every re-trace. Every runtime
+    reads an agent's exposition through this one function."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    mfu: dict[str, float] = {}
-    conf: dict[str, float] = {}
-    last: dict[str, float] = {}
-    label: dict[str, str] = {}
+    mfu: dict[JobKey, float] = {}
+    conf: dict[JobKey, float] = {}
+    last: dict[JobKey, float] = {}
+    label: dict[JobKey, str] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             job = s.labels.get("job_id")
             if not job or not job.startswith(prefix):
                 continue
+            key = (job, owner_of(s.labels.get("owner_uid")))
             if s.name == "gpudiag_job_mfu_ratio":
-                mfu[job] = float(s.value)
+                mfu[key] = float(s.value)
             elif s.name == "gpudiag_job_signal_confidence":
-                conf[job] = float(s.value)
+                conf[key] = float(s.value)
             elif s.name == "gpudiag_job_last_signal_timestamp_seconds":
-                last[job] = float(s.value)
+                last[key] = float(s.value)
             elif s.name == "gpudiag_job_bottleneck" and s.value == 1 and s.labels.get("label") in LABELS:
-                label[job] = s.labels["label"]
-    return {j: Signal(mfu=min(1.0, max(0.0, m)), label=label.get(j, "unknown"), confidence=conf.get(j, 0.0),
-                      age_s=max(0.0, now - last[j]) if j in last else math.inf)
-            for j, m in mfu.items() if math.isfinite(m)}
+                label[key] = s.labels["label"]
+    return {k: Signal(mfu=min(1.0, max(0.0, m)), label=label.get(k, "unknown"), confidence=conf.get(k, 0.0),
+                      age_s=max(0.0, now - last[k]) if k in last else math.inf)
+            for k, m in mfu.items() if math.isfinite(m)}

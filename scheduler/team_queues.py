@@ -27,17 +27,19 @@ when the cluster size is not known, 1 GPU for every such team.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-
 import numpy as np
 
 
-def team_quotas(teams: Iterable[str], quotas: Mapping[str, float],
-                total_gpus: int | None) -> dict[str, float]:
-    """Each team's quota in GPUs; teams without a positive quota get the documented equal share."""
-    seen = set(teams) | {t for t, q in quotas.items() if q > 0}
-    equal = total_gpus / len(seen) if total_gpus and seen else 1.0
-    return {t: (quotas[t] if quotas.get(t, 0.0) > 0 else equal) for t in seen}
+def team_quotas(present: np.ndarray, quota: np.ndarray, total_gpus: int | None) -> np.ndarray:
+    """Each team's quota in GPUs; teams without a positive quota get the documented equal share.
+
+    ``quota``: the runtime's quota per team (0: none); ``present``: the teams with pending or
+    running jobs. The equal share is the cluster's GPUs over the teams seen (present, or with a
+    quota); 1 GPU when the cluster size is not known.
+    """
+    seen = int(np.count_nonzero(present | (quota > 0)))
+    equal = total_gpus / seen if total_gpus and seen else 1.0
+    return np.where(quota > 0, quota, equal)
 
 
 def interleave(neg_tier: np.ndarray, team: np.ndarray, key: np.ndarray, tag: np.ndarray, gpus: np.ndarray,

@@ -8,6 +8,8 @@ pass by having nothing to check (an empty parameter list, a fallback input).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,41 @@ def traces() -> Path:
 def _cpu_peak_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep the measured-CPU-peak cache out of the home directory."""
     os.environ.setdefault("GPUDIAG_CACHE_DIR", str(tmp_path_factory.mktemp("gpudiag-cache")))
+
+
+# -- the local scheduler's tests (tests/test_local_scheduler*.py) ------------------------------
+
+@pytest.fixture
+def sched_factory(tmp_path):
+    """Start daemons (``tests.test_local_scheduler.Sched``) on demand; each is stopped, and the
+    jobs it left running killed, whatever the test did."""
+    from tests.test_local_scheduler import Sched
+
+    made: list[Sched] = []
+
+    def make(*args: str, base: Path | None = None, env: dict | None = None) -> Sched:
+        s = Sched(base or tmp_path, *args, env=env)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+@pytest.fixture
+def open_base():
+    """A folder other users can reach (pytest's tmp_path is private to root)."""
+    d = Path(tempfile.mkdtemp(prefix="gpudiag-sched-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def users():
+    """Two real unprivileged users (unique names), removed afterwards."""
+    from tests.harness import unix_users
+
+    with unix_users("gpsu") as made:
+        yield made

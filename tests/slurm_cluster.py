@@ -6,6 +6,11 @@ files (character devices 195:N, NVIDIA's major, made with mknod in that folder: 
 stats them, nothing opens them). Ports are picked free. The daemons run in the foreground as
 our children and are stopped by pid, so a test run never touches a system Slurm or munge.
 
+Several nodes of different GPU counts (``nodes={"big": 8, "small": 4}``) are several slurmd on
+this one host, each started with ``-N NAME`` and listening on its own ``Port=`` (Slurm 22.05
+built without ``--enable-multiple-slurmd`` accepts that: each slurmd serves the node it is
+named for; spool, pid and log files are per node through ``%n``).
+
 Slurm here is Debian's ``slurm-wlm`` (22.05 on bookworm). The configuration is the one the
 README documents, with every delay shortened so a test sees preemption and requeue in seconds:
 
@@ -28,12 +33,15 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.harness import free_port
 
 NODE = "gpunode"
 GPUS = 4
+NODES = {NODE: GPUS}        # the default cluster: one node of 4 GPUs
 # The node claims more CPUs than this 2-core VM has (config_overrides lets slurmd accept the
 # configured numbers): every test job asks for one CPU per GPU and CPU-only torch jobs are
 # light, so the GPUs, not the CPUs, are what the jobs compete for.
@@ -53,6 +61,16 @@ class SlurmUnavailable(RuntimeError):
     pass
 
 
+def wait_for(what: str, ok, timeout: float = 120.0, every: float = 0.5):  # noqa: ANN001, ANN201
+    """Poll ``ok()`` until it returns something true (returned), or fail naming ``what``."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = ok()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
 
 def missing_binaries() -> list[str]:
     """Slurm/munge programs not on PATH (.ci/install-test-deps.sh installs them)."""
@@ -63,11 +81,18 @@ def missing_binaries() -> list[str]:
 class SlurmCluster:
     """Start with ``start()``, stop with ``stop()`` (idempotent, by pid, whatever state)."""
 
-    def __init__(self, root: Path, scheduler_params: str = "") -> None:
+    def __init__(self, root: Path, scheduler_params: str = "", nodes: dict[str, int] | None = None,
+                 cluster_name: str = "gpudiagtest", extra_conf: str = "", slurm_user: str = "root") -> None:
+        """``slurm_user``: who slurmctld runs as (SlurmUser); another than root needs ``root`` to be
+        a folder that user can reach (pytest's tmp_path is private to root)."""
         self.root = root
+        self.slurm_user = slurm_user
         self.host = socket.gethostname().split(".")[0]
+        self.nodes = dict(nodes or NODES)
+        self.cluster_name = cluster_name
+        self.extra_conf = extra_conf
         self.ctld_port = free_port()
-        self.slurmd_port = free_port()
+        self.slurmd_ports = {n: free_port() for n in self.nodes}
         self.conf = root / "etc" / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.socket"
         self.extra_sched = scheduler_params
@@ -91,35 +116,41 @@ class SlurmCluster:
             os.chmod(self.root / d, 0o700)
         # munged wants its socket's folder searchable by all (any user's job authenticates)
         os.chmod(self.root / "spool", 0o755)
+        if self.slurm_user != "root":   # slurmctld drops to SlurmUser: its config, state, log, pid file
+            os.chmod(self.root / "etc", 0o755)
+            for d in ("state", "log", "run"):
+                shutil.chown(self.root / d, self.slurm_user)
         os.chmod(self.root / "munge", 0o711)
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
-        devs = []
-        for i in range(GPUS):
-            p = self.root / "dev" / f"nvidia{i}"
-            if not p.exists():
-                os.mknod(p, 0o600 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, i))
-            devs.append(str(p))
-        (self.root / "etc" / "gres.conf").write_text(
-            "AutoDetect=off\n" + "".join(f"NodeName={NODE} Name=gpu File={d}\n" for d in devs))
+        gres = ["AutoDetect=off"]
+        for node, gpus in self.nodes.items():
+            (self.root / "dev" / node).mkdir(exist_ok=True)
+            for i in range(gpus):
+                p = self.root / "dev" / node / f"nvidia{i}"
+                if not p.exists():
+                    os.mknod(p, 0o600 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, i))
+                gres.append(f"NodeName={node} Name=gpu File={p}")
+        (self.root / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
         sched = f"sched_interval={SCHED_INTERVAL_S},bf_interval=2"
         if self.extra_sched:
             sched += "," + self.extra_sched
+        all_nodes = ",".join(self.nodes)
         parts = "".join(
-            f"PartitionName={name} Nodes={NODE} PriorityTier={tier} MaxTime=INFINITE State=UP "
+            f"PartitionName={name} Nodes={all_nodes} PriorityTier={tier} MaxTime=INFINITE State=UP "
             f"{'Default=YES ' if name == 'reserved' else ''}"
             f"{'PreemptMode=OFF' if name == 'ondemand' else f'PreemptMode=REQUEUE GraceTime={GRACE_S}'}\n"
             for name, tier in TIERS.items())
         r = self.root
-        node = (f"NodeName={NODE} NodeHostname={self.host} NodeAddr=127.0.0.1 CPUs={CPUS} "
-                f"RealMemory=1000 Gres=gpu:{GPUS} State=UNKNOWN")
+        node = "\n".join(
+            f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={self.slurmd_ports[n]} "
+            f"CPUs={CPUS} RealMemory=1000 Gres=gpu:{g} State=UNKNOWN" for n, g in self.nodes.items())
         self.conf.write_text(f"""# generated by tests/slurm_cluster.py
-ClusterName=gpudiagtest
+ClusterName={self.cluster_name}
 SlurmctldHost={self.host}(127.0.0.1)
 SlurmctldPort={self.ctld_port}
-SlurmdPort={self.slurmd_port}
-SlurmUser=root
+SlurmUser={self.slurm_user}
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
@@ -129,7 +160,7 @@ SlurmdSpoolDir={r / 'spool'}/slurmd-%n
 SlurmctldPidFile={r / 'run'}/slurmctld.pid
 SlurmdPidFile={r / 'run'}/slurmd-%n.pid
 SlurmctldLogFile={self.log('slurmctld')}
-SlurmdLogFile={self.log('slurmd')}
+SlurmdLogFile={self.root / 'log'}/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -153,6 +184,7 @@ InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=30
 MessageTimeout=5
+{self.extra_conf}
 {node}
 {parts}""")
 
@@ -174,8 +206,10 @@ MessageTimeout=5
         self._wait(self.controller_up, "slurmctld", 30)
 
     def start_slurmd(self) -> None:
-        self._spawn("slurmd", ["slurmd", "-D", "-N", NODE, "-f", str(self.conf)])
-        self._wait(self.node_idle, "slurmd", 60)
+        for n in self.nodes:
+            self._spawn(f"slurmd-{n}", ["slurmd", "-D", "-N", n, "-f", str(self.conf)])
+        for n in self.nodes:
+            self._wait(self.nodes_idle, f"slurmd-{n}", 60)
 
     def start(self) -> SlurmCluster:
         missing = missing_binaries()
@@ -198,18 +232,41 @@ MessageTimeout=5
             raise RuntimeError(f"{' '.join(argv)}: exit {p.returncode}: {p.stderr.strip()}")
         return p
 
+    def job(self, jid: int) -> dict[str, str]:
+        """One job's fields from ``scontrol show job -o`` (Key=Value)."""
+        out = self.run("scontrol", "show", "job", "-o", str(jid)).stdout
+        return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+    def preempt_mode(self, partition: str) -> str:
+        out = self.run("scontrol", "show", "partition", partition, "-o").stdout
+        return out.split("PreemptMode=", 1)[1].split()[0]
+
+    def sbatch(self, name: str, partition: str, gpus: int, *extra: str, cpus: int = 1,
+               script: str = "sleep 600", env: dict[str, str] | None = None) -> int:
+        """A batch job (``--wrap`` of ``script``) as the caller; its id."""
+        gres = [f"--gres=gpu:{gpus}"] if gpus else []
+        p = subprocess.run(["sbatch", "--parsable", "-J", name, "-p", partition, *gres, "-c", str(cpus),
+                            "-o", "/dev/null", *extra, "--wrap", script],
+                           env=env or self.env, capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            raise RuntimeError(f"sbatch {name}: {p.stderr.strip()}")
+        return int(p.stdout.strip().split(";")[0])
+
     def controller_up(self) -> bool:
         try:
             return self.run("scontrol", "ping", check=False, timeout=10).stdout.count("UP") > 0
         except subprocess.TimeoutExpired:
             return False
 
-    def node_idle(self) -> bool:
+    def nodes_idle(self) -> bool:
+        """Every node up (idle, mixed or allocated)."""
         try:
-            p = self.run("sinfo", "-h", "-N", "-o", "%T", check=False, timeout=10)
+            p = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False, timeout=10)
         except subprocess.TimeoutExpired:
             return False
-        return p.returncode == 0 and p.stdout.strip().startswith(("idle", "mixed", "allocated"))
+        states = dict(line.split() for line in p.stdout.splitlines() if len(line.split()) == 2)
+        return p.returncode == 0 and set(states) == set(self.nodes) and all(
+            s.startswith(("idle", "mixed", "allocated")) for s in states.values())
 
     def _wait(self, ok, what: str, timeout: float) -> None:
         end = time.monotonic() + timeout
@@ -269,7 +326,7 @@ MessageTimeout=5
     def stop(self) -> None:
         """Jobs cancelled, then slurmd, slurmctld, munged by pid, then any job process left."""
         self.cancel_all()
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in [*(f"slurmd-{n}" for n in self.nodes), "slurmctld", "munged"]:
             self.stop_daemon(name)
         for pid in self._leftovers():
             try:
@@ -290,3 +347,15 @@ if __name__ == "__main__":
             pass
         finally:
             c.stop()
+
+
+@contextmanager
+def slurm_running(folder: Path, **kw) -> Iterator[SlurmCluster]:  # noqa: ANN003 - SlurmCluster's options
+    """A started cluster, stopped by pid however the tests that use it end."""
+    missing = missing_binaries()
+    assert not missing, f"not installed: {missing} (.ci/install-test-deps.sh installs slurm-wlm and munge)"
+    c = SlurmCluster(folder, **kw)
+    try:
+        yield c.start()
+    finally:
+        c.stop()

@@ -59,6 +59,13 @@ class Agent:
         _, err = self.proc.communicate(timeout=20)
         return err
 
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.stop()
+
 
 @pytest.fixture
 def agent(tmp_path):
@@ -93,12 +100,14 @@ def test_metrics_pass_promtool_with_gpu_and_job_series(agent):
     write_signal(agent.state / "spool", full_signal("slurm:7"))
     text = agent.metrics()
     assert 'gpudiag_gpu_up{gpu="0",job_id="",model="NVIDIA H200",uuid="replay-0"} 1.0' in text
-    assert 'gpudiag_job_mfu_ratio{job_id="slurm:7"} 0.31' in text
-    assert 'gpudiag_job_collective_seconds_total{collective="all_reduce",job_id="slurm:7"} 3.0' in text
-    assert 'gpudiag_job_signal_confidence{job_id="slurm:7"} 0.8' in text
-    assert 'gpudiag_job_profiler_dilation_ratio{job_id="slurm:7"} 1.25' in text
-    assert 'gpudiag_job_signal_traced_steps{job_id="slurm:7"} 5.0' in text
-    assert 120.0 <= sample_value(text, 'gpudiag_job_signal_age_seconds{job_id="slurm:7"}') < 150.0
+    assert 'gpudiag_job_mfu_ratio{job_id="slurm:7",owner_uid="0"} 0.31' in text
+    assert ('gpudiag_job_collective_seconds_total{collective="all_reduce",job_id="slurm:7",owner_uid="0"} 3.0'
+            in text)
+    assert 'gpudiag_job_signal_confidence{job_id="slurm:7",owner_uid="0"} 0.8' in text
+    assert 'gpudiag_job_profiler_dilation_ratio{job_id="slurm:7",owner_uid="0"} 1.25' in text
+    assert 'gpudiag_job_signal_traced_steps{job_id="slurm:7",owner_uid="0"} 5.0' in text
+    age = sample_value(text, 'gpudiag_job_signal_age_seconds{job_id="slurm:7",owner_uid="0"}')
+    assert 120.0 <= age < 150.0
     assert "gpudiag_agent_signals_applied_total 1.0" in text
     check = promtool_check(text)
     assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
@@ -143,11 +152,11 @@ def test_job_signals_survive_a_killed_agent(tmp_path):
     state = tmp_path / "state"
     a = Agent(state)
     write_signal(state / "spool", {"job_id": "torchrun:abc", "ts": time.time(), "mfu_ratio": 0.42})
-    assert 'gpudiag_job_mfu_ratio{job_id="torchrun:abc"} 0.42' in a.metrics()
+    assert 'gpudiag_job_mfu_ratio{job_id="torchrun:abc",owner_uid="0"} 0.42' in a.metrics()
     a.stop(signal.SIGKILL)
     b = Agent(state)
     try:
-        assert 'gpudiag_job_mfu_ratio{job_id="torchrun:abc"} 0.42' in b.metrics()
+        assert 'gpudiag_job_mfu_ratio{job_id="torchrun:abc",owner_uid="0"} 0.42' in b.metrics()
     finally:
         b.stop()
 

@@ -1,5 +1,5 @@
-"""The agent's job table: concurrent scrapes, signal schema 2, jobs.json, and signals bound
-to the user who runs the job (with real second users, created here and removed after)."""
+"""The agent's job table: concurrent scrapes, signal schema 2, jobs.json, and signals whose
+identity includes their writer (with real second users, created here and removed after)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import math
 import os
 import pwd
-import re
 import shutil
 import subprocess
 import tempfile
@@ -22,9 +21,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gpudiag.agent.attribution import JobAttribution, JobOwners
 from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.agent.job_table import JobTable
+from gpudiag.agent.server import intake
 from gpudiag.agent.signals import BadSignal, JobTableError, parse_signal, read_job_table
 from gpudiag.collectors.nvml import ReplayBackend
 from gpudiag.jobsignal import write_signal
+from gpudiag.scheduler.local.signals import JobTableSource, MetricsSource
 from tests.harness import unix_users
 from tests.test_agent import REPLAY, Agent, full_signal, sample_value
 
@@ -42,7 +43,7 @@ def registry(state: Path, backend: ReplayBackend) -> tuple[CollectorRegistry, Jo
     return reg, table
 
 
-def test_concurrent_scrapes_apply_every_signal_once_and_jobs_json_stays_valid(tmp_path):
+def test_concurrent_scrapes_and_intake_apply_every_signal_once_and_jobs_json_stays_valid(tmp_path):
     backend = ReplayBackend(REPLAY)
     reg, table = registry(tmp_path / "state", backend)
     written: dict[str, int] = {}
@@ -82,7 +83,9 @@ def test_concurrent_scrapes_apply_every_signal_once_and_jobs_json_stays_valid(tm
                 errors.append(f"jobs.json: {e!r}")
 
     scrapers = [threading.Thread(target=scraper) for _ in range(SCRAPERS)]
-    others = [threading.Thread(target=producer), threading.Thread(target=reader)]
+    # and the agent's own intake timer, as fast as it goes, racing the scrapes for every file
+    others = [threading.Thread(target=producer), threading.Thread(target=reader),
+              threading.Thread(target=intake, args=(table, done, 0.0))]
     for t in [*others, *scrapers]:
         t.start()
     for t in scrapers:
@@ -96,8 +99,8 @@ def test_concurrent_scrapes_apply_every_signal_once_and_jobs_json_stays_valid(tm
     assert table.rejected == {}
     assert table.applied == sum(written.values())
     jobs = read_job_table(table.state_file)
-    assert {j: s.signals_applied for j, s in jobs.items()} == written
-    assert all(s.step_seconds == written[j] - 1 for j, s in jobs.items())  # the last one won
+    assert {j: s.signals_applied for (j, _), s in jobs.items()} == written
+    assert all(s.step_seconds == written[j] - 1 for (j, _), s in jobs.items())  # the last one won
     assert backend.pos == [SCRAPERS * SCRAPES_EACH]  # each scrape read the GPU exactly once
     assert list(table.spool.iterdir()) == []
 
@@ -115,6 +118,7 @@ def test_schema_1_and_2_signals_are_accepted(version):
     ("schema_version", 3), ("confidence", 1.5), ("confidence", -0.1), ("confidence", "high"),
     ("dilation", 0), ("dilation", -2.0), ("dilation", math.inf), ("traced_steps", -1),
     ("traced_steps", 2.5), ("traced_steps", True), ("traced_at", -5), ("traced_at", "yesterday"),
+    ("run_dir", "runs/relative"), ("run_dir", "/a\nb"), ("run_dir", "/" + "x" * 1024), ("run_dir", 7),
 ])
 def test_bad_schema_2_fields_are_refused_with_a_reason(field, value):
     doc = {"schema_version": 2, "job_id": "j", "ts": 5.0, field: value}
@@ -131,16 +135,17 @@ def test_signal_age_is_scrape_time_minus_traced_at_and_absent_without_it(tmp_pat
     reg = CollectorRegistry(auto_describe=False)
     reg.register(table)
     text = generate_latest(reg).decode()
-    assert 300.0 <= sample_value(text, 'gpudiag_job_signal_age_seconds{job_id="traced"}') < 330.0
-    assert 'gpudiag_job_signal_age_seconds{job_id="untraced"}' not in text
-    assert 'gpudiag_job_signal_confidence{job_id="untraced"}' not in text
+    age = sample_value(text, 'gpudiag_job_signal_age_seconds{job_id="traced",owner_uid="0"}')
+    assert 300.0 <= age < 330.0
+    assert 'gpudiag_job_signal_age_seconds{job_id="untraced",owner_uid="0"}' not in text
+    assert 'gpudiag_job_signal_confidence{job_id="untraced",owner_uid="0"}' not in text
     # the MFU follows the job's live step time: each signal's MFU replaces the last
     write_signal(table.spool, {"job_id": "traced", "ts": time.time(), "step_seconds": 0.4,
                                "mfu_ratio": 0.155})
     text = generate_latest(reg).decode()
-    assert 'gpudiag_job_mfu_ratio{job_id="traced"} 0.155' in text
-    assert 'gpudiag_job_step_seconds{job_id="traced"} 0.4' in text
-    assert 'gpudiag_job_signal_confidence{job_id="traced"} 0.8' in text  # omitted: kept
+    assert 'gpudiag_job_mfu_ratio{job_id="traced",owner_uid="0"} 0.155' in text
+    assert 'gpudiag_job_step_seconds{job_id="traced",owner_uid="0"} 0.4' in text
+    assert 'gpudiag_job_signal_confidence{job_id="traced",owner_uid="0"} 0.8' in text  # omitted: kept
 
 
 def test_a_late_older_signal_is_counted_stale_not_applied(tmp_path):
@@ -149,7 +154,7 @@ def test_a_late_older_signal_is_counted_stale_not_applied(tmp_path):
     table.ingest(now=2000.0)
     write_signal(table.spool, {"job_id": "j", "ts": 1999.0, "mfu_ratio": 0.1})
     table.ingest(now=2001.0)
-    assert table.jobs["j"].mfu_ratio == 0.5 and table.jobs["j"].signals_applied == 1
+    assert table.jobs[("j", 0)].mfu_ratio == 0.5 and table.jobs[("j", 0)].signals_applied == 1
     assert table.applied == 1 and table.rejected == {"stale": 1}
 
 
@@ -161,13 +166,13 @@ def test_jobs_json_is_a_versioned_table_with_every_field_a_scheduler_reads(tmp_p
     write_signal(table.spool, {"job_id": "b", "ts": time.time(), "ended": True})
     table.ingest()
     doc = json.loads(table.state_file.read_text())
-    assert doc["schema_version"] == 2 and doc["kind"] == "gpudiag-job-table"
+    assert doc["schema_version"] == 3 and doc["kind"] == "gpudiag-job-table"
     assert oct(table.state_file.stat().st_mode & 0o777) == "0o644"
     row = next(j for j in doc["jobs"] if j["job_id"] == "a")
     for key in ("job_id", "owner_uid", "mfu_ratio", "bottleneck", "confidence", "traced_at", "dilation",
                 "traced_steps", "step_seconds", "ts", "received_at", "ended", "signals_applied"):
         assert key in row, key
-    assert row["owner_uid"] is None  # only root (this test) wrote: bound to no one yet
+    assert row["owner_uid"] == 0  # root (this test) wrote it: root's job
     assert read_job_table(table.state_file) == table.jobs
     assert [p.name for p in table.state_dir.iterdir() if p.name.endswith(".partial")] == []
 
@@ -177,6 +182,9 @@ def test_jobs_json_is_a_versioned_table_with_every_field_a_scheduler_reads(tmp_p
     ('{"schema_version": 99, "jobs": []}', "schema"),
     ('{"schema_version": 2, "jobs": {}}', "list"),
     ('{"schema_version": 2, "jobs": [{"job_id": "a", "ts": 1, "confidence": 2}]}', "confidence"),
+    ('{"schema_version": 3, "jobs": [{"job_id": "a", "ts": 1}]}', "no owner_uid"),
+    ('{"schema_version": 3, "jobs": [{"job_id": "a", "ts": 1, "owner_uid": 5}, '
+     '{"job_id": "a", "ts": 2, "owner_uid": 5}]}', "twice"),
 ])
 def test_read_job_table_refuses_what_it_does_not_understand(tmp_path, content, needle):
     p = tmp_path / "jobs.json"
@@ -185,14 +193,19 @@ def test_read_job_table_refuses_what_it_does_not_understand(tmp_path, content, n
         read_job_table(p)
 
 
-def test_an_agent_upgraded_over_a_schema_1_table_keeps_its_jobs(tmp_path):
+@pytest.mark.parametrize("version,owner,expected", [(1, None, None), (2, None, 0), (2, 1234, 1234)])
+def test_an_agent_upgraded_over_an_older_table_keeps_its_jobs_and_their_owners(tmp_path, version, owner,
+                                                                              expected):
+    """Schema 1 recorded no writers (its jobs stay unowned: no scheduler attributes them);
+    schema 2 left a job unowned while only root had reported for it: root's."""
     state = tmp_path / "state"
     state.mkdir()
-    (state / "jobs.json").write_text(json.dumps({"schema_version": 1, "jobs": [
+    (state / "jobs.json").write_text(json.dumps({"schema_version": version, "jobs": [
         {"job_id": "old", "ts": time.time(), "mfu_ratio": 0.42, "bottleneck": "compute-bound",
-         "input_wait_ratio": None, "step_seconds": None, "collective_seconds_total": {}, "ended": False}]}))
+         "input_wait_ratio": None, "step_seconds": None, "collective_seconds_total": {}, "ended": False,
+         **({"owner_uid": owner} if version > 1 else {})}]}))
     table = JobTable(state)
-    assert table.jobs["old"].mfu_ratio == 0.42 and table.jobs["old"].owner_uid is None
+    assert table.jobs[("old", expected)].mfu_ratio == 0.42
 
 
 # --- signals bound to their writer -------------------------------------------------------------
@@ -231,28 +244,104 @@ def write_as(user: pwd.struct_passwd, spool: Path, sig: dict) -> None:
     assert (spool / f"{name}.json").stat().st_uid == user.pw_uid  # scrapes consume it later
 
 
-def test_a_job_is_bound_to_its_first_writer_and_others_cannot_report_for_it(users, open_state):
+def mfu_of(text: str, job: str, uid: int) -> float:
+    return sample_value(text, f'gpudiag_job_mfu_ratio{{job_id="{job}",owner_uid="{uid}"}}')
+
+
+def test_a_job_id_is_per_owner_so_no_user_writes_into_anothers_job(users, open_state):
     alice, mallory = users
     a = Agent(open_state)
     spool = open_state / "spool"
     try:
         write_as(alice, spool, full_signal("train-7", mfu_ratio=0.5))
-        assert sample_value(a.metrics(), 'gpudiag_job_mfu_ratio{job_id="train-7"}') == 0.5
-        write_as(mallory, spool, full_signal("train-7", mfu_ratio=0.01, bottleneck="input-bound"))
+        assert mfu_of(a.metrics(), "train-7", alice.pw_uid) == 0.5
+        # mallory names alice's job, with a later ts (it would win a merge): her own job, not alice's
+        write_as(mallory, spool, full_signal("train-7", mfu_ratio=0.01, bottleneck="input-bound",
+                                             ts=time.time() + 60))
+        write_signal(spool, {"job_id": "train-7", "ts": time.time(), "mfu_ratio": 0.6})  # root: root's own
         text = a.metrics()
-        assert sample_value(text, 'gpudiag_job_mfu_ratio{job_id="train-7"}') == 0.5
-        assert 'gpudiag_job_bottleneck{job_id="train-7",label="input-bound"}' not in text
-        assert 'gpudiag_agent_signals_rejected_total{reason="owner"} 1.0' in text
-        write_signal(spool, {"job_id": "train-7", "ts": time.time(), "mfu_ratio": 0.6})  # root may
-        write_as(mallory, spool, full_signal("mallory-1", mfu_ratio=0.2))  # her own job
-        text = a.metrics()
-        assert sample_value(text, 'gpudiag_job_mfu_ratio{job_id="train-7"}') == 0.6
-        assert sample_value(text, 'gpudiag_job_mfu_ratio{job_id="mallory-1"}') == 0.2
+        assert mfu_of(text, "train-7", alice.pw_uid) == 0.5
+        label = f'gpudiag_job_bottleneck{{job_id="train-7",label="memory-bound",owner_uid="{alice.pw_uid}"}}'
+        assert f"{label} 1.0" in text
+        assert mfu_of(text, "train-7", mallory.pw_uid) == 0.01
+        assert mfu_of(text, "train-7", 0) == 0.6
         jobs = read_job_table(open_state / "jobs.json")
-        assert (jobs["train-7"].owner_uid, jobs["mallory-1"].owner_uid) == (alice.pw_uid, mallory.pw_uid)
+        assert sorted(k for k in jobs if k[0] == "train-7") == sorted(
+            [("train-7", alice.pw_uid), ("train-7", mallory.pw_uid), ("train-7", 0)])
+        assert jobs[("train-7", alice.pw_uid)].signals_applied == 1
+        # what a scheduler takes for alice's job: alice's values only
+        read = JobTableSource(open_state / "jobs.json").read(time.time())
+        mine = read.of("train-7", alice.pw_uid)
+        assert (mine.mfu, mine.label) == (0.5, "memory-bound")
+        assert read.attributed({"train-7": alice.pw_uid})["train-7"].mfu == 0.5
+        scraped = MetricsSource(a.url).read(time.time())   # the same through /metrics
+        assert scraped.of("train-7", alice.pw_uid).mfu == 0.5
+        assert scraped.of("train-7", mallory.pw_uid).mfu == 0.01
     finally:
         err = a.stop()
-    assert re.search(r"rejected signal train-7-\S+: job train-7 belongs to uid \d+.*: owner", err), err
+    assert "only this user's jobs" not in err   # every folder above the spool is open to others
+
+
+def test_a_spool_other_users_cannot_reach_is_said_at_start(tmp_path):
+    """pytest's tmp_path is root's alone (0700): no other user's job could report there."""
+    a = Agent(tmp_path / "agent", backend="none")
+    err = a.stop()
+    assert f"only this user's jobs can report to spool {tmp_path / 'agent' / 'spool'}" in err, err
+    assert "other users cannot reach it" in err, err
+
+
+def test_a_finished_root_jobs_signal_cannot_be_forged_by_another_user(users, open_state):
+    """Issue 15's reproduction: a root job reports as GPUDIAG_JOB=victim and ends; then a user
+    drops MFU 0.001, input-bound for victim into the spool. Root's job keeps its values for as
+    long as the agent remembers it, and what the user wrote is the user's own job."""
+    _, mallory = users
+    a = Agent(open_state, backend="none")
+    spool = open_state / "spool"
+    try:
+        for final in (False, True):   # what `gpudiag profile`'s reporter sends: live, then ended
+            write_signal(spool, full_signal("victim", mfu_ratio=0.61, bottleneck="compute-bound",
+                                            ended=final))
+        wait_for_table(open_state, lambda jobs: jobs.get(("victim", 0)) and jobs[("victim", 0)].ended)
+        write_as(mallory, spool, {"job_id": "victim", "ts": time.time(), "mfu_ratio": 0.001,
+                                  "bottleneck": "input-bound", "step_seconds": 9.0})
+        jobs = wait_for_table(open_state, lambda jobs: ("victim", mallory.pw_uid) in jobs)
+        assert jobs[("victim", 0)].mfu_ratio == 0.61 and jobs[("victim", 0)].bottleneck == "compute-bound"
+        assert jobs[("victim", mallory.pw_uid)].mfu_ratio == 0.001
+        text = a.metrics()
+        assert mfu_of(text, "victim", 0) == 0.61
+        assert 'gpudiag_job_bottleneck{job_id="victim",label="input-bound",owner_uid="0"}' not in text
+        read = JobTableSource(open_state / "jobs.json").read(time.time())
+        assert read.of("victim", 0).mfu == 0.61 and read.of("victim", 0).label == "compute-bound"
+    finally:
+        a.stop()
+
+
+def wait_for_table(state: Path, ok, timeout: float = 30.0) -> dict:
+    """jobs.json once ``ok(jobs)``: the agent takes in its spool on its own, nothing scrapes here."""
+    end = time.monotonic() + timeout
+    jobs: dict = {}
+    while time.monotonic() < end:
+        try:
+            jobs = read_job_table(state / "jobs.json")
+        except FileNotFoundError:
+            pass
+        if ok(jobs):
+            return jobs
+        time.sleep(0.1)
+    raise AssertionError(f"jobs.json never got there: {sorted(jobs)}")
+
+
+def test_a_hard_link_to_another_users_file_is_refused(users, open_state):
+    """A link carries its target's owner: a spool entry that is another name of a file kept
+    elsewhere (where fs.protected_hardlinks is off, anyone can link anyone's file) is refused."""
+    alice, _ = users
+    table = JobTable(open_state)
+    elsewhere = open_state.parent / "alice-kept-this.json"
+    elsewhere.write_text(json.dumps({"schema_version": 2, **full_signal("a-job", mfu_ratio=0.001)}))
+    os.chown(elsewhere, alice.pw_uid, alice.pw_gid)
+    os.link(elsewhere, table.spool / "a-job-1.json")
+    table.ingest()
+    assert table.rejected == {"hard_link": 1} and table.jobs == {}
 
 
 class ReplayWithPids(ReplayBackend):
@@ -275,33 +364,33 @@ def start_as(user: pwd.struct_passwd, job: str) -> subprocess.Popen:
     return p
 
 
-def test_the_uid_running_a_jobs_processes_owns_its_signals(users, open_state):
+def test_a_signal_for_a_job_running_as_another_uid_is_rejected(users, open_state):
     alice, mallory = users
     pids: list[int] = []
     reg, table = registry(open_state, ReplayWithPids(pids))
     procs = [start_as(alice, "victim")]
     try:
         pids.append(procs[0].pid)
-        # mallory names alice's running job before any signal of alice: the process owner wins
+        # mallory names alice's running job: its processes say whose it is
         write_as(mallory, table.spool, full_signal("victim", mfu_ratio=0.01))
         text = generate_latest(reg).decode()
         assert 'gpudiag_gpu_up{gpu="0",job_id="victim"' in text
         assert 'job_id="victim"' not in text.split("gpudiag_job_mfu_ratio", 1)[1]
         assert table.rejected == {"owner": 1}
         write_as(alice, table.spool, full_signal("victim", mfu_ratio=0.45))
-        text = generate_latest(reg).decode()
-        assert sample_value(text, 'gpudiag_job_mfu_ratio{job_id="victim"}') == 0.45
-        # mallory reports first for a job whose processes have not run yet; when alice's start,
-        # mallory's values leave the table, and alice's own signals are taken
+        assert mfu_of(generate_latest(reg).decode(), "victim", alice.pw_uid) == 0.45
+        # mallory reports first for a job whose processes have not run yet (her own job then);
+        # when alice's start, mallory's entry leaves the table, and alice's signals are taken
         write_as(mallory, table.spool, full_signal("victim2", mfu_ratio=0.02))
-        assert sample_value(generate_latest(reg).decode(), 'gpudiag_job_mfu_ratio{job_id="victim2"}') == 0.02
+        assert mfu_of(generate_latest(reg).decode(), "victim2", mallory.pw_uid) == 0.02
         procs.append(start_as(alice, "victim2"))
         pids.append(procs[1].pid)
         text = generate_latest(reg).decode()  # attributes alice's process, then ingests
-        assert 'job_id="victim2"}' not in text.split("gpudiag_job_mfu_ratio", 1)[1]
+        assert 'job_id="victim2"' not in text.split("gpudiag_job_mfu_ratio", 1)[1]
         write_as(alice, table.spool, full_signal("victim2", mfu_ratio=0.33))
-        assert sample_value(generate_latest(reg).decode(), 'gpudiag_job_mfu_ratio{job_id="victim2"}') == 0.33
-        assert read_job_table(table.state_file)["victim2"].owner_uid == alice.pw_uid
+        assert mfu_of(generate_latest(reg).decode(), "victim2", alice.pw_uid) == 0.33
+        jobs = read_job_table(table.state_file)
+        assert [k for k in jobs if k[0] == "victim2"] == [("victim2", alice.pw_uid)]
     finally:
         for p in procs:
             p.kill()

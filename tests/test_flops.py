@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gpudiag.analyzers.breakdown import rank_breakdown
 from gpudiag.analyzers.op_args import KIND_EMBEDDING, KIND_OPTIMIZER
@@ -23,7 +24,6 @@ from gpudiag.analyzers.op_tree import counted_ops
 from gpudiag.analyzers.roofline import work_bounds
 from gpudiag.analyzers.trace_loader import RankTrace, load_rank
 
-torch = pytest.importorskip("torch")
 nn = torch.nn
 
 from tests.conftest import SHARED  # noqa: E402  (one place decides where test data is)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudiag.analyzers.diagnose import analyze_rank
-from gpudiag.analyzers.trace_loader import decode_trace, load_rank
+from gpudiag.analyzers.trace_loader import load_bytes, load_rank
 from gpudiag.errors import TraceError
 from tests.conftest import TRACES
 
@@ -81,7 +81,18 @@ def test_mutated_event_fields_never_escape_as_other_errors(tmp_path, data):
     _check(json.dumps(doc).encode(), tmp_path)
 
 
+def test_invalid_utf8_inside_recorded_shapes_costs_nothing_and_loses_nothing(tmp_path):
+    """Shapes and types are kept raw until an op is costed; a byte that is not UTF-8 inside
+    them (a flipped bit) leaves that op uncosted instead of failing the file."""
+    at = RAW.index(b'"Input type": ["') + len(b'"Input type": ["')
+    bad = RAW[:at] + b"\x80" + RAW[at:]
+    _check(bad, tmp_path)
+    assert load_bytes(bad).kept_events == load_bytes(RAW).kept_events
+
+
 def test_decode_of_a_real_trace_keeps_every_complete_event():
-    events, props, dist = decode_trace(RAW, "mi250")
-    assert len(list(events)) == len(DOC["traceEvents"])
-    assert props[0].name == DOC["deviceProperties"][0]["name"]
+    rt = load_bytes(RAW, "mi250")
+    timed = [e for e in DOC["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    assert rt.kept_events + rt.dropped_events + len(rt.steps) + len(rt.dataloader) > 0
+    assert rt.device_name == DOC["deviceProperties"][0]["name"]
+    assert rt.kept_gpu_events == sum(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in timed)

@@ -10,20 +10,17 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
+from gpudiag.scheduler.local.containment import Containment
 from gpudiag.scheduler.local.protocol import call
-from tests.harness import unix_users
+from gpudiag.scheduler.local.store import read_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "tests" / "jobs"
@@ -33,7 +30,9 @@ WAIT_S = 60.0
 class Sched:
     """A daemon on its own state folder, and the client commands pointed at it."""
 
-    def __init__(self, base: Path, *args: str, env: dict | None = None) -> None:
+    def __init__(self, base: Path, *args: str, env: dict | None = None, python: str = sys.executable,
+                 cwd: Path = ROOT) -> None:
+        self.python, self.cwd = python, cwd   # the daemon starts jobs with its own interpreter
         self.state = base / "state"
         self.args = ["--state-dir", str(self.state), *args]
         self.env = {**os.environ, **(env or {})}
@@ -43,8 +42,8 @@ class Sched:
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "gpudiag", "scheduler", "serve", *self.args],
-                                         stdout=log, stderr=log, env=self.env, cwd=ROOT)
+            self.proc = subprocess.Popen([self.python, "-m", "gpudiag", "scheduler", "serve", *self.args],
+                                         stdout=log, stderr=log, env=self.env, cwd=self.cwd)
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"daemon exited {self.proc.returncode}: {self.log.read_text()}"
@@ -97,27 +96,12 @@ class Sched:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.kill(signal.SIGTERM)
-        # jobs outlive the daemon by design: end what a test left running
-        for j in self.db():
-            if j["pid"] and j["state"] in ("running", "stopping"):
-                try:
-                    os.killpg(j["pid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        # jobs outlive the daemon by design: end what a test left running, cgroups included
+        if (self.state / "scheduler.db").exists():
+            Containment(self.prefix(), use_cgroups=False).end_all()
 
-
-@pytest.fixture
-def sched_factory(tmp_path):
-    made: list[Sched] = []
-
-    def make(*args: str, base: Path | None = None, env: dict | None = None) -> Sched:
-        s = Sched(base or tmp_path, *args, env=env)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.stop()
+    def prefix(self) -> str:
+        return read_prefix(self.state / "scheduler.db")
 
 
 def state_of(jobs: dict[int, dict], i: int) -> str:
@@ -210,15 +194,6 @@ def test_bad_requests_are_one_line_exit_2_and_change_nothing(sched_factory):
     assert [dict(r) for r in s.db()] == before == []
 
 
-@pytest.fixture
-def open_base():
-    """A folder other users can reach (pytest's tmp_path is private to root)."""
-    d = Path(tempfile.mkdtemp(prefix="gpudiag-sched-"))
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def test_unsafe_state_dir_or_socket_is_refused(open_base, users, sched_factory):
     alice, _ = users
     loose = open_base / "loose"
@@ -239,26 +214,20 @@ def test_unsafe_state_dir_or_socket_is_refused(open_base, users, sched_factory):
     assert s.db() == []
 
 
-@pytest.fixture
-def users():
-    """Two real unprivileged users (unique names), removed afterwards."""
-    with unix_users("gpsu") as made:
-        yield made
-
-
-def as_user(user: pwd.struct_passwd, sock: Path, req: dict) -> dict:
-    """Send ``req`` from a process of ``user``: a fork that drops to that uid before it connects,
-    so the daemon's SO_PEERCRED sees that user (this interpreter lives where other users cannot
-    start it, so the fork is how a second user's client runs here)."""
+def run_as(uid: int, gid: int, fn: Callable[[], object]) -> object:
+    """``fn()`` (its value as JSON) in a fork of this process that has become ``uid``:gid with
+    no other groups, as a second user's process would be (this interpreter lives where other
+    users cannot start it, so a fork is how a second user's client runs here). An exception
+    in ``fn`` comes back as {"ok": False, "error": "client failed: ..."}."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         try:
             os.close(r)
             os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            out = json.dumps(call(sock, req))
+            os.setgid(gid)
+            os.setuid(uid)
+            out = json.dumps(fn())
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             out = json.dumps({"ok": False, "error": f"client failed: {type(e).__name__}: {e}"})
         os.write(w, out.encode())
@@ -268,6 +237,35 @@ def as_user(user: pwd.struct_passwd, sock: Path, req: dict) -> dict:
         data = f.read()
     os.waitpid(pid, 0)
     return json.loads(data)
+
+
+def as_user(user: pwd.struct_passwd, sock: Path, req: dict) -> dict:
+    """Send ``req`` from a process of ``user``, so the daemon's SO_PEERCRED sees that user."""
+    return run_as(user.pw_uid, user.pw_gid, lambda: call(sock, req))
+
+
+def cli_as(uid: int, gid: int, args: list[str], cwd: Path | str = "/") -> subprocess.CompletedProcess:
+    """The real ``gpudiag`` command line, run by a process of ``uid`` (in a fork, as above)
+    from ``cwd``: its exit code, stdout and stderr."""
+    def cli() -> list:
+        import contextlib
+        import io
+
+        from gpudiag.cli import run
+
+        os.chdir(cwd)
+        out, err = io.StringIO(), io.StringIO()
+        code = 0
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            sys.argv = ["gpudiag", *args]
+            try:
+                run()
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+        return [code, out.getvalue(), err.getvalue()]
+
+    code, out, err = run_as(uid, gid, cli)
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
 def test_jobs_run_as_their_submitter_and_only_owner_or_root_may_cancel(open_base, users, sched_factory):

@@ -1,30 +1,32 @@
 """Crash loop: SIGKILL the daemon at random points while jobs are submitted, started, preempted
 and finishing; after each kill the database and /proc must agree that no job runs twice, no
-slot is given to two jobs and no acknowledged job is lost, and at the end every job finishes."""
+slot is given to two jobs and no acknowledged job is lost, and at the end every job finishes.
+
+Each run draws a seed (printed, and named in a failure); ``GPUDIAG_CRASH_SEED=N`` replays its
+choices (kill points, jobs, tiers, pauses). Timing still varies between runs, so a failure
+that depends on a race may need a few replays."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
-import sqlite3
+import secrets
 import threading
 import time
 
+from gpudiag.scheduler.local.containment import Containment
 from gpudiag.scheduler.local.runner import alive, find_launches
 from tests.test_local_scheduler import WAIT_S, Sched
 
 KILLS = 50
+SEED_VAR = "GPUDIAG_CRASH_SEED"
 SLOTS = 3
 TIERS = ("spot", "spot", "reserved", "on-demand")
 
 
 def prefix_of(s: Sched) -> str:
-    con = sqlite3.connect(f"file:{s.state / 'scheduler.db'}?mode=ro", uri=True)
-    try:
-        return con.execute("SELECT value FROM meta WHERE key='prefix'").fetchone()[0]
-    finally:
-        con.close()
+    return s.prefix()
 
 
 def launch_slots(pid: int) -> set[str]:
@@ -65,30 +67,47 @@ def check_invariants(s: Sched, acked: set[int]) -> tuple[int, int]:
     return sum(len(a) for a in per_job.values()), len(active)
 
 
+def job_cgroups(prefix: str) -> list[str]:
+    """The cgroups of this scheduler's launches still on the machine."""
+    c = Containment(prefix, use_cgroups=True)
+    c.discover()
+    return sorted(c.known)
+
+
 def test_sigkill_the_daemon_50_times_and_nothing_is_lost_doubled_or_shared(tmp_path):
-    rng = random.Random(11)
+    seed = int(os.environ.get(SEED_VAR) or secrets.randbelow(2**32))
+    print(f"seed {seed} ({SEED_VAR}={seed} replays it)")
+    try:
+        crash_loop(tmp_path, seed)
+    except BaseException as e:
+        e.add_note(f"crash loop seed {seed}: replay with {SEED_VAR}={seed}")
+        raise
+
+
+def crash_loop(tmp_path, seed: int) -> None:
+    rng = random.Random(seed)   # the main thread's draws; each submitter gets its own, from this one
     s = Sched(tmp_path, "--slots", str(SLOTS), "--no-monitor", "--min-runtime", "0")
     acked: set[int] = set()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     seen_live = 0
 
-    def submitter(stop: threading.Event) -> None:
+    def submitter(stop: threading.Event, mine: random.Random) -> None:
         while not stop.is_set():
-            req = {"op": "submit", "cmd": ["sleep", f"{rng.uniform(0.1, 0.8):.2f}"],
-                   "gpus": rng.choice((1, 1, 2)), "tier": rng.choice(TIERS), "grace_s": 0.5, "env": env,
+            req = {"op": "submit", "cmd": ["sleep", f"{mine.uniform(0.1, 0.8):.2f}"],
+                   "gpus": mine.choice((1, 1, 2)), "tier": mine.choice(TIERS), "grace_s": 0.5, "env": env,
                    "cwd": "/"}
             try:
                 acked.add(s.ask(req)["id"])
             except OSError:
                 pass   # the daemon died under this request: the client saw an error, nothing was promised
-            time.sleep(rng.uniform(0.05, 0.3))
+            stop.wait(mine.uniform(0.05, 0.3))
 
     try:
         for kill in range(KILLS):
             stop = threading.Event()
-            t = threading.Thread(target=submitter, args=(stop,))
+            t = threading.Thread(target=submitter, args=(stop, random.Random(rng.getrandbits(64))))
             t.start()
-            time.sleep(rng.uniform(0.0, 0.6))
+            time.sleep(rng.uniform(0.0, 0.6))   # a random point in the daemon's life, not an event
             s.kill()   # SIGKILL, at whatever the daemon was doing
             stop.set()
             t.join()
@@ -112,6 +131,8 @@ def test_sigkill_the_daemon_50_times_and_nothing_is_lost_doubled_or_shared(tmp_p
         assert any(r["restarts"] > 0 for r in rows), "no preemption happened: the loop did not test it"
         print(f"{KILLS} kills, {len(acked)} jobs acknowledged, {seen_live} live launches checked, "
               f"{sum(r['restarts'] for r in rows)} requeues, {sum(r['attempt'] for r in rows)} launches")
-        assert find_launches(prefix_of(s)) == {}
+        prefix = prefix_of(s)
+        assert find_launches(prefix) == {}
+        assert job_cgroups(prefix) == [], "launch cgroups left behind"
     finally:
         s.stop()

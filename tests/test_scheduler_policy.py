@@ -1,19 +1,22 @@
 """Policy invariants on generated clusters and queues, and the policy's pieces on hand-made cases.
 
-Invariants (hypothesis): no partial gang, no GPU given twice or given while in use, no
-preemption by an equal or lower tier, a reason on every decision, the aging bound on the queue
-order, and EASY backfill never moving the head's reservation later.
+Invariants (hypothesis): no partial gang, no GPU given twice or given while in use, nothing new
+on a drained node, no preemption by an equal or lower tier, a reason on every decision, the
+aging bound on the queue order, and EASY backfill never moving the head's reservation later.
+Generated clusters mix node sizes and drain some nodes (jobs already there keep running).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudiag.scheduler.cluster_state import ClusterState
-from gpudiag.scheduler.model import Cluster, Job, Placement, Policy, Running, Signal, TeamShare, Tier
+from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Signal, TeamShare, Tier
 from gpudiag.scheduler.pending import PendingQueue
 from gpudiag.scheduler.placement import Rule, place, reserve, whole_nodes
 from gpudiag.scheduler.policy import explain, order_queue, plan_pass, schedule
@@ -25,9 +28,16 @@ LABELS = ["compute-bound", "memory-bound", "communication-bound", "input-bound",
 
 @st.composite
 def worlds(draw):
-    """A cluster, running jobs placed through the real state, pending jobs, signals, a policy."""
-    per = draw(st.sampled_from([2, 4, 8]))
-    cluster = Cluster.uniform(draw(st.integers(1, 10)), per, draw(st.integers(1, 4)))
+    """A cluster (uniform or of mixed node sizes, some nodes drained after jobs were placed
+    there), running jobs placed through the real state, pending jobs, signals, a policy."""
+    if draw(st.booleans()):
+        per = draw(st.sampled_from([2, 4, 8]))
+        cluster = Cluster.uniform(draw(st.integers(1, 10)), per, draw(st.integers(1, 4)))
+    else:
+        sizes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=10))
+        rack = draw(st.integers(1, 4))
+        cluster = Cluster(tuple(Node(i, g, i // rack) for i, g in enumerate(sizes)))
+        per = max(sizes)
     state = ClusterState(cluster)
     running, signals, book = [], {}, MfuBook(7 * 86400.0)
     jid = 0
@@ -56,6 +66,8 @@ def worlds(draw):
                                    draw(st.floats(0, 1)), draw(st.floats(0, 1000)))
     for k in range(draw(st.integers(0, 6))):
         book.observe(f"k{k}", "1 GPU", draw(st.floats(0, 0.8)), draw(st.sampled_from(LABELS)), NOW - 100)
+    drained = draw(st.sets(st.sampled_from(range(len(cluster.nodes))), max_size=len(cluster.nodes) - 1))
+    cluster = Cluster(tuple(dataclasses.replace(n, available=n.index not in drained) for n in cluster.nodes))
     base = draw(st.sampled_from([Policy(), Policy.easy(), Policy.fifo()]))
     policy = dataclasses.replace(base, spread_small=draw(st.booleans()) and base.name == "gpudiag")
     teams = {"a": TeamShare(4.0, draw(st.floats(0, 20))), "b": TeamShare(4.0, draw(st.floats(0, 20)))}
@@ -68,6 +80,7 @@ def test_decisions_respect_gangs_gpus_tiers_and_reasons(world):
     cluster, running, pending, signals, book, policy, teams = world
     decisions = schedule(cluster, pending, running, signals, book, NOW, policy, teams)
     size = {n.index: n.gpus for n in cluster.nodes}
+    largest = max(n.gpus for n in cluster.nodes if n.available)
     used = {(n, i) for r in running for n, idx in r.placement.slots for i in idx}
     by_id = {j.id: j for j in pending}
     run_by_id = {r.job.id: r for r in running}
@@ -78,12 +91,15 @@ def test_decisions_respect_gangs_gpus_tiers_and_reasons(world):
         job = by_id[d.job_id]
         assert d.placement.gpus == job.gpus                      # the whole gang, never part of it
         for n, idx in d.placement.slots:
+            assert cluster.nodes[n].available                    # nothing new on a drained node
             for i in idx:
                 assert 0 <= i < size[n]
                 assert (n, i) not in used                        # never a GPU in use or given twice
                 used.add((n, i))
-        if job.gpus <= max(size.values()) and not policy.spread_small:
+        if job.gpus <= largest and not policy.spread_small:
             assert len(d.placement.slots) == 1                    # a one-node job stays on one node
+        if job.gpus > largest:                                    # whole nodes, all but one fully used
+            assert sum(1 for n, idx in d.placement.slots if len(idx) < size[n]) <= 1, d
     assert len({d.job_id for d in starts}) == len(starts)
     for d in decisions:
         if d.kind == "preempt":
@@ -164,6 +180,73 @@ def test_whole_node_jobs_take_the_fewest_racks():
     assert whole_nodes(state, 12, fewest_racks=True) == [(4, 8), (5, 4)]    # the remainder stays free
 
 
+def _mixed(sizes: list[int], rack: int, busy: tuple[int, ...] = (), drained: tuple[int, ...] = ()):
+    cluster = Cluster(tuple(Node(i, g, i // rack, available=i not in drained) for i, g in enumerate(sizes)))
+    state = ClusterState(cluster)
+    for n in busy:
+        state.allocate([(n, 1)])
+    return cluster, state
+
+
+def test_on_mixed_sizes_a_job_larger_than_any_node_takes_the_fewest_whole_nodes_of_the_fewest_racks():
+    # racks of 3: nodes 0..2 hold 8, 4, 4 GPUs | nodes 3..5 hold 4, 4, 4
+    _, state = _mixed([8, 4, 4, 4, 4, 4], 3)
+    assert whole_nodes(state, 12, fewest_racks=True) == [(0, 8), (1, 4)]    # two nodes, not three 4s
+    assert whole_nodes(state, 10, fewest_racks=True) == [(0, 8), (1, 2)]    # the smallest keeps the rest
+    assert whole_nodes(state, 10, fewest_racks=False) == [(0, 8), (1, 2)]   # baseline: by index
+    _, busy = _mixed([8, 4, 4, 4, 4, 4], 3, busy=(0,))
+    assert whole_nodes(busy, 12, fewest_racks=True) == [(3, 4), (4, 4), (5, 4)]   # one rack
+    assert whole_nodes(busy, 12, fewest_racks=False) == [(1, 4), (2, 4), (3, 4)]
+    assert whole_nodes(busy, 21, fewest_racks=True) is None                 # 20 wholly free
+    _, small_first = _mixed([1, 1, 1, 8], 1)   # the baselines fill by index: no node left empty
+    assert whole_nodes(small_first, 9, fewest_racks=False) == [(0, 1), (1, 1), (2, 1), (3, 6)]
+    assert whole_nodes(small_first, 9, fewest_racks=True) == [(0, 1), (3, 8)]
+    # reserved like that too: when node 0 frees, the 12-GPU head is reserved 8 + 4, not three 4s
+    _, st2 = _mixed([8, 4, 4, 4, 4, 4], 3, busy=(0, 1, 3, 4))
+    occupant = Placement(((0, (0,)),))
+    res = reserve(st2, Rule(12, True, True, False), [(NOW + 500, 7, occupant)], NOW)
+    assert res.shadow == NOW + 500
+    assert res.nodes == frozenset({0, 2}) and res.waits_for == (7,) and res.spare == {0: 0, 2: 0}
+
+
+def test_a_drained_node_keeps_its_jobs_and_gets_no_new_ones():
+    cluster = Cluster((Node(0, 8, 0, available=False), Node(1, 4, 0)))
+    state = ClusterState(cluster)
+    busy = Running(Job(1, 2, 0.0, 1e6), state.allocate([(1, 2)]), 0.0, 1e6, 0.0)
+    assert state.total_free == 2 and state.max_gpus == 4   # node 0's 8 free GPUs are not offered
+    on_drained = Running(Job(2, 2, 0.0, 1e6), Placement(((0, (0, 1)),)), 0.0, 1e6, 0.0)
+    small, big = Job(3, 2, NOW - 10, 100.0), Job(4, 6, NOW - 20, 100.0)
+    decisions = schedule(cluster, [small, big], [busy, on_drained], {}, MfuBook(1e6), NOW, Policy.easy())
+    starts = {d.job_id: d.placement for d in decisions if d.kind == "start"}
+    assert starts == {3: Placement(((1, (2, 3)),))}   # big (6 GPUs) waits: only node 1 (4) is usable
+    assert not [d for d in decisions if d.kind == "preempt"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=2, max_size=7), st.integers(1, 3), st.data())
+def test_whole_node_placement_uses_the_fewest_nodes_and_one_rack_when_one_can(sizes, rack, data):
+    busy = tuple(data.draw(st.sets(st.sampled_from(range(len(sizes))), max_size=len(sizes) - 1)))
+    _, state = _mixed(sizes, rack, busy=busy)
+    largest = max(sizes)
+    free_nodes = [n for n in range(len(sizes)) if n not in busy]
+    gpus = data.draw(st.integers(largest + 1, largest + sum(sizes)))
+    plan = whole_nodes(state, gpus, fewest_racks=True)
+    fits = [c for k in range(1, len(free_nodes) + 1) for c in itertools.combinations(free_nodes, k)
+            if sum(sizes[n] for n in c) >= gpus]
+    if not fits:
+        assert plan is None
+        return
+    fewest = min(len(c) for c in fits)
+    assert plan is not None and sum(g for _, g in plan) == gpus and len(plan) == fewest
+    assert all(n in free_nodes and 0 < g <= sizes[n] for n, g in plan)
+    assert sum(1 for n, g in plan if g < sizes[n]) <= 1
+    if any(len(c) == fewest and len({n // rack for n in c}) == 1 for c in fits):
+        assert len({n // rack for n, _ in plan}) == 1, plan
+    base = whole_nodes(state, gpus, fewest_racks=False)   # the baselines: a prefix by index
+    assert [n for n, _ in base] == free_nodes[: len(base)] and sum(g for _, g in base) == gpus
+    assert all(g == sizes[n] for n, g in base[:-1]) and 0 < base[-1][1] <= sizes[base[-1][0]]
+
+
 def test_a_communication_bound_job_waits_for_one_node_others_spread():
     state = _cluster_with([4, 4, 0, 0])
     assert place(state, Rule(6, False, True, may_spread=False)) is None
@@ -180,7 +263,7 @@ def test_efficiency_factor_neutral_weak_stale_low_and_idle():
     assert efficiency_factor(job, weak, None, p, 0.31)[0] == 1.0
     assert efficiency_factor(job, stale, None, p, 0.31)[0] == 1.0
     f, why = efficiency_factor(job, Signal(0.04, "compute-bound", 0.9, 5.0), None, p, 0.31)
-    assert abs(f - 0.04 / 0.31) < 1e-9 and "MFU 4% vs 31% median of its class" in why
+    assert abs(f - 0.04 / 0.31) < 1e-9 and "MFU 4.0% vs 31% median of its class" in why
     f, why = efficiency_factor(job, Signal(0.40, "input-bound", 0.9, 5.0), None, p, 0.31)
     assert f == p.idle_label_factor and "input-bound" in why
     assert efficiency_factor(job, Signal(0.40, "compute-bound", 0.9, 5.0), None, p, 0.31)[0] == 1.0
@@ -237,18 +320,42 @@ def test_explain_names_what_blocks_and_what_lowered():
         book.observe(k, "2-8 GPUs", m, "compute-bound", NOW - 10)
     text = explain(13, cluster, [head, low], [r], {}, book, NOW, Policy())
     assert "behind job 12 (on-demand)" in text
-    assert "priority lowered: MFU 4% vs 31% median of its class" in text
+    assert "priority lowered: MFU 4.0% vs 31% median of its class" in text
     assert "needs 4 GPUs" in text and "2 free" in text
     assert "head of the queue" in explain(12, cluster, [head, low], [r], {}, book, NOW, Policy())
 
 
-def test_pending_queue_keeps_order_on_insert_and_remove():
-    q = PendingQueue.build([(3.0, Job(1, 1, 3.0, 1.0), 0, ""), (1.0, Job(2, 1, 1.0, 1.0), 0, "")])
-    q.insert(2.0, Job(3, 2, 2.0, 1.0), 0)
-    q.insert(1.0, Job(4, 1, 1.0, 1.0), 0)   # a tie goes after the equal key
-    assert [j.id for j in q.jobs] == [2, 4, 3, 1]
-    q.remove([0, 2])
-    assert [j.id for j in q.jobs] == [4, 1] and list(q.gpus) == [1, 1]
+def test_explain_gives_the_reason_of_the_pass_that_preempts():
+    # one 4-GPU node: a spot job holds 2, an on-demand job needs 4: the pass preempts for it,
+    # and explain says so instead of re-planning without preemption ("reserved in a year")
+    cluster = Cluster.uniform(1, 4, 1)
+    state = ClusterState(cluster)
+    spot = _running(1, 0, 2, Tier.SPOT, 0.0, 0.0, state)
+    od = Job(2, 4, NOW - 5, 100.0, tier=Tier.ON_DEMAND)
+    args = (cluster, [od], [spot], {}, MfuBook(1e6), NOW, Policy())
+    assert [d.kind for d in schedule(*args)] == ["preempt", "hold"]
+    text = explain(2, *args)
+    assert text.startswith("job 2 waits: head of the queue: needs 4 GPUs on one node, 2 free")
+    assert f"starts when job 1 stops (grace ends in {spot.job.grace_s:.0f} s)" in text, text
+    # the next pass, with job 1 in its grace period: no new victim, the same promise
+    stopping = dataclasses.replace(spot, terminating=True, expected_end=NOW + spot.job.grace_s)
+    later = (cluster, [od], [stopping], {}, MfuBook(1e6), NOW + 1, Policy())
+    assert [d.kind for d in schedule(*later)] == ["hold"]
+    assert "starts when job 1 stops" in explain(2, *later)
+
+
+def test_pending_queue_keeps_tier_key_tag_order_on_insert_and_remove():
+    jobs = np.empty(2, dtype=object)
+    jobs[:] = [Job(1, 1, 3.0, 1.0), Job(2, 1, 1.0, 1.0)]
+    one = np.ones(2)
+    q = PendingQueue.of(jobs, one, one, np.zeros(2), np.array([3.0, 1.0]), np.array([1, 2]), -one)
+    q.insert(2.0, Job(3, 2, 2.0, 1.0), 0, tag=3)
+    q.insert(1.0, Job(4, 1, 1.0, 1.0), 0, tag=4)   # a tie in key goes after a lower tag ...
+    q.insert(1.0, Job(0, 1, 1.0, 1.0), 0, tag=0)   # ... and before a higher one
+    q.insert(9.0, Job(5, 1, 9.0, 1.0, tier=Tier.ON_DEMAND), 0, tag=5)   # a higher tier goes first
+    assert [j.id for j in q.jobs] == [5, 0, 2, 4, 3, 1]
+    q.remove([0, 1, 3])
+    assert [j.id for j in q.jobs] == [2, 3, 1] and list(q.gpus) == [1, 2, 1]
 
 
 def test_cluster_state_refuses_double_use():

@@ -1,50 +1,90 @@
-"""Every runtime reads the agent's series with one meaning of a signal's age: time since the
-agent last heard from the job. A ``--monitor`` job re-traces every 10 minutes, so the age of its
-trace passes the policy's 300 s staleness limit while it still reports every 15 s."""
+"""Every runtime reads the agent's series with one meaning of a signal's age (time since the
+agent last heard from the job: a ``--monitor`` job re-traces every 10 minutes, so the age of its
+trace passes the policy's 300 s staleness limit while it still reports every 15 s), and with one
+identity: (job id, the uid that wrote the signal), attributed only to a job of that uid."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from gpudiag.scheduler.model import Policy
 from gpudiag.scheduler.priority import signal_usable
-from gpudiag.scheduler.signals import parse_metrics
-from gpudiag.scheduler.slurm.sources import QUERIES, parse_prometheus_answers
+from gpudiag.scheduler.signals import SignalRead, parse_metrics
+from gpudiag.scheduler.slurm.sources import QUERIES, parse_prometheus_answers, slurm_signals
+from gpudiag.scheduler.slurm.squeue import SlurmJob, parse_squeue_fixed, parse_squeue_json
 
 NOW = 1_800_000_000.0
+ALICE, MALLORY = 1001, 1002
+# what an agent exports when alice's Slurm job 7 reports and mallory names it too
 EXPOSITION = f"""# TYPE gpudiag_job_mfu_ratio gauge
-gpudiag_job_mfu_ratio{{job_id="slurm:7"}} 0.31
-gpudiag_job_mfu_ratio{{job_id="local:1"}} 0.2
+gpudiag_job_mfu_ratio{{job_id="slurm:7",owner_uid="{ALICE}"}} 0.31
+gpudiag_job_mfu_ratio{{job_id="slurm:7",owner_uid="{MALLORY}"}} 0.001
+gpudiag_job_mfu_ratio{{job_id="local:1",owner_uid="0"}} 0.2
 # TYPE gpudiag_job_bottleneck gauge
-gpudiag_job_bottleneck{{job_id="slurm:7",label="memory-bound"}} 1.0
-gpudiag_job_bottleneck{{job_id="slurm:7",label="host-bound"}} 0.0
+gpudiag_job_bottleneck{{job_id="slurm:7",label="memory-bound",owner_uid="{ALICE}"}} 1.0
+gpudiag_job_bottleneck{{job_id="slurm:7",label="host-bound",owner_uid="{ALICE}"}} 0.0
+gpudiag_job_bottleneck{{job_id="slurm:7",label="input-bound",owner_uid="{MALLORY}"}} 1.0
 # TYPE gpudiag_job_signal_confidence gauge
-gpudiag_job_signal_confidence{{job_id="slurm:7"}} 0.8
+gpudiag_job_signal_confidence{{job_id="slurm:7",owner_uid="{ALICE}"}} 0.8
+gpudiag_job_signal_confidence{{job_id="slurm:7",owner_uid="{MALLORY}"}} 1.0
 # TYPE gpudiag_job_signal_age_seconds gauge
-gpudiag_job_signal_age_seconds{{job_id="slurm:7"}} 540.0
+gpudiag_job_signal_age_seconds{{job_id="slurm:7",owner_uid="{ALICE}"}} 540.0
 # TYPE gpudiag_job_last_signal_timestamp_seconds gauge
-gpudiag_job_last_signal_timestamp_seconds{{job_id="slurm:7"}} {NOW - 12}
+gpudiag_job_last_signal_timestamp_seconds{{job_id="slurm:7",owner_uid="{ALICE}"}} {NOW - 12}
+gpudiag_job_last_signal_timestamp_seconds{{job_id="slurm:7",owner_uid="{MALLORY}"}} {NOW - 1}
 """
+
+
+def slurm_job(jid: int, uid: int | None) -> SlurmJob:
+    return SlurmJob(id=jid, name="train", user="alice", account="a", partition="p", state="RUNNING",
+                    reason="None", nice=0, priority=1, submit=NOW - 60, start=NOW - 30, time_limit_s=None,
+                    gpus=1, user_id=uid)
 
 
 def test_an_agents_exposition_gives_age_since_last_report_not_trace_age():
     sigs = parse_metrics(EXPOSITION, NOW, prefix="slurm:")
-    assert set(sigs) == {"slurm:7"}
-    s = sigs["slurm:7"]
+    assert set(sigs) == {("slurm:7", ALICE), ("slurm:7", MALLORY)}
+    s = sigs[("slurm:7", ALICE)]
     assert (s.mfu, s.label, s.confidence) == (0.31, "memory-bound", 0.8)
     assert s.age_s == 12.0  # the trace is 540 s old; the job reported 12 s ago
     assert signal_usable(s, Policy())
-    assert math.isinf(parse_metrics(EXPOSITION, NOW)["local:1"].age_s)  # never heard: stale
+    assert math.isinf(parse_metrics(EXPOSITION, NOW)[("local:1", 0)].age_s)  # never heard: stale
 
 
-def test_prometheus_answers_give_the_same_signal():
-    def vec(metric, value, **labels):
+def test_a_slurm_job_gets_only_the_signal_its_own_user_wrote():
+    read = SignalRead(parse_metrics(EXPOSITION, NOW, prefix="slurm:"))
+    assert slurm_signals(read, [slurm_job(7, ALICE)])[7].mfu == 0.31
+    assert slurm_signals(read, [slurm_job(7, 1003)]) == {}     # nobody's signal is that job's
+    assert slurm_signals(read, [slurm_job(7, None)]) == {}     # no user id from squeue: none
+    assert read.of("slurm:7", MALLORY).label == "input-bound"  # exported, but only as mallory's
+
+
+def test_prometheus_answers_give_the_same_signals():
+    def vec(metric, rows):
         return {"status": "success", "data": {"resultType": "vector", "result": [
-            {"metric": {"__name__": metric, "job_id": "slurm:7", "instance": "n:9835", **labels},
-             "value": [NOW - 5, str(value)]}]}}
-    answers = {"mfu": vec("gpudiag_job_mfu_ratio", 0.31),
-               "label": vec("gpudiag_job_bottleneck", 1, label="memory-bound"),
-               "confidence": vec("gpudiag_job_signal_confidence", 0.8),
-               "seen": vec("gpudiag_job_last_signal_timestamp_seconds", NOW - 12)}
+            {"metric": {"__name__": metric, "job_id": "slurm:7", "instance": "n:9835",
+                        "owner_uid": str(uid), **labels}, "value": [NOW - 5, str(value)]}
+            for uid, value, labels in rows]}}
+    answers = {"mfu": vec("gpudiag_job_mfu_ratio", [(ALICE, 0.31, {}), (MALLORY, 0.001, {})]),
+               "label": vec("gpudiag_job_bottleneck", [(ALICE, 1, {"label": "memory-bound"}),
+                                                       (MALLORY, 1, {"label": "input-bound"})]),
+               "confidence": vec("gpudiag_job_signal_confidence", [(ALICE, 0.8, {}), (MALLORY, 1.0, {})]),
+               "seen": vec("gpudiag_job_last_signal_timestamp_seconds", [(ALICE, NOW - 12, {}),
+                                                                         (MALLORY, NOW - 1, {})])}
     assert set(answers) == set(QUERIES)
     assert parse_prometheus_answers(answers, NOW) == parse_metrics(EXPOSITION, NOW, prefix="slurm:")
+
+
+def test_squeue_gives_each_jobs_user_id_in_both_formats():
+    """The uid a Slurm job's signals must come from: ``user_id`` of --json, ``%U`` of -o."""
+    doc = {"jobs": [{"job_id": 7, "job_state": "RUNNING", "user_name": "alice", "user_id": ALICE,
+                     "nodes": "n1", "node_count": 1, "tres_per_node": "gres:gpu:1", "nice": 0, "priority": 1,
+                     "submit_time": 1, "start_time": 2, "time_limit": 60},
+                    {"job_id": 8, "job_state": "PENDING", "user_name": "bob", "node_count": 1, "nice": 0,
+                     "priority": 1, "submit_time": 1, "start_time": 0, "time_limit": None}]}
+    assert [j.user_id for j in parse_squeue_json(json.dumps(doc))] == [ALICE, None]
+    line = ("7|alice|acct|spot|RUNNING|None|0|100|2026-01-01T00:00:00|2026-01-01T00:01:00|1:00:00|"
+            f"gres:gpu:1|1|4|n1|{ALICE}|my|job")
+    (job,) = parse_squeue_fixed(line + "\n")
+    assert (job.user_id, job.name) == (ALICE, "my|job")

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.scheduler.metrics import KEYS, summarise
-from gpudiag.scheduler.mfu_model import synthesise
 from gpudiag.scheduler.model import Cluster, Policy
-from gpudiag.scheduler.simulator import simulate
-from gpudiag.scheduler.tiresias import RESTORE_S, THRESHOLD_GPU_S, simulate_tiresias
-from gpudiag.scheduler.traces import TraceJob, read_trace
+from gpudiag.scheduler.sim.metrics import KEYS, summarise
+from gpudiag.scheduler.sim.mfu_model import synthesise
+from gpudiag.scheduler.sim.simulator import simulate
+from gpudiag.scheduler.sim.tiresias import RESTORE_S, THRESHOLD_GPU_S, simulate_tiresias
+from gpudiag.scheduler.sim.traces import TraceJob, read_trace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "clusters"
 
@@ -196,6 +196,24 @@ def test_cli_json_has_exactly_the_promised_keys(clusters):
         assert m["useful_work_by_time"][-1] == pytest.approx(1.0, abs=1e-3)
 
 
+def test_cli_node_sizes_builds_a_mixed_cluster_and_refuses_bad_syntax_in_one_line(clusters):
+    trace = str(clusters / "tiresias_60job.csv")
+    same = [_cli(trace, *a, "--policy", "easy", "--json")
+            for a in (("--node-sizes", "2x8"), ("--nodes", "2"))]
+    assert all(p.returncode == 0 for p in same)
+    a, b = (json.loads(p.stdout) for p in same)
+    assert a.pop("sim_wall_s") > 0 and b.pop("sim_wall_s") > 0 and a == b   # the same uniform cluster
+    mixed = _cli(trace, "--node-sizes", "1x8, 3x2", "--policy", "gpudiag")
+    assert mixed.returncode == 0, mixed.stderr
+    assert mixed.stdout.startswith("gpudiag on 1 nodes x 8 GPUs + 3 nodes x 2 GPUs (racks of 4): 60 jobs")
+    for bad, words in ((("--node-sizes", "40x8,x4"), "expected groups of N nodes x G GPUs"),
+                       (("--node-sizes", "2x0"), "expected groups"),
+                       (("--node-sizes", "2x8", "--gpus-per-node", "4"), "leave out --gpus-per-node")):
+        p = _cli(trace, *bad)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and words in p.stderr, (bad, p.stderr)
+        assert "Traceback" not in p.stderr
+
+
 def test_same_seed_same_numbers_other_seed_other_mfu(clusters):
     jobs = read_trace(clusters / "philly.csv").jobs[:3000]
     a, b, c = synthesise(jobs, 1), synthesise(jobs, 1), synthesise(jobs, 2)
@@ -211,7 +229,7 @@ def test_an_on_demand_job_preempts_the_spot_job_that_loses_least_and_the_victim_
     # arrives after both ran 45 min. The 5% one is the victim: SIGTERM, its grace, then requeued
     # with its work up to the last 30-min checkpoint; it finishes after the on-demand job.
     from gpudiag.scheduler.model import Tier
-    from gpudiag.scheduler.simulator import CHECKPOINT_INTERVAL_S
+    from gpudiag.scheduler.sim.simulator import CHECKPOINT_INTERVAL_S
 
     jobs = [TraceJob(0, 0.0, 7200.0, 1, "a", "hi", tier=Tier.SPOT),
             TraceJob(1, 0.0, 7200.0, 1, "a", "lo", tier=Tier.SPOT),

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.model import Tier
-from gpudiag.scheduler.traces import SWEEP_GAP_S, read_trace, slurm_duration
+from gpudiag.scheduler.sim.traces import SWEEP_GAP_S, read_trace, slurm_duration
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "clusters"
 

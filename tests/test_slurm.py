@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from gpudiag.jobsignal import write_signal
 from tests.harness import free_port, prometheus_server
-from tests.slurm_cluster import KILL_WAIT_S, SlurmCluster, missing_binaries
+from tests.slurm_cluster import KILL_WAIT_S, SlurmCluster, slurm_running, wait_for
 from tests.test_agent import Agent, promql
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,22 +26,14 @@ JOB = ROOT / "tests" / "jobs" / "slurm_train.py"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    missing = missing_binaries()
-    assert not missing, f"not installed: {missing} (.ci/install-test-deps.sh installs slurm-wlm and munge)"
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+    with slurm_running(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
-    a = Agent(tmp_path_factory.mktemp("agent"), backend="none")
-    try:
+    with Agent(tmp_path_factory.mktemp("agent"), backend="none") as a:
         yield a
-    finally:
-        a.stop()
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +48,7 @@ def _clean_queue(cluster):
     cluster.cancel_all()
 
 
-def wait_for(what: str, ok, timeout: float = 120.0, every: float = 0.5):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = ok()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def sbatch(cluster: SlurmCluster, agent: Agent, folder: Path, name: str, partition: str, gpus: int,
+def sbatch(cluster: SlurmCluster, agent: Agent | None, folder: Path, name: str, partition: str, gpus: int,
            kind: str | None, seconds: float = 600) -> int:
     """A batch job: the torch job under gpudiag profile --monitor (kind given) or a plain sleep."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -77,7 +60,9 @@ def sbatch(cluster: SlurmCluster, agent: Agent, folder: Path, name: str, partiti
                 f"--ckpt {folder}/{name}.ckpt --events {folder}/{name}.events --seconds {seconds}")
     script = folder / f"{name}.sh"
     script.write_text(f"#!/bin/bash\n{body}\n")
-    env = {**cluster.env, "GPUDIAG_AGENT_DIR": str(agent.state), "GPUDIAG_SIGNAL_INTERVAL": "1"}
+    env = {**cluster.env, "GPUDIAG_SIGNAL_INTERVAL": "1"}
+    if agent is not None:
+        env["GPUDIAG_AGENT_DIR"] = str(agent.state)
     env.pop("GPUDIAG_JOB", None)
     p = subprocess.run(["sbatch", "--parsable", "-J", name, "-p", partition, f"--gres=gpu:{gpus}", "-c", "1",
                         "--open-mode=append", "-o", str(folder / f"{name}.out"), str(script)],
@@ -87,9 +72,13 @@ def sbatch(cluster: SlurmCluster, agent: Agent, folder: Path, name: str, partiti
 
 
 def job(cluster: SlurmCluster, jid: int) -> dict:
-    """One job's fields from ``scontrol show job -o`` (Key=Value)."""
-    out = cluster.run("scontrol", "show", "job", "-o", str(jid)).stdout
-    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+    return cluster.job(jid)
+
+
+def report(agent: Agent, jid: int, mfu: float, label: str = "compute-bound") -> None:
+    """A signal for job ``jid`` dropped into the agent's spool, as a job under gpudiag profile does."""
+    write_signal(agent.state / "spool", {"job_id": f"slurm:{jid}", "ts": time.time(), "mfu_ratio": mfu,
+                                         "bottleneck": label, "confidence": 0.9, "step_seconds": 0.5})
 
 
 def usable_signal(prom: str, jid: int) -> bool:
@@ -106,7 +95,7 @@ class Controller:
         self.log = folder / "controller.log"
         self.ledger = folder / "ledger.json"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpudiag", "scheduler", "serve", "--backend", "slurm", "--interval", "1s",
+            [sys.executable, "-m", "gpudiag", "scheduler", "serve", "--backend", "slurm", "--interval", "5s",
              "--min-change-interval", "0", "--state", str(self.ledger), *args],
             env=cluster.env, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
 
@@ -140,6 +129,8 @@ def comparable(cluster: SlurmCluster) -> str:
 def test_dry_run_changes_nothing_in_slurm(cluster, agent, prometheus, tmp_path):
     blocker = sbatch(cluster, agent, tmp_path, "blocker", "reserved", 4, None, seconds=120)
     wait_for("blocker running", lambda: job(cluster, blocker)["JobState"] == "RUNNING", 30)
+    report(agent, blocker, 0.4)   # evidence: without a usable signal gpudiag would plan nothing
+    wait_for("the blocker's signal in Prometheus", lambda: usable_signal(prometheus, blocker), 60)
     waiting = sbatch(cluster, agent, tmp_path, "waiting", "spot", 2, None)
     before = comparable(cluster)
     rc, res, err = serve_once(cluster, "--dry-run", "--prometheus", prometheus, "--state",
@@ -159,7 +150,7 @@ def test_faults_prometheus_down_and_malformed_squeue_change_nothing(cluster, tmp
     assert rc == 0, err
     assert res["signals"]["available"] is False and "unreachable" in res["signals"]["why"]
     assert not [a for a in res["actions"] if a["kind"] in ("nice", "restore")]
-    assert any("no efficiency changes" in n for n in res["notes"])
+    assert any("Slurm chooses preemption victims and no Nice is changed" in n for n in res["notes"])
     # a squeue that prints garbage: the round is skipped with a clear line, nothing changes
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -184,7 +175,9 @@ def test_low_mfu_key_gets_a_larger_nice_slurm_starts_the_other_first_and_restore
         fast0 = sbatch(cluster, agent, tmp_path, "fastkey", "reserved", 2, "compute")
         wait_for("signals of both history jobs", lambda: usable_signal(prometheus, slow0)
                  and usable_signal(prometheus, fast0), 180)
-        time.sleep(3)   # a few controller rounds see them running
+        hist = Path(f"{ctl.ledger}.history.json")
+        wait_for("the controller learned both keys", lambda: hist.exists() and all(
+            k in hist.read_text() for k in ("root/slowkey", "root/fastkey")), 30)
         cluster.run("scancel", str(slow0), str(fast0))
         wait_for("history jobs gone", lambda: not cluster.run("squeue", "-h").stdout.strip(), 30)
         blocker = sbatch(cluster, agent, tmp_path, "blocker", "reserved", 4, None, seconds=300)
@@ -253,7 +246,11 @@ def test_on_demand_job_requeues_the_low_mfu_spot_job_which_checkpoints_in_its_gr
     assert int(job(cluster, slow)["Restarts"]) == 1
 
 
-def test_controller_survives_slurmctld_restart_and_resumes(cluster, prometheus, tmp_path):
+def test_controller_survives_slurmctld_restart_and_resumes(cluster, agent, prometheus, tmp_path):
+    running = sbatch(cluster, None, tmp_path, "reporting", "spot", 1, None)
+    wait_for("a spot job running", lambda: job(cluster, running)["JobState"] == "RUNNING", 30)
+    report(agent, running, 0.4)
+    wait_for("its signal in Prometheus", lambda: usable_signal(prometheus, running), 60)
     ctl = Controller(cluster, tmp_path / "ctl", "--prometheus", prometheus, "--restore")
     try:
         spot = lambda: cluster.run("scontrol", "show", "partition", "spot", "-o").stdout  # noqa: E731

@@ -23,12 +23,13 @@ WAIT, WARMUP, ACTIVE = 1, 1, 5
 PROFILED_STEPS = WAIT + WARMUP + ACTIVE
 
 
-def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(description: str, argv: list[str] | None = None,
+               default_steps: int = PROFILED_STEPS) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--profile-out", metavar="DIR", type=Path, default=None,
                         help="profile the loop and write DIR/rank-<RANK>.json.gz")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=PROFILED_STEPS,
+    parser.add_argument("--steps", type=int, default=default_steps,
                         help="training steps to run (under `gpudiag profile`: more than "
                              "--skip + --steps + 1)")
     args = parser.parse_args(argv)

@@ -22,7 +22,12 @@ _LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]*):(\d{1,5})$")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="Job state and the spool jobs write signals into "
                    "(default: $GPUDIAG_AGENT_DIR, /var/lib/gpudiag as root, else ~/.local/state/gpudiag).")
-def agent(listen: str, backend: str, state_dir: Path | None) -> None:
+@click.option("--hpc-job-mapping-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              envvar="DCGM_HPC_JOB_MAPPING_DIR", show_envvar=True,
+              help="dcgm-exporter's HPC job-mapping folder (files named by GPU index, each listing "
+                   "the job ids a Slurm prolog put on that GPU): GPU series get hpc_job, and job_id "
+                   "slurm:<id> where no process names the job.")
+def agent(listen: str, backend: str, state_dir: Path | None, hpc_job_mapping_dir: Path | None) -> None:
     """Export this node's GPU counters and the efficiency signals of jobs run under gpudiag.
 
     Prometheus scrapes /metrics: per GPU (labels gpu, uuid, model, job_id) SM/tensor activity,
@@ -30,8 +35,12 @@ def agent(listen: str, backend: str, state_dir: Path | None) -> None:
     memory, power, clock, temperature, throttle reasons and gpudiag_gpu_up; per job
     (gpudiag profile reports here) MFU, step time, bottleneck label with its confidence and
     the age of the trace behind it, profiler dilation, input wait and collective time. A
-    job's signals count only when written by the user running its processes (or root). The
-    job label is called job_id because Prometheus reserves "job".
+    job is (job_id, owner_uid): owner_uid is the uid that wrote its signals (the spool
+    file's owner), so no user can report for another's job; a signal naming a job whose
+    processes run as someone else is refused. Signals are taken in every second, scraped or
+    not, into STATE_DIR/jobs.json (what `gpudiag scheduler serve` reads). The job label is
+    called job_id because Prometheus reserves "job". With a job-mapping folder (as
+    dcgm-exporter reads it), GPU series also carry hpc_job, one series per listed job.
 
     \b
     Example:
@@ -52,6 +61,6 @@ def agent(listen: str, backend: str, state_dir: Path | None) -> None:
     logging.basicConfig(level=logging.INFO, format="gpudiag agent: %(message)s")
     state = state_dir or default_state_dir()
     try:
-        serve(listen, backend, state)
+        serve(listen, backend, state, job_mapping_dir=hpc_job_mapping_dir)
     except OSError as e:
         raise BadInput(f"cannot serve on {listen} or use {state}: {e.strerror or e}") from None

@@ -18,7 +18,7 @@ FOLLOW_POLL_S = 0.5
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="The scheduler's state folder.")
 def logs(job_id: int, follow: bool, stderr: bool, state_dir: Path | None) -> None:
-    """Print job JOB_ID's stdout (or --stderr)."""
+    """Print job JOB_ID's stdout (or --stderr); for a job that could not start, why (on stderr)."""
     from gpudiag.scheduler.local.client import ask
 
     offset = 0
@@ -31,5 +31,7 @@ def logs(job_id: int, follow: bool, stderr: bool, state_dir: Path | None) -> Non
         if answer["data"]:
             continue   # more may be waiting: read until caught up
         if not follow or answer["ended"]:
+            if answer.get("note"):   # it never ran: say why (also in `gpudiag queue`)
+                click.echo(f"gpudiag: {answer['note']}", err=True)
             return
         time.sleep(FOLLOW_POLL_S)

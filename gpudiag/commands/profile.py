@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from gpudiag.errors import BadInput
+from gpudiag.commands.log import mlflow_option
+from gpudiag.errors import BadInput, GpudiagError
 
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
 
@@ -46,9 +47,11 @@ def parse_interval(text: str) -> float:
 @click.option("--retrace", default=None, metavar="DURATION",
               help="Open a new trace window this often (e.g. 10m, 600s; 0 = once), so a job that "
                    "changes phase gets a fresh label  [default: 10m with --monitor, else 0].")
+@mlflow_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(out: Path | None, interval: str, steps: int | None, skip: int, backend: str,
-            as_json: bool, monitor: bool, retrace: str | None, command: tuple[str, ...]) -> None:
+            as_json: bool, monitor: bool, retrace: str | None, mlflow_uri: str | None,
+            command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged while sampling GPUs and tracing a few steps, then diagnose it.
 
     The job keeps its arguments, stdin/stdout/stderr, environment and exit code; gpudiag
@@ -62,6 +65,7 @@ def profile(out: Path | None, interval: str, steps: int | None, skip: int, backe
       gpudiag profile -- python train.py --lr 3e-4
       gpudiag profile --steps 3 --skip 20 -- torchrun --nproc_per_node 8 train.py
       gpudiag profile --out runs/slow-job --json -- python train.py > out.txt
+      gpudiag profile --mlflow http://mlflow:5000 -- python train.py
     """
     if steps is None:
         steps = MONITOR_STEPS if monitor else DEFAULT_STEPS
@@ -70,9 +74,13 @@ def profile(out: Path | None, interval: str, steps: int | None, skip: int, backe
                                  "cannot tell a slow step from a slow job)", param_hint="--steps")
     retrace_s = parse_duration(retrace, "--retrace") if retrace is not None else (
         MONITOR_RETRACE_S if monitor else 0.0)
+    if mlflow_uri is not None:
+        from gpudiag.tracking import require_mlflow
+
+        require_mlflow()  # before the job runs, not after hours of it
     opts = ProfileOptions(out=out or _default_out(command), interval=parse_interval(interval),
                           steps=steps, skip=skip, backend=backend, as_json=as_json,
-                          retrace_s=retrace_s)
+                          retrace_s=retrace_s, mlflow_uri=mlflow_uri)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -89,16 +97,25 @@ MONITOR_STEPS = 2
 # curriculum stage) is relabelled within minutes, rare enough that a window's cost (a few
 # dilated steps and an export) stays well under 1% of the run.
 MONITOR_RETRACE_S = 600.0
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_DURATION_UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(text: str, option: str) -> float:
-    """'10m', '600s', '1.5h', '0' -> seconds (0 turns the feature off)."""
+    """'10m', '600s', '1.5h', '2d', '0' -> seconds (0 turns the feature off)."""
     m = _DURATION.match(text)
     if not m:
-        raise click.BadParameter(f"{text!r}: use e.g. 10m, 600s or 0", param_hint=option)
+        raise click.BadParameter(f"{text!r}: use e.g. 10m, 600s, 2h, 1d or 0", param_hint=option)
     return float(m.group(1)) * _DURATION_UNIT[m.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as ``parse_duration`` reads them, in the largest whole unit: 600 -> '10m'."""
+    for unit in ("d", "h", "m"):
+        n = seconds / _DURATION_UNIT[unit]
+        if n >= 1 and n == int(n):
+            return f"{int(n)}{unit}"
+    return f"{seconds:g}s"
 
 
 def _default_out(command: tuple[str, ...]) -> Path:
@@ -117,6 +134,7 @@ class ProfileOptions:
     backend: str
     as_json: bool
     retrace_s: float = 0.0
+    mlflow_uri: str | None = None  # None: no MLflow; "": $MLFLOW_TRACKING_URI or MLflow's default
 
 
 def _say(msg: str) -> None:
@@ -197,7 +215,21 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
         _say(f"analysis failed: {type(e).__name__}: {e} (the run directory is complete)")
     if reporter is not None:
         _final_signal(reporter, d, run_dir)
+    if d is not None and opts.mlflow_uri is not None:
+        _log_mlflow(d, run_dir, opts.mlflow_uri)
     return result.exit_code
+
+
+def _log_mlflow(d: object, run_dir: Path, uri: str) -> None:
+    """The diagnosis into MLflow; a tracker that fails is one line, the job's exit code stands."""
+    from gpudiag.tracking import log_run_dir
+
+    try:
+        run_id, where = log_run_dir(d, run_dir, uri or None)
+    except GpudiagError as e:
+        _say(f"not logged to MLflow: {e}")
+        return
+    _say(f"logged to MLflow run {run_id}: {where}")
 
 
 def _signal_reporter(run_dir: Path, info: object) -> object:
@@ -209,9 +241,12 @@ def _signal_reporter(run_dir: Path, info: object) -> object:
 
     interval = float(os.environ.get("GPUDIAG_SIGNAL_INTERVAL", "15"))
     job_id = job_id_from_env(f"{info.host}:{run_dir.name}")
-    reporter = SignalReporter.for_node(default_state_dir(), job_id, run_dir, interval,
-                                       _estimator(run_dir))
+    state = default_state_dir()
+    reporter = SignalReporter.for_node(state, job_id, run_dir, interval, _estimator(run_dir))
     if reporter is None:
+        if os.environ.get("GPUDIAG_AGENT_DIR"):  # named (a scheduler does): its absence is news
+            info.notes.append(f"no signals sent: GPUDIAG_AGENT_DIR={state}, but {state / 'spool'} is "
+                              "missing or not writable by this user (is `gpudiag agent` running there?)")
         return None
     info.notes.append(f"reporting to the node agent as job_id {job_id}")
     return reporter.start()
@@ -247,7 +282,9 @@ def _estimator(run_dir: Path):  # noqa: ANN202 - a closure
 
 def signal_fields(d: object, live_step_s: float | None, traced_at: float | None) -> dict:
     """The fields of a job signal (gpudiag/jobsignal.py, v2) from a Diagnosis."""
-    b = d.unprofiled or d.breakdown
+    from gpudiag.diagnosis import verdict_breakdown
+
+    b = verdict_breakdown(d)
     out = {"bottleneck": d.verdict.label.value, "confidence": d.verdict.confidence,
            "input_wait_ratio": b.input_wait / b.step_time if b.step_time > 0 else None,
            "traced_steps": max((len(r.steps) for r in d.ranks), default=0)}
@@ -305,9 +342,10 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | Non
         return None
     from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
     from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor
+    from gpudiag.reports.progress import for_stderr
     from gpudiag.reports.terminal import render_terminal
 
-    d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor))
+    d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor), progress=for_stderr())
     (run_dir / "diagnosis.json").write_text(d.to_json())
     _write_report(run_dir, d)
     click.echo(d.to_json() if opts.as_json else render_terminal(d))

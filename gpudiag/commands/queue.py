@@ -30,6 +30,8 @@ def queue(everything: bool, state_dir: Path | None, as_json: bool) -> None:
 
     answer = ask(state_dir, {"op": "queue", "all": everything})
     if as_json:
+        for j in answer["jobs"]:   # an older daemon did not name the tier
+            j.setdefault("tier_name", TIER_NAMES[Tier(j["tier"])])
         click.echo(json.dumps({k: answer[k] for k in ("jobs", "unit", "total", "free", "signals")}, indent=1))
         return
     sig = answer["signals"]
@@ -47,7 +49,12 @@ def queue(everything: bool, state_dir: Path | None, as_json: bool) -> None:
         cmd = shlex.join(j["cmd"])
         cmd = cmd if len(cmd) <= CMD_WIDTH else cmd[:CMD_WIDTH - 1] + "…"
         where = f" on {','.join(j['slot_ids'])}" if j["slot_ids"] else ""
-        why = j["why"] + (f"; exit {j['exit_code']}" if j["exit_code"] is not None and "exit" not in j["why"]
-                          else "")
+        ended = j["ended_t"] is not None
+        why = j["why"]
+        if ended and j["exit_code"] is not None and "exit" not in why:
+            why += f"; exit {j['exit_code']}"
         click.echo(f"{j['id']:>5} {j['user'][:10]:<10} {TIER_NAMES[Tier(j['tier'])]:<9} {j['gpus']:>5} "
                    f"{j['state']:<9} {_age(t):>7}  {cmd:<{CMD_WIDTH}}  {why}{where}")
+        if not ended and j["exit_code"] is not None:   # an earlier launch's, never this one's
+            last = j["attempt"] - (j["state"] != "pending")
+            click.echo(f"{'':>5} {'':<10} attempt {last} ended with exit code {j['exit_code']}")

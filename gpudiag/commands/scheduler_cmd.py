@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import click
 
-from gpudiag.commands.scheduler_slurm import serve_slurm, slurm_options
+from gpudiag.commands.policy_options import policy_options, with_options
+from gpudiag.commands.scheduler_slurm import SLURM_PARAMS, check_options, serve_slurm, slurm_options
 from gpudiag.errors import BadInput
 
 
@@ -35,7 +35,7 @@ def _machine_ids(gpus: str | None, slots: int | None) -> tuple[tuple[str, ...], 
     return tuple(ids), True
 
 
-def _quota(items: tuple[str, ...]) -> dict[str, int]:
+def quota_of(items: tuple[str, ...]) -> dict[str, int]:
     out = {}
     for item in items:
         team, _, n = item.partition("=")
@@ -58,22 +58,24 @@ def scheduler() -> None:
 @click.option("--slots", type=click.IntRange(1, 4096), default=None,
               help="Schedule N CPU slots instead (a machine without GPUs): jobs get GPUDIAG_SLOTS.")
 @click.option("--quota", multiple=True, metavar="TEAM=N", help="A team's GPU quota (fair share); repeatable.")
-@click.option("--min-runtime", default="5m", show_default=True,
-              help="No job is preempted before it has run this long (no thrashing).")
-@click.option("--efficiency-delay", default=None,
-              help="The most a low MFU may delay a job: its part of the aging bound  [default: the "
-                   "policy's, Policy.max_efficiency_delay_s].")
+@policy_options
 @click.option("--agent-dir", type=click.Path(path_type=Path), default=None,
-              help="The node agent's state folder, whose jobs.json gives MFU signals "
-                   "(default: the agent's default).")
+              help="The node agent's state folder: the daemon reads its jobs.json, and every job reports "
+                   "into its spool (default: the agent's default, /var/lib/gpudiag as root).")
 @click.option("--agent-url", default=None, metavar="URL",
-              help="Read signals by scraping the agent instead, e.g. http://127.0.0.1:9835/metrics.")
+              help="Read signals by scraping the agent instead, e.g. http://127.0.0.1:9835/metrics; the "
+                   "agent must be running (it is asked for its folder, so jobs report to it). Beside "
+                   "--agent-dir, both must name the same agent.")
 @click.option("--monitor/--no-monitor", default=True, show_default=True,
               help="Run each job under `gpudiag profile --monitor` (MFU and label to the agent).")
+@click.option("--cgroups/--no-cgroups", default=True, show_default=True,
+              help="One cgroup v2 per job where the host allows it (root, a writable cgroup2 mount), so "
+                   "no process of a job outlives it; the log's first line says which containment is in use "
+                   "(docs/scheduler-daemon.md).")
 @slurm_options
 def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tuple[str, ...],
           min_runtime: str, efficiency_delay: str, agent_dir: Path | None, agent_url: str | None,
-          monitor: bool, backend: str, **slurm: object) -> int | None:
+          monitor: bool, cgroups: bool, backend: str, **slurm: object) -> int | None:
     """Run the scheduler daemon in the foreground (jobs outlive it and are re-adopted).
 
     \b
@@ -83,25 +85,28 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
       gpudiag scheduler serve --slots 4            # a machine without GPUs
       gpudiag scheduler serve --backend slurm --prometheus http://prom:9090 --restore
     """
+    local = {"state_dir": state_dir, "gpus": gpus, "slots": slots, "quota": quota, "min_runtime": min_runtime,
+             "efficiency_delay": efficiency_delay, "agent_dir": agent_dir, "agent_url": agent_url,
+             "monitor": monitor, "cgroups": cgroups}
+    check_options(backend, local, {k: slurm[k] for k in SLURM_PARAMS})
     if backend == "slurm":
-        return serve_slurm(**slurm)  # type: ignore[arg-type]
-    from gpudiag.commands.profile import parse_duration
+        return serve_slurm(local, **slurm)  # type: ignore[arg-type]
     from gpudiag.jobsignal import default_state_dir as agent_default
     from gpudiag.scheduler.local.config import default_state_dir
     from gpudiag.scheduler.local.daemon import Daemon, main_loop
     from gpudiag.scheduler.local.engine import Machine
-    from gpudiag.scheduler.local.signals import JobTableSource, MetricsSource
+    from gpudiag.scheduler.local.signals import AgentChoiceError, choose_agent
     from gpudiag.scheduler.model import Policy
 
     ids, are_gpus = _machine_ids(gpus, slots)
-    policy = Policy(min_runtime_s=parse_duration(min_runtime, "--min-runtime"))
-    if efficiency_delay is not None:
-        policy = dataclasses.replace(policy, max_efficiency_delay_s=parse_duration(efficiency_delay,
-                                                                                   "--efficiency-delay"))
-    # jobs report to the agent whose job table this daemon reads; scraping an agent by URL,
-    # its folder is unknown here and jobs keep their own (GPUDIAG_AGENT_DIR or the default)
-    agent_state = None if agent_url else (agent_dir or agent_default())
-    source = MetricsSource(agent_url) if agent_url else JobTableSource(agent_state / "jobs.json")
-    daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, _quota(quota), source,
-                    monitor, agent_state)
+    policy = with_options(Policy(), {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
+    # every job reports to the agent this daemon reads, whichever option named it
+    try:
+        agent_state, source, notes = choose_agent(agent_dir, agent_url, agent_default())
+    except AgentChoiceError as e:
+        raise BadInput(str(e)) from None
+    for note in notes:
+        click.echo(f"gpudiag scheduler: {note}", err=True)
+    daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, quota_of(quota), source,
+                    monitor, agent_state, cgroups)
     main_loop(daemon)

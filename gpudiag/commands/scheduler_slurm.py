@@ -1,11 +1,13 @@
 """``gpudiag scheduler serve --backend slurm``: the controller beside slurmctld.
 
 ``serve_slurm`` is what the ``serve`` command calls for ``--backend slurm``; the options are
-documented there and in the README's scheduler section.
+documented there and in docs/slurm.md. Every option ``serve`` accepts is honoured by the backend
+that runs or refused with one line (exit 2): ``check_options`` holds that table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -15,35 +17,54 @@ import click
 from gpudiag.errors import BadInput
 
 STATE_ENV = "GPUDIAG_SLURM_STATE"
+# Mirrors scheduler/slurm/loop.py MIN_INTERVAL_S (kept here so --help needs no import of it).
+MIN_INTERVAL = "5s"
 
 _OPTIONS = [
     click.option("--backend", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
                  help="local: the embedded scheduler for this machine; slurm: a controller beside "
-                      "slurmctld that steers Slurm with Nice and requeue."),
+                      "slurmctld that steers Slurm with Nice and requeue (docs/slurm.md)."),
     click.option("--prometheus", default=None, metavar="URL",
                  help="(slurm) Read job signals from this Prometheus' HTTP API."),
     click.option("--agents", default=None, metavar="HOST:PORT,...",
                  help="(slurm) Read job signals from these agents' /metrics instead."),
-    click.option("--interval", default="60s", show_default=True, help="(slurm) Time between rounds."),
-    click.option("--dry-run", is_flag=True, help="(slurm) Decide and print, change nothing in Slurm."),
+    click.option("--interval", default="60s", show_default=True,
+                 help=f"(slurm) Time between rounds (at least {MIN_INTERVAL}); the lease is 3 rounds."),
+    click.option("--dry-run", is_flag=True,
+                 help="(slurm) Decide and print, change nothing in Slurm or the ledger."),
     click.option("--once", is_flag=True, help="(slurm) One round, then exit."),
     click.option("--json", "as_json", is_flag=True, help="(slurm) Print each round as JSON."),
     click.option("--restore", is_flag=True,
                  help="(slurm) On exit, put back every Nice and PreemptMode the controller changed."),
+    click.option("--restore-only", is_flag=True,
+                 help="(slurm) Undo everything the ledger holds and exit, running no round; exit 1 naming "
+                      "what could not be restored (the unit's ExecStopPost)."),
+    click.option("--watchdog", is_flag=True,
+                 help="(slurm) Run no rounds: give preemption back to Slurm whenever the controller's "
+                      "lease in the ledger lapses (a controller that died or hangs)."),
     click.option("--state", type=click.Path(path_type=Path), default=None,
                  help=f"(slurm) The ledger of changes (default: ${STATE_ENV}, "
-                      "/var/lib/gpudiag/slurm-controller.json as root)."),
+                      "/var/lib/gpudiag/slurm-controller.json as root); MFU history beside it."),
     click.option("--nice-max", type=int, default=None,
                  help="(slurm) Nice for the least efficient job (default: 10000 with priority/basic; "
                       "the efficiency delay in age points with priority/multifactor)."),
     click.option("--takeover/--no-takeover", default=True, show_default=True,
-                 help="(slurm) Choose preemption victims (preemptible partitions' PreemptMode set to OFF "
-                      "while the controller runs) or leave them to Slurm."),
+                 help="(slurm) Choose preemption victims (REQUEUE partitions held at PreemptMode=OFF "
+                      "while the controller runs and has evidence) or leave them to Slurm."),
     click.option("--min-change-interval", default="5m", show_default=True,
                  help="(slurm) At most one Nice change per job this often."),
 ]
-SLURM_PARAMS = ("prometheus", "agents", "interval", "dry_run", "once", "as_json", "restore", "state",
-                "nice_max", "takeover", "min_change_interval")
+SLURM_PARAMS = ("prometheus", "agents", "interval", "dry_run", "once", "as_json", "restore", "restore_only",
+                "watchdog", "state", "nice_max", "takeover", "min_change_interval")
+# ``serve`` options of the local scheduler that the Slurm controller honours; every other one
+# given with --backend slurm is refused (with the hint below where there is a Slurm equivalent).
+SLURM_HONOURS = ("quota", "min_runtime", "efficiency_delay")
+SLURM_HINTS = {"state_dir": "the controller's ledger is --state", "agent_url": "use --agents HOST:PORT",
+               "agent_dir": "use --prometheus URL or --agents HOST:PORT",
+               "gpus": "Slurm's nodes say how many GPUs there are",
+               "slots": "Slurm's nodes say what there is",
+               "monitor": "a Slurm job runs `gpudiag profile --monitor` in its own script",
+               "cgroups": "Slurm's own cgroup plugin contains its jobs"}
 
 
 def slurm_options(f):  # noqa: ANN001, ANN201 - a click decorator
@@ -51,6 +72,32 @@ def slurm_options(f):  # noqa: ANN001, ANN201 - a click decorator
     for opt in reversed(_OPTIONS):
         f = opt(f)
     return f
+
+
+def _given(name: str) -> bool:
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    src = ctx.get_parameter_source(name)
+    return src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _flag(name: str) -> str:
+    return "--" + {"as_json": "json"}.get(name, name).replace("_", "-")
+
+
+def check_options(backend: str, local: dict[str, object], slurm: dict[str, object]) -> None:
+    """One line and exit 2 for an option the chosen backend would not honour."""
+    if backend == "slurm":
+        for name in local:
+            if name not in SLURM_HONOURS and _given(name):
+                hint = SLURM_HINTS.get(name, "it is the local scheduler's")
+                raise BadInput(f"{_flag(name)} does not apply to --backend slurm: {hint}")
+    else:
+        for name in slurm:
+            if name != "backend" and _given(name):
+                raise BadInput(f"{_flag(name)} is the Slurm controller's: add --backend slurm, "
+                               "or leave it out")
 
 
 def default_ledger() -> Path:
@@ -63,16 +110,32 @@ def default_ledger() -> Path:
     return Path(os.path.expanduser("~/.local/state/gpudiag/slurm-controller.json"))
 
 
-def serve_slurm(prometheus: str | None, agents: str | None, interval: str, dry_run: bool, once: bool,
-                as_json: bool, restore: bool, state: Path | None, nice_max: int | None,
-                takeover: bool, min_change_interval: str) -> int:
+def _policy(local: dict[str, object]):  # noqa: ANN202 - a scheduler Policy (imported lazily)
     from gpudiag.commands.profile import parse_duration
-    from gpudiag.scheduler.slurm.controller import Controller, Options
-    from gpudiag.scheduler.slurm.ledger import LedgerError
-    from gpudiag.scheduler.slurm.loop import serve
+    from gpudiag.scheduler.model import Policy
+
+    policy = Policy()
+    if local.get("efficiency_delay") is not None:
+        policy = dataclasses.replace(policy, max_efficiency_delay_s=parse_duration(
+            str(local["efficiency_delay"]), "--efficiency-delay"))
+    return policy
+
+
+def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | None, interval: str,
+                dry_run: bool, once: bool, as_json: bool, restore: bool, restore_only: bool, watchdog: bool,
+                state: Path | None, nice_max: int | None, takeover: bool, min_change_interval: str) -> int:
+    from gpudiag.commands.profile import parse_duration
+    from gpudiag.commands.scheduler_cmd import quota_of
+    from gpudiag.scheduler.slurm.controller import Controller, Options, lease_for
+    from gpudiag.scheduler.slurm.ledger import LedgerError, LedgerStore
+    from gpudiag.scheduler.slurm.loop import MIN_INTERVAL_S, serve
+    from gpudiag.scheduler.slurm.loop import restore_only as do_restore_only
+    from gpudiag.scheduler.slurm.loop import watchdog as dog
     from gpudiag.scheduler.slurm.slurmio import SlurmIO
     from gpudiag.scheduler.slurm.sources import AgentsSource, PrometheusSource
 
+    if sum((restore_only, watchdog, once)) > 1:
+        raise BadInput("give one of --restore-only, --watchdog and --once")
     if prometheus and agents:
         raise BadInput("give --prometheus or --agents, not both")
     if prometheus and not prometheus.startswith(("http://", "https://")):
@@ -86,21 +149,33 @@ def serve_slurm(prometheus: str | None, agents: str | None, interval: str, dry_r
     try:
         period = parse_duration(interval, "--interval")
         change_every = parse_duration(min_change_interval, "--min-change-interval")
+        policy = _policy(local)
+        min_runtime = parse_duration(str(local["min_runtime"]), "--min-runtime") \
+            if _given("min_runtime") else None
     except click.BadParameter as e:
         raise BadInput(str(e.format_message())) from None
-    if period <= 0:
-        raise BadInput("--interval must be positive")
+    if period < MIN_INTERVAL_S:
+        raise BadInput(f"--interval {interval}: at least {MIN_INTERVAL_S:.0f} s (each round reads squeue and "
+                       "scontrol from slurmctld)")
     if nice_max is not None and not 1 <= nice_max <= 2_147_483_645:
         raise BadInput("--nice-max must be between 1 and 2147483645")
-    source = PrometheusSource(prometheus) if prometheus else AgentsSource(hosts) if hosts else None
+    if (restore_only or watchdog) and (prometheus or agents or restore):
+        raise BadInput("--restore-only and --watchdog read only the ledger: leave out --prometheus, "
+                       "--agents, --restore")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    ledger = state or default_ledger()
+    io = SlurmIO()
+    if restore_only:
+        return do_restore_only(io, LedgerStore(ledger, readonly=dry_run), as_json, dry_run)
+    if watchdog:
+        return dog(io, LedgerStore(ledger))
+    source = PrometheusSource(prometheus) if prometheus else AgentsSource(hosts) if hosts else None
+    opts = Options(dry_run=dry_run, nice_max=nice_max, takeover=takeover, min_change_interval_s=change_every,
+                   lease_s=lease_for(period), min_runtime_s=min_runtime,
+                   quotas={t: float(n) for t, n in quota_of(tuple(local.get("quota") or ())).items()},
+                   need_multifactor=_given("efficiency_delay") and nice_max is None)
     try:
-        ctl = Controller(SlurmIO(), source,
-                         options=Options(dry_run=dry_run, nice_max=nice_max, takeover=takeover,
-                                         min_change_interval_s=change_every),
-                         ledger_path=state or default_ledger())
+        ctl = Controller(io, source, policy, options=opts, ledger_path=ledger)
     except LedgerError as e:
         raise BadInput(str(e)) from None
-    if dry_run and restore:
-        logging.getLogger("gpudiag.scheduler.slurm").info("--dry-run: --restore reports what it would undo")
     return serve(ctl, period, once, as_json, restore)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
+from gpudiag.commands.profile import format_duration
 from gpudiag.errors import BadInput
+from gpudiag.scheduler.model import Policy
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,10 +19,13 @@ from gpudiag.errors import BadInput
               help="Higher tiers go first; only a higher tier preempts (spot is preemptible capacity).")
 @click.option("--team", default="", help="Team for fair share (default: your user name).")
 @click.option("--name", default="", help="The recurring job's key: what earlier runs taught us applies.")
-@click.option("--grace", default="60s", show_default=True,
-              help="Time between SIGTERM and SIGKILL when preempted or cancelled: checkpoint in it.")
+@click.option("--grace", default=format_duration(Policy().default_grace_s), show_default=True,
+              help="Time between SIGTERM and SIGKILL when preempted or cancelled: checkpoint in it "
+                   "(Policy.default_grace_s).")
 @click.option("--time-limit", default=None,
-              help="Stop the job after this long (e.g. 2h); backfill trusts it.")
+              help="Stop the job after this long (e.g. 2h); backfill trusts it. Without it backfill "
+                   f"assumes {format_duration(Policy().default_estimate_s)} (Policy.default_estimate_s): "
+                   "the job never starts ahead of a reservation.")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="The scheduler's state folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")

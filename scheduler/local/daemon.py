@@ -5,6 +5,10 @@ that SIGCHLD writes to (``signal.set_wakeup_fd``), with a one-second tick for th
 alone changes (grace periods, time limits, aging, an adopted job that ended). After anything
 happened it runs one scheduling pass and applies its decisions. No thread, so no lock: a
 request is answered from the same state the pass uses.
+
+Nothing a user controls may stall the loop: job files are opened without following links or
+blocking (``jobfiles``), and a submit's check of the command runs as the user beside the loop
+(``usercheck``), its answer sent when that check ends.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudiag.errors import BadInput
-from gpudiag.scheduler.local import protocol
+from gpudiag.scheduler.local import jobfiles, protocol, runner
 from gpudiag.scheduler.local.config import (
     DB_NAME,
     LOCK_NAME,
@@ -29,18 +34,22 @@ from gpudiag.scheduler.local.config import (
     SOCKET_NAME,
     prepare_daemon_dir,
 )
+from gpudiag.scheduler.local.containment import Containment
 from gpudiag.scheduler.local.engine import Engine, Machine, stored_signal
 from gpudiag.scheduler.local.lifecycle import Jobs, _log
 from gpudiag.scheduler.local.protocol import Peer, Refused
 from gpudiag.scheduler.local.store import ACTIVE, CANCELLED, FINAL, PENDING, JobRow, Store
-from gpudiag.scheduler.model import Policy, Signal
+from gpudiag.scheduler.local.usercheck import CommandCheck
+from gpudiag.scheduler.model import TIER_NAMES, Policy, Signal, Tier
 from gpudiag.scheduler.priority import MfuBook
+from gpudiag.scheduler.reasons import Pass, Why
 from gpudiag.scheduler.signals import SignalRead, SignalSource
 
 TICK_S = 1.0              # grace periods and time limits are seconds; a second late is fine
 SIGNAL_PERIOD_S = 5.0     # the agent hears from a job every 15 s; reading it 3x as often suffices
 RECENT_FINISHED = 20      # `gpudiag queue` without --all: this many ended jobs
 LISTEN_BACKLOG = 128
+MAX_LOG_OFFSET = 1 << 62  # off_t is 64-bit signed: a larger offset is a malformed request
 
 
 @dataclass
@@ -51,9 +60,19 @@ class Conn:
     outbuf: bytes = b""
 
 
+@dataclass
+class Deferred:
+    """An answer that waits for a check running as the submitting user: ``done`` turns the
+    check's verdict (None, or why not) into the answer."""
+
+    check: CommandCheck
+    done: Callable[[str | None], dict]
+
+
 class Daemon:
     def __init__(self, state_dir: Path, machine: Machine, policy: Policy, quota: dict[str, int],
-                 source: SignalSource | None, monitor: bool = True, agent_dir: Path | None = None) -> None:
+                 source: SignalSource | None, monitor: bool = True, agent_dir: Path | None = None,
+                 cgroups: bool = True) -> None:
         self.state_dir = state_dir
         self.machine = machine
         self.policy = policy
@@ -74,7 +93,10 @@ class Daemon:
         for key, cls, mfu, label, t in self.store.observations():
             book.observe(key, cls, mfu, label, t)
         self.engine = Engine(machine, policy, book, quota)
-        self.jobs = Jobs(self.store, state_dir, machine, monitor, book, agent_dir)
+        self.containment = Containment(self.store.prefix, cgroups)
+        self.jobs = Jobs(self.store, state_dir, machine, monitor, book, agent_dir, self.containment)
+        self.waiting: dict[int, tuple[Conn, Deferred]] = {}   # by the check's fd
+        self.last_pass: Pass | None = None   # what ``gpudiag queue`` explains: the pass that decided
         self.jobs.load()
         self.signals = SignalRead(available=False, why="not read yet")
         self.signals_t = -1e18
@@ -100,7 +122,7 @@ class Daemon:
         self.jobs.late_signals(self._live, now)
 
     def _live(self, row: JobRow) -> Signal | None:
-        return self.signals.signals.get(f"{self.store.prefix}:{row.id}")
+        return self.signals.of(f"{self.store.prefix}:{row.id}", row.uid)  # only its own user's
 
     def signal_map(self, now: float) -> dict[int, Signal]:
         out = {}
@@ -132,9 +154,9 @@ class Daemon:
             return
         active = list(self.jobs.active.values())
         ckpt = {r.id: self.jobs.checkpoint_time(r) for r in active}
-        decisions = self.engine.decide(list(self.jobs.pending.values()), active, self.signal_map(now), ckpt,
-                                       now, self.signals.available)
-        for d in decisions:
+        self.last_pass = self.engine.plan(list(self.jobs.pending.values()), active, self.signal_map(now),
+                                          ckpt, now, self.signals.available)
+        for d in self.last_pass.decisions:
             if d.kind == "start" and d.job_id in self.jobs.pending:
                 slots = sorted(i for _, idx in d.placement.slots for i in idx)
                 self.jobs.start(self.jobs.pending[d.job_id], slots, now)
@@ -143,10 +165,11 @@ class Daemon:
                                self.engine.words(f"preempted: {d.reason}", now), now)
 
     # -- requests -------------------------------------------------------------------------------
-    def handle(self, req: dict, peer: Peer) -> dict:
+    def handle(self, req: dict, peer: Peer) -> dict | Deferred:
         op = req["op"]
         if op == "ping":
-            return {"ok": True, "pid": os.getpid(), "prefix": self.store.prefix}
+            return {"ok": True, "pid": os.getpid(), "prefix": self.store.prefix,
+                    "containment": self.containment.describe()}
         if op == "submit":
             return self.submit(protocol.parse_submit(req), peer)
         if op == "queue":
@@ -164,16 +187,34 @@ class Daemon:
             raise Refused(f"job {job_id} belongs to {row.user}: only its owner or root may do that")
         return row
 
-    def submit(self, s: protocol.SubmitRequest, peer: Peer) -> dict:
+    def submit(self, s: protocol.SubmitRequest, peer: Peer) -> Deferred:
+        """Checked here: what the request says; then, as the user, that the command can run
+        from its folder (``usercheck``); queued when that check says yes."""
         total = len(self.machine.ids)
         if s.gpus > total:
             raise Refused(f"needs {s.gpus} {self.machine.unit}, this machine has {total}")
         if os.geteuid() != 0 and peer.uid != os.geteuid():
             raise Refused(f"this scheduler runs as uid {os.geteuid()} and runs only that user's jobs "
                           "(run it as root to share the machine)")
-        from gpudiag.scheduler.local.runner import user_name
+        if peer.uid != os.geteuid():
+            try:
+                runner.credentials(peer.uid)
+            except runner.UnknownUser:
+                raise Refused(f"uid {peer.uid} has no user on this machine (no passwd entry): jobs run as "
+                              "their submitter, so this scheduler cannot run yours (ask the admin to add the "
+                              "user)") from None
+        user = runner.user_name(peer.uid)
+        exe = runner.monitor_command(Path(), s.cmd)[0] if self.jobs.monitor else s.cmd[0]
+        try:
+            check = CommandCheck(peer.uid, user, s.cwd, s.cmd[0], exe, s.env)
+        except (OSError, ValueError) as e:
+            why = getattr(e, "strerror", None) or e
+            raise Refused(f"cannot check your command as {user}: {why}") from None
+        return Deferred(check, lambda why: self._enqueue(s, peer, user, why))
 
-        user = user_name(peer.uid)
+    def _enqueue(self, s: protocol.SubmitRequest, peer: Peer, user: str, why: str | None) -> dict:
+        if why is not None:
+            raise Refused(why)
         row = JobRow(id=0, uid=peer.uid, user=user, team=s.team or user, name=s.name,
                      key=f"{user}/{s.name}" if s.name else "", tier=int(s.tier), gpus=s.gpus,
                      grace_s=s.grace_s,
@@ -198,16 +239,27 @@ class Daemon:
         return {"ok": True, "id": row.id, "state": row.state}
 
     def queue(self, everything: bool) -> dict:
+        if self.dirty:   # something changed since the last pass: let a pass decide, then explain it
+            self.dirty = False
+            self.schedule(time.time())
         now = time.time()
-        pending = list(self.jobs.pending.values())
-        order, why = self.engine.reasons(pending, list(self.jobs.active.values()), self.signal_map(now), now,
-                                         self.signals.available)
+        last = self.last_pass
+        seen = last.why if last is not None else {}
+        rows_by_id = {**self.jobs.pending, **self.jobs.active}
+        order = [i for i in (last.order if last is not None else ()) if i in self.jobs.pending]
+        order += [i for i in self.jobs.pending if i not in seen]
         rows = [self.jobs.pending[i] for i in order] + list(self.jobs.active.values())
         finished = self.store.jobs(FINAL, limit=None if everything else RECENT_FINISHED)
         out = []
         for r in rows + finished:
             d = r.public()
-            d["why"] = why.get(r.id, r.reason)
+            d["tier_name"] = TIER_NAMES[Tier(r.tier)]
+            if r.state == PENDING:
+                d["why"] = self.engine.describe(seen[r.id], rows_by_id, now) if r.id in seen \
+                    else "waiting for the next scheduling pass"
+                d["why_numbers"] = _why_numbers(seen.get(r.id))
+            else:
+                d["why"] = r.reason
             d["slot_ids"] = [self.machine.ids[i] for i in (r.slots or ())]
             out.append(d)
         sig = self.signals
@@ -220,24 +272,24 @@ class Daemon:
         stream = req.get("stream", "stdout")
         offset = req.get("offset", 0)
         if stream not in ("stdout", "stderr") or isinstance(offset, bool) or not isinstance(offset, int) \
-                or offset < 0:
+                or not 0 <= offset <= MAX_LOG_OFFSET:
             raise Refused("logs: stream must be stdout or stderr and offset a byte count")
-        path = self.jobs.job_dir(row) / stream
-        data = b""
+        what = f"{stream} of job {row.id}"
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            fd = None
+            with jobfiles.open_dir(self.jobs.job_dir(row), row.uid) as fd:
+                data = jobfiles.read_file(fd, stream, row.uid, protocol.MAX_LOG_CHUNK, offset, what)
+        except jobfiles.UnsafeFile as e:
+            if e.errno != errno.ENOENT:   # no folder: the job has not started yet
+                raise Refused(f"{e.strerror} (the job's folder is its user's: was it replaced?)") from None
+            data = b""
         except OSError as e:
-            raise Refused(f"cannot read {stream} of job {row.id}: {e.strerror}") from None
-        if fd is not None:
-            try:
-                os.lseek(fd, offset, os.SEEK_SET)
-                data = os.read(fd, protocol.MAX_LOG_CHUNK)
-            finally:
-                os.close(fd)
-        return {"ok": True, "data": data.decode("utf-8", "replace"), "next": offset + len(data),
-                "ended": row.state not in (PENDING, *ACTIVE), "state": row.state}
+            raise Refused(f"cannot read {what}: {e.strerror or e}") from None
+        ended = row.state not in (PENDING, *ACTIVE)
+        out = {"ok": True, "data": data.decode("utf-8", "replace"), "next": offset + len(data),
+               "ended": ended, "state": row.state}
+        if ended and row.reason.startswith("could not start"):
+            out["note"] = f"job {row.id} {row.reason}"
+        return out
 
     # -- the loop -------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -260,7 +312,8 @@ class Daemon:
         sel.register(listener, selectors.EVENT_READ, "listen")
         sel.register(rfd, selectors.EVENT_READ, "wake")
         _log(f"serving {len(self.machine.ids)} {self.machine.unit} on {sock_path} (pid {os.getpid()}); "
-             f"signals: {'available' if self.signals.available else self.signals.why}")
+             f"signals: {'available' if self.signals.available else self.signals.why}; "
+             f"containment: {self.containment.describe()}")
         next_tick = 0.0
         while not self.stopping:
             timeout = max(0.0, next_tick - time.monotonic()) if not self.dirty else 0.0
@@ -274,8 +327,13 @@ class Daemon:
                     except BlockingIOError:
                         pass
                     self.dirty = True
-                else:
+                elif isinstance(key.data, Conn):
                     self._io(key.data, mask, sel)
+                else:
+                    self._checked(key.data, sel)
+            for conn, deferred in list(self.waiting.values()):
+                if deferred.check.expired():
+                    self._checked((conn, deferred), sel)
             if self.dirty or time.monotonic() >= next_tick:
                 self.dirty = False
                 self.schedule(time.time())
@@ -306,7 +364,13 @@ class Daemon:
                     self._answer(c, {"ok": False, "error": f"request larger than {MAX_REQUEST_BYTES} bytes"},
                                  sel)
                 elif b"\n" in c.inbuf or not b:
-                    self._answer(c, self._respond(bytes(c.inbuf).split(b"\n", 1)[0], c.peer), sel)
+                    answer = self._respond(bytes(c.inbuf).split(b"\n", 1)[0], c.peer)
+                    if isinstance(answer, Deferred):   # answered when the check ends (_checked)
+                        sel.unregister(c.sock)
+                        sel.register(answer.check, selectors.EVENT_READ, (c, answer))
+                        self.waiting[answer.check.fileno()] = (c, answer)
+                    else:
+                        self._answer(c, answer, sel)
             elif mask & selectors.EVENT_WRITE:
                 n = c.sock.send(c.outbuf)
                 c.outbuf = c.outbuf[n:]
@@ -321,18 +385,42 @@ class Daemon:
             sel.unregister(c.sock)
             c.sock.close()
 
-    def _respond(self, line: bytes, peer: Peer) -> dict:
+    def _respond(self, line: bytes, peer: Peer) -> dict | Deferred:
+        return self._guarded(lambda: self.handle(protocol.decode_request(line), peer))
+
+    def _guarded(self, answer: Callable[[], dict | Deferred]) -> dict | Deferred:
         try:
-            return self.handle(protocol.decode_request(line), peer)
+            return answer()
         except Refused as e:
             return {"ok": False, "error": str(e)}
         except Exception as e:  # noqa: BLE001 - one bad request must not take the machine's queue down
             _log(f"request failed: {type(e).__name__}: {e}")
             return {"ok": False, "error": f"internal error: {type(e).__name__}: {e}", "internal": True}
 
+    def _checked(self, waiting: tuple[Conn, Deferred], sel: selectors.BaseSelector) -> None:
+        """A submit's check ended (or ran out of time): answer its client."""
+        c, deferred = waiting
+        self.waiting.pop(deferred.check.fileno(), None)
+        sel.unregister(deferred.check)
+        answer = self._guarded(lambda: deferred.done(deferred.check.verdict()))
+        sel.register(c.sock, selectors.EVENT_READ, c)
+        self._answer(c, answer, sel)
+
     def _answer(self, c: Conn, msg: dict, sel: selectors.BaseSelector) -> None:
+        """Send now what the socket takes (the client need not wait for the pass that follows
+        a submit); the rest when it is writable."""
         c.outbuf = protocol.encode(msg)
         sel.modify(c.sock, selectors.EVENT_WRITE, c)
+        self._io(c, selectors.EVENT_WRITE, sel)
+
+
+def _why_numbers(why: Why | None) -> dict:
+    """The pass's reason as data, for ``gpudiag queue --json``."""
+    if why is None:
+        return {}
+    return {"position": why.position, "head": why.head, "start_at": why.start_at,
+            "waits_for": list(why.waits_for), "waits_for_stopping": why.firm, "behind": why.ahead,
+            "fair_share": why.fair_share}
 
 
 def main_loop(daemon: Daemon) -> None:

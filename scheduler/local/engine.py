@@ -3,8 +3,10 @@
 The machine is one node of the policy's model whose GPUs are the daemon's slots (GPU indices,
 or CPU slots with ``--slots N``). Everything here is computed from what the daemon holds in
 memory, so one pass costs what the policy costs (about a millisecond per hundred queued jobs),
-not a database read. The reasons for ``gpudiag queue`` come from one pass over the whole queue,
-not one ``explain`` per job (that would be quadratic at a thousand queued jobs).
+not a database read. The reasons ``gpudiag queue`` shows are those of the daemon's last pass
+(``reasons.Pass``, kept by the daemon), put into a person's words here: slots where the machine
+has slots, clock times, and a start time only where one can be estimated - from time limits and
+kill deadlines, never from the default estimate of a job that has no time limit.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.local.store import STOPPING, JobRow
 from gpudiag.scheduler.model import (
     Cluster,
@@ -29,12 +30,11 @@ from gpudiag.scheduler.model import (
     TeamShare,
     Tier,
 )
-from gpudiag.scheduler.policy import order_queue, plan_pass, schedule, wait_reasons
+from gpudiag.scheduler.policy import plan
 from gpudiag.scheduler.priority import MfuBook
+from gpudiag.scheduler.reasons import Pass, Why
 
-# What backfill assumes of a job submitted without --time-limit: a day, so such a job never
-# backfills in front of a reservation (it could run that long); Slurm uses the partition's limit.
-DEFAULT_ESTIMATE_S = 86400.0
+STOP_WORDS = {"preempt": "preempted", "cancel": "cancelled", "timeout": "out of time"}
 
 
 @dataclass(frozen=True)
@@ -58,24 +58,29 @@ class Machine:
         return {"CUDA_VISIBLE_DEVICES": value} if self.gpus else {"GPUDIAG_SLOTS": value}
 
 
-def job_of(row: JobRow) -> Job:
-    """The policy's Job for a row (cached on the row: rows change state, not what was asked)."""
+def job_of(row: JobRow, default_estimate_s: float = Policy.default_estimate_s) -> Job:
+    """The policy's Job for a row (cached on the row: rows change state, not what was asked).
+    Without ``--time-limit`` backfill assumes ``Policy.default_estimate_s``."""
     job = row.extra.get("job")
     if job is None:
         job = Job(id=row.id, gpus=row.gpus, submit=row.submit_t,
-                  estimate_s=row.time_limit_s or DEFAULT_ESTIMATE_S, user=row.user, team=row.team,
+                  estimate_s=row.time_limit_s or default_estimate_s, user=row.user, team=row.team,
                   key=row.key, tier=Tier(row.tier), preemptible=True, grace_s=row.grace_s)
         row.extra["job"] = job
     return job
 
 
-def running_of(row: JobRow, last_checkpoint: float | None) -> Running:
+def running_of(row: JobRow, last_checkpoint: float | None,
+               default_estimate_s: float = Policy.default_estimate_s) -> Running:
+    """A stopping job holds its slots until its kill deadline at the latest (its estimate says
+    nothing any more), and its slots are on their way to being free: never a victim again."""
     start = row.started_t or row.submit_t
-    job = job_of(row)
+    job = job_of(row, default_estimate_s)
     ckpt = start if last_checkpoint is None else max(start, last_checkpoint)
-    return Running(job, Placement(((0, tuple(row.slots or ())),)), start,
-                   expected_end=start + job.estimate_s, last_checkpoint=ckpt,
-                   terminating=row.state == STOPPING)
+    stopping = row.state == STOPPING
+    end = row.stop_deadline if stopping and row.stop_deadline is not None else start + job.estimate_s
+    return Running(job, Placement(((0, tuple(row.slots or ())),)), start, expected_end=end,
+                   last_checkpoint=ckpt, terminating=stopping)
 
 
 def stored_signal(row: JobRow, now: float) -> Signal | None:
@@ -104,42 +109,54 @@ class Engine:
         # no agent: schedule without the efficiency factor rather than guess every job's MFU
         return self.policy if signals_available else dataclasses.replace(self.policy, efficiency=False)
 
+    def plan(self, pending: Sequence[JobRow], active: Sequence[JobRow], signals: Mapping[int, Signal],
+             ckpt: Mapping[int, float | None], now: float, signals_available: bool) -> Pass:
+        """One pass: starts (exact slots), preemptions, the head's hold, and the reasons behind them."""
+        est = self.policy.default_estimate_s
+        running = [running_of(r, ckpt.get(r.id), est) for r in active]
+        return plan(self.machine.cluster, [job_of(r, est) for r in pending], running, signals, self.book,
+                    now, self._policy(signals_available), teams_of(self.quota, active))
+
     def decide(self, pending: Sequence[JobRow], active: Sequence[JobRow], signals: Mapping[int, Signal],
                ckpt: Mapping[int, float | None], now: float, signals_available: bool) -> list[Decision]:
-        """One pass: starts (exact slots), preemptions, and the head's hold."""
-        running = [running_of(r, ckpt.get(r.id)) for r in active]
-        return schedule(self.machine.cluster, [job_of(r) for r in pending], running, signals, self.book,
-                        now, self._policy(signals_available), teams_of(self.quota, active))
+        return self.plan(pending, active, signals, ckpt, now, signals_available).decisions
 
-    def reasons(self, pending: Sequence[JobRow], active: Sequence[JobRow], signals: Mapping[int, Signal],
-                now: float, signals_available: bool) -> tuple[list[int], dict[int, str]]:
-        """(pending job ids in scheduling order, why each one waits), from one planning pass."""
-        policy = self._policy(signals_available)
-        running = [running_of(r, None) for r in active]
-        state = ClusterState(self.machine.cluster)
-        for r in running:
-            state.occupy(r.placement)
-        queue = order_queue([job_of(r) for r in pending], running, signals, self.book, now, policy,
-                            state.max_gpus, teams_of(self.quota, active), state.total_gpus)
-        by_end = sorted(((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0])
-        decided = {d.job_id: d for d in plan_pass(state, queue, by_end, now, policy)}
-        order = [j.id for j in queue.jobs]
-        out: dict[int, str] = {}
-        for job_id, (starts, text) in wait_reasons(state, queue, decided, policy).items():
-            out[job_id] = f"starts at the next pass: {text}" if starts else self.words(text, now)
-        return order, out
+    def describe(self, why: Why, rows: Mapping[int, JobRow], now: float) -> str:
+        """A pending job's reason from the pass, in a person's words."""
+        if why.starts:
+            return f"starts at the next pass: {self.words(why.text, now)}"
+        if not why.head:
+            return self.words(why.text, now)
+        parts = [f"next to start: {self.words(why.need, now)}"]
+        waits = [rows[j] for j in why.waits_for if j in rows]
+        if why.firm and waits:
+            each = [f"job {r.id} ({STOP_WORDS.get(r.stop_kind or '', 'stopping')}, grace ends "
+                    f"{_clock(r.stop_deadline or now)})" for r in waits]
+            parts.append(f"will start when {' and '.join(each)} stop{'s' if len(each) == 1 else ''}")
+        elif waits and any(r.state != STOPPING and r.time_limit_s is None for r in waits):
+            ids = ", ".join(str(r.id) for r in waits)
+            parts.append(f"waits for job{'s' if len(waits) > 1 else ''} {ids} to end "
+                         "(no time limit: no start time to estimate)")
+        elif why.start_at is not None:
+            parts.append(f"reserved from {_when(why.start_at, now)}")
+        if why.lowered:
+            parts.append(self.words(why.lowered, now))
+        return "; ".join(parts)
 
     def words(self, text: str, now: float) -> str:
         """The policy speaks of GPUs and of times on its clock; say slots on a CPU machine and
         clock times as a person reads them."""
         if not self.machine.gpus:
-            text = text.replace("GPUs", "slots").replace("GPU-h", "slot-h")
+            text = re.sub(r"\bGPU(s?)\b", r"slot\1", text)
         # one machine is one node: "on one node" says nothing there
         text = re.sub(r" on one node, at most (\d+) free on one", r", \1 free", text)
         text = re.sub(r", at most \d+ on one node| on one node", "", text)
+        return re.sub(r"t=(-?\d+(?:\.\d+)?)s", lambda m: _when(float(m.group(1)), now), text)
 
-        def when(m: re.Match) -> str:
-            t = float(m.group(1))
-            return f"{time.strftime('%a %H:%M', time.localtime(t))} (in {max(0.0, t - now) / 60:.0f} min)"
 
-        return re.sub(r"t=(-?\d+(?:\.\d+)?)s", when, text)
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def _when(t: float, now: float) -> str:
+    return f"{time.strftime('%a %H:%M', time.localtime(t))} (in {max(0.0, t - now) / 60:.0f} min)"

@@ -197,6 +197,15 @@ class Store:
                 setattr(row, k, v)
 
 
+def read_prefix(path: Path) -> str:
+    """A database's launch prefix, read-only (a test or benchmark ending what a daemon left)."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return con.execute("SELECT value FROM meta WHERE key='prefix'").fetchone()[0]
+    finally:
+        con.close()
+
+
 class _Tx:
     """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on an exception): one transaction, taken eagerly so
     a second process on the same file (a benchmark, a test reading it) cannot interleave."""

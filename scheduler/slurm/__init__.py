@@ -1,8 +1,13 @@
 """gpudiag beside a Slurm cluster: read squeue and the agents' signals, run the policy core, and
-apply small, logged, reversible changes with Slurm's own commands (``scontrol update Nice=``,
-``scontrol requeue``). Slurm keeps doing gang allocation, placement and tier preemption.
+apply small, logged, undoable changes with Slurm's own commands (``scontrol update Nice=``,
+``scontrol requeue``, ``scontrol update PreemptMode=``). Slurm keeps doing gang allocation,
+placement and tier preemption wherever gpudiag cannot judge or act.
 
-Modules: ``squeue`` (parsing Slurm's output), ``slurmio`` (running Slurm's commands),
-``sources`` (signals from Prometheus' HTTP API or the agents' /metrics), ``adapter`` (Slurm
-jobs as the policy core's model), ``controller`` (one round, the ledger of changes, the loop).
+Modules: ``squeue``/``slurmconf`` (parsing Slurm's output), ``slurmio`` (running Slurm's
+commands), ``sources`` (signals from Prometheus' HTTP API or the agents' /metrics), ``adapter``
+(Slurm jobs as the policy core's model), ``ledger`` (the write-ahead ledger and its lease),
+``actions`` (changes made write-ahead, and their undo), ``takeover`` (which partitions gpudiag
+holds), ``serve_jobs`` (which waiting jobs gpudiag or Slurm serves), ``efficiency`` (Nice),
+``history`` (MFU per key, kept across restarts), ``controller`` (one round), ``loop`` (the
+processes: rounds, ``--restore-only``, ``--watchdog``). docs/slurm.md says how to run them.
 """

@@ -2,10 +2,16 @@
 
 - Tiers are partitions ranked by ``PriorityTier``: the lowest is spot, the highest on-demand
   (when there are at least two ranks), anything between reserved; one rank only: reserved.
-- A job is preemptible when its partition's PreemptMode (as configured, before the controller
-  took preemption over) is not OFF; its grace is what Slurm gives a requeued job: ``KillWait``.
+- Nodes are the nodes Slurm would start a job on (``slurmconf.SlurmNode.usable``), each with its
+  own GPU count; a drained, down or unresponsive node is not in the model, nor are its jobs.
+- A running job is a victim the policy may choose only when gpudiag can carry the choice out:
+  its partition is held by gpudiag (PreemptMode=OFF, taken over from REQUEUE) and the job may be
+  requeued. Its grace is what a requeued job gets: ``KillWait``.
+- A job that is stopping holds its GPUs until its processes are gone and is never a victim again:
+  COMPLETING (a requeue or an end in progress: until KillWait from now), preempted by Slurm (in
+  its GraceTime: until ``preempt_time`` + GraceTime + KillWait), or requeued by gpudiag.
 - A job's key (the "same job" across runs, whose MFU history applies) is ``user/job name``;
-  its team is its account (fair share).
+  its team is its account (fair share and quotas).
 - A running job's last checkpoint is unknown to Slurm: its start (the pessimistic assumption:
   everything since the start is lost if it is requeued now).
 - Only jobs that ask for GPUs are scheduled here, and of the pending ones only those Slurm
@@ -15,15 +21,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Running, Tier
-from gpudiag.scheduler.slurm.squeue import Partition, SlurmJob
+from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Tier
+from gpudiag.scheduler.slurm.slurmconf import Partition, SlurmNode
+from gpudiag.scheduler.slurm.squeue import SlurmJob
 
 # Pending reasons under which Slurm would start the job as soon as it fits.
 SCHEDULABLE_REASONS = frozenset({"None", "Priority", "Resources"})
-# What backfill planning assumes about a job without a time limit: a year (it never ends).
-NO_LIMIT_ESTIMATE_S = 365 * 86400.0
+# What backfill planning assumes about a job without a time limit (Slurm's UNLIMITED).
+NO_LIMIT_ESTIMATE_S = Policy.default_estimate_s
 
 
 def tiers_of(partitions: Mapping[str, Partition]) -> dict[str, Tier]:
@@ -39,21 +47,33 @@ def tiers_of(partitions: Mapping[str, Partition]) -> dict[str, Tier]:
     return out
 
 
-def cluster_of(nodes: Mapping[str, int]) -> tuple[Cluster, dict[str, int]]:
-    names = sorted(n for n, g in nodes.items() if g > 0)
-    index = {n: i for i, n in enumerate(names)}
-    return Cluster(tuple(Node(i, nodes[n], 0) for i, n in enumerate(names))), index
+def schedulable(j: SlurmJob) -> bool:
+    return j.state == "PENDING" and j.reason in SCHEDULABLE_REASONS and j.priority > 0
 
 
-def job_of(j: SlurmJob, tiers: Mapping[str, Tier], preemptible_modes: Mapping[str, str],
-           grace_s: float) -> Job:
+def job_of(j: SlurmJob, tiers: Mapping[str, Tier], held: Container[str], grace_s: float) -> Job:
     return Job(id=j.id, gpus=j.gpus, submit=j.submit,
                estimate_s=j.time_limit_s or NO_LIMIT_ESTIMATE_S, user=j.user, team=j.account,
                key=f"{j.user}/{j.name}", tier=tiers.get(j.partition, Tier.RESERVED),
-               preemptible=preemptible_modes.get(j.partition, "OFF").upper() != "OFF", grace_s=grace_s)
+               preemptible=j.partition in held and j.requeue, grace_s=grace_s)
 
 
-def _placement(j: SlurmJob, node_index: Mapping[str, int], nodes: Mapping[str, int],
+@dataclass
+class Model:
+    cluster: Cluster
+    node_index: dict[str, int]
+    pending: list[Job] = field(default_factory=list)
+    running: list[Running] = field(default_factory=list)
+    unmodelled: dict[int, str] = field(default_factory=dict)   # holding job id -> why not in the model
+
+
+def cluster_of(nodes: Mapping[str, SlurmNode]) -> tuple[Cluster, dict[str, int]]:
+    names = sorted(n for n, node in nodes.items() if node.gpus > 0 and node.usable)
+    index = {n: i for i, n in enumerate(names)}
+    return Cluster(tuple(Node(i, nodes[n].gpus, 0) for i, n in enumerate(names))), index
+
+
+def _placement(j: SlurmJob, node_index: Mapping[str, int], nodes: Mapping[str, SlurmNode],
                used: dict[int, set[int]]) -> Placement | None:
     """The GPUs a running job holds; synthetic indices where squeue did not say which."""
     slots = []
@@ -62,35 +82,60 @@ def _placement(j: SlurmJob, node_index: Mapping[str, int], nodes: Mapping[str, i
         n = node_index.get(name)
         if n is None:
             return None
+        size = nodes[name].gpus
         taken = used.setdefault(n, set())
         idx = j.gpu_index[k] if k < len(j.gpu_index) and j.gpu_index[k] else ()
         if not idx:
-            free = [g for g in range(nodes[name]) if g not in taken]
+            free = [g for g in range(size) if g not in taken]
             idx = tuple(free[:per_node])
-        idx = tuple(g for g in idx if g < nodes[name] and g not in taken)
+        idx = tuple(g for g in idx if g < size and g not in taken)
         if idx:
             taken.update(idx)
             slots.append((n, idx))
     return Placement(tuple(slots)) if slots else None
 
 
-def model_of(jobs: Sequence[SlurmJob], nodes: Mapping[str, int], partitions: Mapping[str, Partition],
-             preempt_modes: Mapping[str, str], grace_s: float
-             ) -> tuple[Cluster, list[Job], list[Running]]:
-    """(cluster, schedulable pending GPU jobs, running GPU jobs)."""
+def stopping_until(j: SlurmJob, parts: Mapping[str, Partition], kill_wait_s: float, now: float,
+                   requeued_at: float | None) -> float | None:
+    """When a stopping job's GPUs are free at the latest; None for a job that is not stopping."""
+    if j.state == "COMPLETING":
+        return now + kill_wait_s
+    if j.preempt_time > 0:
+        grace = parts[j.partition].grace_s if j.partition in parts else 0.0
+        return max(now, j.preempt_time + grace + kill_wait_s)
+    if requeued_at is not None:
+        return max(now, requeued_at + kill_wait_s)
+    return None
+
+
+def model_of(jobs: Sequence[SlurmJob], nodes: Mapping[str, SlurmNode], partitions: Mapping[str, Partition],
+             held: Container[str], kill_wait_s: float, now: float,
+             requeued: Mapping[int, float] | None = None) -> Model:
+    """The policy's view: schedulable pending GPU jobs, GPU jobs holding GPUs on usable nodes.
+
+    ``held``: partitions whose jobs gpudiag may requeue; ``requeued``: job id -> when gpudiag
+    requeued it (still stopping)."""
     cluster, node_index = cluster_of(nodes)
     tiers = tiers_of(partitions)
-    pending, running = [], []
+    m = Model(cluster, node_index)
     used: dict[int, set[int]] = {}
     for j in jobs:
         if j.gpus <= 0:
+            if j.holds:
+                m.unmodelled[j.id] = "asks for no GPUs"
             continue
-        job = job_of(j, tiers, preempt_modes, grace_s)
-        if j.state == "PENDING" and j.reason in SCHEDULABLE_REASONS and j.priority > 0:
-            pending.append(job)
-        elif j.state == "RUNNING":
+        job = job_of(j, tiers, held, kill_wait_s)
+        if schedulable(j):
+            m.pending.append(job)
+        elif j.holds:
             pl = _placement(j, node_index, nodes, used)
-            if pl is not None:
-                job.gpus = pl.gpus
-                running.append(Running(job, pl, j.start, j.start + job.estimate_s, last_checkpoint=j.start))
-    return cluster, pending, running
+            if pl is None:
+                m.unmodelled[j.id] = f"on a node gpudiag does not model ({','.join(j.nodes) or 'none'})"
+                continue
+            job.gpus = pl.gpus
+            end = stopping_until(j, partitions, kill_wait_s, now, (requeued or {}).get(j.id))
+            if end is not None:
+                m.running.append(Running(job, pl, j.start, end, last_checkpoint=j.start, terminating=True))
+            else:
+                m.running.append(Running(job, pl, j.start, j.start + job.estimate_s, last_checkpoint=j.start))
+    return m

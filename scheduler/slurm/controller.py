@@ -1,70 +1,73 @@
 """One controller round beside slurmctld: read, decide with the policy core, change little.
 
-Per round: ``squeue`` (pending and running), ``sinfo`` (GPUs per node), ``scontrol show
-partition|config``, the signal source; then
+Per round: one ``squeue --json``, ``scontrol show node|partition|config``, the signal source;
+then, with the ledger (``ledger``) reconciled against what Slurm shows:
 
-1. **Efficiency** (pending GPU jobs): the policy core's ``efficiency_factor`` (the job's own
-   signal - a requeued job has one -, else what earlier jobs of its key reached, against its
-   class median; GPU-idle labels capped) becomes ``Nice = original + (1 - factor) x nice_max``,
-   quantised to ``NICE_STEPS`` so MFU jitter does not change it every round. Only values that
-   differ are written, at most ``max_changes`` per round and one per job per
-   ``min_change_interval_s``; a factor back at 1 (the signal recovered) puts the original back;
-   a Nice someone else changed is theirs (the entry is dropped, never fought over). Signals
-   unavailable (Prometheus down): no efficiency change at all; stale or weak ones the policy
-   ignores. Nice only orders pending jobs within a partition tier: Slurm's PriorityTier still
-   goes first.
-2. **Victims**: the policy core's ``schedule`` (tiers, gang placement, ``choose_victims``: least
-   MFU x GPUs x time since checkpoint lost). Slurm 22.05's ``preempt/partition_prio`` sorts its
-   candidates by PriorityTier, then node count, then job-list order, and nothing gpudiag can set
-   changes that, so the controller takes preemption of the preemptible partitions over (their
-   PreemptMode set to OFF, recorded, restored on ``--restore``) and requeues its own choice with
-   ``scontrol requeue`` - re-checking first that the head is still pending. The victim gets
-   SIGTERM, ``KillWait`` seconds, SIGKILL, and is held (BeginTime) for Slurm's requeue delay.
-   Without takeover (``takeover=False``) Slurm chooses and gpudiag only reports its choice.
+1. **Evidence** first: without a signal source that answers and at least one running GPU job
+   with a usable signal, gpudiag changes nothing (no Nice, no takeover: Slurm decides) and says
+   why in one line.
+2. **Partitions** (``takeover``): REQUEUE partitions are held at PreemptMode=OFF so that gpudiag,
+   not Slurm's fixed order, chooses victims; every waiting job gpudiag cannot judge or serve is
+   handed to Slurm's own preemption.
+3. **Victims**: the policy core's ``schedule`` (tiers, gang placement, ``choose_victims``: least
+   MFU x GPUs x time since checkpoint lost) - only in a round where nothing suggests Slurm is
+   preempting itself (a reset partition, a partition just taken, a job in Slurm's grace), only
+   for a head without victims still stopping, and only where its CPUs and memory will fit.
+   ``scontrol requeue``: SIGTERM, ``KillWait``, SIGKILL, then held (BeginTime).
+4. **Efficiency** (``efficiency``): Nice for pending GPU jobs.
 
-Every change is an ``Action`` with its reason, logged; ``dry_run`` decides without writing.
+Every change is an ``Action`` with its reason, written ahead to the ledger (``actions.apply``);
+``dry_run`` decides without writing anything.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from gpudiag.scheduler.model import Policy, Running, Signal
+from gpudiag.scheduler.model import Policy, Signal, TeamShare
 from gpudiag.scheduler.policy import schedule
-from gpudiag.scheduler.priority import MfuBook, efficiency_factor, job_class, signal_usable
+from gpudiag.scheduler.priority import job_class, signal_usable
 from gpudiag.scheduler.signals import SignalRead, SignalSource
-from gpudiag.scheduler.slurm.adapter import job_of, model_of, tiers_of
-from gpudiag.scheduler.slurm.ledger import Ledger, NiceChange, load_ledger, save_ledger
+from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action, apply, reconcile
+from gpudiag.scheduler.slurm.adapter import Model, model_of
+from gpudiag.scheduler.slurm.efficiency import (
+    DEFAULT_MAX_CHANGES,
+    DEFAULT_MIN_CHANGE_INTERVAL_S,
+    MULTIFACTOR,
+    nice_actions,
+    nice_scale,
+)
+from gpudiag.scheduler.slurm.history import history_path, load_history, save_history
+from gpudiag.scheduler.slurm.ledger import Lease, Ledger, LedgerError, LedgerStore
+from gpudiag.scheduler.slurm.serve_jobs import Serving, serve_waiting
+from gpudiag.scheduler.slurm.slurmconf import cluster_identity, duration_s, memory_is_consumable
 from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
-from gpudiag.scheduler.slurm.sources import JOB_PREFIX
-from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob, duration_s
+from gpudiag.scheduler.slurm.sources import slurm_signals
+from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
+from gpudiag.scheduler.slurm.takeover import (
+    ModeView,
+    busy_partitions,
+    eligible,
+    mode_actions,
+    reconcile_modes,
+)
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
 
-# With priority/basic every submission gets a priority one below the previous one, so Nice n
-# files a job behind the next n submissions; 10,000 is several days of a busy cluster's
-# submissions, the scale of the policy's efficiency delay. priority/multifactor: derived from
-# PriorityWeightAge / PriorityMaxAge so that Nice equals the policy's delay in age points.
-DEFAULT_NICE_MAX = 10_000
-SLURM_NICE_LIMIT = 2_147_483_645     # scontrol rejects |Nice| above this (NICE_OFFSET - 3)
-NICE_STEPS = 20                      # factor quantised to 5 % steps: no change for jitter
-DEFAULT_MIN_CHANGE_INTERVAL_S = 300.0
-DEFAULT_MAX_CHANGES = 200            # scontrol calls per round, whatever the queue
-PREEMPT_OFF = "OFF"
+# The lease outlives three missed rounds and never less than 15 s: a round that runs long (a
+# slow slurmctld) renews it between commands, so only a controller that died or hangs loses it.
+LEASE_ROUNDS = 3
+MIN_LEASE_S = 15.0
 
 
-@dataclass
-class Action:
-    kind: str            # "nice" | "restore" | "requeue" | "preempt_mode"
-    target: str          # job id or partition name
-    old: str
-    new: str
-    reason: str
-    applied: bool = False
-    error: str = ""
-    for_job: int | None = None   # a requeue: the pending job it makes room for
+def lease_for(interval_s: float) -> float:
+    return max(MIN_LEASE_S, LEASE_ROUNDS * interval_s)
 
 
 @dataclass
@@ -76,9 +79,12 @@ class RoundResult:
     decisions: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     jobs: dict = field(default_factory=dict)
+    held: list[str] = field(default_factory=list)             # partitions gpudiag holds after the round
+    handed_back: dict[int, str] = field(default_factory=dict)  # waiting job -> why Slurm serves it
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "actions": [asdict(a) for a in self.actions]}
+        return {**asdict(self), "actions": [{k: v for k, v in asdict(a).items() if k != "ref"}
+                                            for a in self.actions]}
 
 
 @dataclass
@@ -88,18 +94,14 @@ class Options:
     min_change_interval_s: float = DEFAULT_MIN_CHANGE_INTERVAL_S
     max_changes: int = DEFAULT_MAX_CHANGES
     takeover: bool = True
+    lease_s: float = MIN_LEASE_S
+    min_runtime_s: float | None = None          # None: the cluster's PreemptExemptTime
+    quotas: dict[str, float] = field(default_factory=dict)
+    need_multifactor: bool = False              # --efficiency-delay without --nice-max
 
 
-def nice_scale(cfg: dict[str, str], policy: Policy) -> int:
-    """Nice for factor 0 when not given: the policy's delay, in this Slurm's priority units."""
-    if cfg.get("PriorityType") == "priority/multifactor":
-        try:
-            w, age = float(cfg.get("PriorityWeightAge", "0")), duration_s(cfg.get("PriorityMaxAge", "0"))
-        except (ValueError, BadSlurmOutput):
-            w, age = 0.0, 0.0
-        if w > 0 and age > 0:
-            return int(min(SLURM_NICE_LIMIT, max(1.0, w * min(1.0, policy.max_efficiency_delay_s / age))))
-    return DEFAULT_NICE_MAX
+class Refused(ValueError):
+    """An option this cluster's Slurm cannot honour (the CLI exits 2 with this line)."""
 
 
 class Controller:
@@ -109,18 +111,43 @@ class Controller:
         self.policy = policy or Policy()
         self.opt = options or Options()
         self.ledger_path = ledger_path
-        self.ledger: Ledger = load_ledger(ledger_path)
-        self.book = MfuBook(self.policy.history_half_life_s)
-        self.observed: set[int] = set()
+        self.store = LedgerStore(ledger_path, readonly=self.opt.dry_run)
+        self.hist_path = history_path(ledger_path) if ledger_path else None
+        self.history, warn = load_history(self.hist_path, self.policy.history_half_life_s, _now())
+        if warn:
+            log.warning("%s", warn)
+        self._why_no_evidence: str | None = None
 
-    # --- reading ---------------------------------------------------------------------------------
+    # --- the ledger --------------------------------------------------------------------------------
+    def renew(self, ledger: Ledger, now: float | None = None) -> None:
+        """Take or renew the lease; a live lease of another process is refused."""
+        t = _now() if now is None else now
+        held = ledger.lease
+        if held is not None and held.live(t) and not held.mine():
+            raise LedgerError(f"{self.ledger_path}: another controller (pid {held.pid} on {held.host}) holds "
+                              f"its lease for {held.expires - t:.0f} s more; stop it first")
+        if held is not None and not held.mine() and ledger.holds_preemption:
+            log.warning("the previous controller's lease (pid %d on %s) lapsed: this one takes its ledger "
+                        "over", held.pid, held.host)
+        ledger.lease = Lease(os.getpid(), socket.gethostname(), t, t + self.opt.lease_s)
+
+    def _bind(self, ledger: Ledger, cfg: dict[str, str]) -> None:
+        ident = cluster_identity(cfg)
+        if ledger.cluster is None or not (ledger.nice or ledger.modes or ledger.requeued):
+            ledger.cluster = ident
+        elif ledger.cluster != ident:
+            raise LedgerError(f"{self.ledger_path} belongs to cluster {ledger.cluster} and this is {ident}: "
+                              "run --restore-only against that cluster, or give this one its own --state")
+
+    # --- reading -----------------------------------------------------------------------------------
     def _read_signals(self, now: float) -> SignalRead:
         if self.source is None:
             return SignalRead(available=False, why="no signal source (--prometheus or --agents)")
         return self.source.read(now)
 
     def round(self, now: float) -> RoundResult:
-        """One round; raises SlurmUnreachable (the loop backs off), skips on malformed output."""
+        """One round; raises SlurmUnreachable (the loop backs off) and LedgerError (the ledger is
+        not ours to use); skips the round on malformed output."""
         res = RoundResult(at=now)
         try:
             jobs = self.io.jobs()
@@ -131,194 +158,185 @@ class Controller:
             res.skipped = f"round skipped, nothing changed: {e}"
             log.error("%s", res.skipped)
             return res
-        sig = self._read_signals(now)
-        signals = {int(k[len(JOB_PREFIX):]): s for k, s in sig.signals.items()
-                   if k.startswith(JOB_PREFIX) and k[len(JOB_PREFIX):].isdigit()} if sig.available else {}
-        res.signals = {"available": sig.available, "why": sig.why, "jobs": len(signals)}
-        res.jobs = {"pending": sum(j.state == "PENDING" for j in jobs),
-                    "running": sum(j.state == "RUNNING" for j in jobs)}
-        if not sig.available:
-            res.notes.append(f"signals unavailable ({sig.why}): no efficiency changes this round")
+        if self.opt.need_multifactor and cfg.get("PriorityType") != MULTIFACTOR:
+            raise Refused(f"--efficiency-delay: this Slurm uses {cfg.get('PriorityType', '?')}, whose Nice "
+                          "counts submissions, not seconds; give --nice-max N (the least efficient job's "
+                          "Nice) instead")
         by_id = {j.id: j for j in jobs}
-        self._forget_gone(by_id, now)
-        modes = {p.name: self.ledger.preempt_modes.get(p.name, p.preempt_mode) for p in parts.values()}
-        grace = duration_s(cfg.get("KillWait", "30 sec"))
-        policy = replace(self.policy, min_runtime_s=duration_s(cfg.get("PreemptExemptTime", "0")))
-        cluster, pending, running = model_of(jobs, nodes, parts, modes, grace)
-        self._observe(running, signals, now, policy)
-        if self.opt.takeover:
-            res.actions += self._takeover(parts, modes)
-        if sig.available and policy.efficiency:
-            scale = self.opt.nice_max if self.opt.nice_max is not None else nice_scale(cfg, policy)
-            res.actions += self._efficiency(jobs, parts, modes, grace, signals, now, policy, scale)
-        if cluster.nodes:
-            running = [self._mark_terminating(r, now) for r in running]
-            decisions = schedule(cluster, pending, running, signals, self.book, now, policy)
+        snapshot = self.store.read()    # decided on; written back (with the lease) before any change
+        self._bind(snapshot, cfg)
+        reconcile(snapshot, by_id, res.notes)
+        for n in res.notes:
+            log.info("%s", n)
+        modes = reconcile_modes(snapshot, parts)
+        res.notes += modes.notes
+        for n in modes.notes:
+            log.warning("%s", n)
+        requeued = {jid: r.at for jid, r in snapshot.requeued.items()
+                    if r.done and jid in by_id and by_id[jid].holds}
+        in_flight = {snapshot.requeued[jid].for_job for jid in requeued}
+        sig = self._read_signals(now)
+        signals = slurm_signals(sig, jobs) if sig.available else {}   # each job's own user's only
+        res.signals = {"available": sig.available, "why": sig.why, "jobs": len(signals)}
+        res.jobs = {"pending": sum(j.state == "PENDING" for j in jobs), "running": sum(j.holds for j in jobs)}
+        kill_wait = duration_s(cfg.get("KillWait", "30 sec"))
+        min_runtime = self.opt.min_runtime_s if self.opt.min_runtime_s is not None else \
+            duration_s(cfg.get("PreemptExemptTime", "0"))
+        policy = replace(self.policy, min_runtime_s=min_runtime)
+        model = model_of(jobs, nodes, parts, modes.held, kill_wait, now, requeued)
+        self._observe(model, by_id, signals, now, policy)
+        no_evidence = self._evidence(sig, signals, model, policy)
+        res.notes += [no_evidence] if no_evidence else []
+        takeover = self.opt.takeover and not no_evidence and self.io.json_ok is True
+        if self.opt.takeover and self.io.json_ok is False:
+            res.notes.append("this squeue has no --json (no requeue flag, no preempt_time): Slurm chooses "
+                             "preemption victims; gpudiag only changes Nice")
+        want = eligible(parts, modes, nodes, cfg.get("PreemptType", "")) if takeover else set()
+        busy_why = busy_partitions(jobs, want)
+        want -= set(busy_why)
+        res.notes += [f"partition {p}: {w}" for p, w in busy_why.items()]
+        if self.opt.dry_run:   # decide as a real run would once it holds what it would take
+            for r in model.running:
+                r.job.preemptible = by_id[r.job.id].partition in want and by_id[r.job.id].requeue
+        decisions = []
+        if model.cluster.nodes:
+            decisions = schedule(model.cluster, model.pending, model.running, signals, self.history.book, now,
+                                 policy, self._teams(model))
             res.decisions = [{"kind": d.kind, "job_id": d.job_id, "reason": d.reason} for d in decisions]
-            if self.opt.takeover:
-                res.actions += self._victims(decisions, by_id)
-        self._apply(res.actions, now)
+        serving, requeues, handed_back, give_back = None, [], {}, set(modes.held)
+        why_back = dict.fromkeys(modes.held, no_evidence or "takeover off (--no-takeover)")
+        if takeover:
+            serving = Serving(jobs, by_id, model, modes, parts, nodes, decisions, want,
+                              lambda j: self._has_evidence(j, signals, policy, now), requeued, in_flight,
+                              dict(snapshot.handed_back), memory_is_consumable(cfg), policy.min_runtime_s,
+                              now)
+            blocked = self._victims_blocked(jobs, modes, want)
+            requeues, handed_back, give_back = serve_waiting(serving, allow_victims=not blocked)
+            res.notes += [blocked] if blocked else []
+            why_back = {p: "a waiting job is Slurm's to serve (see handed_back)" for p in give_back}
+        why_back.update(busy_why)
+        res.handed_back = handed_back
+        for jid in set(handed_back) - set(snapshot.handed_back):
+            log.info("job %d: left to Slurm's preemption: %s", jid, handed_back[jid])
+        res.actions += mode_actions(parts, modes, want - give_back, why_back)
+        res.actions += requeues
+        if not no_evidence and policy.efficiency:
+            scale = self.opt.nice_max if self.opt.nice_max is not None else nice_scale(cfg, policy)
+            res.actions += nice_actions(jobs, parts, snapshot.nice, snapshot.theirs, signals,
+                                        self.history.book, now, policy, scale, self.opt.min_change_interval_s,
+                                        self.opt.max_changes)
+
+        def prepare(ledger: Ledger) -> None:
+            self._bind(ledger, cfg)
+            self.renew(ledger, now)
+            reconcile(ledger, by_id, [])
+            reconcile_modes(ledger, parts)
+            ledger.handed_back = dict(handed_back)
+
+        self._apply(res, handed_back, now, serving, by_id, prepare)
+        changed = {a.target: a.new for a in res.actions if a.kind == "preempt_mode" and a.applied}
+        res.held = sorted(p for p in modes.held | set(changed) if changed.get(p, PREEMPT_OFF) == PREEMPT_OFF)
+        if not self.opt.dry_run:
+            save_history(self.hist_path, self.history, now)
         return res
 
-    def _forget_gone(self, by_id: dict[int, SlurmJob], now: float) -> None:
-        for jid in [j for j in self.ledger.nice if j not in by_id]:
-            del self.ledger.nice[jid]
-        for jid, t in list(self.ledger.requeued.items()):
-            if jid not in by_id or now - t > 3600:
-                del self.ledger.requeued[jid]
+    def _teams(self, model: Model) -> dict[str, TeamShare] | None:
+        """--quota TEAM=N: a Slurm account's quota; its use is the GPUs its running jobs hold now."""
+        if not self.opt.quotas:
+            return None
+        used: dict[str, float] = {}
+        for r in model.running:
+            used[r.job.team] = used.get(r.job.team, 0.0) + r.job.gpus
+        return {t: TeamShare(q, used.get(t, 0.0)) for t, q in self.opt.quotas.items()}
 
-    def _observe(self, running: list[Running], signals: dict[int, Signal], now: float,
+    def _observe(self, model: Model, by_id: dict[int, SlurmJob], signals: dict[int, Signal], now: float,
                  policy: Policy) -> None:
-        """Key history: each running job's first usable signal teaches its key (once per job)."""
-        for r in running:
+        """Key history: each job run's first usable signal teaches its key (once per run)."""
+        for r in model.running:
             s = signals.get(r.job.id)
-            if r.job.id not in self.observed and signal_usable(s, policy):
-                self.book.observe(r.job.key, job_class(r.job.gpus), s.mfu, s.label, now)
-                self.observed.add(r.job.id)
+            j = by_id[r.job.id]
+            if signal_usable(s, policy):
+                self.history.observe(f"{j.id}@{j.submit:.0f}#{j.restarts}", r.job.key, job_class(r.job.gpus),
+                                     s.mfu, s.label, now)
 
-    def _mark_terminating(self, r: Running, now: float) -> Running:
-        t = self.ledger.requeued.get(r.job.id)
-        if t is None:
-            return r
-        return replace(r, terminating=True, expected_end=t + r.job.grace_s)
+    def _has_evidence(self, j: SlurmJob, signals: dict[int, Signal], policy: Policy, now: float) -> bool:
+        if signal_usable(signals.get(j.id), policy):
+            return True
+        h = self.history.book.lookup(f"{j.user}/{j.name}", now)
+        return h is not None and h.weight >= policy.min_history_weight
 
-    # --- deciding --------------------------------------------------------------------------------
-    def _takeover(self, parts: dict, modes: dict[str, str]) -> list[Action]:
-        out = []
-        for name, p in parts.items():
-            if modes[name].upper() != PREEMPT_OFF and p.preempt_mode.upper() != PREEMPT_OFF:
-                out.append(Action("preempt_mode", name, p.preempt_mode, PREEMPT_OFF,
-                                  "gpudiag chooses preemption victims (least useful work lost); Slurm's "
-                                  "partition_prio order cannot be steered per job; restored on --restore"))
-        return out
+    def _evidence(self, sig: SignalRead, signals: dict[int, Signal], model: Model, policy: Policy) -> str:
+        """"" when gpudiag may act on signals; else why not (logged once when it changes)."""
+        if not sig.available:
+            why = f"signals unavailable ({sig.why})"
+        elif not self.history.book.keys and not any(signal_usable(signals.get(r.job.id), policy)
+                                                    for r in model.running):
+            why = "no usable MFU signal (no running GPU job reports one, and no key history yet)"
+        else:
+            why = ""
+        why = f"{why}: Slurm chooses preemption victims and no Nice is changed" if why else ""
+        if why != self._why_no_evidence:
+            (log.warning if why else log.info)("%s", why or "usable signals: gpudiag takes preemption over")
+            self._why_no_evidence = why
+        return why
 
-    def _efficiency(self, jobs: list[SlurmJob], parts: dict, modes: dict[str, str], grace: float,
-                    signals: dict[int, Signal], now: float, policy: Policy, scale: int) -> list[Action]:
-        tiers = tiers_of(parts)
-        out: list[Action] = []
-        step = max(1, scale // NICE_STEPS)
-        for j in jobs:
-            if j.state != "PENDING" or j.gpus <= 0 or j.priority == 0:
-                continue
-            entry = self.ledger.nice.get(j.id)
-            if entry is not None and j.nice != entry.set:
-                log.info("job %d: Nice %d set by someone else (gpudiag set %d): left alone", j.id, j.nice,
-                         entry.set)
-                del self.ledger.nice[j.id]
-                continue
-            original = entry.original if entry else j.nice
-            job = job_of(j, tiers, modes, grace)
-            hist = self.book.lookup(job.key, now)
-            factor, why = efficiency_factor(job, signals.get(j.id), hist, policy,
-                                            self.book.class_median(job_class(job.gpus)))
-            delta = int(round((1.0 - factor) * scale / step)) * step
-            want = max(-SLURM_NICE_LIMIT, min(SLURM_NICE_LIMIT, original + delta))
-            if want == j.nice:
-                continue
-            if entry is not None and now - entry.at < self.opt.min_change_interval_s:
-                continue
-            if len(out) >= self.opt.max_changes:
-                log.info("more than %d Nice changes due: the rest wait for the next round",
-                         self.opt.max_changes)
-                break
-            kind = "restore" if delta == 0 else "nice"
-            reason = (f"efficiency factor {factor:.2f}: {why}" if delta else
-                      f"efficiency back to neutral ({why}): original Nice restored")
-            out.append(Action(kind, str(j.id), str(j.nice), str(want), reason))
-        return out
+    @staticmethod
+    def _victims_blocked(jobs: list[SlurmJob], modes: ModeView, want: set[str]) -> str:
+        if modes.reset:
+            return f"partitions {', '.join(modes.reset)} were reset: no victims this round"
+        if want - modes.held:
+            return f"taking {', '.join(sorted(want - modes.held))} over: victims from the next round"
+        busy = [j.id for j in jobs if j.holds and j.preempt_time > 0]
+        if busy:
+            return f"Slurm is preempting job {busy[0]}: no victims chosen this round"
+        return ""
 
-    def _victims(self, decisions: list, by_id: dict[int, SlurmJob]) -> list[Action]:
-        out = []
-        for d in decisions:
-            if d.kind != "preempt" or d.job_id in self.ledger.requeued:
-                continue
-            head = d.numbers.get("for_job")
-            out.append(Action("requeue", str(d.job_id), "RUNNING", "PENDING", d.reason, for_job=head,
-                              error="" if head in by_id else "head not in squeue"))
-        return out
-
-    # --- writing ---------------------------------------------------------------------------------
-    def _head_still_waits(self, head: int | None) -> bool:
-        """The head a victim is for must still be pending when we requeue (Slurm may have started it)."""
-        try:
-            return any(j.id == head and j.state == "PENDING" for j in self.io.jobs())
-        except (BadSlurmOutput, SlurmError):
-            return False
-
-    def _apply(self, actions: list[Action], now: float) -> None:
-        changed = False
-        for a in actions:
-            verb = "would" if self.opt.dry_run else "will"
-            if self.opt.dry_run or a.error:
-                log.info("%s %s %s: %s -> %s (%s)%s", verb, a.kind, a.target, a.old, a.new, a.reason,
-                         f" [skipped: {a.error}]" if a.error else "")
-                continue
-            try:
-                if a.kind in ("nice", "restore"):
-                    jid = int(a.target)
-                    self.io.set_nice(jid, int(a.new))
-                    prev = self.ledger.nice.get(jid)
-                    if a.kind == "restore":
-                        self.ledger.nice.pop(jid, None)
-                    else:
-                        self.ledger.nice[jid] = NiceChange(prev.original if prev else int(a.old), int(a.new),
-                                                           now, a.reason)
-                elif a.kind == "preempt_mode":
-                    self.ledger.preempt_modes.setdefault(a.target, a.old)
-                    self.io.set_preempt_mode(a.target, a.new)
-                elif a.kind == "requeue":
-                    if not self._head_still_waits(a.for_job):
-                        a.error = "the job it was for is no longer pending: not requeued"
-                        log.info("requeue %s skipped: %s", a.target, a.error)
-                        continue
-                    self.io.requeue(int(a.target))
-                    self.ledger.requeued[int(a.target)] = now
-                a.applied, changed = True, True
-                log.info("%s %s: %s -> %s (%s)", a.kind, a.target, a.old, a.new, a.reason)
-            except SlurmError as e:
-                a.error = str(e)
-                log.warning("%s %s failed: %s", a.kind, a.target, e)
-                if isinstance(e, SlurmUnreachable):
-                    break
-        if changed:
-            save_ledger(self.ledger_path, self.ledger)
-
-    def restore(self) -> list[Action]:
-        """Put back every Nice and PreemptMode gpudiag set (a Nice changed since by others stays)."""
-        try:
-            current = {j.id: j for j in self.io.jobs()}
-        except (BadSlurmOutput, SlurmError) as e:
-            log.error("restore: cannot read squeue (%s): the ledger %s keeps what to undo", e,
-                      self.ledger_path)
-            return []
-        actions = []
-        for jid, entry in self.ledger.nice.items():
-            j = current.get(jid)
-            if j is not None and j.nice == entry.set:
-                actions.append(Action("restore", str(jid), str(j.nice), str(entry.original),
-                                      "controller stopping with --restore"))
-        for name, mode in self.ledger.preempt_modes.items():
-            actions.append(Action("preempt_mode", name, PREEMPT_OFF, mode,
-                                  "stopping with --restore: Slurm chooses preemption victims again"))
+    # --- writing -----------------------------------------------------------------------------------
+    def _apply(self, res: RoundResult, handed_back: dict[int, str], now: float, serving: Serving | None,
+               by_id: dict[int, SlurmJob], prepare: Callable[[Ledger], None]) -> None:
         if self.opt.dry_run:
-            self._apply(actions, 0.0)
-            return actions
-        for a in actions:
+            for a in res.actions:
+                log.info("would %s %s: %s -> %s (%s)%s", a.kind, a.target, a.old, a.new, a.reason,
+                         f" [skipped: {a.error}]" if a.error else "")
+            return
+        parts_now: dict = {}
+
+        def precheck(a: Action) -> str:
+            """Just before a requeue: preemption is still off in the victim's partition (no
+            reconfigure since the round's read), and the job it is for still waits."""
             try:
-                if a.kind == "restore":
-                    self.io.set_nice(int(a.target), int(a.new))
-                    self.ledger.nice.pop(int(a.target), None)
-                else:
-                    self.io.set_preempt_mode(a.target, a.new)
-                    self.ledger.preempt_modes.pop(a.target, None)
-                a.applied = True
-                log.info("restored %s %s: %s -> %s", a.kind, a.target, a.old, a.new)
-            except SlurmError as e:
-                a.error = str(e)
-                log.error("restore %s %s failed (kept in the ledger): %s", a.kind, a.target, e)
-        # what was not restored stays recorded; jobs whose Nice others changed are theirs now
-        self.ledger.nice = {k: v for k, v in self.ledger.nice.items()
-                            if any(a.target == str(k) and a.error for a in actions)}
-        self.ledger.requeued.clear()
-        save_ledger(self.ledger_path, self.ledger)
-        return actions
+                if not parts_now:
+                    parts_now.update(self.io.partitions())
+                part = parts_now.get(by_id[int(a.target)].partition)
+                state = self.io.job_state(a.for_job) if a.for_job is not None else "PENDING"
+            except (SlurmError, BadSlurmOutput) as e:
+                return f"cannot check before requeueing ({e}): not requeued"
+            if part is None or part.preempt_mode.upper() != PREEMPT_OFF:
+                return f"partition {by_id[int(a.target)].partition} is no longer held at OFF: not requeued"
+            if state != "PENDING":
+                return f"job {a.for_job} is no longer pending ({state}): not requeued"
+            return ""
+
+        apply(res.actions, self.io, self.store, now, self.renew, self.opt.lease_s / 3, precheck, prepare)
+        refused = [a for a in res.actions if a.kind == "requeue" and a.error and not a.applied
+                   and "not requeued" not in a.error and "not tried" not in a.error]
+        if not refused or serving is None:
+            return
+        back: list[Action] = []
+        with self.store.update() as ledger:
+            for a in refused:
+                why = f"Slurm refused to requeue job {a.target} ({a.error})"
+                if a.for_job is not None and a.for_job in by_id:
+                    ledger.handed_back[a.for_job] = res.handed_back[a.for_job] = why
+                    for c in serving.cands.get(by_id[a.for_job].partition, []):
+                        if c.partition in ledger.modes and c.partition not in {b.target for b in back}:
+                            back.append(Action("preempt_mode", c.partition, PREEMPT_OFF,
+                                               ledger.modes[c.partition].original,
+                                               f"preemption given back to Slurm: {why}"))
+            self.renew(ledger)
+        apply(back, self.io, self.store, now, self.renew, self.opt.lease_s / 3)
+        res.actions += back
+
+
+def _now() -> float:
+    return time.time()

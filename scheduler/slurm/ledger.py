@@ -1,75 +1,251 @@
-"""What the controller changed in Slurm, so that every change can be undone, even after a restart.
+"""The controller's write-ahead ledger: from it, everything gpudiag changed in Slurm can be undone
+after a crash at any instant.
 
-One JSON file, replaced atomically (temporary file, fsync, rename) after every round that
-changed something: per job the Nice it had before gpudiag touched it and the Nice gpudiag set;
-per partition the PreemptMode it had before the controller took preemption over; per job the
-time gpudiag requeued it (a requeued job is not chosen again while it is in its grace).
-``--restore`` puts every recorded value back and empties the file.
+Rules (``controller.apply`` and ``restore`` follow them):
+
+- **Intent before change.** A change is recorded (``want``) before its ``scontrol`` runs, with
+  the value the target had before gpudiag first touched it (``original``): taken from Slurm only
+  when the ledger has no entry for the target, so never a value gpudiag set. After the command
+  the change is confirmed (``set``). A crash before the command leaves an intent whose target
+  still has its original; after it, a target at ``want``: either way ``restore`` knows.
+- **Undo.** A target at ``set`` or ``want`` gets ``original`` back; one at ``original`` needs
+  nothing; any other value was set by someone else since and is theirs (left alone, reported).
+- **Bound to one cluster.** The ledger names its cluster (``slurmconf.cluster_identity``) and
+  each job by id, submit time and restart count (``JobRef``): a job id reused by a cluster whose
+  state was reset is a different job.
+- **A lease.** The controller renews ``lease`` every round; a ledger whose lease lapsed (or
+  whose holder is no longer running, on the same host) while partitions are held at
+  PreemptMode=OFF is a controller that died or hangs: ``--watchdog`` (or the unit's
+  ``--restore-only``) gives preemption back. A live lease also keeps a second controller off
+  the same ledger.
+
+One JSON file, read and replaced under an exclusive ``flock`` of ``<file>.lock`` (the controller,
+its watchdog and ``--restore-only`` may run at once), written atomically (temporary file, fsync,
+rename, fsync of the folder).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import socket
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-LEDGER_SCHEMA = 1
+from gpudiag.scheduler.slurm.squeue import SlurmJob
+
+LEDGER_SCHEMA = 2
+
+
+class LedgerError(ValueError):
+    """The ledger cannot be used: unreadable, another cluster's, or leased by a live controller."""
 
 
 @dataclass
-class NiceChange:
+class JobRef:
+    """One job of one cluster: Slurm resets the submit time on a requeue and counts restarts, so a
+    job is the same when its id matches and either its submit time does or it restarted since."""
+
+    id: int
+    submit: float
+    restarts: int
+
+    @classmethod
+    def of(cls, j: SlurmJob) -> JobRef:
+        return cls(j.id, j.submit, j.restarts)
+
+    def matches(self, j: SlurmJob) -> bool:
+        return j.id == self.id and (j.submit == self.submit or j.restarts > self.restarts)
+
+
+@dataclass
+class NiceEntry:
+    ref: JobRef
     original: int
-    set: int
+    set: int | None          # the last value gpudiag confirmed (None: none yet)
+    want: int | None         # a change recorded, not yet confirmed
     at: float
-    reason: str
+
+    def ours(self, nice: int) -> bool:
+        return nice in (self.set, self.want)
+
+
+@dataclass
+class ModeEntry:
+    """A partition whose PreemptMode gpudiag changed (held at OFF) or is changing."""
+
+    original: str
+    set: str | None          # "OFF" once confirmed
+    want: str | None         # "OFF" (taking over) or ``original`` (giving back), not yet confirmed
+    at: float
+
+    def ours(self, mode: str) -> bool:
+        return mode.upper() in {m.upper() for m in (self.set, self.want) if m} - {self.original.upper()}
+
+
+@dataclass
+class Requeue:
+    """A victim gpudiag requeued (or is about to): while it still holds its GPUs, the job it was
+    for gets no other victim, and no victim is chosen twice."""
+
+    ref: JobRef
+    at: float
+    for_job: int | None
+    done: bool
+
+
+@dataclass
+class Lease:
+    pid: int
+    host: str
+    renewed: float
+    expires: float
+
+    def live(self, now: float) -> bool:
+        """Unexpired and, on this host, its process still there: a controller that died here (what
+        systemd's ExecStopPost follows) frees its ledger at once; on another host, time tells."""
+        return now < self.expires and self.holder_alive()
+
+    def holder_alive(self) -> bool:
+        if self.host != socket.gethostname():
+            return True
+        try:   # a reused pid runs something else; a zombie has an empty cmdline
+            return b"gpudiag" in Path(f"/proc/{self.pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    def mine(self) -> bool:
+        return self.pid == os.getpid() and self.host == socket.gethostname()
 
 
 @dataclass
 class Ledger:
-    nice: dict[int, NiceChange] = field(default_factory=dict)
-    preempt_modes: dict[str, str] = field(default_factory=dict)
-    requeued: dict[int, float] = field(default_factory=dict)
+    cluster: dict[str, str] | None = None
+    lease: Lease | None = None
+    nice: dict[int, NiceEntry] = field(default_factory=dict)
+    modes: dict[str, ModeEntry] = field(default_factory=dict)
+    requeued: dict[int, Requeue] = field(default_factory=dict)
+    handed_back: dict[int, str] = field(default_factory=dict)   # pending job id -> why Slurm serves it
+    theirs: dict[int, JobRef] = field(default_factory=dict)     # jobs whose Nice someone else set
+
+    @property
+    def holds_preemption(self) -> bool:
+        return bool(self.modes)
 
     def to_json(self) -> str:
-        return json.dumps({"schema": LEDGER_SCHEMA,
+        return json.dumps({"schema": LEDGER_SCHEMA, "cluster": self.cluster,
+                           "lease": asdict(self.lease) if self.lease else None,
                            "nice": {str(k): asdict(v) for k, v in self.nice.items()},
-                           "preempt_modes": self.preempt_modes,
-                           "requeued": {str(k): v for k, v in self.requeued.items()}}, indent=1)
+                           "modes": {k: asdict(v) for k, v in self.modes.items()},
+                           "requeued": {str(k): asdict(v) for k, v in self.requeued.items()},
+                           "handed_back": {str(k): v for k, v in self.handed_back.items()},
+                           "theirs": {str(k): asdict(v) for k, v in self.theirs.items()}},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, d: dict) -> Ledger:
+        return cls(cluster=d.get("cluster"), lease=Lease(**d["lease"]) if d.get("lease") else None,
+                   nice={int(k): NiceEntry(**{**v, "ref": JobRef(**v["ref"])})
+                         for k, v in d.get("nice", {}).items()},
+                   modes={str(k): ModeEntry(**v) for k, v in d.get("modes", {}).items()},
+                   requeued={int(k): Requeue(**{**v, "ref": JobRef(**v["ref"])})
+                             for k, v in d.get("requeued", {}).items()},
+                   handed_back={int(k): str(v) for k, v in d.get("handed_back", {}).items()},
+                   theirs={int(k): JobRef(**v) for k, v in d.get("theirs", {}).items()})
 
 
-class LedgerError(ValueError):
-    pass
-
-
-def load_ledger(path: Path | None) -> Ledger:
-    if path is None or not path.exists():
-        return Ledger()
+def parse_ledger(text: str, where: str) -> Ledger:
     try:
-        d = json.loads(path.read_text())
-        if d.get("schema") != LEDGER_SCHEMA:
-            raise LedgerError(f"{path}: schema {d.get('schema')!r}, this gpudiag reads {LEDGER_SCHEMA}")
-        return Ledger(nice={int(k): NiceChange(**v) for k, v in d.get("nice", {}).items()},
-                      preempt_modes={str(k): str(v) for k, v in d.get("preempt_modes", {}).items()},
-                      requeued={int(k): float(v) for k, v in d.get("requeued", {}).items()})
+        d = json.loads(text)
+        if not isinstance(d, dict) or d.get("schema") != LEDGER_SCHEMA:
+            schema = d.get("schema") if isinstance(d, dict) else None
+            raise LedgerError(f"{where}: ledger schema {schema!r}, this gpudiag reads {LEDGER_SCHEMA}"
+                              + (" (schema 1: run --restore-only with the gpudiag that wrote it)"
+                                 if schema == 1 else ""))
+        return Ledger.from_json(d)
     except LedgerError:
         raise
-    except (OSError, ValueError, TypeError, AttributeError) as e:
-        raise LedgerError(f"{path}: not a gpudiag Slurm controller ledger ({e})") from None
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        raise LedgerError(f"{where}: not a gpudiag Slurm controller ledger ({e})") from None
 
 
-def save_ledger(path: Path | None, ledger: Ledger) -> None:
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(ledger.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+class LedgerStore:
+    """The ledger file; ``path=None`` keeps it in memory only; ``readonly`` (``--dry-run``) reads
+    the file and never writes it."""
+
+    def __init__(self, path: Path | None, readonly: bool = False) -> None:
+        self.path = path
+        self.readonly = readonly
+        self._memory = Ledger()
+        self.writes = 0
+
+    def _load(self) -> Ledger:
+        if self.path is None:
+            return Ledger.from_json(json.loads(self._memory.to_json()))
+        try:
+            return parse_ledger(self.path.read_text(), str(self.path))
+        except FileNotFoundError:
+            return Ledger()
+        except OSError as e:
+            raise LedgerError(f"{self.path}: cannot read the ledger: {e}") from None
+
+    def read(self) -> Ledger:
+        with self._locked():
+            return self._load()
+
+    @contextlib.contextmanager
+    def update(self) -> Iterator[Ledger]:
+        """Read, let the caller change, write back - all under the lock; nothing written on error."""
+        with self._locked():
+            ledger = self._load()
+            yield ledger
+            self._save(ledger)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if self.path is None or self.readonly:   # a reader needs no lock: writes are renames
+            yield
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise LedgerError(f"{self.path}: cannot lock the ledger: {e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _save(self, ledger: Ledger) -> None:
+        if self.readonly:
+            return
+        self.writes += 1
+        if self.path is None:
+            self._memory = ledger
+            return
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=self.path.parent)
+        except OSError as e:
+            raise LedgerError(f"{self.path}: cannot write the ledger ({e}): changing nothing") from None
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(ledger.to_json())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            dfd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as e:   # full or read-only disk: no intent recorded, so no change is made
+            Path(tmp).unlink(missing_ok=True)
+            raise LedgerError(f"{self.path}: cannot write the ledger ({e}): changing nothing") from None
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,8 +1,15 @@
-"""The controller's loop: a round every interval; slurmctld away means back off and change nothing.
+"""The controller's processes: the loop of rounds, ``--restore-only`` and ``--watchdog``.
 
-slurmctld unreachable: one log line when it goes, rounds retried with a doubling backoff (the
-interval up to ``MAX_BACKOFF_S``), one line when it is back. SIGTERM/SIGINT end the loop after
-the current round; ``restore`` then puts back everything the controller changed.
+- ``serve``: a round every interval. slurmctld unreachable: one log line when it goes, rounds
+  retried with a doubling backoff (the interval up to ``MAX_BACKOFF_S``), one line when it is
+  back; the lease is renewed all the while (the controller is alive; a watchdog must not act).
+  SIGTERM/SIGINT end the loop after the current round; ``restore`` then undoes everything. The
+  exit code tells systemd the truth: 0 clean, 1 a round or a restore failed, 2 the ledger is not
+  this controller's to use.
+- ``restore_only``: undo what the ledger holds and exit, running no round: 0 when everything is
+  back, 1 naming what is not.
+- ``watchdog``: while a ledger's lease is live, nothing; once it lapsed with partitions still at
+  PreemptMode=OFF, give preemption back to Slurm (Nice values stay for the next controller).
 """
 
 from __future__ import annotations
@@ -15,14 +22,22 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpudiag.scheduler.slurm.controller import Controller, RoundResult
-from gpudiag.scheduler.slurm.slurmio import SlurmUnreachable
+from gpudiag.scheduler.slurm.actions import restore
+from gpudiag.scheduler.slurm.controller import Controller, Refused, RoundResult
+from gpudiag.scheduler.slurm.ledger import LedgerError, LedgerStore
+from gpudiag.scheduler.slurm.slurmconf import cluster_identity
+from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
+from gpudiag.scheduler.slurm.squeue import BadSlurmOutput
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
 
 # A controller that retries slower than Slurm's own SlurmctldTimeout (default 120 s) would miss
 # a backup controller taking over; five minutes bounds the wait after a long outage.
 MAX_BACKOFF_S = 300.0
+# Each round reads squeue and three scontrol answers from slurmctld; Slurm's own clients are
+# told to poll no faster than every few seconds, and a round of a large cluster takes about one.
+MIN_INTERVAL_S = 5.0
+WATCHDOG_POLL_S = 2.0    # a small file read: cheap, and a dead controller is seen within it
 
 
 def describe(res: RoundResult) -> str:
@@ -30,26 +45,45 @@ def describe(res: RoundResult) -> str:
     if res.skipped:
         return res.skipped
     sig = f"{res.signals['jobs']} jobs" if res.signals.get("available") else res.signals.get("why", "")
-    lines = [f"{res.jobs.get('pending', 0)} pending, {res.jobs.get('running', 0)} running; signals: {sig}"]
+    lines = [f"{res.jobs.get('pending', 0)} pending, {res.jobs.get('running', 0)} running; signals: {sig}; "
+             f"preemption held in: {', '.join(res.held) or 'none (Slurm chooses)'}"]
     for a in res.actions:
         state = "done" if a.applied else (f"not done: {a.error}" if a.error else "planned")
         lines.append(f"  {a.kind} {a.target}: {a.old} -> {a.new} [{state}] {a.reason}")
     for d in res.decisions:
         if d["kind"] != "start":
             lines.append(f"  {d['kind']} job {d['job_id']}: {d['reason']}")
+    lines += [f"  Slurm serves job {k}: {v}" for k, v in res.handed_back.items()]
     lines += [f"  note: {n}" for n in res.notes]
     return "\n".join(lines)
 
 
-def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore: bool,
+def _install(stop: threading.Event) -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+
+
+def _wait(ctl: Controller, stop: threading.Event, seconds: float) -> None:
+    """Sleep ``seconds`` (or until stopped), renewing the lease at a third of its length."""
+    end = time.monotonic() + seconds
+    while not stop.is_set():
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        stop.wait(min(left, ctl.opt.lease_s / 3))
+        if not ctl.opt.dry_run and time.monotonic() < end and not stop.is_set():
+            with ctl.store.update() as ledger:
+                ctl.renew(ledger)
+
+
+def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore_at_exit: bool,
           emit: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> int:
     """Run rounds until stopped (or one with ``once``); returns the exit code."""
     emit = emit or (lambda s: print(s, flush=True))
     stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-    backoff, down_since, rc = interval_s, None, 0
+    _install(stop)
+    backoff, down_since, rc, rounds = interval_s, None, 0, 0
     while not stop.is_set():
         try:
             res = ctl.round(time.time())
@@ -64,21 +98,114 @@ def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore
                      else f"slurmctld unreachable: {e}")
                 rc = 1
                 break
-            stop.wait(backoff)
+            try:
+                _wait(ctl, stop, backoff)
+            except LedgerError as e:
+                log.error("%s", e)
+                return 1
             continue
+        except (LedgerError, Refused) as e:
+            log.error("%s", e)
+            emit(json.dumps({"error": str(e)}) if as_json else f"error: {e}")
+            return 2 if rounds == 0 else 1    # not this controller's ledger: nothing to restore
+        rounds += 1
         if down_since is not None:
             log.warning("slurmctld reachable again after %.0f s: resuming", time.monotonic() - down_since)
             down_since, backoff = None, interval_s
         emit(json.dumps(res.to_dict()) if as_json else describe(res))
         if once:
-            rc = 1 if res.skipped else 0
+            failed = any(a.error and not a.error.endswith("not requeued") for a in res.actions)
+            rc = 1 if res.skipped or failed else 0
             break
-        stop.wait(interval_s)
-    if restore:
-        actions = ctl.restore()
-        if as_json:
-            emit(json.dumps({"restored": [a.__dict__ for a in actions]}))
-        if any(a.error for a in actions):
-            rc = 1
+        try:
+            _wait(ctl, stop, interval_s)
+        except LedgerError as e:     # the lease was taken by another controller while we waited
+            log.error("%s", e)
+            emit(json.dumps({"error": str(e)}) if as_json else f"error: {e}")
+            return 1
+    if restore_at_exit:
+        rc = max(rc, _report(restore(ctl.io, ctl.store, dry_run=ctl.opt.dry_run), as_json, emit))
+    elif not ctl.opt.dry_run:
+        held = sorted(ctl.store.read().modes)
+        if held:
+            log.warning("exiting without --restore: preemption stays OFF in %s until `gpudiag scheduler "
+                        "serve --backend slurm --restore-only` (or a --watchdog, once the lease lapses) "
+                        "gives it back", ", ".join(held))
     sys.stdout.flush()
     return rc
+
+
+def _report(r, as_json: bool, emit: Callable[[str], None]) -> int:  # noqa: ANN001 - actions.Restored
+    if as_json:
+        emit(json.dumps({"restored": [{k: v for k, v in a.__dict__.items() if k != "ref"} for a in r.actions],
+                         "failed": r.failed, "left": r.left}))
+    for line in r.left:
+        log.warning("not restored: %s", line)
+    if r.failed:
+        log.error("could not restore (kept in the ledger, run --restore-only again): %s", "; ".join(r.failed))
+        if not as_json:
+            emit("could not restore: " + "; ".join(r.failed))
+        return 1
+    return 0
+
+
+def restore_only(io: SlurmIO, store: LedgerStore, as_json: bool, dry_run: bool = False,
+                 emit: Callable[[str], None] | None = None) -> int:
+    """Undo everything the ledger holds; no round. 2: the ledger is not ours to undo."""
+    emit = emit or (lambda s: print(s, flush=True))
+    try:
+        ledger = store.read()
+        now = time.time()
+        if ledger.lease is not None and ledger.lease.live(now) and not ledger.lease.mine():
+            raise LedgerError(f"{store.path}: the controller pid {ledger.lease.pid} on {ledger.lease.host} "
+                              f"holds it (lease for {ledger.lease.expires - now:.0f} s more): stop it first")
+        if ledger.cluster and (ledger.nice or ledger.modes):
+            ident = cluster_identity(io.config())
+            if ident != ledger.cluster:
+                raise LedgerError(f"{store.path} belongs to cluster {ledger.cluster}, not this one ({ident})")
+    except LedgerError as e:
+        emit(json.dumps({"error": str(e)}) if as_json else f"error: {e}")
+        return 2
+    except (SlurmError, BadSlurmOutput) as e:
+        emit(json.dumps({"failed": [f"slurmctld: {e}"]}) if as_json else f"could not restore: slurmctld: {e}")
+        return 1
+    r = restore(io, store, dry_run=dry_run)
+    if not as_json:
+        done = sum(a.applied for a in r.actions)
+        left = f"; {len(r.left)} left to whoever changed them" if r.left else ""
+        emit(f"restored {done} change(s){left}")
+    return _report(r, as_json, emit)
+
+
+def watchdog(io: SlurmIO, store: LedgerStore, poll_s: float = WATCHDOG_POLL_S,
+             stop: threading.Event | None = None) -> int:
+    """Give preemption back whenever the ledger's lease lapses with partitions held; until stopped."""
+    stop = stop or threading.Event()
+    _install(stop)
+    log.info("watchdog on %s: gives preemption back to Slurm if the controller's lease lapses", store.path)
+    while not stop.is_set():
+        try:
+            ledger = store.read()
+            now = time.time()
+            if ledger.modes and (ledger.lease is None or not ledger.lease.live(now)):
+                lease = ledger.lease
+                who = "no lease" if lease is None else (
+                    f"pid {lease.pid} on {lease.host} is gone" if not lease.holder_alive() else
+                    f"pid {lease.pid} on {lease.host} stopped renewing it {now - lease.renewed:.0f} s ago")
+                log.warning("controller lease lapsed (%s): giving preemption back in %s", who,
+                            ", ".join(sorted(ledger.modes)))
+                r = restore(io, store, modes_only=True)
+                for line in r.left:
+                    log.warning("not restored: %s", line)
+                if r.failed:
+                    log.error("could not give preemption back (retrying): %s", "; ".join(r.failed))
+                else:
+                    log.warning("preemption given back to Slurm in %s", ", ".join(a.target for a in r.actions)
+                                or "no partition (already back)")
+        except LedgerError as e:
+            log.error("%s", e)
+            return 2
+        # wake when the lease lapses, not a poll later: preemption is back within the lease time
+        lapse = ledger.lease.expires - time.time() + 0.2 if ledger.modes and ledger.lease else poll_s
+        stop.wait(max(0.2, min(poll_s, lapse)))
+    return 0

@@ -1,10 +1,12 @@
 """Slurm's own commands, run as subprocesses: the controller's only way to read or change Slurm.
 
 Reading: ``squeue`` (``--json`` where this Slurm has it, else a fixed ``-o`` format, decided
-once), ``sinfo`` (nodes and their GPUs), ``scontrol show partition|config``. Writing, one call
-per changed job: ``scontrol update JobId=N Nice=M``, ``scontrol requeue N``, ``scontrol update
-PartitionName=P PreemptMode=M``. A controller that cannot be reached is ``SlurmUnreachable``
-(the loop backs off and changes nothing); any other failure of a command is ``SlurmError``.
+once; one call per round), ``scontrol show node|partition|config``, and ``scontrol show job N``
+for the one job a requeue is for. Writing, one call per change: ``scontrol update JobId=N
+Nice=M``, ``scontrol requeue N``, ``scontrol update PartitionName=P PreemptMode=M``. A controller
+that cannot be reached is ``SlurmUnreachable`` (the loop backs off and changes nothing); a
+command Slurm refuses for lack of privilege is ``SlurmDenied`` (its message says who may); any
+other failure of a command is ``SlurmError``.
 """
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ from __future__ import annotations
 import os
 import subprocess
 
+from gpudiag.scheduler.slurm.slurmconf import (
+    Partition,
+    SlurmNode,
+    parse_config,
+    parse_nodes,
+    parse_partitions,
+)
 from gpudiag.scheduler.slurm.squeue import (
     FIXED_FORMAT,
     BadSlurmOutput,
-    Partition,
     SlurmJob,
-    parse_config,
-    parse_partitions,
-    parse_sinfo_nodes,
     parse_squeue_fixed,
     parse_squeue_json,
 )
@@ -32,6 +37,11 @@ COMMAND_TIMEOUT_S = 30.0
 UNREACHABLE_WORDS = ("Unable to contact slurm controller", "Connection refused", "Socket timed out",
                      "Communication connection failure", "Zero Bytes were transmitted",
                      "Unable to establish controller", "Slurm backup controller in standby")
+# What scontrol prints when the caller may not make a change (slurm_strerror of ESLURM_ACCESS_DENIED
+# and ESLURM_USER_ID_MISSING): partition updates need root, SlurmUser or an Administrator.
+DENIED_WORDS = ("Access/permission denied", "Invalid user id")
+PRIVILEGE_HINT = ("Slurm lets only root, its SlurmUser or an Administrator (sacctmgr AdminLevel) update "
+                  "partitions and other users' jobs: run the controller as one of them")
 
 
 class SlurmError(RuntimeError):
@@ -39,6 +49,10 @@ class SlurmError(RuntimeError):
 
 
 class SlurmUnreachable(SlurmError):
+    pass
+
+
+class SlurmDenied(SlurmError):
     pass
 
 
@@ -65,6 +79,8 @@ class SlurmIO:
             msg = err[-1] if err else f"exit {p.returncode}"
             if any(w.lower() in (p.stderr + p.stdout).lower() for w in UNREACHABLE_WORDS):
                 raise SlurmUnreachable(f"{argv[0]}: {msg}")
+            if any(w.lower() in msg.lower() for w in DENIED_WORDS):
+                raise SlurmDenied(f"{' '.join(argv[:4])}: {msg}: {PRIVILEGE_HINT}")
             raise SlurmError(f"{' '.join(argv[:4])}: {msg}")
         return p.stdout
 
@@ -89,7 +105,7 @@ class SlurmIO:
                     # slurmctld is away: ask it directly before calling the output malformed
                     self.ping()
                     raise
-        return parse_squeue_fixed(self._run("squeue", "-h", "-a", "-t", "PD,R", "-o", FIXED_FORMAT))
+        return parse_squeue_fixed(self._run("squeue", "-h", "-a", "-t", "PD,R,CF,CG", "-o", FIXED_FORMAT))
 
     def ping(self) -> None:
         """SlurmUnreachable unless ``scontrol ping`` finds a controller UP."""
@@ -100,8 +116,8 @@ class SlurmIO:
         if "UP" not in out:
             raise SlurmUnreachable(f"scontrol ping: {out.strip()[:200]}")
 
-    def nodes(self) -> dict[str, int]:
-        return parse_sinfo_nodes(self._run("sinfo", "-h", "-N", "-o", "%N|%G"))
+    def nodes(self) -> dict[str, SlurmNode]:
+        return parse_nodes(self._run("scontrol", "show", "node", "-o"))
 
     def partitions(self) -> dict[str, Partition]:
         return parse_partitions(self._run("scontrol", "show", "partition", "-o"))
@@ -111,6 +127,21 @@ class SlurmIO:
         if "KillWait" not in cfg:
             raise BadSlurmOutput("scontrol show config: no KillWait line")
         return cfg
+
+    def job_state(self, job_id: int) -> str:
+        """One job's JobState (``scontrol show job N -o``); "GONE" when Slurm no longer knows it."""
+        try:
+            out = self._run("scontrol", "show", "job", "-o", str(job_id))
+        except SlurmUnreachable:
+            raise
+        except SlurmError as e:
+            if "Invalid job id" in str(e):
+                return "GONE"
+            raise
+        for tok in out.split():
+            if tok.startswith("JobState="):
+                return tok.split("=", 1)[1]
+        raise BadSlurmOutput(f"scontrol show job {job_id}: no JobState")
 
     def set_nice(self, job_id: int, nice: int) -> None:
         self._run("scontrol", "update", f"JobId={job_id}", f"Nice={nice}")

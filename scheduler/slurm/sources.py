@@ -8,6 +8,10 @@ agent last heard from the job (``gpudiag_job_last_signal_timestamp_seconds``; th
 that series gets an infinite age and a job without a confidence 0, so the policy ignores it
 (stale or weak signals are never acted on). A job reported by several agents (a
 multi-node job) keeps its freshest report.
+
+Sources key signals by (job id, ``owner_uid``: the uid that wrote them, as the agent read it
+from the kernel); ``slurm_signals`` keeps for each Slurm job only the one its own user wrote
+(``squeue``'s ``user_id``), so no user can speak for another's job.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import math
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpudiag.scheduler.model import LABELS, Signal
-from gpudiag.scheduler.signals import SignalRead, parse_metrics
+from gpudiag.scheduler.signals import JobKey, SignalRead, owner_of, parse_metrics
+from gpudiag.scheduler.slurm.squeue import SlurmJob
 
 JOB_PREFIX = "slurm:"
 HTTP_TIMEOUT_S = 5.0
@@ -42,9 +48,9 @@ class _Partial:
     age: float = math.inf
 
 
-def _combine(rows: dict[tuple[str, str], _Partial]) -> dict[str, Signal]:
-    """(job, instance) partials -> one Signal per job: the freshest instance wins."""
-    best: dict[str, Signal] = {}
+def _combine(rows: dict[tuple[JobKey, str], _Partial]) -> dict[JobKey, Signal]:
+    """((job, owner), instance) partials -> one Signal per job and owner: the freshest instance wins."""
+    best: dict[JobKey, Signal] = {}
     for (job, _inst), p in rows.items():
         if p.mfu is None or not math.isfinite(p.mfu):
             continue
@@ -55,12 +61,12 @@ def _combine(rows: dict[tuple[str, str], _Partial]) -> dict[str, Signal]:
     return best
 
 
-def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[str, Signal]:
+def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[JobKey, Signal]:
     """The four /api/v1/query answers (JSON, keyed as QUERIES) -> signals.
 
     Raises ValueError on an answer that is not a Prometheus vector result.
     """
-    rows: dict[tuple[str, str], _Partial] = {}
+    rows: dict[tuple[JobKey, str], _Partial] = {}
     for what, doc in answers.items():
         if not isinstance(doc, dict) or doc.get("status") != "success":
             raise ValueError(f"query {what}: status {doc.get('status') if isinstance(doc, dict) else doc!r}")
@@ -69,7 +75,7 @@ def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[str, 
             raise ValueError(f"query {what}: result type {data.get('resultType')!r}, expected vector")
         for r in data.get("result", []):
             metric, (_ts, val) = r["metric"], r["value"]
-            job = metric.get("job_id", "")
+            job = (metric.get("job_id", ""), owner_of(metric.get("owner_uid")))
             p = rows.setdefault((job, metric.get("instance", "")), _Partial())
             v = float(val)
             if what == "mfu":
@@ -115,7 +121,7 @@ class AgentsSource:
         self.timeout = timeout
 
     def read(self, now: float) -> SignalRead:
-        best: dict[str, Signal] = {}
+        best: dict[JobKey, Signal] = {}
         down = []
         for url in self.urls:
             try:
@@ -130,3 +136,11 @@ class AgentsSource:
         if down and len(down) == len(self.urls):
             return SignalRead(available=False, why="no agent answered: " + "; ".join(down))
         return SignalRead(best, why="; ".join(f"unreachable {d}" for d in down))
+
+
+def slurm_signals(read: SignalRead, jobs: Iterable[SlurmJob]) -> dict[int, Signal]:
+    """Slurm job id -> the signal that job's own user wrote for ``slurm:<id>``. A signal from
+    any other uid (a user naming someone else's job, running or finished) is left out, and so
+    is every signal of a job whose user id squeue did not give."""
+    owners = {f"{JOB_PREFIX}{j.id}": j.user_id for j in jobs if j.user_id is not None}
+    return {int(k[len(JOB_PREFIX):]): s for k, s in read.attributed(owners).items()}

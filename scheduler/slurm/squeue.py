@@ -1,13 +1,16 @@
-"""Slurm's view of jobs, nodes and partitions, parsed from its commands' output.
+"""Slurm's jobs, parsed from ``squeue`` (nodes, partitions and config: ``slurmconf``).
 
 ``squeue --json`` (OpenAPI v0.0.38 in Slurm 22.05, the dialect read here; later versions add
 fields, which are ignored) is preferred; Slurms without it get the fixed ``squeue -o`` format
-below. Anything that does not parse raises ``BadSlurmOutput`` with what was wrong, and the
-controller skips that round (acting on half-read state could requeue the wrong job).
+below, which lacks what the controller needs to take preemption over safely (the requeue flag,
+``preempt_time``, the restart count), so with it gpudiag only changes Nice. Anything that does
+not parse raises ``BadSlurmOutput`` with what was wrong, and the controller skips that round
+(acting on half-read state could requeue the wrong job).
 
 GPU counts come from the request (``tres_per_node``/``tres_per_job``: ``gres:gpu:2``,
 ``gres/gpu:2``, ``gres:gpu:a100:2``) and, for a running job, which GPUs it holds from
-``gres_detail`` (``gpu:2(IDX:0-1)``, one entry per node, in node order).
+``gres_detail`` (``gpu:2(IDX:0-1)``, one entry per node, in node order). CPUs and memory come
+from ``tres_alloc_str`` (running) or ``tres_req_str`` (pending): ``cpu=2,mem=100M,node=1``.
 """
 
 from __future__ import annotations
@@ -18,14 +21,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 # What squeue prints with the fixed format; "|" never occurs in the fields we ask for but %j,
-# and a job name is the last but one field so a "|" in it is still recoverable.
-FIXED_FORMAT = "%i|%u|%a|%P|%T|%r|%y|%Q|%V|%S|%l|%b|%D|%N|%j"
-FIXED_FIELDS = 15
-ACTIVE_STATES = ("PENDING", "RUNNING")
+# and a job name is the last field so a "|" in it is still recoverable.
+FIXED_FORMAT = "%i|%u|%a|%P|%T|%r|%y|%Q|%V|%S|%l|%b|%D|%C|%N|%U|%j"
+FIXED_FIELDS = 17
+# States whose jobs hold (RUNNING, CONFIGURING, COMPLETING: until their processes are gone) or
+# want (PENDING) resources; Slurm 22.05's job_state_string() names a completing job COMPLETING
+# whatever its base state, and a requeued job is COMPLETING until its processes are gone.
+ACTIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+HOLDING_STATES = ("RUNNING", "CONFIGURING", "COMPLETING")
 
 _GPU_REQ = re.compile(r"(?:^|[,;])(?:gres[:/])?gpu(?::[\w.-]+)?:(\d+)")
 _IDX = re.compile(r"IDX:([0-9,\-]+)")
 _HOSTLIST = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?")
+_MEM_UNITS = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2}
 
 
 class BadSlurmOutput(ValueError):
@@ -39,7 +47,7 @@ class SlurmJob:
     user: str
     account: str
     partition: str
-    state: str                      # PENDING, RUNNING (others are dropped)
+    state: str                      # one of ACTIVE_STATES (others are dropped)
     reason: str                     # the pending reason (Resources, Priority, BeginTime, ...)
     nice: int
     priority: int
@@ -49,6 +57,17 @@ class SlurmJob:
     gpus: int                       # GPUs in total
     nodes: tuple[str, ...] = ()
     gpu_index: tuple[tuple[int, ...], ...] = field(default=())   # per node, for running jobs
+    user_id: int | None = None      # the uid the job runs as: only its signals are the job's
+    requeue: bool = True            # may be requeued (sbatch --no-requeue: False)
+    preempt_time: float = 0.0       # when Slurm began preempting it (0: it is not)
+    restarts: int = 0               # times requeued: with submit, tells a requeued job from a new one
+    cpus: int = 0                   # CPUs in total (allocated when running, asked for when pending)
+    mem_mb: float = 0.0             # memory in total, MB (0: not tracked by this Slurm)
+
+    @property
+    def holds(self) -> bool:
+        """Holds resources on its nodes (running, starting, or its processes still stopping)."""
+        return self.state in HOLDING_STATES
 
 
 def expand_hostlist(expr: str) -> tuple[str, ...]:
@@ -86,6 +105,21 @@ def gpus_requested(per_node: str, per_job: str, node_count: int) -> int:
     return int(m.group(1)) * max(1, node_count) if m else 0
 
 
+def tres(text: str) -> tuple[int, float]:
+    """(CPUs, memory MB) of a TRES string ``cpu=2,mem=100M,node=1,billing=2``; 0 where absent."""
+    cpus, mem = 0, 0.0
+    for item in (text or "").split(","):
+        k, _, v = item.partition("=")
+        try:
+            if k == "cpu":
+                cpus = int(v)
+            elif k == "mem" and v:
+                mem = float(v[:-1]) * _MEM_UNITS[v[-1]] if v[-1] in _MEM_UNITS else float(v)
+        except ValueError:
+            raise BadSlurmOutput(f"TRES {text!r}: {item!r} is not a number") from None
+    return cpus, mem
+
+
 def _num(v: object, what: str, job: object) -> float:
     """v0.0.38 gives numbers, or null for "unset" (nice 0, no limit)."""
     if v is None:
@@ -93,6 +127,13 @@ def _num(v: object, what: str, job: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise BadSlurmOutput(f"job {job}: {what} is {v!r}, not a number")
     return float(v)
+
+
+def _uid(v: object) -> int | None:
+    """squeue's user id (an int in --json, digits with -o %U); None when absent or odd."""
+    if isinstance(v, str) and v.isdigit():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32 - 1 else None
 
 
 def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
@@ -115,7 +156,8 @@ def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
         jid = j.get("job_id")
         if not isinstance(jid, int) or isinstance(jid, bool):
             raise BadSlurmOutput(f"squeue --json: job_id {jid!r} is not an integer")
-        nodes = expand_hostlist(j.get("nodes") or "") if state == "RUNNING" else ()
+        holds = state in HOLDING_STATES
+        nodes = expand_hostlist(j.get("nodes") or "") if holds else ()
         detail = j.get("gres_detail") or []
         idx = []
         for d in detail if isinstance(detail, list) else []:
@@ -123,9 +165,10 @@ def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
             idx.append(_indices(m.group(1)) if m else ())
         gpus = gpus_requested(str(j.get("tres_per_node") or ""), str(j.get("tres_per_job") or ""),
                               int(_num(j.get("node_count"), "node_count", jid)))
-        if state == "RUNNING" and idx and sum(len(i) for i in idx):
+        if holds and idx and sum(len(i) for i in idx):
             gpus = sum(len(i) for i in idx)
         limit = j.get("time_limit")
+        cpus, mem = tres(str((j.get("tres_alloc_str") if holds else j.get("tres_req_str")) or ""))
         out.append(SlurmJob(
             id=jid, name=str(j.get("name") or ""), user=str(j.get("user_name") or ""),
             account=str(j.get("account") or ""), partition=str(j.get("partition") or ""),
@@ -135,11 +178,15 @@ def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
             submit=_num(j.get("submit_time"), "submit_time", jid),
             start=_num(j.get("start_time"), "start_time", jid),
             time_limit_s=None if limit is None else _num(limit, "time_limit", jid) * 60.0,
-            gpus=gpus, nodes=nodes, gpu_index=tuple(idx)))
+            gpus=gpus, nodes=nodes, gpu_index=tuple(idx), user_id=_uid(j.get("user_id")),
+            requeue=j.get("requeue") is not False,
+            preempt_time=_num(j.get("preempt_time"), "preempt_time", jid),
+            restarts=int(_num(j.get("restart_cnt"), "restart_cnt", jid)),
+            cpus=cpus or int(_num(j.get("cpus"), "cpus", jid)), mem_mb=mem))
     return out
 
 
-def _limit_s(text: str) -> float | None:
+def limit_s(text: str) -> float | None:
     """squeue's %l: UNLIMITED, [days-]hours:minutes:seconds, minutes:seconds."""
     if text in ("UNLIMITED", "INVALID", "NOT_SET", "Partition_Limit"):
         return None
@@ -171,73 +218,17 @@ def parse_squeue_fixed(text: str) -> list[SlurmJob]:
         f = line.split("|", FIXED_FIELDS - 1)
         if len(f) != FIXED_FIELDS:
             raise BadSlurmOutput(f"squeue line {n}: {len(f)} fields, expected {FIXED_FIELDS}")
-        jid, user, acct, part, state, reason, nice, prio, sub, start, limit, tres, ncount, nodes, name = f
+        jid, user, acct, part, state, reason, nice, prio, sub, start, limit, req, ncount, cpus, nodes, uid, \
+            name = f
         if state not in ACTIVE_STATES:
             continue
-        if not jid.isdigit() or not ncount.isdigit() or not prio.isdigit() or not nice.lstrip("-").isdigit():
+        if not (jid.isdigit() and ncount.isdigit() and prio.isdigit() and nice.lstrip("-").isdigit()
+                and cpus.isdigit()):
             raise BadSlurmOutput(f"squeue line {n}: not a job line: {line[:120]!r}")
         out.append(SlurmJob(
             id=int(jid), name=name, user=user, account=acct, partition=part, state=state, reason=reason,
             nice=int(nice), priority=int(prio), submit=_time(sub), start=_time(start),
-            time_limit_s=_limit_s(limit), gpus=gpus_requested(tres, "", int(ncount)),
-            nodes=expand_hostlist(nodes) if state == "RUNNING" and nodes not in ("", "(null)") else ()))
+            time_limit_s=limit_s(limit), gpus=gpus_requested(req, "", int(ncount)), cpus=int(cpus),
+            nodes=expand_hostlist(nodes) if state in HOLDING_STATES and nodes not in ("", "(null)") else (),
+            user_id=_uid(uid)))
     return out
-
-
-def parse_sinfo_nodes(text: str) -> dict[str, int]:
-    """``sinfo -h -N -o %N|%G`` -> node -> GPUs (a node listed once per partition counts once)."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        name, sep, gres = line.partition("|")
-        if not sep:
-            raise BadSlurmOutput(f"sinfo line {line[:80]!r}")
-        out[name.strip()] = gpus_requested(gres.strip(), "", 1)
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class Partition:
-    name: str
-    priority_tier: int
-    preempt_mode: str
-    grace_s: float
-
-
-def parse_partitions(text: str) -> dict[str, Partition]:
-    """``scontrol show partition -o``: one ``Key=Value ...`` line per partition."""
-    out = {}
-    for line in text.splitlines():
-        kv = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-        if "PartitionName" not in kv:
-            continue
-        try:
-            out[kv["PartitionName"]] = Partition(
-                kv["PartitionName"], int(kv.get("PriorityTier", "1")), kv.get("PreemptMode", "OFF"),
-                float(kv.get("GraceTime", "0")))
-        except ValueError:
-            raise BadSlurmOutput(f"partition line {line[:120]!r}") from None
-    return out
-
-
-def parse_config(text: str) -> dict[str, str]:
-    """``scontrol show config``: ``Key = Value`` lines."""
-    out = {}
-    for line in text.splitlines():
-        k, sep, v = line.partition("=")
-        if sep and k.strip() and " " not in k.strip():
-            out[k.strip()] = v.strip()
-    return out
-
-
-def duration_s(text: str) -> float:
-    """Slurm durations in ``scontrol show config``: ``30 sec``, ``00:05:00``, ``7-00:00:00``, ``NONE``."""
-    t = text.strip()
-    if t.upper() in ("", "NONE", "UNLIMITED", "N/A"):
-        return 0.0
-    m = re.fullmatch(r"(\d+)\s*(sec|min)?", t)
-    if m:
-        return float(m.group(1)) * (60 if m.group(2) == "min" else 1)
-    limit = _limit_s(t)
-    return limit or 0.0

@@ -26,9 +26,9 @@ from bisect import bisect_left, insort
 
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Job
-from gpudiag.scheduler.placement import nodes_needed, one_node, whole_nodes
-from gpudiag.scheduler.simulator import SimJob, SimResult, quotas_from_load
-from gpudiag.scheduler.traces import TraceJob
+from gpudiag.scheduler.placement import one_node, whole_nodes
+from gpudiag.scheduler.sim.simulator import SimJob, SimResult, quotas_from_load
+from gpudiag.scheduler.sim.traces import TraceJob
 
 THRESHOLD_GPU_S = 3600.0
 RESTORE_S = 30.0
@@ -42,7 +42,7 @@ def simulate_tiresias(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, st
     sims: list[SimJob] = []
     rejected = 0
     for t in trace_jobs:
-        if t.gpus > state.total_gpus or (t.gpus > per and nodes_needed(t.gpus, per) > len(cluster.nodes)):
+        if t.gpus > state.total_gpus:   # larger jobs take whole nodes: all of them at most
             rejected += 1
             continue
         m, label = mfu[t.id]

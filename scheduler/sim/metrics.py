@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpudiag.scheduler.simulator import SimResult
+from gpudiag.scheduler.sim.simulator import SimResult
 
 KEYS = ("jobs", "rejected", "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_delay_s", "p99_queue_delay_s",
         "max_queue_delay_s", "makespan_s", "gpu_utilisation", "useful_work_weighted_jct_s",

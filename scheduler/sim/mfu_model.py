@@ -5,7 +5,7 @@ is not MFU anyway, so the simulator draws them from a documented model. The mode
 before any policy was measured against it and is not tuned to any target.
 
 Model (per key, then per job):
-1. A key (a sweep, a recurring job: ``gpudiag.scheduler.traces``) runs one model and one input
+1. A key (a sweep, a recurring job: ``gpudiag.scheduler.sim.traces``) runs one model and one input
    pipeline, so it has one bottleneck label, drawn from ``LABEL_MIX`` for its size class.
    Sources of the shape: Jeon et al. (ATC'19) found Philly's GPUs lowly utilised, distributed
    jobs lower than single-GPU ones, and input and communication among the causes; Weng et al.
@@ -35,7 +35,7 @@ import numpy as np
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.model import LABELS
 from gpudiag.scheduler.priority import job_class
-from gpudiag.scheduler.traces import TraceJob
+from gpudiag.scheduler.sim.traces import TraceJob
 
 LABEL_MIX: dict[str, dict[str, float]] = {
     "1 GPU": {"compute-bound": 0.35, "memory-bound": 0.25, "input-bound": 0.25, "host-bound": 0.15},

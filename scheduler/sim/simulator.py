@@ -8,12 +8,15 @@ of more GPUs than a node replays its recorded duration under every policy (as th
 semantics require); what spanning more racks than needed would cost it under the model is
 recorded for every policy in ``rack_cost_gpu_s`` and printed by the benchmark, not applied.
 
-The policy sees a job's MFU and label only once it has run ``LEARN_AFTER_S`` (the agent's
-first estimate needs a traced step; ten minutes is a conservative stand-in), or through
-earlier jobs of its key (``Policy.order == "mfu"``, the calibration prototype's oracle, orders
-by each job's own MFU known at submission instead). Priorities
-are recomputed every ``PRIORITY_CALC_PERIOD_S`` (Slurm's PriorityCalcPeriod default) and for each
-arrival.
+The queue order is the policy core's (``gpudiag.scheduler.ordering``), the one the local
+daemon and the Slurm controller use. The policy sees a job's MFU and label only once it has run
+``LEARN_AFTER_S`` (the agent's first estimate needs a traced step; ten minutes is a
+conservative stand-in), through earlier jobs of its key, or - a requeued job - through its own
+last report for ``Policy.max_signal_age_s`` after it stopped, as a runtime would
+(``Policy.order == "mfu"``, the calibration prototype's oracle, orders by each job's own MFU
+known at submission instead). Sort keys are recomputed every ``PRIORITY_CALC_PERIOD_S``
+(Slurm's PriorityCalcPeriod default) and for each arrival; the per-team interleave before
+every pass.
 
 Preemption (tiers from an sacct export; Philly and Tiresias traces have one tier): a victim gets
 SIGTERM and its grace period, then its GPUs are free; work since its last periodic checkpoint
@@ -26,37 +29,34 @@ import heapq
 import math
 import time
 from bisect import bisect_left, insort
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import (
-    COMM_LABEL,
     Cluster,
     Job,
-    KeyHistory,
     Placement,
     Policy,
     Running,
+    Signal,
     TeamShare,
 )
-from gpudiag.scheduler.pending import ONE_NODE, SPREAD, WHOLE, PendingQueue
-from gpudiag.scheduler.policy import kind_for, plan_pass
+from gpudiag.scheduler.ordering import Ordering
+from gpudiag.scheduler.pending import PendingQueue
+from gpudiag.scheduler.policy import plan_pass
 from gpudiag.scheduler.priority import (
     MfuBook,
-    efficiency_factor,
-    fair_share_delay,
     job_class,
 )
-from gpudiag.scheduler.slowdown import slowdown
-from gpudiag.scheduler.team_queues import interleave, team_quotas
-from gpudiag.scheduler.traces import TraceJob
+from gpudiag.scheduler.sim.slowdown import slowdown
+from gpudiag.scheduler.sim.traces import TraceJob
 
 LEARN_AFTER_S = 600.0
 PRIORITY_CALC_PERIOD_S = 300.0
 CHECKPOINT_INTERVAL_S = 1800.0
-ORACLE_SPAN_S = 1e11   # MFU-first order: 1e-4 of MFU outweighs any submit-time difference (< 1e7 s)
 
 
 @dataclass(slots=True)
@@ -75,6 +75,7 @@ class SimJob:
     lost_gpu_s: float = 0.0
     slow_gpu_s: float = 0.0
     learned: bool = False
+    seen_mfu: float = math.nan   # the MFU the policy learned (its agent's signal)
     trace_id: int = -1
     rack_cost_gpu_s: float = 0.0   # what spanning extra racks would cost under the model (not applied)
 
@@ -122,101 +123,34 @@ class _Teams:
         return TeamShare(self.quota.get(team, 0.0), self.avg[team])
 
 
-class _Priorities:
-    """gpudiag's order terms as arrays, so re-sorting thousands of pending jobs is a lexsort.
+@dataclass(frozen=True)
+class SimPass:
+    """What one pass of a replay saw, for a watcher (``simulate(on_pass=...)``): the queue in the
+    order the pass walks, and the inputs a stateless runtime would hand ``policy.order_queue``
+    for the same jobs. ``current``: every sort key and kind is as of now (recomputed for this
+    pass, or constant in time: arrival order); otherwise they may be up to
+    ``PRIORITY_CALC_PERIOD_S`` old, as Slurm's priorities are."""
 
-    Per key: the efficiency delay and whether it is known communication-bound, valid until the
-    key's decayed history weight drops below ``Policy.min_history_weight``; per job: the same
-    from its own MFU once it has run (a requeued job). Key delays are recomputed when the
-    class medians they compare with have moved.
-    """
-
-    def __init__(self, sims: list[SimJob], policy: Policy, book: MfuBook, teams: _Teams) -> None:
-        self.policy, self.book, self.teams = policy, book, teams
-        self.key_index: dict[str, int] = {}
-        self.key_gpus: list[int] = []   # a key's size class is that of its first job
-        for s in sims:
-            if s.job.key not in self.key_index:
-                self.key_index[s.job.key] = len(self.key_index)
-                self.key_gpus.append(s.job.gpus)
-        k = len(self.key_index)
-        self.team_names = sorted(teams.quota)
-        team_i = {t: i for i, t in enumerate(self.team_names)}
-        self.sub = np.array([s.job.submit for s in sims])
-        self.mfu = np.array([s.mfu for s in sims])
-        self.key_i = np.array([self.key_index[s.job.key] for s in sims], dtype=np.int64)
-        self.team_i = np.array([team_i[s.job.team] for s in sims], dtype=np.int64)
-        self.gpus = np.array([s.job.gpus for s in sims], dtype=np.int64)
-        self.learned = np.zeros(len(sims), bool)
-        self.own_delay = np.zeros(len(sims))
-        self.own_comm = np.zeros(len(sims), bool)
-        self.key_delay = np.zeros(k)
-        self.key_comm = np.zeros(k, bool)
-        self.key_until = np.full(k, -np.inf)
-        self.medians: dict[str, float | None] = {}
-        self.dirty = False
-        self._fair_at, self._fair = math.nan, np.zeros(0)
-
-    def _delay(self, job: Job, mfu: float, label: str) -> float:
-        f, _ = efficiency_factor(job, None, KeyHistory(mfu, label, 1.0, 0.0), self.policy,
-                                 self.book.class_median(job_class(job.gpus)))
-        return (1.0 - f) * self.policy.max_efficiency_delay_s
-
-    def observe(self, i: int, s: SimJob, mfu: float, now: float) -> None:
-        """Job ``i`` has run long enough: its MFU is known, and its key learns from it."""
-        p, job = self.policy, s.job
-        self.book.observe(job.key, job_class(job.gpus), mfu, s.label, now)
-        self.learned[i], self.own_comm[i] = True, s.label == COMM_LABEL
-        self.own_delay[i] = self._delay(job, mfu, s.label)
-        ki = self.key_index[job.key]
-        h = self.book.keys[job.key]
-        self.key_delay[ki] = self._delay(job, h.mfu, h.label)
-        self.key_comm[ki] = h.label == COMM_LABEL
-        self.key_until[ki] = now + p.history_half_life_s * math.log2(h.weight / p.min_history_weight)
-        cls = job_class(job.gpus)
-        if self.book.class_median(cls) != self.medians.get(cls):
-            self.dirty = True
-
-    def _refresh(self) -> None:
-        for cls in ("1 GPU", "2-8 GPUs", ">8 GPUs"):
-            self.medians[cls] = self.book.class_median(cls)
-        for key, h in self.book.keys.items():
-            ki = self.key_index[key]
-            self.key_delay[ki] = self._delay(Job(0, self.key_gpus[ki], 0.0, 0.0), h.mfu, h.label)
-        self.dirty = False
-
-    def keys(self, idx: np.ndarray, now: float, per_node: int) -> tuple[np.ndarray, np.ndarray]:
-        """Sort keys and placement kinds for jobs ``idx`` (indices into the simulation's jobs)."""
-        p = self.policy
-        valid = self.key_until[self.key_i[idx]] >= now
-        eff = np.zeros(len(idx))
-        if p.efficiency:
-            eff = np.where(self.learned[idx], self.own_delay[idx],
-                           np.where(valid, self.key_delay[self.key_i[idx]], 0.0))
-        fair = 0.0
-        if p.fair_share:
-            # team delays drift slowly: recomputed once per priority period, as Slurm does
-            if not now - self._fair_at < PRIORITY_CALC_PERIOD_S:
-                self._fair = np.array([fair_share_delay(self.teams.share(t, now), p)[0]
-                                       for t in self.team_names])
-                self._fair_at = now
-            fair = self._fair[self.team_i[idx]]
-        if p.order == "mfu":   # the oracle: every job's own MFU, known at submission
-            eff = (1.0 - self.mfu[idx]) * ORACLE_SPAN_S
-        keys = self.sub[idx] + eff + fair
-        comm = np.where(self.learned[idx], self.own_comm[idx], valid & self.key_comm[self.key_i[idx]])
-        known = self.learned[idx] | valid
-        spread = p.spread_small & np.where(known, ~(comm & p.label_aware_placement), p.spread_unknown)
-        kinds = np.where(self.gpus[idx] > per_node, WHOLE, np.where(spread, SPREAD, ONE_NODE))
-        return keys, kinds
+    now: float
+    queue: PendingQueue
+    running: list[Running]
+    signals: dict[int, Signal]
+    book: MfuBook
+    teams: dict[str, TeamShare]
+    total_gpus: int
+    per_node: int
+    current: bool
 
 
 def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], cluster: Cluster,
-             policy: Policy, oracle: bool = False) -> SimResult:
+             policy: Policy, oracle: bool = False, on_pass: Callable[[SimPass], None] | None = None
+             ) -> SimResult:
     """Replay submit-sorted ``trace_jobs`` under ``policy``; jobs that can never fit are rejected.
 
-    ``oracle``: the policy knows every job's MFU and label at submission (against class medians
-    of the whole trace) instead of learning them - what learning costs, for the benchmark.
+    The queue order is the policy core's (``ordering.Ordering``, kept across passes and fed what
+    changed). ``oracle``: the policy knows every job's MFU and label at submission (a signal
+    heard at every instant, against class medians of the whole trace) instead of learning them -
+    what learning costs, for the benchmark. ``on_pass`` sees every pass (tests, tracing).
     """
     wall0 = time.perf_counter()
     state = ClusterState(cluster)
@@ -227,28 +161,30 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
     sims: list[SimJob] = []
     rejected = 0
     for t in trace_jobs:
-        if t.gpus > state.total_gpus or (t.gpus > per and -(-t.gpus // per) > len(cluster.nodes)):
+        if t.gpus > state.total_gpus:   # larger jobs take whole nodes: all of them at most
             rejected += 1
             continue
         m, label = mfu[t.id]
-        job = Job(len(sims), t.gpus, t.submit, t.estimate or t.duration, t.user, t.team, t.key, t.tier)
+        job = Job(len(sims), t.gpus, t.submit, t.estimate or t.duration, t.user, t.team, t.key, t.tier,
+                  grace_s=policy.default_grace_s)
         sims.append(SimJob(job, t.duration, m, label, t.duration, trace_id=t.id))
-    prio = policy.order in ("priority", "mfu")
     # victims exist only below the top tier: with one tier in the trace there is nothing to preempt
     preemptive = policy.preemption and len({s.job.tier for s in sims}) > 1
-    pr = _Priorities(sims, policy, book, teams)
+    whole = None
     if oracle:   # class medians of the whole trace, kept apart from what the policy learns
         whole = MfuBook(policy.history_half_life_s)
         for s in sims:
             whole.observe("", job_class(s.job.gpus), s.mfu, s.label, 0.0)
+    order = Ordering(policy, book, per, whole)
+    order.add([s.job for s in sims])   # row i is job i
+    if oracle:
         for i, s in enumerate(sims):
-            f, _ = efficiency_factor(s.job, None, KeyHistory(s.mfu, s.label, 1.0, 0.0), policy,
-                                     whole.class_median(job_class(s.job.gpus)))
-            pr.learned[i], pr.own_comm[i] = True, s.label == COMM_LABEL
-            pr.own_delay[i] = (1.0 - f) * policy.max_efficiency_delay_s
-    fair_teams = policy.uses_team_queues
-    q_all = team_quotas(pr.team_names, quotas, state.total_gpus)
-    team_quota = np.array([q_all[t] for t in pr.team_names])
+            order.hear(i, s.mfu, s.label, 1.0, math.inf)
+    if policy.order == "mfu":   # the calibration's order: every job's own MFU, known at submission
+        order.know_mfu(np.arange(len(sims)), np.array([s.mfu for s in sims]))
+    # keys change with time only through the priority terms, kinds only through learned labels
+    rekeys = policy.order != "arrival" or policy.spread_small
+    shares: dict[str, TeamShare] = {}
     queue = PendingQueue()
     running: dict[int, Running] = {}
     by_end: list[tuple[float, int, Placement]] = []
@@ -257,13 +193,16 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
     ai, n = 0, len(sims)
     next_calc = 0.0
 
+    def read_teams(now: float) -> None:
+        nonlocal shares
+        shares = {t: teams.share(t, now) for t in order.team_names}
+        order.set_teams(shares, now)
+
     def enqueue(i: int, now: float) -> None:
-        job = sims[i].job
-        if prio:
-            k, kind = pr.keys(np.array([i]), now, per)
-            queue.insert(float(k[0]), job, int(kind[0]), tag=i)
-        else:
-            queue.insert(job.submit, job, kind_for(job, per, policy, "unknown"), tag=i)
+        if order.use_fair and not now - order.fair_at < PRIORITY_CALC_PERIOD_S:
+            read_teams(now)
+        k, kind = order.keys(np.array([i]), now)
+        queue.insert(float(k[0]), sims[i].job, int(kind[0]), tag=i)
 
     def start(s: SimJob, placement: Placement, now: float) -> None:
         job = s.job
@@ -300,6 +239,8 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
         seg[1], seg[2] = now, kept
         s.remaining -= kept
         s.preemptions += 1
+        if s.learned and not oracle:   # its last report: usable for Policy.max_signal_age_s
+            order.hear(s.job.id, s.seen_mfu, s.label, 1.0, now)
         enqueue(s.job.id, now)
 
     def mfu_of(r: Running) -> float:
@@ -316,7 +257,9 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
                 s.learned = True
                 seg = s.segments[-1]
                 f = (seg[1] - seg[0]) / max(seg[2], 1e-9)
-                pr.observe(i, s, s.mfu / max(f, 1.0), now)
+                s.seen_mfu = s.mfu / max(f, 1.0)   # a spread job's MFU falls with its slowdown
+                book.observe(s.job.key, job_class(s.job.gpus), s.seen_mfu, s.label, now)
+                order.learned(s.job.key)
         while done and done[0][0] <= now:
             _, kind, i = heapq.heappop(done)
             if i not in running:
@@ -331,18 +274,21 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
             ai += 1
         if not len(queue) or (state.total_free == 0 and not preemptive):
             continue
-        if prio and now >= next_calc:
-            pr._fair_at = -math.inf
-            if pr.dirty:
-                pr._refresh()
-            k, kinds = pr.keys(queue.tag, now, per)
-            queue.reorder(k, kinds)
+        rekeyed = rekeys and now >= next_calc
+        if rekeyed:
+            if order.use_fair:
+                read_teams(now)
+            order.refresh()
+            k, kinds = order.keys(queue.tag, now)
+            queue.reorder(k, kinds, sort=not policy.uses_team_queues)   # the interleave sorts
             next_calc = now + PRIORITY_CALC_PERIOD_S
-        if fair_teams:   # team use changes with every start and end: interleave before every pass
-            use = np.array([teams.gpus[t] for t in pr.team_names], float)
-            tags = queue.tag
-            queue.permute(interleave(queue.neg_tier, pr.team_i[tags], queue.key, tags, queue.gpus,
-                                     pr.sub[tags], use, team_quota, now, policy.team_overdue_s))
+        if policy.uses_team_queues:   # team use changes with every start and end: before every pass
+            use = np.array([teams.gpus[t] for t in order.team_names], float)
+            queue.permute(order.team_order(queue, use, quotas, state.total_gpus, now))
+        if on_pass is not None:
+            own = {j.id: order.signal_of(j.id, now) for j in queue.jobs}
+            on_pass(SimPass(now, queue, list(running.values()), {i: g for i, g in own.items() if g},
+                            book, shares, state.total_gpus, per, rekeyed or not rekeys))
         decisions = plan_pass(state, queue, by_end, now, policy,
                               (lambda: list(running.values())) if preemptive else None, mfu_of)
         started = []

@@ -1,0 +1,43 @@
+"""The scheduling policy's settings as command-line options, each default read from ``Policy``.
+
+Why: one default per knob, held by ``Policy`` (``scheduler/model.py``). ``gpudiag scheduler
+serve`` and ``gpudiag sim`` take the same options, so a replay runs with the settings the
+daemon runs with; ``--help`` prints the value ``Policy`` holds; the Settings table of
+docs/scheduler.md is checked against both (tests/test_scheduler_settings.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import click
+
+from gpudiag.commands.profile import format_duration, parse_duration
+from gpudiag.scheduler.model import Policy
+
+# option -> (its Policy field, help)
+OPTIONS: dict[str, tuple[str, str]] = {
+    "--min-runtime": ("min_runtime_s", "No job is preempted before it has run this long (no thrashing)."),
+    "--efficiency-delay": ("max_efficiency_delay_s",
+                           "The most a low MFU may delay a job: its part of the aging bound."),
+}
+
+
+def _param(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
+def policy_options(f: Callable) -> Callable:
+    """Add the options of ``OPTIONS``, defaults formatted from ``Policy()``."""
+    for option, (field, text) in reversed(OPTIONS.items()):
+        f = click.option(option, _param(option), default=format_duration(getattr(Policy(), field)),
+                         show_default=True, metavar="DURATION", help=f"{text} (Policy.{field})")(f)
+    return f
+
+
+def with_options(policy: Policy, values: dict[str, str]) -> Policy:
+    """``policy`` with the options' values (click's parameters by name) applied."""
+    changes = {field: parse_duration(values[_param(option)], option)
+               for option, (field, _) in OPTIONS.items()}
+    return dataclasses.replace(policy, **changes)

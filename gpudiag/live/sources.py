@@ -1,0 +1,133 @@
+"""Where ``gpudiag top`` reads the present: agents' ``/metrics``, a Prometheus server, and the
+local scheduler's queue.
+
+A live view is a client, as ``gpudiag queue`` is of the scheduler: it reads what the agents
+export and never talks to hardware or to jobs. Every read says whether it worked; a source
+that is down is one line in the view, never an exception and never a row of zeros.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HTTP_TIMEOUT_S = 2.0  # a refresh must not hang on one wedged agent
+MAX_SCRAPE_BYTES = 32 * 1024 * 1024
+# every per-GPU and per-job series of every agent, in one Prometheus query
+PROMETHEUS_QUERY = '{__name__=~"gpudiag_(gpu|job)_.+"}'
+DEFAULT_AGENT = "http://127.0.0.1:9835/metrics"  # `gpudiag agent`'s default --listen
+
+
+@dataclass
+class Sample:
+    """One series' value, as an agent exported it (counters under their ``_total`` name)."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass
+class NodeRead:
+    """What one node's agent exported (``node`` is the agent's address or Prometheus'
+    ``instance``), or why it could not be read."""
+
+    node: str
+    samples: list[Sample] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class QueueRead:
+    """The local scheduler's queue (``gpudiag queue --json``'s jobs), or why there is none."""
+
+    jobs: list[dict] = field(default_factory=list)
+    prefix: str = ""  # a job's agent id is "<prefix>:<id>"
+    state_dir: Path | None = None
+    error: str | None = None
+
+
+def agent_url(spec: str) -> str:
+    """``HOST:PORT``, ``http://HOST:PORT`` or a full ``.../metrics`` URL -> the /metrics URL."""
+    url = spec if "://" in spec else f"http://{spec}"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{spec!r}: use HOST:PORT or http://HOST:PORT/metrics")
+    return url if parts.path not in ("", "/") else f"{parts.scheme}://{parts.netloc}/metrics"
+
+
+def parse_exposition(text: str) -> list[Sample]:
+    """Prometheus text exposition -> samples (prometheus_client's own parser). ValueError on
+    text that is not an exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [Sample(s.name, dict(s.labels), float(s.value))
+            for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def read_agent(url: str, timeout: float = HTTP_TIMEOUT_S) -> NodeRead:
+    node = urllib.parse.urlsplit(url).netloc
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - the user's URL
+            text = r.read(MAX_SCRAPE_BYTES).decode("utf-8", "replace")
+    except (OSError, urllib.error.URLError, ValueError) as e:
+        return NodeRead(node, error=f"not reachable: {getattr(e, 'reason', None) or e}")
+    try:
+        return NodeRead(node, parse_exposition(text))
+    except ValueError as e:
+        return NodeRead(node, error=f"not a Prometheus exposition: {e}")
+
+
+def prometheus_nodes(doc: object) -> list[NodeRead]:
+    """One ``/api/v1/query`` answer (a vector) -> one NodeRead per ``instance``. ValueError on
+    anything else."""
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        raise ValueError(f"status {doc.get('status') if isinstance(doc, dict) else doc!r}: "
+                         f"{doc.get('error', '') if isinstance(doc, dict) else ''}")
+    data = doc.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise ValueError(f"result type {data.get('resultType')!r}, expected vector")
+    nodes: dict[str, NodeRead] = {}
+    for r in data.get("result", []):
+        labels = {k: str(v) for k, v in r["metric"].items()}
+        name = labels.pop("__name__", "")
+        node = labels.pop("instance", "") or "?"
+        labels.pop("job", None)  # Prometheus' scrape job, not ours (ours is job_id)
+        nodes.setdefault(node, NodeRead(node)).samples.append(Sample(name, labels, float(r["value"][1])))
+    return [nodes[n] for n in sorted(nodes)]
+
+
+def read_prometheus(base: str, timeout: float = HTTP_TIMEOUT_S * 2) -> tuple[list[NodeRead], str | None]:
+    """Every node's gpudiag series from Prometheus, and why not (None when it answered)."""
+    url = f"{base.rstrip('/')}/api/v1/query?query={urllib.parse.quote(PROMETHEUS_QUERY)}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - the user's URL
+            doc = json.loads(r.read(MAX_SCRAPE_BYTES))
+    except (OSError, urllib.error.URLError) as e:
+        return [], f"Prometheus at {base} not reachable: {getattr(e, 'reason', None) or e}"
+    except ValueError as e:
+        return [], f"Prometheus at {base}: not JSON: {e}"
+    try:
+        return prometheus_nodes(doc), None
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        return [], f"Prometheus at {base}: unexpected answer: {e}"
+
+
+def read_queue(state_dir: Path | None = None) -> QueueRead:
+    """The local scheduler's queue through its client (as ``gpudiag queue``), or why not: no
+    daemon on this machine is the common case, and a line, not an error."""
+    from gpudiag.errors import GpudiagError
+    from gpudiag.scheduler.local.client import ask
+    from gpudiag.scheduler.local.config import default_state_dir
+
+    where = state_dir or default_state_dir(for_client=True)
+    try:
+        answer = ask(where, {"op": "queue", "all": False})
+    except (GpudiagError, OSError, ValueError) as e:
+        return QueueRead(state_dir=where, error=str(e))
+    return QueueRead(jobs=list(answer.get("jobs", [])), prefix=str(answer.get("prefix", "")),
+                     state_dir=where)

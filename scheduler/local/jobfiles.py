@@ -1,0 +1,151 @@
+"""How a root daemon touches a job's folder: every name in it is the job's user's to replace.
+
+A job's folder (``STATE/jobs/ID``) belongs to the job's user, so anything in it may be a FIFO
+(``open()`` blocks until a writer comes), a symbolic link to a file only root may read, a
+hard link to someone else's file, a device, or a file swapped between a check and its use.
+So the daemon never opens a job file by a path it checked first: it opens the job's folder
+once (``O_NOFOLLOW|O_DIRECTORY``), everything else relative to that descriptor with
+``O_NOFOLLOW|O_NONBLOCK|O_NOCTTY`` (opening a FIFO or a device that way returns at once, and a
+link fails), and ``fstat`` says what was really opened: only a regular file owned by the job's
+user (or by the daemon, for a file it made) is read or written, and only a bounded number of
+bytes. Creating and handing over folders is ``mkdirat`` + ``fchown`` on a descriptor, never a
+``chown`` by name that a swapped link could redirect. These calls do not block on a local
+filesystem whatever the user put there (the state folder must be local: see
+docs/scheduler-daemon.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+class UnsafeFile(OSError):
+    """A job file the daemon refuses to use; the message names the file and what it is."""
+
+
+def kind_of(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _refuse(what: str, e: OSError, dir_fd: int | None = None, name: str = "", folder: bool = False
+            ) -> UnsafeFile:
+    """The one line for an entry that could not be opened: what it is where that explains it
+    (writing to a FIFO without a reader fails with ENXIO, opening a link with ELOOP)."""
+    if name:
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+            if not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
+                return UnsafeFile(e.errno or errno.EIO, f"{what} is {kind_of(mode)}, not "
+                                  f"{'a folder' if folder else 'a regular file'}: refused")
+        except OSError:
+            pass
+    if e.errno == errno.ELOOP:
+        return UnsafeFile(errno.ELOOP, f"{what} is a symbolic link: refused")
+    return UnsafeFile(e.errno or errno.EIO, f"{what}: {e.strerror or e}")
+
+
+@contextlib.contextmanager
+def open_dir(path: Path | str, uid: int, dir_fd: int | None = None) -> Iterator[int]:
+    """A descriptor of the folder ``path`` (under ``dir_fd`` when given), after checking it is
+    a real folder of the job's user (or of the daemon's, before it was handed over)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _OPEN, dir_fd=dir_fd)
+    except OSError as e:
+        raise _refuse(f"folder {path}", e, dir_fd, str(path), folder=True) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (uid, os.geteuid()):
+            raise UnsafeFile(errno.EPERM, f"folder {path} belongs to uid {st.st_uid}, not {uid}")
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _check_regular(fd: int, what: str, uid: int) -> os.stat_result:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile(errno.EINVAL, f"{what} is {kind_of(st.st_mode)}, not a regular file: refused")
+    if st.st_uid not in (uid, os.geteuid()):
+        raise UnsafeFile(errno.EPERM, f"{what} belongs to uid {st.st_uid}, not to the job's user: refused")
+    return st
+
+
+def read_file(dir_fd: int, name: str, uid: int, limit: int, offset: int = 0, what: str = "") -> bytes:
+    """At most ``limit`` bytes of the regular file ``name`` from ``offset``; b"" when it does
+    not exist. ``UnsafeFile`` for anything else that is there."""
+    what = what or name
+    try:
+        fd = os.open(name, os.O_RDONLY | _OPEN, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return b""
+    except OSError as e:
+        raise _refuse(what, e, dir_fd, name) from None
+    try:
+        _check_regular(fd, what, uid)
+        return os.pread(fd, limit, offset)
+    finally:
+        os.close(fd)
+
+
+def open_output(dir_fd: int, name: str, uid: int, gid: int) -> int:
+    """A job's stdout or stderr for appending, created for the job's user where missing. The
+    caller closes it; the job inherits it as an ordinary blocking file."""
+    flags = os.O_WRONLY | os.O_APPEND | _OPEN
+    try:
+        fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
+        created = True
+    except FileExistsError:
+        created = False
+        try:
+            fd = os.open(name, flags, dir_fd=dir_fd)
+        except OSError as e:
+            raise _refuse(name, e, dir_fd, name) from None
+    except OSError as e:
+        raise _refuse(name, e, dir_fd, name) from None
+    try:
+        _check_regular(fd, name, uid)
+        if created and os.geteuid() == 0:
+            os.fchown(fd, uid, gid)
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def make_dir(dir_fd: int, name: str, uid: int, gid: int) -> None:
+    """``name`` under ``dir_fd``: a folder of the job's user (made if missing), through a
+    descriptor so that a link put in its place is refused, never followed."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=dir_fd)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _OPEN, dir_fd=dir_fd)
+    except OSError as e:
+        raise _refuse(name, e, dir_fd, name, folder=True) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (uid, os.geteuid()):
+            raise UnsafeFile(errno.EPERM, f"{name} belongs to uid {st.st_uid}, not to the job's user")
+        if os.geteuid() == 0:
+            os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
+
+
+def dir_mtime(dir_fd: int, name: str) -> float | None:
+    """When the folder ``name`` last changed (lstat: a link, or anything but a folder, is None)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_mtime if stat.S_ISDIR(st.st_mode) else None

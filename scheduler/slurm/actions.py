@@ -1,0 +1,256 @@
+"""Changes to Slurm, made write-ahead (``ledger``): intents recorded, commands run, results confirmed.
+
+``apply`` writes every intent of a round in one ledger update before the first command, runs the
+commands (``scontrol update``, ``scontrol requeue``), then confirms them in one update; it renews
+the lease while a long batch of commands runs. ``reconcile`` turns what a crash left (intents
+without a confirmation) into facts by looking at Slurm. ``restore`` undoes what the ledger holds
+(only what is still gpudiag's value) and names what it could not undo.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gpudiag.scheduler.slurm.ledger import JobRef, Ledger, LedgerStore, ModeEntry, NiceEntry, Requeue
+from gpudiag.scheduler.slurm.slurmconf import Partition
+from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
+from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
+
+log = logging.getLogger("gpudiag.scheduler.slurm")
+
+PREEMPT_OFF = "OFF"
+
+
+@dataclass
+class Action:
+    kind: str            # "nice" | "restore" | "requeue" | "preempt_mode"
+    target: str          # job id or partition name
+    old: str
+    new: str
+    reason: str
+    applied: bool = False
+    error: str = ""
+    for_job: int | None = None   # a requeue: the pending job it makes room for
+    ref: JobRef | None = field(default=None, repr=False)
+
+
+def record_intents(ledger: Ledger, actions: list[Action], now: float) -> None:
+    """Before any command: each change with the value it replaces (kept from an earlier entry)."""
+    for a in actions:
+        if a.kind == "preempt_mode":
+            e = ledger.modes.get(a.target)
+            if e is None:
+                ledger.modes[a.target] = ModeEntry(original=a.old, set=None, want=a.new, at=now)
+            else:
+                e.want, e.at = a.new, now
+        elif a.kind in ("nice", "restore"):
+            jid = int(a.target)
+            e = ledger.nice.get(jid)
+            if e is None:
+                ledger.nice[jid] = NiceEntry(a.ref, original=int(a.old), set=None, want=int(a.new), at=now)
+            else:
+                e.want, e.at = int(a.new), now
+        elif a.kind == "requeue":
+            ledger.requeued[int(a.target)] = Requeue(a.ref, now, a.for_job, done=False)
+
+
+def confirm(ledger: Ledger, actions: list[Action]) -> None:
+    """After the commands: what ran is fact, what did not is forgotten (its target kept its value)."""
+    for a in actions:
+        if a.kind == "preempt_mode" and a.target in ledger.modes:
+            e = ledger.modes[a.target]
+            if a.applied and a.new.upper() == e.original.upper():
+                del ledger.modes[a.target]
+            elif a.applied:
+                e.set, e.want = a.new, None
+            elif e.set is None:
+                del ledger.modes[a.target]
+            else:
+                e.want = None
+        elif a.kind in ("nice", "restore") and int(a.target) in ledger.nice:
+            e = ledger.nice[int(a.target)]
+            if a.applied and int(a.new) == e.original:
+                del ledger.nice[int(a.target)]
+            elif a.applied:
+                e.set, e.want = int(a.new), None
+            elif e.set is None:
+                del ledger.nice[int(a.target)]
+            else:
+                e.want = None
+        elif a.kind == "requeue" and int(a.target) in ledger.requeued:
+            if a.applied:
+                ledger.requeued[int(a.target)].done = True
+            else:
+                del ledger.requeued[int(a.target)]
+
+
+def _run(io: SlurmIO, a: Action) -> None:
+    if a.kind in ("nice", "restore"):
+        io.set_nice(int(a.target), int(a.new))
+    elif a.kind == "preempt_mode":
+        io.set_preempt_mode(a.target, a.new)
+    elif a.kind == "requeue":
+        io.requeue(int(a.target))
+
+
+def apply(actions: list[Action], io: SlurmIO, store: LedgerStore, now: float,
+          renew: Callable[[Ledger], None], renew_every_s: float,
+          precheck: Callable[[Action], str] | None = None,
+          prepare: Callable[[Ledger], None] | None = None) -> None:
+    """Record, run, confirm: two ledger writes (one when there is nothing to change).
+    ``prepare(ledger)`` goes into the first write (the round's reconciliation and lease);
+    ``precheck(action)`` may veto a requeue just before it runs (the job it is for started
+    meanwhile, or Slurm took preemption back): its answer is the error."""
+    todo = [a for a in actions if not a.error]
+    with store.update() as ledger:
+        if prepare is not None:
+            prepare(ledger)
+        record_intents(ledger, todo, now)
+        renew(ledger)
+    if not todo:
+        return
+    last = time.monotonic()
+    try:
+        for a in todo:
+            if time.monotonic() - last > renew_every_s:
+                with store.update() as ledger:
+                    renew(ledger)
+                last = time.monotonic()
+            why = precheck(a) if precheck is not None and a.kind == "requeue" else ""
+            if why:
+                a.error = why
+                log.info("requeue %s not done: %s", a.target, why)
+                continue
+            try:
+                _run(io, a)
+            except SlurmUnreachable as e:
+                a.error = str(e)
+                log.warning("%s %s failed: %s (slurmctld unreachable: the rest wait)", a.kind, a.target, e)
+                for rest in todo[todo.index(a) + 1:]:
+                    rest.error = rest.error or "not tried: slurmctld unreachable"
+                break
+            except SlurmError as e:
+                a.error = str(e)
+                log.warning("%s %s failed: %s", a.kind, a.target, e)
+                continue
+            a.applied = True
+            log.info("%s %s: %s -> %s (%s)", a.kind, a.target, a.old, a.new, a.reason)
+    finally:
+        with store.update() as ledger:
+            confirm(ledger, todo)
+            renew(ledger)
+
+
+def reconcile(ledger: Ledger, jobs: Mapping[int, SlurmJob], notes: list[str]) -> None:
+    """Jobs: entries of jobs gone (or ids reused by another job) dropped; a crash's intents
+    resolved by the job's current Nice; a Nice someone else set since is theirs."""
+    for jid, e in list(ledger.nice.items()):
+        j = jobs.get(jid)
+        if j is None or not e.ref.matches(j):
+            del ledger.nice[jid]
+            continue
+        e.ref = JobRef.of(j)
+        if e.want is not None:
+            if j.nice == e.want:
+                e.set = e.want
+            e.want = None
+        if j.nice == e.original:
+            del ledger.nice[jid]
+        elif e.set is None or j.nice != e.set:
+            notes.append(f"job {jid}: Nice {j.nice} set by someone else (gpudiag set {e.set}): theirs, "
+                         "left alone from now on")
+            del ledger.nice[jid]
+            ledger.theirs[jid] = e.ref
+    for jid, ref in list(ledger.theirs.items()):
+        if jid not in jobs or not ref.matches(jobs[jid]):
+            del ledger.theirs[jid]
+    for jid, r in list(ledger.requeued.items()):
+        j = jobs.get(jid)
+        if j is None or not (r.ref.matches(j) or j.restarts > r.ref.restarts):
+            del ledger.requeued[jid]
+        elif not r.done:   # the crash came between intent and confirmation: did Slurm requeue it?
+            if j.restarts > r.ref.restarts or j.state != "RUNNING":
+                r.done = True
+            else:
+                del ledger.requeued[jid]
+    for jid in [k for k in ledger.handed_back if k not in jobs or jobs[k].state != "PENDING"]:
+        del ledger.handed_back[jid]
+
+
+@dataclass
+class Restored:
+    actions: list[Action] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)     # what could not be restored, in words
+    left: list[str] = field(default_factory=list)       # changed by someone else since: theirs
+
+
+def restore(io: SlurmIO, store: LedgerStore, modes_only: bool = False, dry_run: bool = False) -> Restored:
+    """Put back every recorded value that is still gpudiag's; entries leave the ledger only once
+    restored (a crash here leaves them for the next restore). ``modes_only``: the watchdog's
+    restore (preemption back to Slurm; Nice values stay for the controller's next start)."""
+    out = Restored()
+    ledger = store.read()
+    if not ledger.modes and (modes_only or not ledger.nice):
+        return out
+    try:
+        parts: dict[str, Partition] = io.partitions() if ledger.modes else {}
+        jobs = {j.id: j for j in io.jobs()} if ledger.nice and not modes_only else {}
+    except (SlurmError, BadSlurmOutput) as e:
+        out.failed.append(f"slurmctld could not be read ({e}): nothing restored, the ledger keeps everything")
+        return out
+    for name, e in ledger.modes.items():
+        p = parts.get(name)
+        if p is None:
+            out.left.append(f"partition {name}: gone from Slurm")
+        elif p.preempt_mode.upper() == e.original.upper():
+            pass
+        elif e.ours(p.preempt_mode):
+            out.actions.append(Action("preempt_mode", name, p.preempt_mode, e.original,
+                                      "restore: Slurm chooses preemption victims again"))
+        else:
+            out.left.append(f"partition {name}: PreemptMode={p.preempt_mode} set by someone else, left alone")
+    if not modes_only:
+        for jid, e in ledger.nice.items():
+            j = jobs.get(jid)
+            if j is None or not e.ref.matches(j) or j.nice == e.original:
+                continue
+            if e.ours(j.nice):
+                out.actions.append(Action("restore", str(jid), str(j.nice), str(e.original),
+                                          "restore: the Nice the job had before gpudiag"))
+            else:
+                out.left.append(f"job {jid}: Nice {j.nice} set by someone else, left alone")
+    if dry_run:
+        return out
+    for i, a in enumerate(out.actions):
+        try:
+            _run(io, a)
+            a.applied = True
+            log.info("restored %s %s: %s -> %s", a.kind, a.target, a.old, a.new)
+        except SlurmError as err:
+            a.error = str(err)
+            out.failed.append(f"{'partition' if a.kind == 'preempt_mode' else 'job'} {a.target}: {err}")
+            if isinstance(err, SlurmUnreachable):
+                for rest in out.actions[i + 1:]:
+                    rest.error = "not tried: slurmctld unreachable"
+                    what = "partition" if rest.kind == "preempt_mode" else "job"
+                    out.failed.append(f"{what} {rest.target}: not tried (slurmctld unreachable)")
+                break
+    failed_modes = {a.target for a in out.actions if a.kind == "preempt_mode" and a.error}
+    failed_jobs = {int(a.target) for a in out.actions if a.kind == "restore" and a.error}
+    with store.update() as now_ledger:
+        # an entry leaves only if it is the one read above (a controller may have made a new one)
+        for name, e in list(now_ledger.modes.items()):
+            if name not in failed_modes and name in ledger.modes and e.at == ledger.modes[name].at:
+                del now_ledger.modes[name]
+        if not modes_only:
+            for jid, e in list(now_ledger.nice.items()):
+                if jid not in failed_jobs and jid in ledger.nice and e.at == ledger.nice[jid].at:
+                    del now_ledger.nice[jid]
+            now_ledger.requeued.clear()
+            now_ledger.handed_back.clear()
+        if not now_ledger.modes and (modes_only or not now_ledger.nice):
+            now_ledger.lease = None
+    return out

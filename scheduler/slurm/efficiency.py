@@ -1,0 +1,79 @@
+"""Efficiency as Nice: a pending GPU job's efficiency factor becomes ``scontrol update Nice=``.
+
+The policy core's ``efficiency_factor`` (the job's own signal - a requeued job has one -, else
+what earlier jobs of its key reached, against its class median; GPU-idle labels capped) becomes
+``Nice = original + (1 - factor) x nice_max``, quantised to ``NICE_STEPS`` so MFU jitter does not
+change it every round. Only values that differ are written, at most ``max_changes`` per round
+and one per job per ``min_change_interval_s``; a factor back at 1 puts the original back. Nice
+only orders pending jobs within a partition tier: Slurm's PriorityTier still goes first.
+
+``original`` is the ledger's (the Nice before gpudiag first touched the job), never a value read
+from a job gpudiag already changed; a job whose Nice someone else set since is theirs for good
+(``actions.reconcile`` records it in ``Ledger.theirs``): never fought over.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Container, Mapping, Sequence
+
+from gpudiag.scheduler.model import Policy, Signal
+from gpudiag.scheduler.priority import MfuBook, efficiency_factor, job_class
+from gpudiag.scheduler.slurm.actions import Action
+from gpudiag.scheduler.slurm.adapter import job_of, schedulable, tiers_of
+from gpudiag.scheduler.slurm.ledger import JobRef, NiceEntry
+from gpudiag.scheduler.slurm.slurmconf import Partition, duration_s
+from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
+
+log = logging.getLogger("gpudiag.scheduler.slurm")
+
+# With priority/basic every submission gets a priority one below the previous one, so Nice n
+# files a job behind the next n submissions; 10,000 is several days of a busy cluster's
+# submissions, the scale of the policy's efficiency delay. priority/multifactor: derived from
+# PriorityWeightAge / PriorityMaxAge so that Nice equals the policy's delay in age points.
+DEFAULT_NICE_MAX = 10_000
+SLURM_NICE_LIMIT = 2_147_483_645     # scontrol rejects |Nice| above this (NICE_OFFSET - 3)
+NICE_STEPS = 20                      # factor quantised to 5 % steps: no change for jitter
+DEFAULT_MIN_CHANGE_INTERVAL_S = 300.0
+DEFAULT_MAX_CHANGES = 200            # Nice writes per round, whatever the queue
+MULTIFACTOR = "priority/multifactor"
+
+
+def nice_scale(cfg: Mapping[str, str], policy: Policy) -> int:
+    """Nice for factor 0 when not given: the policy's delay, in this Slurm's priority units."""
+    if cfg.get("PriorityType") == MULTIFACTOR:
+        try:
+            w, age = float(cfg.get("PriorityWeightAge", "0")), duration_s(cfg.get("PriorityMaxAge", "0"))
+        except (ValueError, BadSlurmOutput):
+            w, age = 0.0, 0.0
+        if w > 0 and age > 0:
+            return int(min(SLURM_NICE_LIMIT, max(1.0, w * min(1.0, policy.max_efficiency_delay_s / age))))
+    return DEFAULT_NICE_MAX
+
+
+def nice_actions(jobs: Sequence[SlurmJob], parts: Mapping[str, Partition], entries: Mapping[int, NiceEntry],
+                 theirs: Container[int], signals: Mapping[int, Signal], book: MfuBook, now: float,
+                 policy: Policy, scale: int, min_change_interval_s: float, max_changes: int) -> list[Action]:
+    tiers = tiers_of(parts)
+    out: list[Action] = []
+    step = max(1, scale // NICE_STEPS)
+    for j in jobs:
+        if j.gpus <= 0 or not schedulable(j) or j.id in theirs:
+            continue
+        entry = entries.get(j.id)
+        original = entry.original if entry else j.nice
+        job = job_of(j, tiers, (), 0.0)
+        factor, why = efficiency_factor(job, signals.get(j.id), book.lookup(job.key, now), policy,
+                                        book.class_median(job_class(job.gpus)))
+        delta = int(round((1.0 - factor) * scale / step)) * step
+        want = max(-SLURM_NICE_LIMIT, min(SLURM_NICE_LIMIT, original + delta))
+        if want == j.nice or (entry is not None and now - entry.at < min_change_interval_s):
+            continue
+        if len(out) >= max_changes:
+            log.info("more than %d Nice changes due: the rest wait for the next round", max_changes)
+            break
+        kind = "nice" if delta else "restore"
+        reason = (f"efficiency factor {factor:.2f}: {why}" if delta else
+                  f"efficiency back to neutral ({why}): original Nice restored")
+        out.append(Action(kind, str(j.id), str(j.nice), str(want), reason, ref=JobRef.of(j)))
+    return out

@@ -1,0 +1,85 @@
+"""What the controller learned about each key's MFU, kept across restarts beside the ledger.
+
+The policy's ``MfuBook`` is rebuilt at start by replaying the stored observations through
+``MfuBook.observe``, so the history decays exactly as the policy decays it (no second decay
+rule to keep equal). Bounded: observations older than ``MAX_HALF_LIVES`` half-lives (their
+weight is below 1/1000 of a fresh one) are dropped, and at most ``MAX_OBSERVATIONS`` are kept,
+the newest. Each observation names its job run (``JobRef`` as ``id@submit#restarts``): a run
+teaches its key once, also across a restart of the controller.
+
+A separate file from the ledger (``<ledger>.history.json``): the ledger is rewritten several
+times a round and must stay small; this one changes only when a job first reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpudiag.scheduler.priority import MfuBook
+
+HISTORY_SCHEMA = 1
+MAX_HALF_LIVES = 10
+MAX_OBSERVATIONS = 50_000
+
+
+def history_path(ledger: Path) -> Path:
+    return ledger.with_name(ledger.name + ".history.json")
+
+
+@dataclass
+class History:
+    book: MfuBook
+    seen: set[str] = field(default_factory=set)          # job runs that taught their key already
+    rows: list[list] = field(default_factory=list)       # [run, key, class, mfu, label, t]
+    dirty: bool = False
+
+    def observe(self, run: str, key: str, cls: str, mfu: float, label: str, now: float) -> bool:
+        if run in self.seen:
+            return False
+        self.book.observe(key, cls, mfu, label, now)
+        self.seen.add(run)
+        self.rows.append([run, key, cls, mfu, label, now])
+        self.dirty = True
+        return True
+
+
+def load_history(path: Path | None, half_life_s: float, now: float) -> tuple[History, str]:
+    """(history, a warning or ""): an unreadable file starts an empty history and says so."""
+    h = History(MfuBook(half_life_s))
+    if path is None or not path.exists():
+        return h, ""
+    try:
+        d = json.loads(path.read_text())
+        if d.get("schema") != HISTORY_SCHEMA:
+            return h, f"{path}: history schema {d.get('schema')!r}, expected {HISTORY_SCHEMA}: starting empty"
+        rows = sorted((r for r in d["rows"] if now - float(r[5]) <= MAX_HALF_LIVES * half_life_s),
+                      key=lambda r: float(r[5]))[-MAX_OBSERVATIONS:]
+        for run, key, cls, mfu, label, t in rows:
+            h.book.observe(str(key), str(cls), float(mfu), str(label), float(t))
+            h.seen.add(str(run))
+        h.rows = [list(r) for r in rows]
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
+        return History(MfuBook(half_life_s)), f"{path}: unreadable MFU history ({e}): starting empty"
+    return h, ""
+
+
+def save_history(path: Path | None, h: History, now: float) -> None:
+    if path is None or not h.dirty:
+        return
+    h.rows = [r for r in h.rows if now - r[5] <= MAX_HALF_LIVES * h.book.half_life_s][-MAX_OBSERVATIONS:]
+    h.seen = {r[0] for r in h.rows}
+    fd, tmp = tempfile.mkstemp(prefix=".history-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"schema": HISTORY_SCHEMA, "rows": h.rows}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    h.dirty = False

@@ -1,0 +1,150 @@
+"""Which partitions gpudiag holds at PreemptMode=OFF (choosing victims itself), and which
+waiting jobs it leaves to Slurm's own preemption.
+
+Slurm 22.05's ``preempt/partition_prio`` picks its victims about a second after a higher-tier job
+arrives, by PriorityTier and job-list order, and nothing per job changes that; so to choose by
+useful work lost the controller must switch the lower partitions' preemption off beforehand and
+requeue its own victims. It does so only where it can carry every decision out, and gives the
+decision back to Slurm (the partition's original mode) everywhere else:
+
+- Only ``PreemptMode=REQUEUE`` partitions of ``preempt/partition_prio`` with GPU nodes that a
+  higher tier shares are taken; CANCEL, SUSPEND and GANG keep their semantics, and CPU-only
+  partitions are never touched.
+- A partition held by gpudiag whose mode someone set to anything else is theirs: it is dropped
+  from the ledger and not taken again while it keeps that mode. Back at its original mode
+  (``scontrol reconfigure``, a slurmctld restart) it is a reset: taken again, and no victims are
+  chosen in that round (Slurm may have begun preempting before the controller read squeue).
+- A waiting job Slurm could preempt for (a higher PriorityTier, on nodes it shares with running
+  jobs that have run the minimum time) is Slurm's when gpudiag cannot judge or cannot act for it:
+  a candidate victim without usable MFU evidence (jobs without signals are neither protected nor
+  penalised: Slurm's order decides among them), a candidate in a partition Slurm preempts in
+  itself, a job asking for what gpudiag does not model (no GPUs; CPUs or memory that would stay
+  short after the victims leave), victims gpudiag cannot requeue, or a requeue Slurm refused.
+  The partitions of its candidates go back to their original mode until it leaves the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action
+from gpudiag.scheduler.slurm.ledger import Ledger
+from gpudiag.scheduler.slurm.slurmconf import Partition, SlurmNode
+from gpudiag.scheduler.slurm.squeue import SlurmJob
+
+TAKEOVER_MODE = "REQUEUE"
+PARTITION_PRIO = "preempt/partition_prio"
+
+
+@dataclass
+class ModeView:
+    """The round's partitions as gpudiag sees them after reconciling the ledger with Slurm."""
+
+    original: dict[str, str]                 # partition -> mode Slurm had before gpudiag (or has)
+    held: set[str]                           # held at OFF by gpudiag, confirmed
+    reset: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def reconcile_modes(ledger: Ledger, parts: Mapping[str, Partition]) -> ModeView:
+    """Resolve crash intents, resets and other people's changes; returns who holds what now."""
+    view = ModeView({n: p.preempt_mode for n, p in parts.items()}, set())
+    for name, e in list(ledger.modes.items()):
+        p = parts.get(name)
+        if p is None:
+            del ledger.modes[name]
+            view.notes.append(f"partition {name} is gone from Slurm: forgotten")
+            continue
+        mode = p.preempt_mode.upper()
+        if mode == PREEMPT_OFF:
+            e.set, e.want = PREEMPT_OFF, None
+            view.held.add(name)
+            view.original[name] = e.original
+        elif mode == e.original.upper():
+            del ledger.modes[name]
+            if e.set is not None and e.want is None:
+                view.reset.append(name)
+                view.notes.append(f"partition {name} is back at PreemptMode={p.preempt_mode} (scontrol "
+                                  "reconfigure or a slurmctld restart reloaded slurm.conf): no victims "
+                                  "chosen this round")
+        else:
+            del ledger.modes[name]
+            view.notes.append(f"partition {name}: PreemptMode set to {p.preempt_mode} by someone else since "
+                              f"gpudiag set {PREEMPT_OFF}: theirs now, gpudiag no longer manages it")
+    return view
+
+
+def eligible(parts: Mapping[str, Partition], modes: ModeView, nodes: Mapping[str, SlurmNode],
+             preempt_type: str) -> set[str]:
+    """Partitions gpudiag may hold: REQUEUE ones with GPU nodes that a higher tier shares."""
+    if preempt_type != PARTITION_PRIO:
+        return set()
+    out = set()
+    for name, p in parts.items():
+        if modes.original[name].upper() != TAKEOVER_MODE:
+            continue
+        gpu_nodes = {n for n in p.nodes if n in nodes and nodes[n].gpus > 0}
+        if any(q.priority_tier > p.priority_tier and gpu_nodes & set(q.nodes) for q in parts.values()):
+            out.add(name)
+    return out
+
+
+def busy_partitions(jobs: Sequence[SlurmJob], want: set[str]) -> dict[str, str]:
+    """Partitions with a job in Slurm's GraceTime -> why they keep their mode for now.
+
+    Slurm reads a partition's PreemptMode again when a victim's GraceTime ends, and at OFF it
+    kills the job it meant to requeue (seen in tests/test_slurm_safety.py's reconfigure test).
+    So such a partition stays (or goes back) at its original mode until that job is requeued."""
+    return {j.partition: f"Slurm is preempting job {j.id} in it: it keeps its mode until that job is requeued"
+            for j in jobs if j.holds and j.preempt_time > 0 and j.partition in want}
+
+
+def mode_actions(parts: Mapping[str, Partition], modes: ModeView, want: set[str],
+                 why_not: Mapping[str, str]) -> list[Action]:
+    """Take what should be held and is not; give back what is held and should not be."""
+    out = []
+    for name in sorted(want - modes.held):
+        out.append(Action("preempt_mode", name, parts[name].preempt_mode, PREEMPT_OFF,
+                          "gpudiag chooses this partition's preemption victims (least useful work lost); "
+                          "Slurm's order cannot be steered per job; restored on stop"))
+    for name in sorted(modes.held - want):
+        out.append(Action("preempt_mode", name, PREEMPT_OFF, modes.original[name],
+                          f"preemption given back to Slurm: {why_not.get(name, 'no longer taken over')}"))
+    return out
+
+
+def candidates(parts: Mapping[str, Partition], jobs: Sequence[SlurmJob], original: Mapping[str, str],
+               min_runtime_s: float, now: float, stopping: Callable[[SlurmJob], bool]
+               ) -> dict[str, list[SlurmJob]]:
+    """Per partition with waiting jobs: the running jobs Slurm could preempt for them."""
+    waiting = {j.partition for j in jobs if j.state == "PENDING"}
+    running = [j for j in jobs if j.state == "RUNNING" and not stopping(j) and now - j.start >= min_runtime_s]
+    out: dict[str, list[SlurmJob]] = {}
+    for q in waiting:
+        if q not in parts:
+            continue
+        tier, nodes = parts[q].priority_tier, set(parts[q].nodes)
+        out[q] = [j for j in running if j.partition in parts and parts[j.partition].priority_tier < tier
+                  and original.get(j.partition, "OFF").upper() != PREEMPT_OFF and nodes.intersection(j.nodes)]
+    return out
+
+
+def fits_after(head: SlurmJob, node_names: Sequence[str], freed: Sequence[SlurmJob],
+               nodes: Mapping[str, SlurmNode], memory: bool) -> str:
+    """"" when the head's CPUs (and memory, where Slurm allocates it) fit on these nodes once the
+    ``freed`` jobs are gone; else what stays short, in words."""
+    k = max(1, len(node_names))
+    for n in node_names:
+        node = nodes.get(n)
+        if node is None:
+            return f"node {n} unknown"
+        share = [j for j in freed if n in j.nodes]
+        cpus = node.cpus - node.cpus_alloc + sum(j.cpus / max(1, len(j.nodes)) for j in share)
+        if head.cpus / k > cpus + 1e-9:
+            return f"needs {head.cpus / k:g} CPUs on {n}, {cpus:g} would be free"
+        if memory and head.mem_mb > 0:
+            mem = node.mem_mb - node.mem_alloc_mb + sum(j.mem_mb / max(1, len(j.nodes)) for j in share)
+            if head.mem_mb / k > mem + 1e-9:
+                return f"needs {head.mem_mb / k:g} MB on {n}, {mem:g} MB would be free"
+    return ""

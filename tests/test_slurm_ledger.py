@@ -1,0 +1,147 @@
+"""The Slurm controller's ledger, history and options without a cluster: what a crash leaves, how a
+reused job id is told apart, how an intent becomes a fact, what the CLI refuses. The same code
+runs against a real slurmctld in tests/test_slurm_safety.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpudiag.scheduler.priority import MfuBook
+from gpudiag.scheduler.slurm.actions import Action, confirm, reconcile, record_intents
+from gpudiag.scheduler.slurm.history import MAX_HALF_LIVES, History, load_history, save_history
+from gpudiag.scheduler.slurm.ledger import JobRef, Lease, Ledger, LedgerError, LedgerStore, parse_ledger
+from gpudiag.scheduler.slurm.slurmconf import Partition
+from gpudiag.scheduler.slurm.squeue import SlurmJob, parse_squeue_json, tres
+from gpudiag.scheduler.slurm.takeover import reconcile_modes
+
+
+def sjob(jid: int, nice: int = 0, submit: float = 100.0, restarts: int = 0,
+         state: str = "PENDING") -> SlurmJob:
+    return SlurmJob(jid, "n", "u", "a", "spot", state, "Priority", nice, 1, submit, 0.0, None, 1,
+                    restarts=restarts)
+
+
+def test_a_reset_clusters_job_2_is_not_the_old_job_2_but_a_requeued_one_is():
+    ref = JobRef.of(sjob(2, submit=100.0))
+    assert ref.matches(sjob(2, submit=100.0))
+    assert ref.matches(sjob(2, submit=160.0, restarts=1))      # requeued: Slurm reset its submit time
+    assert not ref.matches(sjob(2, submit=5000.0))             # same id, a new job of a reset cluster
+    assert not ref.matches(sjob(3, submit=100.0))
+
+
+def test_intent_recorded_before_the_change_keeps_the_first_original():
+    led = Ledger()
+    j = sjob(7, nice=100)
+    record_intents(led, [Action("nice", "7", "100", "5100", "low", ref=JobRef.of(j))], 1.0)
+    assert (led.nice[7].original, led.nice[7].set, led.nice[7].want) == (100, None, 5100)
+    # a crash after the scontrol: the job shows gpudiag's value; the next start resolves the intent
+    reconcile(led, {7: sjob(7, nice=5100)}, [])
+    assert (led.nice[7].original, led.nice[7].set, led.nice[7].want) == (100, 5100, None)
+    # a second change records the original it had before gpudiag, never 5100
+    record_intents(led, [Action("nice", "7", "5100", "2100", "less low", ref=JobRef.of(j))], 2.0)
+    assert led.nice[7].original == 100 and led.nice[7].ours(2100) and led.nice[7].ours(5100)
+    # a crash before the second scontrol: still at 5100, ours, the intent dropped
+    reconcile(led, {7: sjob(7, nice=5100)}, [])
+    assert (led.nice[7].set, led.nice[7].want) == (5100, None)
+
+
+def test_a_crash_before_the_command_forgets_the_intent_and_someone_elses_nice_is_theirs():
+    led = Ledger()
+    record_intents(led, [Action("nice", "7", "0", "5000", "low", ref=JobRef.of(sjob(7)))], 1.0)
+    reconcile(led, {7: sjob(7, nice=0)}, [])
+    assert 7 not in led.nice                   # never applied: nothing to undo
+    record_intents(led, [Action("nice", "7", "0", "5000", "low", ref=JobRef.of(sjob(7)))], 1.0)
+    a = Action("nice", "7", "0", "5000", "low", applied=True)
+    confirm(led, [a])
+    reconcile(led, {7: sjob(7, nice=42)}, [])  # an admin set 42 since
+    assert 7 not in led.nice and 7 in led.theirs   # never touched again (nice_actions skips it)
+    reconcile(led, {}, [])
+    assert 7 not in led.theirs                     # forgotten with the job
+
+
+def test_partition_modes_reset_by_reconfigure_and_changed_by_an_admin():
+    led = Ledger()
+    record_intents(led, [Action("preempt_mode", "spot", "REQUEUE", "OFF", "take"),
+                         Action("preempt_mode", "reserved", "REQUEUE", "OFF", "take")], 1.0)
+    confirm(led, [Action("preempt_mode", "spot", "REQUEUE", "OFF", "take", applied=True),
+                  Action("preempt_mode", "reserved", "REQUEUE", "OFF", "take", applied=True)])
+    parts = {"spot": Partition("spot", 1, "REQUEUE", 0), "reserved": Partition("reserved", 2, "CANCEL", 0)}
+    view = reconcile_modes(led, parts)
+    assert view.reset == ["spot"] and view.held == set()
+    assert any("CANCEL by someone else" in n for n in view.notes)
+    assert led.modes == {}                     # neither is gpudiag's to restore any more
+
+
+def test_ledger_round_trip_and_a_schema_1_ledger_is_refused(tmp_path):
+    store = LedgerStore(tmp_path / "l.json")
+    with store.update() as led:
+        led.cluster = {"name": "c", "controller": "h", "state": "/s"}
+        led.lease = Lease(os.getpid(), "h", 1.0, 2.0)
+        record_intents(led, [Action("nice", "3", "0", "500", "r", ref=JobRef(3, 9.0, 0))], 1.0)
+    again = store.read()
+    assert again.nice[3].ref == JobRef(3, 9.0, 0) and again.cluster["name"] == "c"
+    with pytest.raises(LedgerError, match="schema 1"):
+        parse_ledger(json.dumps({"schema": 1, "nice": {}}), "old.json")
+
+
+def test_a_dead_holders_lease_is_not_live_on_its_host():
+    import socket
+
+    here = socket.gethostname()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert not Lease(dead.pid, here, 0.0, time.time() + 60).live(time.time())
+    assert Lease(dead.pid, "another-host", 0.0, time.time() + 60).live(time.time())   # only time tells
+
+
+def test_history_is_replayed_through_the_policys_decay_and_bounded(tmp_path):
+    path = tmp_path / "h.json"
+    now = 10 * 86400.0
+    h = History(MfuBook(86400.0))
+    assert h.observe("1@0#0", "u/a", "1 GPU", 0.1, "input-bound", now - 86400.0)
+    assert not h.observe("1@0#0", "u/a", "1 GPU", 0.9, "compute-bound", now)   # once per job run
+    h.observe("2@0#0", "u/b", "1 GPU", 0.5, "compute-bound", now - (MAX_HALF_LIVES + 1) * 86400.0)
+    save_history(path, h, now)
+    back, warn = load_history(path, 86400.0, now)
+    assert warn == ""
+    a = back.book.lookup("u/a", now)
+    assert a is not None and a.mfu == pytest.approx(0.1) and a.weight == pytest.approx(0.5)   # one half-life
+    assert back.book.lookup("u/b", now) is None                                               # decayed away
+    path.write_text("{not json")
+    empty, warn = load_history(path, 86400.0, now)
+    assert "starting empty" in warn and not empty.book.keys
+
+
+def test_squeue_json_fields_the_controller_relies_on():
+    doc = {"jobs": [{"job_id": 5, "job_state": "RUNNING", "nodes": "n1", "gres_detail": ["gpu:2(IDX:0-1)"],
+                     "tres_per_node": "gres:gpu:2", "node_count": 1, "requeue": False, "preempt_time": 1700.0,
+                     "restart_cnt": 2, "tres_alloc_str": "cpu=3,mem=2G,node=1", "submit_time": 1,
+                     "start_time": 2, "priority": 1, "nice": None, "time_limit": None},
+                    {"job_id": 6, "job_state": "COMPLETING", "nodes": "n1", "gres_detail": [],
+                     "tres_per_node": "gres:gpu:1", "node_count": 1, "submit_time": 1, "start_time": 2}]}
+    run, stopping = parse_squeue_json(json.dumps(doc))
+    assert (run.requeue, run.preempt_time, run.restarts, run.cpus, run.mem_mb, run.gpus) == \
+        (False, 1700.0, 2, 3, 2048.0, 2)
+    assert stopping.holds and stopping.nodes == ("n1",) and stopping.gpus == 1
+    assert tres("cpu=2,mem=100M,node=1,billing=2") == (2, 100.0)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--backend", "slurm", "--interval", "1s"), "at least 5 s"),
+    (("--backend", "slurm", "--gpus", "0,1"), "--gpus does not apply to --backend slurm"),
+    (("--backend", "slurm", "--monitor"), "--monitor does not apply to --backend slurm"),
+    (("--backend", "slurm", "--agent-url", "http://x/metrics"), "use --agents HOST:PORT"),
+    (("--prometheus", "http://p:9090"), "--prometheus is the Slurm controller's"),
+    (("--backend", "slurm", "--once", "--watchdog"), "one of --restore-only, --watchdog and --once"),
+])
+def test_every_serve_option_is_honoured_by_its_backend_or_refused_in_one_line(args, says):
+    p = subprocess.run([sys.executable, "-m", "gpudiag", "scheduler", "serve", *args], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and says in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1

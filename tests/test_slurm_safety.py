@@ -1,0 +1,354 @@
+"""The Slurm controller when things go wrong, against a real Slurm (tests/slurm_cluster.py: one node,
+4 GPUs, GraceTime 10 s, KillWait 5 s) and a real agent read through ``--agents``: the controller
+killed at random points of its rounds, killed or hung with partitions held, victims it cannot
+requeue, a preemptor short of CPUs, a reconfigure, an administrator's PreemptMode, a dead signal
+source. Signals are dropped into the agent's spool the way ``gpudiag profile`` drops them
+(``write_signal``), for plain ``sleep`` jobs: the controller reads them through the agent.
+
+In each scenario the on-demand job must start within Slurm's own preemption time plus one round,
+and no job may be preempted twice or killed where it would have been requeued.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from gpudiag.jobsignal import write_signal
+from tests.slurm_cluster import (
+    GRACE_S,
+    KILL_WAIT_S,
+    SCHED_INTERVAL_S,
+    SlurmCluster,
+    slurm_running,
+    wait_for,
+)
+from tests.test_agent import Agent
+
+INTERVAL_S = 5            # the controller's smallest --interval; its lease is then 15 s
+LEASE_S = 15
+# Slurm alone: it preempts within a scheduling pass of the submit, the victim gets GraceTime, then
+# SIGTERM (a sleep ends at once; KillWait bounds any other), then the job starts on the next pass.
+SLURM_OWN_S = GRACE_S + KILL_WAIT_S + 2 * SCHED_INTERVAL_S
+# The allowance: Slurm's own time, one controller round, and the 2-core VM's load (a shared
+# machine: Slurm's RPCs and our Python start-ups run slower than on an idle one).
+START_BOUND_S = SLURM_OWN_S + INTERVAL_S + 15
+CRASH_SEED = 16           # the kill points of the crash test come from this seed
+CHANGE = re.compile(r"(nice|restore|preempt_mode) \S+: \S+ -> ")   # a change's log line
+KILLS = 22
+PENDING = 150
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with slurm_running(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    with Agent(tmp_path_factory.mktemp("agent"), backend="none") as a:
+        yield a
+
+
+@pytest.fixture(autouse=True)
+def _clean(cluster):
+    yield
+    cluster.cancel_all()
+    for p in ("spot", "reserved"):   # what a failed test may have left
+        cluster.run("scontrol", "update", f"PartitionName={p}", "PreemptMode=REQUEUE", check=False)
+
+
+def report(agent: Agent, jid: int, mfu: float, label: str = "compute-bound") -> None:
+    write_signal(agent.state / "spool", {"job_id": f"slurm:{jid}", "ts": time.time(), "mfu_ratio": mfu,
+                                         "bottleneck": label, "confidence": 0.9, "step_seconds": 0.5})
+
+
+def gpudiag(cluster: SlurmCluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpudiag", "scheduler", "serve", "--backend", "slurm",
+                           *args], env=cluster.env, capture_output=True, text=True, timeout=timeout)
+
+
+class Ctl:
+    """The controller (or its watchdog) as a subprocess, its log in a file."""
+
+    def __init__(self, cluster: SlurmCluster, ledger: Path, *args: str, name: str = "controller") -> None:
+        self.log = ledger.parent / f"{name}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpudiag", "scheduler", "serve", "--backend", "slurm", "--state",
+             str(ledger), *args], env=cluster.env, stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "w"))  # noqa: SIM115
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=60)
+
+
+def controller(cluster: SlurmCluster, agent: Agent, ledger: Path, *extra: str) -> Ctl:
+    return Ctl(cluster, ledger, "--interval", f"{INTERVAL_S}s", "--min-change-interval", "0",
+               "--agents", f"127.0.0.1:{agent.port}", *extra)
+
+
+def running(cluster: SlurmCluster, *jids: int) -> None:
+    wait_for(f"jobs {jids} running", lambda: all(cluster.job(j)["JobState"] == "RUNNING" for j in jids), 60)
+
+
+def held(cluster: SlurmCluster, partition: str = "spot") -> None:
+    wait_for(f"{partition} held at PreemptMode=OFF", lambda: cluster.preempt_mode(partition) == "OFF", 40)
+
+
+def starts_within(cluster: SlurmCluster, jid: int, bound: float = START_BOUND_S) -> float:
+    t0 = time.monotonic()
+    wait_for(f"job {jid} running within {bound:.0f} s", lambda: cluster.job(jid)["JobState"] in
+             ("RUNNING", "COMPLETED"), bound)
+    return time.monotonic() - t0
+
+
+def restarts(cluster: SlurmCluster, jid: int) -> int:
+    return int(cluster.job(jid)["Restarts"])
+
+
+# --- crashes -------------------------------------------------------------------------------------
+
+def _values(cluster: SlurmCluster) -> dict[str, str]:
+    """Every partition's PreemptMode and every job's Nice, as Slurm shows them."""
+    out = {f"partition {p}": cluster.preempt_mode(p) for p in ("spot", "reserved", "ondemand")}
+    for line in cluster.run("squeue", "-h", "-o", "%i %y").stdout.splitlines():
+        jid, nice = line.split()
+        out[f"job {jid}"] = nice
+    return out
+
+
+def test_sigkill_at_random_points_of_rounds_then_restore_only_puts_every_value_back(cluster, agent, tmp_path):
+    rng = random.Random(CRASH_SEED)
+    blockers = [cluster.sbatch(f"blk{i}", "reserved", 2) for i in range(2)]
+    running(cluster, *blockers)
+    for b in blockers:
+        report(agent, b, 0.4)
+    nices = (0, 100, 7)   # jobs with a Nice of their own: restored to it, never to 0
+    with ThreadPoolExecutor(8) as pool:
+        pending = list(pool.map(
+            lambda i: cluster.sbatch(f"key{i % 5}", "reserved", 1, f"--nice={nices[i % 3]}"), range(PENDING)))
+    before = _values(cluster)
+    ledger = tmp_path / "ledger.json"
+    mid_change = 0
+    for _ in range(KILLS):
+        # a new phase: each waiting job reports GPU-idle (Nice up) or not (Nice back), so every
+        # round has Nice changes to make and a kill can land between any two of them
+        for jid in pending:
+            report(agent, jid, rng.choice((0.05, 0.4)), rng.choice(("input-bound", "compute-bound")))
+        ctl = controller(cluster, agent, ledger)
+        if rng.random() < 1 / 3:    # anywhere: starting, reading, reconciling, deciding, writing
+            time.sleep(rng.uniform(0.5, 6.0))
+        else:                       # among the writes (the start-up's length varies with the load)
+            wait_for("a change", lambda c=ctl: CHANGE.search(c.text()) or c.proc.poll() is not None, 60, 0.05)
+            time.sleep(rng.uniform(0.0, 2.0))
+        ctl.stop(signal.SIGKILL)
+        d = json.loads(ledger.read_text()) if ledger.exists() else {"nice": {}, "modes": {}}
+        mid_change += any(e["want"] is not None for e in [*d["nice"].values(), *d["modes"].values()])
+    changed = sum(v != before[k] for k, v in _values(cluster).items())
+    assert changed > 0, "the controller never changed anything: the test proves nothing"
+    p = gpudiag(cluster, "--restore-only", "--state", str(ledger))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert _values(cluster) == before
+    d = json.loads(ledger.read_text())
+    assert d["nice"] == {} and d["modes"] == {} and d["lease"] is None
+    # the kills did land inside rounds: between an intent and its confirmation
+    assert mid_change >= KILLS // 3, f"only {mid_change} of {KILLS} kills landed mid-change"
+
+
+def test_lease_lapse_gives_preemption_back_and_slurm_preempts_for_the_on_demand_job(cluster, agent, tmp_path):
+    spot = cluster.sbatch("spot", "spot", 4)
+    running(cluster, spot)
+    report(agent, spot, 0.4)
+    ledger = tmp_path / "ledger.json"
+    dog = Ctl(cluster, ledger, "--watchdog", name="watchdog")
+    ctl = controller(cluster, agent, ledger)
+    try:
+        held(cluster)
+        ctl.proc.send_signal(signal.SIGSTOP)   # hung: alive, but renewing nothing
+        t0 = time.monotonic()
+        wait_for("preemption back after the lease lapsed", lambda: cluster.preempt_mode("spot") == "REQUEUE",
+                 LEASE_S + 10)
+        assert LEASE_S - 6 <= time.monotonic() - t0 <= LEASE_S + 5   # when the lease ran out, not before
+        ctl.proc.send_signal(signal.SIGCONT)
+        held(cluster)                   # back from its hang, it takes over again
+        ctl.stop(signal.SIGKILL)        # dead, not restarted
+        t0 = time.monotonic()
+        wait_for("preemption back", lambda: cluster.preempt_mode("spot") == "REQUEUE", LEASE_S)
+        assert time.monotonic() - t0 <= LEASE_S
+        od = cluster.sbatch("od", "ondemand", 4)
+        starts_within(cluster, od)      # by Slurm's own preemption: nobody else is there
+        assert restarts(cluster, spot) == 1
+    finally:
+        ctl.stop(signal.SIGKILL)
+        assert dog.stop() == 0, dog.text()
+    assert "controller lease lapsed" in dog.text(), dog.text()
+    assert "preemption given back to Slurm in reserved, spot" in dog.text()
+
+
+# --- decisions gpudiag cannot carry out go back to Slurm -----------------------------------------
+
+def test_no_requeue_victim_is_left_to_slurm_and_a_requeueable_one_is_requeued(cluster, agent, tmp_path):
+    stuck = cluster.sbatch("stuck", "spot", 2, "--no-requeue")   # the least useful, but cannot be requeued
+    other = cluster.sbatch("other", "spot", 2)
+    running(cluster, stuck, other)
+    report(agent, stuck, 0.02, "input-bound")
+    report(agent, other, 0.4)
+    ctl = controller(cluster, agent, tmp_path / "ledger.json", "--restore")
+    try:
+        held(cluster)
+        od1 = cluster.sbatch("od1", "ondemand", 2)
+        starts_within(cluster, od1)
+        assert cluster.job(stuck)["JobState"] == "RUNNING"     # gpudiag requeued the one it could
+        assert restarts(cluster, other) == 1
+        od2 = cluster.sbatch("od2", "ondemand", 2)              # now only the --no-requeue job is left
+        starts_within(cluster, od2)
+        wait_for("the logged hand-back", lambda: "cannot requeue it (--no-requeue)" in ctl.text(), 20)
+    finally:
+        assert ctl.stop() == 0, ctl.text()
+    assert cluster.job(stuck)["JobState"] in ("PREEMPTED", "CANCELLED")   # what Slurm alone does with it
+    assert f"requeue {stuck}" not in ctl.text()
+    assert restarts(cluster, other) == 1                        # requeued once, never killed
+
+
+def test_preemptor_short_of_cpus_goes_to_slurm_instead_of_requeueing_in_vain(cluster, agent, tmp_path):
+    gpu_jobs = [cluster.sbatch(f"g{i}", "spot", 2) for i in range(2)]
+    cpu_job = cluster.sbatch("cpus", "spot", 0, cpus=6)          # holds the CPUs gpudiag does not model
+    running(cluster, *gpu_jobs, cpu_job)
+    for j, mfu in zip((*gpu_jobs, cpu_job), (0.05, 0.4, 0.3), strict=True):
+        report(agent, j, mfu)
+    ctl = controller(cluster, agent, tmp_path / "ledger.json", "--restore")
+    try:
+        held(cluster)
+        od = cluster.sbatch("od", "ondemand", 2, cpus=2)         # 2 GPUs and 2 CPUs
+        starts_within(cluster, od)
+    finally:
+        assert ctl.stop() == 0, ctl.text()
+    assert "CPUs on gpunode" in ctl.text() and "once gpudiag's victims are gone" in ctl.text(), ctl.text()
+    assert "RUNNING -> PENDING" not in ctl.text()                # no requeue that would not have helped
+    assert all(restarts(cluster, j) <= 1 for j in (*gpu_jobs, cpu_job))
+
+
+def test_reconfigure_during_rounds_preempts_once(cluster, agent, tmp_path):
+    spots = [cluster.sbatch(f"s{i}", "spot", 2) for i in range(2)]
+    running(cluster, *spots)
+    for j in spots:
+        report(agent, j, 0.3)
+    ctl = controller(cluster, agent, tmp_path / "ledger.json", "--restore")
+    try:
+        held(cluster)
+        cluster.run("scontrol", "reconfigure")        # partitions back to slurm.conf's REQUEUE
+        od = cluster.sbatch("od", "ondemand", 2)      # Slurm may preempt before the next round
+        starts_within(cluster, od)
+        wait_for("the reset seen and spot taken back", lambda: "back at PreemptMode=REQUEUE" in ctl.text()
+                 and cluster.preempt_mode("spot") == "OFF", 3 * INTERVAL_S)
+        time.sleep(2 * INTERVAL_S)                    # two more rounds: nothing more happens
+    finally:
+        assert ctl.stop() == 0, ctl.text()
+    assert sum(restarts(cluster, j) for j in spots) == 1    # one victim for one 2-GPU job ...
+    assert all(cluster.job(j)["JobState"] in ("RUNNING", "PENDING") for j in spots)   # requeued, not killed
+
+
+def test_an_administrators_preempt_mode_is_theirs(cluster, agent, tmp_path):
+    spot = cluster.sbatch("spot", "spot", 4)
+    running(cluster, spot)
+    report(agent, spot, 0.4)
+    ledger = tmp_path / "ledger.json"
+    ctl = controller(cluster, agent, ledger, "--restore")
+    try:
+        held(cluster)
+        cluster.run("scontrol", "update", "PartitionName=spot", "PreemptMode=CANCEL")
+        wait_for("the change noticed", lambda: "PreemptMode set to CANCEL by someone else" in ctl.text(),
+                 3 * INTERVAL_S)
+        od = cluster.sbatch("od", "ondemand", 4)
+        starts_within(cluster, od)
+    finally:
+        assert ctl.stop() == 0, ctl.text()
+    assert cluster.preempt_mode("spot") == "CANCEL"                # not "restored" to REQUEUE
+    assert cluster.job(spot)["JobState"] in ("PREEMPTED", "CANCELLED")   # CANCEL kept its meaning
+    assert ctl.text().count("by someone else") == 1
+    assert "spot" not in json.loads(ledger.read_text())["modes"]
+
+
+def test_dead_signal_source_leaves_preemption_to_slurm(cluster, tmp_path):
+    from tests.harness import free_port
+
+    spot = cluster.sbatch("spot", "spot", 4)
+    running(cluster, spot)
+    ctl = Ctl(cluster, tmp_path / "ledger.json", "--interval", f"{INTERVAL_S}s", "--agents",
+              f"127.0.0.1:{free_port()}", "--restore")
+    try:
+        wait_for("a round", lambda: "signals unavailable" in ctl.text(), 30)
+        od = cluster.sbatch("od", "ondemand", 4)
+        starts_within(cluster, od)
+        time.sleep(INTERVAL_S)
+    finally:
+        assert ctl.stop() == 0, ctl.text()
+    assert ctl.text().count("Slurm chooses preemption victims and no Nice is changed") == 1
+    assert "preempt_mode" not in ctl.text() and restarts(cluster, spot) == 1
+
+
+# --- the ledger and the options ------------------------------------------------------------------
+
+def test_a_ledger_of_another_cluster_is_refused(cluster, tmp_path):
+    ledger = tmp_path / "ledger.json"
+    ledger.write_text(json.dumps({
+        "schema": 2, "cluster": {"name": "elsewhere", "controller": "h", "state": "/x"}, "lease": None,
+        "nice": {}, "modes": {"spot": {"original": "REQUEUE", "set": "OFF", "want": None, "at": 1.0}},
+        "requeued": {}, "handed_back": {}}))
+    for args in (("--once", "--agents", "127.0.0.1:1"), ("--restore-only",)):
+        p = gpudiag(cluster, *args, "--state", str(ledger))
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert "belongs to cluster" in p.stdout + p.stderr and "Traceback" not in p.stderr
+    assert cluster.preempt_mode("spot") == "REQUEUE"
+
+
+def test_min_runtime_and_quota_are_honoured(cluster, agent, tmp_path):
+    s1 = cluster.sbatch("s1", "spot", 2, "-A", "vision")
+    s2 = cluster.sbatch("s2", "spot", 2, "-A", "nlp")
+    running(cluster, s1, s2)
+    report(agent, s1, 0.4)
+    report(agent, s2, 0.3)
+    ledger = str(tmp_path / "ledger.json")
+    agents = f"127.0.0.1:{agent.port}"
+    p = gpudiag(cluster, "--once", "--agents", agents, "--state", ledger)   # takes spot and reserved
+    assert p.returncode == 0 and cluster.preempt_mode("spot") == "OFF", p.stderr
+    assert "preemption stays OFF in reserved, spot until" in p.stderr      # --once without --restore
+    a = cluster.sbatch("a", "reserved", 4, "-A", "vision")     # first in, same tier
+    b = cluster.sbatch("b", "reserved", 4, "-A", "nlp")
+
+    def round_of(*extra: str) -> tuple[int | None, set[int]]:
+        p = gpudiag(cluster, "--dry-run", "--once", "--json", "--agents", agents, "--state", ledger, *extra)
+        assert p.returncode == 0, p.stdout + p.stderr
+        res = json.loads(p.stdout.splitlines()[0])
+        head = next((d["job_id"] for d in res["decisions"] if d["kind"] == "hold"), None)
+        return head, {d["job_id"] for d in res["decisions"] if d["kind"] == "preempt"}
+
+    # as Slurm would (PreemptExemptTime=0, equal team shares): a first, the spot jobs its victims
+    assert round_of() == (a, {s1, s2})
+    # --min-runtime 1h: no victim that has not run an hour
+    assert round_of("--min-runtime", "1h") == (a, set())
+    # --quota: vision (2 GPUs in use) is over its quota of 1, nlp well under its 8: b goes first
+    assert round_of("--quota", "vision=1", "--quota", "nlp=8")[0] == b
+    # --efficiency-delay: priority/basic's Nice counts submissions, so it needs --nice-max for its scale
+    p = gpudiag(cluster, "--dry-run", "--once", "--agents", agents, "--state", ledger,
+                "--efficiency-delay", "2h")
+    assert p.returncode == 2 and "give --nice-max" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert round_of("--efficiency-delay", "2h", "--nice-max", "500")[0] == a
+    assert cluster.job(a)["JobState"] == cluster.job(b)["JobState"] == "PENDING"   # dry runs changed nothing
+    p = gpudiag(cluster, "--restore-only", "--state", ledger)
+    assert p.returncode == 0 and cluster.preempt_mode("spot") == "REQUEUE", p.stdout + p.stderr
