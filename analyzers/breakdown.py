@@ -26,7 +26,7 @@ from gpudiag.analyzers.roofline import (
     WorkBounds,
     is_cpu_work,
 )
-from gpudiag.analyzers.trace_columns import _CPU_COMM_RE as CPU_COMM_RE
+from gpudiag.analyzers.trace_columns import CPU_COMM_RE
 from gpudiag.analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
 from gpudiag.diagnosis import GpuSpanBreakdown, StepBreakdown, TimeBreakdown
 
