@@ -26,6 +26,7 @@ from gpudiag.analyzers.roofline import (
     WorkBounds,
     is_cpu_work,
 )
+from gpudiag.analyzers.trace_columns import CPU_COMM_RE
 from gpudiag.analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
 from gpudiag.diagnosis import GpuSpanBreakdown, StepBreakdown, TimeBreakdown
 
@@ -98,13 +99,13 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
         mb = _split(rt.gpu_dur[work & (wb.bound == BOUND_MEMORY)],
                     rt.gpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi)
     else:
-        ops = rt.cpu_is_op
-        op_u = iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + rt.cpu_dur)[ops])
+        # The collective's own calls (c10d::, record_param_comms, gloo:) are communication, not
+        # compute; everything else the threads run is. Gloo runs a collective on its own
+        # threads (DDP's reducer launches one per bucket during backward): it is exposed only
+        # where no compute runs beside it, as on a GPU, and hidden where backward overlaps it.
+        real = cpu_compute_intervals(rt)
         comm = iv.merge(rt.cpu_comm_intervals[:, 0], rt.cpu_comm_intervals[:, 1])
-        blocks_len = op_u[1] - op_u[0]
-        big = blocks_len >= TINY_CPU_OP_US
-        real = iv.subtract(iv.subtract((op_u[0][big], op_u[1][big]), comm), dl)
-        comm_x = iv.subtract(comm, dl)
+        comm_x = iv.subtract(comm, iv.union(real, dl))
         compute = iv.measure_in(real, lo, hi)
         comm_total = iv.measure_in(comm, lo, hi)
         comm_exposed = iv.measure_in(comm_x, lo, hi)
@@ -138,6 +139,55 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
         out.append(StepBreakdown(step=numbers[i], start=float(lo[i]), breakdown=tb,
                                  model_flops=None if flops is None else float(flops[i])))
     return out
+
+
+def cpu_comm_ops(rt: RankTrace) -> np.ndarray:
+    """Mask of CPU events that are a collective's own call, not work."""
+    ids = np.array([bool(CPU_COMM_RE.match(n)) for n in rt.names], dtype=bool)
+    return ids[rt.cpu_name] if rt.cpu_name.size and ids.size else np.zeros(rt.cpu_ts.size, dtype=bool)
+
+
+# An operator that ran this many times longer than the median of its kind (same name, at least
+# STALL_MIN_CALLS calls), by at least STALL_MIN_US, was not computing all that time: the OS had
+# descheduled its thread (a busy machine, a page-fault storm). Its excess is host time, not work.
+# Seen on this project's shared 2-core VM at load average 15: aten::mul, median 8 us, took 12-20 ms
+# once in each traced step, and the breakdown read those stalls as memory-bound work.
+STALL_FACTOR = 20.0
+STALL_MIN_US = 1000.0
+STALL_MIN_CALLS = 5
+
+
+def unstalled_dur(rt: RankTrace) -> np.ndarray:
+    """CPU event durations with each stalled operator cut to its kind's median."""
+    dur = rt.cpu_dur
+    if dur.size == 0:
+        return dur.copy()
+    uniq, inv = np.unique(rt.cpu_name, return_inverse=True)
+    counts = np.bincount(inv, minlength=uniq.size)
+    order = np.lexsort((dur, inv))
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    med = dur[order[starts + counts // 2]][inv]
+    stalled = (rt.cpu_is_op & (counts[inv] >= STALL_MIN_CALLS) & (dur > STALL_FACTOR * med)
+               & (dur - med > STALL_MIN_US))
+    return np.where(stalled, med, dur)
+
+
+def cpu_compute_intervals(rt: RankTrace) -> iv.Intervals:
+    """The CPU's work as the breakdown counts it: blocks of (non-collective) operators at least
+    ``TINY_CPU_OP_US`` long, outside DataLoader waits, stalls cut (``unstalled_dur``)."""
+    ops = rt.cpu_is_op & ~cpu_comm_ops(rt)
+    op_u = iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + unstalled_dur(rt))[ops])
+    big = (op_u[1] - op_u[0]) >= TINY_CPU_OP_US
+    return iv.subtract((op_u[0][big], op_u[1][big]), iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1]))
+
+
+def work_intervals(rt: RankTrace) -> iv.Intervals:
+    """What hides a collective: computation kernels on a GPU; on the CPU, operator blocks and
+    DataLoader waits (the thread is busy either way)."""
+    if rt.has_gpu:
+        c = rt.gpu_class == KCLASS_COMPUTE
+        return iv.merge(rt.gpu_ts[c], (rt.gpu_ts + rt.gpu_dur)[c])
+    return iv.union(cpu_compute_intervals(rt), iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1]))
 
 
 def _model_flops(rt: RankTrace, wb: WorkBounds, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:

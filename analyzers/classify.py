@@ -14,10 +14,9 @@ from dataclasses import replace
 
 from gpudiag.diagnosis import (
     Bottleneck,
-    CollectiveStats,
+    Deduction,
     Mfu,
     Roofline,
-    Stragglers,
     TimeBreakdown,
     Verdict,
 )
@@ -49,7 +48,9 @@ CONFIDENCE_MAX = 0.95
 # Even a near-tie names the larger share correctly more often than not; below this floor the
 # margin alone would say "no idea", which understates a label that did come out on top.
 CONFIDENCE_MARGIN_FLOOR = 0.3
-# Penalties for what the label rests on. Kernel-name classes (no shapes) misjudge kernels whose
+# Every caveat is a ``Deduction`` of a stated amount from this (the caveats of the unprofiled
+# estimate are in ``unprofiled``, of the trace here). Penalties for what the label rests on.
+# Kernel-name classes (no shapes) misjudge kernels whose
 # name does not say what they do; with no roofline at all compute vs memory is a default, not a
 # measurement; a single traced step cannot show step-to-step variation.
 PENALTY_KERNEL_NAMES = 0.2
@@ -86,36 +87,47 @@ EXTREME_DILATION = 5.0
 PENALTY_EXTREME_DILATION = 0.3
 
 
-def account_for_dilation(v: Verdict, factor: float | None) -> Verdict:
-    """The verdict of an unprofiled estimate, its confidence lowered when the profiler dwarfed
-    the job's own work in the traced steps."""
+def extreme_dilation(factor: float | None) -> list[Deduction]:
+    """The deduction for traced steps the profiler dwarfed (none below ``EXTREME_DILATION``)."""
     if factor is None or factor < EXTREME_DILATION:
-        return v
-    conf = max(CONFIDENCE_MIN, v.confidence - PENALTY_EXTREME_DILATION)
-    level = ("high" if conf >= CONFIDENCE_HIGH else "medium" if conf >= CONFIDENCE_MEDIUM else "low")
-    return replace(v, confidence=round(conf, 2), confidence_level=level,
-                   summary=f"{v.summary} (confidence lowered: the profiler slowed the traced steps "
-                           f"{factor:.0f}x, so the split of the real step is estimated, not measured; "
-                           "trace a larger batch or fewer, larger ops)")
+        return []
+    return [Deduction(f"the profiler slowed the traced steps {factor:.0f}x, so the split of the real "
+                      "step is estimated, not measured (trace a larger batch or fewer, larger ops)",
+                      PENALTY_EXTREME_DILATION)]
 
 
-def account_for_lost_events(v: Verdict, lost: int, total: int, gpu_lost: int, gpu_total: int
-                            ) -> Verdict:
-    """The verdict, its confidence lowered (or refused) for what the trace lost, and why."""
+def lost_events(lost: int, total: int) -> list[Deduction]:
+    """The deduction for timed events the trace lost (none below ``LOST_NOTABLE``)."""
+    share = lost / total if total > 0 else 0.0
+    if share < LOST_NOTABLE:
+        return []
+    return [Deduction(f"{_pct(share)} of the trace's timed events were unusable",
+                      round(LOST_PENALTY_PER_SHARE * share, 3))]
+
+
+def refuse_for_lost_gpu_events(v: Verdict, gpu_lost: int, gpu_total: int) -> Verdict:
+    """No verdict when most of the GPU's own events are unusable."""
     if gpu_total > 0 and gpu_lost / gpu_total >= LOST_REFUSE:
         return replace(v, label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
-                       secondary=None, recommendations=[],
+                       secondary=None, recommendations=[], tie_with=None,
                        summary=(f"no verdict: {gpu_lost} of {gpu_total} GPU events (kernels, copies) were "
                                 "unusable (negative, missing or implausible durations), so the GPU's time "
                                 "is mostly unknown; re-record the trace"))
-    share = lost / total if total > 0 else 0.0
-    if share < LOST_NOTABLE:
+    return v
+
+
+def with_deductions(v: Verdict, extra: list[Deduction]) -> Verdict:
+    """The verdict with more deductions taken from its confidence (floored at CONFIDENCE_MIN)."""
+    extra = [d for d in extra if d.amount > 0]
+    if not extra or v.label is Bottleneck.UNKNOWN:
         return v
-    conf = max(CONFIDENCE_MIN, v.confidence - LOST_PENALTY_PER_SHARE * share)
-    level = ("high" if conf >= CONFIDENCE_HIGH else "medium" if conf >= CONFIDENCE_MEDIUM else "low")
-    return replace(v, confidence=round(conf, 2), confidence_level=level,
-                   summary=f"{v.summary} (confidence lowered: {_pct(share)} of the trace's timed events "
-                           "were unusable)")
+    conf = max(CONFIDENCE_MIN, v.confidence - sum(d.amount for d in extra))
+    return replace(v, confidence=round(conf, 2), confidence_level=_level(conf),
+                   deductions=[*v.deductions, *extra])
+
+
+def _level(conf: float) -> str:
+    return "high" if conf >= CONFIDENCE_HIGH else "medium" if conf >= CONFIDENCE_MEDIUM else "low"
 
 
 def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
@@ -138,47 +150,51 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
     }
 
 
-def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu,
-             collectives: list[CollectiveStats], stragglers: Stragglers | None,
-             n_steps: int, dataloader_iters: list[str], top_memory_ops: list[str]) -> Verdict:
+def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu, n_steps: int,
+             deductions: list[Deduction] | None = None, noise: float | None = None) -> Verdict:
+    """The label, its confidence (the margin over the runner-up, less every deduction) and
+    evidence. ``noise`` is the step-time noise of the view (half the interquartile range over
+    the median): a label whose margin is within it is a tie with the runner-up.
+    Recommendations are added by ``advice.recommend``."""
     s = shares(b)
     ranked = sorted(s.items(), key=lambda kv: -kv[1])
     label, top = ranked[0]
     if s[Bottleneck.INPUT] >= INPUT_HIGH:
         label, top = Bottleneck.INPUT, s[Bottleneck.INPUT]
     others = [(k, v) for k, v in ranked if k != label]
-    second_share = others[0][1] if others else 0.0
+    runner_up, second_share = others[0] if others else (None, 0.0)
     secondary = next((k for k, v in others if v >= _NOTABLE[k]), None)
 
     margin = top - second_share
     confidence = min(CONFIDENCE_MAX, max(CONFIDENCE_MARGIN_FLOOR, CONFIDENCE_BASE + margin))
-    why_lower = []
+    mine: list[Deduction] = []
     if label in (Bottleneck.COMPUTE, Bottleneck.MEMORY):
         if roofline.method == "kernel-names":
-            confidence -= PENALTY_KERNEL_NAMES
-            why_lower.append("compute/memory split from kernel names, not shapes")
+            mine.append(Deduction("compute/memory split from kernel names, not shapes",
+                                  PENALTY_KERNEL_NAMES))
         elif roofline.method == "none" or b.compute_bound + b.memory_bound <= 0:
-            confidence -= PENALTY_NO_ROOFLINE
-            why_lower.append("no roofline information")
+            mine.append(Deduction("no roofline information", PENALTY_NO_ROOFLINE))
     if n_steps <= 1:
-        confidence -= PENALTY_ONE_STEP
-        why_lower.append("fewer than two profiler steps")
-    confidence = max(CONFIDENCE_MIN, confidence)
-    level = ("high" if confidence >= CONFIDENCE_HIGH else "medium" if confidence >= CONFIDENCE_MEDIUM
-             else "low")
+        mine.append(Deduction("fewer than two profiler steps", PENALTY_ONE_STEP))
+    tie = runner_up if (noise is not None and runner_up is not None and second_share > 0
+                        and 0 <= margin < noise) else None
 
     evidence = {f"{k.value} share": round(v, 4) for k, v in s.items()}
     evidence["step time ms"] = round(b.step_time / 1e3, 3)
     if mfu.value is not None:
         evidence["mfu"] = round(mfu.value, 4)
+    if noise is not None:
+        evidence["step-time noise"] = round(noise, 4)
     unit = "GPU" if device_kind == "gpu" else "CPU"
     summary = _summary(label, s, b, unit, mfu)
-    if why_lower:
-        summary += f" (confidence lowered: {'; '.join(why_lower)})"
-    recs = _recommendations(s, b, unit, mfu, roofline, collectives, stragglers, dataloader_iters,
-                            top_memory_ops)
-    return Verdict(label=label, confidence=round(confidence, 2), confidence_level=level,
-                   summary=summary, evidence=evidence, secondary=secondary, recommendations=recs)
+    if tie is not None:
+        summary = (f"a tie between {label.value} ({_pct(s[label])}) and {tie.value} "
+                   f"({_pct(s[tie])}): their margin is within the step-time noise "
+                   f"(\u00b1{_pct(noise)}). " + summary[0].upper() + summary[1:])
+    v = Verdict(label=label, confidence=round(confidence, 2), confidence_level=_level(confidence),
+                summary=summary, evidence=evidence, secondary=secondary, recommendations=[],
+                tie_with=tie, noise=noise)
+    return with_deductions(v, [*mine, *(deductions or [])])
 
 
 def _pct(x: float) -> str:
@@ -203,76 +219,3 @@ def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, un
                 f"(arithmetic intensity above the ridge point){mfu_txt}")
     return (f"{_pct(s[label])} of each {ms:.3g} ms step is memory-bound {unit} work "
             f"(arithmetic intensity below the ridge point){mfu_txt}")
-
-
-def _recommendations(s: dict[Bottleneck, float], b: TimeBreakdown, unit: str, mfu: Mfu,
-                     roofline: Roofline, collectives: list[CollectiveStats],
-                     stragglers: Stragglers | None, dataloader_iters: list[str],
-                     top_memory_ops: list[str]) -> list[str]:
-    recs: list[tuple[float, str]] = []
-    inp = s[Bottleneck.INPUT]
-    if inp >= INPUT_MODERATE:
-        single = any("SingleProcess" in it for it in dataloader_iters)
-        workers = " with num_workers=0" if single else ""
-        recs.append((inp, f"The DataLoader wait is {_pct(inp)} of step time{workers}: raise "
-                     "num_workers, set pin_memory=True and prefetch_factor, and move decoding/"
-                     "augmentation out of the training process (or onto the GPU)."))
-    comm = s[Bottleneck.COMMUNICATION]
-    if comm >= COMM_NOTABLE:
-        detail = ""
-        if collectives:
-            c = collectives[0]
-            detail = f" ({c.collective}: {c.count} calls, {c.exposed_time_us / 1e3:.3g} ms exposed"
-            if c.busbw_gbps is not None:
-                detail += f", bus bandwidth {c.busbw_gbps:.3g} GB/s"
-                if c.link_peak_gbps:
-                    detail += f" = {_pct(c.busbw_gbps / c.link_peak_gbps)} of the link's peak"
-            detail += ")"
-        recs.append((comm, f"Communication not overlapped with compute is {_pct(comm)} of step "
-                     f"time{detail}: overlap it with backward (DDP bucket_cap_mb, FSDP prefetch), "
-                     "reduce bytes (bf16 gradients, gradient accumulation), check the interconnect."))
-    host = s[Bottleneck.HOST]
-    if host >= HOST_NOTABLE:
-        if unit == "GPU":
-            recs.append((host, f"The GPU is idle {_pct(host)} of step time with no input wait: "
-                         "remove host syncs (.item(), .cpu(), print of tensors) from the loop, "
-                         "capture the step with CUDA graphs or torch.compile(mode='reduce-overhead'), "
-                         "and grow the batch so each launch does more work."))
-        else:
-            recs.append((host, f"{_pct(host)} of step time is dispatch overhead and gaps between "
-                         "operators (many tiny ops): batch the work into fewer, larger tensor ops, "
-                         "vectorise Python loops, or fuse with torch.compile."))
-    mem = s[Bottleneck.MEMORY]
-    if mem >= DEVICE_NOTABLE:
-        ops = f" (largest: {', '.join(top_memory_ops[:3])})" if top_memory_ops else ""
-        recs.append((mem, f"Memory-bound {unit} work is {_pct(mem)} of step time{ops}: fuse "
-                     "elementwise and normalisation ops (torch.compile), use fused/foreach "
-                     "optimizers, and keep activations in bf16 to halve bytes moved."))
-    if b.step_time > 0 and b.memcpy_exposed / b.step_time >= MEMCPY_NOTABLE:
-        f = b.memcpy_exposed / b.step_time
-        recs.append((f, f"Memory copies not hidden by compute are {_pct(f)} of step time: use "
-                     "pinned host memory with non_blocking=True copies and avoid per-step "
-                     "host<->device transfers."))
-    comp = s[Bottleneck.COMPUTE]
-    if comp >= DEVICE_NOTABLE:
-        if mfu.value is not None and mfu.value < LOW_MFU:
-            tip = (f"MFU is {_pct(mfu.value)}: " + (
-                "run matmuls in bf16 (autocast) or enable TF32; " if mfu.dtype_family == "fp32" else ""
-            ) + "use fused attention (scaled_dot_product_attention) and tensor-core friendly shapes "
-                "(dimensions multiples of 64).")
-        elif mfu.value is not None:
-            tip = (f"MFU is {_pct(mfu.value)}, already near what the math allows: gains now come "
-                   "from doing fewer FLOPs (smaller model, activation checkpointing trade-offs) "
-                   "or more devices.")
-        else:
-            tip = ("record shapes (record_shapes=True) or pass --flops-per-step to measure MFU; "
-                   "use bf16 autocast and fused kernels.")
-        recs.append((comp, f"Compute-bound {unit} work is {_pct(comp)} of step time: {tip}"))
-    if stragglers is not None and stragglers.ranks:
-        worst = max(stragglers.ranks, key=lambda r: stragglers.per_rank_step_us.get(str(r), 0))
-        slow = stragglers.per_rank_step_us.get(str(worst), 0) / stragglers.median_step_us - 1
-        recs.append((1.0, f"Rank {worst} is {_pct(slow)} slower per step than the median rank; "
-                     "every other rank waits for it at each collective: check that node's GPU "
-                     "clocks/thermals, its input shard, and CPU contention."))
-    recs.sort(key=lambda r: -r[0])
-    return [text for _, text in recs]

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import replace
+
+import numpy as np
 
 from gpudiag.analyzers import intervals as iv
-from gpudiag.analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
+from gpudiag.analyzers.trace_loader import KCLASS_COMM, RankTrace
 from gpudiag.devices import DTYPE_BYTES, DevicePeak
 from gpudiag.diagnosis import CollectiveStats
 
@@ -58,33 +61,40 @@ def _bytes(kind: str, info: dict) -> float | None:
 
 def _new_acc() -> dict:
     return {"count": 0, "time": 0.0, "exposed": 0.0, "bytes": 0.0, "bytes_time": 0.0,
-            "busbw_num": 0.0}
+            "busbw_num": 0.0, "time_in_steps": 0.0, "exposed_in_steps": 0.0}
 
 
-def collective_acc(rt: RankTrace) -> dict[str, dict]:
-    """Per collective type sums for one rank (merged across ranks by ``finish``)."""
+def collective_acc(rt: RankTrace, work: iv.Intervals, lo: np.ndarray, hi: np.ndarray
+                   ) -> dict[str, dict]:
+    """Per collective type sums for one rank (merged across ranks by ``finish``).
+
+    ``work`` is what the breakdown counts as the device's work (compute kernels, or the CPU's
+    operator blocks and DataLoader waits): a collective is exposed only where none of it runs,
+    whichever thread or stream launched it, blocking or not, so the table and the breakdown
+    use one definition. ``lo``/``hi`` are the step windows: the per-step figures count only
+    what lies inside them, as the breakdown does.
+    """
     acc: dict[str, dict] = defaultdict(_new_acc)
     by_ts = {c["ts"]: c for c in rt.collectives}
     if rt.has_gpu:
         mask = rt.gpu_class == KCLASS_COMM
         ts = rt.gpu_ts[mask]
         dur = rt.gpu_dur[mask]
-        comp_mask = rt.gpu_class == KCLASS_COMPUTE
-        comp = iv.merge(rt.gpu_ts[comp_mask], (rt.gpu_ts + rt.gpu_dur)[comp_mask])
-        hidden = iv.measure_in(comp, ts, ts + dur)
         names = [rt.names[i] for i in rt.gpu_name[mask].tolist()]
-        items = [(n, t, d, d - h) for n, t, d, h in
-                 zip(names, ts.tolist(), dur.tolist(), hidden.tolist(), strict=False)]
     else:
-        # CPU: the collective call blocks the thread; exposed unless a DataLoader hides it
-        items = [(c["name"], c["ts"], c["dur"], c["dur"]) for c in rt.collectives]
-    for name, t, d, exposed in items:
+        ts = np.array([c["ts"] for c in rt.collectives], dtype=np.float64)
+        dur = np.array([c["dur"] for c in rt.collectives], dtype=np.float64)
+        names = [c["name"] for c in rt.collectives]
+    kinds = [canonical_collective((by_ts.get(t) or {}).get("name") or n)
+             for n, t in zip(names, ts.tolist(), strict=True)]
+    hidden = iv.measure_in(work, ts, ts + dur) if ts.size else np.empty(0)
+    for kind, t, d, h in zip(kinds, ts.tolist(), dur.tolist(), hidden.tolist(),
+                                   strict=True):
         info = by_ts.get(t, {})
-        kind = canonical_collective(info.get("name") or name)
         a = acc[kind]
         a["count"] += 1
         a["time"] += d
-        a["exposed"] += max(exposed, 0.0)
+        a["exposed"] += max(d - h, 0.0)
         b = _bytes(kind, info) if info else None
         if b is None or d <= 0:
             continue
@@ -92,7 +102,38 @@ def collective_acc(rt: RankTrace) -> dict[str, dict]:
         a["bytes"] += b
         a["bytes_time"] += d
         a["busbw_num"] += b * _BUS_FACTOR.get(kind, lambda _n: 1.0)(max(n, 1))
+    arr = np.array(kinds, dtype=object)
+    for kind in set(kinds):
+        sel = arr == kind
+        mine = iv.merge(ts[sel], (ts + dur)[sel])
+        acc[kind]["time_in_steps"] += float(iv.measure_in(mine, lo, hi).sum())
+        acc[kind]["exposed_in_steps"] += float(iv.measure_in(iv.subtract(mine, work), lo, hi).sum())
     return dict(acc)
+
+
+def per_step(stats: list[CollectiveStats], acc_parts: list[dict[str, dict]], steps: int,
+             comm_total: float, comm_exposed: float) -> list[CollectiveStats]:
+    """Each type's share of the breakdown's communication, per step and rank.
+
+    The shares come from the time each type took inside the step windows (and the part of it
+    no work hid); the figures are those shares of the breakdown's own ``comm_total`` and
+    ``comm_exposed`` (of the verdict's view), so the table adds up to the breakdown exactly,
+    whatever the view. ``steps`` is the number of (rank, step) windows summed over.
+    """
+    tot: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for part in acc_parts:
+        for kind, a in part.items():
+            tot[kind][0] += a.get("time_in_steps", 0.0)
+            tot[kind][1] += a.get("exposed_in_steps", 0.0)
+    sum_t = sum(v[0] for v in tot.values())
+    sum_x = sum(v[1] for v in tot.values())
+    out = []
+    for c in stats:
+        t, x = tot.get(c.collective, (0.0, 0.0))
+        out.append(replace(c, time_per_step_us=comm_total * t / sum_t if sum_t > 0 else
+                           (c.total_time_us / steps if steps else None),
+                           exposed_per_step_us=comm_exposed * x / sum_x if sum_x > 0 else 0.0))
+    return out
 
 
 def finish_collectives(parts: list[dict[str, dict]], device: DevicePeak | None

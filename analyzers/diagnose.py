@@ -10,19 +10,23 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from gpudiag import __version__
-from gpudiag.analyzers.breakdown import gpu_span_breakdown, rank_breakdown, sum_breakdowns
-from gpudiag.analyzers.classify import account_for_dilation, account_for_lost_events, classify
-from gpudiag.analyzers.communication import collective_acc, finish_collectives
-from gpudiag.analyzers.mfu import compute_mfu, note_uncosted
+from gpudiag.analyzers.assemble import RankPartial, assemble, trace_device
+from gpudiag.analyzers.breakdown import (
+    gpu_span_breakdown,
+    rank_breakdown,
+    step_windows,
+    sum_breakdowns,
+    work_intervals,
+)
+from gpudiag.analyzers.communication import collective_acc
+from gpudiag.analyzers.rank_facts import rank_facts
 from gpudiag.analyzers.rank_pool import ProgressSink, RankFile, peek, run_ranks, select
-from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, build_roofline, roof_violations, work_bounds
-from gpudiag.analyzers.stragglers import find_stragglers, rank_spreads
+from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, work_bounds
 from gpudiag.analyzers.trace_loader import (
     KCLASS_COMPUTE,
     RankTrace,
@@ -31,21 +35,10 @@ from gpudiag.analyzers.trace_loader import (
     load_rank,
 )
 from gpudiag.analyzers.trace_select import select_steps
-from gpudiag.analyzers.unprofiled import estimate_unprofiled, measure_dilation
-from gpudiag.devices import DevicePeak, lookup_device, match_device, user_device
-from gpudiag.diagnosis import (
-    DIAGNOSIS_SCHEMA_VERSION,
-    Bottleneck,
-    DeviceInfo,
-    Diagnosis,
-    Mfu,
-    RankResult,
-    TimeBreakdown,
-    TopItem,
-    Verdict,
-)
+from gpudiag.devices import DevicePeak, lookup_device, user_device
+from gpudiag.diagnosis import Diagnosis, RankResult
 from gpudiag.errors import BadInput, TraceError
-from gpudiag.rundir import all_step_times, is_run_dir
+from gpudiag.rundir import is_run_dir, read_bootstrap, window_steps
 
 
 @dataclass
@@ -58,6 +51,9 @@ class DeviceChoice:
     # Called only for CPU-only traces: returns the measured CPU peak. Kept as a callable so
     # analyzers never touch hardware themselves (collectors.cpu_peak measures it).
     cpu_peak: Callable[[], DevicePeak] | None = None
+    # Called with the FLOP/s per dtype family a job ran above the measured CPU peak: a measured
+    # peak is a floor, so the collector keeps the higher figure (collectors.cpu_peak.raise_floor).
+    peak_floor: Callable[[dict[str, float]], None] | None = None
 
     def explicit(self) -> DevicePeak | None:
         if self.peak_tflops is not None or self.peak_gbps is not None:
@@ -67,34 +63,6 @@ class DeviceChoice:
         if self.name:
             return lookup_device(self.name)
         return None
-
-
-@dataclass
-class RankPartial:
-    """What survives of one rank after its columns are dropped (picklable, small)."""
-
-    result: RankResult
-    has_gpu: bool
-    world_size: int | None
-    device_name: str | None
-    device_memory: int | None
-    shapes_recorded: bool
-    roofline: RooflineAcc
-    collectives: dict
-    kernels: dict[str, list[float]]
-    ops: dict[str, list[float]]
-    memory_ops: dict[str, float]
-    dataloader_iters: list[str]
-    warnings: list[str] = field(default_factory=list)
-    # (kept, dropped) timed events, all and GPU only: what the trace lost lowers the confidence
-    events: tuple[int, int] = (0, 0)
-    gpu_events: tuple[int, int] = (0, 0)
-
-
-def _top(acc: dict[str, list[float]], busy: float, n: int = 100) -> list[TopItem]:
-    items = sorted(acc.items(), key=lambda kv: -kv[1][1])[:n]
-    return [TopItem(name=k, calls=int(c), time_us=t, share=t / busy if busy > 0 else 0.0)
-            for k, (c, t) in items]
 
 
 def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
@@ -139,11 +107,12 @@ def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
     return RankPartial(
         result=result, has_gpu=rt.has_gpu, world_size=rt.world_size,
         device_name=rt.device_name, device_memory=rt.device_memory,
-        shapes_recorded=rt.shapes_recorded, roofline=roof, collectives=collective_acc(rt),
+        shapes_recorded=rt.shapes_recorded, roofline=roof,
+        collectives=collective_acc(rt, work_intervals(rt), *step_windows(rt)[:2]),
         kernels=dict(kernels), ops=dict(ops), memory_ops=dict(memory_ops),
         dataloader_iters=rt.dataloader_iters, warnings=warnings,
         events=(rt.kept_events, rt.dropped_events),
-        gpu_events=(rt.kept_gpu_events, rt.dropped_gpu_events),
+        gpu_events=(rt.kept_gpu_events, rt.dropped_gpu_events), facts=rank_facts(rt, wb),
     )
 
 
@@ -173,15 +142,6 @@ def _group(acc: dict, name_ids: np.ndarray, dur: np.ndarray, names: list[str]) -
         a[1] += tt
 
 
-def _trace_device(path_name: str | None, memory: int | None) -> DevicePeak | None:
-    if not path_name:
-        return None
-    dev = match_device(path_name)
-    if dev is not None and dev.name.startswith("A100") and memory and memory > 60e9:
-        dev = lookup_device("A100-80GB")
-    return dev
-
-
 def _load_and_analyze(path: str, hint: int, device: DevicePeak | None, cpu_device: DevicePeak | None,
                       steps: tuple[int, int] | None,
                       on_bytes: Callable[[int], None] | None = None) -> RankPartial:
@@ -190,7 +150,7 @@ def _load_and_analyze(path: str, hint: int, device: DevicePeak | None, cpu_devic
         rt = select_steps(rt, *steps)
     dev = device
     if dev is None:
-        dev = _trace_device(rt.device_name, rt.device_memory) if rt.has_gpu else cpu_device
+        dev = trace_device(rt.device_name, rt.device_memory) if rt.has_gpu else cpu_device
     return analyze_rank(rt, dev)
 
 
@@ -227,168 +187,22 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     check_unique_ranks([(p.result.rank, p.result.trace) for p in partials])
     partials.sort(key=lambda p: p.result.rank)
     run_dir = Path(target)
-    timer = _step_timer(run_dir) if is_run_dir(run_dir) else None
-    d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], timer)
+    windows = workers = None
+    if is_run_dir(run_dir):
+        windows = window_steps(run_dir)
+        workers = [w for m in read_bootstrap(run_dir).values() for w in m.dataloader_workers]
+    d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], windows,
+                 workers)
+    if d.device.source.startswith("measured") and cpu_device is not None and choice.peak_floor:
+        raised = {f: v for f, v in d.device.peak_flops.items() if v > cpu_device.flops.get(f, 0.0)}
+        if raised:
+            choice.peak_floor(raised)
     if is_run_dir(run_dir):
         from gpudiag.analyzers.timeline import run_summary, run_timeline
 
         d.run = run_summary(run_dir)
         d.timeline = run_timeline(run_dir)
     return d
-
-
-def _step_timer(run_dir: Path) -> tuple[list[float], list[float]]:
-    """(traced, untraced) step seconds of all ranks, pooled: in a synchronous job every rank
-    runs at the job's pace, and pooling keeps one slow rank's steps in the reference."""
-    traced: list[float] = []
-    untraced: list[float] = []
-    for st in all_step_times(run_dir):
-        traced.extend(st.traced)
-        untraced.extend(st.untraced)
-    return traced, untraced
-
-
-def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explicit: DevicePeak | None,
-             flops_per_step: float | None, sources: list[str],
-             timer: tuple[list[float], list[float]] | None = None) -> Diagnosis:
-    """One Diagnosis from the ranks' partial results; ``timer`` is the job's own step timer
-    (traced, untraced seconds) when the input is a run directory."""
-    warnings: list[str] = []
-    for p in partials:
-        warnings.extend(p.warnings)
-    has_gpu = any(p.has_gpu for p in partials)
-    trace_dev_name = next((p.device_name for p in partials if p.device_name), None)
-    device: DevicePeak | None
-    if explicit is not None:
-        device = explicit
-        kind = "gpu" if has_gpu else "cpu"
-    elif has_gpu:
-        mem = next((p.device_memory for p in partials if p.device_name), None)
-        device = _trace_device(trace_dev_name, mem)
-        kind = "gpu"
-        if device is None:
-            warnings.append(
-                f"unknown device {trace_dev_name or '(not recorded in the trace)'}: no peak "
-                "FLOP/s or bandwidth, so no MFU and a roofline from kernel names only; pass "
-                "--device NAME or --peak-tflops/--peak-gbps"
-            )
-    else:
-        kind = "cpu"
-        if trace_dev_name:
-            warnings.append(f"no GPU activity in the trace although it names {trace_dev_name}: "
-                            "analysed with the CPU as the device")
-        else:
-            warnings.append("no GPU activity in the trace: analysed with the CPU as the device")
-        device = cpu_device
-        if device is not None:
-            warnings.append(f"CPU peak {device.peak_for('float')[0] / 1e9:.3g} GFLOP/s and "
-                            f"{device.bandwidth / 1e9:.3g} GB/s measured on this machine; if "
-                            "the trace came from another host pass --peak-tflops/--peak-gbps")
-        if explicit is None and any(p.roofline.groups for p in partials) and device is None:
-            warnings.append("no CPU peak available: roofline from op names only")
-
-    roof_acc = RooflineAcc()
-    for p in partials:
-        roof_acc.merge(p.roofline)
-    roofline = build_roofline(roof_acc, device)
-    warnings.extend(roof_violations(roof_acc, device))
-    shapes = any(p.shapes_recorded for p in partials)
-    if roofline.method == "kernel-names" and has_gpu:
-        if shapes:
-            warnings.append("most GPU time could not be attributed to operators with recorded "
-                            "shapes (CUDA graphs or custom kernels): compute/memory split comes "
-                            "from kernel names")
-        else:
-            warnings.append("no operator shapes recorded: compute/memory split comes from kernel "
-                            "names (profile with record_shapes=True for a roofline)")
-    collectives = finish_collectives([p.collectives for p in partials], device if has_gpu else None)
-    results = [p.result for p in partials]
-    world = next((p.world_size for p in partials if p.world_size), None)
-    if world and world > len(results):
-        warnings.append(f"{len(results)} of {world} ranks present: job-level numbers describe "
-                        "these ranks only")
-    stragglers = find_stragglers(results)
-    dtype = roof_acc.dominant_dtype()
-    mfu = compute_mfu(results, device, dtype, flops_per_step, shapes)
-
-    with_steps = [r for r in results if r.steps]
-    if with_steps:
-        per_rank = [sum_breakdowns([s.breakdown for s in r.steps], divide_by=len(r.steps))
-                    for r in with_steps]
-        breakdown = sum_breakdowns(per_rank, divide_by=len(per_rank))
-    else:
-        breakdown = TimeBreakdown()
-    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    memory_ops: dict[str, float] = defaultdict(float)
-    for p in partials:
-        for src, dst in ((p.kernels, kernels), (p.ops, ops)):
-            for k, (c, t) in src.items():
-                dst[k][0] += c
-                dst[k][1] += t
-        for k, t in p.memory_ops.items():
-            memory_ops[k] += t
-    busy = sum(r.total.gpu_busy for r in results)
-    dl_iters = sorted({it for p in partials for it in p.dataloader_iters})
-    n_steps = max((len(r.steps) if r.steps and r.steps[0].step is not None else 0)
-                  for r in results) if results else 0
-    dilation = unprofiled = traced_verdict = None
-    basis = "profiled-steps"
-    if breakdown.step_time > 0:
-        top_memory = [k for k, _ in sorted(memory_ops.items(), key=lambda kv: -kv[1])]
-
-        def verdict_of(b: TimeBreakdown, m: Mfu) -> Verdict:
-            return classify(b, device_kind=kind, roofline=roofline, mfu=m, collectives=collectives,
-                            stragglers=stragglers, n_steps=n_steps, dataloader_iters=dl_iters,
-                            top_memory_ops=top_memory)
-
-        verdict = verdict_of(breakdown, mfu)
-        dilation = measure_dilation(*timer) if timer is not None else None
-        if dilation is not None:
-            unprofiled = estimate_unprofiled(breakdown, dilation, kind)
-            mfu = compute_mfu(results, device, dtype, flops_per_step, shapes,
-                              untraced_step_us=dilation.untraced_step_us)
-            traced_verdict = verdict
-            verdict = account_for_dilation(verdict_of(unprofiled, mfu), dilation.factor)
-            basis = "unprofiled-estimate"
-        elif timer is not None:
-            warnings.append(f"the step timer holds {len(timer[1])} untraced steps (after the first "
-                            "ones): too few to measure the profiler's slowdown; the breakdown, verdict "
-                            "and MFU describe the profiled steps (run more steps)")
-    else:
-        verdict = Verdict(label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
-                          summary="nothing to analyse: the trace holds no timed events",
-                          evidence={}, secondary=None, recommendations=[])
-        mfu = Mfu(None, "not available: no steps", None, "none", None, None, None)
-    mfu = note_uncosted(mfu, roof_acc.uncosted_share())
-    kept, lost = (sum(p.events[i] for p in partials) for i in (0, 1))
-    gpu_kept, gpu_lost = (sum(p.gpu_events[i] for p in partials) for i in (0, 1))
-    verdict = account_for_lost_events(verdict, lost, kept + lost, gpu_lost, gpu_kept + gpu_lost)
-    if traced_verdict is not None:
-        traced_verdict = account_for_lost_events(traced_verdict, lost, kept + lost, gpu_lost,
-                                                 gpu_kept + gpu_lost)
-    if verdict.label is Bottleneck.UNKNOWN and gpu_lost:
-        mfu = Mfu(None, "not available: the trace lost most of its GPU events", None, "none", None,
-                  None, None)
-    dev_info = DeviceInfo(
-        name=device.name if device else (trace_dev_name or ("CPU" if kind == "cpu" else "unknown")),
-        source=device.source if device else "unknown", kind=kind,
-        peak_flops=dict(device.flops) if device else {},
-        bandwidth=device.bandwidth if device else 0.0, trace_device_name=trace_dev_name,
-    )
-    return Diagnosis(
-        schema_version=DIAGNOSIS_SCHEMA_VERSION, gpudiag_version=__version__, sources=sources,
-        device=dev_info, world_size=world, ranks=results, breakdown=breakdown, verdict=verdict,
-        mfu=mfu, roofline=roofline, communication=collectives, stragglers=stragglers,
-        top_kernels=_top(kernels, busy), top_ops=_top(ops, busy), warnings=_dedupe(warnings),
-        basis=basis, dilation=dilation, unprofiled=unprofiled, traced_verdict=traced_verdict,
-        rank_spread=rank_spreads(results),
-    )
-
-
-def _dedupe(items: list[str]) -> list[str]:
-    seen: set[str] = set()
-    return [x for x in items if not (x in seen or seen.add(x))]
 
 
 __all__ = ["DeviceChoice", "diagnose", "TraceError"]

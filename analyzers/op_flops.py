@@ -35,7 +35,8 @@ from gpudiag.analyzers.op_args import (
     tensor_list,
 )
 
-__all__ = ["OpCost", "op_cost", "KIND_ELEMENTWISE", "KIND_EMBEDDING", "KIND_MODEL", "KIND_OPTIMIZER"]
+__all__ = ["MODEL_OPS", "OpCost", "op_cost", "KIND_ELEMENTWISE", "KIND_EMBEDDING", "KIND_MODEL",
+           "KIND_OPTIMIZER"]
 
 _MM = {"aten::mm", "aten::matmul", "aten::bmm", "aten::linear"}
 _ADDMM = {"aten::addmm", "aten::baddbmm", "aten::addbmm"}
@@ -103,6 +104,10 @@ _FUSED_OPTIMIZER: dict[str, tuple[float, tuple[int, ...]]] = {
     "aten::_fused_sgd_": (4.0, (0, 2)),
     "aten::_fused_adagrad_": (6.0, (0, 2)),
 }
+
+
+# Operators whose FLOPs are exact (matmul, convolution, attention): the model FLOPs of MFU.
+MODEL_OPS = frozenset(_MM | _ADDMM | set(CONV_FORWARD) | CONV_BACKWARD | set(ATTENTION))
 
 
 def op_cost(name: str, dims_arg: Any, types: Any, concrete: Any = None) -> OpCost | None:

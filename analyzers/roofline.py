@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpudiag.analyzers.op_flops import MODEL_OPS
 from gpudiag.analyzers.op_tree import counted_ops
 from gpudiag.analyzers.trace_loader import KCLASS_COMPUTE, RankTrace
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak
@@ -264,6 +265,16 @@ class RooflineAcc:
     def dominant_dtype(self) -> str:
         """The dtype carrying most model FLOPs ("float" when nothing is known)."""
         return max(self.dtype_flops, key=self.dtype_flops.get) if self.dtype_flops else "float"
+
+    def model_rates(self) -> dict[str, float]:
+        """Per dtype family, the best FLOP/s any (op, shape) with an exact FLOP formula reached:
+        a lower bound of the device's peak (traced time includes the profiler's cost)."""
+        out: dict[str, float] = {}
+        for (op, _shape, dt), (_calls, flops, _nbytes, t) in self.groups.items():
+            if op in MODEL_OPS and t > 0 and flops > 0:
+                fam = DTYPE_FAMILY.get(dt.lower(), "fp32")
+                out[fam] = max(out.get(fam, 0.0), flops / (t * 1e-6))
+        return out
 
     def uncosted_share(self) -> float | None:
         """Share of device work time in ops with no FLOP formula (None: no work at all)."""

@@ -3,16 +3,28 @@
 The torch profiler costs host time on every operator it records (more with recorded shapes).
 On the GPU that cost does not slow the kernels; it delays their launches, so it shows up in
 the trace as GPU idle gaps, which a breakdown of traced steps reads as host overhead. The
-step timer runs on every step, traced or not, so ``traced median - untraced median`` is the
-profiler's extra wall time per step, measured, not modelled.
+step timer runs on every step, traced or not, so the traced step against the untraced steps
+*around* the window is the profiler's extra wall time per step, measured, not modelled.
 
-The model (stated in every Diagnosis that uses it): the step is the untraced median; device
-work is kept as traced; the extra wall time is removed from the host gaps first (where the
-profiler's cost lands), then from the input wait (a host slowed by the profiler gives
-DataLoader workers more time, so the traced input wait is, if anything, too small: taking
-extra time from it is the last resort). It is unsafe, and says so, when:
-- the untraced steps are not faster (the job changed phase, or the difference is noise): the
-  traced breakdown is used as is;
+Around, not all: a busy machine is the normal machine. Another job that slowed the first
+steps and then left, or a job that changes pace (a DataLoader warming up), makes a
+reference taken from the whole run compare the traced steps with another time of the run
+(seen: "slowed 13x" from load during the window, "0.22x" from load before it). So the
+reference is the untraced steps just before and just after the window (``rundir.window_steps``,
+same phase), and it is not trusted when the two sides disagree (the load changed across the
+window), when it is itself unsteady, or when it is not faster than the traced steps: the
+verdict then falls back to the traced view (profiled steps, whose host time reads high) and
+says why, instead of scaling by a factor that cannot be trusted.
+
+One step time per view: the traced view's step is the mean of the traced steps (the
+breakdown's), and the dilation is that over the reference's median, which is the unprofiled
+view's step; breakdown, MFU and text use the step of the view they describe.
+
+The model (stated in every Diagnosis that uses it): device work is kept as traced; the extra
+wall time is removed from the host gaps first (where the profiler's cost lands), then from the
+input wait (a host slowed by the profiler gives DataLoader workers more time, so the traced
+input wait is, if anything, too small: taking extra time from it is the last resort). Every
+caveat is a ``Deduction`` from the verdict's confidence, of a stated amount:
 - the device work alone is longer than the untraced step: the profiler slowed the device work
   itself (CUPTI on many tiny kernels, or CPU operators whose own time grew), so the work is
   scaled down to fit and the compute/memory split keeps its proportions;
@@ -24,93 +36,217 @@ extra time from it is the last resort). It is unsafe, and says so, when:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from dataclasses import replace
 
-from gpudiag.diagnosis import Dilation, TimeBreakdown
+import numpy as np
 
-# Fewer untraced steps than this give no reference worth correcting by (a median of 2 is
-# one outlier away from anything).
+from gpudiag.analyzers.stats import iqr_over_median, mann_whitney_p
+from gpudiag.diagnosis import Deduction, Dilation, TimeBreakdown
+from gpudiag.rundir import REFERENCE_STEPS, WindowSteps
+
+# Fewer reference steps than this give no reference worth correcting by (a median of 2 is
+# one outlier away from anything); fewer than MIN_SIDE_STEPS on a side, and that side's median
+# is not compared with the other's.
 MIN_UNTRACED_STEPS = 3
+MIN_SIDE_STEPS = 3
 # A dilation below 1 + this is within the step-to-step noise of most jobs: no correction.
 NOISE_FLOOR = 0.02
-# Interquartile range over median of the untraced steps above this: the reference is itself
-# unsteady (input hiccups, a noisy neighbour), which the caveats say.
+# Interquartile range over median of the reference above this (noise beyond +-12.5%): the
+# reference is unsteady. It is still used where the correction it makes dwarfs its noise (a
+# tiny-op job whose traced steps the profiler slowed 11x is far better described by a reference
+# +-15% noisy than by its traced steps); it is not where its noise, or a change of pace across
+# the window, is more than TRUST_SHARE of the correction (factor - 1): then the factor cannot
+# be told from noise or load, and the traced view is used.
 UNSTEADY_SPREAD = 0.25
+TRUST_SHARE = 0.5
+# The medians before and after the window differ by more than this, and a rank test says the
+# two sides differ (p < LOAD_CHANGE_ALPHA): the job's pace (or the machine's load) changed
+# across the window, so neither side is known to be the traced steps' pace; the traced view is
+# used. 15%: more than the 1-10% run-to-run variation of steady jobs seen here and on the H100
+# runs (../shared/runs), less than what a competing process does; the test keeps a noisy job's
+# medians, which differ by chance, from passing for a change (Mann-Whitney U, as gpudiag diff).
+LOAD_CHANGE_MAX = 0.15
+LOAD_CHANGE_ALPHA = 0.05
 
-MODEL = ("step = the median untraced step of the job's own step timer; device work as traced; "
-         "the profiler's extra wall time (traced minus that step) removed from the host gaps "
-         "first, then from the input wait")
+# Confidence deductions (points of confidence, 0..1) for the caveats of this module. Each is
+# our own calibration, stated so a reader can weigh it: noise costs in proportion (one point
+# per point of step-time noise), as does a change of pace across the window; a fallback to the
+# traced view costs a fixed 0.1 for the host time the profiler adds to it; a repair of the
+# estimate (work scaled, input wait cut) 0.1; the CPU's proportional model 0.05.
+PENALTY_PER_NOISE = 1.0
+# ...each of these two at most this much: a reference noisy by +-300% (a 1 ms step among
+# preemptions) says little, and the floor of the confidence says the rest
+PENALTY_PROPORTIONAL_MAX = 0.5
+PENALTY_PER_LOAD_CHANGE = 1.0
+PENALTY_TRACED_VIEW = 0.1
+PENALTY_PER_SLOWER = 1.0  # per point by which the reference was slower than the traced steps
+PENALTY_ESTIMATE_REPAIR = 0.1
+PENALTY_CPU_MODEL = 0.05
+
+MODEL = ("step = the median of the untraced steps just before and after the traced window "
+         f"(up to {REFERENCE_STEPS} a side, the job's own step timer); device work as traced; the "
+         "profiler's extra wall time (traced mean minus that step) removed from the host gaps first, "
+         "then from the input wait")
 
 
-def iqr_over_median(xs: Sequence[float]) -> float:
-    """Interquartile range over the median: how unsteady a run's steps are. Quartiles as
-    ``statistics.quantiles`` takes them (Weibull's p(n+1) positions). The report's "noise ±"
-    and ``gpudiag diff``'s noise floor are both half of it."""
-    if len(xs) < 4:
-        return 0.0
-    q = statistics.quantiles(xs, n=4)
-    med = statistics.median(xs)
-    return (q[2] - q[0]) / med if med > 0 else 0.0
-
-
-def measure_dilation(traced_s: list[float], untraced_s: list[float]) -> Dilation | None:
-    """Traced vs untraced step times (seconds) as a Dilation; None when either side is missing."""
-    if not traced_s or len(untraced_s) < MIN_UNTRACED_STEPS:
+def measure_dilation(traced_step_us: float, windows: list[WindowSteps]
+                     ) -> tuple[Dilation, list[Deduction]] | None:
+    """The traced view's step (the trace's mean) against the untraced steps around the
+    window, pooled over ranks (in a synchronous job every rank runs at the job's pace).
+    None when the reference has too few steps. ``trusted`` is False, with the reasons as
+    deductions, where the traced view must be used instead."""
+    before = [x for w in windows for x in w.before]
+    after = [x for w in windows for x in w.after]
+    ref = before + after
+    traced = [x for w in windows for x in w.traced]
+    if len(ref) < MIN_UNTRACED_STEPS or traced_step_us <= 0:
         return None
-    t = statistics.median(traced_s)
-    u = statistics.median(untraced_s)
-    if t <= 0 or u <= 0:
+    u = statistics.median(ref) * 1e6
+    if u <= 0:
         return None
-    return Dilation(traced_step_us=t * 1e6, untraced_step_us=u * 1e6, factor=t / u,
-                    traced_steps=len(traced_s), untraced_steps=len(untraced_s),
-                    untraced_spread=iqr_over_median(untraced_s), model=MODEL)
+    mb = statistics.median(before) * 1e6 if len(before) >= MIN_SIDE_STEPS else None
+    ma = statistics.median(after) * 1e6 if len(after) >= MIN_SIDE_STEPS else None
+    change = max(mb, ma) / min(mb, ma) - 1 if mb and ma else 0.0
+    changed = (change > LOAD_CHANGE_MAX
+               and mann_whitney_p(np.array(before), np.array(after)) < LOAD_CHANGE_ALPHA)
+    spread = iqr_over_median(ref)
+    dil = Dilation(traced_step_us=traced_step_us, untraced_step_us=u, factor=traced_step_us / u,
+                   traced_steps=len(traced), untraced_steps=len(ref), untraced_spread=spread,
+                   model=MODEL, reference=f"untraced steps just before ({len(before)}) and after "
+                   f"({len(after)}) the traced window", before_step_us=mb, after_step_us=ma,
+                   load_change=change)
+    out: list[Deduction] = []
+    why = []
+    correction = abs(dil.factor - 1)  # what scaling by the reference would change
+    if changed:
+        text = (f"the job's pace changed across the traced window (untraced steps before it "
+                f"{mb / 1e3:.3g} ms, after it {ma / 1e3:.3g} ms: {100 * change:.0f}% apart, load on the "
+                "machine or a change of phase)")
+        if change > TRUST_SHARE * correction:
+            why.append(text)
+        else:
+            text += (f", by far less than the profiler's slowdown ({dil.factor:.2g}x): the reference "
+                     "still stands")
+            dil.caveats.append(text)
+        out.append(Deduction(text, round(min(PENALTY_PROPORTIONAL_MAX, PENALTY_PER_LOAD_CHANGE * change), 3)))
+    if spread > UNSTEADY_SPREAD and spread / 2 > TRUST_SHARE * correction:
+        why.append(f"the untraced steps around the window vary a lot (interquartile range "
+                   f"{100 * spread:.0f}% of their median), as much as the profiler's slowdown "
+                   f"({dil.factor:.2g}x) they would correct")
+    if dil.factor < 1 - max(NOISE_FLOOR, spread / 2):  # slower by more than the noise
+        why.append(f"the untraced steps around the window were slower than the traced ones "
+                   f"({dil.factor:.2f}x): the job changed phase or its steps differ")
+        out.append(Deduction(why[-1], round(PENALTY_PER_SLOWER * (1 - dil.factor), 3)))
+    if why:
+        dil.trusted = False
+        fallback = ("the traced breakdown is used as is: the verdict and MFU describe the profiled "
+                    "steps, whose host time reads high by the profiler's cost")
+        out.append(Deduction(fallback, PENALTY_TRACED_VIEW))
+        dil.caveats.extend([*why, fallback])
+    return dil, out
 
 
-def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: str) -> TimeBreakdown:
-    """The mean step as it runs unobserved; appends to ``dilation.caveats`` where unsafe."""
-    caveats = dilation.caveats
-    if dilation.untraced_spread > UNSTEADY_SPREAD:
-        caveats.append(f"untraced steps vary a lot (interquartile range "
-                       f"{100 * dilation.untraced_spread:.0f}% of their median): the reference step "
-                       "time is itself unsteady")
-    if dilation.factor < 1 - NOISE_FLOOR:
-        caveats.append(f"untraced steps were slower than traced ones ({dilation.factor:.2f}x): the job "
-                       "changed phase or its steps differ; the traced breakdown is used as is")
+def noise_deduction(noise: float | None, of: str) -> list[Deduction]:
+    """Step-time noise costs confidence in proportion (``PENALTY_PER_NOISE`` per point)."""
+    if not noise:
+        return []
+    return [Deduction(f"step-time noise \u00b1{100 * noise:.1f}% (half the interquartile range of "
+                      f"{of})", round(min(PENALTY_PROPORTIONAL_MAX, PENALTY_PER_NOISE * noise), 3))]
+
+
+def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: str,
+                        events: tuple[float, float, float] | None = None
+                        ) -> tuple[TimeBreakdown, list[Deduction]]:
+    """The mean step as it runs unobserved (for a trusted dilation), and the deductions its
+    repairs cost; each is also appended to ``dilation.caveats``."""
+    out: list[Deduction] = []
+
+    def caveat(text: str, amount: float) -> None:
+        dilation.caveats.append(text)
+        out.append(Deduction(text, amount))
+
     if dilation.factor < 1 + NOISE_FLOOR or dilation.untraced_step_us >= traced.step_time:
-        return replace(traced)
-    # The unobserved step is the step timer's untraced median itself (not the traced mean shrunk
-    # by the factor): one slow traced step (a sync, an allocation) must not leak into it.
+        return replace(traced), out
+    # The unobserved step is the reference's median itself (not the traced mean shrunk by the
+    # factor): one slow traced step (a sync, an allocation) must not leak into it.
     step = dilation.untraced_step_us
     if device_kind == "cpu":
-        return _cpu_estimate(traced, step, caveats)
+        if events is not None and events[0] > 0:
+            return _cpu_per_event(traced, step, events, caveat), out
+        return _cpu_estimate(traced, step, caveat), out
     work = traced.compute + traced.comm_exposed + traced.memcpy_exposed
     if work > step:
-        caveats.append(f"device work alone ({work / 1e3:.3g} ms) exceeds the untraced step "
-                       f"({step / 1e3:.3g} ms): the profiler slowed the device work itself; it is "
-                       "scaled down to fit, keeping its proportions")
+        caveat(f"device work alone ({work / 1e3:.3g} ms) exceeds the untraced step "
+               f"({step / 1e3:.3g} ms): the profiler slowed the device work itself; it is "
+               "scaled down to fit, keeping its proportions", PENALTY_ESTIMATE_REPAIR)
         k = step / work
         return TimeBreakdown(
             step_time=step, gpu_busy=traced.gpu_busy * k, compute=traced.compute * k,
             compute_bound=traced.compute_bound * k, memory_bound=traced.memory_bound * k,
             comm_total=traced.comm_total * k, comm_exposed=traced.comm_exposed * k,
-            memcpy_exposed=traced.memcpy_exposed * k, idle=0.0, input_wait=0.0, host_overhead=0.0)
+            memcpy_exposed=traced.memcpy_exposed * k, idle=0.0, input_wait=0.0,
+            host_overhead=0.0), out
     extra = traced.step_time - step
     host = traced.host_overhead - extra
     input_wait = traced.input_wait
     if host < 0:
         input_wait = max(0.0, input_wait + host)
         host = 0.0
-        caveats.append("the profiler's extra time exceeded the traced host gaps: the rest was taken "
-                       "from the input wait")
+        caveat("the profiler's extra time exceeded the traced host gaps: the rest was taken "
+               "from the input wait", PENALTY_ESTIMATE_REPAIR)
     idle = step - work
     # keep the parts additive whatever rounding did: idle == input_wait + host_overhead
     host = max(0.0, idle - input_wait)
     input_wait = idle - host
-    return replace(traced, step_time=step, idle=idle, input_wait=input_wait, host_overhead=host)
+    return replace(traced, step_time=step, idle=idle, input_wait=input_wait, host_overhead=host), out
 
 
-def _cpu_estimate(traced: TimeBreakdown, step: float, caveats: list[str]) -> TimeBreakdown:
+def _cpu_per_event(traced: TimeBreakdown, step: float, events: tuple[float, float, float],
+                   caveat) -> TimeBreakdown:  # noqa: ANN001
+    """The CPU as the device: the profiler pays a roughly fixed cost per event it records
+    (``benchmarks/profile_dilation.py``), inside the operators' spans and in the gaps between
+    them. So the extra wall time per step (less the time the OS did not run the job at all),
+    over the events recorded per step, is that cost;
+    operator blocks lose it once per event that starts inside them, the gaps the rest, and the
+    input wait (blocked on the DataLoader) keeps its length. A big GEMM with one event keeps
+    its time; a tiny op whose time was mostly the profiler's loses most of it."""
+    n_all, n_compute, stalled = events
+    # time the OS did not run the job (breakdown.unstalled_dur) is already host time, and it is
+    # the machine's load, not the profiler's cost: it leaves the step first, then the profiler's
+    stalled = min(stalled, max(0.0, traced.step_time - step), traced.host_overhead)
+    extra = traced.step_time - stalled - step
+    per_event = extra / n_all
+    from_compute = min(traced.compute, per_event * n_compute)
+    rest = extra - from_compute
+    host = traced.host_overhead - stalled - rest
+    compute = traced.compute - from_compute
+    input_wait = traced.input_wait
+    if host < 0:
+        compute = max(0.0, compute + host)  # the gaps could not absorb their share
+        host = 0.0
+        caveat("the profiler's extra time per step exceeded what its recorded events account for "
+               "in the gaps: the rest was taken from operator time", PENALTY_ESTIMATE_REPAIR)
+    caveat(f"the device is the CPU: the profiler's cost was taken per recorded event "
+           f"({n_all:.0f} per step, {per_event:.3g} us each), from operator time for "
+           f"{n_compute:.0f} events inside operators and from the gaps for the rest; the input wait "
+           "keeps its length", PENALTY_CPU_MODEL)
+    k = compute / traced.compute if traced.compute > 0 else 1.0
+    out = TimeBreakdown(
+        step_time=step, gpu_busy=compute + traced.comm_exposed, compute=compute,
+        compute_bound=traced.compute_bound * k, memory_bound=traced.memory_bound * k,
+        comm_total=traced.comm_total, comm_exposed=traced.comm_exposed,
+        memcpy_exposed=traced.memcpy_exposed, input_wait=input_wait, host_overhead=host)
+    out.idle = out.input_wait + out.host_overhead
+    total = out.compute + out.comm_exposed + out.memcpy_exposed + out.idle
+    if total > step > 0:  # nothing left to take from: scale everything to the step
+        f = step / total
+        for name in ("gpu_busy", "compute", "compute_bound", "memory_bound", "comm_total",
+                     "comm_exposed", "memcpy_exposed", "input_wait", "host_overhead", "idle"):
+            setattr(out, name, getattr(out, name) * f)
+    return out
+
+
+def _cpu_estimate(traced: TimeBreakdown, step: float, caveat) -> TimeBreakdown:  # noqa: ANN001
     """The CPU as the device: the profiler's per-operator cost lands inside the operators' own
     spans as much as in the gaps between them, so both shrink by the same factor; the input
     wait (blocked on the DataLoader: I/O, decoding, a sleep) carries little of it and keeps
@@ -124,11 +260,11 @@ def _cpu_estimate(traced: TimeBreakdown, step: float, caveats: list[str]) -> Tim
     if keep < 0:
         input_wait = max(0.0, input_wait + keep * ops_and_gaps)
         keep = 0.0
-        caveats.append("the profiler's extra time exceeded the traced operator and gap time: the rest "
-                       "was taken from the input wait")
-    caveats.append("the device is the CPU: the profiler's cost was taken from operator time and the "
-                   "gaps between operators in proportion (it is paid per operator, inside and between "
-                   "them), not from the input wait")
+        caveat("the profiler's extra time exceeded the traced operator and gap time: the rest "
+               "was taken from the input wait", PENALTY_ESTIMATE_REPAIR)
+    caveat("the device is the CPU: the profiler's cost was taken from operator time and the "
+           "gaps between operators in proportion (it is paid per operator, inside and between "
+           "them), not from the input wait", PENALTY_CPU_MODEL)
     k = keep
     out = TimeBreakdown(
         step_time=0.0, gpu_busy=traced.gpu_busy * k, compute=traced.compute * k,

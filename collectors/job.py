@@ -41,9 +41,10 @@ def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0) -> dic
     env["GPUDIAG_STEPS"] = str(steps)
     env["GPUDIAG_RETRACE_S"] = str(retrace_s)
     # NCCL collectives are timed by PyTorch's flight recorder (CUDA events per collective);
-    # a job's own settings win.
-    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
-    env.setdefault("TORCH_FR_BUFFER_SIZE", env["TORCH_NCCL_TRACE_BUFFER_SIZE"])
+    # a job's own settings win. The buffer's variable is named for the job's torch, which only
+    # the bootstrap sees (torch_collectives.set_flight_recorder_env): torch >= 2.8 reads
+    # TORCH_FR_BUFFER_SIZE and warns on every rank when the older name is set.
+    env.setdefault("GPUDIAG_FR_BUFFER_SIZE", "2000")
     env.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
     return env
 

@@ -7,8 +7,8 @@ may run a Python that has torch but not gpudiag's dependencies.
 What it does, cheaply, for the whole run:
 - counts steps through torch's global optimizer-step hook (or ``gpudiag.step()`` for loops
   without an optimizer, which then takes over), and times each step;
-- times collectives (``torch.distributed`` calls; blocking calls only, whose wall time is the
-  collective's time on gloo/CPU) per type per step;
+- times collectives per type per step, blocking, async and DDP's, and how long the step
+  waited for them (``torch_collectives``, loaded from the file beside this one);
 - and for ``--steps`` steps after ``--skip`` steps only, runs ``torch.profiler`` with
   ``record_shapes=True`` and writes ``traces/rank-<RANK>.json.gz``; with a re-trace interval
   (``--monitor``), it opens a new window that often and replaces the trace, so a job that
@@ -39,9 +39,6 @@ from pathlib import Path
 from typing import Any
 
 FLUSH_EVERY_S = 1.0
-_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-                "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single",
-                "barrier", "send", "recv", "gather", "scatter")
 
 _state: _Bootstrap | None = None
 
@@ -74,7 +71,7 @@ class _Bootstrap:
         self.step = 0
         self.explicit = False  # gpudiag.step() seen: the optimizer hook stops counting
         self.t_step = time.perf_counter()
-        self.coll: dict[str, list[float]] = {}
+        self.collectives = _collectives().StepCollectives()
         self.buffer: list[dict[str, Any]] = []
         self.backend: str | None = None  # default process group backend, once known
         self.fr_last_record = -1  # flight recorder entries already accounted for
@@ -102,9 +99,9 @@ class _Bootstrap:
             if self.phase == _TRACED:
                 self.window.append(self.step)
             self.phase = None
-        if self.coll:
-            row["collectives"] = {k: {"count": int(v[0]), "seconds": v[1]} for k, v in self.coll.items()}
-            self.coll = {}
+        colls = self.collectives.drain()
+        if colls:
+            row["collectives"] = colls
         row["t0"] = time.time() - row["dt"]
         self.t_step = now
         self.buffer.append(row)
@@ -116,7 +113,7 @@ class _Bootstrap:
         if not self.buffer:
             return
         if self.backend == "nccl":
-            self._poll_flight_recorder()
+            _collectives().poll_flight_recorder(self)
         try:
             with self.steps_path.open("a") as f:
                 f.write("\n".join(json.dumps(r, separators=(",", ":")) for r in self.buffer) + "\n")
@@ -212,50 +209,6 @@ class _Bootstrap:
         self.flush()
         self.write_meta()
 
-    # -- collectives -----------------------------------------------------------------------
-    def _poll_flight_recorder(self) -> None:
-        """NCCL collective durations from PyTorch's flight recorder (GPU time, not launch).
-
-        NCCL calls return before the collective runs, so their wall time says nothing; with
-        TORCH_NCCL_ENABLE_TIMING the flight recorder measures each one with CUDA events.
-        Completed entries are attributed to the buffered step that was running when they
-        were created; older ones to the first buffered step.
-        """
-        try:
-            import pickle
-
-            import torch
-
-            fn = torch._C._distributed_c10d._dump_nccl_trace
-            try:
-                dump = fn(includeCollectives=True, includeStackTraces=False, onlyActive=False)
-            except TypeError:  # older signature
-                dump = fn()
-            entries = pickle.loads(dump).get("entries", [])
-        except Exception as e:  # noqa: BLE001
-            self.note(f"NCCL flight recorder unavailable, NCCL collectives untimed: {e}")
-            self.backend = "nccl-untimed"
-            return
-        new = [e for e in entries if e.get("record_id", -1) > self.fr_last_record]
-        if new and self.fr_last_record >= 0 and new[0]["record_id"] > self.fr_last_record + 1:
-            self.note("more collectives per second than the flight recorder buffer holds: "
-                      "some NCCL collectives were not timed (raise TORCH_NCCL_TRACE_BUFFER_SIZE)")
-        for e in new:
-            if e.get("state") != "completed" or e.get("duration_ms") is None:
-                break  # keep order: later entries are picked up at the next flush
-            self.fr_last_record = e["record_id"]
-            created = e.get("time_created_ns", 0) / 1e9
-            row = next((r for r in self.buffer if r["t0"] <= created < r["t"]), self.buffer[0])
-            name = str(e.get("profiling_name", "nccl:unknown")).split(":", 1)[-1]
-            c = row.setdefault("collectives", {}).setdefault(name, {"count": 0, "seconds": 0.0})
-            c["count"] += 1
-            c["seconds"] += float(e["duration_ms"]) / 1e3
-
-    def record_collective(self, name: str, seconds: float) -> None:
-        c = self.coll.setdefault(name, [0, 0.0])
-        c[0] += 1
-        c[1] += seconds
-
     # -- notes and meta --------------------------------------------------------------------
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -314,29 +267,24 @@ def step() -> None:
     _on_step(explicit=True)
 
 
-def _wrap_collective(dist: Any, name: str) -> None:
-    fn = getattr(dist, name, None)
-    if fn is None or getattr(fn, "_gpudiag", False):
-        return
+def _collectives() -> Any:
+    """``torch_collectives``, loaded from the file beside this one under gpudiag's name (the job's
+    Python may not have gpudiag, and its sys.path is never extended)."""
+    name = "gpudiag.collectors.torch_collectives"
+    mod = sys.modules.get(name)
+    if mod is None:
+        import importlib.util
 
-    @functools.wraps(fn)
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        st = _get_state() if _config is not None else None
-        if st is None or kwargs.get("async_op"):
-            return fn(*args, **kwargs)
-        if st.backend is None and dist.is_initialized():
-            st.backend = str(dist.get_backend())
-        if st.backend is not None and st.backend.startswith("nccl"):
-            return fn(*args, **kwargs)  # timed on the GPU by the flight recorder instead
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            st.record_collective(name.replace("_into_tensor", "").replace("_tensor", "")
-                                     .replace("_single", ""), time.perf_counter() - t)
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("torch_collectives.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return mod
 
-    timed._gpudiag = True  # type: ignore[attr-defined]
-    setattr(dist, name, timed)
+
+def _armed_state() -> _Bootstrap | None:
+    return _get_state() if _config is not None else None
 
 
 def arm(torch: Any) -> None:
@@ -354,8 +302,11 @@ def arm(torch: Any) -> None:
         register_optimizer_step_post_hook(lambda *_: _on_step(explicit=False))
         import torch.distributed as dist
 
-        for name in _COLLECTIVES:
-            _wrap_collective(dist, name)
+        colls = _collectives()
+        colls.set_flight_recorder_env(str(torch.__version__))
+        colls.wrap_collectives(dist, _armed_state)
+        if dist.is_available():
+            colls.patch_ddp(torch, _armed_state)
         _patch_dataloader(torch)
     except Exception as e:  # noqa: BLE001 - the job must run even if we cannot observe it
         print(f"gpudiag: bootstrap failed, the job runs unobserved: {e}", file=sys.stderr)

@@ -37,7 +37,10 @@ class DevicePeak:
         fp32 matmuls run on CUDA cores unless TF32 is enabled (off by default for matmul
         since PyTorch 1.12), so "float" maps to the fp32 peak, the conservative choice.
         """
-        family = DTYPE_FAMILY.get(dtype.lower(), "fp32")
+        return self.family_peak(DTYPE_FAMILY.get(dtype.lower(), "fp32"))
+
+    def family_peak(self, family: str) -> tuple[float, str]:
+        """Peak FLOP/s of a dtype family ("bf16"), or the fp32 one where the device has none."""
         if family in self.flops:
             return self.flops[family], family
         return self.flops["fp32"], "fp32"

@@ -7,19 +7,19 @@ not understand instead of misreading them.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag.codec import JsonValue, load_versioned
 from gpudiag.errors import BadInput
 
-DIAGNOSIS_SCHEMA_VERSION = 2
-# Version 1 (before the unprofiled estimate) is still read: its new fields take their defaults.
-READABLE_DIAGNOSIS_VERSIONS = (1, 2)
+DIAGNOSIS_SCHEMA_VERSION = 3
+# Still read: version 1 (before the unprofiled estimate) and 2 (recommendations as plain
+# strings, before predictions): their new fields take their defaults, and a string
+# recommendation becomes one with action "unknown" and no prediction (``_upgrade``).
+READABLE_DIAGNOSIS_VERSIONS = (1, 2, 3)
 
 
 class Bottleneck(str, enum.Enum):
@@ -124,6 +124,11 @@ class CollectiveStats:
     algbw_gbps: float | None
     busbw_gbps: float | None
     link_peak_gbps: float | None
+    # per step and rank, in the verdict's view (unprofiled estimate or traced steps): the type's
+    # part of the breakdown's ``comm_total`` and ``comm_exposed``, so the table and the breakdown
+    # add up to the same figure by construction
+    time_per_step_us: float | None = None
+    exposed_per_step_us: float | None = None
 
 
 @dataclass
@@ -138,6 +143,10 @@ class Mfu:
     # which step time divides the FLOPs: "untraced steps" (the job's own step timer, profiler
     # off: what the job really runs at) or "traced steps" (trace only, dilated by the profiler)
     step_time_basis: str = "traced steps"
+    # dtype family -> share of the model FLOPs that ran in it (from the ops' input types); with
+    # more than one, ``peak_flops`` is the mix's peak: the FLOPs over the time they would take,
+    # each family at its own peak
+    dtype_mix: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -190,6 +199,26 @@ class TopItem:
 
 
 @dataclass
+class Recommendation:
+    """One fix, and the step time it predicts if it worked fully (``analyzers.whatif``)."""
+
+    action: str  # stable id: "dataloader-workers", "overlap-communication", ...
+    text: str
+    predicted_step_s: float | None  # None where no prediction is possible (``why`` says why)
+    why: str = ""  # how the prediction was made and what bounds it, or why there is none
+    step_s: float | None = None  # the step time it starts from (the verdict's view)
+    gain: float | None = None  # 1 - predicted / step: the share of the step the fix saves
+
+
+@dataclass
+class Deduction:
+    """One caveat's cost to the verdict's confidence (a named constant in ``classify``)."""
+
+    reason: str
+    amount: float
+
+
+@dataclass
 class Verdict:
     label: Bottleneck
     confidence: float  # 0..1
@@ -197,7 +226,12 @@ class Verdict:
     summary: str  # one sentence with the deciding numbers
     evidence: dict[str, float]
     secondary: Bottleneck | None
-    recommendations: list[str]
+    recommendations: list[Recommendation]
+    # every caveat that lowered the confidence, and by how much
+    deductions: list[Deduction] = field(default_factory=list)
+    # the runner-up, when the label's margin over it is within the step-time noise: a tie
+    tie_with: Bottleneck | None = None
+    noise: float | None = None  # step-time noise (half the interquartile range over the median)
 
 
 @dataclass
@@ -255,10 +289,34 @@ class Dilation:
     untraced_spread: float  # interquartile range / median of the untraced steps: run noise
     model: str  # how the unprofiled breakdown was estimated, in one sentence
     caveats: list[str] = field(default_factory=list)  # where that estimate is unsafe, and why
+    # (3) the reference: untraced steps just before and just after the traced window (same
+    # phase of the job), their medians, and whether the estimate could be trusted; when not,
+    # the verdict falls back to the traced view and ``caveats`` say why
+    reference: str = "all untraced steps"
+    before_step_us: float | None = None
+    after_step_us: float | None = None
+    load_change: float = 0.0  # |before / after - 1|: the job's pace changed across the window
+    trusted: bool = True
 
 
 @dataclass
-class Diagnosis:
+class JobTraits:
+    """What the trace shows of the job, so that advice fits it (``analyzers.traits``)."""
+
+    training: bool = False  # backward ops present
+    optimizer: bool = False  # an optimizer step ran
+    fused_optimizer: bool = False  # foreach or fused optimizer kernels already
+    compiled: bool = False  # torch.compile'd regions
+    ddp: bool = False
+    fsdp: bool = False
+    attention: bool = False  # attention built from matmul + softmax
+    sdpa: bool = False  # fused scaled_dot_product_attention
+    single_process_loader: bool = False  # a DataLoader with num_workers=0
+    dataloader_workers: list[int] = field(default_factory=list)  # as the bootstrap saw them
+
+
+@dataclass
+class Diagnosis(JsonValue):
     schema_version: int
     gpudiag_version: str
     sources: list[str]
@@ -283,15 +341,10 @@ class Diagnosis:
     dilation: Dilation | None = None
     unprofiled: TimeBreakdown | None = None  # estimated mean step of the job unobserved
     traced_verdict: Verdict | None = None  # what the traced breakdown alone would say
+    traits: JobTraits | None = None  # what the trace shows of the job (advice is chosen from it)
     # per-rank numbers summarised over the ranks (2 or more ranks with steps); optional, so
     # diagnoses written before it still read
     rank_spread: list[RankSpread] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return _encode(self)
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> Diagnosis:
@@ -303,61 +356,7 @@ class Diagnosis:
 
     @classmethod
     def from_dict(cls, data: Any) -> Diagnosis:
-        if not isinstance(data, dict):
-            raise BadInput("diagnosis must be a JSON object")
-        version = data.get("schema_version")
-        if version not in READABLE_DIAGNOSIS_VERSIONS:
-            raise BadInput(
-                f"diagnosis schema version {version!r} is not supported (this gpudiag reads "
-                f"versions {', '.join(map(str, READABLE_DIAGNOSIS_VERSIONS))}); re-run gpudiag analyze"
-            )
-        try:
-            return _decode(cls, data)
-        except (TypeError, ValueError, KeyError) as e:
-            raise BadInput(f"diagnosis is malformed: {e}") from None
-
-
-def _encode(v: Any) -> Any:
-    if dataclasses.is_dataclass(v):
-        return {f.name: _encode(getattr(v, f.name)) for f in dataclasses.fields(v)}
-    if isinstance(v, enum.Enum):
-        return v.value
-    if isinstance(v, dict):
-        return {str(k): _encode(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_encode(x) for x in v]
-    if isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")):
-            return None
-        return v
-    return v
-
-
-def _decode(tp: Any, v: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if v is None:
-            return None
-        return _decode(args[0], v)
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in v:
-                kwargs[f.name] = _decode(hints[f.name], v[f.name])
-        return tp(**kwargs)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp(v)
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        return [_decode(inner, x) for x in v]
-    if origin is dict:
-        _, inner = typing.get_args(tp)
-        return {k: _decode(inner, x) for k, x in v.items()}
-    if tp is float:
-        return float("nan") if v is None else float(v)
-    return v
+        return load_versioned(cls, data, READABLE_DIAGNOSIS_VERSIONS)
 
 
 DIFF_SCHEMA_VERSION = 2  # 2: step_change, basis and step_time_verdict
@@ -396,7 +395,7 @@ class StepChange:
 
 
 @dataclass
-class DiagnosisDiff:
+class DiagnosisDiff(JsonValue):
     """Before/after comparison of two diagnoses (``gpudiag diff``)."""
 
     schema_version: int
@@ -421,12 +420,6 @@ class DiagnosisDiff:
     basis: str = "profiled-steps"
     step_change: StepChange | None = None  # from the step timers; None for trace-only inputs
     step_time_verdict: str = ""  # one sentence: the change and whether it is more than noise
-
-    def to_dict(self) -> dict[str, Any]:
-        return _encode(self)
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
 
 # --- accessors: what readers outside gpudiag (an experiment tracker, a live view) take from a

@@ -234,11 +234,67 @@ def step_times(run_dir: Path, rank: int = 0, last: int | None = None) -> StepTim
     return split_step_rows(rank, rows, last, boot.get(rank))
 
 
-def all_step_times(run_dir: Path) -> list[StepTimes]:
-    """``step_times`` of every rank that has a step file."""
+# Untraced steps taken on each side of the traced window as its reference: near enough to be
+# the same phase of the job (and the same load on the machine), many enough for a median.
+REFERENCE_STEPS = 10
+
+
+@dataclass
+class WindowSteps:
+    """The traced steps of the trace on disk and the untraced steps around them (seconds)."""
+
+    rank: int
+    traced_rows: list[StepRow]
+    before_rows: list[StepRow]  # untraced steps just before the window's warm-up step, in order
+    after_rows: list[StepRow]  # untraced steps just after its export step, in order
+
+    @property
+    def traced(self) -> list[float]:
+        return [r.dt for r in self.traced_rows]
+
+    @property
+    def before(self) -> list[float]:
+        return [r.dt for r in self.before_rows]
+
+    @property
+    def after(self) -> list[float]:
+        return [r.dt for r in self.after_rows]
+
+
+def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS) -> list[WindowSteps]:
+    """Per rank with a step file, the traced window and up to ``reference`` untraced steps on
+    each side of it: after the job's first ``STARTUP_STEPS``, and never across another window
+    (the steps beyond one belong to another phase of the job, or another trace)."""
     boot = read_bootstrap(run_dir)
-    return [split_step_rows(rank, rows, None, boot.get(rank))
-            for rank, rows in sorted(read_steps(run_dir, boot).items())]
+    out = []
+    for rank, rows in sorted(read_steps(run_dir, boot).items()):
+        rows = sorted(rows, key=lambda r: r.step)
+        meta = boot.get(rank)
+        in_trace = set(meta.traced_steps) if meta is not None and meta.traced_steps else None
+        idx = [i for i, r in enumerate(rows) if r.profiler == PROFILER_TRACED
+               and (in_trace is None or r.step in in_trace)]
+        if not idx:
+            out.append(WindowSteps(rank, [], [], []))
+            continue
+        first, last = idx[0], idx[-1]
+        before: list[StepRow] = []
+        j = first - 1
+        while j >= 0 and rows[j].profiler == PROFILER_WARMUP:
+            j -= 1
+        while (j >= 0 and rows[j].profiler is None and rows[j].step > STARTUP_STEPS
+               and len(before) < reference):
+            before.append(rows[j])
+            j -= 1
+        after: list[StepRow] = []
+        j = last + 1
+        while j < len(rows) and rows[j].profiler == PROFILER_EXPORT:
+            j += 1
+        while j < len(rows) and rows[j].profiler is None and len(after) < reference:
+            after.append(rows[j])
+            j += 1
+        out.append(WindowSteps(rank, [rows[i] for i in range(first, last + 1)
+                                      if rows[i].profiler == PROFILER_TRACED], before[::-1], after))
+    return out
 
 
 def split_step_rows(rank: int, rows: list[StepRow], last: int | None = None,

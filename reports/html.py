@@ -330,7 +330,8 @@ def _tables(d: Diagnosis) -> dict[str, Any]:
                                    legend=[("bus bandwidth", svg.GREEN),
                                            ("link peak (black tick)", svg.BLACK)])
     coll_rows = [{"name": c.collective, "count": c.count, "time": ms(c.total_time_us),
-                  "exposed": ms(c.exposed_time_us),
+                  "exposed": ms(c.exposed_time_us), "per_step": ms(c.time_per_step_us),
+                  "exposed_per_step": ms(c.exposed_per_step_us),
                   "bytes": si(c.bytes, "B") if c.bytes is not None else "n/a",
                   "algbw": gbps(c.algbw_gbps), "busbw": gbps(c.busbw_gbps),
                   "peak": gbps(c.link_peak_gbps)} for c in d.communication]
@@ -340,6 +341,8 @@ def _tables(d: Diagnosis) -> dict[str, Any]:
            "rows": [("FLOPs per step per rank",
                      si(m.flops_per_step, "FLOP") if m.flops_per_step else "n/a"),
                     ("FLOPs from", m.flops_source), ("dtype family", m.dtype_family or "n/a"),
+                    ("dtype mix", ", ".join(f"{k} {pct(v, digits=0)}" for k, v in m.dtype_mix.items())
+                     or "n/a"),
                     ("peak", si(m.peak_flops, "FLOP/s") if m.peak_flops else "n/a"),
                     ("step time", ms(m.step_time_us)), ("step time from", m.step_time_basis)]}
     return {"top_chart": Markup(top_chart), "top_chart_kernels": bool(d.top_kernels),

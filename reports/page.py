@@ -94,8 +94,12 @@ def legend_parts() -> list[tuple[str, str]]:
 def verdict_ctx(d: Diagnosis) -> dict[str, Any]:
     v = d.verdict
     return {"label": v.label.value, "confidence": f"{v.confidence:.2f}", "level": v.confidence_level,
+            "tie_with": v.tie_with.value if v.tie_with else None,
             "summary": si_text(v.summary), "secondary": v.secondary.value if v.secondary else None,
-            "recommendations": [si_text(r) for r in v.recommendations],
+            "recommendations": [{"text": si_text(r.text), "action": r.action,
+                                 "prediction": si_text(views.prediction_line(r))}
+                                for r in v.recommendations],
+            "deductions": views.confidence_lines(v),
             "evidence": [(k, evidence_value(k, x)) for k, x in v.evidence.items()]}
 
 
@@ -120,5 +124,7 @@ def views_ctx(d: Diagnosis) -> dict[str, Any]:
     return {"both": both, "basis": d.basis, "basis_line": views.basis_line(d),
             "dilation": views.dilation_line(dil) if dil is not None else None,
             "model": dil.model if dil is not None else None,
-            "caveats": [si_text(c) for c in dil.caveats] if dil is not None else [],
+            # caveats that cost confidence are listed with their cost under the verdict
+            "caveats": [si_text(c) for c in dil.caveats
+                        if c not in {x.reason for x in d.verdict.deductions}] if dil is not None else [],
             "traced_verdict": views.traced_verdict_line(d), "rows": rows, "chart": Markup(chart)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from gpudiag.diagnosis import Diagnosis
+from gpudiag.diagnosis import Diagnosis, DiagnosisDiff
 from gpudiag.reports import views
 from gpudiag.units import pct, si
 
@@ -77,10 +77,17 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
     v = d.verdict
     second = f" | secondary: {v.secondary.value}" if v.secondary else ""
     out.append("")
-    out.append(f"VERDICT: {v.label.value.upper()}  (confidence {v.confidence:.2f}, "
+    label = v.label.value.upper() + (f" / {v.tie_with.value.upper()} (a tie within noise)"
+                                      if v.tie_with else "")
+    out.append(f"VERDICT: {label}  (confidence {v.confidence:.2f}, "
                f"{v.confidence_level}){second}")
     out.extend(textwrap.wrap(v.summary, width, initial_indent="  ", subsequent_indent="  "))
     wrap = {"width": width, "initial_indent": "  ", "subsequent_indent": "    "}
+    lowered = views.confidence_lines(v)
+    if lowered:
+        out.append("  Confidence lowered by:")
+        for line in lowered:
+            out.extend(textwrap.wrap(line, width, initial_indent="    ", subsequent_indent="      "))
     out.append("")
     out.extend(textwrap.wrap(("Basis: unprofiled estimate. " if views.has_both_views(d) else
                               "Basis: profiled steps. ") + views.basis_line(d), **wrap))
@@ -89,8 +96,10 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
     traced = views.traced_verdict_line(d)
     if traced:
         out.extend(textwrap.wrap("The " + traced, **wrap))
+    counted = {x.reason for x in v.deductions}  # shown above with what they cost
     for c in d.dilation.caveats if d.dilation is not None else []:
-        out.extend(textwrap.wrap("Caveat: " + c, **wrap))
+        if c not in counted:
+            out.extend(textwrap.wrap("Caveat: " + c, **wrap))
     if d.breakdown.step_time > 0:
         out.append("")
         out.extend(_breakdown(d, "GPU" if dev.kind == "gpu" else "CPU"))
@@ -107,11 +116,15 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
     if d.communication:
         out.append("")
         out.append("Collectives:")
-        out.append(f"  {'type':<16}{'count':>7}{'time':>12}{'exposed':>12}{'busbw GB/s':>12}")
+        out.append(f"  {'type':<16}{'count':>7}{'time':>12}{'exposed':>12}{'per step':>12}"
+                   f"{'exposed':>12}{'busbw GB/s':>12}")
         for c in d.communication:
             bw = f"{c.busbw_gbps:.3g}" if c.busbw_gbps is not None else "n/a"
             out.append(f"  {c.collective:<16}{c.count:>7}{_ms(c.total_time_us):>12}"
-                       f"{_ms(c.exposed_time_us):>12}{bw:>12}")
+                       f"{_ms(c.exposed_time_us):>12}{_ms(c.time_per_step_us):>12}"
+                       f"{_ms(c.exposed_per_step_us):>12}{bw:>12}")
+        out.append(f"  (time and exposed: all traced steps and ranks; per step: the verdict's view, "
+                   f"{'unprofiled' if views.has_both_views(d) else 'as traced'}, as in the breakdown)")
     if d.stragglers is not None:
         s = d.stragglers
         slow = _rank_list(s.ranks) or "none"
@@ -130,11 +143,33 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
         out.append("")
         out.append("What to do:")
         for i, rec in enumerate(v.recommendations, 1):
-            out.extend(textwrap.wrap(rec, width, initial_indent=f"  {i}. ",
+            out.extend(textwrap.wrap(f"{rec.text} [{rec.action}]", width, initial_indent=f"  {i}. ",
                                      subsequent_indent="     "))
+            out.extend(textwrap.wrap(views.prediction_line(rec), width, initial_indent="     ",
+                                     subsequent_indent="       "))
     if d.warnings:
         out.append("")
         out.append("Warnings:")
         for w in d.warnings:
             out.extend(textwrap.wrap(w, width, initial_indent="  - ", subsequent_indent="    "))
+    return "\n".join(out)
+
+
+def render_diff_terminal(diff: DiagnosisDiff, width: int = 100, items: int = 3) -> str:
+    """``gpudiag diff`` on a terminal: the verdict on step time, label and MFU, and the items
+    that changed most (the HTML page has the rest)."""
+    out = textwrap.wrap("Step time: " + diff.step_time_verdict, width, subsequent_indent="  ")
+    view = "unprofiled estimate" if diff.basis == views.UNPROFILED else "profiled steps"
+    label = (f"{diff.label_before.value} -> {diff.label_after.value}"
+             if diff.label_before != diff.label_after else f"unchanged, {diff.label_after.value}")
+    out.append(f"Label ({view}): {label}")
+    out.append(f"MFU ({view}): {pct(diff.mfu_before)} -> {pct(diff.mfu_after)}")
+    for title, rows in (("Kernels", diff.kernels), ("Operators", diff.ops)):
+        if rows:
+            out.append(f"{title} that changed most (per traced step):")
+            for r in rows[:items]:
+                name = r.name if len(r.name) <= 60 else r.name[:57] + "..."
+                out.append(f"  {r.delta_us / 1e3:+.3g} ms  {_ms(r.before_us)} -> {_ms(r.after_us)}  {name}")
+    for n in diff.notes:
+        out.extend(textwrap.wrap(n, width, initial_indent="Note: ", subsequent_indent="  "))
     return "\n".join(out)

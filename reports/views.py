@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpudiag.diagnosis import Diagnosis, Dilation, TimeBreakdown, Verdict
+from gpudiag.diagnosis import Diagnosis, Dilation, Recommendation, TimeBreakdown, Verdict
 from gpudiag.units import pct
 
 UNPROFILED = "unprofiled-estimate"
@@ -46,6 +46,10 @@ def basis_line(d: Diagnosis) -> str:
     if has_both_views(d):
         return ("Verdict and MFU describe the job as it runs unprofiled, estimated from its own step "
                 "timer; the breakdown as traced is shown beside it.")
+    if d.dilation is not None and not d.dilation.trusted:
+        return ("Verdict and MFU describe the profiled steps as they ran under the profiler: the job's "
+                "own step timer around the traced window could not be trusted to remove the profiler's "
+                "cost (the caveats say why), so idle and host overhead read high by it.")
     return ("This breakdown is of the profiled steps as they ran under the profiler, which adds host "
             "time to every op (idle and host overhead read high); a trace alone cannot say how the job "
             "runs unobserved. Run it under gpudiag profile to get the unprofiled estimate.")
@@ -57,10 +61,29 @@ def noise(dil: Dilation) -> str:
 
 
 def dilation_line(dil: Dilation) -> str:
-    """'profiler slowed traced steps 1.8× (50.4 ms vs 28.8 ms untraced, 412 untraced steps, noise ±1.2%)'."""
-    return (f"profiler slowed traced steps {dil.factor:.2g}\u00d7 ({_ms(dil.traced_step_us)} vs "
+    """'profiler slowed traced steps 1.8× (50.4 ms vs 28.8 ms untraced, 20 untraced steps around
+    the window: 28.6 ms before, 29.0 ms after; noise ±1.2%)'."""
+    sides = ""
+    if dil.before_step_us is not None and dil.after_step_us is not None:
+        sides = f": {_ms(dil.before_step_us)} before, {_ms(dil.after_step_us)} after"
+    verb = "slowed" if dil.trusted else "appears to have slowed"
+    return (f"profiler {verb} traced steps {dil.factor:.2g}\u00d7 ({_ms(dil.traced_step_us)} vs "
             f"{_ms(dil.untraced_step_us)} untraced, {dil.untraced_steps} untraced step"
-            f"{'s' if dil.untraced_steps != 1 else ''}, noise {noise(dil)} (half the interquartile range))")
+            f"{'s' if dil.untraced_steps != 1 else ''} around the window{sides}; noise {noise(dil)} "
+            "(half the interquartile range))")
+
+
+def confidence_lines(v: Verdict) -> list[str]:
+    """'−0.10: <reason>' for each deduction that lowered the confidence."""
+    return [f"\u2212{d.amount:.2f}: {d.reason}" for d in v.deductions]
+
+
+def prediction_line(r: Recommendation) -> str:
+    """'step 41 ms → ≈ 12 ms (−71%): input wait hidden …', or 'no prediction: why'."""
+    if r.predicted_step_s is None or r.step_s is None:
+        return f"no prediction: {r.why}" if r.why else "no prediction"
+    return (f"step {_ms(r.step_s * 1e6)} \u2192 \u2248 {_ms(r.predicted_step_s * 1e6)} "
+            f"({pct(-(r.gain or 0.0), signed=True, digits=0)}) if it worked fully: {r.why}")
 
 
 def label_share(v: Verdict) -> float | None:

@@ -63,7 +63,7 @@ def test_slow_dataset_with_num_workers_0_is_input_bound(tmp_path: Path) -> None:
     assert d["verdict"]["label"] == "input-bound", _why(d)
     b = d["breakdown"]
     assert b["input_wait"] / b["step_time"] >= 0.2, _why(d)
-    assert any("num_workers" in r for r in d["verdict"]["recommendations"]), d["verdict"]
+    assert any("num_workers" in r["text"] for r in d["verdict"]["recommendations"]), d["verdict"]
 
 
 def test_wide_fp32_mlp_is_compute_bound_with_measured_mfu(tmp_path: Path) -> None:
@@ -94,7 +94,7 @@ def test_many_tiny_ops_at_batch_1_are_host_bound(tmp_path: Path) -> None:
     b = d["breakdown"]
     assert b["host_overhead"] / b["step_time"] >= 0.5, _why(d)
     assert b["input_wait"] == 0.0
-    assert any("tiny ops" in r for r in d["verdict"]["recommendations"]), d["verdict"]
+    assert any("tiny ops" in r["text"] for r in d["verdict"]["recommendations"]), d["verdict"]
 
 
 _NEEDS_GLOO = pytest.mark.skipif(
@@ -126,7 +126,7 @@ def test_two_rank_gloo_gradient_all_reduce_is_communication_bound(comm_diagnosis
     assert len(d["ranks"]) == 2 and d["world_size"] == 2
     b = d["breakdown"]
     assert b["comm_exposed"] / b["step_time"] >= 0.3, _why(d)
-    assert any("Communication not overlapped" in r for r in d["verdict"]["recommendations"])
+    assert any("Communication not overlapped" in r["text"] for r in d["verdict"]["recommendations"])
 
 
 @_NEEDS_GLOO

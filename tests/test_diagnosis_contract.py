@@ -107,3 +107,17 @@ def test_cli_help_teaches_usage():
     proc = subprocess.run([sys.executable, "-m", "gpudiag", "frobnicate"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2
+
+
+def test_a_job_mixing_dtypes_is_judged_against_the_mix(traces):
+    """fp32 matmuls that ran as TF32 on the A100's tensor cores, and a few that did not: the
+    peak is the time the FLOPs would take, each family at its own datasheet peak."""
+    d = diagnose(traces / "a100-8rank-diff", jobs=1)
+    mix = d.mfu.dtype_mix
+    assert d.mfu.dtype_family == "mixed" and set(mix) == {"tf32", "fp32"}, mix
+    assert sum(mix.values()) == pytest.approx(1.0)
+    a100 = lookup_device("A100-40GB").flops
+    expected = 1 / (mix["tf32"] / a100["tf32"] + mix["fp32"] / a100["fp32"])
+    assert d.mfu.peak_flops == pytest.approx(expected)
+    assert a100["fp32"] < d.mfu.peak_flops < a100["tf32"]
+    assert "peak of the mix (tf32" in d.mfu.reason

@@ -220,9 +220,14 @@ def test_two_rank_gloo_torchrun_job_is_communication_bound(tmp_path):
         assert [r["step"] for r in rows] == list(range(1, 11))
         assert all(r["collectives"]["all_reduce"]["count"] == 1 for r in rows)
         assert all(r["collectives"]["all_reduce"]["seconds"] > 0 for r in rows)
+        # a blocking call is waited for whole
+        assert all(r["collectives"]["all_reduce"]["exposed"] == r["collectives"]["all_reduce"]["seconds"]
+                   for r in rows)
     # torchrun's launcher imports torch too but never trains: it must not write as a rank
     metas = sorted(p.name for p in (run / "samples").glob("bootstrap-rank-*.json"))
     assert metas == ["bootstrap-rank-0.json", "bootstrap-rank-1.json"]
+    # the flight recorder's buffer under the name torch 2.13 reads: no deprecation warning per rank
+    assert "is deprecated" not in proc.stderr, proc.stderr[-2000:]
 
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads"

@@ -25,7 +25,7 @@ import pytest
 from gpudiag.analyzers.compare import compare
 from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
 from gpudiag.collectors.cpu_peak import cpu_peak
-from gpudiag.diagnosis import Diagnosis, RunSummary, Series, Stragglers, Timeline
+from gpudiag.diagnosis import Diagnosis, Recommendation, RunSummary, Series, Stragglers, Timeline
 from gpudiag.reports.html import render_diff, render_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +172,8 @@ def test_hostile_names_are_escaped_and_the_data_block_stays_closed(tmp_path):
                        gpus=[{"name": PAYLOADS[0], "driver": PAYLOADS[1]}], gpu_counters="nvml",
                        versions={"torch": PAYLOADS[2]}, notes=[PAYLOADS[0]])
     d.warnings.append(PAYLOADS[1])
-    d.verdict.recommendations.append(PAYLOADS[0])
+    d.verdict.recommendations.append(Recommendation(action=PAYLOADS[1], text=PAYLOADS[0],
+                                                    predicted_step_s=None, why=PAYLOADS[2]))
     text = render_report(d)
     assert_payloads_inert(text)
     page = Page(text)
@@ -321,7 +322,10 @@ def test_cli_diff_of_two_real_trace_sets_writes_html_and_json(tmp_path):
     out = tmp_path / "diff.html"
     proc = gpudiag("diff", before, after, "-o", out)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(out)
+    # the verdict on the terminal, the page's path last
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == f"Report: {out}" and lines[0].startswith("Step time: ")
+    assert any(ln.startswith("Label (") for ln in lines) and "cannot tell noise from change" in proc.stdout
     text = out.read_text()
     assert_self_contained(text)
     data = embedded(text)
@@ -403,8 +407,9 @@ def test_run_dir_report_shows_both_views_the_dilation_and_the_traced_verdict():
     dil = d.dilation
     factor = f"{dil.factor:.2g}\u00d7"
     assert (f"The profiler slowed traced steps {factor} ({dil.traced_step_us / 1e3:.3g} ms vs "
-            f"{dil.untraced_step_us / 1e3:.3g} ms untraced, {dil.untraced_steps} untraced steps, "
-            "noise \u00b1") in text
+            f"{dil.untraced_step_us / 1e3:.3g} ms untraced, {dil.untraced_steps} untraced steps "
+            f"around the window: {dil.before_step_us / 1e3:.3g} ms before, "
+            f"{dil.after_step_us / 1e3:.3g} ms after; noise \u00b1") in text
     assert "Mean step, all ranks: as traced | unprofiled (estimated)" in text
     assert f"{d.unprofiled.step_time / 1e3:.3g} ms 100.0%" in text  # the unprofiled step time column
     assert "Mean step as traced and unprofiled (estimated)" in Page(html).chart_titles
@@ -429,7 +434,7 @@ def test_caveats_and_a_differing_traced_verdict_are_shown(gemm):
     d.traced_verdict.label = Bottleneck.HOST
     d.traced_verdict.evidence["host-bound share"] = 0.47
     text = text_of(render_report(d))
-    assert "412 untraced steps, noise \u00b11.2%" in text
+    assert "412 untraced steps around the window; noise \u00b11.2%" in text
     assert "Caveat: CAVEAT-ONE <b>" in text and "Caveat: CAVEAT-TWO" in text
     assert "traced steps alone would read host-bound (47%)" in text
     assert "How the unprofiled step was estimated: a model sentence" in text

@@ -26,7 +26,7 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
 
     \b
     Examples:
-      gpudiag diff runs/baseline runs/fused-adam           # writes ./gpudiag-diff.html
+      gpudiag diff runs/baseline runs/fused-adam           # prints the verdict, writes ./gpudiag-diff.html
       gpudiag diff old_traces/ new_traces/ --json | jq .step_time_change
     """
     from gpudiag.analyzers.compare import compare
@@ -38,9 +38,11 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
         click.echo(result.to_json())
         return
     from gpudiag.reports.html import render_diff
+    from gpudiag.reports.terminal import render_diff_terminal
 
     write_html(output, render_diff(result, b, a))
-    click.echo(str(output))
+    click.echo(render_diff_terminal(result))
+    click.echo(f"Report: {output}")
 
 
 def _untraced(target: Path) -> list[float] | None:

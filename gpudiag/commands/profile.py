@@ -270,9 +270,10 @@ def _estimator(run_dir: Path):  # noqa: ANN202 - a closure
             return {}
         if cache.get("mtime") != mtime:
             from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
-            from gpudiag.collectors.cpu_peak import cpu_peak
+            from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor
 
-            cache["d"] = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak), jobs=1)
+            choice = DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor)
+            cache["d"] = diagnose(run_dir, choice, jobs=1)
             cache["mtime"] = mtime
         return signal_fields(cache["d"], live_step_s, traced_at=mtime)
 
@@ -340,11 +341,11 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | Non
              "gpudiag.step() once per step if the loop has no optimizer)")
         return None
     from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
-    from gpudiag.collectors.cpu_peak import cpu_peak
+    from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor
     from gpudiag.reports.progress import for_stderr
     from gpudiag.reports.terminal import render_terminal
 
-    d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak), progress=for_stderr())
+    d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor), progress=for_stderr())
     (run_dir / "diagnosis.json").write_text(d.to_json())
     _write_report(run_dir, d)
     click.echo(d.to_json() if opts.as_json else render_terminal(d))

@@ -1,0 +1,276 @@
+"""One Diagnosis from the ranks' partial results: the device, the view, the verdict, the advice.
+
+``diagnose`` loads and analyses each rank into a small ``RankPartial``; this joins them. The
+order matters and is walkable: the device and its peaks (a measured peak raised where the job
+outran it), the job's breakdown, the view of the step the verdict describes (``step_view``),
+MFU in that view, the verdict and its deductions, the collectives table in that view, and the
+advice with what each fix is predicted to be worth (``advice``, ``whatif``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from gpudiag import __version__
+from gpudiag.analyzers.advice import AdviceInputs, recommend
+from gpudiag.analyzers.breakdown import sum_breakdowns
+from gpudiag.analyzers.classify import lost_events, refuse_for_lost_gpu_events, with_deductions
+from gpudiag.analyzers.communication import finish_collectives, per_step
+from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
+from gpudiag.analyzers.rank_facts import RankFacts
+from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
+from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
+from gpudiag.analyzers.stragglers import find_stragglers, rank_spreads
+from gpudiag.analyzers.traits import job_traits
+from gpudiag.devices import DTYPE_FAMILY, DevicePeak, lookup_device, match_device
+from gpudiag.diagnosis import (
+    DIAGNOSIS_SCHEMA_VERSION,
+    Bottleneck,
+    DeviceInfo,
+    Diagnosis,
+    Mfu,
+    RankResult,
+    TimeBreakdown,
+    TopItem,
+    Verdict,
+)
+from gpudiag.rundir import WindowSteps
+
+
+@dataclass
+class RankPartial:
+    """What survives of one rank after its columns are dropped (picklable, small)."""
+
+    result: RankResult
+    has_gpu: bool
+    world_size: int | None
+    device_name: str | None
+    device_memory: int | None
+    shapes_recorded: bool
+    roofline: RooflineAcc
+    collectives: dict
+    kernels: dict[str, list[float]]
+    ops: dict[str, list[float]]
+    memory_ops: dict[str, float]
+    dataloader_iters: list[str]
+    warnings: list[str] = field(default_factory=list)
+    # (kept, dropped) timed events, all and GPU only: what the trace lost lowers the confidence
+    events: tuple[int, int] = (0, 0)
+    gpu_events: tuple[int, int] = (0, 0)
+    facts: RankFacts = field(default_factory=RankFacts)
+
+
+def _top(acc: dict[str, list[float]], busy: float, n: int = 100) -> list[TopItem]:
+    items = sorted(acc.items(), key=lambda kv: -kv[1][1])[:n]
+    return [TopItem(name=k, calls=int(c), time_us=t, share=t / busy if busy > 0 else 0.0)
+            for k, (c, t) in items]
+
+
+def trace_device(path_name: str | None, memory: int | None) -> DevicePeak | None:
+    if not path_name:
+        return None
+    dev = match_device(path_name)
+    if dev is not None and dev.name.startswith("A100") and memory and memory > 60e9:
+        dev = lookup_device("A100-80GB")
+    return dev
+
+
+def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explicit: DevicePeak | None,
+             flops_per_step: float | None, sources: list[str],
+             windows: list[WindowSteps] | None = None, workers: list[int] | None = None) -> Diagnosis:
+    """One Diagnosis from the ranks' partial results; ``windows`` are the job's own step timer
+    around the traced window when the input is a run directory (``rundir.window_steps``)."""
+    warnings: list[str] = []
+    for p in partials:
+        warnings.extend(p.warnings)
+    has_gpu = any(p.has_gpu for p in partials)
+    trace_dev_name = next((p.device_name for p in partials if p.device_name), None)
+    device, kind = _pick_device(partials, cpu_device, explicit, has_gpu, trace_dev_name, warnings)
+
+    roof_acc = RooflineAcc()
+    for p in partials:
+        roof_acc.merge(p.roofline)
+    # only a trace recorded here can prove this machine faster (one that names a GPU cannot)
+    device, raised = raise_measured_peak(device, roof_acc.model_rates() if not trace_dev_name else {})
+    shapes = any(p.shapes_recorded for p in partials)
+    collectives = finish_collectives([p.collectives for p in partials], device if has_gpu else None)
+    results = [p.result for p in partials]
+    world = next((p.world_size for p in partials if p.world_size), None)
+    if world and world > len(results):
+        warnings.append(f"{len(results)} of {world} ranks present: job-level numbers describe "
+                        "these ranks only")
+    stragglers = find_stragglers(results)
+    mix = dtype_mix(dict(roof_acc.dtype_flops))
+
+    with_steps = [r for r in results if r.steps]
+    if with_steps:
+        per_rank = [sum_breakdowns([s.breakdown for s in r.steps], divide_by=len(r.steps))
+                    for r in with_steps]
+        breakdown = sum_breakdowns(per_rank, divide_by=len(per_rank))
+    else:
+        breakdown = TimeBreakdown()
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    memory_ops: dict[str, float] = defaultdict(float)
+    for p in partials:
+        for src, dst in ((p.kernels, kernels), (p.ops, ops)):
+            for k, (c, t) in src.items():
+                dst[k][0] += c
+                dst[k][1] += t
+        for k, t in p.memory_ops.items():
+            memory_ops[k] += t
+    # top items' shares: of device busy time on a GPU; of operator time on the CPU (the
+    # breakdown's busy time leaves out tiny ops and stalls, which the operator totals include)
+    busy = (sum(r.total.gpu_busy for r in results) if has_gpu
+            else sum(t for _, t in ops.values()))
+    traits = job_traits([p.facts.traits for p in partials], workers)
+    n_steps = max((len(r.steps) if r.steps and r.steps[0].step is not None else 0)
+                  for r in results) if results else 0
+    view = None
+    traced_verdict = None
+    if breakdown.step_time > 0:
+        facts = [p.facts for p in partials]
+        events = (sum(f.events_per_step for f in facts) / len(facts),
+                  sum(f.events_in_compute_per_step for f in facts) / len(facts),
+                  sum(f.stalled_us_per_step for f in facts) / len(facts))
+        view = choose_view(breakdown, results, windows, kind, events)
+        warnings.extend(view.warnings)
+        mfu = compute_mfu(results, device, mix, flops_per_step, shapes, view.breakdown.step_time,
+                          view.mfu_basis)
+        if not trace_dev_name:
+            device, mfu, more = _job_floor(device, mfu, mix, results, flops_per_step, shapes, view)
+            raised.update(more)
+        roofline = build_roofline(roof_acc, device)
+        traced_mfu = compute_mfu(results, device, mix, flops_per_step, shapes)
+        verdict, traced_verdict = verdicts(
+            view, breakdown, device_kind=kind, roofline=roofline, mfu=mfu, traced_mfu=traced_mfu,
+            n_steps=n_steps, traced_noise_=traced_noise(results, windows))
+        steps_summed = sum(len(r.steps) for r in results)
+        collectives = per_step(collectives, [p.collectives for p in partials], steps_summed,
+                               view.breakdown.comm_total, view.breakdown.comm_exposed)
+        top_memory = [k for k, _ in sorted(memory_ops.items(), key=lambda kv: -kv[1])]
+        mem = sum(f.memory_bound_us for f in facts)
+        saved = sum(f.fusion_saves_us for f in facts)
+        verdict = replace(verdict, recommendations=recommend(AdviceInputs(
+            view=view.breakdown, device_kind=kind, device_peaks=dict(device.flops) if device else {},
+            traits=traits, mfu=mfu, roofline=roofline, collectives=collectives, stragglers=stragglers,
+            top_memory_ops=top_memory, fusion_saved_share=saved / mem if mem > 0 and saved > 0 else None,
+            fp32_memory_bytes=_fp32_memory_bytes(roof_acc, device, sum(len(r.steps) for r in results)),
+            bandwidth=device.bandwidth if device else 0.0)))
+    else:
+        roofline = build_roofline(roof_acc, device)
+        verdict = Verdict(label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
+                          summary="nothing to analyse: the trace holds no timed events",
+                          evidence={}, secondary=None, recommendations=[])
+        mfu = Mfu(None, "not available: no steps", None, "none", None, None, None)
+    warnings.extend(roof_violations(roof_acc, device))
+    if roofline.method == "kernel-names" and has_gpu:
+        if shapes:
+            warnings.append("most GPU time could not be attributed to operators with recorded "
+                            "shapes (CUDA graphs or custom kernels): compute/memory split comes "
+                            "from kernel names")
+        else:
+            warnings.append("no operator shapes recorded: compute/memory split comes from kernel "
+                            "names (profile with record_shapes=True for a roofline)")
+    stalled = max((p.facts.stalled_us_per_step for p in partials), default=0.0)
+    if stalled > 0:
+        warnings.append(f"{stalled / 1e3:.3g} ms per traced step of CPU operator time was the OS not "
+                        "running the job (operators 20x slower than the median of their kind: a busy "
+                        "machine): counted as host time, not work")
+    for fam, rate in raised.items():
+        warnings.append(f"the job ran {fam} at {rate / 1e9:.4g} GFLOP/s, above the measured peak: a "
+                        "measured peak is a floor, so it is raised to that")
+    mfu = note_uncosted(mfu, roof_acc.uncosted_share())
+    kept, lost = (sum(p.events[i] for p in partials) for i in (0, 1))
+    gpu_kept, gpu_lost = (sum(p.gpu_events[i] for p in partials) for i in (0, 1))
+    lost_cost = lost_events(lost, kept + lost)
+    verdict = refuse_for_lost_gpu_events(with_deductions(verdict, lost_cost), gpu_lost,
+                                         gpu_kept + gpu_lost)
+    if traced_verdict is not None:
+        traced_verdict = with_deductions(traced_verdict, lost_cost)
+    if verdict.label is Bottleneck.UNKNOWN and gpu_lost:
+        mfu = Mfu(None, "not available: the trace lost most of its GPU events", None, "none", None,
+                  None, None)
+    dev_info = DeviceInfo(
+        name=device.name if device else (trace_dev_name or ("CPU" if kind == "cpu" else "unknown")),
+        source=device.source if device else "unknown", kind=kind,
+        peak_flops=dict(device.flops) if device else {},
+        bandwidth=device.bandwidth if device else 0.0, trace_device_name=trace_dev_name,
+    )
+    return Diagnosis(
+        schema_version=DIAGNOSIS_SCHEMA_VERSION, gpudiag_version=__version__, sources=sources,
+        device=dev_info, world_size=world, ranks=results, breakdown=breakdown, verdict=verdict,
+        mfu=mfu, roofline=roofline, communication=collectives, stragglers=stragglers,
+        top_kernels=_top(kernels, busy), top_ops=_top(ops, busy), warnings=_dedupe(warnings),
+        basis=view.basis if view else PROFILED, dilation=view.dilation if view else None,
+        unprofiled=view.unprofiled if view else None, traced_verdict=traced_verdict, traits=traits,
+        rank_spread=rank_spreads(results),
+    )
+
+
+def _fp32_memory_bytes(acc: RooflineAcc, device: DevicePeak | None, steps: int) -> float | None:
+    """Bytes per (rank, step) moved by memory-bound fp32 operators (below their ridge point)."""
+    if device is None or steps <= 0 or not acc.groups:
+        return None
+    total = 0.0
+    for (_op, _shape, dt), (_calls, flops, nbytes, _t) in acc.groups.items():
+        fp32 = DTYPE_FAMILY.get(dt.lower(), "fp32") == "fp32"
+        if nbytes > 0 and fp32 and flops / nbytes < device.ridge(dt):
+            total += nbytes
+    return total / steps
+
+
+def _pick_device(partials: list[RankPartial], cpu_device: DevicePeak | None,
+                 explicit: DevicePeak | None, has_gpu: bool, trace_dev_name: str | None,
+                 warnings: list[str]) -> tuple[DevicePeak | None, str]:
+    """The device whose peaks judge the job, and its kind; warnings say where they came from."""
+    if explicit is not None:
+        return explicit, "gpu" if has_gpu else "cpu"
+    if has_gpu:
+        mem = next((p.device_memory for p in partials if p.device_name), None)
+        device = trace_device(trace_dev_name, mem)
+        if device is None:
+            warnings.append(
+                f"unknown device {trace_dev_name or '(not recorded in the trace)'}: no peak "
+                "FLOP/s or bandwidth, so no MFU and a roofline from kernel names only; pass "
+                "--device NAME or --peak-tflops/--peak-gbps"
+            )
+        return device, "gpu"
+    if trace_dev_name:
+        warnings.append(f"no GPU activity in the trace although it names {trace_dev_name}: "
+                        "analysed with the CPU as the device")
+    else:
+        warnings.append("no GPU activity in the trace: analysed with the CPU as the device")
+    if cpu_device is not None:
+        peaks = ", ".join(f"{f} {v / 1e9:.3g}" for f, v in cpu_device.flops.items())
+        warnings.append(f"CPU peaks (GFLOP/s) {peaks} and {cpu_device.bandwidth / 1e9:.3g} GB/s "
+                        "measured on this machine; if the trace came from another host pass "
+                        "--peak-tflops/--peak-gbps")
+    elif any(p.roofline.groups for p in partials):
+        warnings.append("no CPU peak available: roofline from op names only")
+    return cpu_device, "cpu"
+
+
+def _job_floor(device: DevicePeak | None, mfu: Mfu, mix: dict[str, float], results: list[RankResult],
+               flops_per_step: float | None, shapes: bool, view: StepView
+               ) -> tuple[DevicePeak | None, Mfu, dict[str, float]]:
+    """A job whose model FLOPs per step over its step time exceed a measured peak (one dtype
+    family) proves the machine does at least that: the peak is raised and MFU recomputed."""
+    if (mfu.value is not None or device is None or not device.source.startswith("measured")
+            or len(mix) > 1 or not mfu.flops_per_step or not mfu.step_time_us):
+        return device, mfu, {}
+    family = next(iter(mix), "fp32")
+    device, raised = raise_measured_peak(
+        device, {family: mfu.flops_per_step / (mfu.step_time_us * 1e-6)})
+    if not raised:
+        return device, mfu, {}
+    return device, compute_mfu(results, device, mix, flops_per_step, shapes,
+                               view.breakdown.step_time, view.mfu_basis), raised
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    seen: set[str] = set()
+    return [x for x in items if not (x in seen or seen.add(x))]
+
+

@@ -1,0 +1,92 @@
+"""Which view of the step the verdict describes, and everything that is read from that view.
+
+Two views exist: the traced steps as the profiler recorded them, and (for a run directory
+whose step timer gives a trustworthy reference) the job as it runs unprofiled. One step time
+per view: the breakdown, the MFU, the collectives table, the recommendations and their
+predictions all read the step of the view the verdict describes, never a median of one and a
+mean of the other. Every caveat on the way is a ``Deduction`` from the confidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gpudiag.analyzers.classify import classify, extreme_dilation
+from gpudiag.analyzers.stats import iqr_over_median
+from gpudiag.analyzers.unprofiled import estimate_unprofiled, measure_dilation, noise_deduction
+from gpudiag.diagnosis import (
+    Deduction,
+    Dilation,
+    Mfu,
+    RankResult,
+    Roofline,
+    TimeBreakdown,
+    Verdict,
+)
+from gpudiag.rundir import WindowSteps
+
+PROFILED = "profiled-steps"
+UNPROFILED = "unprofiled-estimate"
+
+
+@dataclass
+class StepView:
+    basis: str  # PROFILED or UNPROFILED
+    breakdown: TimeBreakdown  # the view's mean step
+    noise: float | None  # step-time noise of the view (half the IQR over the median)
+    dilation: Dilation | None = None
+    unprofiled: TimeBreakdown | None = None
+    deductions: list[Deduction] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def mfu_basis(self) -> str:
+        return "untraced steps" if self.basis == UNPROFILED else "traced steps"
+
+
+def traced_noise(results: list[RankResult], windows: list[WindowSteps] | None) -> float | None:
+    """Noise of the traced steps: from the step timer where there is one, else the trace."""
+    timer = [x for w in windows or [] for x in w.traced]
+    steps = timer if len(timer) >= 4 else [s.breakdown.step_time for r in results for s in r.steps]
+    return iqr_over_median(steps) / 2 if len(steps) >= 4 else None
+
+
+def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[WindowSteps] | None,
+                device_kind: str, events: tuple[float, float, float] | None = None) -> StepView:
+    """The unprofiled estimate where the reference around the traced window can be trusted;
+    otherwise the traced steps, saying why. ``events``: recorded CPU events per traced step, all
+    and inside compute blocks, and the stalls per step (CPU traces: the profiler's cost is paid
+    per event; ``unprofiled._cpu_per_event``)."""
+    noise = traced_noise(results, windows)
+    traced_cost = noise_deduction(noise, "the traced steps")
+    if windows is None:
+        return StepView(PROFILED, traced, noise, deductions=traced_cost)
+    measured = measure_dilation(traced.step_time, windows)
+    if measured is None:
+        n = sum(len(w.before) + len(w.after) for w in windows)
+        return StepView(PROFILED, traced, noise, deductions=traced_cost, warnings=[
+            f"the step timer holds {n} untraced steps around the traced window: too few to measure "
+            "the profiler's slowdown; the breakdown, verdict and MFU describe the profiled steps "
+            "(run more steps before and after the window)"])
+    dil, deductions = measured
+    if not dil.trusted:
+        return StepView(PROFILED, traced, noise, dilation=dil, deductions=deductions + traced_cost)
+    unprofiled, repairs = estimate_unprofiled(traced, dil, device_kind, events)
+    noise = dil.untraced_spread / 2
+    deductions += (repairs + extreme_dilation(dil.factor)
+                   + noise_deduction(noise, "the untraced steps around the window"))
+    return StepView(UNPROFILED, unprofiled, noise, dilation=dil, unprofiled=unprofiled,
+                    deductions=deductions)
+
+
+def verdicts(view: StepView, traced: TimeBreakdown, *, device_kind: str, roofline: Roofline,
+             mfu: Mfu, traced_mfu: Mfu, n_steps: int, traced_noise_: float | None
+             ) -> tuple[Verdict, Verdict | None]:
+    """The verdict of the view, and (for the unprofiled view) what the traced steps alone say."""
+    v = classify(view.breakdown, device_kind=device_kind, roofline=roofline, mfu=mfu,
+                 n_steps=n_steps, deductions=view.deductions, noise=view.noise)
+    if view.basis != UNPROFILED:
+        return v, None
+    tv = classify(traced, device_kind=device_kind, roofline=roofline, mfu=traced_mfu,
+                  n_steps=n_steps, noise=traced_noise_)
+    return v, replace(tv, recommendations=[])

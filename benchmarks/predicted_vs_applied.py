@@ -1,0 +1,198 @@
+"""What gpudiag predicts a fix is worth, against the fix applied: the step time each way.
+
+    python benchmarks/predicted_vs_applied.py [--rounds 2] [--case workers|compile|ddp-buckets ...]
+
+Each case's job (tests/jobs) runs under ``gpudiag profile`` alternating phases in one process:
+as it is ("b") and with the fix applied ("a"), so the load other work puts on a shared
+machine hits both alike. gpudiag traces a window inside a long "b" phase; its recommendation
+for the fix (by action id) predicts the step time if the fix worked fully; the job's own timer
+gives the "a" steps' time. "ratio" is predicted / measured (1.00: exact); "scaled" first scales
+the prediction from the view's step (the untraced steps around the window) to the job's own
+median unfixed step, which a shared machine's load can move apart in minutes (the tests hold
+the scaled ratio). The first and last lines give the machine and its load average.
+
+Cases (held out: none of them is a workload the labels were tuned on):
+- workers: a DataLoader reading each sample slowly, num_workers 0 -> 4 (``dataloader-workers``);
+- compile: inference of many small elementwise ops between GEMMs, eager -> torch.compile
+  (``compile-small-ops``);
+- ddp-buckets: 2-rank DDP over gloo, one bucket bigger than the model -> 4 MB buckets
+  (``overlap-communication``); each layer's backward also waits as an accelerator's kernels
+  would, leaving the host's cores to gloo (tests/jobs/ddp_bucket_job.py says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpudiag.diagnosis import Diagnosis
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ROOT / "tests" / "jobs"
+# Steps each own-timer median leaves out at the start of the job: allocator and thread-pool
+# warm-up.
+SKIP_STEPS = 5
+
+
+@dataclass
+class Case:
+    """A job that alternates phases of running as it is ("b") and with the fix ("a") in one
+    process (tests/jobs/_phases.py), so the load on a shared machine hits both alike; gpudiag
+    traces a window in the middle of a long "b" phase (``skip``), with at least REFERENCE_STEPS
+    untraced "b" steps on each side."""
+
+    name: str
+    actions: tuple[str, ...]  # the recommendation(s) whose fix this is (the first one given counts)
+    job: str
+    args: list[str]
+    phases: str
+    steps: int
+    skip: int
+    ranks: int = 1
+    # steps at the start of each "a" phase left out of its median: prefetched batches, a compile
+    settle: int = 3
+
+
+CASES = {
+    # 120 ms of reading per batch; 4 workers read one every 30 ms, less than the model's step
+    # (4 forward/backward passes, ~40 ms here)
+    "workers": Case("workers", ("dataloader-workers",), "feed_job.py",
+                    ["--workers", "0", "--fixed-workers", "4", "--read-ms", "120", "--passes", "4"],
+                    "b40,a20", steps=160, skip=70, settle=10),
+    # torch.compile is advised for host gaps, or for memory-bound elementwise work where those
+    # are small: either prediction is of the compiled step
+    "compile": Case("compile", ("compile-small-ops", "fuse-memory-bound"), "chain_job.py", [], "b60,a30",
+                    steps=270,
+                    skip=110, settle=3),
+    "ddp-buckets": Case("ddp-buckets", ("overlap-communication",), "ddp_bucket_job.py",
+                        ["--bucket-mb", "512", "--fixed-bucket-mb", "4", "--device-ms", "20",
+                         "--width", "1536", "--batch", "32"],
+                        "b30,a15", steps=135, skip=55, ranks=2, settle=3),
+}
+
+
+def _job_cmd(case: Case, report: Path, port: int) -> list[str]:
+    script = [str(JOBS / case.job), "--steps", str(case.steps), "--phases", case.phases, *case.args,
+              "--report", str(report)]
+    if case.ranks > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(case.ranks),
+                "--master_addr", "127.0.0.1", "--master_port", str(port), *script]
+    return [sys.executable, *script]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: list[str], timeout: float) -> None:
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+
+
+def phase_median(report: Path, phase: str, settle: int, exclude: set[int]) -> float:
+    """Median of the job's own step times in ``phase`` ("a" or "b"), leaving out the first
+    ``settle`` steps of each such phase, the job's first SKIP_STEPS steps, and ``exclude``
+    (1-based step numbers: the steps the profiler touched)."""
+    data = json.loads(report.read_text())
+    times, plan = data["step_seconds"], data["phases"]
+    kept, run = [], 0
+    for i, (t, p) in enumerate(zip(times, plan, strict=True)):
+        run = run + 1 if i > 0 and plan[i - 1] == p else 1
+        if p == phase and run > settle and i >= SKIP_STEPS and (i + 1) not in exclude:
+            kept.append(t)
+    return statistics.median(kept)
+
+
+@dataclass
+class Result:
+    case: str
+    action: str
+    predicted_s: float
+    measured_s: float  # the fixed ("a") steps, the job's own timer
+    before_s: float  # the job as it is ("b"), its own timer, untraced steps
+    view_step_s: float  # the step of the diagnosis' view
+    basis: str
+    why: str
+    diagnosis: Diagnosis
+
+    @property
+    def ratio(self) -> float:
+        return self.predicted_s / self.measured_s
+
+    @property
+    def scaled_predicted_s(self) -> float:
+        """The prediction scaled from the view's step (the untraced steps around the traced
+        window) to the job's own median unfixed step: two measures of the same unfixed job that
+        differ only by when, on a shared machine, they were taken."""
+        return self.predicted_s * self.before_s / self.view_step_s
+
+    @property
+    def scaled_ratio(self) -> float:
+        return self.scaled_predicted_s / self.measured_s
+
+
+def run_case(case: Case, work: Path, timeout: float = 1200) -> Result:
+    """One run of the case's job under gpudiag profile: the prediction for the fix, and the
+    fixed steps' own time."""
+    from gpudiag.rundir import read_steps
+
+    run, own = work / "run", work / "own.json"
+    _run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", str(case.skip),
+          "--", *_job_cmd(case, own, _free_port())], timeout)
+    d = Diagnosis.from_json((run / "diagnosis.json").read_text())
+    touched = {r.step for r in read_steps(run)[0] if r.profiler}
+    rec = next((r for r in d.verdict.recommendations if r.action in case.actions), None)
+    if rec is None or rec.predicted_step_s is None:
+        raise AssertionError(f"{case.name}: no {case.actions} prediction (label {d.verdict.label.value}, "
+                             f"actions {[r.action for r in d.verdict.recommendations]}, basis {d.basis}"
+                             f"{': ' + rec.why if rec else ''})")
+    view = d.unprofiled if d.unprofiled is not None else d.breakdown
+    return Result(case.name, rec.action, rec.predicted_step_s, phase_median(own, "a", case.settle, touched),
+                  phase_median(own, "b", 0, touched), view.step_time * 1e-6, d.basis, rec.why, d)
+
+
+def machine() -> str:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return (f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
+            f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2, help="runs per case (medians are printed per run)")
+    ap.add_argument("--case", action="append", choices=sorted(CASES), default=None)
+    args = ap.parse_args()
+    names = args.case or list(CASES)
+    print(f"machine: {machine()}")
+    print(f"{'case':<13}{'action':<23}{'view':<11}{'before':>9}{'predicted':>11}{'measured':>10}"
+          f"{'ratio':>7}{'scaled':>8}")
+    with tempfile.TemporaryDirectory(prefix="gpudiag-pva-") as tmp:
+        for name in names:
+            case = CASES[name]
+            for i in range(args.rounds):
+                work = Path(tmp) / name / str(i)
+                work.mkdir(parents=True)
+                r = run_case(case, work)
+                view = "unprofiled" if r.basis == "unprofiled-estimate" else "traced"
+                print(f"{r.case:<13}{r.action:<23}{view:<11}{r.before_s * 1e3:>7.1f}ms"
+                      f"{r.predicted_s * 1e3:>9.1f}ms{r.measured_s * 1e3:>8.1f}ms{r.ratio:>7.2f}"
+                      f"{r.scaled_ratio:>8.2f}", flush=True)
+                print(f"    view step {r.view_step_s * 1e3:.1f} ms; {r.why}", flush=True)
+    print(f"machine after: {machine()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Collective timing inside the profiled job, per step: blocking calls, async ones, DDP's, NCCL's.
+
+Loaded by ``torch_bootstrap`` from the file beside it (standard library and torch only, as the
+bootstrap: the job's Python may not have gpudiag). Each step row gets, per collective type,
+``count``, ``seconds`` (how long the collectives ran) and ``exposed`` (how long the step waited
+for them, where that is known):
+
+- blocking ``torch.distributed`` calls (gloo): their wall time, all of it waited for;
+- ``async_op=True`` calls: from the call to the completion of their future (how long the step
+  waited is the caller's business: not known);
+- DDP's gradient all-reduce (gloo; with NCCL the flight recorder below times it): DDP's
+  reducer calls the process group from C++, past any Python wrapper, so a communication hook
+  times each bucket from its launch during backward to its completion; the step waits from
+  the last bucket's launch (backward's end) to the last completion, and only that is exposed.
+  The hook does what DDP does by default (divide by the world size, all-reduce) or what the
+  job registers itself, which it then calls: the job's own hook still runs, timed;
+- NCCL: PyTorch's flight recorder measures each collective with CUDA events
+  (``TORCH_NCCL_ENABLE_TIMING``), polled when the step rows are flushed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Any
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single",
+               "barrier", "send", "recv", "gather", "scatter")
+
+# The flight recorder's ring buffer (its size comes from gpudiag profile, collectors/job.py):
+# torch 2.8 renamed TORCH_NCCL_TRACE_BUFFER_SIZE to TORCH_FR_BUFFER_SIZE, and later versions
+# warn on every rank when the old name is set (NVIDIA/nvidia-resiliency-ext#163 uses the same
+# version split), so the name is chosen for the torch the job runs.
+FR_NEW_NAME_SINCE = (2, 8)
+
+
+def _short(name: str) -> str:
+    return name.replace("_into_tensor", "").replace("_tensor", "").replace("_single", "")
+
+
+class StepCollectives:
+    """What ran in the current step; ``drain`` gives the row's ``collectives`` and resets."""
+
+    def __init__(self) -> None:
+        self.blocking: dict[str, list[float]] = {}
+        self.done: list[tuple[str, float, float, bool]] = []  # (name, start, end, ddp), any thread
+
+    def record_blocking(self, name: str, seconds: float) -> None:
+        c = self.blocking.setdefault(name, [0, 0.0])
+        c[0] += 1
+        c[1] += seconds
+
+    def record_async(self, name: str, start: float, end: float, ddp: bool) -> None:
+        self.done.append((name, start, end, ddp))  # list.append is atomic under the GIL
+
+    def drain(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {
+            k: {"count": int(v[0]), "seconds": v[1], "exposed": v[1]} for k, v in self.blocking.items()}
+        self.blocking = {}
+        done, self.done = self.done, []
+        for name in {d[0] for d in done}:
+            mine = [d for d in done if d[0] == name]
+            c = out.setdefault(name, {"count": 0, "seconds": 0.0})
+            c["count"] += len(mine)
+            c["seconds"] += _union([(s, e) for _, s, e, _ in mine])  # in flight, queued included
+            ddp = [d for d in mine if d[3]]
+            if ddp:  # the step waits from the last bucket's launch to the last completion
+                wait = max(0.0, max(e for _, _, e, _ in ddp) - max(s for _, s, _, _ in ddp))
+                c["exposed"] = c.get("exposed", 0.0) + wait
+        return out
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Seconds during which at least one of the spans was open (buckets overlap each other)."""
+    total = 0.0
+    end = float("-inf")
+    for s, e in sorted(spans):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def wrap_collectives(dist: Any, state: Any) -> None:
+    """Time ``torch.distributed``'s collective calls; ``state()`` is the bootstrap or None."""
+    for name in COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if fn is None or getattr(fn, "_gpudiag", False):
+            continue
+        setattr(dist, name, _timed(dist, name, fn, state))
+
+
+def _timed(dist: Any, name: str, fn: Any, state: Any) -> Any:
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        st = state()
+        if st is None:
+            return fn(*args, **kwargs)
+        if st.backend is None and dist.is_initialized():
+            st.backend = str(dist.get_backend())
+        if st.backend is not None and st.backend.startswith("nccl"):
+            return fn(*args, **kwargs)  # timed on the GPU by the flight recorder instead
+        t = time.perf_counter()
+        if kwargs.get("async_op"):
+            work = fn(*args, **kwargs)
+            try:
+                work.get_future().then(lambda _f: st.collectives.record_async(
+                    _short(name), t, time.perf_counter(), False))
+            except Exception:  # noqa: BLE001 - a backend without futures: untimed
+                pass
+            return work
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            st.collectives.record_blocking(_short(name), time.perf_counter() - t)
+
+    timed._gpudiag = True  # type: ignore[attr-defined]
+    return timed
+
+
+def patch_ddp(torch: Any, state: Any) -> None:
+    """Time DDP's gradient all-reduce per bucket through a communication hook (see above)."""
+    ddp_cls = torch.nn.parallel.DistributedDataParallel
+    if getattr(ddp_cls, "_gpudiag", False):
+        return
+    init, register, builtin = (ddp_cls.__init__, ddp_cls.register_comm_hook,
+                               ddp_cls._register_builtin_comm_hook)
+
+    @functools.wraps(init)
+    def patched_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        st = state()
+        if st is None:
+            return
+        try:
+            _install(torch, self, register, st)
+        except Exception as e:  # noqa: BLE001 - never break the job
+            st.note(f"DDP collectives untimed: {type(e).__name__}: {e}")
+
+    @functools.wraps(register)
+    def patched_register(self: Any, hook_state: object, hook: Any) -> None:
+        if not getattr(self, "_gpudiag_timed", False):
+            return register(self, hook_state, hook)
+        self._check_comm_hook(hook)
+        self._gpudiag_delegate = (hook, hook_state)
+        if self.logger is not None:
+            self.logger._set_comm_hook_name(hook.__qualname__)
+        return None
+
+    @functools.wraps(builtin)
+    def patched_builtin(self: Any, comm_hook_type: Any) -> None:
+        if not getattr(self, "_gpudiag_timed", False):
+            return builtin(self, comm_hook_type)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hooks = {"ALLREDUCE": None, "FP16_COMPRESS": default_hooks.fp16_compress_hook}
+        kind = getattr(comm_hook_type, "name", str(comm_hook_type))
+        if kind not in hooks:
+            return builtin(self, comm_hook_type)  # fails as DDP would: a hook is registered
+        self._gpudiag_delegate = None if hooks[kind] is None else (hooks[kind], self.process_group)
+        return None
+
+    ddp_cls.__init__ = patched_init
+    ddp_cls.register_comm_hook = patched_register
+    ddp_cls._register_builtin_comm_hook = patched_builtin
+    ddp_cls._gpudiag = True
+
+
+def _install(torch: Any, ddp: Any, register: Any, st: Any) -> None:
+    dist = torch.distributed
+    if (getattr(ddp, "_use_python_reducer", False) or getattr(ddp, "_delay_all_reduce_all_params", False)
+            or not hasattr(ddp, "reducer")):
+        return
+    if str(dist.get_backend(ddp.process_group)).startswith("nccl"):
+        return  # the flight recorder times NCCL, DDP's collectives included
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    ddp._gpudiag_delegate = None
+
+    # no annotations: DDP's _check_comm_hook compares them with dist.GradBucket and Future[Tensor]
+    def gpudiag_timed_allreduce(_state, bucket):  # noqa: ANN001, ANN202
+        t = time.perf_counter()
+        delegate = ddp._gpudiag_delegate
+        fut = (delegate[0](delegate[1], bucket) if delegate is not None
+               else default_hooks.allreduce_hook(ddp.process_group, bucket))
+
+        def done(f: Any) -> Any:
+            st.collectives.record_async("all_reduce", t, time.perf_counter(), True)
+            return f.value()
+
+        return fut.then(done)
+
+    register(ddp, None, gpudiag_timed_allreduce)
+    ddp._gpudiag_timed = True
+
+
+def set_flight_recorder_env(torch_version: str) -> None:
+    """Ask for the flight recorder's buffer under the name this torch reads, unless the job
+    set either name itself (``gpudiag profile`` passes the size in GPUDIAG_FR_BUFFER_SIZE)."""
+    size = os.environ.get("GPUDIAG_FR_BUFFER_SIZE")
+    if not size or "TORCH_FR_BUFFER_SIZE" in os.environ or "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ:
+        return
+    try:
+        version = tuple(int(x) for x in torch_version.split("+")[0].split(".")[:2])
+    except ValueError:
+        version = FR_NEW_NAME_SINCE
+    name = "TORCH_FR_BUFFER_SIZE" if version >= FR_NEW_NAME_SINCE else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    os.environ[name] = size
+
+
+def poll_flight_recorder(st: Any) -> None:
+    """NCCL collective durations from PyTorch's flight recorder (GPU time, not launch).
+
+    NCCL calls return before the collective runs, so their wall time says nothing; with
+    TORCH_NCCL_ENABLE_TIMING the flight recorder measures each one with CUDA events.
+    Completed entries are attributed to the buffered step that was running when they
+    were created; older ones to the first buffered step.
+    """
+    try:
+        import pickle
+
+        import torch
+
+        fn = torch._C._distributed_c10d._dump_nccl_trace
+        try:
+            dump = fn(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+        except TypeError:  # older signature
+            dump = fn()
+        entries = pickle.loads(dump).get("entries", [])
+    except Exception as e:  # noqa: BLE001
+        st.note(f"NCCL flight recorder unavailable, NCCL collectives untimed: {e}")
+        st.backend = "nccl-untimed"
+        return
+    new = [e for e in entries if e.get("record_id", -1) > st.fr_last_record]
+    if new and st.fr_last_record >= 0 and new[0]["record_id"] > st.fr_last_record + 1:
+        st.note("more collectives per second than the flight recorder buffer holds: "
+                "some NCCL collectives were not timed (raise TORCH_FR_BUFFER_SIZE)")
+    for e in new:
+        if e.get("state") != "completed" or e.get("duration_ms") is None:
+            break  # keep order: later entries are picked up at the next flush
+        st.fr_last_record = e["record_id"]
+        created = e.get("time_created_ns", 0) / 1e9
+        row = next((r for r in st.buffer if r["t0"] <= created < r["t"]), st.buffer[0])
+        name = str(e.get("profiling_name", "nccl:unknown")).split(":", 1)[-1]
+        c = row.setdefault("collectives", {}).setdefault(name, {"count": 0, "seconds": 0.0})
+        c["count"] += 1
+        c["seconds"] += float(e["duration_ms"]) / 1e3

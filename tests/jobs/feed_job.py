@@ -1,0 +1,80 @@
+"""A training job fed by a DataLoader whose samples are slow to read (a sleep per sample, as
+file or network I/O is), with its own step timer: the input-bound job of "predicted vs applied".
+
+    python feed_job.py --workers 0 --steps 80 --report own.json
+    python feed_job.py --workers 0 --fixed-workers 4 --phases b40,a20 --steps 160 --report own.json
+
+Each batch takes ``--read-ms`` to read (one record of ``--batch`` samples, as from a shard:
+one wait per step, not one per sample, whose wake-ups on a loaded VM cost the compute after
+them more than the wait itself); the model's step takes longer than the reading divided by 4,
+so 4 workers hide the reading entirely. With ``--phases`` (``_phases``)
+the "a" steps read from a second DataLoader with ``--fixed-workers``. ``--report`` gets the
+job's own step times (from the end of one optimizer step to the end of the next, as gpudiag's
+timer) and each step's phase.
+"""
+
+import argparse
+import json
+import time
+
+import torch
+from _phases import schedule
+from torch.utils.data import DataLoader, Dataset
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=80)
+ap.add_argument("--workers", type=int, default=0)
+ap.add_argument("--fixed-workers", type=int, default=4)
+ap.add_argument("--phases", default="b1")
+ap.add_argument("--batch", type=int, default=16)
+ap.add_argument("--read-ms", type=float, default=30.0)
+ap.add_argument("--width", type=int, default=512)
+ap.add_argument("--passes", type=int, default=1, help="forward/backward passes per batch")
+ap.add_argument("--report", required=True)
+args = ap.parse_args()
+
+
+class Slow(Dataset):
+    """Batches of samples, each batch slow to read."""
+
+    def __len__(self) -> int:
+        return args.steps
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(args.read_ms / 1e3)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(args.batch, args.width, generator=g), torch.randn(args.batch, 1, generator=g)
+
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(args.width, 2048), torch.nn.GELU(),
+                            torch.nn.Linear(2048, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+plan = schedule(args.phases, args.steps)
+
+
+def loader(workers: int):  # noqa: ANN201 - an endless iterator of batches
+    while True:
+        yield from DataLoader(Slow(), batch_size=None, num_workers=workers,
+                              persistent_workers=workers > 0)
+
+
+feeds = {"b": loader(args.workers)}
+if "a" in plan:
+    feeds["a"] = loader(args.fixed_workers)
+own = []
+t = time.perf_counter()
+for phase in plan:
+    x, y = next(feeds[phase])
+    # the model's step: the work the reading should hide behind
+    for _ in range(args.passes):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+    now = time.perf_counter()
+    own.append(now - t)
+    t = now
+with open(args.report, "w") as f:
+    json.dump({"step_seconds": own, "phases": plan}, f)
