@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 # the test machines; an unpinned torch pulls a multi-GB CUDA build): the demo
 # installs the `torch` extra, the tests the `test` extra, which includes it.
 
-.PHONY: demo test lint clean system-deps
+.PHONY: test-timing demo test lint clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ system-deps:
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# predicted vs applied fixes, timed on real CPU jobs: run on a quiet machine (docs/diagnosis.md)
+test-timing: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m timing
 
 clean:
 	rm -rf $(VENV) runs .bench .pytest_cache

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.timing   # make test-timing: wall-clock ratios, on a quiet machine
+
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.15  # relative, as the issue asks
 FIX_MIN_GAIN = 0.05
