@@ -11,8 +11,8 @@ this one host, each started with ``-N NAME`` and listening on its own ``Port=`` 
 built without ``--enable-multiple-slurmd`` accepts that: each slurmd serves the node it is
 named for; spool, pid and log files are per node through ``%n``).
 
-Slurm here is Debian's ``slurm-wlm`` (22.05 on bookworm). The configuration is the one the
-README documents, with every delay shortened so a test sees preemption and requeue in seconds:
+Slurm here is Debian's ``slurm-wlm`` (22.05 on bookworm). The configuration is the one
+docs/slurm.md documents, with every delay shortened so a test sees preemption and requeue in seconds:
 
 - three partitions as tiers on the one node (``spot`` < ``reserved`` < ``ondemand`` by
   ``PriorityTier``), ``PreemptType=preempt/partition_prio``, ``PreemptMode=REQUEUE``, a short

@@ -1,6 +1,8 @@
 """Every relative link in README.md and docs/ resolves inside the repository, anchors included, and
 nothing links outside it: a reader of a checkout (or of the repository's web page) must never
-follow a link into nothing."""
+follow a link into nothing. Nor does any text, code included, name a path outside the repository
+(`../shared/...`, the checkout's own absolute location): a reader of the web page has no such
+folder, so the documentation must say what it needs in words."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ INLINE_CODE = re.compile(r"`[^`\n]*`")
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|(?:href|src)=\"([^\"]+)\"")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
 EXTERNAL = ("http://", "https://", "mailto:")
+UPWARD = re.compile(r"(?<![\w.])(?:\.\./)+[\w.\-/]*")   # ../x, ../../y/z: relative paths that climb
 
 
 def anchors(md: Path) -> set[str]:
@@ -49,6 +52,20 @@ def broken_links(md: Path, repo: Path) -> tuple[list[str], int]:
     return wrong, n
 
 
+def paths_outside(md: Path, repo: Path) -> list[str]:
+    """Paths named in md's text (code too; link targets are broken_links' business) that lead out
+    of the repository. Prose and commands are read from the repository's root, so there any
+    ``../`` climbs out of it (``../shared/traces`` meant the folder beside the checkout)."""
+    text = LINK.sub("", md.read_text(encoding="utf-8"))
+    wrong = [f"{md.name}: {m.group()} leads outside the repository" for m in UPWARD.finditer(text)]
+    # the folder the checkout sits in (so the checkout too) is one machine's, nobody else's
+    root = repo.resolve()
+    here = root.parent if root.parent != Path(root.anchor) else root
+    if f"{here}/" in text:
+        wrong.append(f"{md.name}: names {here}/, a path of one machine")
+    return wrong
+
+
 def documents(repo: Path) -> list[Path]:
     return [repo / "README.md", *sorted((repo / "docs").glob("**/*.md"))]
 
@@ -63,6 +80,26 @@ def test_every_link_in_the_readme_and_docs_resolves_inside_the_repository():
         checked += n
     assert checked >= 4, "the check found almost no links: is LINK still matching Markdown links?"
     assert not problems, "\n".join(problems)
+
+
+def test_no_text_in_the_readme_or_docs_names_a_path_outside_the_repository():
+    problems = [w for md in documents(REPO) for w in paths_outside(md, REPO)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_path_check_catches_upward_paths_in_code_and_the_checkouts_location(tmp_path):
+    """A link to ../README.md from docs/ is fine (broken_links resolves it); a ../ path in text or
+    in a code block, and the checkout's absolute location, are not."""
+    repo = tmp_path / "repo"
+    (repo / "docs").mkdir(parents=True)
+    (repo / "docs" / "a.md").write_text(
+        "[fine](../README.md) see `../shared/DESIGN.md`\n"
+        f"```\ncd ../../elsewhere\nls {repo}/tests\n```\n/var/lib/gpudiag is a runtime path\n")
+    wrong = paths_outside(repo / "docs" / "a.md", repo)
+    assert [w.split(": ", 1)[1] for w in wrong] == [
+        "../shared/DESIGN.md leads outside the repository",
+        "../../elsewhere leads outside the repository",
+        f"names {tmp_path.resolve()}/, a path of one machine"], wrong
 
 
 def test_the_check_catches_a_missing_file_a_bad_anchor_and_a_link_outside(tmp_path):
