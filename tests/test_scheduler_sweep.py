@@ -106,3 +106,15 @@ def test_sweep_scenarios_hit_the_load_asked_and_pollux_windows_hold_160_jobs_in_
     (win,) = [s for s in scs if s.family == "windows"]
     assert len(win.jobs) == 160 and win.nodes * GPUS_PER_NODE == 64
     assert max(j.submit for j in win.jobs) < 8 * 3600
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--sweep", "--policy", "easy"], "--sweep runs every policy"),
+    (["--seeds", "2"], "--seeds only go with --sweep"),
+    (["--sweep", "--loads", "0.5,x"], "--loads '0.5,x': expected offered loads"),
+])
+def test_cli_sweep_refuses_options_that_do_not_apply_in_one_line(args, says):
+    p = subprocess.run([sys.executable, "-m", "gpudiag", "sim", str(SHARED / "tiresias_60job.csv"), *args],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
