@@ -70,8 +70,8 @@ def render(out: Path, tables: dict, targets: dict, metrics: tuple, ratios: tuple
         md += [f"## {FAMILIES.get(fam, fam)}", ""]
         if fam in targets and targets[fam]:
             md += ["Issue 20's targets for gpudiag against EASY (ratio, or share of the over-quota teams; "
-                   "met / MISSED; - where a target does not apply: utilisation below 0.5, or EASY has no "
-                   "wait to compare with):", ""]
+                   "met / MISSED; - where a target does not apply: utilisation while jobs arrive below 0.5, "
+                   "or EASY has no wait to compare with):", ""]
             names = list(targets[fam][0]["checks"])
             body = []
             for t in targets[fam]:

@@ -60,7 +60,7 @@ def _flag(param: str) -> str:
               help="--sweep: offered loads, comma-separated.")
 @click.option("--seeds", type=int, default=3, show_default=True,
               help="--sweep: seeds (trace windows) per load.")
-@click.option("--window-jobs", type=int, default=16000, show_default=True,
+@click.option("--window-jobs", type=int, default=10000, show_default=True,
               help="--sweep: consecutive trace jobs per seed's window.")
 @click.option("--windows", type=int, default=8, show_default=True,
               help="--sweep: 8-hour 160-job windows (Pollux/Sia style); 0 for none.")
