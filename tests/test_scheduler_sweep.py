@@ -13,6 +13,7 @@ N (time-average over each job's lifetime) and T_fair = d * max(1, g N / C), C = 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -55,10 +56,22 @@ def test_ablation_names_a_field_this_build_lacks_instead_of_skipping_it():
     assert variants["gpudiag -team_queues"].team_queues is False
     for field in ("reclaim", "waste_charge"):
         v = variants[f"gpudiag -{field}"]
-        if hasattr(Policy(), field):   # after the merge that adds it: switched off, not skipped
-            assert not isinstance(v, str) and not getattr(v, field)
+        if hasattr(Policy(), field):   # after the merge that adds it: switched off, or said to be off
+            assert v.startswith("already off") if isinstance(v, str) else not getattr(v, field)
         else:
             assert v == NOT_IN_BUILD
+
+
+def test_ablation_switches_off_the_fields_a_merged_policy_adds_by_name():
+    @dataclasses.dataclass(frozen=True)
+    class Merged(Policy):   # what Policy looks like once reclaim and waste_charge are merged
+        reclaim: bool = True
+        waste_charge: float = 1.0
+
+    variants = ablations(Merged())
+    assert variants["gpudiag -reclaim"].reclaim is False and variants["gpudiag -reclaim"].efficiency
+    assert variants["gpudiag -waste_charge"].waste_charge == 0.0
+    assert ablations(Merged(reclaim=False))["gpudiag -reclaim"].startswith("already off")
 
 
 def test_cli_sweep_writes_the_page_charts_and_tables_with_easy_as_its_own_unit(tmp_path):

@@ -72,14 +72,16 @@ def replay(jobs: list[TraceJob], mfu: dict, cluster: Cluster, policy: Policy | N
 
 def ablations(base: Policy) -> dict[str, Policy | str]:
     """Variant name -> gpudiag with that field off, or why there is none (``NOT_IN_BUILD``)."""
-    have = {f.name: f for f in dataclasses.fields(Policy)}
+    have = {f.name for f in dataclasses.fields(base)}
     out: dict[str, Policy | str] = {}
     for name in ABLATION_FIELDS:
         if name not in have:
             out[f"gpudiag -{name}"] = NOT_IN_BUILD
             continue
         default = getattr(base, name)
-        if isinstance(default, bool | int | float):
+        if isinstance(default, bool | int | float) and not default:
+            out[f"gpudiag -{name}"] = f"already off in Policy() (Policy.{name} = {default!r})"
+        elif isinstance(default, bool | int | float):
             out[f"gpudiag -{name}"] = dataclasses.replace(base, **{name: type(default)(0)})
         else:
             out[f"gpudiag -{name}"] = f"not a switch (Policy.{name} is a {type(default).__name__})"
