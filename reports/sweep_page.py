@@ -17,7 +17,8 @@ PAGE = "scheduler-evaluation.md"
 ASSETS = "scheduler-evaluation"
 FAMILIES = {"arrivals": "Load by arrival rate (arrival times scaled, fixed cluster)",
             "cluster": "Load by cluster size (the window's own arrival times)",
-            "windows": "8-hour windows of 160 jobs on 64 GPUs (Pollux/Sia style)"}
+            "windows": "8-hour windows of 160 jobs on 64 GPUs (Pollux/Sia style), one row per window",
+            "windows-all": "8-hour windows of 160 jobs on 64 GPUs: mean over the windows"}
 
 
 def _cell(v: float | None, div: float = 1.0) -> str:
@@ -25,6 +26,10 @@ def _cell(v: float | None, div: float = 1.0) -> str:
         return "-"
     x = v / div
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}" if abs(x) >= 0.01 or x == 0 else f"{x:.2g}"
+
+
+def _load(family: str, load: float) -> str:
+    return "all" if family == "windows-all" else f"{load:.3g}"
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -75,12 +80,12 @@ def render(out: Path, tables: dict, targets: dict, metrics: tuple, ratios: tuple
             names = list(targets[fam][0]["checks"])
             body = []
             for t in targets[fam]:
-                body.append([f"{t['load']:.3g}"] + [
-                    "-" if ok is None else f"{_cell(v)} {'met' if ok else 'MISSED'}"
+                body.append([_load(fam, t["load"])] + [
+                    "-" if ok is None else f"{v:.3f} {'met' if ok else 'MISSED'}"
                     for v, ok in (t["checks"][n] for n in names)])
             md += _table(["load"] + names, body) + [""]
         shown = [v for v in policies if any(r["variant"] == v for r in rows)]
-        if fam != "windows":
+        if not fam.startswith("windows"):
             md += [chart(f"{fam}-{key}.svg", _chart(rows, shown, key, title, div, False),
                          f"{title} against load") for key, title, div in metrics[1:]]
             md += [chart(f"{fam}-ratio-{key}.svg", _chart(rows, shown, key, f"{title} / EASY's", 1.0, True),
@@ -89,19 +94,19 @@ def render(out: Path, tables: dict, targets: dict, metrics: tuple, ratios: tuple
         ordered = sorted(rows, key=lambda r: (r["load"], policies.index(r["variant"])
                                               if r["variant"] in policies else len(policies), r["variant"]))
         md += _table(["load", "policy", "seeds"] + [t for _, t, _ in metrics],
-                     [[f"{r['load']:.3g}", r["variant"], str(r["seeds"])]
+                     [[_load(fam, r["load"]), r["variant"], str(r["seeds"])]
                       + [_cell(r["mean"][k], d) for k, _, d in metrics] for r in ordered]) + [""]
         md += ["Against EASY at the same load and seed (ratio; the issue's bound on the longest low-MFU "
                "wait is against EASY's longest wait of any job: last column):", ""]
         md += _table(["load", "policy"] + [t for _, t in ratios] + ["low-MFU wait / EASY's longest wait"],
-                     [[f"{r['load']:.3g}", r["variant"]] + [_cell(r["ratio"][k]) for k, _ in ratios]
+                     [[_load(fam, r["load"]), r["variant"]] + [_cell(r["ratio"][k]) for k, _ in ratios]
                       + [_cell(r["target_lo_wait"])] for r in ordered]) + [""]
         if fam == "arrivals":
             teams = sorted({t for r in rows for t in r["teams"]})
             md += ["Each team's share of its quota in contended time while its demand exceeded it "
                    "(`contended_quota_share`; - : never over quota while contended):", ""]
             md += _table(["load", "policy"] + teams,
-                         [[f"{r['load']:.3g}", r["variant"]] + [_cell(r["teams"].get(t)) for t in teams]
+                         [[_load(fam, r["load"]), r["variant"]] + [_cell(r["teams"].get(t)) for t in teams]
                           for r in ordered if r["variant"] in ("easy", "gpudiag")]) + [""]
         if fam == "arrivals" and ablation:
             md += ["### Ablation: gpudiag with one term off (by Policy field)", ""]
@@ -110,7 +115,7 @@ def render(out: Path, tables: dict, targets: dict, metrics: tuple, ratios: tuple
             md += [chart(f"ablation-ratio-{key}.svg", _chart(rows, abl, key, f"{title} / EASY's", 1.0, True),
                          f"ablation: {title} against EASY's") for key, title in ratios[:4]]
             md.append("")
-    if "windows" not in tables and meta.get("windows_note"):
+    if "windows" not in tables and meta.get("windows_note"):   # asked for, none found: say so
         md += [f"## {FAMILIES['windows']}", "", meta["windows_note"], ""]
     (out / PAGE).write_text("\n".join(md) + "\n", encoding="utf-8")
     return [out / PAGE, *written]

@@ -30,6 +30,7 @@ RATIOS = (("avg_jct_s", "mean JCT"), ("useful_work_weighted_wait_s", "UW wait"),
 # issue 20: "where the cluster queues (utilisation >= 0.5)", read as the utilisation while jobs
 # arrive (sweep.arrival_utilisation): over the makespan, a window's weeks-long drain hides the queue
 QUEUES_AT = 0.5
+ALL_WINDOWS = "windows-all"   # the 8-hour windows' mean: load 0 stands for "all windows"
 
 
 def ratio(a: float | None, b: float | None) -> float:
@@ -53,6 +54,8 @@ def table(runs: list[dict]) -> dict[str, list[dict]]:
     for r in runs:
         if r["metrics"] is not None:
             by[(r["family"], r["load"], r["seed"], r["variant"])] = r["metrics"]
+            if r["family"] == "windows":   # each window is its own load; and all of them as seeds of one row
+                by[(ALL_WINDOWS, 0.0, r["seed"], r["variant"])] = r["metrics"]
     out: dict[str, list[dict]] = {}
     keys = sorted({(f, load, v) for f, load, _, v in by}, key=lambda k: (k[0], k[1]))
     for fam, load, variant in keys:
