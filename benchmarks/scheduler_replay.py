@@ -32,6 +32,7 @@ from gpudiag.scheduler.model import Cluster, Job, Policy, Running, Signal, Tier
 from gpudiag.scheduler.placement import whole_nodes
 from gpudiag.scheduler.policy import schedule
 from gpudiag.scheduler.priority import MfuBook
+from gpudiag.scheduler.sim.fairness import MIN_QUOTA_GPUS
 from gpudiag.scheduler.sim.metrics import summarise
 from gpudiag.scheduler.sim.mfu_model import synthesise
 from gpudiag.scheduler.sim.simulator import simulate
@@ -41,7 +42,6 @@ from gpudiag.scheduler.sim.traces import read_trace
 REPO = Path(__file__).resolve().parents[1]
 ROUND_BUDGET_S = 0.100
 REPLAY_BUDGET_S = 60.0
-MIN_QUOTA_GPUS = 1.0
 LABELS = ["compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound"]
 
 

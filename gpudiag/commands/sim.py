@@ -9,9 +9,11 @@ import click
 from click.core import ParameterSource
 
 from gpudiag.commands.policy_options import policy_options, with_options
+from gpudiag.commands.sim_sweep import DEFAULT_LOADS
 from gpudiag.errors import BadInput
+from gpudiag.scheduler.model import Cluster, Policy
+from gpudiag.scheduler.sim.sweep import POLICIES
 
-POLICIES = ("fifo", "easy", "tiresias", "gpudiag")
 _GROUP = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*")
 
 
@@ -25,6 +27,11 @@ def node_sizes(text: str) -> list[tuple[int, int]]:
                            "each at least 1 (e.g. 40x8,38x4)")
         groups.append((int(m.group(1)), int(m.group(2))))
     return groups
+
+
+def _flag(param: str) -> str:
+    return {"loads_text": "--loads", "mfu_file": "--mfu", "node_sizes_": "--node-sizes",
+            "as_json": "--json"}.get(param, "--" + param.replace("_", "-"))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,8 +49,25 @@ def node_sizes(text: str) -> list[tuple[int, int]]:
                    "replaces the synthetic MFU of the jobs it lists.")
 @policy_options
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
+@click.option("--sweep", is_flag=True,
+              help="Instead of one replay: every policy and the ablation at each of --loads, over --seeds "
+                   "windows of the trace (load by arrival rate and by cluster size on --nodes x 8 GPUs), "
+                   "plus --windows 8-hour 160-job windows on 64 GPUs; writes scheduler-evaluation.md and "
+                   "its SVG charts under --out (docs/scheduler-evaluation.md says how it is made).")
+@click.option("--out", default="docs", show_default=True, type=click.Path(file_okay=False, path_type=str),
+              help="--sweep: folder of the page (the charts and the raw sweep.json go in a subfolder).")
+@click.option("--loads", "loads_text", default=DEFAULT_LOADS, show_default=True,
+              help="--sweep: offered loads, comma-separated.")
+@click.option("--seeds", type=int, default=3, show_default=True,
+              help="--sweep: seeds (trace windows) per load.")
+@click.option("--window-jobs", type=int, default=10000, show_default=True,
+              help="--sweep: consecutive trace jobs per seed's window.")
+@click.option("--windows", type=int, default=8, show_default=True,
+              help="--sweep: 8-hour 160-job windows (Pollux/Sia style); 0 for none.")
+@click.option("--processes", type=int, default=None, help="--sweep: worker processes [default: CPU count].")
 def sim(trace: str, nodes: int, gpus_per_node: int, node_sizes_: str | None, rack_size: int, policy: str,
-        seed: int, mfu_file: str | None, min_runtime: str, efficiency_delay: str, as_json: bool) -> None:
+        seed: int, mfu_file: str | None, min_runtime: str, efficiency_delay: str, as_json: bool, sweep: bool,
+        out: str, loads_text: str, seeds: int, window_jobs: int, windows: int, processes: int | None) -> None:
     """Replay TRACE (Philly, Tiresias or `sacct --parsable2` format) under a policy.
 
     Baselines replay the trace's durations exactly: fifo (strict arrival order), easy
@@ -60,19 +84,32 @@ def sim(trace: str, nodes: int, gpus_per_node: int, node_sizes_: str | None, rac
       gpudiag sim philly.csv --policy easy --json
       gpudiag sim sacct.txt --nodes 16 --policy gpudiag --mfu measured.csv
       gpudiag sim philly.csv --node-sizes 40x8,38x4 --json
+      gpudiag sim philly.csv --sweep --out docs
     """
-    from gpudiag.scheduler.model import Cluster, Policy
     from gpudiag.scheduler.sim.metrics import summarise
     from gpudiag.scheduler.sim.mfu_model import read_mfu_file, synthesise
-    from gpudiag.scheduler.sim.simulator import simulate
-    from gpudiag.scheduler.sim.tiresias import simulate_tiresias
+    from gpudiag.scheduler.sim.sweep import policy_named, replay
     from gpudiag.scheduler.sim.traces import read_trace
 
     for name, v in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node), ("--rack-size", rack_size)):
         if v < 1:
             raise BadInput(f"{name} must be at least 1 (got {v})")
+    ctx = click.get_current_context()
+    given = {p for p in ctx.params if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE}
+    sweep_only = {"out", "loads_text", "seeds", "window_jobs", "windows", "processes"}
+    if sweep:
+        clash = given & {"policy", "seed", "mfu_file", "node_sizes_", "gpus_per_node", "rack_size", "as_json"}
+        if clash:
+            raise BadInput("--sweep runs every policy on its own windows of the trace, seeds and 8-GPU "
+                           "nodes: leave out " + ", ".join(sorted(_flag(p) for p in clash)))
+        from gpudiag.commands import sim_sweep
+        base = with_options(Policy(), {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
+        sim_sweep.run(trace, out, loads_text, seeds, nodes, window_jobs, windows, processes, base,
+                      quiet=False)
+        return
+    if given & sweep_only:
+        raise BadInput(", ".join(sorted(_flag(p) for p in given & sweep_only)) + " only go with --sweep")
     if node_sizes_ is not None:
-        ctx = click.get_current_context()
         given = [f"--{p.replace('_', '-')}" for p in ("nodes", "gpus_per_node")
                  if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE]
         if given:
@@ -90,12 +127,9 @@ def sim(trace: str, nodes: int, gpus_per_node: int, node_sizes_: str | None, rac
         if missing:
             click.echo(f"gpudiag sim: {missing} job(s) not in {mfu_file} keep their synthetic MFU", err=True)
     cluster = Cluster.of_sizes(groups, rack_size)
-    if policy == "tiresias":
-        res = simulate_tiresias(tr.jobs, mfu, cluster)
-    else:
-        chosen = with_options({"fifo": Policy.fifo(), "easy": Policy.easy()}.get(policy, Policy()),
-                              {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
-        res = simulate(tr.jobs, mfu, cluster, chosen)
+    chosen = policy_named(policy, with_options(Policy(), {"min_runtime": min_runtime,
+                                                          "efficiency_delay": efficiency_delay}))
+    res = replay(tr.jobs, mfu, cluster, chosen)
     if res.rejected:
         tr.rejected["larger than the cluster"] = res.rejected
     if not res.jobs:

@@ -16,19 +16,22 @@ Definitions (t = 0 at the first submission):
   ``contended_quota_share``: over contended time in which the team's demand (running + waiting
   GPUs) exceeded its quota, the GPU-time it got (capped at its quota) / its quota's GPU-time -
   the measure behind "a team above quota gets >= 90% of its quota"; null if that never happened.
+- ``worst_rho``, ``share_rho_above_1``: finish-time fairness (Themis, Sia), defined and computed
+  in ``fairness.py``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from gpudiag.scheduler.sim.fairness import fairness_summary, finish_time_fairness
 from gpudiag.scheduler.sim.simulator import SimResult
 
 KEYS = ("jobs", "rejected", "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_delay_s", "p99_queue_delay_s",
         "max_queue_delay_s", "makespan_s", "gpu_utilisation", "useful_work_weighted_jct_s",
         "useful_work_weighted_wait_s", "high_mfu_avg_jct_s", "contended_cluster_mfu", "useful_work_by_time",
         "preemptions", "lost_gpu_seconds", "placement_slowdown_gpu_seconds", "team_share",
-        "max_wait_low_mfu_s", "sim_wall_s")
+        "max_wait_low_mfu_s", "worst_rho", "share_rho_above_1", "sim_wall_s")
 
 
 def _grid(times: np.ndarray, deltas: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -120,6 +123,7 @@ def summarise(res: SimResult) -> dict:
         "placement_slowdown_gpu_seconds": r(sum(s.slow_gpu_s for s in jobs)),
         "team_share": team_share,
         "max_wait_low_mfu_s": r(wait[~hi].max()) if (~hi).any() else 0.0,
+        **fairness_summary(finish_time_fairness(sub, end, g, dur, res.total_gpus)),
         "sim_wall_s": round(res.wall_s, 3),
     }
     assert tuple(out) == KEYS
