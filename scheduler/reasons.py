@@ -37,6 +37,13 @@ class Why:
     fair_share: bool = False          # the job ahead passed it by fair share (team queues)
 
 
+def _charged(use: float, charged: float) -> str:
+    """The waste charge in a team's share, when there is one (``Policy.waste_charge``)."""
+    if charged <= use + 5e-3:
+        return ""
+    return f" (charged as {charged:.3g}: {charged - use:.3g} GPUs for low MFU)"
+
+
 def _ahead_words(queue: PendingQueue, pos: int) -> tuple[str, bool]:
     """"behind job 12 (on-demand)", naming fair share when that is why a later job is ahead."""
     job, ahead = queue.jobs[pos], queue.jobs[pos - 1]
@@ -44,9 +51,10 @@ def _ahead_words(queue: PendingQueue, pos: int) -> tuple[str, bool]:
         return f"behind job {ahead.id} ({TIER_NAMES[ahead.tier]})", False
     share = queue.share
     if ahead.submit > job.submit and ahead.team != job.team and job.team in share and ahead.team in share:
-        (u, q), (ua, qa) = share[job.team], share[ahead.team]
+        (u, q, c), (ua, qa, ca) = share[job.team], share[ahead.team]
         return (f"behind job {ahead.id} of team {ahead.team}: fair share (team {job.team} uses "
-                f"{u:.3g} of its {q:.3g}-GPU quota, team {ahead.team} {ua:.3g} of {qa:.3g})"), True
+                f"{u:.3g}{_charged(u, c)} of its {q:.3g}-GPU quota, team {ahead.team} "
+                f"{ua:.3g}{_charged(ua, ca)} of {qa:.3g})"), True
     return f"behind job {ahead.id} ({TIER_NAMES[ahead.tier]})", False
 
 
