@@ -162,19 +162,22 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
     out.extend(victims)
     where = "" if rule.may_spread else " on whole nodes" if rule.whole else " on one node"
     need = n_gpus(head.gpus) + where
+    reclaimed = (f"reclaimed for team {head.team}'s quota from teams over theirs"
+                 if any(d.numbers.get("reclaim") for d in victims) else "")
     if res is not None and res.firm:
         stops = ", ".join(str(j) for j in res.waits_for)
         when = (f"; starts when job{'s' if len(res.waits_for) > 1 else ''} {stops} "
                 f"stop{'' if len(res.waits_for) > 1 else 's'} (grace ends {_fmt_t(res.shadow, now)})")
-        if any(d.numbers.get("reclaim") for d in victims):
-            when += f" - reclaimed for team {head.team}'s quota from teams over theirs"
+        if reclaimed:
+            when += f" - {reclaimed}"
     else:
         when = f"; GPUs reserved for it, starting {_fmt_t(res.shadow, now)}" if res else ""
     blocked = f"needs {need}, {state.total_free} free, at most {state.max_free_on_a_node()} on one node"
     out.append(Decision("hold", head.id, f"head of the queue: {blocked}{when}",
                         numbers={"free": state.total_free, "shadow": res.shadow if res else None,
                                  "reservation": res,
-                                 "firm": bool(res and res.firm), "position": i, "need": blocked}))
+                                 "firm": bool(res and res.firm), "position": i, "need": blocked,
+                                 "reclaim": reclaimed}))
     if not policy.backfill:
         return out
     per = state.max_gpus

@@ -35,6 +35,7 @@ class Why:
     firm: bool = False                # the head waits only for jobs in their grace period
     ahead: int | None = None          # the job just ahead in the order (not for the head)
     fair_share: bool = False          # the job ahead passed it by fair share (team queues)
+    reclaim: str = ""                 # the head: its victims were reclaimed for its team's quota
 
 
 def _charged(use: float, charged: float) -> str:
@@ -77,7 +78,7 @@ def wait_reasons(state: ClusterState, queue: PendingQueue, decisions: Mapping[in
             text = "; ".join(w for w in (d.reason, lowered) if w)
             out[job.id] = Why(False, text, pos, need=nums.get("need", ""), lowered=lowered, head=True,
                               start_at=nums.get("shadow"), waits_for=res.waits_for if res else (),
-                              firm=bool(nums.get("firm")))
+                              firm=bool(nums.get("firm")), reclaim=nums.get("reclaim", ""))
             continue
         kind = int(kinds[pos])
         if kind == SPREAD:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from gpudiag.scheduler.cluster_state import ClusterState
+from gpudiag.scheduler.local.engine import Engine, Machine
+from gpudiag.scheduler.local.store import PENDING, RUNNING, JobRow
 from gpudiag.scheduler.model import Cluster, Job, Policy, Running, Signal, TeamShare
 from gpudiag.scheduler.policy import explain, order_queue, schedule
 from gpudiag.scheduler.priority import MfuBook
@@ -126,3 +128,23 @@ def test_waste_charge_puts_the_wasteful_teams_job_behind_another_teams():
     assert order(Policy()) == [4, 3]                                            # a: 7.5/8 > b: 4/8
     text = explain(3, cluster, [a_next, b_next], running, signals, book, NOW, Policy(), teams)
     assert "behind job 4 of team b: fair share (team a uses 4 (charged as 7.5: 3.5 GPUs for low MFU)" in text
+
+
+def test_the_local_daemons_engine_reclaims_by_its_quota_and_says_so():
+    # 4 slots, --quota a=2,b=2: b holds all 4 in two jobs started long ago; a's 2-slot job waits
+    machine = Machine(("0", "1", "2", "3"), gpus=False)
+    engine = Engine(machine, Policy(), MfuBook(1e6), {"a": 2, "b": 2})
+
+    def row(jid, team, state, slots=None):
+        return JobRow(id=jid, uid=0, user=team, team=team, name="", key="", tier=1, gpus=2, grace_s=30.0,
+                      time_limit_s=None, cmd=["true"], env={}, cwd="/", submit_t=0.0, state=state,
+                      slots=slots, started_t=0.0 if slots else None)
+
+    active = [row(1, "b", RUNNING, [0, 1]), row(2, "b", RUNNING, [2, 3])]
+    waiting = row(3, "a", PENDING)
+    p = engine.plan([waiting], active, {}, {1: None, 2: None}, NOW, False)
+    pre = _preempts(p.decisions)
+    assert len(pre) == 1
+    assert "reclaim: team a holds 0 of its 2-GPU quota; team b keeps 2 of its 2" in pre[0].reason
+    said = engine.describe(p.why[3], {r.id: r for r in active}, NOW)
+    assert "reclaimed for team a's quota" in said and "slots" in said
