@@ -91,11 +91,19 @@ def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, n
     return short, np.array([best, outside + inside, whole])
 
 
-def _team_use(running: Sequence[Running], started: Sequence[Job]) -> dict[str, float]:
+def _team_use(running: Sequence[Running], started: Sequence[Job],
+              held: Mapping[str, float] | None) -> dict[str, float]:
     """GPUs each team holds for reclaim: jobs in their grace period are leaving, jobs started
-    earlier in this pass hold theirs."""
-    use: dict[str, float] = {}
-    for j in [r.job for r in running if not r.terminating] + list(started):
+    earlier in this pass hold theirs. ``held``: the runtime's count of the first kind (else
+    counted from ``running``)."""
+    if held is None:
+        use: dict[str, float] = {}
+        for r in running:
+            if not r.terminating:
+                use[r.job.team] = use.get(r.job.team, 0.0) + r.job.gpus
+    else:
+        use = dict(held)
+    for j in started:
         use[j.team] = use.get(j.team, 0.0) + j.gpus
     return use
 
@@ -103,7 +111,8 @@ def _team_use(running: Sequence[Running], started: Sequence[Job]) -> dict[str, f
 def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[float, int, Placement]],
           now: float, policy: Policy, running: Sequence[Running] | None,
           mfu_of: MfuOf | None, quotas: Mapping[str, float] | None = None,
-          started: Sequence[Job] = ()) -> tuple[list[Decision], Reservation | None]:
+          started: Sequence[Job] = (), held: Mapping[str, float] | None = None
+          ) -> tuple[list[Decision], Reservation | None]:
     """Preemptions for the head, and its reservation: steps 1-3 of the module docstring."""
     stopping = [(r.expected_end, r.job.id, r.placement) for r in running or () if r.terminating]
     res = promise(state, rule, stopping, now) if stopping else None
@@ -115,7 +124,7 @@ def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[flo
                 victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
             if not victims and reclaim:
                 victims = reclaim_victims(state, head, rule, running, now, policy, mfu_of, quotas,
-                                          _team_use(running, started))
+                                          _team_use(running, started, held))
         if victims:
             stopping += [(now + d.grace_s, d.job_id, d.placement) for d in victims]
             res = promise(state, rule, stopping, now)
@@ -130,14 +139,16 @@ def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[flo
 def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[float, int, Placement]],
               now: float, policy: Policy,
               running: Callable[[], Sequence[Running]] | None = None,
-              mfu_of: MfuOf | None = None, quotas: Mapping[str, float] | None = None) -> list[Decision]:
+              mfu_of: MfuOf | None = None, quotas: Mapping[str, float] | None = None,
+              held: Mapping[str, float] | None = None) -> list[Decision]:
     """Decide starts (allocating them in ``state``), preemptions and the head's hold.
 
     ``by_end``: running jobs' (expected end, job id, placement), sorted by end; a job in its
     grace period appears with its kill deadline. ``running`` (every running job, those in their
     grace period marked ``terminating``) lets the pass see GPUs on their way to being free;
     with ``mfu_of`` (a job's MFU, or (MFU, measured?)) it may also preempt, and with ``quotas``
-    (each team's quota in GPUs) reclaim.
+    (each team's quota in GPUs) reclaim; ``held``: each team's GPUs in running jobs not in their
+    grace period, where the runtime keeps that count (else it is counted from ``running``).
     """
     out: list[Decision] = []
     n = len(queue)
@@ -158,7 +169,7 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         started = [(now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement) for d in out]
         by_end = sorted([*by_end, *started], key=lambda x: x[0])
     victims, res = _head(state, head, rule, by_end, now, policy, running() if running is not None else None,
-                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out])
+                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out], held)
     out.extend(victims)
     where = "" if rule.may_spread else " on whole nodes" if rule.whole else " on one node"
     need = n_gpus(head.gpus) + where

@@ -335,7 +335,7 @@ def test_simulator_passes_keep_the_invariants(case):
     seen: dict[int, None] = {}
     passes = []
 
-    def checked(state, queue, by_end, now, pol, running=None, mfu_of=None, quotas=None):
+    def checked(state, queue, by_end, now, pol, running=None, mfu_of=None, quotas=None, live=None):
         held_ids = {j for _, j, _ in by_end}
         rs = {r.job.id: r for r in running()} if running is not None else {}
         waiting = {j.id: Waiting(j.id, j.gpus, j.tier, j.submit, j.estimate_s, int(k), j.team)
@@ -349,7 +349,7 @@ def test_simulator_passes_keep_the_invariants(case):
                      rs[j].job.team if j in rs else "", rs[j].start if j in rs else math.nan)
                 for end, j, pl in by_end]
         order = [j.id for j in queue.jobs]
-        decisions = real(state, queue, by_end, now, pol, running, mfu_of, quotas)
+        decisions = real(state, queue, by_end, now, pol, running, mfu_of, quotas, live)
         checker.check(now, held, waiting, order, decisions)
         passes.append(now)
         return decisions

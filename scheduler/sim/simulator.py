@@ -336,7 +336,7 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
                             book, shares, state.total_gpus, per, rekeyed or not rekeys))
         decisions = plan_pass(state, queue, by_end, now, policy,
                               (lambda: list(running.values())) if victims_possible else None, mfu_of,
-                              quotas if reclaiming else None)
+                              quotas if reclaiming else None, teams.live)
         started = []
         for d in decisions:
             if d.kind == "start":
