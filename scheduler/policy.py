@@ -111,20 +111,25 @@ def _team_use(running: Sequence[Running], started: Sequence[Job],
 def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[float, int, Placement]],
           now: float, policy: Policy, running: Sequence[Running] | None,
           mfu_of: MfuOf | None, quotas: Mapping[str, float] | None = None,
-          started: Sequence[Job] = (), held: Mapping[str, float] | None = None
+          started: Sequence[Job] = (), held: Mapping[str, float] | None = None,
+          queue_share: Mapping[str, tuple[float, float, float]] | None = None
           ) -> tuple[list[Decision], Reservation | None]:
     """Preemptions for the head, and its reservation: steps 1-3 of the module docstring."""
     stopping = [(r.expected_end, r.job.id, r.placement) for r in running or () if r.terminating]
     res = promise(state, rule, stopping, now) if stopping else None
     victims: list[Decision] = []
     reclaim = policy.reclaim and bool(quotas) and quotas.get(head.team, 0.0) > 0
+    queue_share = queue_share or {}
     if res is None and (policy.preemption or reclaim) and running is not None and mfu_of is not None:
         with state.released(p for _, _, p in stopping):
             if policy.preemption:
                 victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
             if not victims and reclaim:
-                victims = reclaim_victims(state, head, rule, running, now, policy, mfu_of, quotas,
-                                          _team_use(running, started, held))
+                use = _team_use(running, started, held)
+                share = queue_share.get(head.team)   # (use, quota, charged) of the team interleave
+                charged = share[2] + sum(j.gpus for j in started if j.team == head.team) if share else None
+                victims = reclaim_victims(state, head, rule, running, now, policy, mfu_of, quotas, use,
+                                          charged)
         if victims:
             stopping += [(now + d.grace_s, d.job_id, d.placement) for d in victims]
             res = promise(state, rule, stopping, now)
@@ -169,7 +174,7 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         started = [(now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement) for d in out]
         by_end = sorted([*by_end, *started], key=lambda x: x[0])
     victims, res = _head(state, head, rule, by_end, now, policy, running() if running is not None else None,
-                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out], held)
+                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out], held, queue.share)
     out.extend(victims)
     where = "" if rule.may_spread else " on whole nodes" if rule.whole else " on one node"
     need = n_gpus(head.gpus) + where

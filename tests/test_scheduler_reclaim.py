@@ -59,15 +59,17 @@ def test_reclaim_never_takes_a_team_below_its_quota_nor_past_the_reclaimers_nor_
     cluster, running, signals = _two_nodes_of_team_b()
     book = MfuBook(1e6)
 
-    def victims(head, quotas, run=running):
+    def victims(head, quotas, run=running, policy=None):
         teams = {t: TeamShare(q, 0.0) for t, q in quotas.items()}
-        return _preempts(schedule(cluster, [head], run, signals, book, NOW, Policy(), teams))
+        return _preempts(schedule(cluster, [head], run, signals, book, NOW, policy or Policy(), teams))
 
     a8, a4 = Job(3, 8, NOW - 10, 100.0, team="a"), Job(3, 4, NOW - 10, 100.0, team="a")
     assert victims(a8, {"a": 8.0, "b": 8.0})                 # the case above fires ...
     assert not victims(a4, {"a": 4.0, "b": 12.0})            # ... but an 8-GPU victim would leave b 8 < 12
     assert not victims(a8, {"a": 4.0, "b": 12.0})            # a would hold 8 of its 4
     assert not victims(a8, {"a": 8.0, "b": 16.0})            # b is not over its quota
+    # b's jobs overdue (submitted over team_overdue_s ago): requeued, they would go straight ahead of a's
+    assert not victims(a8, {"a": 8.0, "b": 8.0}, policy=Policy(team_overdue_s=NOW - 1))
     assert not victims(a8, {"b": 8.0})                       # a has no quota to reclaim
     young = [dataclasses.replace(r, start=NOW - 60) for r in running]
     assert not victims(a8, {"a": 8.0, "b": 8.0}, young)      # younger than Policy.min_runtime_s
