@@ -1,7 +1,8 @@
 """Policy invariants on generated clusters and queues, and the policy's pieces on hand-made cases.
 
 Invariants (hypothesis): no partial gang, no GPU given twice or given while in use, nothing new
-on a drained node, no preemption by an equal or lower tier, a reason on every decision, the
+on a drained node, no preemption by an equal or lower tier (but quota reclaim, within the
+quotas), no victim younger than the minimum runtime, a reason on every decision, the
 aging bound on the queue order, and EASY backfill never moving the head's reservation later.
 Generated clusters mix node sizes and drain some nodes (jobs already there keep running).
 """
@@ -101,11 +102,23 @@ def test_decisions_respect_gangs_gpus_tiers_and_reasons(world):
         if job.gpus > largest:                                    # whole nodes, all but one fully used
             assert sum(1 for n, idx in d.placement.slots if len(idx) < size[n]) <= 1, d
     assert len({d.job_id for d in starts}) == len(starts)
+    head_at = next((d.numbers["position"] for d in decisions if d.kind == "hold"), len(pending))
+    held: dict[str, int] = {}   # what reclaim counts: running jobs, and the jobs started ahead of the head
+    for j in [r.job for r in running] + [by_id[d.job_id] for d in starts if d.numbers["position"] < head_at]:
+        held[j.team] = held.get(j.team, 0) + j.gpus
+    taken: dict[str, int] = {}
     for d in decisions:
         if d.kind == "preempt":
             victim, head = run_by_id[d.job_id].job, by_id[d.numbers["for_job"]]
-            assert victim.tier < head.tier and victim.preemptible
-            assert NOW - run_by_id[d.job_id].start >= policy.min_runtime_s
+            assert victim.preemptible and NOW - run_by_id[d.job_id].start >= policy.min_runtime_s
+            if d.numbers["reclaim"]:   # quota reclaim: the head's team stays within its quota
+                assert policy.reclaim and victim.tier <= head.tier and victim.team != head.team
+                assert held.get(head.team, 0) + head.gpus <= teams[head.team].quota_gpus
+                taken[victim.team] = taken.get(victim.team, 0) + victim.gpus
+            else:
+                assert victim.tier < head.tier
+    for t, g in taken.items():   # ... and no victim's team falls below its own
+        assert held[t] - g >= teams[t].quota_gpus
     if policy.name == "fifo":   # strict order: a start never skips a waiting job
         q = order_queue(pending, running, signals, book, NOW, policy, max(size.values()), teams)
         started = {d.job_id for d in starts}
