@@ -13,7 +13,8 @@ from enum import IntEnum
 
 
 class Tier(IntEnum):
-    """Priority tiers; a higher value always goes first and only a higher tier may preempt."""
+    """Priority tiers; a higher value always goes first and only a higher tier may preempt (quota
+    reclaim aside: ``Policy.reclaim``)."""
 
     SPOT = 0        # preemptible capacity, cheapest
     RESERVED = 1    # a team's reserved (quota) capacity: the default

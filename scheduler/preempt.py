@@ -1,10 +1,11 @@
 """Victims for a blocked higher-tier job: the least useful work lost, then the fewest jobs.
 
-Only a strictly higher tier preempts, only preemptible jobs that have run ``Policy.min_runtime_s``
-(so two tiers cannot thrash each other's jobs), and never a job already in its grace period:
-its GPUs are on their way to being free, and the caller asks this module only for what they do
-not cover (``choose_victims`` sees the cluster as it will be once those jobs are gone - without
-that, a second pass during a slow checkpoint preempted again for GPUs already promised).
+Only a strictly higher tier preempts (but quota reclaim, below), only preemptible jobs that have
+run ``Policy.min_runtime_s`` (so two tiers cannot thrash each other's jobs), and never a job
+already in its grace period: its GPUs are on their way to being free, and the caller asks this
+module only for what they do not cover (``choose_victims`` sees the cluster as it will be once
+those jobs are gone - without that, a second pass during a slow checkpoint preempted again for
+GPUs already promised).
 Useful work lost by killing a job now = MFU x GPUs x seconds since its last checkpoint: a
 victim gets SIGTERM and its grace period to checkpoint, but what it computed since the last
 checkpoint is what we assume is lost if it cannot. A job without a measured MFU counts at what
