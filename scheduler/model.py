@@ -13,7 +13,8 @@ from enum import IntEnum
 
 
 class Tier(IntEnum):
-    """Priority tiers; a higher value always goes first and only a higher tier may preempt."""
+    """Priority tiers; a higher value always goes first and only a higher tier may preempt (quota
+    reclaim aside: ``Policy.reclaim``)."""
 
     SPOT = 0        # preemptible capacity, cheapest
     RESERVED = 1    # a team's reserved (quota) capacity: the default
@@ -190,6 +191,19 @@ class Policy:
     # with no bound the longest wait grows to 2.3x EASY's (21 days: 1.5x).
     team_queues: bool = True
     team_overdue_s: float = 21 * 86400.0
+    # Waste charge (priority.waste_charge): in the order across teams (the team interleave and
+    # the fair-share use) a GPU counts 1 + waste_weight x (1 - efficiency factor): Slurm's
+    # TRES billing weights, applied to measured MFU and GPU-idle labels, so the team whose jobs
+    # waste GPUs is the one whose jobs wait. Weight 1: a job at the floor factor counts 1.9x, a
+    # GPU-idle one 1.5x; a team however wasteful still gets at least 1 / (1 + 0.9 x weight)
+    # (53%) of its quota before teams below theirs go first, so the charge moves GPU-time
+    # without taking a team's quota away, and the starvation bound (team_overdue_s) is untouched.
+    waste_charge: bool = True
+    waste_weight: float = 1.0
+    # Quota reclaim (preempt.reclaim_victims; Volcano's reclaim, Kueue's reclaim within a cohort):
+    # a blocked head whose team stays within its quota once started may preempt preemptible
+    # jobs of its tier or lower from teams that stay at or above their quota without them.
+    reclaim: bool = True
     label_aware_placement: bool = True    # communication-bound jobs wait for one node / fewest racks
     spread_small: bool = True             # a one-node job may span a rack's nodes when no node fits
     spread_unknown: bool = False          # ... even when its label is unknown (policy.may_spread)
@@ -257,9 +271,11 @@ class Policy:
     @classmethod
     def fifo(cls) -> Policy:
         return cls(name="fifo", backfill=False, order="arrival", efficiency=False, fair_share=False,
-                   team_queues=False, label_aware_placement=False, spread_small=False, preemption=False)
+                   team_queues=False, waste_charge=False, reclaim=False, label_aware_placement=False,
+                   spread_small=False, preemption=False)
 
     @classmethod
     def easy(cls) -> Policy:
         return cls(name="easy", backfill=True, order="arrival", efficiency=False, fair_share=False,
-                   team_queues=False, label_aware_placement=False, spread_small=False, preemption=False)
+                   team_queues=False, waste_charge=False, reclaim=False, label_aware_placement=False,
+                   spread_small=False, preemption=False)

@@ -12,6 +12,8 @@ passes would take minutes. Both read the same cached terms through the same ``ke
 - per job: the same from its own signal (a requeued job's last report), valid while the signal
   is younger than ``Policy.max_signal_age_s``;
 - per team: the fair-share delay, set when the runtime reads the teams' use;
+- per key and per job, the efficiency factor itself: what ``priority.waste_charge`` makes of it
+  is what a job's GPUs cost its team in the order across teams (``charge``, ``team_order``);
 - per label: whether a one-node job of that label may spread (``may_spread``).
 
 Every value comes from ``priority.efficiency_factor`` / ``fair_share_delay`` - the semantics
@@ -38,6 +40,7 @@ from gpudiag.scheduler.priority import (
     efficiency_factor,
     fair_share_delay,
     job_class,
+    waste_charge,
 )
 from gpudiag.scheduler.team_queues import interleave, team_quotas
 
@@ -84,6 +87,7 @@ class Ordering:
         self.prio = p.order == "priority"
         self.use_eff = self.prio and p.efficiency
         self.use_fair = self.prio and p.fair_share
+        self.use_waste = self.prio and p.waste_charge
         self.jobs: list[Job] = []
         self.sub = np.zeros(0)
         self.gpus = np.zeros(0, dtype=np.int64)
@@ -93,6 +97,7 @@ class Ordering:
         self.key_i = np.zeros(0, dtype=np.int64)
         self.team_i = np.zeros(0, dtype=np.int64)
         self.own_delay = np.zeros(0)
+        self.own_factor = np.zeros(0)
         self.own_label = np.zeros(0, dtype=np.int64)
         self.own_until = np.zeros(0)            # a job's own signal is usable until then
         self.own: dict[int, tuple[float, str, float, float]] = {}   # row -> (mfu, label, confidence, at)
@@ -101,6 +106,7 @@ class Ordering:
         self.keys_ix: dict[str, int] = {}
         self.key_names: list[str] = []
         self.key_delay = np.zeros((0, 3))
+        self.key_factor = np.zeros((0, 3))
         self.key_label = np.zeros(0, dtype=np.int64)
         self.key_until = np.zeros(0)            # the key's history is usable until then
         self.key_cls: list[list[int]] = []      # the classes of a key's jobs (its delay is per class)
@@ -156,6 +162,7 @@ class Ordering:
             self._key_terms(k)
         self.team_i = cat([self.team_i, np.fromiter((self.team(j.team) for j in jobs), np.int64, n)])
         self.own_delay = cat([self.own_delay, np.zeros(n)])
+        self.own_factor = cat([self.own_factor, np.ones(n)])
         self.own_label = cat([self.own_label, np.zeros(n, dtype=np.int64)])
         self.own_until = cat([self.own_until, np.full(n, -np.inf)])
         self.oracle_mfu = cat([self.oracle_mfu, np.full(n, np.nan)])
@@ -172,6 +179,7 @@ class Ordering:
         new = len(self.key_names) - len(self.key_until)
         if new > 0:
             self.key_delay = np.vstack([self.key_delay, np.zeros((new, 3))])
+            self.key_factor = np.vstack([self.key_factor, np.ones((new, 3))])
             self.key_label = np.append(self.key_label, np.zeros(new, dtype=np.int64))
             self.key_until = np.append(self.key_until, np.full(new, -np.inf))
             self.key_cls.extend([] for _ in range(new))
@@ -191,6 +199,7 @@ class Ordering:
             f, why = efficiency_factor(Job(0, _CLASS_GPUS[c], 0.0, 0.0, key=name), None, hist, p,
                                        self.medians.class_median(CLASSES[c]))
             self.key_delay[k, c] = efficiency_delay(f, p)
+            self.key_factor[k, c] = f
             self.key_why[(k, c)] = why if f < 1.0 else ""
         if classes is not None:
             return
@@ -217,6 +226,7 @@ class Ordering:
         f, why = efficiency_factor(job, Signal(mfu, label, conf, 0.0), None, self.policy,
                                    self.medians.class_median(job_class(job.gpus)))
         self.own_delay[row] = efficiency_delay(f, self.policy)
+        self.own_factor[row] = f
         self.own_why[row] = why if f < 1.0 else ""
         self.own_label[row] = self._label(label)
 
@@ -229,9 +239,10 @@ class Ordering:
         self.own_until[row] = at + p.max_signal_age_s if confidence >= p.min_signal_confidence else -np.inf
 
     def signal_of(self, row: int, now: float) -> Signal | None:
-        """The job's own latest signal as a runtime hands it to ``policy.order_queue``."""
+        """The job's own latest signal as a runtime hands it to ``policy.order_queue`` (heard at
+        ``inf``: a running job's, always fresh)."""
         own = self.own.get(row)
-        return None if own is None else Signal(own[0], own[1], own[2], now - own[3])
+        return None if own is None else Signal(own[0], own[1], own[2], max(0.0, now - own[3]))
 
     def know_mfu(self, rows: np.ndarray, mfu: np.ndarray) -> None:
         """``Policy.order == "mfu"``: every job's MFU known up front (only a replay knows it)."""
@@ -280,15 +291,31 @@ class Ordering:
                          np.where(self.spread[label], SPREAD, ONE_NODE)).astype(np.int8)
         return keys, kinds
 
+    def charge(self, rows: np.ndarray, now: float) -> np.ndarray:
+        """What each GPU of ``rows``' jobs costs its team in the order across teams:
+        ``priority.waste_charge`` of the job's efficiency factor (own signal, else key history,
+        else neutral), 1 with the charge off."""
+        if not self.use_waste:
+            return np.ones(len(rows))
+        k, own, hist = self._valid(rows, now)
+        f = np.where(own, self.own_factor[rows], np.where(hist, self.key_factor[k, self.cls[rows]], 1.0))
+        return 1.0 + self.policy.waste_weight * (1.0 - f)
+
     def why(self, rows: np.ndarray, now: float) -> dict[int, str]:
-        """What lowered (or raised) each job, in words: its efficiency term, its team's term."""
+        """What lowered (or raised) each job, in words: its efficiency term, its team's term, the
+        waste charge its GPUs cost its team."""
         out: dict[int, str] = {}
         k, own, hist = self._valid(rows, now)
-        for r, kk, o, h in zip(rows.tolist(), k.tolist(), own.tolist(), hist.tolist(), strict=True):
+        charge = self.charge(rows, now)
+        for r, kk, o, h, c in zip(rows.tolist(), k.tolist(), own.tolist(), hist.tolist(), charge.tolist(),
+                                  strict=True):
             e = "" if not self.use_eff else self.own_why[r] if o else (
                 self.key_why.get((kk, int(self.cls[r])), "") if h else "")
             f = self.team_why[self.team_i[r]] if self.use_fair else ""
-            text = "; ".join(w for w in (e, f) if w)
+            team = self.jobs[r].team or "(none)"
+            w = (f"waste charge: its GPUs count {c:.2f}x toward team {team}'s share for low MFU"
+                 if c > 1.0 + 1e-9 else "")
+            text = "; ".join(x for x in (e, f, w) if x)
             if text:
                 out[self.jobs[r].id] = text
         return out
@@ -302,17 +329,22 @@ class Ordering:
                                self.why(rows, now) if why else {})
 
     def team_order(self, q: PendingQueue, use: np.ndarray, quotas: Mapping[str, float],
-                   total_gpus: int | None, now: float) -> np.ndarray:
+                   total_gpus: int | None, now: float, charged: np.ndarray | None = None) -> np.ndarray:
         """``team_queues.interleave``'s permutation of ``q`` (rows of this ordering as tags).
 
-        ``use``: GPUs each team (by ``team_names`` index) holds now; ``quotas`` the runtime's
-        map (a team without one gets the equal share ``team_queues.team_quotas`` documents).
+        ``use``: GPUs each team (by ``team_names`` index) holds now; ``charged``: the same
+        GPUs counted with the waste charge (``use_of``; default: ``use``); ``quotas`` the
+        runtime's map (a team without one gets the equal share ``team_queues.team_quotas``
+        documents). Pending jobs count at their own charge (``charge``) as they are given GPUs.
         """
         if not quotas.keys() <= self.teams_ix.keys():
             for t in quotas:
                 self.team(t)
+        charged = use if charged is None else charged
         if len(use) < len(self.team_names):
             use = np.append(use, np.zeros(len(self.team_names) - len(use)))
+        if len(charged) < len(self.team_names):
+            charged = np.append(charged, np.zeros(len(self.team_names) - len(charged)))
         tags = q.tag
         team = self.team_i[tags]
         n = len(self.team_names)
@@ -320,14 +352,29 @@ class Ordering:
         present = (np.bincount(team, minlength=n) > 0) | (use > 0)
         if not (quota > 0).all():   # who is present only sizes the equal share of teams without one
             quota = team_quotas(present, quota, total_gpus)
-        # each present team's (GPUs in use, quota): what the reasons name when fair share decides
-        q.share = {t: (float(use[i]), float(quota[i])) for i, t in enumerate(self.team_names) if present[i]}
-        return interleave(q.neg_tier, team, q.key, tags, q.gpus, self.sub[tags], use, quota, now,
-                          self.policy.team_overdue_s)
+        # each present team's (GPUs in use, quota, in use as charged): what the reasons name when
+        # fair share decides
+        q.share = {t: (float(use[i]), float(quota[i]), float(charged[i]))
+                   for i, t in enumerate(self.team_names) if present[i]}
+        return interleave(q.neg_tier, team, q.key, tags, q.gpus * self.charge(tags, now), self.sub[tags],
+                          charged, quota, now, self.policy.team_overdue_s)
 
-    def use_of(self, running: Sequence[Running]) -> np.ndarray:
-        """GPUs each team holds in ``running``, by ``team_names`` index (registers new teams)."""
-        idx = [self.team(r.job.team) for r in running]
-        use = np.zeros(len(self.team_names))
-        np.add.at(use, np.array(idx, dtype=np.int64), np.array([r.job.gpus for r in running], float))
-        return use
+    def running_charge(self, job: Job, signal: Signal | None, now: float) -> float:
+        """``priority.waste_charge`` of a running job: its own signal, else its key's history."""
+        if not self.use_waste:
+            return 1.0
+        h = self.book.lookup(job.key, now) if job.key else None
+        f, _ = efficiency_factor(job, signal, h, self.policy, self.medians.class_median(job_class(job.gpus)))
+        return waste_charge(f, self.policy)
+
+    def use_of(self, running: Sequence[Running], signals: Mapping[int, Signal] | None = None,
+               now: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """(GPUs each team holds in ``running``, the same with the waste charge), by
+        ``team_names`` index (registers new teams)."""
+        idx = np.array([self.team(r.job.team) for r in running], dtype=np.int64)
+        g = np.array([r.job.gpus for r in running], float)
+        c = np.array([self.running_charge(r.job, (signals or {}).get(r.job.id), now) for r in running], float)
+        use, charged = np.zeros(len(self.team_names)), np.zeros(len(self.team_names))
+        np.add.at(use, idx, g)
+        np.add.at(charged, idx, g * c)
+        return use, charged

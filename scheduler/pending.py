@@ -44,7 +44,7 @@ class PendingQueue:
         self.num = np.zeros((0, 6))
         self.why: dict[int, str] = {}
         # per team (GPUs in use, quota) when the order interleaved teams: for the reasons
-        self.share: dict[str, tuple[float, float]] = {}
+        self.share: dict[str, tuple[float, float, float]] = {}   # team -> (use, quota, charged use)
 
     def __len__(self) -> int:
         return len(self.jobs)

@@ -8,8 +8,9 @@ that does not fit is the head. FIFO stops there. Otherwise preemption and backfi
    GPUs that are on their way to being free. If the head fits once they are gone, it is
    promised that placement (``placement.promise``) and nobody is preempted.
 2. Else the head may preempt lower tiers for what those GPUs do not cover
-   (``preempt.choose_victims`` on the cluster as it will be), and is promised the placement the
-   victims free.
+   (``preempt.choose_victims`` on the cluster as it will be), or, failing that, reclaim its
+   team's quota from teams over theirs (``preempt.reclaim_victims``, ``Policy.reclaim``), and is
+   promised the placement the victims free.
 3. Else it gets EASY's reservation (``placement.reserve``: running jobs released by expected end,
    a stopping job at its kill deadline).
 
@@ -42,7 +43,7 @@ from gpudiag.scheduler.model import (
 from gpudiag.scheduler.ordering import Ordering
 from gpudiag.scheduler.pending import _GPUS, _KIND, SPREAD, WHOLE, PendingQueue
 from gpudiag.scheduler.placement import Reservation, Rule, place, promise, reserve
-from gpudiag.scheduler.preempt import MfuOf, choose_victims
+from gpudiag.scheduler.preempt import MfuOf, choose_victims, reclaim_victims
 from gpudiag.scheduler.priority import MfuBook, job_class, signal_usable
 from gpudiag.scheduler.reasons import Pass, Why, wait_reasons
 
@@ -90,16 +91,45 @@ def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, n
     return short, np.array([best, outside + inside, whole])
 
 
+def _team_use(running: Sequence[Running], started: Sequence[Job],
+              held: Mapping[str, float] | None) -> dict[str, float]:
+    """GPUs each team holds for reclaim: jobs in their grace period are leaving, jobs started
+    earlier in this pass hold theirs. ``held``: the runtime's count of the first kind (else
+    counted from ``running``)."""
+    if held is None:
+        use: dict[str, float] = {}
+        for r in running:
+            if not r.terminating:
+                use[r.job.team] = use.get(r.job.team, 0.0) + r.job.gpus
+    else:
+        use = dict(held)
+    for j in started:
+        use[j.team] = use.get(j.team, 0.0) + j.gpus
+    return use
+
+
 def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[float, int, Placement]],
           now: float, policy: Policy, running: Sequence[Running] | None,
-          mfu_of: MfuOf | None) -> tuple[list[Decision], Reservation | None]:
+          mfu_of: MfuOf | None, quotas: Mapping[str, float] | None = None,
+          started: Sequence[Job] = (), held: Mapping[str, float] | None = None,
+          queue_share: Mapping[str, tuple[float, float, float]] | None = None
+          ) -> tuple[list[Decision], Reservation | None]:
     """Preemptions for the head, and its reservation: steps 1-3 of the module docstring."""
     stopping = [(r.expected_end, r.job.id, r.placement) for r in running or () if r.terminating]
     res = promise(state, rule, stopping, now) if stopping else None
     victims: list[Decision] = []
-    if res is None and policy.preemption and running is not None and mfu_of is not None:
+    reclaim = policy.reclaim and bool(quotas) and quotas.get(head.team, 0.0) > 0
+    queue_share = queue_share or {}
+    if res is None and (policy.preemption or reclaim) and running is not None and mfu_of is not None:
         with state.released(p for _, _, p in stopping):
-            victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
+            if policy.preemption:
+                victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
+            if not victims and reclaim:
+                use = _team_use(running, started, held)
+                share = queue_share.get(head.team)   # (use, quota, charged) of the team interleave
+                charged = share[2] + sum(j.gpus for j in started if j.team == head.team) if share else None
+                victims = reclaim_victims(state, head, rule, running, now, policy, mfu_of, quotas, use,
+                                          charged)
         if victims:
             stopping += [(now + d.grace_s, d.job_id, d.placement) for d in victims]
             res = promise(state, rule, stopping, now)
@@ -114,13 +144,16 @@ def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[flo
 def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[float, int, Placement]],
               now: float, policy: Policy,
               running: Callable[[], Sequence[Running]] | None = None,
-              mfu_of: MfuOf | None = None) -> list[Decision]:
+              mfu_of: MfuOf | None = None, quotas: Mapping[str, float] | None = None,
+              held: Mapping[str, float] | None = None) -> list[Decision]:
     """Decide starts (allocating them in ``state``), preemptions and the head's hold.
 
     ``by_end``: running jobs' (expected end, job id, placement), sorted by end; a job in its
     grace period appears with its kill deadline. ``running`` (every running job, those in their
     grace period marked ``terminating``) lets the pass see GPUs on their way to being free;
-    with ``mfu_of`` (a job's MFU, or (MFU, measured?)) it may also preempt.
+    with ``mfu_of`` (a job's MFU, or (MFU, measured?)) it may also preempt, and with ``quotas``
+    (each team's quota in GPUs) reclaim; ``held``: each team's GPUs in running jobs not in their
+    grace period, where the runtime keeps that count (else it is counted from ``running``).
     """
     out: list[Decision] = []
     n = len(queue)
@@ -141,21 +174,26 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         started = [(now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement) for d in out]
         by_end = sorted([*by_end, *started], key=lambda x: x[0])
     victims, res = _head(state, head, rule, by_end, now, policy, running() if running is not None else None,
-                         mfu_of)
+                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out], held, queue.share)
     out.extend(victims)
     where = "" if rule.may_spread else " on whole nodes" if rule.whole else " on one node"
     need = n_gpus(head.gpus) + where
+    reclaimed = (f"reclaimed for team {head.team}'s quota from teams over theirs"
+                 if any(d.numbers.get("reclaim") for d in victims) else "")
     if res is not None and res.firm:
         stops = ", ".join(str(j) for j in res.waits_for)
         when = (f"; starts when job{'s' if len(res.waits_for) > 1 else ''} {stops} "
                 f"stop{'' if len(res.waits_for) > 1 else 's'} (grace ends {_fmt_t(res.shadow, now)})")
+        if reclaimed:
+            when += f" - {reclaimed}"
     else:
         when = f"; GPUs reserved for it, starting {_fmt_t(res.shadow, now)}" if res else ""
     blocked = f"needs {need}, {state.total_free} free, at most {state.max_free_on_a_node()} on one node"
     out.append(Decision("hold", head.id, f"head of the queue: {blocked}{when}",
                         numbers={"free": state.total_free, "shadow": res.shadow if res else None,
                                  "reservation": res,
-                                 "firm": bool(res and res.firm), "position": i, "need": blocked}))
+                                 "firm": bool(res and res.firm), "position": i, "need": blocked,
+                                 "reclaim": reclaimed}))
     if not policy.backfill:
         return out
     per = state.max_gpus
@@ -205,8 +243,9 @@ def order_queue(pending: Sequence[Job], running: Sequence[Running], signals: Map
     """The pending jobs in the order the pass walks them, each with its placement kind and why.
 
     A fresh ``ordering.Ordering`` for this pass (the simulator keeps one across passes; both
-    order alike). ``signals``: each job's own latest signal (a requeued job's); ``teams``: each
-    team's quota and decayed use (fair share). With ``Policy.uses_team_queues`` the teams are
+    order alike). ``signals``: each job's own latest signal (a requeued job's; a running job's);
+    ``teams``: each team's quota and decayed use (fair share), to which the waste charge of its
+    running jobs is added (``Policy.waste_charge``). With ``Policy.uses_team_queues`` the teams are
     interleaved by quota (``team_queues``): a team's use is the GPUs its running jobs hold now;
     ``total_gpus`` sizes the equal share of a team without a quota.
     """
@@ -217,11 +256,16 @@ def order_queue(pending: Sequence[Job], running: Sequence[Running], signals: Map
         sig = signals.get(j.id)
         if sig is not None:
             o.hear(r, sig.mfu, sig.label, sig.confidence, now - sig.age_s)
-    o.set_teams(teams or {}, now)
+    use, charged = o.use_of(running, signals, now)
+    shares = dict(teams or {})
+    if o.use_waste:   # the waste charge on top of the runtime's reading of each team's use
+        extra = {t: float(charged[i] - use[i]) for i, t in enumerate(o.team_names)}
+        shares = {t: TeamShare(s.quota_gpus, s.used_gpus + extra.get(t, 0.0)) for t, s in shares.items()}
+    o.set_teams(shares, now)
     q = o.queue(rows, now, why=True)
     if policy.uses_team_queues and len(q):
-        q.permute(o.team_order(q, o.use_of(running), {t: s.quota_gpus for t, s in (teams or {}).items()},
-                               total_gpus, now))
+        q.permute(o.team_order(q, use, {t: s.quota_gpus for t, s in (teams or {}).items()},
+                               total_gpus, now, charged))
     return q
 
 
@@ -251,7 +295,8 @@ def plan(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],
             return h.mfu, True
         return history.class_median(job_class(r.job.gpus)) or 1.0, False
 
-    decisions = plan_pass(state, queue, by_end, now, policy, lambda: running, mfu_of)
+    quotas = {t: s.quota_gpus for t, s in (teams or {}).items() if s.quota_gpus > 0}
+    decisions = plan_pass(state, queue, by_end, now, policy, lambda: running, mfu_of, quotas)
     return Pass(decisions, state, queue, policy, now)
 
 

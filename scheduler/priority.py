@@ -11,7 +11,8 @@ the terms only when their inputs change (Slurm recomputes priorities every Prior
   host-bound) caps the factor. No signal, a weak one (confidence below
   ``Policy.min_signal_confidence``) or a stale one (older than ``Policy.max_signal_age_s``): neutral.
 - Fair share: a team's decayed GPU use against its quota; above quota waits longer, below gets a
-  bounded bonus.
+  bounded bonus. With ``Policy.waste_charge`` that use counts each GPU at ``waste_charge`` of
+  its job's efficiency factor, as the per-team interleave (``team_queues``) does.
 """
 
 from __future__ import annotations
@@ -138,6 +139,15 @@ def efficiency_delay(factor: float, policy: Policy) -> float:
     """Seconds added to the effective submit time for an efficiency factor: at most
     ``Policy.max_efficiency_delay_s`` (at factor 0), none at 1 or with efficiency off."""
     return (1.0 - factor) * policy.max_efficiency_delay_s if policy.efficiency else 0.0
+
+
+def waste_charge(factor: float, policy: Policy) -> float:
+    """GPUs a team is charged per GPU of a job at efficiency ``factor`` (``efficiency_factor``):
+    1 at factor 1 (or with ``Policy.waste_charge`` off), at most 1 + 0.9 x ``Policy.waste_weight``
+    at the factor floor. Why a charge and not a delay: the delay only reorders a team's own
+    queue, while the order across teams reads use against quota - charging the use is what
+    makes the team that wastes GPUs the one that waits (Slurm's billing weights, on MFU)."""
+    return 1.0 + policy.waste_weight * (1.0 - factor) if policy.waste_charge else 1.0
 
 
 def tier_name(job: Job) -> str:

@@ -35,6 +35,14 @@ class Why:
     firm: bool = False                # the head waits only for jobs in their grace period
     ahead: int | None = None          # the job just ahead in the order (not for the head)
     fair_share: bool = False          # the job ahead passed it by fair share (team queues)
+    reclaim: str = ""                 # the head: its victims were reclaimed for its team's quota
+
+
+def _charged(use: float, charged: float) -> str:
+    """The waste charge in a team's share, when there is one (``Policy.waste_charge``)."""
+    if charged <= use + 5e-3:
+        return ""
+    return f" (charged as {charged:.3g}: {charged - use:.3g} GPUs for low MFU)"
 
 
 def _ahead_words(queue: PendingQueue, pos: int) -> tuple[str, bool]:
@@ -44,9 +52,10 @@ def _ahead_words(queue: PendingQueue, pos: int) -> tuple[str, bool]:
         return f"behind job {ahead.id} ({TIER_NAMES[ahead.tier]})", False
     share = queue.share
     if ahead.submit > job.submit and ahead.team != job.team and job.team in share and ahead.team in share:
-        (u, q), (ua, qa) = share[job.team], share[ahead.team]
+        (u, q, c), (ua, qa, ca) = share[job.team], share[ahead.team]
         return (f"behind job {ahead.id} of team {ahead.team}: fair share (team {job.team} uses "
-                f"{u:.3g} of its {q:.3g}-GPU quota, team {ahead.team} {ua:.3g} of {qa:.3g})"), True
+                f"{u:.3g}{_charged(u, c)} of its {q:.3g}-GPU quota, team {ahead.team} "
+                f"{ua:.3g}{_charged(ua, ca)} of {qa:.3g})"), True
     return f"behind job {ahead.id} ({TIER_NAMES[ahead.tier]})", False
 
 
@@ -69,7 +78,7 @@ def wait_reasons(state: ClusterState, queue: PendingQueue, decisions: Mapping[in
             text = "; ".join(w for w in (d.reason, lowered) if w)
             out[job.id] = Why(False, text, pos, need=nums.get("need", ""), lowered=lowered, head=True,
                               start_at=nums.get("shadow"), waits_for=res.waits_for if res else (),
-                              firm=bool(nums.get("firm")))
+                              firm=bool(nums.get("firm")), reclaim=nums.get("reclaim", ""))
             continue
         kind = int(kinds[pos])
         if kind == SPREAD:

@@ -69,6 +69,8 @@ class Held:
     placement: Placement
     end: float          # start + estimate, or the kill deadline of a stopping job
     stopping: bool
+    team: str = ""
+    start: float = math.nan
 
 
 @dataclass
@@ -79,14 +81,20 @@ class Waiting:
     submit: float
     estimate: float
     kind: int
+    team: str = ""
 
 
 @dataclass
 class Checker:
-    """Invariants 1-5 over one runtime's passes; remembers victims and the GPUs they freed."""
+    """Invariants 1-5 over one runtime's passes; remembers victims and the GPUs they freed.
+    With ``quotas`` (team -> GPUs), 2 also checks quota reclaim: the reclaimer's team stays
+    within its quota, no victim's team falls below its own; no victim younger than
+    ``min_runtime_s`` (where ``Held.start`` is known)."""
 
     cluster: Cluster
     aging_bound_s: float
+    quotas: dict[str, float] = field(default_factory=dict)
+    min_runtime_s: float = 0.0
     promised: dict[tuple[int, int], int] = field(default_factory=dict)   # GPU -> preemptor
     victims: dict[int, tuple[int, Placement]] = field(default_factory=dict)   # victim -> (for, where)
 
@@ -143,9 +151,25 @@ class Checker:
                 f"job {p.id} ({p.gpus} GPUs) preempted {[d.job_id for d in preempts]} although the GPUs "
                 f"already on their way to being free suffice: {future}")
             victims = [by_id[d.job_id] for d in preempts]
+            reclaim = any(d.numbers.get("reclaim") for d in preempts)
             for v in victims:
                 assert not v.stopping, f"job {v.id} preempted again in its grace period"
-                assert v.tier < p.tier
+                assert not now - v.start < self.min_runtime_s - EPS, f"job {v.id} preempted too young"
+                if reclaim:
+                    assert v.tier <= p.tier and v.team != p.team, f"job {v.id} reclaimed for job {p.id}"
+                else:
+                    assert v.tier < p.tier
+            if reclaim:   # GPUs each team holds as the pass saw them: not stopping, or started ahead
+                live: dict[str, float] = {}
+                for x in [(h.team, len(gpus_of(h.placement))) for h in held if not h.stopping] + [
+                        (waiting[d.job_id].team, waiting[d.job_id].gpus) for d in ahead]:
+                    live[x[0]] = live.get(x[0], 0.0) + x[1]
+                assert live.get(p.team, 0.0) + p.gpus <= self.quotas[p.team] + EPS, (
+                    f"job {p.id} reclaimed past team {p.team}'s quota")
+                for t in {v.team for v in victims}:
+                    taken = sum(len(gpus_of(v.placement)) for v in victims if v.team == t)
+                    assert live[t] - taken >= self.quotas[t] - EPS, (
+                        f"reclaim took team {t} below its quota: {live[t]} - {taken} < {self.quotas[t]}")
             need_kind = ONE_NODE if p.kind == SPREAD else p.kind   # victims free one node
             for skip in victims:
                 without = {n: set(s) for n, s in future.items()}

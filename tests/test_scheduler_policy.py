@@ -1,7 +1,8 @@
 """Policy invariants on generated clusters and queues, and the policy's pieces on hand-made cases.
 
 Invariants (hypothesis): no partial gang, no GPU given twice or given while in use, nothing new
-on a drained node, no preemption by an equal or lower tier, a reason on every decision, the
+on a drained node, no preemption by an equal or lower tier (but quota reclaim, within the
+quotas), no victim younger than the minimum runtime, a reason on every decision, the
 aging bound on the queue order, and EASY backfill never moving the head's reservation later.
 Generated clusters mix node sizes and drain some nodes (jobs already there keep running).
 """
@@ -20,7 +21,7 @@ from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Runni
 from gpudiag.scheduler.pending import PendingQueue
 from gpudiag.scheduler.placement import Rule, place, reserve, whole_nodes
 from gpudiag.scheduler.policy import explain, order_queue, plan_pass, schedule
-from gpudiag.scheduler.priority import MfuBook, efficiency_factor, fair_share_delay
+from gpudiag.scheduler.priority import MfuBook, efficiency_factor, fair_share_delay, job_class
 
 NOW = 100_000.0
 LABELS = ["compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound", "unknown"]
@@ -101,11 +102,23 @@ def test_decisions_respect_gangs_gpus_tiers_and_reasons(world):
         if job.gpus > largest:                                    # whole nodes, all but one fully used
             assert sum(1 for n, idx in d.placement.slots if len(idx) < size[n]) <= 1, d
     assert len({d.job_id for d in starts}) == len(starts)
+    head_at = next((d.numbers["position"] for d in decisions if d.kind == "hold"), len(pending))
+    held: dict[str, int] = {}   # what reclaim counts: running jobs, and the jobs started ahead of the head
+    for j in [r.job for r in running] + [by_id[d.job_id] for d in starts if d.numbers["position"] < head_at]:
+        held[j.team] = held.get(j.team, 0) + j.gpus
+    taken: dict[str, int] = {}
     for d in decisions:
         if d.kind == "preempt":
             victim, head = run_by_id[d.job_id].job, by_id[d.numbers["for_job"]]
-            assert victim.tier < head.tier and victim.preemptible
-            assert NOW - run_by_id[d.job_id].start >= policy.min_runtime_s
+            assert victim.preemptible and NOW - run_by_id[d.job_id].start >= policy.min_runtime_s
+            if d.numbers["reclaim"]:   # quota reclaim: the head's team stays within its quota
+                assert policy.reclaim and victim.tier <= head.tier and victim.team != head.team
+                assert held.get(head.team, 0) + head.gpus <= teams[head.team].quota_gpus
+                taken[victim.team] = taken.get(victim.team, 0) + victim.gpus
+            else:
+                assert victim.tier < head.tier
+    for t, g in taken.items():   # ... and no victim's team falls below its own
+        assert held[t] - g >= teams[t].quota_gpus
     if policy.name == "fifo":   # strict order: a start never skips a waiting job
         q = order_queue(pending, running, signals, book, NOW, policy, max(size.values()), teams)
         started = {d.job_id for d in starts}
@@ -371,13 +384,22 @@ def test_cluster_state_refuses_double_use():
     assert state.total_free == 4 and state.whole == [0]
 
 
-def _greedy_team_order(q0, running, quota, now, overdue_s):
+def _charge(job, signals, book, policy, now):
+    """The waste charge by its written rule: 1 + weight x (1 - the job's efficiency factor)."""
+    if not policy.waste_charge:
+        return 1.0
+    h = book.lookup(job.key, now) if job.key else None
+    f, _ = efficiency_factor(job, signals.get(job.id), h, policy, book.class_median(job_class(job.gpus)))
+    return 1.0 + policy.waste_weight * (1.0 - f)
+
+
+def _greedy_team_order(q0, running, quota, now, overdue_s, charge=lambda j: 1.0):
     """Per-team queues by their written rule, in plain Python: per tier, the overdue jobs in
     queue order, then repeatedly the head of the team whose (use + given) / quota is lowest
-    (ties: lower key, then earlier in the queue)."""
+    (ties: lower key, then earlier in the queue); every job's GPUs counted at ``charge``."""
     given = dict.fromkeys(quota, 0.0)
     for r in running:
-        given[r.job.team] += r.job.gpus
+        given[r.job.team] += r.job.gpus * charge(r.job)
     rows = [(j, float(k), pos) for pos, (j, k) in enumerate(zip(q0.jobs, q0.key, strict=True))]
     out = []
     for tier in sorted({j.tier for j, _, _ in rows}, reverse=True):
@@ -385,7 +407,7 @@ def _greedy_team_order(q0, running, quota, now, overdue_s):
         fresh = [r for r in mine if now - r[0].submit < overdue_s]
         for j, _, _ in (r for r in mine if now - r[0].submit >= overdue_s):
             out.append(j)
-            given[j.team] += j.gpus
+            given[j.team] += j.gpus * charge(j)
         while fresh:
             heads = {}
             for r in fresh:
@@ -393,22 +415,23 @@ def _greedy_team_order(q0, running, quota, now, overdue_s):
             j, k, pos = min(heads.values(), key=lambda r: (given[r[0].team] / quota[r[0].team], r[1], r[2]))
             fresh.remove((j, k, pos))
             out.append(j)
-            given[j.team] += j.gpus
+            given[j.team] += j.gpus * charge(j)
     return [j.id for j in out]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(worlds(), st.floats(0, 60_000))
-def test_team_queues_interleave_by_quota_and_keep_the_starvation_bound(world, overdue_s):
+@given(worlds(), st.floats(0, 60_000), st.sampled_from([0.0, 1.0, 3.0]))
+def test_team_queues_interleave_by_charged_quota_and_keep_the_starvation_bound(world, overdue_s, weight):
     cluster, running, pending, signals, book, _, teams = world
-    policy = dataclasses.replace(Policy(), team_overdue_s=overdue_s)
+    policy = dataclasses.replace(Policy(), team_overdue_s=overdue_s, waste_weight=weight)
     total = cluster.total_gpus
     q = order_queue(pending, running, signals, book, NOW, policy, 8, teams, total)
     q0 = order_queue(pending, running, signals, book, NOW, dataclasses.replace(policy, team_queues=False),
                      8, teams, total)
     seen = {"a", "b"} | {j.team for j in pending} | {r.job.team for r in running}
     quota = {t: teams[t].quota_gpus if t in teams else total / len(seen) for t in seen}
-    assert [j.id for j in q.jobs] == _greedy_team_order(q0, running, quota, NOW, overdue_s)
+    assert [j.id for j in q.jobs] == _greedy_team_order(
+        q0, running, quota, NOW, overdue_s, lambda j: _charge(j, signals, book, policy, NOW))
     jobs = list(q.jobs)
     for i, later in enumerate(jobs):
         for earlier in jobs[:i]:

@@ -11,6 +11,8 @@ drained nodes, and after every pass ``Checker`` asserts:
 2. never more victims than the preemptor needs: no victim when the GPUs already on their way to
    being free suffice, and no victim whose GPUs the preemptor could do without;
 3. GPUs freed by a victim reach its preemptor, or a job ahead of it in that pass's order, first;
+   and quota reclaim (both teams have quotas here) never takes a team below its quota, nor
+   gives the reclaimer more than its own; no victim is younger than the minimum runtime;
 4. the head's reservation, computed by the written rule from the truth (a stopping job ends by
    its kill deadline), is never delayed by a job backfilled in the same pass;
 5. the queue order keeps ``Policy.aging_bound_s``.
@@ -37,7 +39,7 @@ from gpudiag.scheduler.local.store import PENDING as ROW_PENDING
 from gpudiag.scheduler.local.store import RUNNING as ROW_RUNNING
 from gpudiag.scheduler.local.store import STOPPING as ROW_STOPPING
 from gpudiag.scheduler.local.store import JobRow
-from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Tier
+from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, TeamShare, Tier
 from gpudiag.scheduler.pending import ONE_NODE, WHOLE
 from gpudiag.scheduler.policy import plan
 from gpudiag.scheduler.priority import MfuBook
@@ -45,6 +47,8 @@ from gpudiag.scheduler.sim.traces import TraceJob
 from tests.scheduler_invariants import EPS, Checker, Held, Waiting, gpus_of
 
 POLICY = Policy(min_runtime_s=0.0)   # as `serve --min-runtime 0s`: preemption at once
+LOCAL_QUOTA = {"a": 2, "b": 2}       # of the local runtime's 4 slots: reclaim can fire
+CLUSTER_QUOTA = {"a": 9.0, "b": 9.0}   # of the mixed cluster's 18 GPUs
 
 
 # --- the local daemon and the Slurm-style stateless runtime, driven by a model of processes -------
@@ -72,6 +76,7 @@ class MJob:
 
 class Runtime:
     cluster: Cluster
+    quotas: dict[str, float]
 
     def estimate(self, j: MJob) -> float:
         raise NotImplementedError
@@ -89,10 +94,11 @@ class LocalRuntime(Runtime):
     def __init__(self, slots: int) -> None:
         self.machine = Machine(tuple(str(i) for i in range(slots)), gpus=False)
         self.cluster = self.machine.cluster
+        self.quotas = {t: float(q) for t, q in LOCAL_QUOTA.items()}
         self.restart()
 
     def restart(self) -> None:
-        self.engine = Engine(self.machine, POLICY, MfuBook(POLICY.history_half_life_s), {})
+        self.engine = Engine(self.machine, POLICY, MfuBook(POLICY.history_half_life_s), LOCAL_QUOTA)
         self.rows: dict[int, JobRow] = {}   # a fresh read of the database: nothing cached survives
 
     def estimate(self, j: MJob) -> float:
@@ -124,6 +130,7 @@ class ClusterRuntime(Runtime):
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        self.quotas = CLUSTER_QUOTA
 
     def estimate(self, j: MJob) -> float:
         return j.limit or 365 * 86400.0
@@ -137,7 +144,10 @@ class ClusterRuntime(Runtime):
                            j.deadline if j.state == "stopping" else j.start + self.estimate(j), j.start,
                            terminating=j.state == "stopping")
                    for j in jobs.values() if j.state in ("running", "stopping")]
-        return plan(self.cluster, pending, running, {}, MfuBook(POLICY.history_half_life_s), now, POLICY)
+        teams = {t: TeamShare(q, sum(r.job.gpus for r in running if r.job.team == t))
+                 for t, q in CLUSTER_QUOTA.items()}   # as the controller's --quota
+        return plan(self.cluster, pending, running, {}, MfuBook(POLICY.history_half_life_s), now, POLICY,
+                    teams)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -146,7 +156,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self, runtime: Runtime) -> None:
         super().__init__()
         self.runtime = runtime
-        self.checker = Checker(runtime.cluster, POLICY.aging_bound_s)
+        self.checker = Checker(runtime.cluster, POLICY.aging_bound_s, runtime.quotas, POLICY.min_runtime_s)
         self.jobs: dict[int, MJob] = {}
         self.now = 1000.0
         self.next_id = 1
@@ -181,9 +191,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         largest = max((n.gpus for n in self.runtime.cluster.nodes if n.available), default=0)
         est = self.runtime.estimate
         held = [Held(j.id, j.tier, j.placement, j.deadline if j.state == "stopping" else j.start + est(j),
-                     j.state == "stopping") for j in self.active()]
+                     j.state == "stopping", j.team, j.start) for j in self.active()]
         waiting = {j.id: Waiting(j.id, j.gpus, j.tier, j.submit, est(j),
-                                 WHOLE if j.gpus > largest else ONE_NODE)
+                                 WHOLE if j.gpus > largest else ONE_NODE, j.team)
                    for j in self.jobs.values() if j.state == "pending"}
         self.checker.check(self.now, held, waiting, p.order, p.decisions)
         for d in p.decisions:   # as the daemon applies them
@@ -319,25 +329,27 @@ def test_simulator_passes_keep_the_invariants(case):
     """The simulator's own loop (arrivals, ends, preemptions whose victims stop at their deadline,
     requeues), on mixed node sizes: each ``plan_pass`` it makes is checked on the spot."""
     cluster, jobs, mfu, policy = case
-    checker = Checker(cluster, policy.aging_bound_s)
+    checker = Checker(cluster, policy.aging_bound_s, simulator.quotas_from_load(jobs, cluster.total_gpus),
+                      policy.min_runtime_s)
     real = simulator.plan_pass
     seen: dict[int, None] = {}
     passes = []
 
-    def checked(state, queue, by_end, now, pol, running=None, mfu_of=None):
+    def checked(state, queue, by_end, now, pol, running=None, mfu_of=None, quotas=None, live=None):
         held_ids = {j for _, j, _ in by_end}
         rs = {r.job.id: r for r in running()} if running is not None else {}
-        waiting = {j.id: Waiting(j.id, j.gpus, j.tier, j.submit, j.estimate_s, int(k))
+        waiting = {j.id: Waiting(j.id, j.gpus, j.tier, j.submit, j.estimate_s, int(k), j.team)
                    for j, k in zip(queue.jobs, queue.kind, strict=True)}
         for j in list(seen):
             if j not in held_ids:
                 del seen[j]
                 checker.ended(j, set(waiting))
         seen.update(dict.fromkeys(held_ids))
-        held = [Held(j, rs[j].job.tier if j in rs else Tier.ON_DEMAND, pl, end, j in rs and rs[j].terminating)
+        held = [Held(j, rs[j].job.tier if j in rs else Tier.ON_DEMAND, pl, end, j in rs and rs[j].terminating,
+                     rs[j].job.team if j in rs else "", rs[j].start if j in rs else math.nan)
                 for end, j, pl in by_end]
         order = [j.id for j in queue.jobs]
-        decisions = real(state, queue, by_end, now, pol, running, mfu_of)
+        decisions = real(state, queue, by_end, now, pol, running, mfu_of, quotas, live)
         checker.check(now, held, waiting, order, decisions)
         passes.append(now)
         return decisions

@@ -16,7 +16,8 @@ from gpudiag.scheduler.model import Policy
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--gpus", type=int, required=True, help="GPUs (CPU slots on a --slots scheduler), all at once.")
 @click.option("--tier", default="reserved", show_default=True, metavar="spot|reserved|on-demand",
-              help="Higher tiers go first; only a higher tier preempts (spot is preemptible capacity).")
+              help="Higher tiers go first; only a higher tier preempts, or a team under its --quota "
+                   "reclaiming it (spot is preemptible capacity).")
 @click.option("--team", default="", help="Team for fair share (default: your user name).")
 @click.option("--name", default="", help="The recurring job's key: what earlier runs taught us applies.")
 @click.option("--grace", default=format_duration(Policy().default_grace_s), show_default=True,

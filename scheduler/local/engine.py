@@ -133,6 +133,8 @@ class Engine:
             each = [f"job {r.id} ({STOP_WORDS.get(r.stop_kind or '', 'stopping')}, grace ends "
                     f"{_clock(r.stop_deadline or now)})" for r in waits]
             parts.append(f"will start when {' and '.join(each)} stop{'s' if len(each) == 1 else ''}")
+            if why.reclaim:
+                parts.append(self.words(why.reclaim, now))
         elif waits and any(r.state != STOPPING and r.time_limit_s is None for r in waits):
             ids = ", ".join(str(r.id) for r in waits)
             parts.append(f"waits for job{'s' if len(waits) > 1 else ''} {ids} to end "

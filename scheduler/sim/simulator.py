@@ -18,9 +18,12 @@ known at submission instead). Sort keys are recomputed every ``PRIORITY_CALC_PER
 (Slurm's PriorityCalcPeriod default) and for each arrival; the per-team interleave before
 every pass.
 
-Preemption (tiers from an sacct export; Philly and Tiresias traces have one tier): a victim gets
-SIGTERM and its grace period, then its GPUs are free; work since its last periodic checkpoint
-(every ``CHECKPOINT_INTERVAL_S`` of run time) is lost and it is requeued with the rest.
+Preemption (tiers from an sacct export; Philly and Tiresias traces have one tier) and quota
+reclaim (``Policy.reclaim``, quotas from ``quotas_from_load``): a victim gets SIGTERM and its
+grace period, then its GPUs are free; work since its last periodic checkpoint (every
+``CHECKPOINT_INTERVAL_S`` of run time) is lost and it is requeued with the rest. The waste charge
+(``Policy.waste_charge``) of a running job comes from its own signal once learned (its agent
+reports while it runs), else its key's history; recomputed each priority period.
 """
 
 from __future__ import annotations
@@ -100,13 +103,17 @@ def quotas_from_load(jobs: list[TraceJob], total_gpus: int) -> dict[str, float]:
 
 
 class _Teams:
-    """Decayed average GPUs each team used (exponential, half-life from the policy)."""
+    """Per team: GPUs held (``gpus``; ``live``: less the jobs in their grace period, what reclaim
+    counts), the same with the waste charge (``charged``), and the decayed average of the GPUs
+    held (exponential, half-life from the policy), to which fair share adds the charge."""
 
     def __init__(self, quotas: dict[str, float], half_life_s: float) -> None:
         self.quota = quotas
         self.lam = math.log(2.0) / half_life_s
         self.avg = dict.fromkeys(quotas, 0.0)
         self.gpus = dict.fromkeys(quotas, 0)
+        self.live = dict.fromkeys(quotas, 0.0)
+        self.charged = dict.fromkeys(quotas, 0.0)
         self.at = dict.fromkeys(quotas, 0.0)
 
     def _roll(self, team: str, now: float) -> None:
@@ -114,9 +121,11 @@ class _Teams:
         self.avg[team] = self.avg[team] * a + self.gpus[team] * (1.0 - a)
         self.at[team] = now
 
-    def change(self, team: str, delta: int, now: float) -> None:
+    def change(self, team: str, delta: int, now: float, charged: float) -> None:
+        """``delta`` GPUs held (``charged``: as the waste charge counts them) from ``now``."""
         self._roll(team, now)
         self.gpus[team] += delta
+        self.charged[team] += charged
 
     def share(self, team: str, now: float) -> TeamShare:
         self._roll(team, now)
@@ -170,6 +179,14 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
         sims.append(SimJob(job, t.duration, m, label, t.duration, trace_id=t.id))
     # victims exist only below the top tier: with one tier in the trace there is nothing to preempt
     preemptive = policy.preemption and len({s.job.tier for s in sims}) > 1
+    # reclaim needs quotas, which a replay always has (``quotas_from_load``)
+    reclaiming = policy.reclaim and policy.order == "priority"
+    victims_possible = preemptive or reclaiming
+    # On a full cluster without tiers to preempt a pass can only reclaim, and only for a job
+    # whose team is under quota: passes run there on the arrival of such a job (and, as
+    # always, when GPUs free up) - not on every arrival, which took a 59-node Philly replay
+    # from 2 to 11 minutes.
+    charge = np.ones(len(sims))   # a running job's waste charge per GPU
     whole = None
     if oracle:   # class medians of the whole trace, kept apart from what the policy learns
         whole = MfuBook(policy.history_half_life_s)
@@ -196,7 +213,24 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
     def read_teams(now: float) -> None:
         nonlocal shares
         shares = {t: teams.share(t, now) for t in order.team_names}
-        order.set_teams(shares, now)
+        if order.use_waste:   # as order_queue: the running jobs' waste charge on top of the use
+            order.set_teams({t: TeamShare(v.quota_gpus, v.used_gpus + teams.charged[t] - teams.gpus[t])
+                             for t, v in shares.items()}, now)
+        else:
+            order.set_teams(shares, now)
+
+    def recharge(now: float) -> None:
+        """Every running job's waste charge afresh (each priority period, as the keys)."""
+        if not order.use_waste:
+            return
+        rows = np.fromiter(running.keys(), np.int64, len(running))
+        charge[rows] = order.charge(rows, now)
+        per = np.bincount(order.team_i[rows], weights=order.gpus[rows] * charge[rows],
+                          minlength=len(order.team_names))
+        for t in teams.charged:   # (the incremental sums' rounding goes too)
+            teams.charged[t] = 0.0
+        for ti, t in enumerate(order.team_names):
+            teams.charged[t] = float(per[ti])
 
     def enqueue(i: int, now: float) -> None:
         if order.use_fair and not now - order.fair_at < PRIORITY_CALC_PERIOD_S:
@@ -220,14 +254,22 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
         heapq.heappush(done, (now + wall, 0, job.id))
         if not s.learned:
             heapq.heappush(learn, (now + LEARN_AFTER_S, job.id, now))
-        teams.change(job.team, job.gpus, now)
+        if s.learned and order.use_waste and not oracle:   # its agent reports again
+            order.hear(job.id, s.seen_mfu, s.label, 1.0, math.inf)
+        charge[job.id] = order.charge(np.array([job.id]), now)[0]
+        teams.change(job.team, job.gpus, now, job.gpus * float(charge[job.id]))
+        teams.live[job.team] += job.gpus
         s.segments.append([now, now + wall, s.remaining])
 
     def stop(s: SimJob, now: float, finished: bool) -> None:
         r = running.pop(s.job.id)
         del by_end[bisect_left(by_end, (r.expected_end, s.job.id))]
         state.release(r.placement)
-        teams.change(s.job.team, -s.job.gpus, now)
+        teams.change(s.job.team, -s.job.gpus, now, -s.job.gpus * float(charge[s.job.id]))
+        if not teams.gpus[s.job.team]:
+            teams.charged[s.job.team] = 0.0
+        if not r.terminating:
+            teams.live[s.job.team] -= s.job.gpus
         if finished:
             s.end, s.remaining = now, 0.0
             return
@@ -260,6 +302,11 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
                 s.seen_mfu = s.mfu / max(f, 1.0)   # a spread job's MFU falls with its slowdown
                 book.observe(s.job.key, job_class(s.job.gpus), s.seen_mfu, s.label, now)
                 order.learned(s.job.key)
+                if order.use_waste and not oracle:   # its agent's signal, while it runs
+                    order.hear(i, s.seen_mfu, s.label, 1.0, math.inf)
+                    c = order.charge(np.array([i]), now)[0]
+                    teams.change(s.job.team, 0, now, s.job.gpus * float(c - charge[i]))
+                    charge[i] = c
         while done and done[0][0] <= now:
             _, kind, i = heapq.heappop(done)
             if i not in running:
@@ -269,28 +316,34 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
                 stop(s, now, finished=False)
             elif abs(s.segments[-1][1] - now) < 1e-6:
                 stop(s, now, finished=True)
+        may_reclaim = False   # a full cluster changes for reclaim only by a job that could reclaim
         while ai < n and sims[ai].job.submit <= now:
             enqueue(ai, now)
+            j = sims[ai].job
+            may_reclaim |= reclaiming and teams.live[j.team] + j.gpus <= quotas[j.team]
             ai += 1
-        if not len(queue) or (state.total_free == 0 and not preemptive):
+        if not len(queue) or (state.total_free == 0 and not preemptive and not may_reclaim):
             continue
         rekeyed = rekeys and now >= next_calc
         if rekeyed:
+            order.refresh()
+            recharge(now)
             if order.use_fair:
                 read_teams(now)
-            order.refresh()
             k, kinds = order.keys(queue.tag, now)
             queue.reorder(k, kinds, sort=not policy.uses_team_queues)   # the interleave sorts
             next_calc = now + PRIORITY_CALC_PERIOD_S
         if policy.uses_team_queues:   # team use changes with every start and end: before every pass
             use = np.array([teams.gpus[t] for t in order.team_names], float)
-            queue.permute(order.team_order(queue, use, quotas, state.total_gpus, now))
+            charged = np.array([teams.charged[t] for t in order.team_names], float)
+            queue.permute(order.team_order(queue, use, quotas, state.total_gpus, now, charged))
         if on_pass is not None:
-            own = {j.id: order.signal_of(j.id, now) for j in queue.jobs}
+            own = {j: order.signal_of(j, now) for j in [*queue.tag.tolist(), *running]}
             on_pass(SimPass(now, queue, list(running.values()), {i: g for i, g in own.items() if g},
                             book, shares, state.total_gpus, per, rekeyed or not rekeys))
         decisions = plan_pass(state, queue, by_end, now, policy,
-                              (lambda: list(running.values())) if preemptive else None, mfu_of)
+                              (lambda: list(running.values())) if victims_possible else None, mfu_of,
+                              quotas if reclaiming else None, teams.live)
         started = []
         for d in decisions:
             if d.kind == "start":
@@ -299,6 +352,7 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
             elif d.kind == "preempt":
                 r = running[d.job_id]
                 r.terminating = True
+                teams.live[r.job.team] -= r.job.gpus
                 del by_end[bisect_left(by_end, (r.expected_end, d.job_id))]
                 r.expected_end = now + d.grace_s
                 insort(by_end, (r.expected_end, d.job_id, r.placement))
