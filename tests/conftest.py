@@ -13,6 +13,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# The suite's verdict must not depend on the draw: by default every property test runs the same
+# examples (derandomized), so CI and a developer see the same result. HYPOTHESIS_PROFILE=explore
+# draws new examples each run, to look for bugs (known: docs/scheduler.md, "Known gaps").
+settings.register_profile("fixed", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_ENV = "GPUDIAG_SHARED"
