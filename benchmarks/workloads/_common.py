@@ -69,3 +69,20 @@ def maybe_profile(out_dir: Path | None) -> Iterator[profile | _NoProfiler]:
         on_trace_ready=write,
     ) as prof:
         yield prof
+
+
+def train(loader, model: torch.nn.Module, opt: torch.optim.Optimizer,
+          profile_out: Path | None) -> torch.Tensor:
+    """The plain classification loop the workloads share (cross-entropy, one optimizer step per
+    batch), under ``maybe_profile``; returns the last loss. What makes each workload bound by
+    what it is lies in its data, model and loader, not in this loop."""
+    loss_fn = torch.nn.CrossEntropyLoss()
+    loss = torch.tensor(float("nan"))
+    with maybe_profile(profile_out) as prof:
+        for x, y in loader:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            prof.step()
+    return loss

@@ -7,7 +7,7 @@ intensity (~170 FLOP/byte) is far above a CPU's ridge point. Expected verdict: c
 from __future__ import annotations
 
 import torch
-from _common import maybe_profile, parse_args
+from _common import parse_args, train
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -26,15 +26,7 @@ def main() -> None:
         nn.Linear(WIDTH, CLASSES),
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loss_fn = nn.CrossEntropyLoss()
-    loss = torch.tensor(float("nan"))
-    with maybe_profile(args.profile_out) as prof:
-        for xb, yb in loader:
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
-            loss.backward()
-            opt.step()
-            prof.step()
+    loss = train(loader, model, opt, args.profile_out)
     print(f"compute_bound: final loss {loss.item():.4f}")
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 import torch
-from _common import maybe_profile, parse_args
+from _common import parse_args, train
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -60,15 +60,7 @@ def main() -> None:
         nn.Flatten(), nn.Linear(16 * (SIZE // 4) ** 2, CLASSES),
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    loss = torch.tensor(float("nan"))
-    with maybe_profile(args.profile_out) as prof:
-        for x, y in loader:
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            prof.step()
+    loss = train(loader, model, opt, args.profile_out)
     print(f"demo_train: {args.steps} steps, final loss {loss.item():.3f}")
 
 

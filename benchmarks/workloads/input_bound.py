@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import torch
-from _common import maybe_profile, parse_args
+from _common import parse_args, train
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -43,15 +43,7 @@ def main() -> None:
     loader = DataLoader(SlowDataset(steps * BATCH), batch_size=BATCH, shuffle=True, num_workers=0)
     model = nn.Sequential(nn.Linear(FEATURES, 128), nn.ReLU(), nn.Linear(128, CLASSES))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    loss = torch.tensor(float("nan"))
-    with maybe_profile(args.profile_out) as prof:
-        for x, y in loader:
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            prof.step()
+    loss = train(loader, model, opt, args.profile_out)
     print(f"input_bound: final loss {loss.item():.4f}")
 
 
