@@ -93,6 +93,13 @@ class SimResult:
     wall_s: float
 
 
+def admissible(trace_jobs: list[TraceJob], total_gpus: int) -> tuple[list[TraceJob], int]:
+    """The jobs a cluster of ``total_gpus`` can ever run, and how many it rejects: a job larger
+    than the cluster (it would take whole nodes: all of them at most) never fits."""
+    fit = [t for t in trace_jobs if t.gpus <= total_gpus]
+    return fit, len(trace_jobs) - len(fit)
+
+
 def quotas_from_load(jobs: list[TraceJob], total_gpus: int) -> dict[str, float]:
     """Each team's quota: its share of the offered load (sum of GPUs x duration) times the cluster."""
     load: dict[str, float] = {}
@@ -167,12 +174,9 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
     quotas = quotas_from_load(trace_jobs, state.total_gpus)
     teams = _Teams(quotas, policy.fair_share_half_life_s)
     book = MfuBook(policy.history_half_life_s)
+    fit, rejected = admissible(trace_jobs, state.total_gpus)
     sims: list[SimJob] = []
-    rejected = 0
-    for t in trace_jobs:
-        if t.gpus > state.total_gpus:   # larger jobs take whole nodes: all of them at most
-            rejected += 1
-            continue
+    for t in fit:
         m, label = mfu[t.id]
         job = Job(len(sims), t.gpus, t.submit, t.estimate or t.duration, t.user, t.team, t.key, t.tier,
                   grace_s=policy.default_grace_s)

@@ -27,7 +27,7 @@ from bisect import bisect_left, insort
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Job
 from gpudiag.scheduler.placement import one_node, whole_nodes
-from gpudiag.scheduler.sim.simulator import SimJob, SimResult, quotas_from_load
+from gpudiag.scheduler.sim.simulator import SimJob, SimResult, admissible, quotas_from_load
 from gpudiag.scheduler.sim.traces import TraceJob
 
 THRESHOLD_GPU_S = 3600.0
@@ -39,12 +39,9 @@ def simulate_tiresias(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, st
     wall0 = time.perf_counter()
     state = ClusterState(cluster)
     per = state.max_gpus
+    fit, rejected = admissible(trace_jobs, state.total_gpus)
     sims: list[SimJob] = []
-    rejected = 0
-    for t in trace_jobs:
-        if t.gpus > state.total_gpus:   # larger jobs take whole nodes: all of them at most
-            rejected += 1
-            continue
+    for t in fit:
         m, label = mfu[t.id]
         sims.append(SimJob(Job(t.id, t.gpus, t.submit, t.duration, t.user, t.team, t.key, t.tier),
                            t.duration, m, label, t.duration, trace_id=t.id))
