@@ -25,6 +25,18 @@ def _add(free: Free, p: Placement) -> None:
         free[n] |= set(idx)
 
 
+def _future(free: Free, ahead: list, held: list) -> Free:
+    """Free GPUs once the jobs the pass starts have taken theirs and the jobs stopping have let
+    theirs go: what a preemptor can count on without new victims."""
+    future = {n: set(s) for n, s in free.items()}
+    for d in ahead:
+        _take(future, d.placement)
+    for h in held:
+        if h.stopping:
+            _add(future, h.placement)
+    return future
+
+
 def _take(free: Free, p: Placement) -> None:
     for n, idx in p.slots:
         free[n] -= set(idx)
@@ -141,12 +153,7 @@ class Checker:
         if preempts:
             p = waiting[preempts[0].numbers["for_job"]]
             assert p.id == head, f"victims chosen for job {p.id}, but the head is {head}"
-            future = {n: set(s) for n, s in free.items()}
-            for d in ahead:
-                _take(future, d.placement)
-            for h in held:
-                if h.stopping:
-                    _add(future, h.placement)
+            future = _future(free, ahead, held)
             assert not fits(cluster, future, p.gpus, p.kind), (
                 f"job {p.id} ({p.gpus} GPUs) preempted {[d.job_id for d in preempts]} although the GPUs "
                 f"already on their way to being free suffice: {future}")
@@ -183,12 +190,7 @@ class Checker:
         # head and they, with the GPUs of the jobs still stopping, are enough for it (once a job
         # ahead of it is the head, or took part of what it needed, the head's reservation is what
         # protects the order, and 4. checks that)
-        future = {n: set(s) for n, s in free.items()}
-        for d in ahead:
-            _take(future, d.placement)
-        for h in held:
-            if h.stopping:
-                _add(future, h.placement)
+        future = _future(free, ahead, held)
         for g, p in list(self.promised.items()):
             if not fits(cluster, future, waiting[p].gpus, waiting[p].kind):
                 del self.promised[g]
