@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpudiag.jobsignal import write_signal
 from tests.harness import free_port
 
 NODE = "gpunode"
@@ -51,6 +52,13 @@ KILL_WAIT_S = 5             # Slurm default 30: SIGTERM -> SIGKILL of a requeued
 GRACE_S = 10                # GraceTime of the preemptible partitions (Slurm default 0)
 CRED_EXPIRE_S = 10          # Slurm default 120: also the BeginTime hold after a requeue
 SCHED_INTERVAL_S = 2        # Slurm default 60: main scheduler period
+CONTROLLER_INTERVAL_S = 5   # gpudiag's controller at its smallest --interval (its lease is then 15 s)
+# Slurm alone: it preempts within a scheduling pass of the submit, the victim gets GraceTime, then
+# SIGTERM (a sleep ends at once; KillWait bounds any other), then the job starts on the next pass.
+SLURM_OWN_S = GRACE_S + KILL_WAIT_S + 2 * SCHED_INTERVAL_S
+# How long a job the controller leaves or hands to Slurm may take to start: Slurm's own time, one
+# controller round, and the 2-core VM's load (Slurm's RPCs and Python start-ups run slower there).
+START_BOUND_S = SLURM_OWN_S + CONTROLLER_INTERVAL_S + 15
 # partition name -> PriorityTier; the same names gpudiag's Slurm backend maps to its tiers
 TIERS = {"spot": 1, "reserved": 2, "ondemand": 3}
 
@@ -59,6 +67,12 @@ SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "squeue", "sbatch", "scontrol
 
 class SlurmUnavailable(RuntimeError):
     pass
+
+
+def report(agent, jid: int, mfu: float, label: str = "compute-bound") -> None:  # noqa: ANN001 - an Agent
+    """A signal for job ``jid`` dropped into the agent's spool, as a job under gpudiag profile does."""
+    write_signal(agent.state / "spool", {"job_id": f"slurm:{jid}", "ts": time.time(), "mfu_ratio": mfu,
+                                         "bottleneck": label, "confidence": 0.9, "step_seconds": 0.5})
 
 
 def wait_for(what: str, ok, timeout: float = 120.0, every: float = 0.5):  # noqa: ANN001, ANN201

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.jobsignal import write_signal
 from tests.harness import free_port, prometheus_server
-from tests.slurm_cluster import KILL_WAIT_S, SlurmCluster, slurm_running, wait_for
+from tests.slurm_cluster import KILL_WAIT_S, SlurmCluster, report, slurm_running, wait_for
 from tests.test_agent import Agent, promql
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,12 +72,6 @@ def sbatch(cluster: SlurmCluster, agent: Agent | None, folder: Path, name: str, 
 
 def job(cluster: SlurmCluster, jid: int) -> dict:
     return cluster.job(jid)
-
-
-def report(agent: Agent, jid: int, mfu: float, label: str = "compute-bound") -> None:
-    """A signal for job ``jid`` dropped into the agent's spool, as a job under gpudiag profile does."""
-    write_signal(agent.state / "spool", {"job_id": f"slurm:{jid}", "ts": time.time(), "mfu_ratio": mfu,
-                                         "bottleneck": label, "confidence": 0.9, "step_seconds": 0.5})
 
 
 def usable_signal(prom: str, jid: int) -> bool:

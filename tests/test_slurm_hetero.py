@@ -20,20 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.jobsignal import write_signal
 from tests.harness import unix_users
 from tests.slurm_cluster import (
-    GRACE_S,
-    KILL_WAIT_S,
-    SCHED_INTERVAL_S,
+    START_BOUND_S,
     SlurmCluster,
+    report,
     slurm_running,
     wait_for,
 )
 from tests.test_agent import Agent
 
 NODES = {"gpu4": 4, "gpu8": 8}     # sorted names: the small node comes first (index 0)
-START_BOUND_S = GRACE_S + KILL_WAIT_S + 2 * SCHED_INTERVAL_S + 5 + 15   # Slurm's own, a round, load
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +82,6 @@ def _clean(cluster):
     cluster.cancel_all()
     for p in ("spot", "reserved"):
         cluster.run("scontrol", "update", f"PartitionName={p}", "PreemptMode=REQUEUE", check=False)
-
-
-def report(agent: Agent, jid: int, mfu: float, label: str = "compute-bound") -> None:
-    write_signal(agent.state / "spool", {"job_id": f"slurm:{jid}", "ts": time.time(), "mfu_ratio": mfu,
-                                         "bottleneck": label, "confidence": 0.9, "step_seconds": 0.5})
 
 
 def as_user(user: pwd.struct_passwd, py: Path, cluster: SlurmCluster, *args: str,

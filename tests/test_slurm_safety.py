@@ -22,25 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.jobsignal import write_signal
+from tests.slurm_cluster import CONTROLLER_INTERVAL_S as INTERVAL_S
 from tests.slurm_cluster import (
-    GRACE_S,
-    KILL_WAIT_S,
-    SCHED_INTERVAL_S,
+    START_BOUND_S,
     SlurmCluster,
+    report,
     slurm_running,
     wait_for,
 )
 from tests.test_agent import Agent
 
-INTERVAL_S = 5            # the controller's smallest --interval; its lease is then 15 s
-LEASE_S = 15
-# Slurm alone: it preempts within a scheduling pass of the submit, the victim gets GraceTime, then
-# SIGTERM (a sleep ends at once; KillWait bounds any other), then the job starts on the next pass.
-SLURM_OWN_S = GRACE_S + KILL_WAIT_S + 2 * SCHED_INTERVAL_S
-# The allowance: Slurm's own time, one controller round, and the 2-core VM's load (a shared
-# machine: Slurm's RPCs and our Python start-ups run slower than on an idle one).
-START_BOUND_S = SLURM_OWN_S + INTERVAL_S + 15
+LEASE_S = 15              # three rounds of the controller at INTERVAL_S
 CRASH_SEED = 16           # the kill points of the crash test come from this seed
 KILLS = 22
 PENDING = 150
@@ -64,11 +56,6 @@ def _clean(cluster):
     cluster.cancel_all()
     for p in ("spot", "reserved"):   # what a failed test may have left
         cluster.run("scontrol", "update", f"PartitionName={p}", "PreemptMode=REQUEUE", check=False)
-
-
-def report(agent: Agent, jid: int, mfu: float, label: str = "compute-bound") -> None:
-    write_signal(agent.state / "spool", {"job_id": f"slurm:{jid}", "ts": time.time(), "mfu_ratio": mfu,
-                                         "bottleneck": label, "confidence": 0.9, "step_seconds": 0.5})
 
 
 def gpudiag(cluster: SlurmCluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
