@@ -109,15 +109,38 @@ def _faster(a: AdviceInputs) -> tuple[str, float] | None:
 
 # -- texts -------------------------------------------------------------------------------------
 
+def job_cpu(t: JobTraits) -> whatif.JobCpu | None:
+    """The job's CPU use, where the host sampler measured it and the bootstrap saw the cores."""
+    if t.cores_used is None or not t.cpus:
+        return None
+    return whatif.JobCpu(t.cores_used, t.cpus, t.intra_op_threads or 1, t.other_cores or 0.0,
+                         t.runq_cores or 0.0)
+
+
+def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
+    """What the wait costs in CPU, in words: decoding needs a core per worker, storage does not."""
+    if cpu is None or not a.traits.single_process_loader:
+        return ""
+    used = whatif.loading_cores(a.view, cpu)
+    if used >= whatif.CPU_LOADING:
+        return (f" Loading is CPU work here ({used:.2g} of a core while the job waits): workers "
+                f"share the {cpu.cpus} cores with the model's {cpu.model_cores} thread(s), so the "
+                "cores, not the number of workers, bound the step once the wait is hidden; "
+                "decoding faster or on other machines goes further.")
+    return (f" The wait is not CPU work (the job's processes use {cpu.cores_used:.2g} cores): "
+            "workers waiting on storage need no core of their own.")
+
+
 def _input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     workers = " with num_workers=0" if a.traits.single_process_loader else ""
-    need = whatif.workers_needed(a.view) if a.traits.single_process_loader else None
+    cpu = job_cpu(a.traits)
+    need = whatif.workers_needed(a.view, cpu) if a.traits.single_process_loader else None
     raise_to = f" to at least {need}" if need else ""
     pin = ", set pin_memory=True" if _gpu(a) else ""
     onto = " (or onto the GPU)" if _gpu(a) else ""
     return (f"The DataLoader wait is {_pct(s[Bottleneck.INPUT])} of step time{workers}: raise "
             f"num_workers{raise_to}{pin} and prefetch_factor, and move decoding/augmentation out "
-            f"of the training process{onto}.")
+            f"of the training process{onto}.{_loading(a, cpu)}")
 
 
 def _comm_detail(a: AdviceInputs) -> str:
@@ -286,7 +309,7 @@ def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
 
 CATALOGUE: list[Advice] = [
     Advice("dataloader-workers", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE, _input_text,
-           lambda a: whatif.input_hidden(a.view), Bottleneck.INPUT),
+           lambda a: whatif.input_hidden(a.view, job_cpu(a.traits)), Bottleneck.INPUT),
     Advice("overlap-communication", lambda a, s: s[Bottleneck.COMMUNICATION] >= COMM_NOTABLE,
            _comm_text, lambda a: whatif.communication_overlapped(a.view, cpu=not _gpu(a)),
            Bottleneck.COMMUNICATION),

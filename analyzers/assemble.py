@@ -17,6 +17,7 @@ from gpudiag.analyzers.advice import AdviceInputs, recommend
 from gpudiag.analyzers.breakdown import sum_breakdowns
 from gpudiag.analyzers.classify import lost_events, refuse_for_lost_gpu_events, with_deductions
 from gpudiag.analyzers.communication import finish_collectives, per_step
+from gpudiag.analyzers.host_cpu import HostCpu
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
@@ -78,7 +79,8 @@ def trace_device(path_name: str | None, memory: int | None) -> DevicePeak | None
 
 def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explicit: DevicePeak | None,
              flops_per_step: float | None, sources: list[str],
-             windows: list[WindowSteps] | None = None, workers: list[int] | None = None) -> Diagnosis:
+             windows: list[WindowSteps] | None = None, workers: list[int] | None = None,
+             host: HostCpu | None = None) -> Diagnosis:
     """One Diagnosis from the ranks' partial results; ``windows`` are the job's own step timer
     around the traced window when the input is a run directory (``rundir.window_steps``)."""
     warnings: list[str] = []
@@ -124,7 +126,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     # breakdown's busy time leaves out tiny ops and stalls, which the operator totals include)
     busy = (sum(r.total.gpu_busy for r in results) if has_gpu
             else sum(t for _, t in ops.values()))
-    traits = job_traits([p.facts.traits for p in partials], workers)
+    traits = job_traits([p.facts.traits for p in partials], workers, host)
     n_steps = max((len(r.steps) if r.steps and r.steps[0].step is not None else 0)
                   for r in results) if results else 0
     view = None

@@ -24,6 +24,7 @@ from gpudiag.analyzers.breakdown import (
     work_intervals,
 )
 from gpudiag.analyzers.communication import collective_acc
+from gpudiag.analyzers.host_cpu import host_cpu
 from gpudiag.analyzers.rank_facts import rank_facts
 from gpudiag.analyzers.rank_pool import ProgressSink, RankFile, peek, run_ranks, select
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, work_bounds
@@ -38,7 +39,7 @@ from gpudiag.analyzers.trace_select import select_steps
 from gpudiag.devices import DevicePeak, lookup_device, user_device
 from gpudiag.diagnosis import Diagnosis, RankResult
 from gpudiag.errors import BadInput, TraceError
-from gpudiag.rundir import is_run_dir, read_bootstrap, window_steps
+from gpudiag.rundir import is_run_dir, read_bootstrap, read_host_cpu, read_steps, window_steps
 
 
 @dataclass
@@ -187,12 +188,14 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     check_unique_ranks([(p.result.rank, p.result.trace) for p in partials])
     partials.sort(key=lambda p: p.result.rank)
     run_dir = Path(target)
-    windows = workers = None
+    windows = workers = host = None
     if is_run_dir(run_dir):
         windows = window_steps(run_dir)
-        workers = [w for m in read_bootstrap(run_dir).values() for w in m.dataloader_workers]
+        boot = read_bootstrap(run_dir)
+        workers = [w for m in boot.values() for w in m.dataloader_workers]
+        host = host_cpu(read_host_cpu(run_dir), read_steps(run_dir, boot), boot)
     d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], windows,
-                 workers)
+                 workers, host)
     if d.device.source.startswith("measured") and cpu_device is not None and choice.peak_floor:
         raised = {f: v for f, v in d.device.peak_flops.items() if v > cpu_device.flops.get(f, 0.0)}
         if raised:

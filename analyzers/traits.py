@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from gpudiag.analyzers.host_cpu import HostCpu
 from gpudiag.diagnosis import JobTraits
 
 # (trait, pattern over recorded names). Sources: torch/optim/optimizer.py (profile_hook_step
@@ -45,8 +46,8 @@ def rank_traits(names: list[str], dataloader_iters: list[str]) -> dict[str, bool
     return found
 
 
-def job_traits(per_rank: list[dict[str, bool]], dataloader_workers: list[int] | None = None
-               ) -> JobTraits:
+def job_traits(per_rank: list[dict[str, bool]], dataloader_workers: list[int] | None = None,
+               host: HostCpu | None = None) -> JobTraits:
     """The job's traits: a trait any rank shows (ranks run the same code)."""
     def any_of(k: str) -> bool:
         return any(r.get(k, False) for r in per_rank)
@@ -57,4 +58,8 @@ def job_traits(per_rank: list[dict[str, bool]], dataloader_workers: list[int] | 
         fsdp=any_of("fsdp"), attention=any_of("softmax") and any_of("bmm"), sdpa=any_of("sdpa"),
         single_process_loader=any_of("single_process_loader"),
         dataloader_workers=sorted(set(dataloader_workers or [])),
+        cores_used=host.cores_used if host else None, runq_cores=host.runq_cores if host else None,
+        other_cores=host.other_cores if host else None,
+        cpus=host.cpus if host else None,
+        intra_op_threads=host.intra_op_threads if host else None,
     )

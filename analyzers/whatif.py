@@ -43,22 +43,77 @@ def _ms(us: float) -> str:
     return f"{us / 1e3:.3g} ms"
 
 
-def input_hidden(b: TimeBreakdown) -> Prediction:
+@dataclass(frozen=True)
+class JobCpu:
+    """What the job's processes used of the machine's cores (``analyzers.host_cpu``)."""
+
+    cores_used: float  # mean over the untraced steps, the whole process tree
+    cpus: int  # cores the job could run on
+    threads: int  # the model's intra-op threads (1 where unknown)
+    other_cores: float = 0.0  # cores the machine's other work kept busy meanwhile
+    runq_cores: float = 0.0  # cores' worth of the job's processes waiting runnable for a core
+
+    @property
+    def available(self) -> float:
+        """Cores the job can count on: what the other work leaves, and at least what it has."""
+        return max(self.cores_used, self.cpus - self.other_cores, 1e-9)
+
+    @property
+    def model_cores(self) -> int:
+        return max(1, min(self.threads, self.cpus))
+
+
+# A single-process loader whose wait uses at least half a core is decoding, not waiting on
+# storage: its workers need cores of their own.
+CPU_LOADING = 0.5
+
+
+def loading_cores(b: TimeBreakdown, cpu: JobCpu) -> float:
+    """Cores the loading wanted while the job waited for it: the processes' CPU per step, and
+    their waiting runnable for a core (a busy machine), less the most the rest of the step can
+    have wanted (the model's threads), over the wait."""
+    if b.input_wait <= 0:
+        return 0.0
     rest = b.step_time - b.input_wait
-    workers = workers_needed(b)
-    need = f"; needs at least {workers} DataLoader workers producing a batch in that time" \
-        if workers else ""
-    return Prediction(rest, f"input wait ({_ms(b.input_wait)}) hidden behind the rest of the step "
-                            f"({_ms(rest)} of compute, communication and gaps), which bounds it{need}")
+    spare = (cpu.cores_used + cpu.runq_cores) * b.step_time - cpu.model_cores * rest
+    return min(1.0, max(0.0, spare / b.input_wait))
 
 
-def workers_needed(b: TimeBreakdown) -> int | None:
+def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None) -> Prediction:
+    """The rest of the step bounds it, and so does the CPU the job already spends per step:
+    hiding a wait behind workers moves decoding to other processes, it does not remove it."""
+    rest = b.step_time - b.input_wait
+    step = input_hidden_step(b, cpu)
+    bound = "" if cpu is None or step <= rest else (
+        f"; the job's processes use {cpu.cores_used:.2g} cores ({_ms(cpu.cores_used * b.step_time)} "
+        f"of CPU per step), which the {cpu.available:.2g} of {cpu.cpus} cores the machine's other "
+        f"work leaves cannot do in less than {_ms(step)}")
+    workers = workers_needed(b, cpu)
+    need = (f"; needs at least {workers} DataLoader worker{'s' if workers > 1 else ''} producing a "
+            "batch in that time") if workers else ""
+    return Prediction(step, f"input wait ({_ms(b.input_wait)}) hidden behind the rest of the step "
+                            f"({_ms(rest)} of compute, communication and gaps), which bounds it"
+                            f"{bound}{need}")
+
+
+def workers_needed(b: TimeBreakdown, cpu: JobCpu | None = None) -> int | None:
     """Workers that hide a single-process loader's wait: each makes a batch in the time the
-    main process now waits for one, and the rest of the step must cover it."""
-    rest = b.step_time - b.input_wait
-    if b.input_wait <= 0 or rest <= 0:
+    main process now waits for one, and the step left must cover it (a step that the job's CPU
+    work bounds is longer, and needs fewer of them)."""
+    step = input_hidden_step(b, cpu)
+    if b.input_wait <= 0 or step <= 0:
         return None
-    return max(1, math.ceil(b.input_wait / rest))
+    return max(1, math.ceil(b.input_wait / step))
+
+
+def input_hidden_step(b: TimeBreakdown, cpu: JobCpu | None = None) -> float:
+    """The step with its input wait hidden: the rest of it; and where the loading is CPU work,
+    no less than the job's CPU per step over the cores the machine's other work leaves it
+    (a wait on storage moves no CPU into the step: its workers sleep)."""
+    rest = b.step_time - b.input_wait
+    if cpu is None or loading_cores(b, cpu) < CPU_LOADING:
+        return rest
+    return max(rest, cpu.cores_used * b.step_time / cpu.available)
 
 
 def communication_overlapped(b: TimeBreakdown, cpu: bool = False) -> Prediction:

@@ -49,8 +49,33 @@ def _cpu_and_rss(pid: int) -> tuple[float, int] | None:
     return cpu, rss
 
 
+def _machine_busy() -> float | None:
+    """CPU seconds the whole machine has spent busy (all cores; idle and I/O wait left out)."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != b"cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK
+
+
+def _runq_s(pid: int) -> float:
+    """Seconds the process's main thread has waited runnable for a core (0 where unknown): a
+    loader that decodes on a busy machine waits there, one that reads from storage does not."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class HostSampler:
-    """Every ``interval`` seconds: process count, CPU utilisation (cores) and RSS of the tree."""
+    """Every ``interval`` seconds: process count, CPU utilisation (cores) and RSS of the tree,
+    and the cores the whole machine kept busy (the job's and everybody else's): a DataLoader's
+    workers, or a traced step, compete with the other work for what is left."""
 
     def __init__(self, root_pid: int, out: Path, interval: float = 1.0) -> None:
         self.root = root_pid
@@ -71,12 +96,15 @@ class HostSampler:
 
     def _run(self) -> None:
         prev: dict[int, float] = {}
+        prev_q: dict[int, float] = {}
         prev_t = time.monotonic()
+        prev_busy = _machine_busy()
         with self.out.open("a") as f:
             while not self._stop.wait(self.interval):
                 now = time.monotonic()
-                cpu_total = rss_total = 0.0
+                cpu_total = rss_total = q_total = 0.0
                 cur: dict[int, float] = {}
+                cur_q: dict[int, float] = {}
                 pids = tree(self.root)
                 for pid in pids:
                     r = _cpu_and_rss(pid)
@@ -84,9 +112,16 @@ class HostSampler:
                         continue
                     cur[pid] = r[0]
                     cpu_total += r[0] - prev.get(pid, r[0])
+                    cur_q[pid] = _runq_s(pid)
+                    q_total += cur_q[pid] - prev_q.get(pid, cur_q[pid])
                     rss_total += r[1]
                 util = cpu_total / (now - prev_t) if prev else 0.0
-                prev, prev_t = cur, now
-                f.write(json.dumps({"t": time.time(), "processes": len(cur), "cpu_cores": round(util, 3),
-                                    "rss_bytes": int(rss_total)}) + "\n")
+                busy = _machine_busy()
+                row = {"t": time.time(), "processes": len(cur), "cpu_cores": round(util, 3),
+                       "rss_bytes": int(rss_total),
+                       "runq_cores": round(q_total / (now - prev_t), 3) if prev else 0.0}
+                if busy is not None and prev_busy is not None:
+                    row["machine_cores_busy"] = round((busy - prev_busy) / (now - prev_t), 3)
+                prev, prev_q, prev_t, prev_busy = cur, cur_q, now, busy
+                f.write(json.dumps(row) + "\n")
                 f.flush()

@@ -222,7 +222,9 @@ class _Bootstrap:
                 "skip": self.skip, "steps": self.steps, "notes": self.notes,
                 "dataloader_workers": sorted(self.dataloader_workers),
                 "explicit_steps": self.explicit, "traced_steps": self.traced_steps,
-                "windows": self.windows[-20:], "retrace_s": self.retrace_s}
+                "windows": self.windows[-20:], "retrace_s": self.retrace_s,
+                # what the DataLoader advice weighs a wait's CPU use against (analyzers.host_cpu)
+                "cpus": _cpus(), "intra_op_threads": _threads(torch)}
         path = self.run_dir / "samples" / f"bootstrap-rank-{self.rank}.json"
         try:
             tmp = path.with_suffix(".partial")
@@ -230,6 +232,21 @@ class _Bootstrap:
             tmp.replace(path)
         except OSError:
             pass
+
+
+def _cpus() -> int | None:
+    """Cores this process may run on (its affinity mask, which a batch system narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def _threads(torch: Any) -> int | None:  # noqa: ANN401 - torch, when the job imported it
+    try:
+        return int(torch.get_num_threads()) if torch is not None else None
+    except Exception:  # noqa: BLE001 - a broken torch must not break the job's exit
+        return None
 
 
 _config: tuple[Path, int, int, float] | None = None

@@ -313,6 +313,13 @@ class JobTraits:
     sdpa: bool = False  # fused scaled_dot_product_attention
     single_process_loader: bool = False  # a DataLoader with num_workers=0
     dataloader_workers: list[int] = field(default_factory=list)  # as the bootstrap saw them
+    # the job's processes' mean CPU cores over its untraced steps (analyzers.host_cpu), and the
+    # cores it could use and its torch threads: what a DataLoader wait costs in CPU
+    cores_used: float | None = None
+    runq_cores: float | None = None  # cores' worth of waiting runnable for a core
+    other_cores: float | None = None  # cores the machine's other work kept busy meanwhile
+    cpus: int | None = None
+    intra_op_threads: int | None = None
 
 
 @dataclass

@@ -83,6 +83,27 @@ def read_run(run_dir: Path) -> RunInfo:
     return RunInfo(**{k: v for k, v in data.items() if k in known})
 
 
+@dataclass(frozen=True)
+class HostSample:
+    """One row of samples/host.jsonl: averages over the time since the row before it."""
+
+    t: float  # unix time at its end
+    cores: float  # CPU cores the job's process tree used
+    runq_cores: float  # cores' worth of time its processes waited runnable for a core
+    machine_busy: float | None  # cores the whole machine kept busy (None: not recorded)
+
+
+def read_host_cpu(run_dir: Path) -> list[HostSample]:
+    """samples/host.jsonl in time order (the first row's figures mean nothing: no interval yet)."""
+    def num(v: Any) -> float | None:  # noqa: ANN401 - a JSON value
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    out = [HostSample(num(r.get("t")), num(r.get("cpu_cores")), num(r.get("runq_cores")) or 0.0,
+                      num(r.get("machine_cores_busy")))
+           for r in read_jsonl(run_dir / "samples" / "host.jsonl")]
+    return sorted((h for h in out if h.t is not None and h.cores is not None), key=lambda h: h.t)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Object rows of an append-only JSONL file. A torn line (a crash mid-write) or a
     missing file loses only that line or nothing: readers of run directories never fail
@@ -146,6 +167,8 @@ class BootstrapMeta:
     explicit_steps: bool = False
     traced_steps: list[int] = field(default_factory=list)  # job step numbers in the trace(s)
     windows: list[dict[str, Any]] = field(default_factory=list)  # one per trace window written
+    cpus: int | None = None  # cores the job's process could run on
+    intra_op_threads: int | None = None  # torch's intra-op threads as the job left them
 
 
 def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:

@@ -249,3 +249,19 @@ def test_the_advice_that_applies_is_given_ranked_by_predicted_gain(gpu, eager_ch
             assert r.why, r
             if r.predicted_step_s is not None:
                 assert 0 <= r.predicted_step_s <= r.step_s + 1e-12, r
+
+
+def test_workers_advice_tells_a_wait_on_storage_from_decoding(tmp_path):
+    """The same input-bound job, its batch once read from slow storage (a sleep) and once
+    decompressed (zlib): the host samples tell them apart, so the storage wait is told any
+    number of workers may hide it, and the decoding is told the cores bound the step."""
+    common = ("--workers", "0", "--steps", "80", "--passes", "1")
+    storage, _, _ = profile(tmp_path, "storage", "feed_job.py", *common, "--read-ms", "60")
+    decoding, _, _ = profile(tmp_path, "decoding", "feed_job.py", *common, "--read-ms", "0",
+                             "--decode-mb", "30")
+    for d in (storage, decoding):
+        assert d.traits.single_process_loader and d.traits.cores_used is not None, d.traits
+    [s] = [r for r in storage.verdict.recommendations if r.action == "dataloader-workers"]
+    [c] = [r for r in decoding.verdict.recommendations if r.action == "dataloader-workers"]
+    assert "The wait is not CPU work" in s.text and "cannot do in less" not in s.why, (s, storage.traits)
+    assert "Loading is CPU work here" in c.text and "cannot do in less" in c.why, (c, decoding.traits)

@@ -7,7 +7,8 @@ file or network I/O is), with its own step timer: the input-bound job of "predic
 Each batch takes ``--read-ms`` to read (one record of ``--batch`` samples, as from a shard:
 one wait per step, not one per sample, whose wake-ups on a loaded VM cost the compute after
 them more than the wait itself); the model's step takes longer than the reading divided by 4,
-so 4 workers hide the reading entirely. With ``--phases`` (``_phases``)
+so 4 workers hide the reading entirely. ``--decode-mb`` adds CPU work to each batch (a zlib
+shard decompressed), so the loading needs cores, not only time. With ``--phases`` (``_phases``)
 the "a" steps read from a second DataLoader with ``--fixed-workers``. ``--report`` gets the
 job's own step times (from the end of one optimizer step to the end of the next, as gpudiag's
 timer) and each step's phase.
@@ -15,7 +16,9 @@ timer) and each step's phase.
 
 import argparse
 import json
+import os
 import time
+import zlib
 
 import torch
 from _phases import schedule
@@ -28,6 +31,8 @@ ap.add_argument("--fixed-workers", type=int, default=4)
 ap.add_argument("--phases", default="b1")
 ap.add_argument("--batch", type=int, default=16)
 ap.add_argument("--read-ms", type=float, default=30.0)
+ap.add_argument("--decode-mb", type=float, default=0.0,
+                help="MB each batch decompresses (zlib, as compressed shards are): CPU work")
 ap.add_argument("--width", type=int, default=512)
 ap.add_argument("--passes", type=int, default=1, help="forward/backward passes per batch")
 ap.add_argument("--report", required=True)
@@ -42,10 +47,14 @@ class Slow(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         time.sleep(args.read_ms / 1e3)
+        if SHARD:
+            zlib.decompress(SHARD)
         g = torch.Generator().manual_seed(i)
         return torch.randn(args.batch, args.width, generator=g), torch.randn(args.batch, 1, generator=g)
 
 
+# a compressed shard (1 MiB of random bytes, repeated: zlib's matches, not the bytes, cost)
+SHARD = zlib.compress(os.urandom(1 << 20) * max(1, round(args.decode_mb)), 1) if args.decode_mb else b""
 torch.manual_seed(0)
 torch.set_num_threads(1)
 model = torch.nn.Sequential(torch.nn.Linear(args.width, 2048), torch.nn.GELU(),

@@ -1,0 +1,82 @@
+"""How many cores the job's processes used while it ran untraced (``samples/host.jsonl``).
+
+Why: a DataLoader wait in the training process is either storage (a worker needs no core of its
+own while it waits: ten workers can hide a slow read on two cores) or decoding (each worker
+needs a core, beside the cores the model's threads use). The trace cannot tell them apart - the
+main thread just waits in ``__next__`` - but the host sampler's figures for the process tree
+can: a num_workers=0 job waiting on storage uses almost no CPU and waits for none, one that
+decodes uses a core, or waits runnable for one when the machine is busy. The traced steps are
+left out (the profiler's own work runs in them), as are the first steps (start-up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpudiag.rundir import STARTUP_STEPS, BootstrapMeta, HostSample, StepRow
+
+# A 1 s sampler over a job of a few seconds gives a handful; fewer than this is no estimate.
+MIN_SAMPLES = 2
+# A sample averages the second before it: it counts where most of that second was untraced
+# steps (the sampler's clock is not the steps': a sample a few ms past the job's last step is
+# still the job's).
+MIN_OVERLAP = 0.8
+
+
+@dataclass(frozen=True)
+class HostCpu:
+    """Means over the job's untraced steps."""
+
+    cores_used: float  # CPU cores of the job's process tree
+    runq_cores: float  # cores' worth of its processes' waiting runnable for a core
+    other_cores: float | None  # cores the rest of the machine kept busy
+    samples: int  # host samples these rest on
+    cpus: int | None  # cores the job could run on (its affinity), from the bootstrap
+    intra_op_threads: int | None  # torch's intra-op threads in the job
+
+
+def untraced_spans(rows: Sequence[StepRow]) -> list[tuple[float, float]]:
+    """(start, end) unix times of runs of consecutive untraced steps after start-up."""
+    spans: list[tuple[float, float]] = []
+    prev: StepRow | None = None
+    for r in sorted(rows, key=lambda r: r.step):
+        if r.profiler is not None or r.step <= STARTUP_STEPS:
+            prev = None
+            continue
+        if prev is not None and r.step == prev.step + 1:
+            spans[-1] = (spans[-1][0], r.t)
+        else:
+            spans.append((r.t - r.dt, r.t))
+        prev = r
+    return spans
+
+
+def host_cpu(samples: Sequence[HostSample], steps: Mapping[int, Sequence[StepRow]],
+             boot: Mapping[int, BootstrapMeta], min_samples: int = MIN_SAMPLES) -> HostCpu | None:
+    """Over the lowest rank's untraced steps (ranks step together), or None where the samples
+    are too few to say. A sample counts where ``MIN_OVERLAP`` of the interval it averages (since
+    the sample before it) lies inside runs of untraced steps."""
+    if not steps:
+        return None
+    spans = untraced_spans(steps[min(steps)])
+
+    def inside(t0: float, t1: float) -> float:
+        return sum(max(0.0, min(hi, t1) - max(lo, t0)) for lo, hi in spans)
+
+    used = [(b.t - a.t, b) for a, b in zip(samples, samples[1:], strict=False)
+            if b.t > a.t and inside(a.t, b.t) >= MIN_OVERLAP * (b.t - a.t)]
+    total = sum(d for d, _ in used)
+    if len(used) < min_samples or total <= 0:
+        return None
+
+    def mean(f) -> float:  # noqa: ANN001 - a HostSample field getter
+        return sum(d * f(h) for d, h in used) / total
+
+    job = mean(lambda h: h.cores)
+    other = None
+    if all(h.machine_busy is not None for _, h in used):
+        other = round(max(0.0, mean(lambda h: h.machine_busy) - job), 3)
+    meta = boot.get(min(steps))
+    return HostCpu(round(job, 3), round(mean(lambda h: h.runq_cores), 3), other, len(used),
+                   meta.cpus if meta else None, meta.intra_op_threads if meta else None)
