@@ -13,6 +13,7 @@ the scaled ratio). The first and last lines give the machine and its load averag
 
 Cases (held out: none of them is a workload the labels were tuned on):
 - workers: a DataLoader reading each sample slowly, num_workers 0 -> 4 (``dataloader-workers``);
+- workers-decode: the same DataLoader decompressing each batch (CPU work), num_workers 0 -> 2;
 - compile: inference of many small elementwise ops between GEMMs, eager -> torch.compile
   (``compile-small-ops``);
 - ddp-buckets: 2-rank DDP over gloo, one bucket bigger than the model -> 4 MB buckets
@@ -67,6 +68,12 @@ CASES = {
     "workers": Case("workers", ("dataloader-workers",), "feed_job.py",
                     ["--workers", "0", "--fixed-workers", "4", "--read-ms", "120", "--passes", "4"],
                     "b40,a20", steps=160, skip=70, settle=10),
+    # the same job decompressing a 40 MB zlib shard per batch instead of sleeping: the loading
+    # is CPU work, so the prediction is bounded by the cores the machine's other work leaves
+    "workers-decode": Case("workers-decode", ("dataloader-workers",), "feed_job.py",
+                           ["--workers", "0", "--fixed-workers", "2", "--read-ms", "0",
+                            "--decode-mb", "40", "--passes", "2"],
+                           "b40,a20", steps=160, skip=70, settle=10),
     # torch.compile is advised for host gaps, or for memory-bound elementwise work where those
     # are small: either prediction is of the compiled step
     "compile": Case("compile", ("compile-small-ops", "fuse-memory-bound"), "chain_job.py", [], "b60,a30",
@@ -177,7 +184,7 @@ def main() -> None:
     args = ap.parse_args()
     names = args.case or list(CASES)
     print(f"machine: {machine()}")
-    print(f"{'case':<13}{'action':<23}{'view':<11}{'before':>9}{'predicted':>11}{'measured':>10}"
+    print(f"{'case':<16}{'action':<23}{'view':<11}{'before':>9}{'predicted':>11}{'measured':>10}"
           f"{'ratio':>7}{'scaled':>8}")
     with tempfile.TemporaryDirectory(prefix="gpudiag-pva-") as tmp:
         for name in names:
@@ -187,7 +194,7 @@ def main() -> None:
                 work.mkdir(parents=True)
                 r = run_case(case, work)
                 view = "unprofiled" if r.basis == "unprofiled-estimate" else "traced"
-                print(f"{r.case:<13}{r.action:<23}{view:<11}{r.before_s * 1e3:>7.1f}ms"
+                print(f"{r.case:<16}{r.action:<23}{view:<11}{r.before_s * 1e3:>7.1f}ms"
                       f"{r.predicted_s * 1e3:>9.1f}ms{r.measured_s * 1e3:>8.1f}ms{r.ratio:>7.2f}"
                       f"{r.scaled_ratio:>8.2f}", flush=True)
                 print(f"    view step {r.view_step_s * 1e3:.1f} ms; {r.why}", flush=True)
