@@ -335,7 +335,8 @@ class Controller:
             lift = next((b for b in res.actions if b.kind == "lift" and b.target == str(a.for_job)), None)
             if lift is not None and not lift.applied:
                 return f"job {a.for_job}'s lift in Slurm's order failed ({lift.error}): not requeued"
-            held = serving is None or victim.partition not in serving.quiet
+            quiet = serving.quiet - serving.modes.held if serving is not None else set()
+            held = victim.partition not in quiet
             try:
                 if not parts_now:
                     parts_now.update(self.io.partitions())
