@@ -358,8 +358,9 @@ class Controller:
         apply(res.actions, self.io, self.store, now, self.renew, self.opt.lease_s / 3, precheck, prepare)
         refused = [a for a in res.actions if a.kind == "requeue" and a.error and not a.applied
                    and "not requeued" not in a.error and "not tried" not in a.error]
-        for a in [a for a in refused if a.reclaim and a.for_job is not None]:   # Slurm would not reclaim
-            res.not_reclaimed[a.for_job] = f"Slurm refused to requeue job {a.target} ({a.error})"
+        for a in res.actions:   # a reclaim not done stays gpudiag's: Slurm does not reclaim
+            if a.kind == "requeue" and a.reclaim and a.error and not a.applied and a.for_job is not None:
+                res.not_reclaimed.setdefault(a.for_job, f"requeue of job {a.target} not done: {a.error}")
         refused = [a for a in refused if not a.reclaim]
         if not refused or serving is None:
             return
