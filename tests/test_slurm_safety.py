@@ -401,7 +401,7 @@ def test_quota_reclaim_requeues_the_least_useful_over_quota_job_for_the_under_qu
         assert cluster.job(backlog)["JobState"] == "PENDING"
         assert [restarts(cluster, j) for j in bs] == [0, 1, 0, 0]
         assert all(cluster.job(j)["JobState"] == "RUNNING" for j in (bs[0], bs[2], bs[3]))   # b keeps 3
-        # started, a1's Nice is put back (the round after it starts: b's jobs are then no victims)
+        # started, a1's Nice is put back (the round after it starts)
         wait_for("a1's Nice back", lambda: cluster.job(a1)["Nice"] == "0", 3 * INTERVAL_S + 10)
         wait_for("the victim out of BeginTime", lambda: cluster.job(bs[1])["Reason"] != "BeginTime", 60)
     finally:
@@ -412,3 +412,4 @@ def test_quota_reclaim_requeues_the_least_useful_over_quota_job_for_the_under_qu
     assert text.count(f"requeue {bs[1]}: RUNNING -> PENDING") == 1, text
     assert f"lift {a1}" in text and text.count("RUNNING -> PENDING") == 1, text
     assert [restarts(cluster, j) for j in bs] == [0, 1, 0, 0] and cluster.job(a1)["JobState"] == "RUNNING"
+    assert cluster.job(bs[1])["JobState"] == "PENDING"     # out of BeginTime, it did not take a GPU back
