@@ -124,8 +124,10 @@ def test_squeue_json_fields_the_controller_relies_on():
                      "restart_cnt": 2, "tres_alloc_str": "cpu=3,mem=2G,node=1", "submit_time": 1,
                      "start_time": 2, "priority": 1, "nice": None, "time_limit": None},
                     {"job_id": 6, "job_state": "COMPLETING", "nodes": "n1", "gres_detail": [],
-                     "tres_per_node": "gres:gpu:1", "node_count": 1, "submit_time": 1, "start_time": 2}]}
+                     "tres_per_node": "gres:gpu:1", "node_count": 1, "submit_time": 1, "start_time": 2,
+                     "nice": 4294967290}]}   # 22.05 prints Nice -6 (a reclaim's lift) as unsigned
     run, stopping = parse_squeue_json(json.dumps(doc))
+    assert (run.nice, stopping.nice) == (0, -6)
     assert (run.requeue, run.preempt_time, run.restarts, run.cpus, run.mem_mb, run.gpus) == \
         (False, 1700.0, 2, 3, 2048.0, 2)
     assert stopping.holds and stopping.nodes == ("n1",) and stopping.gpus == 1

@@ -346,3 +346,70 @@ def test_min_runtime_and_quota_are_honoured(cluster, agent, tmp_path):
     assert cluster.job(a)["JobState"] == cluster.job(b)["JobState"] == "PENDING"   # dry runs changed nothing
     p = gpudiag(cluster, "--restore-only", "--state", ledger)
     assert p.returncode == 0 and cluster.preempt_mode("spot") == "REQUEUE", p.stdout + p.stderr
+
+
+# --- quota reclaim -------------------------------------------------------------------------------
+
+def test_quota_reclaim_requeues_the_least_useful_over_quota_job_for_the_under_quota_account(
+        cluster, agent, tmp_path):
+    """Accounts a (quota 1) and b (quota 3) in the top tier, made a quiet REQUEUE partition (no
+    higher tier: Slurm never preempts there, gpudiag does not hold it). b fills the node and has a
+    job waiting ahead of a's in Slurm's order; a's job must get the GPU of b's least useful job."""
+    cluster.run("scontrol", "update", "PartitionName=ondemand", "PreemptMode=REQUEUE")
+    ledger = tmp_path / "ledger.json"
+    agents = f"127.0.0.1:{agent.port}"
+    quotas = ("--quota", "a=1", "--quota", "b=3")
+    ctl = None
+    try:
+        bs = [cluster.sbatch(f"b{i}", "ondemand", 1, "-A", "b") for i in range(4)]
+        running(cluster, *bs)
+        for j, mfu in zip(bs, (0.4, 0.05, 0.4, 0.3), strict=True):
+            report(agent, j, mfu)
+        backlog = cluster.sbatch("b-backlog", "ondemand", 1, "-A", "b")    # ahead of a's jobs for Slurm
+
+        def round_of(*extra: str, dry: bool = True) -> dict:
+            p = gpudiag(cluster, *(["--dry-run"] if dry else []), "--once", "--json", "--agents", agents,
+                        "--state", str(ledger), *quotas, *extra)
+            assert p.returncode == 0, p.stdout + p.stderr
+            return json.loads(p.stdout.splitlines()[0])
+
+        def reclaims(res: dict) -> list[int]:
+            return [d["job_id"] for d in res["decisions"] if d["kind"] == "preempt"]
+
+        big = cluster.sbatch("a-big", "ondemand", 2, "-A", "a")   # would take a above its quota of 1
+        res = round_of(dry=False)          # takes spot and reserved over; a-big may not reclaim
+        assert reclaims(res) == [] and not [a for a in res["actions"] if a["kind"] in ("requeue", "lift")]
+        cluster.run("scancel", str(big))
+        a1 = cluster.sbatch("a1", "ondemand", 1, "-A", "a")
+        assert reclaims(round_of("--min-runtime", "1h")) == []     # b's jobs have not run an hour
+        res = round_of()                   # shown, not done
+        assert reclaims(res) == [bs[1]], res   # the least useful work lost: MFU 5%
+        victim = next(d for d in res["decisions"] if d["kind"] == "preempt")
+        assert victim["reason"].startswith("reclaim: team a holds 0 of its 1-GPU quota; team b keeps 3 of "
+                                           "its 3; victim: lowest useful work lost (MFU 5.0%")
+        kinds = [(a["kind"], a["target"], a["applied"]) for a in res["actions"]
+                 if a["kind"] != "preempt_mode"]
+        assert kinds == [("lift", str(a1), False), ("requeue", str(bs[1]), False)], res["actions"]
+        assert any(f"job {a1}: quota reclaim: requeueing job {bs[1]}" in n for n in res["notes"])
+        assert cluster.job(bs[1])["JobState"] == "RUNNING" and cluster.job(a1)["Nice"] == "0"
+
+        ctl = controller(cluster, agent, ledger, "--restore", *quotas)
+        starts_within(cluster, a1)
+        assert restarts(cluster, bs[1]) == 1 and cluster.job(bs[1])["JobState"] == "PENDING"
+        # requeued: it waits out its BeginTime (cred_expire), then behind a1; nothing else moved
+        assert cluster.job(bs[1])["Reason"] in ("BeginTime", "Priority", "Resources")
+        assert cluster.job(backlog)["JobState"] == "PENDING"
+        assert [restarts(cluster, j) for j in bs] == [0, 1, 0, 0]
+        assert all(cluster.job(j)["JobState"] == "RUNNING" for j in (bs[0], bs[2], bs[3]))   # b keeps 3
+        # started, a1's Nice is put back (the round after it starts)
+        wait_for("a1's Nice back", lambda: cluster.job(a1)["Nice"] == "0", 3 * INTERVAL_S + 10)
+        wait_for("the victim out of BeginTime", lambda: cluster.job(bs[1])["Reason"] != "BeginTime", 60)
+    finally:
+        if ctl is not None:
+            assert ctl.stop() == 0, ctl.text()
+        cluster.run("scontrol", "update", "PartitionName=ondemand", "PreemptMode=OFF", check=False)
+    text = ctl.text()
+    assert text.count(f"requeue {bs[1]}: RUNNING -> PENDING") == 1, text
+    assert f"lift {a1}" in text and text.count("RUNNING -> PENDING") == 1, text
+    assert [restarts(cluster, j) for j in bs] == [0, 1, 0, 0] and cluster.job(a1)["JobState"] == "RUNNING"
+    assert cluster.job(bs[1])["JobState"] == "PENDING"     # out of BeginTime, it did not take a GPU back

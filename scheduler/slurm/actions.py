@@ -22,11 +22,12 @@ from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
 log = logging.getLogger("gpudiag.scheduler.slurm")
 
 PREEMPT_OFF = "OFF"
+NICE_KINDS = ("nice", "lift", "restore")   # the changes that are a job's Nice
 
 
 @dataclass
 class Action:
-    kind: str            # "nice" | "restore" | "requeue" | "preempt_mode"
+    kind: str            # "nice" | "lift" | "restore" | "requeue" | "preempt_mode"
     target: str          # job id or partition name
     old: str
     new: str
@@ -34,6 +35,7 @@ class Action:
     applied: bool = False
     error: str = ""
     for_job: int | None = None   # a requeue: the pending job it makes room for
+    reclaim: bool = False        # a requeue for quota reclaim (``reclaim``), not for a higher tier
     ref: JobRef | None = field(default=None, repr=False)
 
 
@@ -46,13 +48,15 @@ def record_intents(ledger: Ledger, actions: list[Action], now: float) -> None:
                 ledger.modes[a.target] = ModeEntry(original=a.old, set=None, want=a.new, at=now)
             else:
                 e.want, e.at = a.new, now
-        elif a.kind in ("nice", "restore"):
+        elif a.kind in NICE_KINDS:
             jid = int(a.target)
             e = ledger.nice.get(jid)
             if e is None:
-                ledger.nice[jid] = NiceEntry(a.ref, original=int(a.old), set=None, want=int(a.new), at=now)
+                e = NiceEntry(a.ref, original=int(a.old), set=None, want=int(a.new), at=now)
+                ledger.nice[jid] = e
             else:
                 e.want, e.at = int(a.new), now
+            e.lifted = a.kind == "lift"
         elif a.kind == "requeue":
             ledger.requeued[int(a.target)] = Requeue(a.ref, now, a.for_job, done=False)
 
@@ -70,7 +74,7 @@ def confirm(ledger: Ledger, actions: list[Action]) -> None:
                 del ledger.modes[a.target]
             else:
                 e.want = None
-        elif a.kind in ("nice", "restore") and int(a.target) in ledger.nice:
+        elif a.kind in NICE_KINDS and int(a.target) in ledger.nice:
             e = ledger.nice[int(a.target)]
             if a.applied and int(a.new) == e.original:
                 del ledger.nice[int(a.target)]
@@ -80,6 +84,7 @@ def confirm(ledger: Ledger, actions: list[Action]) -> None:
                 del ledger.nice[int(a.target)]
             else:
                 e.want = None
+                e.lifted = False   # a failed lift: its efficiency Nice is the efficiency's again
         elif a.kind == "requeue" and int(a.target) in ledger.requeued:
             if a.applied:
                 ledger.requeued[int(a.target)].done = True
@@ -88,7 +93,7 @@ def confirm(ledger: Ledger, actions: list[Action]) -> None:
 
 
 def _run(io: SlurmIO, a: Action) -> None:
-    if a.kind in ("nice", "restore"):
+    if a.kind in NICE_KINDS:
         io.set_nice(int(a.target), int(a.new))
     elif a.kind == "preempt_mode":
         io.set_preempt_mode(a.target, a.new)

@@ -14,6 +14,9 @@ then, with the ledger (``ledger``) reconciled against what Slurm shows:
    preempting itself (a reset partition, a partition just taken, a job in Slurm's grace), only
    for a head without victims still stopping, and only where its CPUs and memory will fit.
    ``scontrol requeue``: SIGTERM, ``KillWait``, SIGKILL, then held (BeginTime).
+   **Quota reclaim** (``reclaim``): the pass's reclaim victims of a head whose account is under
+   its ``--quota`` are requeued the same way, also in quiet partitions (REQUEUE, no higher tier),
+   after the head is lifted first in Slurm's order (Nice) so the freed GPUs go to it.
 4. **Efficiency** (``efficiency``): Nice for pending GPU jobs.
 
 Every change is an ``Action`` with its reason, written ahead to the ledger (``actions.apply``);
@@ -45,6 +48,7 @@ from gpudiag.scheduler.slurm.efficiency import (
 )
 from gpudiag.scheduler.slurm.history import history_path, load_history, save_history
 from gpudiag.scheduler.slurm.ledger import Lease, Ledger, LedgerError, LedgerStore
+from gpudiag.scheduler.slurm.reclaim import lift_ends, lifted_jobs, quiet_partitions
 from gpudiag.scheduler.slurm.serve_jobs import Serving, serve_waiting
 from gpudiag.scheduler.slurm.slurmconf import cluster_identity, duration_s, memory_is_consumable
 from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
@@ -81,6 +85,7 @@ class RoundResult:
     jobs: dict = field(default_factory=dict)
     held: list[str] = field(default_factory=list)             # partitions gpudiag holds after the round
     handed_back: dict[int, str] = field(default_factory=dict)  # waiting job -> why Slurm serves it
+    not_reclaimed: dict[int, str] = field(default_factory=dict)  # a reclaim decided, not enacted: why
 
     def to_dict(self) -> dict:
         return {**asdict(self), "actions": [{k: v for k, v in asdict(a).items() if k != "ref"}
@@ -117,6 +122,7 @@ class Controller:
         if warn:
             log.warning("%s", warn)
         self._why_no_evidence: str | None = None
+        self._not_reclaimed: dict[int, str] = {}
 
     # --- the ledger --------------------------------------------------------------------------------
     def renew(self, ledger: Ledger, now: float | None = None) -> None:
@@ -183,7 +189,9 @@ class Controller:
         min_runtime = self.opt.min_runtime_s if self.opt.min_runtime_s is not None else \
             duration_s(cfg.get("PreemptExemptTime", "0"))
         policy = replace(self.policy, min_runtime_s=min_runtime)
-        model = model_of(jobs, nodes, parts, modes.held, kill_wait, now, requeued)
+        quiet = quiet_partitions(parts, modes, nodes, cfg.get("PreemptType", "")) \
+            if self.opt.takeover and self.io.json_ok is True and self.opt.quotas else set()
+        model = model_of(jobs, nodes, parts, modes.held | quiet, kill_wait, now, requeued)
         self._observe(model, by_id, signals, now, policy)
         no_evidence = self._evidence(sig, signals, model, policy)
         res.notes += [no_evidence] if no_evidence else []
@@ -197,7 +205,7 @@ class Controller:
         res.notes += [f"partition {p}: {w}" for p, w in busy_why.items()]
         if self.opt.dry_run:   # decide as a real run would once it holds what it would take
             for r in model.running:
-                r.job.preemptible = by_id[r.job.id].partition in want and by_id[r.job.id].requeue
+                r.job.preemptible = by_id[r.job.id].partition in want | quiet and by_id[r.job.id].requeue
         decisions = []
         if model.cluster.nodes:
             decisions = schedule(model.cluster, model.pending, model.running, signals, self.history.book, now,
@@ -209,20 +217,23 @@ class Controller:
             serving = Serving(jobs, by_id, model, modes, parts, nodes, decisions, want,
                               lambda j: self._has_evidence(j, signals, policy, now), requeued, in_flight,
                               dict(snapshot.handed_back), memory_is_consumable(cfg), policy.min_runtime_s,
-                              now)
+                              now, quiet, self.opt.quotas)
             blocked = self._victims_blocked(jobs, modes, want)
             requeues, handed_back, give_back = serve_waiting(serving, allow_victims=not blocked)
             res.notes += [blocked] if blocked else []
             why_back = {p: "a waiting job is Slurm's to serve (see handed_back)" for p in give_back}
         why_back.update(busy_why)
         res.handed_back = handed_back
+        self._note_reclaim(res, serving, requeues)
         for jid in set(handed_back) - set(snapshot.handed_back):
             log.info("job %d: left to Slurm's preemption: %s", jid, handed_back[jid])
         res.actions += mode_actions(parts, modes, want - give_back, why_back)
         res.actions += requeues
+        res.actions += lift_ends(by_id, snapshot.nice)
         if not no_evidence and policy.efficiency:
             scale = self.opt.nice_max if self.opt.nice_max is not None else nice_scale(cfg, policy)
-            res.actions += nice_actions(jobs, parts, snapshot.nice, snapshot.theirs, signals,
+            lifted = lifted_jobs(snapshot.nice) | {int(a.target) for a in requeues if a.kind == "lift"}
+            res.actions += nice_actions(jobs, parts, snapshot.nice, set(snapshot.theirs) | lifted, signals,
                                         self.history.book, now, policy, scale, self.opt.min_change_interval_s,
                                         self.opt.max_changes)
 
@@ -280,6 +291,21 @@ class Controller:
             self._why_no_evidence = why
         return why
 
+    def _note_reclaim(self, res: RoundResult, serving: Serving | None, requeues: list[Action]) -> None:
+        """The round's notes name each reclaim, enacted or not (the log says each once)."""
+        res.not_reclaimed = dict(serving.not_reclaimed) if serving is not None else {}
+        for head, why in res.not_reclaimed.items():
+            res.notes.append(f"job {head}: quota reclaim not enacted: {why}")
+            if self._not_reclaimed.get(head) != why:
+                log.info("job %d: quota reclaim not enacted: %s", head, why)
+        self._not_reclaimed = res.not_reclaimed
+        victims = [a.target for a in requeues if a.reclaim]
+        if victims:
+            head = next(a.for_job for a in requeues if a.reclaim)
+            res.notes.append(f"job {head}: quota reclaim: requeueing job{'s' if len(victims) > 1 else ''} "
+                             f"{', '.join(victims)} of teams over their quotas"
+                             + ("; its Nice lifted first" if any(a.kind == "lift" for a in requeues) else ""))
+
     @staticmethod
     def _victims_blocked(jobs: list[SlurmJob], modes: ModeView, want: set[str]) -> str:
         if modes.reset:
@@ -303,23 +329,39 @@ class Controller:
 
         def precheck(a: Action) -> str:
             """Just before a requeue: preemption is still off in the victim's partition (no
-            reconfigure since the round's read), and the job it is for still waits."""
+            reconfigure since the round's read; a quiet one reclaim uses: still at its mode),
+            the job it is for still waits (lifted first, for a reclaim) and the victim runs."""
+            victim = by_id[int(a.target)]
+            lift = next((b for b in res.actions if b.kind == "lift" and b.target == str(a.for_job)), None)
+            if lift is not None and not lift.applied:
+                return f"job {a.for_job}'s lift in Slurm's order failed ({lift.error}): not requeued"
+            quiet = serving.quiet - serving.modes.held if serving is not None else set()
+            held = victim.partition not in quiet
             try:
                 if not parts_now:
                     parts_now.update(self.io.partitions())
-                part = parts_now.get(by_id[int(a.target)].partition)
+                part = parts_now.get(victim.partition)
                 state = self.io.job_state(a.for_job) if a.for_job is not None else "PENDING"
+                running = self.io.job_state(victim.id) if a.reclaim else "RUNNING"
             except (SlurmError, BadSlurmOutput) as e:
                 return f"cannot check before requeueing ({e}): not requeued"
-            if part is None or part.preempt_mode.upper() != PREEMPT_OFF:
-                return f"partition {by_id[int(a.target)].partition} is no longer held at OFF: not requeued"
+            mode = PREEMPT_OFF if held else serving.modes.original.get(victim.partition, "")
+            if part is None or part.preempt_mode.upper() != mode.upper():
+                return (f"partition {victim.partition} is no longer {'held at OFF' if held else 'quiet'}: "
+                        "not requeued")
             if state != "PENDING":
                 return f"job {a.for_job} is no longer pending ({state}): not requeued"
+            if running != "RUNNING":
+                return f"job {victim.id} is no longer running ({running}): not requeued"
             return ""
 
         apply(res.actions, self.io, self.store, now, self.renew, self.opt.lease_s / 3, precheck, prepare)
         refused = [a for a in res.actions if a.kind == "requeue" and a.error and not a.applied
                    and "not requeued" not in a.error and "not tried" not in a.error]
+        for a in res.actions:   # a reclaim not done stays gpudiag's: Slurm does not reclaim
+            if a.kind == "requeue" and a.reclaim and a.error and not a.applied and a.for_job is not None:
+                res.not_reclaimed.setdefault(a.for_job, f"requeue of job {a.target} not done: {a.error}")
+        refused = [a for a in refused if not a.reclaim]
         if not refused or serving is None:
             return
         back: list[Action] = []

@@ -69,6 +69,7 @@ class NiceEntry:
     set: int | None          # the last value gpudiag confirmed (None: none yet)
     want: int | None         # a change recorded, not yet confirmed
     at: float
+    lifted: bool = False     # a quota reclaim's lift (``reclaim``): not the efficiency's to change
 
     def ours(self, nice: int) -> bool:
         return nice in (self.set, self.want)

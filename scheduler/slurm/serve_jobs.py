@@ -7,6 +7,9 @@ the head of the policy's pass) and has candidate victims (``takeover.candidates`
   and sits in a partition gpudiag holds) and act: the pass's victims are requeueable and the
   job's CPUs and memory fit once they are gone. Then the pass's victims are requeued, unless
   victims are blocked this round or victims chosen earlier for the same job are still stopping.
+- a head whose victims are a quota reclaim (same tier or lower, which Slurm never preempts for)
+  is gpudiag's alone: ``reclaim.reclaim_actions`` requeues them and lifts the head in Slurm's
+  order, or says why not (``Serving.not_reclaimed``); Slurm is not asked to serve it.
 - otherwise Slurm serves it: the job is recorded as handed back (with why, one line) and the held
   partitions of its candidates go back to their original PreemptMode while it waits.
 """
@@ -20,6 +23,7 @@ from gpudiag.scheduler.model import Decision
 from gpudiag.scheduler.slurm.actions import Action
 from gpudiag.scheduler.slurm.adapter import Model, schedulable
 from gpudiag.scheduler.slurm.ledger import JobRef
+from gpudiag.scheduler.slurm.reclaim import is_reclaim, reclaim_actions
 from gpudiag.scheduler.slurm.slurmconf import Partition, SlurmNode
 from gpudiag.scheduler.slurm.squeue import SlurmJob
 from gpudiag.scheduler.slurm.takeover import ModeView, candidates, fits_after
@@ -42,7 +46,10 @@ class Serving:
     memory: bool
     min_runtime_s: float
     now: float
+    quiet: set[str] = field(default_factory=set)          # REQUEUE partitions Slurm never preempts in
+    quotas: Mapping[str, float] = field(default_factory=dict)
     cands: dict[str, list[SlurmJob]] = field(default_factory=dict)
+    not_reclaimed: dict[int, str] = field(default_factory=dict)   # out: a reclaim not enacted, why
 
     def node_names(self, placement) -> list[str]:  # noqa: ANN001 - a model Placement
         names = {i: n for n, i in self.model.node_index.items()}
@@ -112,8 +119,14 @@ def serve_waiting(s: Serving, allow_victims: bool) -> tuple[list[Action], dict[i
     give_back = {c.partition for k in handed for c in s.cands.get(s.by_id[k].partition, [])
                  if c.partition in s.modes.held}
     out: list[Action] = []
-    if allow_victims and victims and head not in handed and head not in s.in_flight \
-            and all(s.by_id[v.job_id].partition in s.modes.held - give_back for v in victims):
+    if not (allow_victims and victims and head not in handed and head not in s.in_flight):
+        return out, handed, give_back
+    if is_reclaim(victims):
+        out, why = reclaim_actions(s.by_id[head], victims, s, (s.modes.held - give_back) | s.quiet, s.quotas)
+        if why:
+            s.not_reclaimed[head] = why
+        return out, handed, give_back
+    if all(s.by_id[v.job_id].partition in s.modes.held - give_back for v in victims):
         for d in victims:
             v = s.by_id[d.job_id]
             out.append(Action("requeue", str(v.id), "RUNNING", "PENDING", d.reason, for_job=head,

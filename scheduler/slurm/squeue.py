@@ -129,6 +129,12 @@ def _num(v: object, what: str, job: object) -> float:
     return float(v)
 
 
+def _signed32(v: int) -> int:
+    """squeue --json (22.05) prints a negative Nice as its unsigned 32-bit value: -6 is
+    4294967290 (seen in tests/test_slurm_safety.py's quota reclaim, which lowers a Nice)."""
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
 def _uid(v: object) -> int | None:
     """squeue's user id (an int in --json, digits with -o %U); None when absent or odd."""
     if isinstance(v, str) and v.isdigit():
@@ -173,7 +179,7 @@ def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
             id=jid, name=str(j.get("name") or ""), user=str(j.get("user_name") or ""),
             account=str(j.get("account") or ""), partition=str(j.get("partition") or ""),
             state=state, reason=str(j.get("state_reason") or "None"),
-            nice=int(_num(j.get("nice"), "nice", jid)),
+            nice=_signed32(int(_num(j.get("nice"), "nice", jid))),
             priority=int(_num(j.get("priority"), "priority", jid)),
             submit=_num(j.get("submit_time"), "submit_time", jid),
             start=_num(j.get("start_time"), "start_time", jid),
