@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from msgspec import Meta, Raw, field
@@ -60,8 +60,16 @@ class EventArgs(msgspec.Struct, frozen=True, gc=False):
 NO_ARGS = EventArgs()
 
 
+# The phases of Google's Trace Event Format, a closed set: decoded as a Literal, msgspec
+# returns the one shared string of each phase instead of a new string per event (3% of the
+# decode and of freeing the events, measured on the 8-rank benchmark). An event with any
+# other phase sends its batch to the loose decoder, which keeps any string.
+Phase = Literal["B", "E", "X", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s", "t", "f",
+                "P", "N", "O", "D", "M", "V", "v", "R", "c", "(", ")"]
+
+
 class Event(msgspec.Struct, frozen=True, gc=False):
-    ph: Union[str, None] = None
+    ph: Union[Phase, None] = None
     cat: Union[str, None] = None
     name: Union[str, None] = None
     tid: Union[int, str, None] = None

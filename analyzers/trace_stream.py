@@ -53,8 +53,10 @@ INFLATE_BYTES = 1 * 2**20
 BATCH_BYTES = 4 * 2**20
 # Earlier boundary candidates tried before a batch is read event by event.
 CUT_RETRIES = 4
-# The tail of the buffer searched first for a boundary (events are ~200-500 bytes).
-_CUT_WINDOW = 256 * 2**10
+# The tail of the buffer searched first for a boundary (events are ~200-600 bytes, so it
+# holds dozens), then windows 4x larger each time. Every match in a window is collected
+# before the last is tried: a 256 KiB first window cost 17 ms per 83 MiB rank here.
+_CUT_WINDOW = 16 * 2**10
 
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*')
@@ -252,14 +254,18 @@ class TraceStream:
     def _candidates(self) -> Iterator[re.Match]:
         """Boundary candidates from the end of the buffer backwards."""
         end = len(self._buf)
-        lo = max(self._pos + 1, end - _CUT_WINDOW)
+        window = _CUT_WINDOW
+        lo = max(self._pos + 1, end - window)
+        below = end + 1  # matches start below this (a window's overlap is not matched twice)
         while True:
-            found = list(_BOUNDARY.finditer(self._buf, lo, end))
+            found = [m for m in _BOUNDARY.finditer(self._buf, lo, end) if m.start() < below]
             yield from reversed(found)
             if lo <= self._pos + 1:
                 return
+            below = lo
             end = lo + 64  # overlap: a match straddling the window edge
-            lo = max(self._pos + 1, lo - 4 * _CUT_WINDOW)
+            window *= 4
+            lo = max(self._pos + 1, lo - window)
 
     def _cut(self) -> list[Event] | None:
         """The events up to the last boundary that decodes; None when there is none yet."""
