@@ -29,10 +29,8 @@ import msgspec
 from isal import isal_zlib
 
 from gpudiag.analyzers.trace_decode import (
-    EVENT_LIST,
-    TAIL_DOC,
     Event,
-    decode_batch_loose,
+    TypedDecoder,
     decode_head,
     decode_tail_loose,
     salvage_block,
@@ -160,6 +158,7 @@ class TraceStream:
         self.salvage_dropped: int | None = None
         self._buf = bytearray()
         self._pos = 0
+        self._typed = TypedDecoder()
 
     def _more(self) -> bool:
         chunk = self.src.read()
@@ -281,7 +280,7 @@ class TraceStream:
             buf[brace + 1] = _CLOSE
             try:
                 with memoryview(buf) as mv:
-                    events = decode_batch(mv[self._pos:brace + 2])
+                    events = self._typed.events(mv[self._pos:brace + 2])
             except (msgspec.DecodeError, UnicodeDecodeError):
                 continue
             finally:
@@ -315,11 +314,11 @@ class TraceStream:
         try:
             try:
                 if wrap:
-                    doc = TAIL_DOC.decode(blob)
+                    doc = self._typed.tail(blob)
                     events = doc.traceEvents
                     props, dist = doc.deviceProperties, doc.distributedInfo
                 else:
-                    events, props, dist = EVENT_LIST.decode(blob), None, None
+                    events, props, dist = self._typed.strict_events(blob), None, None
             except msgspec.ValidationError:
                 events, props, dist = decode_tail_loose(blob, bool(wrap), self.path)
         except (msgspec.DecodeError, UnicodeDecodeError) as e:
@@ -349,10 +348,3 @@ class TraceStream:
         self.salvage_dropped = (self.salvage_dropped or 0) + dropped
         return events
 
-
-def decode_batch(blob: bytes | memoryview) -> list[Event]:
-    """One JSON array of events, typed; loosely (field by field) if a field has an odd type."""
-    try:
-        return EVENT_LIST.decode(blob)
-    except msgspec.ValidationError:
-        return decode_batch_loose(blob)
