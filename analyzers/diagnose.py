@@ -85,20 +85,17 @@ def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
         _group(ops, launch_op[known], rt.gpu_dur[known], rt.names)
         # calls are operator calls (distinct External ids), not the kernels they launched
         if known.any():
-            pairs = np.unique(np.stack([launch_op[known], rt.gpu_ext[known]]), axis=1)
-            ids, calls = np.unique(pairs[0], return_counts=True)
+            ids, calls = _distinct_pairs_per_first(launch_op[known], rt.gpu_ext[known])
             kernels_per_op = np.bincount(launch_op[known])
             for i, c in zip(ids.tolist(), calls.tolist(), strict=True):
                 ops[rt.names[i]][0] += c - int(kernels_per_op[i])
         mem = known & (rt.gpu_class == KCLASS_COMPUTE) & (wb.bound == BOUND_MEMORY)
-        for n, d in zip(launch_op[mem].tolist(), rt.gpu_dur[mem].tolist(), strict=False):
-            memory_ops[rt.names[n]] += d
+        _sum_by_name(memory_ops, launch_op[mem], rt.gpu_dur[mem], rt.names)
     else:
         top = rt.cpu_is_op & (rt.cpu_depth == 0)
         _group(ops, rt.cpu_name[top], rt.cpu_dur[top], rt.names)
         mem = rt.cpu_is_op & (wb.bound == BOUND_MEMORY) & (wb.op_index >= 0)
-        for n, d in zip(rt.cpu_name[mem].tolist(), rt.cpu_dur[mem].tolist(), strict=False):
-            memory_ops[rt.names[n]] += d
+        _sum_by_name(memory_ops, rt.cpu_name[mem], rt.cpu_dur[mem], rt.names)
     warnings = list(rt.warnings)
     if not steps:
         warnings.append(f"rank {rt.rank}: the trace has no events to analyse")
@@ -129,6 +126,33 @@ def _launching_op_names(rt: RankTrace) -> np.ndarray:
     hit = ext[k] == rt.gpu_ext
     out[hit] = names[k[hit]]
     return out
+
+
+def _distinct_pairs_per_first(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each distinct ``first``, how many distinct ``second`` go with it), sorted by ``first``.
+
+    ``np.unique(..., axis=1)`` gives the same, but it sorts the pairs as opaque structured
+    records: 60 ms per rank of the 8-rank benchmark, half of the rank's analysis, against
+    ~3 ms for two integer sort keys.
+    """
+    order = np.lexsort((second, first))
+    f, s = first[order], second[order]
+    new = np.ones(f.size, dtype=bool)
+    new[1:] = (f[1:] != f[:-1]) | (s[1:] != s[:-1])
+    return np.unique(f[new], return_counts=True)
+
+
+def _sum_by_name(acc: dict[str, float], name_ids: np.ndarray, dur: np.ndarray,
+                 names: list[str]) -> None:
+    """``acc[name] += dur`` per event, names in order of first appearance (ties in a later
+    sort by time keep that order). ``np.bincount`` adds each name's durations in event order,
+    as the per-event loop it replaces did, so the sums are the same to the last bit."""
+    if name_ids.size == 0:
+        return
+    uniq, first, inv = np.unique(name_ids, return_index=True, return_inverse=True)
+    sums = np.bincount(inv, weights=dur)
+    for k in np.argsort(first, kind="stable").tolist():
+        acc[names[int(uniq[k])]] += float(sums[k])
 
 
 def _group(acc: dict, name_ids: np.ndarray, dur: np.ndarray, names: list[str]) -> None:

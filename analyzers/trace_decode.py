@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from msgspec import Meta, Raw, field
@@ -60,14 +60,43 @@ class EventArgs(msgspec.Struct, frozen=True, gc=False):
 NO_ARGS = EventArgs()
 
 
+# The phases of Google's Trace Event Format, a closed set: decoded as a Literal, msgspec
+# returns the one shared string of each phase instead of a new string per event (3% of the
+# decode and of freeing the events, measured on the 8-rank benchmark). An event with any
+# other phase sends its batch to the loose decoder, which keeps any string.
+Phase = Literal["B", "E", "X", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s", "t", "f",
+                "P", "N", "O", "D", "M", "V", "v", "R", "c", "(", ")"]
+
+
+# The categories PyTorch's profiler writes (Kineto's activity types, PyTorch 1.8-1.9's
+# spellings, flows, and those seen in the traces we test on). As a Literal, each decodes to
+# one shared string whose hash is cached, so classifying events by category is a cheap
+# lookup; a trace with a category not listed is decoded with ``AnyCategoryEvent``.
+Category = Literal[
+    "cpu_op", "user_annotation", "gpu_user_annotation", "gpu_memcpy", "gpu_memset", "kernel",
+    "external_correlation", "cuda_runtime", "cuda_driver", "cpu_instant_event",
+    "python_function", "overhead", "cuda_sync", "cuda_profiler_range", "collective_comm",
+    "gpu_pm_counter", "glow_runtime", "mtia_runtime", "mtia_ccp_events", "hpu_op",
+    "xpu_runtime", "xpu_driver", "privateuse1_runtime", "privateuse1_driver",
+    "ac2g", "fwdbwd", "async_cpu_to_gpu", "Trace",
+    "Operator", "Kernel", "Runtime", "Memcpy", "Memset", "Python", "Overhead",
+]
+
+
 class Event(msgspec.Struct, frozen=True, gc=False):
-    ph: Union[str, None] = None
-    cat: Union[str, None] = None
+    ph: Union[Phase, None] = None
+    cat: Union[Category, None] = None
     name: Union[str, None] = None
     tid: Union[int, str, None] = None
     ts: float = math.nan  # NaN: not recorded (JSON has no NaN, so none is ever read)
     dur: float = math.nan
     args: EventArgs = NO_ARGS
+
+
+class AnyCategoryEvent(Event, frozen=True, gc=False):
+    """An event whose category may be any string (a profiler newer than ``Category``)."""
+
+    cat: Union[str, None] = None
 
 
 class _DeviceProp(msgspec.Struct):
@@ -95,8 +124,54 @@ class _TailDoc(msgspec.Struct, gc=False):
     distributedInfo: Union[_DistInfo, None] = None  # noqa: N815
 
 
+class _AnyCategoryTailDoc(_TailDoc, gc=False):
+    traceEvents: list[AnyCategoryEvent] = []  # noqa: N815, RUF012
+
+
 EVENT_LIST = msgspec.json.Decoder(list[Event])
 TAIL_DOC = msgspec.json.Decoder(_TailDoc)
+_EVENT_LISTS = (EVENT_LIST, msgspec.json.Decoder(list[AnyCategoryEvent]))
+_TAIL_DOCS = (TAIL_DOC, msgspec.json.Decoder(_AnyCategoryTailDoc))
+
+
+class TypedDecoder:
+    """The typed decoding of one trace's batches: known categories first, then any category
+    (and from then on for this trace: its profiler writes one we do not know), then loosely,
+    value by value (``decode_batch_loose``). Every way gives the same events; the first is
+    the cheapest. msgspec.DecodeError (not JSON) is the caller's to handle."""
+
+    def __init__(self) -> None:
+        self._first = 0
+
+    def events(self, blob: bytes | memoryview) -> list[Event]:
+        """A JSON array of events."""
+        for i in range(self._first, len(_EVENT_LISTS)):
+            try:
+                events = _EVENT_LISTS[i].decode(blob)
+            except msgspec.ValidationError:
+                continue
+            self._first = i
+            return events
+        return decode_batch_loose(blob)
+
+    def tail(self, blob: bytes) -> _TailDoc:
+        """The document's end (its last events and later keys); ValidationError when a value
+        has an odd type (``decode_tail_loose`` reads it then)."""
+        for i in range(self._first, len(_TAIL_DOCS) - 1):
+            try:
+                return _TAIL_DOCS[i].decode(blob)
+            except msgspec.ValidationError:
+                continue
+        return _TAIL_DOCS[-1].decode(blob)
+
+    def strict_events(self, blob: bytes) -> list[Event]:
+        """A JSON array of events, typed; ValidationError when a value has an odd type."""
+        for i in range(self._first, len(_EVENT_LISTS) - 1):
+            try:
+                return _EVENT_LISTS[i].decode(blob)
+            except msgspec.ValidationError:
+                continue
+        return _EVENT_LISTS[-1].decode(blob)
 _LOOSE = msgspec.json.Decoder(_LooseDoc)
 _ANY_LIST = msgspec.json.Decoder(list)
 

@@ -12,7 +12,7 @@ shapes repeat every step, so N traced steps parse and cost each distinct call on
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import attrgetter, eq, is_not, itemgetter
 from typing import Any
@@ -51,12 +51,13 @@ _NONE, _X = repeat(None), repeat("X")
 _F_DATALOADER, _F_COMM, _F_ANNOT_COMM = 1, 2, 4
 
 
-def _take(seq: list, idx: np.ndarray) -> list:
+def _take(seq: Sequence, idx: np.ndarray) -> Sequence:
+    """The items of ``seq`` at ``idx``, as a tuple (what itemgetter builds; no list copy)."""
     if idx.size == 0:
-        return []
+        return ()
     if idx.size == 1:
-        return [seq[int(idx[0])]]
-    return list(itemgetter(*idx.tolist())(seq))
+        return (seq[int(idx[0])],)
+    return itemgetter(*idx.tolist())(seq)
 
 
 class _Table(dict):
@@ -121,11 +122,11 @@ class ColumnBuilder:
         self._flags.append(f)
         return i
 
-    def _name_ids(self, evs: list[Event]) -> np.ndarray:
+    def _name_ids(self, evs: Sequence[Event]) -> np.ndarray:
         return np.fromiter(map(self._name_id.__getitem__, map(_name, evs)), dtype=np.int32,
                            count=len(evs))
 
-    def _tid_ids(self, evs: list[Event]) -> np.ndarray:
+    def _tid_ids(self, evs: Sequence[Event]) -> np.ndarray:
         return np.fromiter(map(self._tid_id.__getitem__, map(_tid, evs)), dtype=np.int32,
                            count=len(evs))
 
@@ -143,7 +144,10 @@ class ColumnBuilder:
         code = code[sel]
         m = sel.size
         names = self._name_ids(evs)  # -1: no name
-        ok = np.fromiter(map(eq, map(_ph, evs), _X), dtype=bool, count=m) & (names >= 0)
+        phs = list(map(_ph, evs))
+        ok = names >= 0
+        if phs.count("X") != m:  # counting in C is cheaper than a mask when all are "X"
+            ok &= np.fromiter(map(eq, phs, _X), dtype=bool, count=m)
         ts = np.fromiter(map(_ts, evs), dtype=np.float64, count=m)
         dur = np.fromiter(map(_dur, evs), dtype=np.float64, count=m)
         is_gpu = code <= 3
@@ -173,9 +177,9 @@ class ColumnBuilder:
             self._add_runtime(_take(evs, r), ts[r], tids[r])
         c = np.flatnonzero(keep & (code > CODE_RUNTIME))
         if c.size:
-            self._add_cpu(_take(evs, c), code[c], names[c], ts[c], dur[c], tids[c])
+            self._add_cpu(evs, c, code[c], names[c], ts[c], dur[c], tids[c])
 
-    def _add_gpu(self, evs: list[Event], kind: np.ndarray, names: np.ndarray, ts: np.ndarray,
+    def _add_gpu(self, evs: Sequence[Event], kind: np.ndarray, names: np.ndarray, ts: np.ndarray,
                  dur: np.ndarray) -> None:
         args = list(map(_args, evs))
         p = self.parts
@@ -190,15 +194,17 @@ class ColumnBuilder:
         for i in np.flatnonzero(coll & (kind == 0)).tolist():
             self.gpu_colls.append(collective_record(args[i], ts[i], dur[i]))
 
-    def _add_runtime(self, evs: list[Event], ts: np.ndarray, tids: np.ndarray) -> None:
+    def _add_runtime(self, evs: Sequence[Event], ts: np.ndarray, tids: np.ndarray) -> None:
         corr = np.fromiter(map(_corr, map(_args, evs)), dtype=np.int64, count=len(evs))
         has = corr != NO_ID
         self.parts["r_corr"].append(corr[has])
         self.parts["r_ts"].append(ts[has])
         self.parts["r_tid"].append(tids[has])
 
-    def _add_cpu(self, evs: list[Event], code: np.ndarray, names: np.ndarray, ts: np.ndarray,
-                 dur: np.ndarray, tids: np.ndarray) -> None:
+    def _add_cpu(self, batch: Sequence[Event], idx: np.ndarray, code: np.ndarray, names: np.ndarray,
+                 ts: np.ndarray, dur: np.ndarray, tids: np.ndarray) -> None:
+        """The CPU events ``batch[idx]``: steps and DataLoader waits are picked out by their
+        names' flags first, so the events kept as rows are taken from the batch once."""
         step = np.asarray(self._step_of, dtype=np.int64)[names]
         flags = np.asarray(self._flags, dtype=np.int8)[names]
         is_step = step >= 0
@@ -212,11 +218,11 @@ class ColumnBuilder:
         rows = np.flatnonzero(~is_step & ~is_dl & (code != CODE_PYFUNC))
         if rows.size == 0:
             return
-        if rows.size < len(evs):
-            evs = _take(evs, rows)
+        if rows.size < idx.size:
+            idx = idx[rows]
             code, ts, dur, names, flags = code[rows], ts[rows], dur[rows], names[rows], flags[rows]
             tids = tids[rows]
-        args = list(map(_args, evs))
+        args = list(map(_args, _take(batch, idx)))
         for i in np.flatnonzero((flags & _F_COMM) != 0).tolist():
             a = args[i]
             self.cpu_comm.append((float(ts[i]), float(ts[i] + dur[i])))
@@ -240,13 +246,17 @@ class ColumnBuilder:
                   ) -> tuple[np.ndarray, np.ndarray]:
         """(cost row or -1, shapes recorded) per CPU event; annotations are never costed."""
         n = len(args)
-        dims = _dims
-        lens = np.fromiter(map(len, map(dims, args)), dtype=np.int64, count=n)
-        if not lens.any():  # PyTorch 1.8's spelling (a trace has one or the other)
-            dims = _dims_old
-            lens = np.fromiter(map(len, map(dims, args)), dtype=np.int64, count=n)
-        had = (lens > 0) & is_op
         cost = np.full(n, -1, dtype=np.int32)
+        # PyTorch 1.8's spelling when the batch has none of today's (a trace has one or the
+        # other); most traces record no shapes at all, and any() stops at the first it meets
+        if any(map(len, map(_dims, args))):
+            dims = _dims
+        elif any(map(len, map(_dims_old, args))):
+            dims = _dims_old
+        else:
+            return cost, np.zeros(n, dtype=bool)
+        lens = np.fromiter(map(len, map(dims, args)), dtype=np.int64, count=n)
+        had = (lens > 0) & is_op
         rows = np.flatnonzero(had)
         if rows.size == 0:
             return cost, had

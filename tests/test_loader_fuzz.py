@@ -10,11 +10,14 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudiag.analyzers.diagnose import analyze_rank
+from gpudiag.analyzers.trace_decode import AnyCategoryEvent
 from gpudiag.analyzers.trace_loader import load_bytes, load_rank
+from gpudiag.analyzers.trace_stream import BATCH_BYTES, ByteSource, TraceStream
 from gpudiag.errors import TraceError
 from tests.conftest import TRACES
 
@@ -96,3 +99,22 @@ def test_decode_of_a_real_trace_keeps_every_complete_event():
     assert rt.kept_events + rt.dropped_events + len(rt.steps) + len(rt.dataloader) > 0
     assert rt.device_name == DOC["deviceProperties"][0]["name"]
     assert rt.kept_gpu_events == sum(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in timed)
+
+
+def test_a_category_the_decoder_does_not_know_is_still_read_typed_and_changes_nothing():
+    """Categories decode as a Literal of the known ones (shared strings, the fast path); a
+    profiler that writes a new one must cost a second typed decode, not the loose one, and
+    give the same columns (an unknown category is not analysed, like a flow event)."""
+    raw = gzip.decompress((TRACES / "a100-nccl-2rank" / "rank-0.json.gz").read_bytes())
+    assert b'"cat": "fwdbwd"' in raw
+    renamed = raw.replace(b'"cat": "fwdbwd"', b'"cat": "a_category_from_2030"')
+    before, after = load_bytes(raw), load_bytes(renamed)
+    assert after.kept_events == before.kept_events > 0
+    assert after.names == before.names
+    for col in ("gpu_ts", "gpu_name", "cpu_ts", "cpu_dur", "cpu_name", "cpu_tid", "cpu_ext"):
+        assert np.array_equal(getattr(after, col), getattr(before, col)), col
+    events: list = []
+    TraceStream(ByteSource(data=renamed)).run(events.extend)  # several batches, then the tail
+    assert len(renamed) > 2 * BATCH_BYTES
+    assert all(type(e) is AnyCategoryEvent for e in events)
+    assert "a_category_from_2030" in {e.cat for e in events}

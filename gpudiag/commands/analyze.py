@@ -44,11 +44,14 @@ def analyze(target: str, as_json: bool, device: str | None, peak_tflops: float |
       gpudiag analyze ./traces --json | jq .verdict
       gpudiag analyze ./traces --ranks 0-3,7 --steps 10-12
     """
-    from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
-    from gpudiag.analyzers.rank_pool import parse_ranks, parse_steps
-    from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor
-    from gpudiag.reports.progress import for_stderr
-    from gpudiag.reports.terminal import render_terminal
+    from gpudiag.commands.quiet_blas import quiet_blas_threads
+
+    with quiet_blas_threads():
+        from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
+        from gpudiag.analyzers.rank_pool import parse_ranks, parse_steps
+        from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor
+        from gpudiag.reports.progress import for_stderr
+        from gpudiag.reports.terminal import render_terminal
 
     if flops_per_step is not None and flops_per_step <= 0:
         raise click.BadParameter("must be positive", param_hint="--flops-per-step")
