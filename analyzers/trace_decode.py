@@ -143,35 +143,36 @@ class TypedDecoder:
     def __init__(self) -> None:
         self._first = 0
 
-    def events(self, blob: bytes | memoryview) -> list[Event]:
-        """A JSON array of events."""
-        for i in range(self._first, len(_EVENT_LISTS)):
+    def _typed(self, decoders: tuple[msgspec.json.Decoder, ...], blob: bytes | memoryview) -> Any:  # noqa: ANN401
+        """The first of ``decoders``, from the one that worked last, that reads ``blob``; the
+        last one's ValidationError when none does."""
+        last = len(decoders) - 1
+        for i in range(self._first, last):
             try:
-                events = _EVENT_LISTS[i].decode(blob)
+                out = decoders[i].decode(blob)
             except msgspec.ValidationError:
                 continue
             self._first = i
-            return events
-        return decode_batch_loose(blob)
+            return out
+        out = decoders[last].decode(blob)
+        self._first = last
+        return out
+
+    def events(self, blob: bytes | memoryview) -> list[Event]:
+        """A JSON array of events."""
+        try:
+            return self._typed(_EVENT_LISTS, blob)
+        except msgspec.ValidationError:
+            return decode_batch_loose(blob)
 
     def tail(self, blob: bytes) -> _TailDoc:
         """The document's end (its last events and later keys); ValidationError when a value
         has an odd type (``decode_tail_loose`` reads it then)."""
-        for i in range(self._first, len(_TAIL_DOCS) - 1):
-            try:
-                return _TAIL_DOCS[i].decode(blob)
-            except msgspec.ValidationError:
-                continue
-        return _TAIL_DOCS[-1].decode(blob)
+        return self._typed(_TAIL_DOCS, blob)
 
     def strict_events(self, blob: bytes) -> list[Event]:
         """A JSON array of events, typed; ValidationError when a value has an odd type."""
-        for i in range(self._first, len(_EVENT_LISTS) - 1):
-            try:
-                return _EVENT_LISTS[i].decode(blob)
-            except msgspec.ValidationError:
-                continue
-        return _EVENT_LISTS[-1].decode(blob)
+        return self._typed(_EVENT_LISTS, blob)
 _LOOSE = msgspec.json.Decoder(_LooseDoc)
 _ANY_LIST = msgspec.json.Decoder(list)
 
