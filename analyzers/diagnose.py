@@ -214,10 +214,11 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     run_dir = Path(target)
     windows = workers = host = None
     if is_run_dir(run_dir):
-        windows = window_steps(run_dir)
         boot = read_bootstrap(run_dir)
+        steps_read = read_steps(run_dir, boot)
+        windows = window_steps(run_dir, boot=boot, steps=steps_read)
         workers = [w for m in boot.values() for w in m.dataloader_workers]
-        host = host_cpu(read_host_cpu(run_dir), read_steps(run_dir, boot), boot)
+        host = host_cpu(read_host_cpu(run_dir), steps_read, boot)
     d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], windows,
                  workers, host)
     if d.device.source.startswith("measured") and cpu_device is not None and choice.peak_floor:

@@ -284,13 +284,17 @@ class WindowSteps:
         return [r.dt for r in self.after_rows]
 
 
-def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS) -> list[WindowSteps]:
+def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS,
+                 boot: dict[int, BootstrapMeta] | None = None,
+                 steps: dict[int, list[StepRow]] | None = None) -> list[WindowSteps]:
     """Per rank with a step file, the traced window and up to ``reference`` untraced steps on
     each side of it: after the job's first ``STARTUP_STEPS``, and never across another window
-    (the steps beyond one belong to another phase of the job, or another trace)."""
-    boot = read_bootstrap(run_dir)
+    (the steps beyond one belong to another phase of the job, or another trace). ``boot`` and
+    ``steps``: the run's bootstrap files and step rows where the caller has read them already."""
+    boot = read_bootstrap(run_dir) if boot is None else boot
+    steps = read_steps(run_dir, boot) if steps is None else steps
     out = []
-    for rank, rows in sorted(read_steps(run_dir, boot).items()):
+    for rank, rows in sorted(steps.items()):
         rows = sorted(rows, key=lambda r: r.step)
         meta = boot.get(rank)
         in_trace = set(meta.traced_steps) if meta is not None and meta.traced_steps else None
