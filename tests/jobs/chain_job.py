@@ -18,11 +18,10 @@ with ``gpudiag.step()`` under ``gpudiag profile`` (no optimizer).
 """
 
 import argparse
-import json
-import time
 
 import torch
 from _phases import schedule
+from _timer import OwnTimer
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=300)
@@ -62,14 +61,10 @@ except ImportError:
         pass
 
 x = torch.randn(args.batch, args.width)
-own = []
 with torch.no_grad():
-    t = time.perf_counter()
+    own = OwnTimer()
     for phase in plan:
         fns[phase](x)
         mark()
-        now = time.perf_counter()
-        own.append(now - t)
-        t = now
-with open(args.report, "w") as f:
-    json.dump({"step_seconds": own, "phases": plan}, f)
+        own.lap()
+own.write(args.report, phases=plan)

@@ -15,12 +15,12 @@ which the host's cores are free, as they are beside GPU kernels.
 """
 
 import argparse
-import json
 import time
 
 import torch
 import torch.distributed as dist
 from _phases import schedule
+from _timer import OwnTimer
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=40)
@@ -71,16 +71,12 @@ if "a" in plan:  # the same model with smaller buckets (its own copy: one DDP pe
     models["a"] = ddp(args.fixed_bucket_mb)
 opts = {k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in models.items()}
 x = torch.randn(args.batch, args.width)
-own = []
-t = time.perf_counter()
+own = OwnTimer()
 for phase in plan:
     models[phase](x).square().mean().backward()
     opts[phase].step()
     opts[phase].zero_grad()
-    now = time.perf_counter()
-    own.append(now - t)
-    t = now
+    own.lap()
 if dist.get_rank() == 0:
-    with open(args.report, "w") as f:
-        json.dump({"step_seconds": own, "phases": plan}, f)
+    own.write(args.report, phases=plan)
 dist.destroy_process_group()

@@ -15,13 +15,13 @@ timer) and each step's phase.
 """
 
 import argparse
-import json
 import os
 import time
 import zlib
 
 import torch
 from _phases import schedule
+from _timer import OwnTimer
 from torch.utils.data import DataLoader, Dataset
 
 ap = argparse.ArgumentParser()
@@ -72,8 +72,7 @@ def loader(workers: int):  # noqa: ANN201 - an endless iterator of batches
 feeds = {"b": loader(args.workers)}
 if "a" in plan:
     feeds["a"] = loader(args.fixed_workers)
-own = []
-t = time.perf_counter()
+own = OwnTimer()
 for phase in plan:
     x, y = next(feeds[phase])
     # the model's step: the work the reading should hide behind
@@ -82,8 +81,5 @@ for phase in plan:
         loss.backward()
     opt.step()
     opt.zero_grad()
-    now = time.perf_counter()
-    own.append(now - t)
-    t = now
-with open(args.report, "w") as f:
-    json.dump({"step_seconds": own, "phases": plan}, f)
+    own.lap()
+own.write(args.report, phases=plan)

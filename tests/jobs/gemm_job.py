@@ -11,13 +11,12 @@ weight gradient, and again for the input gradient except in the first layer).
 """
 
 import argparse
-import json
 import os
 import subprocess
 import sys
-import time
 
 import torch
+from _timer import OwnTimer
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=80)
@@ -43,18 +42,15 @@ competitor = None
 if args.compete_steps:
     spin = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
     competitor = subprocess.Popen([sys.executable, "-c", spin])
-own = []
 try:
-    t = time.perf_counter()
+    own = OwnTimer()
     for i in range(args.steps):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
             loss = model(x).float().square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
-        now = time.perf_counter()
-        own.append(now - t)
-        t = now
+        own.lap()
         if competitor is not None and i + 1 == args.compete_steps:
             competitor.kill()
             competitor.wait()
@@ -63,6 +59,4 @@ finally:
     if competitor is not None:
         competitor.kill()
         competitor.wait()
-with open(args.report, "w") as f:
-    json.dump({"flops_per_step": flops_per_step, "step_seconds": own,
-               "compete_steps": args.compete_steps}, f)
+own.write(args.report, flops_per_step=flops_per_step, compete_steps=args.compete_steps)
