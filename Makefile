@@ -16,11 +16,11 @@ BIN := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed-core: $(BIN)/python pyproject.toml
+$(VENV)/.installed-core: $(BIN)/python pyproject.toml analyzers/_gather.c
 	$(BIN)/pip install -q -e '.[torch]'
 	touch $@
 
-$(VENV)/.installed-test: $(BIN)/python pyproject.toml
+$(VENV)/.installed-test: $(BIN)/python pyproject.toml analyzers/_gather.c
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@ $(VENV)/.installed-core
 
