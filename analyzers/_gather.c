@@ -14,8 +14,9 @@
  *   attrs  a tuple of one or two attribute names: the field, or a field of a field
  *   kind   what to write per item:
  *            'd' float64 of a number          'q' int64 of an int
- *            'i' int32 arg[value]             'b' int8 arg[value]   (arg: a mapping; a dict
- *                                                                     subclass's __missing__ runs)
+ *            'i' int32 arg[value]             'b' int8 arg[value]   (arg: a mapping; for a
+ *                                           dict subclass, a miss calls its __missing__, and any
+ *                                           __getitem__ it overrides is not called)
  *            'n' bool: value is not None      'e' bool: value == arg
  *            'l' int64 len(value)
  * Any object of another type than the first one's is read with getattr, so the result is
@@ -90,7 +91,7 @@ static int write_item(char kind, char *out, Py_ssize_t i, PyObject *v, PyObject 
     case 'i':
     case 'b': {
         PyObject *r = NULL;
-        if (PyDict_CheckExact(arg) || PyDict_Check(arg)) {
+        if (PyDict_Check(arg)) { /* a dict, or a subclass that adds only __missing__ */
             r = PyDict_GetItemWithError(arg, v); /* borrowed */
             if (r != NULL) {
                 Py_INCREF(r);
@@ -170,7 +171,6 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     PyObject *fast = PySequence_Fast(seq, "seq must be a list or tuple");
     if (fast == NULL) return NULL;
     Py_ssize_t n_seq = PySequence_Fast_GET_SIZE(fast);
-    PyObject **items = PySequence_Fast_ITEMS(fast);
 
     Py_buffer idx = {0}, out = {0};
     Py_ssize_t n = n_seq;
@@ -191,11 +191,15 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t j = pos ? (Py_ssize_t)pos[i] : i;
-        if (j < 0 || j >= n_seq) {
+        /* the size read again: a lookup's __missing__ runs Python code, which could change a list */
+        if (j < 0 || j >= PySequence_Fast_GET_SIZE(fast)) {
             PyErr_SetString(PyExc_IndexError, "idx out of range");
             goto fail;
         }
-        PyObject *v = field_get(&fields[0], items[j]);
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, j);
+        Py_INCREF(item);
+        PyObject *v = field_get(&fields[0], item);
+        Py_DECREF(item);
         if (v == NULL) goto fail;
         if (depth == 2) {
             PyObject *w = field_get(&fields[1], v);
