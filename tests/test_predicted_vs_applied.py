@@ -59,7 +59,9 @@ def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float 
 # - workers 1.04-1.24: the replay keeps the rest of the step as traced, and on this VM compute
 #   right after an idle wait runs slower than back to back (44-49 ms vs 54-103 ms for the same
 #   work), so hiding the wait speeds the rest up too: the prediction under-promises;
-# - compile 0.98-1.22: GEMMs between eager tiny ops ran slower than the same GEMMs compiled;
+# - compile 0.98-1.22, and 0.85-1.35 over seven quiet rounds later (README): when the traced GEMMs
+#   ran slower than unobserved, the unprofiled view charges their slow-down to the gaps between
+#   the small ops, leaving too little host time for compile to remove (docs/diagnosis.md);
 # - ddp-buckets 0.76-0.95: gloo needs a free core to overlap, and other work on the machine takes
 #   it (the prediction's why says so): the prediction over-promises when the cores are busy.
 WORKERS_OVER = 0.25
