@@ -36,7 +36,7 @@ from gpudiag.analyzers.trace_columns import (
     collective_record,
     kernel_classes,
 )
-from gpudiag.analyzers.trace_decode import NO_ID, Decoded, as_int, rank_of
+from gpudiag.analyzers.trace_decode import NO_ID, Event, as_int, rank_of
 
 try:
     from gpudiag.analyzers._gather import gather
@@ -49,7 +49,7 @@ except ImportError as e:  # a source tree that was never installed, or a failed 
 _F_DATALOADER, _F_COMM, _F_ANNOT_COMM = 1, 2, 4
 
 
-def column(events: Sequence[Decoded], idx: np.ndarray | None, attrs: tuple[str, ...], kind: str,
+def column(events: Sequence[Event], idx: np.ndarray | None, attrs: tuple[str, ...], kind: str,
            dtype: Any, arg: Any = None) -> np.ndarray:
     """One field of ``events[idx]`` (every event for None) as a numpy column (``_gather.c``
     says what each ``kind`` writes)."""
@@ -122,7 +122,7 @@ class ColumnBuilder:
 
     # --- one batch --------------------------------------------------------------------------
 
-    def add(self, events: list[Decoded]) -> None:
+    def add(self, events: list[Event]) -> None:
         if not events:
             return
         code = column(events, None, ("cat",), "b", np.int8, self._codes)
@@ -163,7 +163,7 @@ class ColumnBuilder:
         if c.size:
             self._add_cpu(events, sel[c], code[c], names[c], ts[c], dur[c], tids[c])
 
-    def _add_gpu(self, events: list[Decoded], pos: np.ndarray, kind: np.ndarray, names: np.ndarray,
+    def _add_gpu(self, events: list[Event], pos: np.ndarray, kind: np.ndarray, names: np.ndarray,
                  ts: np.ndarray, dur: np.ndarray) -> None:
         p = self.parts
         p["g_ts"].append(ts)
@@ -177,7 +177,7 @@ class ColumnBuilder:
         for i in np.flatnonzero(coll & (kind == 0)).tolist():
             self.gpu_colls.append(collective_record(events[pos[i]].args, ts[i], dur[i]))
 
-    def _add_runtime(self, events: list[Decoded], pos: np.ndarray, ts: np.ndarray,
+    def _add_runtime(self, events: list[Event], pos: np.ndarray, ts: np.ndarray,
                      tids: np.ndarray) -> None:
         corr = column(events, pos, ("args", "correlation"), "q", np.int64)
         has = corr != NO_ID
@@ -185,7 +185,7 @@ class ColumnBuilder:
         self.parts["r_ts"].append(ts[has])
         self.parts["r_tid"].append(tids[has])
 
-    def _add_cpu(self, events: list[Decoded], pos: np.ndarray, code: np.ndarray, names: np.ndarray,
+    def _add_cpu(self, events: list[Event], pos: np.ndarray, code: np.ndarray, names: np.ndarray,
                  ts: np.ndarray, dur: np.ndarray, tids: np.ndarray) -> None:
         """The CPU events ``events[pos]``: steps and DataLoader waits are picked out by their
         names' flags first, so only the events kept as rows have their other fields read."""
@@ -225,7 +225,7 @@ class ColumnBuilder:
         p["c_shapes"].append(had)
         p["c_isop"].append(is_op)
 
-    def _costs_of(self, events: list[Decoded], pos: np.ndarray, names: np.ndarray, is_op: np.ndarray
+    def _costs_of(self, events: list[Event], pos: np.ndarray, names: np.ndarray, is_op: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
         """(cost row or -1, shapes recorded) per CPU event ``events[pos]``; annotations are never
         costed."""

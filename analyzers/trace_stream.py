@@ -29,7 +29,7 @@ import msgspec
 from isal import isal_zlib
 
 from gpudiag.analyzers.trace_decode import (
-    Decoded,
+    Event,
     TypedDecoder,
     decode_head,
     decode_tail_loose,
@@ -231,7 +231,7 @@ class TraceStream:
 
     # --- the events ---------------------------------------------------------------------------
 
-    def run(self, on_batch: Callable[[list[Decoded]], None]) -> None:
+    def run(self, on_batch: Callable[[list[Event]], None]) -> None:
         try:
             self._open_array()
             want = BATCH_BYTES
@@ -266,7 +266,7 @@ class TraceStream:
             window *= 4
             lo = max(self._pos + 1, lo - window)
 
-    def _cut(self) -> list[Decoded] | None:
+    def _cut(self) -> list[Event] | None:
         """The events up to the last boundary that decodes; None when there is none yet."""
         buf = self._buf
         tried = 0
@@ -290,7 +290,7 @@ class TraceStream:
             return events
         return self._salvage_mid() if tried else None
 
-    def _salvage_mid(self) -> list[Decoded] | None:
+    def _salvage_mid(self) -> list[Event] | None:
         """A batch that is not valid JSON at any boundary: read it event by event, up to the
         last event start (Kineto writes one event per block starting on its own line)."""
         block = bytes(self._buf[self._pos + 1:])
@@ -303,7 +303,7 @@ class TraceStream:
         self._pos = start - 1
         return events
 
-    def _finish(self) -> list[Decoded]:
+    def _finish(self) -> list[Event]:
         """The last events and whatever follows the array (its closing, later keys)."""
         rest = bytes(memoryview(self._buf)[self._pos:])
         self._buf = bytearray()
@@ -336,7 +336,7 @@ class TraceStream:
         body = rest.rstrip(_WS)
         return body.endswith(b"]" if self._bare else b"}") and b"]" in body
 
-    def _salvage_end(self, rest: bytes) -> list[Decoded] | None:
+    def _salvage_end(self, rest: bytes) -> list[Event] | None:
         """The last batch of a document that is not valid JSON: salvaged event by event when
         the document is complete (a truncated file stays an error)."""
         if self._bare or not self._complete(rest):

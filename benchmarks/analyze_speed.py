@@ -106,10 +106,10 @@ LIMIT_SCRIPT = """
 import json, sys, time
 from pathlib import Path
 import msgspec
-from gpudiag.analyzers.trace_decode import AnyEvent, AnyEventAnyCategory
+from gpudiag.analyzers.trace_decode import AnyCategoryEvent, Event
 # gpudiag's own choice: its known categories, else any category (trace_decode.TypedDecoder)
 docs = [msgspec.json.Decoder(msgspec.defstruct("Doc", [("traceEvents", list[e])]))
-        for e in (AnyEvent, AnyEventAnyCategory)]
+        for e in (Event, AnyCategoryEvent)]
 total = 0.0
 n = 0
 size = 0
