@@ -24,6 +24,7 @@ from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violati
 from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
 from gpudiag.analyzers.stragglers import find_stragglers, rank_spreads
 from gpudiag.analyzers.traits import job_traits
+from gpudiag.analyzers.unprofiled import CpuEvents
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak, lookup_device, match_device
 from gpudiag.diagnosis import (
     DIAGNOSIS_SCHEMA_VERSION,
@@ -133,9 +134,8 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     traced_verdict = None
     if breakdown.step_time > 0:
         facts = [p.facts for p in partials]
-        events = (sum(f.events_per_step for f in facts) / len(facts),
-                  sum(f.events_in_compute_per_step for f in facts) / len(facts),
-                  sum(f.stalled_us_per_step for f in facts) / len(facts))
+        events = CpuEvents(*(sum(getattr(f, name) for f in facts) / len(facts) for name in (
+            "events_per_step", "events_in_compute_per_step", "stalled_us_per_step", "slowed_us_per_step")))
         view = choose_view(breakdown, results, windows, kind, events)
         warnings.extend(view.warnings)
         mfu = compute_mfu(results, device, mix, flops_per_step, shapes, view.breakdown.step_time,

@@ -12,6 +12,7 @@ import numpy as np
 
 from gpudiag.analyzers.breakdown import (
     TINY_CPU_OP_US,
+    cpu_comm_ops,
     cpu_compute_intervals,
     step_windows,
     unstalled_dur,
@@ -34,6 +35,7 @@ class RankFacts:
     events_per_step: float = 0.0
     events_in_compute_per_step: float = 0.0
     stalled_us_per_step: float = 0.0  # CPU operator time the OS did not run (breakdown.unstalled_dur)
+    slowed_us_per_step: float = 0.0  # long CPU operators' time beyond their own fast calls
 
 
 def rank_facts(rt: RankTrace, wb: WorkBounds) -> RankFacts:
@@ -65,11 +67,41 @@ def rank_facts(rt: RankTrace, wb: WorkBounds) -> RankFacts:
         if comp[0].size:
             j = np.searchsorted(comp[0], rt.cpu_ts, side="right") - 1
             in_compute = inside & (j >= 0) & (rt.cpu_ts < comp[1][np.clip(j, 0, None)])
-    stalled = 0.0
+    stalled = slowed = 0.0
     if not rt.has_gpu:
         top = inside & rt.cpu_is_op & (rt.cpu_depth == 0)
-        stalled = float((rt.cpu_dur - unstalled_dur(rt))[top].sum()) / n_steps
+        dur = unstalled_dur(rt)
+        stalled = float((rt.cpu_dur - dur)[top].sum()) / n_steps
+        slowed = float(slowed_beyond_floor(rt, dur, top & ~cpu_comm_ops(rt)).sum()) / n_steps
     return RankFacts(traits=traits, fusable_us=total, fusion_saves_us=saved, memory_bound_us=mem,
                      events_per_step=float(inside.sum()) / n_steps,
                      events_in_compute_per_step=float(in_compute.sum()) / n_steps,
-                     stalled_us_per_step=stalled)
+                     stalled_us_per_step=stalled, slowed_us_per_step=slowed)
+
+
+# A class of operators (same name, same input shapes) with at least SLOW_MIN_CALLS calls in the
+# window whose fast calls (the SLOW_FLOOR_QUANTILE of them) take at least SLOW_MIN_US: long
+# enough that the profiler's fixed cost per recorded event (about a microsecond) is a small part
+# of each call, so what its slower calls took beyond that floor is the call itself running slower.
+SLOW_MIN_CALLS = 8
+SLOW_MIN_US = 100.0
+SLOW_FLOOR_QUANTILE = 0.1
+
+
+def slowed_beyond_floor(rt: RankTrace, dur: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """For each operator in ``mask``: what it took beyond the floor of its class (0 for classes
+    too small or too short to have one): the profiler slows long operators themselves, and that
+    time is theirs, not the gaps' (``unprofiled._cpu_per_event`` says how it is used)."""
+    out = np.zeros(dur.size)
+    idx = np.flatnonzero(mask)
+    if idx.size < SLOW_MIN_CALLS:
+        return out
+    d = dur[idx]
+    key = rt.cpu_name[idx].astype(np.int64) * (len(rt.names) + 1) + (rt.cpu_shape[idx] + 1)
+    _, cls, counts = np.unique(key, return_inverse=True, return_counts=True)
+    order = np.lexsort((d, cls))  # by class, fastest first
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    floor = d[order[first + (counts * SLOW_FLOOR_QUANTILE).astype(np.int64)]][cls]
+    ok = (counts[cls] >= SLOW_MIN_CALLS) & (floor >= SLOW_MIN_US)
+    out[idx[ok]] = np.maximum(0.0, d[ok] - floor[ok])
+    return out

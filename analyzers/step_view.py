@@ -13,7 +13,12 @@ from dataclasses import dataclass, field, replace
 
 from gpudiag.analyzers.classify import classify, extreme_dilation
 from gpudiag.analyzers.stats import iqr_over_median
-from gpudiag.analyzers.unprofiled import estimate_unprofiled, measure_dilation, noise_deduction
+from gpudiag.analyzers.unprofiled import (
+    CpuEvents,
+    estimate_unprofiled,
+    measure_dilation,
+    noise_deduction,
+)
 from gpudiag.diagnosis import (
     Deduction,
     Dilation,
@@ -52,11 +57,10 @@ def traced_noise(results: list[RankResult], windows: list[WindowSteps] | None) -
 
 
 def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[WindowSteps] | None,
-                device_kind: str, events: tuple[float, float, float] | None = None) -> StepView:
+                device_kind: str, events: CpuEvents | None = None) -> StepView:
     """The unprofiled estimate where the reference around the traced window can be trusted;
-    otherwise the traced steps, saying why. ``events``: recorded CPU events per traced step, all
-    and inside compute blocks, and the stalls per step (CPU traces: the profiler's cost is paid
-    per event; ``unprofiled._cpu_per_event``)."""
+    otherwise the traced steps, saying why. ``events``: what a CPU trace's steps hold that tells
+    the profiler's cost from the job's (``unprofiled.CpuEvents``, ``unprofiled._cpu_per_event``)."""
     noise = traced_noise(results, windows)
     traced_cost = noise_deduction(noise, "the traced steps")
     if windows is None:

@@ -29,14 +29,15 @@ caveat is a ``Deduction`` from the verdict's confidence, of a stated amount:
   itself (CUPTI on many tiny kernels, or CPU operators whose own time grew), so the work is
   scaled down to fit and the compute/memory split keeps its proportions;
 - the device is the CPU: operator time itself carries part of the profiler's cost, so there
-  the extra time is taken from operator time and the gaps between operators in proportion,
-  and the input wait keeps its length.
+  the extra time is taken per recorded event from operator time and the gaps between operators,
+  long operators' time beyond their own fastest calls from operator time first (the profiler's
+  records crowd their data out of the caches), and the input wait keeps its length.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -87,6 +88,17 @@ MODEL = ("step = the median of the untraced steps just before and after the trac
          f"(up to {REFERENCE_STEPS} a side, the job's own step timer); device work as traced; the "
          "profiler's extra wall time (traced mean minus that step) removed from the host gaps first, "
          "then from the input wait")
+
+
+@dataclass(frozen=True)
+class CpuEvents:
+    """What a CPU job's traced steps hold beyond their breakdown that tells the profiler's cost
+    from the job's own time (per traced step, the mean over ranks; ``rank_facts``)."""
+
+    recorded: float  # events the profiler recorded
+    in_compute: float  # ...of them starting inside the breakdown's compute blocks
+    stalled_us: float = 0.0  # operator time the OS did not run (``breakdown.unstalled_dur``)
+    slowed_us: float = 0.0  # long operators' time beyond their class's fast calls (``rank_facts``)
 
 
 def measure_dilation(traced_step_us: float, windows: list[WindowSteps]
@@ -155,7 +167,7 @@ def noise_deduction(noise: float | None, of: str) -> list[Deduction]:
 
 
 def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: str,
-                        events: tuple[float, float, float] | None = None
+                        events: CpuEvents | None = None
                         ) -> tuple[TimeBreakdown, list[Deduction]]:
     """The mean step as it runs unobserved (for a trusted dilation), and the deductions its
     repairs cost; each is also appended to ``dilation.caveats``."""
@@ -171,7 +183,7 @@ def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: 
     # factor): one slow traced step (a sync, an allocation) must not leak into it.
     step = dilation.untraced_step_us
     if device_kind == "cpu":
-        if events is not None and events[0] > 0:
+        if events is not None and events.recorded > 0:
             return _cpu_per_event(traced, step, events, caveat), out
         return _cpu_estimate(traced, step, caveat), out
     work = traced.compute + traced.comm_exposed + traced.memcpy_exposed
@@ -201,22 +213,34 @@ def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: 
     return replace(traced, step_time=step, idle=idle, input_wait=input_wait, host_overhead=host), out
 
 
-def _cpu_per_event(traced: TimeBreakdown, step: float, events: tuple[float, float, float],
+def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
                    caveat) -> TimeBreakdown:  # noqa: ANN001
     """The CPU as the device: the profiler pays a roughly fixed cost per event it records
     (``benchmarks/profile_dilation.py``), inside the operators' spans and in the gaps between
-    them. So the extra wall time per step (less the time the OS did not run the job at all),
-    over the events recorded per step, is that cost;
-    operator blocks lose it once per event that starts inside them, the gaps the rest, and the
-    input wait (blocked on the DataLoader) keeps its length. A big GEMM with one event keeps
-    its time; a tiny op whose time was mostly the profiler's loses most of it."""
-    n_all, n_compute, stalled = events
+    them. So the extra wall time per step (less the time the OS did not run the job at all, and
+    less what long operators took beyond their own fastest calls), over the events recorded per
+    step, is that cost; operator blocks lose it once per event that starts inside them, the gaps
+    the rest, and the input wait (blocked on the DataLoader) keeps its length. A big GEMM with
+    one event keeps its time; a tiny op whose time was mostly the profiler's loses most of it.
+
+    Why the long operators first: the profiler's records also slow the operators themselves
+    where those stream data from the caches (a chain of GEMMs over 16 MB of weights, traced:
+    26.3 ms per step against 21.7 ms unobserved, with 8,448 events per step). Charged per
+    event, that slowdown was taken from the gaps between the small operators, leaving too little
+    host time for ``torch.compile`` to remove (predicted steps 1.3x the compiled step's); a long
+    operator's slower calls beyond its class's fast ones (``rank_facts.slowed_beyond_floor``)
+    are its own time. Variation the job has unobserved too is taken with it: bounded by the
+    profiler's extra time, and stated in the caveat."""
+    n_all, n_compute = events.recorded, events.in_compute
     # time the OS did not run the job (breakdown.unstalled_dur) is already host time, and it is
     # the machine's load, not the profiler's cost: it leaves the step first, then the profiler's
-    stalled = min(stalled, max(0.0, traced.step_time - step), traced.host_overhead)
+    stalled = min(events.stalled_us, max(0.0, traced.step_time - step), traced.host_overhead)
     extra = traced.step_time - stalled - step
-    per_event = extra / n_all
-    from_compute = min(traced.compute, per_event * n_compute)
+    # long operators that ran slower than their own fast calls were slowed themselves (their
+    # data crowded out of the caches by the profiler's records): operator time, taken first
+    slowed = min(events.slowed_us, max(0.0, extra), traced.compute)
+    per_event = (extra - slowed) / n_all
+    from_compute = min(traced.compute, slowed + per_event * n_compute)
     rest = extra - from_compute
     host = traced.host_overhead - stalled - rest
     compute = traced.compute - from_compute
@@ -226,10 +250,12 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: tuple[float, floa
         host = 0.0
         caveat("the profiler's extra time per step exceeded what its recorded events account for "
                "in the gaps: the rest was taken from operator time", PENALTY_ESTIMATE_REPAIR)
+    slow = (f"; long operators' time beyond their fastest calls ({slowed / 1e3:.3g} ms per step) "
+            "was taken from operator time first" if slowed > 0 else "")
     caveat(f"the device is the CPU: the profiler's cost was taken per recorded event "
            f"({n_all:.0f} per step, {per_event:.3g} us each), from operator time for "
            f"{n_compute:.0f} events inside operators and from the gaps for the rest; the input wait "
-           "keeps its length", PENALTY_CPU_MODEL)
+           f"keeps its length{slow}", PENALTY_CPU_MODEL)
     k = compute / traced.compute if traced.compute > 0 else 1.0
     out = TimeBreakdown(
         step_time=step, gpu_busy=compute + traced.comm_exposed, compute=compute,
