@@ -7,9 +7,11 @@ as it is ("b") and with the fix applied ("a"), so the load other work puts on a 
 machine hits both alike. gpudiag traces a window inside a long "b" phase; its recommendation
 for the fix (by action id) predicts the step time if the fix worked fully; the job's own timer
 gives the "a" steps' time. "ratio" is predicted / measured (1.00: exact); "scaled" first scales
-the prediction from the view's step (the untraced steps around the window) to the job's own
-median unfixed step, which a shared machine's load can move apart in minutes (the tests hold
-the scaled ratio). The first and last lines give the machine and its load average.
+the prediction from the view's step to the job's own timer of the same job (the unprofiled
+view: from the untraced steps around the window to the median unfixed step, which a shared
+machine's load can move apart in minutes; the traced view, where gpudiag did not trust those:
+to the traced steps' own time), as the tests hold it. The first and last lines give the
+machine and its load average.
 
 Cases (held out: none of them is a workload the labels were tuned on):
 - workers: a DataLoader reading each sample slowly, num_workers 0 -> 4 (``dataloader-workers``);
@@ -131,6 +133,7 @@ class Result:
     measured_s: float  # the fixed ("a") steps, the job's own timer
     before_s: float  # the job as it is ("b"), its own timer, untraced steps
     view_step_s: float  # the step of the diagnosis' view
+    view_own_s: float  # the job's own timer over the same steps as the view (see scaled_predicted_s)
     basis: str
     why: str
     diagnosis: Diagnosis
@@ -141,10 +144,13 @@ class Result:
 
     @property
     def scaled_predicted_s(self) -> float:
-        """The prediction scaled from the view's step (the untraced steps around the traced
-        window) to the job's own median unfixed step: two measures of the same unfixed job that
-        differ only by when, on a shared machine, they were taken."""
-        return self.predicted_s * self.before_s / self.view_step_s
+        """The prediction scaled from the view's step to the job's own timer of the same job:
+        for the unprofiled view (the untraced steps around the traced window), its median
+        unfixed step, two measures of the same unfixed job that differ only by when, on a shared
+        machine, they were taken; for the traced view (the reference around the window was not
+        trusted), the step timer's mean over the traced steps themselves: the view's step is the
+        profiled step, and scaling it to an unprofiled one would count the profiler twice."""
+        return self.predicted_s * self.view_own_s / self.view_step_s
 
     @property
     def scaled_ratio(self) -> float:
@@ -154,21 +160,27 @@ class Result:
 def run_case(case: Case, work: Path, timeout: float = 1200) -> Result:
     """One run of the case's job under gpudiag profile: the prediction for the fix, and the
     fixed steps' own time."""
-    from gpudiag.rundir import read_steps
+    from gpudiag.rundir import PROFILER_TRACED, read_steps
 
     run, own = work / "run", work / "own.json"
     _run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", str(case.skip),
           "--", *_job_cmd(case, own, _free_port())], timeout)
     d = Diagnosis.from_json((run / "diagnosis.json").read_text())
-    touched = {r.step for r in read_steps(run)[0] if r.profiler}
+    rows = read_steps(run)[0]
+    touched = {r.step for r in rows if r.profiler}
     rec = next((r for r in d.verdict.recommendations if r.action in case.actions), None)
     if rec is None or rec.predicted_step_s is None:
         raise AssertionError(f"{case.name}: no {case.actions} prediction (label {d.verdict.label.value}, "
                              f"actions {[r.action for r in d.verdict.recommendations]}, basis {d.basis}"
                              f"{': ' + rec.why if rec else ''})")
     view = d.unprofiled if d.unprofiled is not None else d.breakdown
+    before = phase_median(own, "b", 0, touched)
+    # the traced view: the step timer over the traced steps (gpudiag's rows, whose step
+    # boundaries are the trace's; the job's own laps put the trace export in the last of them)
+    view_own = before if d.unprofiled is not None else statistics.mean(
+        r.dt for r in rows if r.profiler == PROFILER_TRACED)
     return Result(case.name, rec.action, rec.predicted_step_s, phase_median(own, "a", case.settle, touched),
-                  phase_median(own, "b", 0, touched), view.step_time * 1e-6, d.basis, rec.why, d)
+                  before, view.step_time * 1e-6, view_own, d.basis, rec.why, d)
 
 
 def machine() -> str:
