@@ -3,14 +3,16 @@
 Each case runs a held-out job (tests/jobs) under ``gpudiag profile``, alternating in one
 process phases as it is and with the fix applied (so the load of a shared machine hits both
 alike); gpudiag traces the job as it is and predicts the step time if the fix worked fully; the
-job's own timer gives the fixed steps' time. The issue asks for 15%; where this VM misses it the
-test says so and holds the bound measured (below, and docs/diagnosis.md). The numbers for the
-docs come from ``benchmarks/predicted_vs_applied.py``, which runs the same cases.
+job's own timer gives the fixed steps' time. The issue asks for 15%: the median of three runs is
+held to it, each run to the bound measured on this VM where that is wider (below, and
+docs/diagnosis.md). The numbers for the docs come from ``benchmarks/predicted_vs_applied.py``,
+which runs the same cases.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import statistics
 import sys
 from pathlib import Path
 
@@ -37,16 +39,18 @@ def _bench():
 def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float = TOLERANCE):
     """The prediction, scaled from the view's step to the job's own timer of the same job (the
     load of a shared machine moves the two apart between the traced window and the phases:
-    ``Result.scaled_predicted_s``), at most ``under`` below the measured fixed step (promising
-    more than the fix gives) and at most ``over`` above it (promising less).
+    ``Result.scaled_predicted_s``): the median of ROUNDS runs within the issue's 15% of the
+    measured fixed step, and each run at most ``under`` below it (promising more than the fix
+    gives) and at most ``over`` above it (promising less): on this VM one run's steps move by
+    more than 15% within a second, the median of three much less.
 
     The bound is the unprofiled view's: where the machine's load changed across the traced
     window, gpudiag itself says it cannot tell the profiler's cost from the load, describes the
     profiled steps instead and lowers its confidence (``unprofiled.measure_dilation``); such a
-    run is repeated, up to ATTEMPTS runs in all, and every run's numbers are in the failure."""
+    run is repeated, up to MAX_RUNS runs in all, and every run's numbers are in the failure."""
     bench = _bench()
-    seen = []
-    for attempt in range(ATTEMPTS):
+    seen, kept = [], []
+    for attempt in range(MAX_RUNS):
         work = tmp_path / str(attempt)
         work.mkdir()
         r = bench.run_case(bench.CASES[case_name], work)
@@ -55,19 +59,23 @@ def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float 
                     f"{r.ratio:.2f}, scaled {r.scaled_ratio:.2f}); {bench.machine()}; view {r.basis}, "
                     f"step {r.view_step_s * 1e3:.1f} ms, own timer before {r.before_s * 1e3:.1f} ms; {r.why}")
         if r.basis == "unprofiled-estimate":
-            break
+            kept.append(r)
+            if len(kept) == ROUNDS:
+                break
     detail = "\n".join(seen)
-    assert r.basis == "unprofiled-estimate", detail
-    # the fix changed the step by more than this machine's step-to-step noise (a few percent),
-    # and the prediction says faster too: the comparison is not of two unchanged steps
-    assert r.measured_s < (1 - FIX_MIN_GAIN) * r.before_s and r.predicted_s < r.view_step_s, detail
-    assert 1 - under <= r.scaled_ratio <= 1 + over, detail
-    return r
+    assert len(kept) == ROUNDS, detail
+    for r in kept:
+        # the fix changed the step by more than this machine's step-to-step noise (a few
+        # percent), and the prediction says faster too: not a comparison of two unchanged steps
+        assert r.measured_s < (1 - FIX_MIN_GAIN) * r.before_s and r.predicted_s < r.view_step_s, detail
+        assert 1 - under <= r.scaled_ratio <= 1 + over, detail
+    assert abs(statistics.median(r.scaled_ratio for r in kept) - 1) <= TOLERANCE, detail
+    return kept
 
 
-# The issue asks for 15% either way. Measured on this project's shared 2-core VM (README and
-# docs/diagnosis.md: scaled ratios of the unprofiled view, quiet rounds), a bound wider than
-# that is what was measured, not the target:
+# The issue asks for 15% either way: the median of ROUNDS runs is held to it. Each run is held
+# to what was measured on this project's shared 2-core VM (README and docs/diagnosis.md: scaled
+# ratios of the unprofiled view, quiet rounds), where that is wider:
 # - workers 0.96-1.31 (most within 1.02-1.16): the replay keeps the rest of the step as traced,
 #   and on this VM compute right after an idle wait runs slower than back to back (the first of
 #   4 passes after the wait: its matmuls 30-40% slower than the other passes'), so hiding the
@@ -78,7 +86,8 @@ def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float 
 #   42.8 ms against the run's 34.0 ms median, and the scaling moved it by that much);
 # - ddp-buckets 0.76-0.96: gloo needs a free core to overlap, and other work on the machine takes
 #   it (the prediction's why says so): the prediction over-promises when the cores are busy.
-ATTEMPTS = 4
+ROUNDS = 3
+MAX_RUNS = 6
 WORKERS_OVER = 0.35
 COMPILE_UNDER = 0.20
 COMPILE_OVER = 0.20
@@ -90,11 +99,11 @@ def test_dataloader_workers_0_to_4_on_an_input_bound_job(tmp_path):
 
 
 def test_torch_compile_on_a_job_of_many_small_ops(tmp_path):
-    r = check("compile", tmp_path, under=COMPILE_UNDER, over=COMPILE_OVER)
-    assert not r.diagnosis.traits.compiled  # the window was traced in an eager phase
+    runs = check("compile", tmp_path, under=COMPILE_UNDER, over=COMPILE_OVER)
+    assert not any(r.diagnosis.traits.compiled for r in runs)  # traced in an eager phase
 
 
 @pytest.mark.skipif(not __import__("torch").distributed.is_gloo_available(), reason="no gloo")
 def test_ddp_buckets_that_let_communication_overlap(tmp_path):
-    r = check("ddp-buckets", tmp_path, under=DDP_UNDER)
-    assert r.diagnosis.traits.ddp
+    runs = check("ddp-buckets", tmp_path, under=DDP_UNDER)
+    assert all(r.diagnosis.traits.ddp for r in runs)
