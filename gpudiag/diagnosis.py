@@ -281,8 +281,8 @@ class Dilation:
     every step, traced or not, so it measures the slowdown directly.
     """
 
-    traced_step_us: float  # median wall time of the traced steps (step timer)
-    untraced_step_us: float  # median wall time of steps with the profiler off
+    traced_step_us: float  # the traced view's step: the mean of the traced steps (the breakdown's)
+    untraced_step_us: float  # median wall time of the reference's steps, profiler off (step timer)
     factor: float  # traced / untraced
     traced_steps: int
     untraced_steps: int
