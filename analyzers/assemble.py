@@ -134,9 +134,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     traced_verdict = None
     if breakdown.step_time > 0:
         facts = [p.facts for p in partials]
-        events = CpuEvents(*(sum(getattr(f, name) for f in facts) / len(facts) for name in (
-            "events_per_step", "events_in_compute_per_step", "stalled_us_per_step", "slowed_us_per_step")))
-        view = choose_view(breakdown, results, windows, kind, events)
+        view = choose_view(breakdown, results, windows, kind, CpuEvents.mean([f.cpu_events for f in facts]))
         warnings.extend(view.warnings)
         mfu = compute_mfu(results, device, mix, flops_per_step, shapes, view.breakdown.step_time,
                           view.mfu_basis)
@@ -175,7 +173,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         else:
             warnings.append("no operator shapes recorded: compute/memory split comes from kernel "
                             "names (profile with record_shapes=True for a roofline)")
-    stalled = max((p.facts.stalled_us_per_step for p in partials), default=0.0)
+    stalled = max((p.facts.cpu_events.stalled_us for p in partials), default=0.0)
     if stalled > 0:
         warnings.append(f"{stalled / 1e3:.3g} ms per traced step of CPU operator time was the OS not "
                         "running the job (operators 20x slower than the median of their kind: a busy "

@@ -26,6 +26,7 @@ from gpudiag.analyzers.roofline import (
     WorkBounds,
     is_cpu_work,
 )
+from gpudiag.analyzers.stats import class_quantile
 from gpudiag.analyzers.trace_columns import CPU_COMM_RE
 from gpudiag.analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
 from gpudiag.diagnosis import GpuSpanBreakdown, StepBreakdown, TimeBreakdown
@@ -162,12 +163,8 @@ def unstalled_dur(rt: RankTrace) -> np.ndarray:
     dur = rt.cpu_dur
     if dur.size == 0:
         return dur.copy()
-    uniq, inv = np.unique(rt.cpu_name, return_inverse=True)
-    counts = np.bincount(inv, minlength=uniq.size)
-    order = np.lexsort((dur, inv))
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    med = dur[order[starts + counts // 2]][inv]
-    stalled = (rt.cpu_is_op & (counts[inv] >= STALL_MIN_CALLS) & (dur > STALL_FACTOR * med)
+    med, counts = class_quantile(rt.cpu_name, dur, 0.5)
+    stalled = (rt.cpu_is_op & (counts >= STALL_MIN_CALLS) & (dur > STALL_FACTOR * med)
                & (dur - med > STALL_MIN_US))
     return np.where(stalled, med, dur)
 

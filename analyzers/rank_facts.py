@@ -19,8 +19,10 @@ from gpudiag.analyzers.breakdown import (
 )
 from gpudiag.analyzers.op_args import KIND_ELEMENTWISE
 from gpudiag.analyzers.roofline import BOUND_MEMORY, WorkBounds, is_cpu_work
+from gpudiag.analyzers.stats import class_quantile
 from gpudiag.analyzers.trace_loader import KCLASS_COMPUTE, RankTrace
 from gpudiag.analyzers.traits import rank_traits
+from gpudiag.analyzers.unprofiled import CpuEvents
 from gpudiag.analyzers.whatif import fusion_runs
 
 
@@ -30,12 +32,8 @@ class RankFacts:
     fusable_us: float = 0.0  # memory-bound elementwise work in runs of consecutive such work
     fusion_saves_us: float = 0.0  # what fusing each run into one pass would save
     memory_bound_us: float = 0.0  # all memory-bound work (the denominator of the saving)
-    # recorded CPU events per traced step, and those starting inside the CPU's compute blocks:
-    # the profiler pays its cost per recorded event (unprofiled._cpu_estimate)
-    events_per_step: float = 0.0
-    events_in_compute_per_step: float = 0.0
-    stalled_us_per_step: float = 0.0  # CPU operator time the OS did not run (breakdown.unstalled_dur)
-    slowed_us_per_step: float = 0.0  # long CPU operators' time beyond their own fast calls
+    # what the traced steps hold that tells the profiler's cost from the job's (per step)
+    cpu_events: CpuEvents = field(default_factory=lambda: CpuEvents(0.0, 0.0))
 
 
 def rank_facts(rt: RankTrace, wb: WorkBounds) -> RankFacts:
@@ -74,9 +72,8 @@ def rank_facts(rt: RankTrace, wb: WorkBounds) -> RankFacts:
         stalled = float((rt.cpu_dur - dur)[top].sum()) / n_steps
         slowed = float(slowed_beyond_floor(rt, dur, top & ~cpu_comm_ops(rt)).sum()) / n_steps
     return RankFacts(traits=traits, fusable_us=total, fusion_saves_us=saved, memory_bound_us=mem,
-                     events_per_step=float(inside.sum()) / n_steps,
-                     events_in_compute_per_step=float(in_compute.sum()) / n_steps,
-                     stalled_us_per_step=stalled, slowed_us_per_step=slowed)
+                     cpu_events=CpuEvents(float(inside.sum()) / n_steps, float(in_compute.sum()) / n_steps,
+                                          stalled, slowed))
 
 
 # A class of operators (same name, same input shapes) with at least SLOW_MIN_CALLS calls in the
@@ -98,10 +95,7 @@ def slowed_beyond_floor(rt: RankTrace, dur: np.ndarray, mask: np.ndarray) -> np.
         return out
     d = dur[idx]
     key = rt.cpu_name[idx].astype(np.int64) * (len(rt.names) + 1) + (rt.cpu_shape[idx] + 1)
-    _, cls, counts = np.unique(key, return_inverse=True, return_counts=True)
-    order = np.lexsort((d, cls))  # by class, fastest first
-    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    floor = d[order[first + (counts * SLOW_FLOOR_QUANTILE).astype(np.int64)]][cls]
-    ok = (counts[cls] >= SLOW_MIN_CALLS) & (floor >= SLOW_MIN_US)
+    floor, counts = class_quantile(key, d, SLOW_FLOOR_QUANTILE)
+    ok = (counts >= SLOW_MIN_CALLS) & (floor >= SLOW_MIN_US)
     out[idx[ok]] = np.maximum(0.0, d[ok] - floor[ok])
     return out

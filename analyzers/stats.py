@@ -1,9 +1,10 @@
-"""Two statistics of step times that more than one analysis uses: spread and a rank test.
+"""Statistics that more than one analysis uses: spread, a rank test, a quantile per class.
 
 ``iqr_over_median`` is how unsteady a run's steps are (the report's "noise \u00b1" and ``gpudiag
 diff``'s noise floor are half of it); ``mann_whitney_p`` tells whether one set of steps is
 systematically slower than another (``gpudiag diff``, and the reference around a traced window:
-did the job's pace change across it?).
+did the job's pace change across it?); ``class_quantile`` is each operator's class's typical or
+fast call (stalls cut to the median, the profiler's slow-down beyond the fastest tenth).
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ def iqr_over_median(xs: Sequence[float]) -> float:
     q = statistics.quantiles(xs, n=4)
     med = statistics.median(xs)
     return (q[2] - q[0]) / med if med > 0 else 0.0
+
+
+def class_quantile(key: np.ndarray, values: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each element: the ``q`` quantile of ``values`` over the elements with the same ``key``
+    (the value at position ``int(count * q)`` of the class sorted ascending), and that count."""
+    _, cls, counts = np.unique(key, return_inverse=True, return_counts=True)
+    order = np.lexsort((values, cls))  # by class, smallest first
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    return values[order[first + (counts * q).astype(np.int64)]][cls], counts[cls]
 
 
 def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:

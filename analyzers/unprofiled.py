@@ -100,6 +100,13 @@ class CpuEvents:
     stalled_us: float = 0.0  # operator time the OS did not run (``breakdown.unstalled_dur``)
     slowed_us: float = 0.0  # long operators' time beyond their class's fast calls (``rank_facts``)
 
+    @staticmethod
+    def mean(ranks: list[CpuEvents]) -> CpuEvents:
+        """Over ranks: in a synchronous job every rank's traced step is the job's step."""
+        n = len(ranks)
+        return CpuEvents(sum(r.recorded for r in ranks) / n, sum(r.in_compute for r in ranks) / n,
+                         sum(r.stalled_us for r in ranks) / n, sum(r.slowed_us for r in ranks) / n)
+
 
 def measure_dilation(traced_step_us: float, windows: list[WindowSteps]
                      ) -> tuple[Dilation, list[Deduction]] | None:
