@@ -4,8 +4,8 @@ Each case runs a held-out job (tests/jobs) under ``gpudiag profile``, alternatin
 process phases as it is and with the fix applied (so the load of a shared machine hits both
 alike); gpudiag traces the job as it is and predicts the step time if the fix worked fully; the
 job's own timer gives the fixed steps' time. The issue asks for 15%: the median of three runs is
-held to it (the DataLoader case to what this VM measured: it under-promises), each run to the
-bound measured on this VM where that is wider (below, and docs/diagnosis.md). The numbers for
+held to it, each run to the bound measured on this VM where that is wider (below, and
+docs/diagnosis.md). The numbers for
 the docs come from ``benchmarks/predicted_vs_applied.py``, which runs the same cases.
 """
 
@@ -36,15 +36,13 @@ def _bench():
     return mod
 
 
-def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float = TOLERANCE,
-          median_over: float = TOLERANCE):
+def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float = TOLERANCE):
     """The prediction, scaled from the view's step to the job's own timer of the same job (the
     load of a shared machine moves the two apart between the traced window and the phases:
     ``Result.scaled_predicted_s``): the median of ROUNDS runs within the issue's 15% of the
-    measured fixed step (``median_over`` above it where that is not met), and each run at most
-    ``under`` below it (promising more than the fix gives) and at most ``over`` above it
-    (promising less): on this VM one run's steps move by more than 15% within a second, the
-    median of three much less.
+    measured fixed step, and each run at most ``under`` below it (promising more than the fix
+    gives) and at most ``over`` above it (promising less): on this VM one run's steps move by
+    more than 15% within a second, the median of three much less.
 
     The bound is the unprofiled view's: where the machine's load changed across the traced
     window, gpudiag itself says it cannot tell the profiler's cost from the load, describes the
@@ -71,20 +69,18 @@ def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float 
         # percent), and the prediction says faster too: not a comparison of two unchanged steps
         assert r.measured_s < (1 - FIX_MIN_GAIN) * r.before_s and r.predicted_s < r.view_step_s, detail
         assert 1 - under <= r.scaled_ratio <= 1 + over, detail
-    assert 1 - TOLERANCE <= statistics.median(r.scaled_ratio for r in kept) <= 1 + median_over, detail
+    assert 1 - TOLERANCE <= statistics.median(r.scaled_ratio for r in kept) <= 1 + TOLERANCE, detail
     return kept
 
 
-# The issue asks for 15% either way: the median of ROUNDS runs is held to it, except where this
-# project's shared 2-core VM does not meet it (workers, below). Each run is held to what was
-# measured there (README and docs/diagnosis.md: scaled ratios of the unprofiled view, quiet
-# rounds), where that is wider:
-# - workers 0.92-1.31 on 2026-11-27, and the median of three runs 1.19 in one run of this test
-#   (1.17, 1.19, 1.19; it passed 15% in the run before): not met. The replay keeps the rest of
-#   the step as traced, and on this VM compute right after an idle wait runs slower than back to
-#   back (in one traced run each operator's first call of the step took 0.95-3.4 ms per step more
-#   than its other calls, of the 7-10 ms missed), so hiding the wait speeds the rest up too: the
-#   prediction under-promises;
+# The issue asks for 15% either way: the median of ROUNDS runs is held to it. Each run is held to
+# what was measured on this project's shared 2-core VM (README and docs/diagnosis.md: scaled
+# ratios of the unprofiled view, quiet rounds), where that is wider:
+# - workers 0.99-1.24 over 20 rounds on 2026-11-27 (median 1.08, 16 within 15%), its fixed steps
+#   sampled in five phases across the run (two, before, gave 0.84-1.40: 1 s of fixed steps against
+#   the machine's pace moving within a second). The prediction under-promises by a few percent:
+#   the replay keeps the rest of the step as traced, and on this VM compute right after an idle
+#   wait runs slower than back to back (benchmarks/post_wait_compute.py), which no trace shows;
 # - compile 0.91-1.18 over 23 rounds on 2026-11-27, 20 of them within 15% (0.85-1.35 before long
 #   operators' slow-down was taken from their own time: docs/diagnosis.md), and 0.80 in this
 #   test once (raw 1.00: 27.8 ms predicted and measured, but the steps around the window ran at
@@ -94,14 +90,13 @@ def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float 
 ROUNDS = 3
 MAX_RUNS = 6
 WORKERS_OVER = 0.35
-WORKERS_MEDIAN_OVER = 0.25
 COMPILE_UNDER = 0.20
 COMPILE_OVER = 0.20
 DDP_UNDER = 0.25
 
 
 def test_dataloader_workers_0_to_4_on_an_input_bound_job(tmp_path):
-    check("workers", tmp_path, over=WORKERS_OVER, median_over=WORKERS_MEDIAN_OVER)
+    check("workers", tmp_path, over=WORKERS_OVER)
 
 
 def test_torch_compile_on_a_job_of_many_small_ops(tmp_path):
