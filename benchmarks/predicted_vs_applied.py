@@ -114,9 +114,8 @@ def _run(cmd: list[str], timeout: float) -> None:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
 
 
-def _own_steps(report: Path) -> tuple[list[float], list[str], list[tuple[str, int, int]]]:
-    """The job's own step times, each step's phase, and its phases as (kind, first, end) runs
-    of step indices."""
+def _own_steps(report: Path) -> tuple[list[float], list[tuple[str, int, int]]]:
+    """The job's own step times, and its phases as (kind, first, end) runs of step indices."""
     data = json.loads(report.read_text())
     times, plan = data["step_seconds"], data["phases"]
     if len(times) != len(plan):
@@ -126,7 +125,7 @@ def _own_steps(report: Path) -> tuple[list[float], list[str], list[tuple[str, in
         if i == len(plan) or plan[i] != plan[start]:
             runs.append((plan[start], start, i))
             start = i
-    return times, plan, runs
+    return times, runs
 
 
 def _kept(i: int, exclude: set[int]) -> bool:
@@ -137,7 +136,7 @@ def phase_median(report: Path, phase: str, settle: int, exclude: set[int]) -> fl
     """Median of the job's own step times in ``phase`` ("a" or "b"), leaving out the first
     ``settle`` steps of each such phase, the job's first SKIP_STEPS steps, and ``exclude``
     (1-based step numbers: the steps the profiler touched)."""
-    times, _, runs = _own_steps(report)
+    times, runs = _own_steps(report)
     return statistics.median(times[i] for kind, first, end in runs if kind == phase
                              for i in range(first + settle, end) if _kept(i, exclude))
 
@@ -153,7 +152,7 @@ def paced_fixed_median(report: Path, settle: int, exclude: set[int], before_s: f
     A shared VM's pace moves by a third within seconds, so the run-wide medians of the two
     phases compare different moments (a compile run on 2026-11-27: unfixed phases 42, 43
     and 30 ms, fixed 30, 23 and 22 ms; the run-wide medians 42.0 and 23.3 ms)."""
-    times, _, runs = _own_steps(report)
+    times, runs = _own_steps(report)
     paced = []
     for k, (kind, first, end) in enumerate(runs):
         if kind != "a":
