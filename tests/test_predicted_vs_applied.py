@@ -76,10 +76,10 @@ def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float 
 
 # The issue asks for 15% either way: the median of ROUNDS runs is held to it, except where this
 # project's shared 2-core VM does not meet it (workers, below). Each run is held to what was
-# measured there (README and docs/diagnosis.md: scaled ratios of the
-# unprofiled view, quiet rounds), where that is wider:
+# measured there (README and docs/diagnosis.md: scaled ratios of the unprofiled view, quiet rounds),
+# where that is wider:
 # - workers 0.90-1.28 on 2026-11-27, and the median of five runs 1.21 in one run of this test (2 of
-#   3 passed 15%; with three runs, 4 of 5): not met. Measured with its fixed steps sampled in five
+#   3 passed 15%; with three runs, 3 of 4): not met. Measured with its fixed steps sampled in five
 #   phases across the run (20 rounds in a row: 0.99-1.24, median 1.08, 16 within 15%; two phases,
 #   before, gave 0.84-1.40: 1 s of fixed steps against the machine's pace moving within a second).
 #   The prediction under-promises, by 5-20%: the replay keeps the rest of the step as traced,
