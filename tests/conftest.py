@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from gpudiag.diagnosis import Bottleneck, Verdict
+
 # The suite's verdict must not depend on the draw: by default every property test runs the same
 # examples (derandomized), so CI and a developer see the same result. HYPOTHESIS_PROFILE=explore
 # draws new examples each run, to look for bugs (known: docs/scheduler.md, "Known gaps").
@@ -31,6 +33,12 @@ TRACES = SHARED / "traces"
 GPU_TRACE_DIRS = sorted(
     p.name for p in TRACES.iterdir() if p.is_dir() and p.name != "negative"
 ) if TRACES.is_dir() else []
+
+
+def labels_of(v: Verdict) -> set[Bottleneck]:
+    """A verdict's label, and its tie partner where its margin was within the step-time noise:
+    two runs of one job agree where these sets meet (the issue's rule for a tie)."""
+    return {v.label, v.tie_with} - {None}
 
 
 def pytest_configure(config: pytest.Config) -> None:

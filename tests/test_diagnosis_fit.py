@@ -21,6 +21,7 @@ import pytest
 
 from gpudiag.diagnosis import Diagnosis
 from gpudiag.rundir import read_steps, window_steps
+from tests.conftest import labels_of
 from tests.harness import free_port
 
 JOBS = Path(__file__).parent / "jobs"
@@ -87,9 +88,7 @@ def eager_chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Diagnosis, di
 
 def same_label(a: Diagnosis, b: Diagnosis) -> bool:
     """The same label, or one verdict's label is the other's tie partner."""
-    la = {a.verdict.label, a.verdict.tie_with} - {None}
-    lb = {b.verdict.label, b.verdict.tie_with} - {None}
-    return bool(la & lb)
+    return bool(labels_of(a.verdict) & labels_of(b.verdict))
 
 
 def test_a_job_slowed_by_a_competitor_in_its_first_steps_keeps_its_label_and_its_mfu(tmp_path, quiet_gemm):

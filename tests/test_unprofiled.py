@@ -32,7 +32,7 @@ from gpudiag.rundir import (
     read_steps,
     window_steps,
 )
-from tests.conftest import REPO, SHARED
+from tests.conftest import REPO, SHARED, labels_of
 
 RUNS = SHARED / "runs"
 JOB = Path(__file__).parent / "jobs" / "small_ops_job.py"
@@ -162,8 +162,11 @@ def test_many_small_ops_job_gets_one_label_and_mfu_however_it_is_profiled(tmp_pa
     # each run is held to its own truth: on a shared machine the job's real speed (and the CPU
     # peak measured per session) moves with the load; the tool must follow it
     assert all(abs(r - 1) <= MFU_TOLERANCE for r in ratios.values()), ratios
-    trusted = {name: d.verdict.label for name, (d, _, _) in runs.items() if d.basis == "unprofiled-estimate"}
-    assert len(set(trusted.values())) <= 1, trusted
+    # one label, where a run's margin was within its noise read as the tie it reports (this job
+    # sits near the line: compute 0.48-0.57 of the step, host 0.37-0.45 in 27 runs on this VM)
+    trusted = [d.verdict for d, _, _ in runs.values() if d.basis == "unprofiled-estimate"]
+    assert not trusted or set.intersection(*map(labels_of, trusted)), [
+        (v.label, v.tie_with, v.noise, v.evidence) for v in trusted]
 
 
 def test_the_bootstrap_marks_the_steps_it_traced_and_monitor_retraces(tmp_path):
