@@ -17,6 +17,8 @@ than ``TINY_CPU_OP_US`` are counted as host overhead: their cost is dispatch, no
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from gpudiag.analyzers import intervals as iv
@@ -75,7 +77,8 @@ def _split(values: np.ndarray, starts: np.ndarray, lo: np.ndarray, hi: np.ndarra
     return out
 
 
-def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
+def rank_breakdown(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> list[StepBreakdown]:
+    """``cw``: the rank's ``cpu_work`` (None where a GPU is the device)."""
     lo, hi, numbers = step_windows(rt)
     if lo.size == 0:
         return []
@@ -104,7 +107,8 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds) -> list[StepBreakdown]:
         # compute; everything else the threads run is. Gloo runs a collective on its own
         # threads (DDP's reducer launches one per bucket during backward): it is exposed only
         # where no compute runs beside it, as on a GPU, and hidden where backward overlaps it.
-        real = cpu_compute_intervals(rt)
+        assert cw is not None, "a CPU rank's breakdown needs its cpu_work"
+        real = cw.blocks
         comm = iv.merge(rt.cpu_comm_intervals[:, 0], rt.cpu_comm_intervals[:, 1])
         comm_x = iv.subtract(comm, iv.union(real, dl))
         compute = iv.measure_in(real, lo, hi)
@@ -169,22 +173,40 @@ def unstalled_dur(rt: RankTrace) -> np.ndarray:
     return np.where(stalled, med, dur)
 
 
-def cpu_compute_intervals(rt: RankTrace) -> iv.Intervals:
+@dataclass(frozen=True)
+class CpuWork:
+    """A CPU rank's operators as the breakdown counts them. The breakdown, the collectives'
+    overlap and the rank's facts all need them, and each costs a pass over every event (a
+    per-class median, an interval merge): made once per rank by ``cpu_work``."""
+
+    dur: np.ndarray  # each event's duration, stalls cut (``unstalled_dur``)
+    blocks: iv.Intervals  # the compute blocks (``cpu_compute_intervals``)
+
+
+def cpu_work(rt: RankTrace) -> CpuWork | None:
+    """None for a rank with GPU activity: there the GPU is the device."""
+    if rt.has_gpu:
+        return None
+    dur = unstalled_dur(rt)
+    return CpuWork(dur=dur, blocks=cpu_compute_intervals(rt, dur))
+
+
+def cpu_compute_intervals(rt: RankTrace, dur: np.ndarray) -> iv.Intervals:
     """The CPU's work as the breakdown counts it: blocks of (non-collective) operators at least
-    ``TINY_CPU_OP_US`` long, outside DataLoader waits, stalls cut (``unstalled_dur``)."""
+    ``TINY_CPU_OP_US`` long, outside DataLoader waits, stalls cut (``dur``: ``unstalled_dur``)."""
     ops = rt.cpu_is_op & ~cpu_comm_ops(rt)
-    op_u = iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + unstalled_dur(rt))[ops])
+    op_u = iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + dur)[ops])
     big = (op_u[1] - op_u[0]) >= TINY_CPU_OP_US
     return iv.subtract((op_u[0][big], op_u[1][big]), iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1]))
 
 
-def work_intervals(rt: RankTrace) -> iv.Intervals:
+def work_intervals(rt: RankTrace, cw: CpuWork | None) -> iv.Intervals:
     """What hides a collective: computation kernels on a GPU; on the CPU, operator blocks and
     DataLoader waits (the thread is busy either way)."""
-    if rt.has_gpu:
+    if cw is None:
         c = rt.gpu_class == KCLASS_COMPUTE
         return iv.merge(rt.gpu_ts[c], (rt.gpu_ts + rt.gpu_dur)[c])
-    return iv.union(cpu_compute_intervals(rt), iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1]))
+    return iv.union(cw.blocks, iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1]))
 
 
 def _model_flops(rt: RankTrace, wb: WorkBounds, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:

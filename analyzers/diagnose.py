@@ -17,6 +17,7 @@ import numpy as np
 
 from gpudiag.analyzers.assemble import RankPartial, assemble, trace_device
 from gpudiag.analyzers.breakdown import (
+    cpu_work,
     gpu_span_breakdown,
     rank_breakdown,
     step_windows,
@@ -68,7 +69,8 @@ class DeviceChoice:
 
 def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
     wb = work_bounds(rt, device)
-    steps = rank_breakdown(rt, wb)
+    cw = cpu_work(rt)
+    steps = rank_breakdown(rt, wb, cw)
     total = sum_breakdowns([s.breakdown for s in steps])
     mean_step = total.step_time / len(steps) if steps else 0.0
     result = RankResult(rank=rt.rank, trace=rt.path, steps=steps, total=total,
@@ -106,11 +108,11 @@ def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
         result=result, has_gpu=rt.has_gpu, world_size=rt.world_size,
         device_name=rt.device_name, device_memory=rt.device_memory,
         shapes_recorded=rt.shapes_recorded, roofline=roof,
-        collectives=collective_acc(rt, work_intervals(rt), *step_windows(rt)[:2]),
+        collectives=collective_acc(rt, work_intervals(rt, cw), *step_windows(rt)[:2]),
         kernels=dict(kernels), ops=dict(ops), memory_ops=dict(memory_ops),
         dataloader_iters=rt.dataloader_iters, warnings=warnings,
         events=(rt.kept_events, rt.dropped_events),
-        gpu_events=(rt.kept_gpu_events, rt.dropped_gpu_events), facts=rank_facts(rt, wb),
+        gpu_events=(rt.kept_gpu_events, rt.dropped_gpu_events), facts=rank_facts(rt, wb, cw),
     )
 
 

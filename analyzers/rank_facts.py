@@ -10,13 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpudiag.analyzers.breakdown import (
-    TINY_CPU_OP_US,
-    cpu_comm_ops,
-    cpu_compute_intervals,
-    step_windows,
-    unstalled_dur,
-)
+from gpudiag.analyzers.breakdown import TINY_CPU_OP_US, CpuWork, cpu_comm_ops, step_windows
 from gpudiag.analyzers.op_args import KIND_ELEMENTWISE
 from gpudiag.analyzers.roofline import BOUND_MEMORY, WorkBounds, is_cpu_work
 from gpudiag.analyzers.stats import class_quantile
@@ -36,7 +30,8 @@ class RankFacts:
     cpu_events: CpuEvents = field(default_factory=lambda: CpuEvents(0.0, 0.0))
 
 
-def rank_facts(rt: RankTrace, wb: WorkBounds) -> RankFacts:
+def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
+    """``cw``: the rank's ``breakdown.cpu_work`` (None where a GPU is the device)."""
     traits = rank_traits(rt.names, rt.dataloader_iters)
     if rt.has_gpu:
         work = rt.gpu_class == KCLASS_COMPUTE
@@ -60,15 +55,15 @@ def rank_facts(rt: RankTrace, wb: WorkBounds) -> RankFacts:
         k = np.searchsorted(lo, rt.cpu_ts, side="right") - 1
         inside = (k >= 0) & (rt.cpu_ts < hi[np.clip(k, 0, None)])
     in_compute = np.zeros(rt.cpu_ts.size, dtype=bool)
-    if not rt.has_gpu and inside.any():
-        comp = cpu_compute_intervals(rt)
+    if cw is not None and inside.any():
+        comp = cw.blocks
         if comp[0].size:
             j = np.searchsorted(comp[0], rt.cpu_ts, side="right") - 1
             in_compute = inside & (j >= 0) & (rt.cpu_ts < comp[1][np.clip(j, 0, None)])
     stalled = slowed = 0.0
-    if not rt.has_gpu:
+    if cw is not None:
         top = inside & rt.cpu_is_op & (rt.cpu_depth == 0)
-        dur = unstalled_dur(rt)
+        dur = cw.dur
         stalled = float((rt.cpu_dur - dur)[top].sum()) / n_steps
         slowed = float(slowed_beyond_floor(rt, dur, top & ~cpu_comm_ops(rt)).sum()) / n_steps
     return RankFacts(traits=traits, fusable_us=total, fusion_saves_us=saved, memory_bound_us=mem,

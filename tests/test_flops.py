@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpudiag.analyzers.breakdown import rank_breakdown
+from gpudiag.analyzers.breakdown import cpu_work, rank_breakdown
 from gpudiag.analyzers.op_args import KIND_EMBEDDING, KIND_OPTIMIZER
 from gpudiag.analyzers.op_tree import counted_ops
 from gpudiag.analyzers.roofline import work_bounds
@@ -48,7 +48,7 @@ def _trace(tmp_path: Path, step: Callable[[], None]) -> RankTrace:
 
 
 def _model_flops_per_step(rt: RankTrace) -> list[float]:
-    steps = rank_breakdown(rt, work_bounds(rt, None))
+    steps = rank_breakdown(rt, work_bounds(rt, None), cpu_work(rt))
     assert len(steps) == STEPS
     return [s.model_flops for s in steps]
 
@@ -201,7 +201,7 @@ def test_gpt_small_flops_per_step_match_the_readme_analytic_count():
     log = (RUNS / "h100-gpt-small" / "job-plain.log").read_text()
     analytic = float(re.search(r"analytic_flops_per_step (\d+)", log).group(1))
     rt = load_rank(RUNS / "h100-gpt-small" / "traces" / "rank-0.json.gz")
-    flops = [s.model_flops for s in rank_breakdown(rt, work_bounds(rt, None))]
+    flops = [s.model_flops for s in rank_breakdown(rt, work_bounds(rt, None), cpu_work(rt))]
     assert len(flops) == 5
     # the analytic count leaves out layer-norm affine terms and the bias adds: within 0.1%
     for f in flops:
@@ -229,7 +229,7 @@ def _resnet18_train_flops(batch: int, hw: int = 224) -> float:
 
 def test_resnet18_flops_per_step_match_the_architecture():
     rt = load_rank(RUNS / "h100-resnet18-dl8" / "traces" / "rank-0.json.gz")
-    flops = [s.model_flops for s in rank_breakdown(rt, work_bounds(rt, None))]
+    flops = [s.model_flops for s in rank_breakdown(rt, work_bounds(rt, None), cpu_work(rt))]
     assert len(flops) == 5
     analytic = _resnet18_train_flops(batch=128)
     for f in flops:
