@@ -7,10 +7,13 @@ pass by having nothing to check (an empty parameter list, a fallback input).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import settings
@@ -33,6 +36,18 @@ TRACES = SHARED / "traces"
 GPU_TRACE_DIRS = sorted(
     p.name for p in TRACES.iterdir() if p.is_dir() and p.name != "negative"
 ) if TRACES.is_dir() else []
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """A script of benchmarks/ as a module (they are scripts, not a package), loaded once under
+    a name of its own so it cannot shadow or be shadowed by an installed module."""
+    key = f"gpudiag_benchmark_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, REPO / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
 
 
 def labels_of(v: Verdict) -> set[Bottleneck]:

@@ -11,29 +11,17 @@ come from ``benchmarks/predicted_vs_applied.py``, which runs the same cases.
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import benchmark_module
+
 pytestmark = pytest.mark.timing   # make test-timing: wall-clock ratios, on a quiet machine
 
-ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.15  # relative, as the issue asks
 FIX_MIN_GAIN = 0.05
-
-
-def _bench():
-    name = "gpudiag_bench_predicted_vs_applied"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "predicted_vs_applied.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float = TOLERANCE,
@@ -49,7 +37,7 @@ def check(case_name: str, tmp_path: Path, under: float = TOLERANCE, over: float 
     window, gpudiag itself says it cannot tell the profiler's cost from the load, describes the
     profiled steps instead and lowers its confidence (``unprofiled.measure_dilation``); such a
     run is repeated, up to MAX_RUNS runs in all, and every run's numbers are in the failure."""
-    bench = _bench()
+    bench = benchmark_module("predicted_vs_applied")
     seen, kept = [], []
     for attempt in range(MAX_RUNS):
         work = tmp_path / str(attempt)

@@ -5,22 +5,16 @@ its ratios to, checked here on step times whose answer is known."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import predicted_vs_applied
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return predicted_vs_applied
+    return benchmark_module("predicted_vs_applied")
 
 
 def _own(tmp_path: Path, segments: list[tuple[str, int, float]]) -> Path:
