@@ -3,6 +3,7 @@ timer: the host-bound job of "predicted vs applied" (``--compile`` applies the f
 
     python chain_job.py --steps 300 --report own.json [--compile]
     python chain_job.py --phases b120,a60 --steps 600 --report own.json   # "a": compiled
+    python chain_job.py --steps 140 --compete 111:116 --report own.json   # a busy moment
 
 Each block is two GEMMs (width -> hidden -> width, weights shared by the blocks: 16 MB, read
 from the last-level cache by eager and compiled steps alike) followed by a chain of elementwise
@@ -14,12 +15,14 @@ project's loaded 2-core VM, which gpudiag's prediction does not include), and th
 cheap arithmetic (multiply, add, ReLU): fused, it costs next to nothing, as the prediction
 assumes; a chain of tanh costs its arithmetic even fused (measured here: 8.6 ms per step of
 fused kernels beside 17 ms of GEMMs), which it does not count. Steps are marked
-with ``gpudiag.step()`` under ``gpudiag profile`` (no optimizer).
+with ``gpudiag.step()`` under ``gpudiag profile`` (no optimizer). ``--compete FIRST:LAST`` runs
+another process on the job's CPU over those steps (``_compete``): a moment the machine is busy.
 """
 
 import argparse
 
 import torch
+from _compete import Competitor
 from _phases import schedule
 from _timer import OwnTimer
 
@@ -32,6 +35,8 @@ ap.add_argument("--width", type=int, default=256)
 ap.add_argument("--batch", type=int, default=8)
 ap.add_argument("--compile", action="store_true")
 ap.add_argument("--phases", default="b1")
+ap.add_argument("--compete", default="")
+ap.add_argument("--compete-kind", default="cpu")
 ap.add_argument("--report", required=True)
 args = ap.parse_args()
 
@@ -61,10 +66,12 @@ except ImportError:
         pass
 
 x = torch.randn(args.batch, args.width)
-with torch.no_grad():
+with torch.no_grad(), Competitor(Competitor.parse(args.compete), args.compete_kind) as competitor:
     own = OwnTimer()
-    for phase in plan:
+    for step, phase in enumerate(plan, 1):
+        competitor.before(step)
         fns[phase](x)
         mark()
         own.lap()
+        competitor.after(step)
 own.write(args.report, phases=plan)

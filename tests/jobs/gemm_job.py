@@ -3,19 +3,18 @@ optionally in bf16 (autocast) and optionally slowed by a competing process in it
 
     python gemm_job.py --steps 80 --report own.json [--dtype bf16] [--compete-steps 40]
 
-``--compete-steps N`` starts a process that spins on the same CPU as the job (both pinned to
-it) and stops it after step N: the job runs about half as fast while it lives, as it would
-beside another tenant's work that then finishes. The report has the job's own step times and
+``--compete-steps N`` runs a process that spins on the same CPU as the job (``_compete``) until
+step N ends: the job runs about half as fast while it lives, as it would beside another
+tenant's work that then finishes. The report has the job's own step times and
 its model FLOPs per step (matmuls only: forward 2*B*in*out per layer; backward the same for the
 weight gradient, and again for the input gradient except in the first layer).
 """
 
 import argparse
 import os
-import subprocess
-import sys
 
 import torch
+from _compete import Competitor
 from _timer import OwnTimer
 
 ap = argparse.ArgumentParser()
@@ -30,33 +29,23 @@ args = ap.parse_args()
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
-cpu = min(os.sched_getaffinity(0))
-os.sched_setaffinity(0, {cpu})
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # quiet or not, on one CPU
+competitor = Competitor(Competitor.parse(f"1:{args.compete_steps}" if args.compete_steps else ""))
 model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
 opt = torch.optim.SGD(model.parameters(), lr=1e-5)
 x = torch.randn(args.batch, args.width)
 per_matmul = 2 * args.batch * args.width * args.width
 flops_per_step = per_matmul * (3 * args.layers - 1)
 
-competitor = None
-if args.compete_steps:
-    spin = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
-    competitor = subprocess.Popen([sys.executable, "-c", spin])
-try:
+with competitor:
     own = OwnTimer()
     for i in range(args.steps):
+        competitor.before(i + 1)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
             loss = model(x).float().square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
         own.lap()
-        if competitor is not None and i + 1 == args.compete_steps:
-            competitor.kill()
-            competitor.wait()
-            competitor = None
-finally:
-    if competitor is not None:
-        competitor.kill()
-        competitor.wait()
+        competitor.after(i + 1)
 own.write(args.report, flops_per_step=flops_per_step, compete_steps=args.compete_steps)

@@ -5,7 +5,9 @@ step), so this is where traced steps are dilated most: the job under test for "t
 and MFU of the job as it runs unprofiled". It times every step itself (no profiler involved)
 and writes those times and the analytic model FLOPs per step to ``--report FILE`` at exit.
 
-    python small_ops_job.py --steps 60 --report own.json
+    python small_ops_job.py --steps 60 --report own.json [--compete 11:16 --compete-kind slices]
+
+``--compete FIRST:LAST`` runs another process on the job's CPU over those steps (``_compete``).
 """
 
 import argparse
@@ -13,12 +15,15 @@ import json
 import time
 
 import torch
+from _compete import Competitor
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=60)
 ap.add_argument("--layers", type=int, default=24)
 ap.add_argument("--width", type=int, default=128)
 ap.add_argument("--batch", type=int, default=64)
+ap.add_argument("--compete", default="")
+ap.add_argument("--compete-kind", default="cpu")
 ap.add_argument("--report", required=True)
 args = ap.parse_args()
 
@@ -39,13 +44,16 @@ per_matmul = 2 * args.batch * args.width * args.width
 flops_per_step = per_matmul * (3 * args.layers - 1)
 
 own = []
-for _ in range(args.steps):
-    t = time.perf_counter()
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    own.append(time.perf_counter() - t)
+with Competitor(Competitor.parse(args.compete), args.compete_kind) as competitor:
+    for step in range(1, args.steps + 1):
+        competitor.before(step)
+        t = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        own.append(time.perf_counter() - t)
+        competitor.after(step)
 
 with open(args.report, "w") as f:
     json.dump({"flops_per_step": flops_per_step, "step_seconds": own}, f)
