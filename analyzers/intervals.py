@@ -30,6 +30,15 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     return s[idx], group_end
 
 
+def contains(iv: Intervals, x: np.ndarray) -> np.ndarray:
+    """Which of the points ``x`` lie inside ``iv`` (sorted, disjoint [start, end))."""
+    lo, hi = iv
+    if lo.size == 0:
+        return np.zeros(x.size, dtype=bool)
+    j = np.searchsorted(lo, x, side="right") - 1
+    return (j >= 0) & (x < hi[np.clip(j, 0, None)])
+
+
 def total(iv: Intervals) -> float:
     return float((iv[1] - iv[0]).sum())
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import TINY_CPU_OP_US, CpuWork, cpu_comm_ops, step_windows
 from gpudiag.analyzers.op_args import KIND_ELEMENTWISE
 from gpudiag.analyzers.roofline import BOUND_MEMORY, WorkBounds, is_cpu_work
@@ -50,25 +51,20 @@ def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
         mem = float(rt.cpu_dur[work & (wb.bound == BOUND_MEMORY)].sum())
     lo, hi, _ = step_windows(rt)
     n_steps = max(lo.size, 1)
-    inside = np.zeros(rt.cpu_ts.size, dtype=bool)
-    if lo.size:
-        k = np.searchsorted(lo, rt.cpu_ts, side="right") - 1
-        inside = (k >= 0) & (rt.cpu_ts < hi[np.clip(k, 0, None)])
-    in_compute = np.zeros(rt.cpu_ts.size, dtype=bool)
-    if cw is not None and inside.any():
-        comp = cw.blocks
-        if comp[0].size:
-            j = np.searchsorted(comp[0], rt.cpu_ts, side="right") - 1
-            in_compute = inside & (j >= 0) & (rt.cpu_ts < comp[1][np.clip(j, 0, None)])
-    stalled = slowed = 0.0
+    inside = iv.contains((lo, hi), rt.cpu_ts)
+    in_compute = inside & iv.contains(cw.blocks, rt.cpu_ts) if cw is not None else np.zeros_like(inside)
+    stalled = slowed = dispatched = 0.0
     if cw is not None:
         top = inside & rt.cpu_is_op & (rt.cpu_depth == 0)
         dur = cw.dur
+        comm = cpu_comm_ops(rt)
         stalled = float((rt.cpu_dur - dur)[top].sum()) / n_steps
-        slowed = float(slowed_beyond_floor(rt, dur, top & ~cpu_comm_ops(rt)).sum()) / n_steps
+        slowed = float(slowed_beyond_floor(rt, dur, top & ~comm).sum()) / n_steps
+        waits = iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
+        dispatched = float((top & ~in_compute & ~comm & ~iv.contains(waits, rt.cpu_ts)).sum()) / n_steps
     return RankFacts(traits=traits, fusable_us=total, fusion_saves_us=saved, memory_bound_us=mem,
                      cpu_events=CpuEvents(float(inside.sum()) / n_steps, float(in_compute.sum()) / n_steps,
-                                          stalled, slowed))
+                                          stalled, slowed, dispatched))
 
 
 # A class of operators (same name, same input shapes) with at least SLOW_MIN_CALLS calls in the

@@ -21,7 +21,7 @@ from gpudiag.analyzers.rank_facts import (
     slowed_beyond_floor,
 )
 from gpudiag.analyzers.trace_loader import load_rank
-from gpudiag.analyzers.unprofiled import CpuEvents, estimate_unprofiled
+from gpudiag.analyzers.unprofiled import DISPATCH_PER_EVENT_MIN, CpuEvents, estimate_unprofiled
 from gpudiag.diagnosis import Dilation, TimeBreakdown
 
 
@@ -93,3 +93,45 @@ def test_slowed_time_is_bounded_by_the_profilers_extra_time():
     b, dil = unprofiled(25e3)  # more than the 10 ms the profiler added: only those 10 ms go
     assert b.compute == pytest.approx(16e3) and b.host_overhead == pytest.approx(14e3)
     assert any("10 ms per step" in c and "0 us each" in c for c in dil.caveats), dil.caveats
+
+
+# A window the machine ran 1.8x slower than the steps around it (another tenant for a moment),
+# beside a profiler that cost 1 us per event: unobserved, 20 ms of operators and 4 ms of gaps
+# from which the job calls 2,000 operators (2 us each: DISPATCH_PER_EVENT_MIN x 1 us); traced,
+# 1.8x each plus 1 us per event (400 inside operators, 7,600 in the gaps).
+SLOW_WINDOW = TimeBreakdown(step_time=51.2e3, gpu_busy=36.4e3, compute=36.4e3, compute_bound=36.4e3,
+                            idle=14.8e3, host_overhead=14.8e3)
+
+
+def window(traced: TimeBreakdown, untraced_us: float) -> Dilation:
+    return Dilation(traced_step_us=traced.step_time, untraced_step_us=untraced_us,
+                    factor=traced.step_time / untraced_us, traced_steps=5, untraced_steps=20,
+                    untraced_spread=0.02, model="test")
+
+
+def test_a_window_the_machine_slowed_is_brought_to_the_reference_pace_not_charged_to_the_profiler():
+    """Charged per event alone, the window's 27.2 ms beyond the reference would be 3.4 us per
+    event, more than the 14.8 ms of gaps hold: the gaps would read empty, and torch.compile's
+    gain (what the gaps cost) nothing. The pace and the per-event cost that keep the gaps at the
+    dispatch floor are the ones the window was made with."""
+    assert DISPATCH_PER_EVENT_MIN == 2.0  # the synthetic window below is built on it
+    dil = window(SLOW_WINDOW, 24e3)
+    b, cuts = estimate_unprofiled(SLOW_WINDOW, dil, "cpu", CpuEvents(8000, 400, dispatched=2000))
+    assert b.compute == pytest.approx(20e3) and b.host_overhead == pytest.approx(4e3)
+    assert b.step_time == pytest.approx(24e3) and b.idle == pytest.approx(4e3)
+    assert b.compute_bound == pytest.approx(20e3)  # the split keeps its proportions
+    assert any("1.80x slower" in c for c in dil.caveats) and any("1 us each" in c for c in dil.caveats)
+    [pace] = [x for x in cuts if "slower than the steps around it" in x.reason]
+    assert pace.amount == pytest.approx(0.5)  # 0.8 points of pace change, at most 0.5
+
+
+def test_a_window_at_the_reference_pace_is_charged_per_event_as_before():
+    """The same job in a steady window: 30 ms unobserved with 10 ms of gaps (5 us per operator
+    called from them, above the floor); the plain per-event charge, 1 us, is the answer."""
+    traced = TimeBreakdown(step_time=38e3, gpu_busy=20.4e3, compute=20.4e3, compute_bound=20.4e3,
+                           idle=17.6e3, host_overhead=17.6e3)
+    dil = window(traced, 30e3)
+    b, cuts = estimate_unprofiled(traced, dil, "cpu", CpuEvents(8000, 400, dispatched=2000))
+    assert b.compute == pytest.approx(20e3) and b.host_overhead == pytest.approx(10e3)
+    assert not any("slower than the steps around it" in c for c in dil.caveats)
+    assert not any("slower than the steps around it" in x.reason for x in cuts)
