@@ -84,6 +84,12 @@ CASES = {
     "compile": Case("compile", ("compile-small-ops", "fuse-memory-bound"), "chain_job.py", [], "b60,a30",
                     steps=270,
                     skip=110, settle=3),
+    # the same, with another process cutting the job's CPU into 0.3 ms slices over the trace
+    # window alone (tests/jobs/_compete.py): a moment the machine was busy, which the steps
+    # around the window do not show (unprofiled.DISPATCH_PER_EVENT_MIN)
+    "compile-busy-window": Case("compile-busy-window", ("compile-small-ops", "fuse-memory-bound"),
+                                "chain_job.py", ["--compete", "111:116", "--compete-kind", "slices"],
+                                "b60,a30", steps=270, skip=110, settle=3),
     "ddp-buckets": Case("ddp-buckets", ("overlap-communication",), "ddp_bucket_job.py",
                         ["--bucket-mb", "512", "--fixed-bucket-mb", "4", "--device-ms", "20",
                          "--width", "1536", "--batch", "32"],
@@ -240,7 +246,7 @@ def main() -> None:
     args = ap.parse_args()
     names = args.case or list(CASES)
     print(f"machine: {machine()}")
-    print(f"{'case':<16}{'action':<23}{'view':<11}{'before':>9}{'predicted':>11}{'measured':>10}"
+    print(f"{'case':<21}{'action':<23}{'view':<11}{'before':>9}{'predicted':>11}{'measured':>10}"
           f"{'paced':>9}{'ratio':>7}{'scaled':>8}")
     with tempfile.TemporaryDirectory(prefix="gpudiag-pva-") as tmp:
         for name in names:
@@ -250,7 +256,7 @@ def main() -> None:
                 work.mkdir(parents=True)
                 r = run_case(case, work)
                 view = "unprofiled" if r.basis == "unprofiled-estimate" else "traced"
-                print(f"{r.case:<16}{r.action:<23}{view:<11}{r.before_s * 1e3:>7.1f}ms"
+                print(f"{r.case:<21}{r.action:<23}{view:<11}{r.before_s * 1e3:>7.1f}ms"
                       f"{r.predicted_s * 1e3:>9.1f}ms{r.measured_s * 1e3:>8.1f}ms{r.paced_s * 1e3:>7.1f}ms"
                       f"{r.ratio:>7.2f}{r.scaled_ratio:>8.2f}", flush=True)
                 print(f"    view step {r.view_step_s * 1e3:.1f} ms; {r.why}", flush=True)
