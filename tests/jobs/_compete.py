@@ -1,11 +1,8 @@
 """Another tenant's work for test jobs, over a range of steps: a process spinning on the job's
 own CPU ("cpu": the job runs about half as fast while it lives, in the scheduler's time slices
-of milliseconds), one on the job's CPU that spins and sleeps by turns every 0.3 ms ("slices":
+of milliseconds), or one there that spins and sleeps by turns every 0.3 ms ("slices":
 every operator of the job is cut into short pieces and runs slower, as on a machine whose pace
-dropped for a moment, with no operator standing out as stalled), or one streaming
-a 256 MB buffer on another CPU ("cache": it evicts the last-level cache the two share, so the
-job's every operator that reads more than its private caches runs slower). The job is pinned to
-one CPU either way.
+dropped for a moment, with no operator standing out as stalled). The job is pinned to that CPU.
 
     steps = Competitor.parse("111:116")      # spin from the start of step 111 to the end of 116
     with Competitor(steps) as c:
@@ -22,8 +19,8 @@ import sys
 
 class Competitor:
     def __init__(self, steps: range | None, kind: str = "cpu") -> None:
-        if kind not in ("cpu", "slices", "cache"):
-            raise SystemExit(f"competitor kind {kind!r}: expected cpu, slices or cache")
+        if kind not in ("cpu", "slices"):
+            raise SystemExit(f"competitor kind {kind!r}: expected cpu or slices")
         self.steps, self.kind = steps, kind
         self.proc: subprocess.Popen | None = None
         self.cpu = min(os.sched_getaffinity(0))
@@ -43,16 +40,11 @@ class Competitor:
 
     def before(self, step: int) -> None:
         if self.steps is not None and step == self.steps.start and self.proc is None:
-            cpu = self.cpu
             work = "while True: pass"
             if self.kind == "slices":
                 work = ("import time\nwhile True:\n    t = time.perf_counter() + 3e-4\n"
                         "    while time.perf_counter() < t: pass\n    time.sleep(3e-4)")
-            if self.kind == "cache":
-                cpu = max(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)) - {self.cpu},
-                          default=self.cpu)
-                work = "b = bytearray(256 << 20)\nwhile True: b[:] = b[::-1]"
-            code = f"import os; os.sched_setaffinity(0, {{{cpu}}})\n{work}"
+            code = f"import os; os.sched_setaffinity(0, {{{self.cpu}}})\n{work}"
             self.proc = subprocess.Popen([sys.executable, "-c", code])
 
     def after(self, step: int) -> None:
