@@ -271,12 +271,15 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
     floor = DISPATCH_PER_EVENT_MIN * per_event * events.dispatched
     pace = _window_pace(traced, step, stalled, slowed, events) if host < floor else None
     if pace is not None:
-        s, per_event = pace
+        s, charged = pace[0], per_event
+        per_event = pace[1]
         caveat(f"the traced window ran {s:.2f}x slower than the steps around it, beyond the "
-               f"profiler: charged per event alone, the profiler's cost would have left the gaps "
-               f"{max(0.0, host) / events.dispatched:.2g} us per operator the job calls from them, under "
-               f"{DISPATCH_PER_EVENT_MIN:g}x that cost per event; the window's operator time and gaps "
-               "were brought to the reference's pace in proportion",
+               f"profiler (the machine was busier then): charged to the profiler alone "
+               f"({charged:.3g} us per event), the gaps would keep "
+               f"{max(0.0, host) / events.dispatched:.2g} us per operator the job calls from them, "
+               f"less than the {DISPATCH_PER_EVENT_MIN:g}x that charge such a call costs the job "
+               "unobserved; the window's operator time and gaps were brought to the reference's "
+               "pace in proportion",
                round(min(PENALTY_PROPORTIONAL_MAX, PENALTY_PER_LOAD_CHANGE * (s - 1)), 3))
         compute = (traced.compute - slowed - per_event * n_compute) / s
         host = (traced.host_overhead - stalled - per_event * (n_all - n_compute)) / s
