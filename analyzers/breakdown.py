@@ -181,6 +181,7 @@ class CpuWork:
 
     dur: np.ndarray  # each event's duration, stalls cut (``unstalled_dur``)
     blocks: iv.Intervals  # the compute blocks (``cpu_compute_intervals``)
+    waits: iv.Intervals  # the DataLoader waits, merged
 
 
 def cpu_work(rt: RankTrace) -> CpuWork | None:
@@ -188,16 +189,17 @@ def cpu_work(rt: RankTrace) -> CpuWork | None:
     if rt.has_gpu:
         return None
     dur = unstalled_dur(rt)
-    return CpuWork(dur=dur, blocks=cpu_compute_intervals(rt, dur))
+    waits = iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
+    return CpuWork(dur=dur, blocks=cpu_compute_intervals(rt, dur, waits), waits=waits)
 
 
-def cpu_compute_intervals(rt: RankTrace, dur: np.ndarray) -> iv.Intervals:
+def cpu_compute_intervals(rt: RankTrace, dur: np.ndarray, waits: iv.Intervals) -> iv.Intervals:
     """The CPU's work as the breakdown counts it: blocks of (non-collective) operators at least
-    ``TINY_CPU_OP_US`` long, outside DataLoader waits, stalls cut (``dur``: ``unstalled_dur``)."""
+    ``TINY_CPU_OP_US`` long, outside DataLoader ``waits``, stalls cut (``dur``: ``unstalled_dur``)."""
     ops = rt.cpu_is_op & ~cpu_comm_ops(rt)
     op_u = iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + dur)[ops])
     big = (op_u[1] - op_u[0]) >= TINY_CPU_OP_US
-    return iv.subtract((op_u[0][big], op_u[1][big]), iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1]))
+    return iv.subtract((op_u[0][big], op_u[1][big]), waits)
 
 
 def work_intervals(rt: RankTrace, cw: CpuWork | None) -> iv.Intervals:
@@ -206,7 +208,7 @@ def work_intervals(rt: RankTrace, cw: CpuWork | None) -> iv.Intervals:
     if cw is None:
         c = rt.gpu_class == KCLASS_COMPUTE
         return iv.merge(rt.gpu_ts[c], (rt.gpu_ts + rt.gpu_dur)[c])
-    return iv.union(cw.blocks, iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1]))
+    return iv.union(cw.blocks, cw.waits)
 
 
 def _model_flops(rt: RankTrace, wb: WorkBounds, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:

@@ -60,8 +60,7 @@ def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
         comm = cpu_comm_ops(rt)
         stalled = float((rt.cpu_dur - dur)[top].sum()) / n_steps
         slowed = float(slowed_beyond_floor(rt, dur, top & ~comm).sum()) / n_steps
-        waits = iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
-        dispatched = float((top & ~in_compute & ~comm & ~iv.contains(waits, rt.cpu_ts)).sum()) / n_steps
+        dispatched = float((top & ~in_compute & ~comm & ~iv.contains(cw.waits, rt.cpu_ts)).sum()) / n_steps
     return RankFacts(traits=traits, fusable_us=total, fusion_saves_us=saved, memory_bound_us=mem,
                      cpu_events=CpuEvents(float(inside.sum()) / n_steps, float(in_compute.sum()) / n_steps,
                                           stalled, slowed, dispatched))
