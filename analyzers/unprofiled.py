@@ -271,8 +271,8 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
     floor = DISPATCH_PER_EVENT_MIN * per_event * events.dispatched
     pace = _window_pace(traced, step, stalled, slowed, events) if host < floor else None
     if pace is not None:
-        s, charged = pace[0], per_event
-        per_event = pace[1]
+        charged = per_event
+        s, per_event = pace
         caveat(f"the traced window ran {s:.2f}x slower than the steps around it, beyond the "
                f"profiler (the machine was busier then): charged to the profiler alone "
                f"({charged:.3g} us per event), the gaps would keep "
