@@ -34,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpudiag.diagnosis import Diagnosis
@@ -65,6 +65,11 @@ class Case:
     settle: int = 3
 
 
+# torch.compile is advised for host gaps, or for memory-bound elementwise work where those are
+# small: either prediction is of the compiled step
+COMPILE = Case("compile", ("compile-small-ops", "fuse-memory-bound"), "chain_job.py", [], "b60,a30",
+               steps=270, skip=110, settle=3)
+
 CASES = {
     # 120 ms of reading per batch; 4 workers read one every 30 ms, less than the model's step
     # (4 forward/backward passes, ~40 ms here). The fixed steps are short (~45 ms against
@@ -79,17 +84,13 @@ CASES = {
                            ["--workers", "0", "--fixed-workers", "2", "--read-ms", "0",
                             "--decode-mb", "40", "--passes", "2"],
                            "b40,a20", steps=160, skip=70, settle=10),
-    # torch.compile is advised for host gaps, or for memory-bound elementwise work where those
-    # are small: either prediction is of the compiled step
-    "compile": Case("compile", ("compile-small-ops", "fuse-memory-bound"), "chain_job.py", [], "b60,a30",
-                    steps=270,
-                    skip=110, settle=3),
+    "compile": COMPILE,
     # the same, with another process cutting the job's CPU into 0.3 ms slices over the trace
-    # window alone (tests/jobs/_compete.py): a moment the machine was busy, which the steps
-    # around the window do not show (unprofiled.DISPATCH_PER_EVENT_MIN)
-    "compile-busy-window": Case("compile-busy-window", ("compile-small-ops", "fuse-memory-bound"),
-                                "chain_job.py", ["--compete", "111:116", "--compete-kind", "slices"],
-                                "b60,a30", steps=270, skip=110, settle=3),
+    # window alone (steps 111-116: the warm-up and five traced steps after --skip 110;
+    # tests/jobs/_compete.py): a moment the machine was busy, which the steps around the window
+    # do not show (unprofiled.DISPATCH_PER_EVENT_MIN)
+    "compile-busy-window": replace(COMPILE, name="compile-busy-window",
+                                   args=[*COMPILE.args, "--compete", "111:116", "--compete-kind", "slices"]),
     "ddp-buckets": Case("ddp-buckets", ("overlap-communication",), "ddp_bucket_job.py",
                         ["--bucket-mb", "512", "--fixed-bucket-mb", "4", "--device-ms", "20",
                          "--width", "1536", "--batch", "32"],
