@@ -173,11 +173,11 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         else:
             warnings.append("no operator shapes recorded: compute/memory split comes from kernel "
                             "names (profile with record_shapes=True for a roofline)")
-    stalled = max((p.facts.cpu_events.stalled_us for p in partials), default=0.0)
-    if stalled > 0:
-        warnings.append(f"{stalled / 1e3:.3g} ms per traced step of CPU operator time was the OS not "
-                        "running the job (operators 20x slower than the median of their kind: a busy "
-                        "machine): counted as host time, not work")
+    if breakdown.host_stalled > 0:
+        warnings.append(f"{breakdown.host_stalled / 1e3:.3g} ms per traced step the OS ran other work "
+                        "while an operator of the job waited (operators 20x slower than the median of "
+                        "their kind: a busy machine): host time, shown apart from the job's own "
+                        "overhead; no verdict or prediction counts it as overhead a fix removes")
     for fam, rate in raised.items():
         warnings.append(f"the job ran {fam} at {rate / 1e9:.4g} GFLOP/s, above the measured peak: a "
                         "measured peak is a floor, so it is raised to that")

@@ -131,7 +131,8 @@ def _level(conf: float) -> str:
 
 
 def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
-    """Fraction of step time each bottleneck accounts for; they sum to 1."""
+    """Fraction of step time each bottleneck accounts for; they sum to 1 less the time the OS
+    ran other work (``host_stalled``: the machine's load is no bottleneck of the job's)."""
     if b.step_time <= 0:
         return {k: 0.0 for k in _NOTABLE}
     known = b.compute_bound + b.memory_bound
@@ -146,7 +147,7 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
         Bottleneck.MEMORY: (mb + b.memcpy_exposed) / st,
         Bottleneck.COMMUNICATION: b.comm_exposed / st,
         Bottleneck.INPUT: b.input_wait / st,
-        Bottleneck.HOST: b.host_overhead / st,
+        Bottleneck.HOST: (b.host_overhead - b.host_stalled) / st,
     }
 
 

@@ -53,17 +53,15 @@ def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
     n_steps = max(lo.size, 1)
     inside = iv.contains((lo, hi), rt.cpu_ts)
     in_compute = inside & iv.contains(cw.blocks, rt.cpu_ts) if cw is not None else np.zeros_like(inside)
-    stalled = slowed = dispatched = 0.0
+    slowed = dispatched = 0.0
     if cw is not None:
         top = inside & rt.cpu_is_op & (rt.cpu_depth == 0)
-        dur = cw.dur
         comm = cpu_comm_ops(rt)
-        stalled = float((rt.cpu_dur - dur)[top].sum()) / n_steps
-        slowed = float(slowed_beyond_floor(rt, dur, top & ~comm).sum()) / n_steps
+        slowed = float(slowed_beyond_floor(rt, cw.dur, top & ~comm).sum()) / n_steps
         dispatched = float((top & ~in_compute & ~comm & ~iv.contains(cw.waits, rt.cpu_ts)).sum()) / n_steps
     return RankFacts(traits=traits, fusable_us=total, fusion_saves_us=saved, memory_bound_us=mem,
                      cpu_events=CpuEvents(float(inside.sum()) / n_steps, float(in_compute.sum()) / n_steps,
-                                          stalled, slowed, dispatched))
+                                          slowed, dispatched))
 
 
 # A class of operators (same name, same input shapes) with at least SLOW_MIN_CALLS calls in the

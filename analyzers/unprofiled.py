@@ -111,7 +111,6 @@ class CpuEvents:
 
     recorded: float  # events the profiler recorded
     in_compute: float  # ...of them starting inside the breakdown's compute blocks
-    stalled_us: float = 0.0  # operator time the OS did not run (``breakdown.unstalled_dur``)
     slowed_us: float = 0.0  # long operators' time beyond their class's fast calls (``rank_facts``)
     # operators the job called from the gaps (top level, outside operator blocks, DataLoader
     # waits and collectives): each cost it host time unobserved too (DISPATCH_PER_EVENT_MIN)
@@ -255,9 +254,10 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
     are its own time. Variation the job has unobserved too is taken with it: bounded by the
     profiler's extra time, and stated in the caveat."""
     n_all, n_compute = events.recorded, events.in_compute
-    # time the OS did not run the job (breakdown.unstalled_dur) is already host time, and it is
-    # the machine's load, not the profiler's cost: it leaves the step first, then the profiler's
-    stalled = min(events.stalled_us, max(0.0, traced.step_time - step), traced.host_overhead)
+    # time the OS did not run the job (``host_stalled``) is already host time, and it is the
+    # machine's load, not the profiler's cost: it leaves the step first, then the profiler's;
+    # what the step cannot lose of it (the reference was as busy) stays, still apart
+    stalled = min(traced.host_stalled, max(0.0, traced.step_time - step))
     extra = traced.step_time - stalled - step
     # long operators that ran slower than their own fast calls were slowed themselves (their
     # data crowded out of the caches by the profiler's records): operator time, taken first
@@ -299,13 +299,15 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
         step_time=step, gpu_busy=compute + traced.comm_exposed, compute=compute,
         compute_bound=traced.compute_bound * k, memory_bound=traced.memory_bound * k,
         comm_total=traced.comm_total, comm_exposed=traced.comm_exposed,
-        memcpy_exposed=traced.memcpy_exposed, input_wait=input_wait, host_overhead=host)
+        memcpy_exposed=traced.memcpy_exposed, input_wait=input_wait, host_overhead=host,
+        host_stalled=min(host, traced.host_stalled - stalled))
     out.idle = out.input_wait + out.host_overhead
     total = out.compute + out.comm_exposed + out.memcpy_exposed + out.idle
     if total > step > 0:  # nothing left to take from: scale everything to the step
         f = step / total
         for name in ("gpu_busy", "compute", "compute_bound", "memory_bound", "comm_total",
-                     "comm_exposed", "memcpy_exposed", "input_wait", "host_overhead", "idle"):
+                     "comm_exposed", "memcpy_exposed", "input_wait", "host_overhead", "host_stalled",
+                     "idle"):
             setattr(out, name, getattr(out, name) * f)
     return out
 
@@ -363,14 +365,15 @@ def _cpu_estimate(traced: TimeBreakdown, step: float, caveat) -> TimeBreakdown: 
         compute_bound=traced.compute_bound * k, memory_bound=traced.memory_bound * k,
         comm_total=traced.comm_total * k, comm_exposed=traced.comm_exposed * k,
         memcpy_exposed=traced.memcpy_exposed * k, input_wait=input_wait,
-        host_overhead=traced.host_overhead * k)
+        host_overhead=traced.host_overhead * k,
+        host_stalled=min(traced.host_stalled, traced.host_overhead * k))
     out.idle = out.input_wait + out.host_overhead
     # the parts add up to the untraced step; rounding and a traced input wait longer than the
     # whole untraced step (noise) are absorbed by scaling all of them to it
     total = out.compute + out.comm_exposed + out.memcpy_exposed + out.idle
     f = step / total if total > 0 else 1.0
     for name in ("gpu_busy", "compute", "compute_bound", "memory_bound", "comm_total", "comm_exposed",
-                 "memcpy_exposed", "input_wait", "host_overhead", "idle"):
+                 "memcpy_exposed", "input_wait", "host_overhead", "host_stalled", "idle"):
         setattr(out, name, getattr(out, name) * f)
     out.step_time = step
     return out

@@ -15,11 +15,12 @@ from typing import Any
 from gpudiag.codec import JsonValue, load_versioned
 from gpudiag.errors import BadInput
 
-DIAGNOSIS_SCHEMA_VERSION = 3
-# Still read: version 1 (before the unprofiled estimate) and 2 (recommendations as plain
-# strings, before predictions): their new fields take their defaults, and a string
-# recommendation becomes one with action "unknown" and no prediction (``_upgrade``).
-READABLE_DIAGNOSIS_VERSIONS = (1, 2, 3)
+DIAGNOSIS_SCHEMA_VERSION = 4
+# Still read: version 1 (before the unprofiled estimate), 2 (recommendations as plain
+# strings, before predictions) and 3 (before ``TimeBreakdown.host_stalled``): their new fields
+# take their defaults, and a string recommendation becomes one with action "unknown" and no
+# prediction (``_upgrade``).
+READABLE_DIAGNOSIS_VERSIONS = (1, 2, 3, 4)
 
 
 class Bottleneck(str, enum.Enum):
@@ -37,6 +38,9 @@ class TimeBreakdown:
 
     ``compute + comm_exposed + memcpy_exposed + idle == step_time``;
     ``idle == input_wait + host_overhead``. On a CPU-only trace "GPU" reads "device".
+    ``host_stalled`` is the part of ``host_overhead`` the OS ran other work while an operator
+    of the job waited (a busy machine): host time, but not the job's own overhead, so no
+    verdict or prediction counts it as overhead a fix would remove.
     """
 
     step_time: float = 0.0
@@ -50,6 +54,7 @@ class TimeBreakdown:
     idle: float = 0.0
     input_wait: float = 0.0
     host_overhead: float = 0.0
+    host_stalled: float = 0.0  # part of host_overhead: the OS not running the job (CPU device)
 
     def fraction(self, part: str) -> float:
         return getattr(self, part) / self.step_time if self.step_time > 0 else 0.0

@@ -143,6 +143,9 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
     b = d.breakdown
     mean_rows = [(label, ms(getattr(b, key)), pct(b.fraction(key))) for key, label, _ in PARTS]
     mean_rows[2:2] = [("compute (total)", ms(b.compute), pct(b.fraction("compute")))]
+    if b.host_stalled > 0:
+        mean_rows.append(("of the host overhead, the OS running other work", ms(b.host_stalled),
+                          pct(b.fraction("host_stalled"))))
     mean_rows += [("device busy", ms(b.gpu_busy), pct(b.fraction("gpu_busy"))),
                   ("communication (total, incl. overlapped)", ms(b.comm_total),
                    pct(b.fraction("comm_total"))),

@@ -29,7 +29,7 @@ def _breakdown(d: Diagnosis, unit: str) -> list[str]:
     b = d.breakdown
     if not views.has_both_views(d):
         out = [f"Step time {_ms(b.step_time)} (mean per step over ranks), {unit} view:"]
-        for key, name in views.VIEW_ROWS[:-1]:
+        for key, name in views.rows_of(b)[:-1]:
             frac = b.fraction(key)
             out.append(f"  {name:<26}{_pct(frac)}  {_bar(frac)}  {_ms(getattr(b, key))}")
         return out

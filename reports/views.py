@@ -20,6 +20,7 @@ from gpudiag.units import pct
 UNPROFILED = "unprofiled-estimate"
 PROFILED = "profiled-steps"
 
+STALLED = "host_stalled"
 # (TimeBreakdown field, row label) of the side-by-side table, in reading order.
 VIEW_ROWS = [
     ("compute", "compute"),
@@ -29,8 +30,16 @@ VIEW_ROWS = [
     ("memcpy_exposed", "exposed memcpy/memset"),
     ("input_wait", "input wait (DataLoader)"),
     ("host_overhead", "host overhead"),
+    (STALLED, "  OS ran other work"),
     ("step_time", "step time"),
 ]
+
+
+def rows_of(*shown: TimeBreakdown | None) -> list[tuple[str, str]]:
+    """VIEW_ROWS for these breakdowns: the OS's share of the host overhead only where there
+    is one (a busy machine), so a quiet run's table is not padded with zeros."""
+    stalled = any(b is not None and b.host_stalled > 0 for b in shown)
+    return [(k, label) for k, label in VIEW_ROWS if k != STALLED or stalled]
 
 
 def _ms(us: float) -> str:
@@ -119,4 +128,4 @@ def view_rows(d: Diagnosis) -> list[ViewRow]:
                     b.fraction(key) if b.step_time > 0 else None,
                     getattr(u, key) if u is not None else None,
                     u.fraction(key) if u is not None else None)
-            for key, label in VIEW_ROWS]
+            for key, label in rows_of(b, u)]

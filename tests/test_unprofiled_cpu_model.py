@@ -73,7 +73,7 @@ TRACED = TimeBreakdown(step_time=40e3, gpu_busy=26e3, compute=26e3, compute_boun
 def unprofiled(slowed_us: float) -> tuple[TimeBreakdown, Dilation]:
     dil = Dilation(traced_step_us=40e3, untraced_step_us=30e3, factor=40 / 30, traced_steps=5,
                    untraced_steps=20, untraced_spread=0.02, model="test")
-    b, _ = estimate_unprofiled(TRACED, dil, "cpu", CpuEvents(8000, 400, 0.0, slowed_us))
+    b, _ = estimate_unprofiled(TRACED, dil, "cpu", CpuEvents(8000, 400, slowed_us))
     return b, dil
 
 
