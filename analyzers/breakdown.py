@@ -119,16 +119,14 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> list[St
         input_wait = iv.measure_in(dl, lo, hi)
         busy = compute + comm_exposed
         # compute-bound share from the innermost costed ops (or top-level ops by name)
-        work = is_cpu_work(rt, wb) & (rt.cpu_dur >= TINY_CPU_OP_US)
-        cb = _split(rt.cpu_dur[work & (wb.bound == BOUND_COMPUTE)],
+        work = is_cpu_work(rt, wb) & (cw.dur >= TINY_CPU_OP_US)
+        cb = _split(cw.dur[work & (wb.bound == BOUND_COMPUTE)],
                     rt.cpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
-        mb = _split(rt.cpu_dur[work & (wb.bound == BOUND_MEMORY)],
+        mb = _split(cw.dur[work & (wb.bound == BOUND_MEMORY)],
                     rt.cpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi)
-        # what the stall cut took off the operators lies in the gaps it left: the part of the
-        # host overhead that was the OS running other work, not the job
-        cut = rt.cpu_is_op & (cw.dur < rt.cpu_dur)
-        excess = iv.merge((rt.cpu_ts + cw.dur)[cut], (rt.cpu_ts + rt.cpu_dur)[cut])
-        stalled = iv.measure_in(iv.subtract(excess, iv.union(real, iv.union(comm, dl))), lo, hi)
+        # the stalls are out of the compute blocks: in the host gaps, as the part of the host
+        # overhead that was the OS running other work, not the job
+        stalled = iv.measure_in(iv.subtract(cw.stalls, iv.union(real, iv.union(comm, dl))), lo, hi)
     # Work of unknown bound (no shapes, no telling kernel name) is split like the known work,
     # so compute_bound + memory_bound == compute whenever anything is known.
     known = cb + mb
@@ -169,18 +167,24 @@ STALL_MIN_US = 1000.0
 STALL_MIN_CALLS = 5
 
 
-def unstalled_dur(rt: RankTrace) -> np.ndarray:
-    """CPU event durations with each stalled operator cut to its kind's median. A kind is a
-    name and its input shapes: by name alone, the gradient of a 2048x2048 weight (``aten::add_``,
-    2.5 ms of real memory traffic) read as a stall beside the biases' 10 us adds."""
+def stalls(rt: RankTrace) -> iv.Intervals:
+    """When the OS ran other work inside the job's operators: each stalled operator's time
+    beyond its kind's median, at its end (where in the call the trace cannot say), merged over
+    every depth, so a stall inside an operator that is not itself 20x its kind (a copy inside
+    ``aten::to``) counts once. A kind is a name and its input shapes: by name alone, the
+    gradient of a 2048x2048 weight (``aten::add_``, 2.5 ms of real memory traffic) read as a
+    stall beside the biases' 10 us adds. So where the trace has shapes, an operator recorded
+    without any (``AccumulateGrad``, ``aten::to``: big and small alike under one name) is not
+    judged: a stall inside it is its children's, which have shapes."""
     dur = rt.cpu_dur
     if dur.size == 0:
-        return dur.copy()
+        return iv.EMPTY
     kind = rt.cpu_name.astype(np.int64) * (len(rt.names) + 1) + (rt.cpu_shape + 1)
     med, counts = class_quantile(kind, dur, 0.5)
-    stalled = (rt.cpu_is_op & (counts >= STALL_MIN_CALLS) & (dur > STALL_FACTOR * med)
+    judged = rt.cpu_is_op & ((rt.cpu_shape >= 0) | (rt.cpu_shape.max() < 0))
+    stalled = (judged & (counts >= STALL_MIN_CALLS) & (dur > STALL_FACTOR * med)
                & (dur - med > STALL_MIN_US))
-    return np.where(stalled, med, dur)
+    return iv.merge((rt.cpu_ts + med)[stalled], (rt.cpu_ts + dur)[stalled])
 
 
 @dataclass(frozen=True)
@@ -189,7 +193,8 @@ class CpuWork:
     overlap and the rank's facts all need them, and each costs a pass over every event (a
     per-class median, an interval merge): made once per rank by ``cpu_work``."""
 
-    dur: np.ndarray  # each event's duration, stalls cut (``unstalled_dur``)
+    dur: np.ndarray  # each event's duration less the stalls inside it
+    stalls: iv.Intervals  # the OS running other work (``stalls``)
     blocks: iv.Intervals  # the compute blocks (``cpu_compute_intervals``)
     waits: iv.Intervals  # the DataLoader waits, merged
 
@@ -198,16 +203,18 @@ def cpu_work(rt: RankTrace) -> CpuWork | None:
     """None for a rank with GPU activity: there the GPU is the device."""
     if rt.has_gpu:
         return None
-    dur = unstalled_dur(rt)
+    st = stalls(rt)
+    dur = rt.cpu_dur - iv.measure_in(st, rt.cpu_ts, rt.cpu_ts + rt.cpu_dur)
     waits = iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
-    return CpuWork(dur=dur, blocks=cpu_compute_intervals(rt, dur, waits), waits=waits)
+    return CpuWork(dur=dur, stalls=st, blocks=cpu_compute_intervals(rt, st, waits), waits=waits)
 
 
-def cpu_compute_intervals(rt: RankTrace, dur: np.ndarray, waits: iv.Intervals) -> iv.Intervals:
+def cpu_compute_intervals(rt: RankTrace, stalled: iv.Intervals, waits: iv.Intervals) -> iv.Intervals:
     """The CPU's work as the breakdown counts it: blocks of (non-collective) operators at least
-    ``TINY_CPU_OP_US`` long, outside DataLoader ``waits``, stalls cut (``dur``: ``unstalled_dur``)."""
+    ``TINY_CPU_OP_US`` long once the ``stalled`` time is out of them, outside DataLoader
+    ``waits``."""
     ops = rt.cpu_is_op & ~cpu_comm_ops(rt)
-    op_u = iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + dur)[ops])
+    op_u = iv.subtract(iv.merge(rt.cpu_ts[ops], (rt.cpu_ts + rt.cpu_dur)[ops]), stalled)
     big = (op_u[1] - op_u[0]) >= TINY_CPU_OP_US
     return iv.subtract((op_u[0][big], op_u[1][big]), waits)
 

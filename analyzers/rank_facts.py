@@ -45,10 +45,10 @@ def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
         mem = float(rt.gpu_dur[work & (wb.bound == BOUND_MEMORY)].sum())
     else:
         # as the breakdown counts it: ops shorter than TINY_CPU_OP_US are host time
-        work = is_cpu_work(rt, wb) & (rt.cpu_dur >= TINY_CPU_OP_US)
+        work = is_cpu_work(rt, wb) & (cw.dur >= TINY_CPU_OP_US)
         fusable = work & wb.inner & (wb.bound == BOUND_MEMORY) & (rt.cpu_kind == KIND_ELEMENTWISE)
-        total, saved = fusion_runs(rt.cpu_ts, rt.cpu_dur, rt.cpu_tid, fusable, work & ~fusable)
-        mem = float(rt.cpu_dur[work & (wb.bound == BOUND_MEMORY)].sum())
+        total, saved = fusion_runs(rt.cpu_ts, cw.dur, rt.cpu_tid, fusable, work & ~fusable)
+        mem = float(cw.dur[work & (wb.bound == BOUND_MEMORY)].sum())
     lo, hi, _ = step_windows(rt)
     n_steps = max(lo.size, 1)
     inside = iv.contains((lo, hi), rt.cpu_ts)
