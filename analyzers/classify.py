@@ -56,6 +56,10 @@ CONFIDENCE_MARGIN_FLOOR = 0.3
 PENALTY_KERNEL_NAMES = 0.2
 PENALTY_NO_ROOFLINE = 0.3
 PENALTY_ONE_STEP = 0.1
+# The OS running other work for part of the view's step (``host_stalled``): the label rests on
+# the rest of it, and what the machine's load did to that rest no trace shows. A point per
+# point of the step, at most this.
+PENALTY_STALLED_MAX = 0.5
 # The floor after penalties: a label is always the best guess there is, never 0.
 CONFIDENCE_MIN = 0.05
 # Levels shown beside the number: "high" above three in four, "low" below a coin toss.
@@ -177,6 +181,10 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
             mine.append(Deduction("no roofline information", PENALTY_NO_ROOFLINE))
     if n_steps <= 1:
         mine.append(Deduction("fewer than two profiler steps", PENALTY_ONE_STEP))
+    stalled = b.fraction("host_stalled")
+    if stalled >= 0.01:
+        mine.append(Deduction(f"the OS ran other work for {_pct(stalled)} of the step (a busy machine): "
+                              "the label rests on the rest", round(min(PENALTY_STALLED_MAX, stalled), 3)))
     tie = runner_up if (noise is not None and runner_up is not None and second_share > 0
                         and 0 <= margin < noise) else None
 

@@ -157,6 +157,9 @@ def test_time_the_os_ran_another_process_is_not_read_as_the_jobs_host_overhead(t
     traced = d.traced_verdict or d.verdict
     assert traced.evidence["host-bound share"] == pytest.approx(
         (b.host_overhead - b.host_stalled) / b.step_time, abs=1e-4), traced.evidence
+    # and the label of the traced steps rests on the rest of them: it costs confidence
+    assert any(x.reason.startswith("the OS ran other work") and x.amount >= 0.01
+               for x in traced.deductions), traced.deductions
     if d.unprofiled is not None:  # the steps around the window ran without the competitor
         assert d.unprofiled.host_stalled < 0.1 * b.host_stalled, d.unprofiled
 
