@@ -444,7 +444,7 @@ def verdict_breakdown(d: Diagnosis) -> TimeBreakdown:
 
 
 SHARE_PARTS = ("compute", "compute_bound", "memory_bound", "comm_exposed", "memcpy_exposed",
-               "input_wait", "host_overhead", "idle")
+               "input_wait", "host_overhead", "host_stalled", "idle")
 
 
 def summary_figures(d: Diagnosis) -> dict[str, float | str | None]:
