@@ -114,7 +114,7 @@ def job_cpu(t: JobTraits) -> whatif.JobCpu | None:
     if t.cores_used is None or not t.cpus:
         return None
     return whatif.JobCpu(t.cores_used, t.cpus, t.intra_op_threads or 1, t.other_cores or 0.0,
-                         t.runq_cores or 0.0)
+                         t.runq_cores or 0.0, t.cpu_step_s * 1e6 if t.cpu_step_s else None)
 
 
 def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:

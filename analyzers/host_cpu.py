@@ -34,6 +34,9 @@ class HostCpu:
     samples: int  # host samples these rest on
     cpus: int | None  # cores the job could run on (its affinity), from the bootstrap
     intra_op_threads: int | None  # torch's intra-op threads in the job
+    # the mean untraced step over the same samples (s): cores_used x step_s is the CPU a step
+    # costs the job unobserved, whatever step the diagnosis' view has (a traced one is longer)
+    step_s: float | None = None
 
 
 def untraced_spans(rows: Sequence[StepRow]) -> list[tuple[float, float]]:
@@ -77,6 +80,9 @@ def host_cpu(samples: Sequence[HostSample], steps: Mapping[int, Sequence[StepRow
     other = None
     if all(h.machine_busy is not None for _, h in used):
         other = round(max(0.0, mean(lambda h: h.machine_busy) - job), 3)
+    dts = [r.dt for r in steps[min(steps)] if r.profiler is None and r.step > STARTUP_STEPS
+           and any(h.t - d < r.t <= h.t for d, h in used)]
     meta = boot.get(min(steps))
     return HostCpu(round(job, 3), round(mean(lambda h: h.runq_cores), 3), other, len(used),
-                   meta.cpus if meta else None, meta.intra_op_threads if meta else None)
+                   meta.cpus if meta else None, meta.intra_op_threads if meta else None,
+                   sum(dts) / len(dts) if dts else None)

@@ -62,4 +62,5 @@ def job_traits(per_rank: list[dict[str, bool]], dataloader_workers: list[int] | 
         other_cores=host.other_cores if host else None,
         cpus=host.cpus if host else None,
         intra_op_threads=host.intra_op_threads if host else None,
+        cpu_step_s=host.step_s if host else None,
     )

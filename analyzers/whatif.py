@@ -52,6 +52,12 @@ class JobCpu:
     threads: int  # the model's intra-op threads (1 where unknown)
     other_cores: float = 0.0  # cores the machine's other work kept busy meanwhile
     runq_cores: float = 0.0  # cores' worth of the job's processes waiting runnable for a core
+    step_us: float | None = None  # the untraced step cores_used was measured over
+
+    def per_step(self, b: TimeBreakdown) -> float:
+        """CPU time a step costs the job unobserved: over the steps it was measured over, not
+        the view's (a traced view's step is the profiler's, longer by its cost)."""
+        return self.cores_used * (self.step_us or b.step_time)
 
     @property
     def available(self) -> float:
@@ -85,7 +91,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None) -> Prediction:
     rest = b.step_time - b.input_wait
     step = input_hidden_step(b, cpu)
     bound = "" if cpu is None or step <= rest else (
-        f"; the job's processes use {cpu.cores_used:.2g} cores ({_ms(cpu.cores_used * b.step_time)} "
+        f"; the job's processes use {cpu.cores_used:.2g} cores ({_ms(cpu.per_step(b))} "
         f"of CPU per step), which the {cpu.available:.2g} of {cpu.cpus} cores the machine's other "
         f"work leaves cannot do in less than {_ms(step)}")
     workers = workers_needed(b, cpu)
@@ -113,7 +119,7 @@ def input_hidden_step(b: TimeBreakdown, cpu: JobCpu | None = None) -> float:
     rest = b.step_time - b.input_wait
     if cpu is None or loading_cores(b, cpu) < CPU_LOADING:
         return rest
-    return max(rest, cpu.cores_used * b.step_time / cpu.available)
+    return max(rest, cpu.per_step(b) / cpu.available)
 
 
 def communication_overlapped(b: TimeBreakdown, cpu: bool = False) -> Prediction:

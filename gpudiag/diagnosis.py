@@ -325,6 +325,7 @@ class JobTraits:
     other_cores: float | None = None  # cores the machine's other work kept busy meanwhile
     cpus: int | None = None
     intra_op_threads: int | None = None
+    cpu_step_s: float | None = None  # the untraced step cores_used was measured over
 
 
 @dataclass

@@ -40,6 +40,7 @@ def test_host_samples_count_only_where_their_interval_lies_inside_untraced_steps
     assert h.runq_cores == pytest.approx((0.5 + 2 * 0.1) / total, abs=1e-3)
     assert h.other_cores == pytest.approx((1.0 + 1.5 + 2 * 1.0 + 2.55 * 1.0) / total, abs=1e-3)
     assert (h.cpus, h.intra_op_threads) == (4, 2)
+    assert h.step_s == pytest.approx(1.0)  # the steps those samples cover, not the traced ones
     assert host_cpu(s[:3], steps, {}) is None  # one usable sample is no estimate
 
 
@@ -69,6 +70,19 @@ def test_decoding_in_the_wait_bounds_the_hidden_step_by_the_cores_left_to_the_jo
     idle_machine = whatif.JobCpu(cores_used=1.0, cpus=2, threads=1)
     assert whatif.input_hidden(STEP, idle_machine).step_us == pytest.approx(50e3)
     assert whatif.workers_needed(STEP, idle_machine) == math.ceil(80 / 50)
+
+
+def test_the_cpu_a_step_costs_is_the_untraced_steps_not_the_traced_views() -> None:
+    """In the traced view the step is the profiler's (here 150 ms where the job's own steps took
+    100): a core busy all of an untraced step is 100 ms of CPU per step, not 150. Taken as 150,
+    a decoding job's predicted steps with workers, in the traced view, read 1.13, 1.01 and 1.60
+    times what the fix gave (benchmarks/predicted_vs_applied.py, 2026-11-27)."""
+    traced = TimeBreakdown(step_time=150e3, compute=30e3, idle=120e3, input_wait=120e3)
+    cpu = whatif.JobCpu(cores_used=1.0, cpus=2, threads=1, step_us=100e3)
+    assert whatif.input_hidden_step(traced, cpu) == pytest.approx(50e3)
+    assert "(100 ms of CPU per step)" in whatif.input_hidden(traced, cpu).why
+    # without the untraced step, the view's is all there is
+    assert whatif.input_hidden_step(traced, whatif.JobCpu(1.0, 2, 1)) == pytest.approx(75e3)
 
 
 def test_waiting_runnable_for_a_core_counts_as_decoding_on_a_busy_machine() -> None:
