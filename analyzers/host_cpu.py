@@ -11,6 +11,7 @@ left out (the profiler's own work runs in them), as are the first steps (start-u
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -80,8 +81,14 @@ def host_cpu(samples: Sequence[HostSample], steps: Mapping[int, Sequence[StepRow
     other = None
     if all(h.machine_busy is not None for _, h in used):
         other = round(max(0.0, mean(lambda h: h.machine_busy) - job), 3)
-    dts = [r.dt for r in steps[min(steps)] if r.profiler is None and r.step > STARTUP_STEPS
-           and any(h.t - d < r.t <= h.t for d, h in used)]
+    ends = [h.t for _, h in used]  # in time order, the intervals disjoint
+
+    def sampled(t: float) -> bool:
+        k = bisect.bisect_left(ends, t)
+        return k < len(used) and used[k][1].t - used[k][0] < t
+
+    dts = [r.dt for r in steps[min(steps)]
+           if r.profiler is None and r.step > STARTUP_STEPS and sampled(r.t)]
     meta = boot.get(min(steps))
     return HostCpu(round(job, 3), round(mean(lambda h: h.runq_cores), 3), other, len(used),
                    meta.cpus if meta else None, meta.intra_op_threads if meta else None,
