@@ -152,6 +152,11 @@ def _traced_view(d: Diagnosis) -> tuple[TimeBreakdown, Bottleneck, float | None]
     return d.breakdown, label, mfu
 
 
+# The OS running other work for this share of a run's traced steps is worth a note: the
+# operator table compares traced times, and a busy machine slows every operator.
+STALLED_NOTABLE = 0.01
+
+
 def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] | None = None,
             after_steps: Sequence[float] | None = None) -> DiagnosisDiff:
     """``before_steps`` / ``after_steps``: untraced step times (seconds) from each run's step
@@ -165,6 +170,11 @@ def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] |
     if before.top_kernels and after.top_kernels:
         notes.append("kernels and operators are compared by mean time per traced step and rank, "
                      "over the top items of each run")
+    for side, d in (("before", before), ("after", after)):
+        if d.breakdown.fraction("host_stalled") >= STALLED_NOTABLE:
+            notes.append(f"the {side} run's traced steps lost {pct(d.breakdown.fraction('host_stalled'))} "
+                         "to the OS running other work (a busy machine): its operators' times hold the "
+                         "machine's load too")
     unprofiled = _has_estimate(before) and _has_estimate(after)
     if unprofiled:
         assert before.unprofiled is not None and after.unprofiled is not None

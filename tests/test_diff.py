@@ -128,6 +128,17 @@ def test_run_dirs_compare_unprofiled_estimates_and_trace_only_cannot_tell(gemm):
     assert json.loads(mixed.to_json())["step_change"] is None
 
 
+def test_a_run_whose_traced_steps_the_os_interrupted_is_named(gemm):
+    """The operator table compares traced times; a busy machine's slices slow every operator
+    (a chain job beside a spinning process: its matmuls +49.6 ms per step), so the run whose
+    traced steps lost time to the OS is named in the notes."""
+    busy = copy.deepcopy(gemm)
+    busy.breakdown.host_stalled = 0.1 * busy.breakdown.step_time
+    notes = compare(gemm, busy).notes
+    assert any(n.startswith("the after run's traced steps lost 10.0% to the OS") for n in notes), notes
+    assert not any("OS" in n for n in compare(gemm, gemm).notes)
+
+
 # --- end to end: real runs of one CPU job ---------------------------------------------------------
 
 def profile(out: Path, sleep: float) -> subprocess.Popen:
