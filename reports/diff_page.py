@@ -60,7 +60,8 @@ def render_diff(diff: DiagnosisDiff, before: Diagnosis, after: Diagnosis) -> str
     charts = []
     if bars:
         charts.append(Markup(svg.stacked_bars(f"Mean step time, before and after ({view})", bars,
-                                              legend_parts(), "mean step time (ms)")))
+                                              legend_parts(diff.before, diff.after),
+                                              "mean step time (ms)")))
     rows = []
     # after - before per part; older DiagnosisDiffs (and their JSON) do not carry it
     delta: TimeBreakdown | None = getattr(diff, "breakdown_delta", None)

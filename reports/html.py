@@ -123,7 +123,7 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
                             tip=f"rank {r.rank}: mean step {ms(r.mean_step_time)} over {len(r.steps)} "
                                 f"step(s){'; straggler' if straggler else ''}"))
     charts = []
-    legend = legend_parts()
+    legend = legend_parts(d.breakdown)
     if bars:
         charts.append(svg.stacked_bars("Step time per rank (mean per step)", bars, legend,
                                        "mean step time (ms)",

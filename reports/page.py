@@ -35,6 +35,7 @@ PARTS = [
 SHORT_LABELS = ["compute-bound", "memory-bound", "exposed comm", "exposed memcpy", "input wait",
                 "host overhead"]  # table headers
 UNSPLIT = ("compute not split by roofline", svg.SKY_BLUE)
+STALLED = ("OS ran other work (of host overhead)", svg.GREY)  # TimeBreakdown.host_stalled
 BOUND_COLOURS = {"compute": svg.BLUE, "memory": svg.ORANGE}
 SLOWER, FASTER = svg.VERMILLION, svg.BLUE
 
@@ -68,7 +69,8 @@ def part_segments(b: TimeBreakdown, length: float, unit_tip: bool) -> list[svg.S
 
     Each part is drawn at its share of the step (``TimeBreakdown.fraction``) times the
     length: pure scaling. Compute time that the roofline did not split is drawn as its own
-    segment so the bar still spans the whole step.
+    segment so the bar still spans the whole step; so is the part of the host overhead the OS
+    ran other work (a busy machine), in grey after the job's own.
     """
     segs = []
     for key, label, colour in PARTS[:2]:
@@ -79,16 +81,24 @@ def part_segments(b: TimeBreakdown, length: float, unit_tip: bool) -> list[svg.S
     if unsplit * length > 1e-9:
         segs.append(svg.Segment(unsplit * length, UNSPLIT[1], f"{UNSPLIT[0]} (part of compute "
                                 f"{pct(b.fraction('compute'))})"))
+    stalled = b.fraction("host_stalled")
     for key, label, colour in PARTS[2:]:
         f = b.fraction(key)
+        if key == "host_overhead" and stalled > 0:
+            f, label = f - stalled, "host overhead, the job's own"
         segs.append(svg.Segment(f * length, colour, f"{label}: {pct(f)}"
-                                + (f", {ms(getattr(b, key))}" if unit_tip else "")))
+                                + (f", {ms(f * b.step_time)}" if unit_tip else "")))
+    if stalled * length > 1e-9:
+        segs.append(svg.Segment(stalled * length, STALLED[1], f"{STALLED[0]}: {pct(stalled)}"
+                                + (f", {ms(b.host_stalled)}" if unit_tip else "")))
     return segs
 
 
-def legend_parts() -> list[tuple[str, str]]:
+def legend_parts(*shown: TimeBreakdown | None) -> list[tuple[str, str]]:
+    """The chart's legend; the OS's part only where one of the ``shown`` breakdowns has it."""
+    stalled = [STALLED] if any(b is not None and b.host_stalled > 0 for b in shown) else []
     return [(label, colour) for _, label, colour in PARTS[:2]] + [UNSPLIT] + \
-        [(label, colour) for _, label, colour in PARTS[2:]]
+        [(label, colour) for _, label, colour in PARTS[2:]] + stalled
 
 
 def verdict_ctx(d: Diagnosis) -> dict[str, Any]:
@@ -117,7 +127,8 @@ def views_ctx(d: Diagnosis) -> dict[str, Any]:
                 svg.Bar("unprofiled (est.)", part_segments(d.unprofiled, d.unprofiled.step_time / 1e3, True),
                         note=ms(d.unprofiled.step_time),
                         tip="estimated mean step of the job as it runs unobserved")]
-        chart = svg.stacked_bars("Mean step as traced and unprofiled (estimated)", bars, legend_parts(),
+        chart = svg.stacked_bars("Mean step as traced and unprofiled (estimated)", bars,
+                                 legend_parts(d.breakdown, d.unprofiled),
                                  "mean step time (ms)", label_w=130,
                                  desc="The same step twice: as the profiler recorded it, and with the "
                                       "profiler's extra wall time removed from the idle gaps.")

@@ -135,6 +135,21 @@ def test_report_without_a_timeline_says_why(gemm):
     assert "profiler traces alone" in section and "gpudiag profile" in section
 
 
+def test_the_time_the_os_ran_other_work_is_its_own_grey_part_of_each_bar(gemm):
+    """A reader of an incident review must see a busy machine's share at a glance: the mean
+    step's bar draws it apart from the job's own host overhead, and the legend names it only
+    where there is one."""
+    quiet = render_report(gemm)
+    assert "OS ran other work" not in quiet
+    busy = copy.deepcopy(gemm)
+    b = busy.breakdown
+    b.host_stalled = 0.5 * b.host_overhead
+    text = render_report(busy)
+    assert_self_contained(text)
+    assert text.count("OS ran other work (of host overhead)") >= 2  # the legend and the mean bar
+    assert "of the host overhead, the OS running other work" in text  # the mean-step table
+
+
 # --- escaping -------------------------------------------------------------------------------
 
 def hostile_trace(dest: Path) -> Path:
