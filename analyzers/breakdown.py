@@ -167,6 +167,11 @@ STALL_MIN_US = 1000.0
 STALL_MIN_CALLS = 5
 
 
+def op_kinds(rt: RankTrace) -> np.ndarray:
+    """Each CPU event's kind, an integer: its name and its input shapes (-1: none recorded)."""
+    return rt.cpu_name.astype(np.int64) * (len(rt.names) + 1) + (rt.cpu_shape + 1)
+
+
 def stalls(rt: RankTrace) -> iv.Intervals:
     """When the OS ran other work inside the job's operators: each stalled operator's time
     beyond its kind's median, at its end (where in the call the trace cannot say), merged over
@@ -179,8 +184,7 @@ def stalls(rt: RankTrace) -> iv.Intervals:
     dur = rt.cpu_dur
     if dur.size == 0:
         return iv.EMPTY
-    kind = rt.cpu_name.astype(np.int64) * (len(rt.names) + 1) + (rt.cpu_shape + 1)
-    med, counts = class_quantile(kind, dur, 0.5)
+    med, counts = class_quantile(op_kinds(rt), dur, 0.5)
     judged = rt.cpu_is_op & ((rt.cpu_shape >= 0) | (rt.cpu_shape.max() < 0))
     stalled = (judged & (counts >= STALL_MIN_CALLS) & (dur > STALL_FACTOR * med)
                & (dur - med > STALL_MIN_US))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpudiag.analyzers import intervals as iv
-from gpudiag.analyzers.breakdown import TINY_CPU_OP_US, CpuWork, cpu_comm_ops, step_windows
+from gpudiag.analyzers.breakdown import TINY_CPU_OP_US, CpuWork, cpu_comm_ops, op_kinds, step_windows
 from gpudiag.analyzers.op_args import KIND_ELEMENTWISE
 from gpudiag.analyzers.roofline import BOUND_MEMORY, WorkBounds, is_cpu_work
 from gpudiag.analyzers.stats import class_quantile
@@ -82,8 +82,7 @@ def slowed_beyond_floor(rt: RankTrace, dur: np.ndarray, mask: np.ndarray) -> np.
     if idx.size < SLOW_MIN_CALLS:
         return out
     d = dur[idx]
-    key = rt.cpu_name[idx].astype(np.int64) * (len(rt.names) + 1) + (rt.cpu_shape[idx] + 1)
-    floor, counts = class_quantile(key, d, SLOW_FLOOR_QUANTILE)
+    floor, counts = class_quantile(op_kinds(rt)[idx], d, SLOW_FLOOR_QUANTILE)
     ok = (counts >= SLOW_MIN_CALLS) & (floor >= SLOW_MIN_US)
     out[idx[ok]] = np.maximum(0.0, d[ok] - floor[ok])
     return out
