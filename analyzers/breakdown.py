@@ -83,7 +83,7 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> list[St
     if lo.size == 0:
         return []
     step = hi - lo
-    dl = iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
+    dl = cw.waits if cw is not None else iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
     if rt.has_gpu:
         end = rt.gpu_ts + rt.gpu_dur
         cls = rt.gpu_class
