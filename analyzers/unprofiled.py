@@ -98,6 +98,9 @@ PENALTY_CPU_MODEL = 0.05
 # 0.7 in one slowed by a process sharing its CPU (docs/diagnosis.md has every number).
 DISPATCH_PER_EVENT_MIN = 2.0
 
+# Every part of a TimeBreakdown but the step: what scaling an estimate to its step scales.
+_PARTS = tuple(f for f in TimeBreakdown.__dataclass_fields__ if f != "step_time")
+
 MODEL = ("step = the median of the untraced steps just before and after the traced window "
          f"(up to {REFERENCE_STEPS} a side, the job's own step timer); device work as traced; the "
          "profiler's extra wall time (traced mean minus that step) removed from the host gaps first, "
@@ -305,9 +308,7 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
     total = out.compute + out.comm_exposed + out.memcpy_exposed + out.idle
     if total > step > 0:  # nothing left to take from: scale everything to the step
         f = step / total
-        for name in ("gpu_busy", "compute", "compute_bound", "memory_bound", "comm_total",
-                     "comm_exposed", "memcpy_exposed", "input_wait", "host_overhead", "host_stalled",
-                     "idle"):
+        for name in _PARTS:
             setattr(out, name, getattr(out, name) * f)
     return out
 
@@ -372,8 +373,7 @@ def _cpu_estimate(traced: TimeBreakdown, step: float, caveat) -> TimeBreakdown: 
     # whole untraced step (noise) are absorbed by scaling all of them to it
     total = out.compute + out.comm_exposed + out.memcpy_exposed + out.idle
     f = step / total if total > 0 else 1.0
-    for name in ("gpu_busy", "compute", "compute_bound", "memory_bound", "comm_total", "comm_exposed",
-                 "memcpy_exposed", "input_wait", "host_overhead", "host_stalled", "idle"):
+    for name in _PARTS:
         setattr(out, name, getattr(out, name) * f)
     out.step_time = step
     return out
