@@ -171,10 +171,10 @@ def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] |
         notes.append("kernels and operators are compared by mean time per traced step and rank, "
                      "over the top items of each run")
     for side, d in (("before", before), ("after", after)):
-        if d.breakdown.fraction("host_stalled") >= STALLED_NOTABLE:
-            notes.append(f"the {side} run's traced steps lost {pct(d.breakdown.fraction('host_stalled'))} "
-                         "to the OS running other work (a busy machine): its operators' times hold the "
-                         "machine's load too")
+        lost = d.breakdown.fraction("host_stalled")
+        if lost >= STALLED_NOTABLE:
+            notes.append(f"the {side} run's traced steps lost {pct(lost)} to the OS running other work "
+                         "(a busy machine): its operators' times hold the machine's load too")
     unprofiled = _has_estimate(before) and _has_estimate(after)
     if unprofiled:
         assert before.unprofiled is not None and after.unprofiled is not None
