@@ -123,10 +123,12 @@ def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
         return ""
     used = whatif.loading_cores(a.view, cpu)
     if used >= whatif.CPU_LOADING:
-        return (f" Loading is CPU work here ({used:.2g} of a core while the job waits): workers "
-                f"share the {cpu.cpus} cores with the model's {cpu.model_cores} thread(s), so the "
-                "cores, not the number of workers, bound the step once the wait is hidden; "
-                "decoding faster or on other machines goes further.")
+        w = whatif.loader_work(a.view, cpu, _gpu(a))
+        beside = "its main thread" if _gpu(a) else f"the model's {cpu.model_cores} thread(s)"
+        return (f" Loading is CPU work here ({_ms(w.batch_us)} per batch on the thread that makes "
+                f"it): workers share the {cpu.cpus} cores with {beside}, so the cores, not the "
+                "number of workers, bound the step once the wait is hidden; decoding faster or on "
+                "other machines goes further.")
     return (f" The wait is not CPU work (the job's processes use {cpu.cores_used:.2g} cores): "
             "workers waiting on storage need no core of their own.")
 
@@ -134,7 +136,7 @@ def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
 def _input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     workers = " with num_workers=0" if a.traits.single_process_loader else ""
     cpu = job_cpu(a.traits)
-    need = whatif.workers_needed(a.view, cpu) if a.traits.single_process_loader else None
+    need = whatif.workers_needed(a.view, cpu, _gpu(a)) if a.traits.single_process_loader else None
     raise_to = f" to at least {need}" if need else ""
     pin = ", set pin_memory=True" if _gpu(a) else ""
     onto = " (or onto the GPU)" if _gpu(a) else ""
@@ -309,7 +311,7 @@ def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
 
 CATALOGUE: list[Advice] = [
     Advice("dataloader-workers", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE, _input_text,
-           lambda a: whatif.input_hidden(a.view, job_cpu(a.traits)), Bottleneck.INPUT),
+           lambda a: whatif.input_hidden(a.view, job_cpu(a.traits), _gpu(a)), Bottleneck.INPUT),
     Advice("overlap-communication", lambda a, s: s[Bottleneck.COMMUNICATION] >= COMM_NOTABLE,
            _comm_text, lambda a: whatif.communication_overlapped(a.view, cpu=not _gpu(a)),
            Bottleneck.COMMUNICATION),

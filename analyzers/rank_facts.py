@@ -59,9 +59,13 @@ def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
         comm = cpu_comm_ops(rt)
         slowed = float(slowed_beyond_floor(rt, cw.dur, top & ~comm).sum()) / n_steps
         dispatched = float((top & ~in_compute & ~comm & ~iv.contains(cw.waits, rt.cpu_ts)).sum()) / n_steps
+    # the DataLoader's own operators, recorded inside its waits where it runs in the training
+    # process (num_workers=0): the profiler's cost per event lands there too
+    waits = cw.waits if cw is not None else iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
+    in_waits = float((inside & iv.contains(waits, rt.cpu_ts)).sum()) / n_steps
     return RankFacts(traits=traits, fusable_us=total, fusion_saves_us=saved, memory_bound_us=mem,
                      cpu_events=CpuEvents(float(inside.sum()) / n_steps, float(in_compute.sum()) / n_steps,
-                                          slowed, dispatched))
+                                          slowed, dispatched, in_waits))
 
 
 # A class of operators (same name, same input shapes) with at least SLOW_MIN_CALLS calls in the

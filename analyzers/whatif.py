@@ -6,8 +6,9 @@ the verdict's view (its breakdown: the parts add up to the step, ``diagnosis.Tim
 with one part removed or overlapped, and say what bounds the result:
 
 - input wait hidden (DataLoader workers): the step loses its input wait; the rest of the step
-  (compute, communication, gaps) bounds it, and enough workers are needed to produce a batch
-  in that time;
+  (compute, communication, gaps) bounds it, enough workers are needed to produce a batch in
+  that time, and where the loading is CPU work, the cores left to them bound it too (a batch's
+  work is the main thread's time in the wait, not the CPU its intra-op threads burnt);
 - exposed communication overlapped: it is hidden behind compute, as far as the compute not
   already hiding communication reaches;
 - host gaps closed (CUDA graphs, fewer larger ops): the step loses its host overhead; device
@@ -54,10 +55,10 @@ class JobCpu:
     runq_cores: float = 0.0  # cores' worth of the job's processes waiting runnable for a core
     step_us: float | None = None  # the untraced step cores_used was measured over
 
-    def per_step(self, b: TimeBreakdown) -> float:
-        """CPU time a step costs the job unobserved: over the steps it was measured over, not
-        the view's (a traced view's step is the profiler's, longer by its cost)."""
-        return self.cores_used * (self.step_us or b.step_time)
+    def unobserved(self, b: TimeBreakdown) -> float:
+        """What brings the view's times to the job's unobserved pace: 1 in the unprofiled view;
+        in a traced view (the profiler's step, longer by its cost), the untraced step over it."""
+        return min(1.0, self.step_us / b.step_time) if self.step_us and b.step_time > 0 else 1.0
 
     @property
     def available(self) -> float:
@@ -77,7 +78,8 @@ CPU_LOADING = 0.5
 def loading_cores(b: TimeBreakdown, cpu: JobCpu) -> float:
     """Cores the loading wanted while the job waited for it: the processes' CPU per step, and
     their waiting runnable for a core (a busy machine), less the most the rest of the step can
-    have wanted (the model's threads), over the wait."""
+    have wanted (the model's threads), over the wait. A classifier (storage or CPU work), not
+    the loading's cost: intra-op threads spinning while they wait count here too."""
     if b.input_wait <= 0:
         return 0.0
     rest = b.step_time - b.input_wait
@@ -85,16 +87,49 @@ def loading_cores(b: TimeBreakdown, cpu: JobCpu) -> float:
     return min(1.0, max(0.0, spare / b.input_wait))
 
 
-def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None) -> Prediction:
-    """The rest of the step bounds it, and so does the CPU the job already spends per step:
-    hiding a wait behind workers moves decoding to other processes, it does not remove it."""
+@dataclass(frozen=True)
+class LoaderWork:
+    """What producing a batch and the rest of the step cost in cores, at the job's unobserved
+    pace: the work is time on the thread that does it, not the CPU time the kernel counts."""
+
+    batch_us: float  # a batch's work: the main thread's time in the wait (num_workers=0 does it there)
+    main_us: float  # core-time the training process needs per step outside the loading
+    cores: float  # cores the machine's other work leaves the job
+
+    @property
+    def bound_us(self) -> float:
+        """The least step at which workers keep up: they need ``batch_us`` of core-time per
+        step, and the cores left to them over a step S are ``cores * S - main_us`` (the main
+        process's needs, averaged over the step), so S >= (batch_us + main_us) / cores."""
+        return (self.batch_us + self.main_us) / self.cores
+
+
+def loader_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork:
+    """With num_workers=0 the batch is produced on the main thread inside the wait: that time
+    is a batch's work, whatever else the process's intra-op threads burnt meanwhile (they spin
+    while they wait: on an H200, a ResNet-50 loader's process showed 14 busy cores for a batch
+    that one worker thread made in the same ~0.46 s, ``../shared/runs/h200-2026-11-27``). The
+    training process needs its main thread through the rest of the step; where the CPU is the
+    device, the model's intra-op threads too, through its operators."""
+    k = cpu.unobserved(b)
     rest = b.step_time - b.input_wait
-    step = input_hidden_step(b, cpu)
-    bound = "" if cpu is None or step <= rest else (
-        f"; the job's processes use {cpu.cores_used:.2g} cores ({_ms(cpu.per_step(b))} "
-        f"of CPU per step), which the {cpu.available:.2g} of {cpu.cpus} cores the machine's other "
-        f"work leaves cannot do in less than {_ms(step)}")
-    workers = workers_needed(b, cpu)
+    main = rest if gpu else rest + (cpu.model_cores - 1) * min(b.compute, rest)
+    return LoaderWork(b.input_wait * k, main * k, cpu.available)
+
+
+def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> Prediction:
+    """The rest of the step bounds it, and so do the cores: hiding a wait behind workers moves
+    the loading's work to other processes, it does not remove it."""
+    rest = b.step_time - b.input_wait
+    step = input_hidden_step(b, cpu, gpu)
+    bound = ""
+    if cpu is not None and step > rest:
+        w = loader_work(b, cpu, gpu)
+        bound = (f"; a batch is {_ms(w.batch_us)} of work on the thread that makes it and the "
+                 f"training process needs {_ms(w.main_us)} of core time per step beside it, which "
+                 f"the {w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves cannot do "
+                 f"in less than {_ms(step)}")
+    workers = workers_needed(b, cpu, gpu)
     need = (f"; needs at least {workers} DataLoader worker{'s' if workers > 1 else ''} producing a "
             "batch in that time") if workers else ""
     return Prediction(step, f"input wait ({_ms(b.input_wait)}) hidden behind the rest of the step "
@@ -102,24 +137,24 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None) -> Prediction:
                             f"{bound}{need}")
 
 
-def workers_needed(b: TimeBreakdown, cpu: JobCpu | None = None) -> int | None:
+def workers_needed(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> int | None:
     """Workers that hide a single-process loader's wait: each makes a batch in the time the
-    main process now waits for one, and the step left must cover it (a step that the job's CPU
-    work bounds is longer, and needs fewer of them)."""
-    step = input_hidden_step(b, cpu)
+    main process now waits for one, and the step left must cover it (a step that the cores
+    bound is longer, and needs fewer of them)."""
+    step = input_hidden_step(b, cpu, gpu)
     if b.input_wait <= 0 or step <= 0:
         return None
     return max(1, math.ceil(b.input_wait / step))
 
 
-def input_hidden_step(b: TimeBreakdown, cpu: JobCpu | None = None) -> float:
+def input_hidden_step(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> float:
     """The step with its input wait hidden: the rest of it; and where the loading is CPU work,
-    no less than the job's CPU per step over the cores the machine's other work leaves it
-    (a wait on storage moves no CPU into the step: its workers sleep)."""
+    no less than the step at which the cores left to workers make a batch per step
+    (``LoaderWork.bound_us``; a wait on storage moves no CPU into the step: its workers sleep)."""
     rest = b.step_time - b.input_wait
     if cpu is None or loading_cores(b, cpu) < CPU_LOADING:
         return rest
-    return max(rest, cpu.per_step(b) / cpu.available)
+    return max(rest, loader_work(b, cpu, gpu).bound_us)
 
 
 def communication_overlapped(b: TimeBreakdown, cpu: bool = False) -> Prediction:

@@ -64,8 +64,8 @@ def test_decoding_in_the_wait_bounds_the_hidden_step_by_the_cores_left_to_the_jo
     # a core busy all step: 20 ms of model and 80 ms of decoding, another core's worth of other work
     cpu = whatif.JobCpu(cores_used=1.0, cpus=2, threads=1, other_cores=1.0)
     assert whatif.loading_cores(STEP, cpu) == pytest.approx(1.0)
-    p = whatif.input_hidden(STEP, cpu)
-    assert p.step_us == pytest.approx(100e3)   # 100 ms of CPU on the one core left: no gain
+    p = whatif.input_hidden(STEP, cpu, gpu=False)
+    assert p.step_us == pytest.approx(100e3)   # 100 ms of core time on the one core left: no gain
     assert "cannot do in less than 100 ms" in p.why
     idle_machine = whatif.JobCpu(cores_used=1.0, cpus=2, threads=1)
     assert whatif.input_hidden(STEP, idle_machine).step_us == pytest.approx(50e3)
@@ -74,15 +74,45 @@ def test_decoding_in_the_wait_bounds_the_hidden_step_by_the_cores_left_to_the_jo
 
 def test_the_cpu_a_step_costs_is_the_untraced_steps_not_the_traced_views() -> None:
     """In the traced view the step is the profiler's (here 150 ms where the job's own steps took
-    100): a core busy all of an untraced step is 100 ms of CPU per step, not 150. Taken as 150,
-    a decoding job's predicted steps with workers, in the traced view, read 1.13, 1.01 and 1.60
-    times what the fix gave (benchmarks/predicted_vs_applied.py, 2026-11-27)."""
+    100): the batch's work and the rest of the step are brought to the untraced pace (80 and
+    20 ms), not taken at 120 and 30. Taken at the traced pace, a decoding job's predicted steps
+    with workers, in the traced view, read 1.13, 1.01 and 1.60 times what the fix gave
+    (benchmarks/predicted_vs_applied.py, 2026-11-27)."""
     traced = TimeBreakdown(step_time=150e3, compute=30e3, idle=120e3, input_wait=120e3)
     cpu = whatif.JobCpu(cores_used=1.0, cpus=2, threads=1, step_us=100e3)
-    assert whatif.input_hidden_step(traced, cpu) == pytest.approx(50e3)
-    assert "(100 ms of CPU per step)" in whatif.input_hidden(traced, cpu).why
+    assert whatif.input_hidden_step(traced, cpu, gpu=False) == pytest.approx(50e3)
+    assert "a batch is 80 ms of work" in whatif.input_hidden(traced, cpu, gpu=False).why
     # without the untraced step, the view's is all there is
-    assert whatif.input_hidden_step(traced, whatif.JobCpu(1.0, 2, 1)) == pytest.approx(75e3)
+    assert whatif.input_hidden_step(traced, whatif.JobCpu(1.0, 2, 1), gpu=False) == pytest.approx(75e3)
+
+
+def test_a_batch_costs_the_loading_threads_time_not_the_cores_its_intra_op_threads_burnt() -> None:
+    """A num_workers=0 loader in a process of 16 intra-op threads: the kernel counts 14 busy
+    cores through a 500 ms step, but the batch is the main thread's 460 ms in the wait (the
+    threads spin; on an H200 one worker thread made such a batch in ~0.46 s). Counted as CPU
+    seconds (7 s per step over 15 cores), workers could not bring the step under 460 ms;
+    counted as work, the 15 cores left make a batch per ~33 ms, under the 40 ms rest of the step."""
+    step = TimeBreakdown(step_time=500e3, compute=16e3, idle=484e3, input_wait=460e3, host_overhead=24e3)
+    cpu = whatif.JobCpu(cores_used=14.0, cpus=16, threads=16, other_cores=0.7, step_us=500e3)
+    assert whatif.loading_cores(step, cpu) == pytest.approx(1.0)        # CPU work, not storage
+    w = whatif.loader_work(step, cpu, gpu=True)
+    assert (w.batch_us, w.main_us) == (pytest.approx(460e3), pytest.approx(40e3))
+    assert whatif.input_hidden_step(step, cpu, gpu=True) == pytest.approx(40e3)
+    assert whatif.workers_needed(step, cpu, gpu=True) == math.ceil(460 / 40)
+    # fewer cores left (4 of 16 by other work): the cores bound the step, not the rest of it
+    busy = whatif.JobCpu(cores_used=3.0, cpus=16, threads=16, other_cores=12.0, step_us=500e3)
+    assert whatif.input_hidden_step(step, busy, gpu=True) == pytest.approx((460e3 + 40e3) / 4)
+
+
+def test_on_the_cpu_the_models_threads_keep_their_cores_through_its_operators() -> None:
+    """Where the CPU is the device, the training process needs its model's intra-op threads
+    through its operators (20 ms at 2 threads) and its main thread through the gaps: 2 cores
+    left to workers make 80 ms of loading and 40 ms of the model's core time in 60 ms."""
+    step = TimeBreakdown(step_time=100e3, compute=20e3, idle=80e3, input_wait=80e3)
+    cpu = whatif.JobCpu(cores_used=2.0, cpus=2, threads=2)
+    assert whatif.loader_work(step, cpu, gpu=False).main_us == pytest.approx(40e3)
+    assert whatif.input_hidden_step(step, cpu, gpu=False) == pytest.approx(60e3)
+    assert whatif.input_hidden_step(step, cpu, gpu=True) == pytest.approx(50e3)
 
 
 def test_waiting_runnable_for_a_core_counts_as_decoding_on_a_busy_machine() -> None:
