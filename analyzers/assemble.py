@@ -134,7 +134,8 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     traced_verdict = None
     if breakdown.step_time > 0:
         facts = [p.facts for p in partials]
-        view = choose_view(breakdown, results, windows, kind, CpuEvents.mean([f.cpu_events for f in facts]))
+        events = CpuEvents.mean([f.cpu_events for f in facts])
+        view = choose_view(breakdown, results, windows, kind, events)
         warnings.extend(view.warnings)
         mfu = compute_mfu(results, device, mix, flops_per_step, shapes, view.breakdown.step_time,
                           view.mfu_basis)
@@ -145,7 +146,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         traced_mfu = compute_mfu(results, device, mix, flops_per_step, shapes)
         verdict, traced_verdict = verdicts(
             view, breakdown, device_kind=kind, roofline=roofline, mfu=mfu, traced_mfu=traced_mfu,
-            n_steps=n_steps, traced_noise_=traced_noise(results, windows))
+            n_steps=n_steps, traced_noise_=traced_noise(results, windows), events=events)
         steps_summed = sum(len(r.steps) for r in results)
         collectives = per_step(collectives, [p.collectives for p in partials], steps_summed,
                                view.breakdown.comm_total, view.breakdown.comm_exposed)

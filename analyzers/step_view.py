@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gpudiag.analyzers.classify import classify, extreme_dilation
+from gpudiag.analyzers.classify import _pct, classify, extreme_dilation, shares
 from gpudiag.analyzers.stats import iqr_over_median
 from gpudiag.analyzers.unprofiled import (
+    NOISE_FLOOR,
     CpuEvents,
     estimate_unprofiled,
     measure_dilation,
     noise_deduction,
 )
 from gpudiag.diagnosis import (
+    Bottleneck,
     Deduction,
     Dilation,
     Mfu,
@@ -83,14 +85,48 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
                     deductions=deductions)
 
 
+def at_faster_side(view: StepView, traced: TimeBreakdown, device_kind: str,
+                   events: CpuEvents | None = None) -> TimeBreakdown | None:
+    """The traced steps brought to the faster side of the untraced steps around the window,
+    where the traced view is used because those sides disagree (or the reference is otherwise
+    not trusted): the job ran that fast unobserved, in the same phase, so its real step lies
+    between that and the traced one, and a label is only known where both ends give it. None
+    where there is no such side, or it is not faster than the traced steps. (On an H200, a
+    GPT-style LM whose steps after the window ran 36% slower than before it fell back to its
+    traced view and read host-bound 0.27; three other runs, and the truth, memory-bound.)"""
+    dil = view.dilation
+    if view.basis == UNPROFILED or dil is None:
+        return None
+    sides = [x for x in (dil.before_step_us, dil.after_step_us) if x]
+    fastest = min(sides) if sides else dil.untraced_step_us
+    if fastest <= 0 or fastest >= traced.step_time * (1 - NOISE_FLOOR):
+        return None
+    at = replace(dil, untraced_step_us=fastest, factor=traced.step_time / fastest, caveats=[])
+    return estimate_unprofiled(traced, at, device_kind, events)[0]
+
+
 def verdicts(view: StepView, traced: TimeBreakdown, *, device_kind: str, roofline: Roofline,
-             mfu: Mfu, traced_mfu: Mfu, n_steps: int, traced_noise_: float | None
-             ) -> tuple[Verdict, Verdict | None]:
-    """The verdict of the view, and (for the unprofiled view) what the traced steps alone say."""
+             mfu: Mfu, traced_mfu: Mfu, n_steps: int, traced_noise_: float | None,
+             events: CpuEvents | None = None) -> tuple[Verdict, Verdict | None]:
+    """The verdict of the view, and (for the unprofiled view) what the traced steps alone say.
+    In the traced view, a label that the steps at the faster side of the reference would not
+    give is a stated tie with the label they give (``at_faster_side``)."""
     v = classify(view.breakdown, device_kind=device_kind, roofline=roofline, mfu=mfu,
                  n_steps=n_steps, deductions=view.deductions, noise=view.noise)
     if view.basis != UNPROFILED:
-        return v, None
+        fast = at_faster_side(view, traced, device_kind, events)
+        if fast is None or v.tie_with is not None:
+            return v, None
+        fv = classify(fast, device_kind=device_kind, roofline=roofline, mfu=mfu, n_steps=n_steps)
+        if fv.label in (v.label, Bottleneck.UNKNOWN):
+            return v, None
+        s, fs = shares(view.breakdown), shares(fast)
+        return replace(v, tie_with=fv.label, summary=(
+            f"a tie between {v.label.value} ({_pct(s[v.label])}) and {fv.label.value}: the traced "
+            f"steps read {v.label.value}, but the job ran {fast.step_time / 1e3:.3g} ms per step "
+            f"unobserved on one side of the window (against {traced.step_time / 1e3:.3g} ms traced), "
+            f"and at that step, the rest of the traced step taken as the profiler's, it reads "
+            f"{fv.label.value} ({_pct(fs[fv.label])}). " + v.summary[0].upper() + v.summary[1:])), None
     tv = classify(traced, device_kind=device_kind, roofline=roofline, mfu=traced_mfu,
                   n_steps=n_steps, noise=traced_noise_)
     return v, replace(tv, recommendations=[])

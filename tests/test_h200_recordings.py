@@ -8,6 +8,11 @@ workers. What each test holds is the README's truth, with the margin the issue a
 
 from __future__ import annotations
 
+import json
+import shutil
+import statistics
+from pathlib import Path
+
 import pytest
 
 from gpudiag.analyzers.diagnose import diagnose
@@ -99,3 +104,33 @@ def test_fourteen_workers_leave_the_host_side_limiting_the_step(runs) -> None:
     assert view.input_wait / view.step_time < 0.05
     assert view.compute / view.step_time < 0.5
     assert "dataloader-workers" not in [r.action for r in v.recommendations]
+
+
+def _with_slower_after_steps(src: Path, dest: Path, factor: float) -> Path:
+    """A copy of a run directory whose untraced steps after the traced window ran ``factor``
+    times as long (the job's step timer only): the run of the LM that fell back to its traced
+    view had them 36% slower than before the window, where this recording has 23%."""
+    shutil.copytree(src, dest)
+    steps = dest / "samples" / "steps-rank-0.jsonl"
+    steps.chmod(0o644)
+    rows = [json.loads(line) for line in steps.read_text().splitlines() if line.strip()]
+    last = max(r["step"] for r in rows if r.get("profiler"))
+    for r in rows:
+        if r["step"] > last and not r.get("profiler"):
+            r["dt"] *= factor
+    steps.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return dest
+
+
+def test_the_lm_whose_steps_after_the_window_ran_slower_does_not_read_host_bound(tmp_path) -> None:
+    """One job, one label: the run of the LM whose steps after the window ran 36% slower than
+    before it (the profiler's after-effect) read host-bound 0.27 from its traced steps, where the
+    three others read memory-bound. Whatever view it gets, its label is memory-bound or a stated
+    tie with it: even the slower side of the steps around the window proves ~20 ms of the 56 ms
+    traced step the profiler's, and without it the traced steps read memory-bound."""
+    rows = [json.loads(line) for line in (RUNS / "gpt" / "samples" / "steps-rank-0.jsonl").open()]
+    before = statistics.median(r["dt"] for r in rows if 2 < r["step"] < 11)
+    after = statistics.median(r["dt"] for r in rows if 17 < r["step"] <= 27)
+    run = _with_slower_after_steps(RUNS / "gpt", tmp_path / "gpt", 1.36 * before / after)
+    d = diagnose(run, jobs=1)
+    assert Bottleneck.MEMORY in labels_of(d.verdict), d.verdict.summary
