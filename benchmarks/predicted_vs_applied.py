@@ -17,6 +17,8 @@ as the tests hold it. The first and last lines give the machine and its load ave
 Cases (held out: none of them is a workload the labels were tuned on):
 - workers: a DataLoader reading each sample slowly, num_workers 0 -> 4 (``dataloader-workers``);
 - workers-decode: the same DataLoader decompressing each batch (CPU work), num_workers 0 -> 2;
+- workers-augment: the same DataLoader augmenting each sample on the CPU in a process of 2
+  intra-op threads, num_workers 0 -> 2;
 - compile: inference of many small elementwise ops between GEMMs, eager -> torch.compile
   (``compile-small-ops``);
 - ddp-buckets: 2-rank DDP over gloo, one bucket bigger than the model -> 4 MB buckets
@@ -84,6 +86,13 @@ CASES = {
                            ["--workers", "0", "--fixed-workers", "2", "--read-ms", "0",
                             "--decode-mb", "40", "--passes", "2"],
                            "b40,a20", steps=160, skip=70, settle=10),
+    # the same job augmenting each sample on the CPU as torchvision does (crop, antialiased
+    # resize, flip, jitter) in a process of 2 intra-op threads, num_workers 0 -> 2: a batch's
+    # work is the main thread's time in the wait, not the CPU the threads burnt (issue 29)
+    "workers-augment": Case("workers-augment", ("dataloader-workers",), "feed_job.py",
+                            ["--workers", "0", "--fixed-workers", "2", "--read-ms", "0",
+                             "--augment-px", "256", "--threads", "2", "--passes", "1"],
+                            "b30,a15", steps=135, skip=55, settle=5),
     "compile": COMPILE,
     # the same, with another process cutting the job's CPU into 0.3 ms slices over the trace
     # window alone (steps 111-116: the warm-up and five traced steps after --skip 110;
