@@ -56,8 +56,10 @@ class JobCpu:
     step_us: float | None = None  # the untraced step cores_used was measured over
 
     def unobserved(self, b: TimeBreakdown) -> float:
-        """What brings the view's times to the job's unobserved pace: 1 in the unprofiled view;
-        in a traced view (the profiler's step, longer by its cost), the untraced step over it."""
+        """What brings the view's times to the job's unobserved pace: the untraced step the
+        host samples cover over the view's step, at most 1. In a traced view (the profiler's
+        step, longer by its cost) that removes the profiler; in the unprofiled view the two are
+        the mean and the median of the same steps, within a few percent."""
         return min(1.0, self.step_us / b.step_time) if self.step_us and b.step_time > 0 else 1.0
 
     @property
