@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from gpudiag.cli import main
 from gpudiag.commands.policy_options import OPTIONS
-from gpudiag.commands.profile import parse_duration
+from gpudiag.durations import parse_duration
 from gpudiag.scheduler.model import Policy
 from tests.conftest import REPO
 

@@ -35,16 +35,6 @@ def _machine_ids(gpus: str | None, slots: int | None) -> tuple[tuple[str, ...], 
     return tuple(ids), True
 
 
-def quota_of(items: tuple[str, ...]) -> dict[str, int]:
-    out = {}
-    for item in items:
-        team, _, n = item.partition("=")
-        if not team or not n.isdigit() or int(n) < 1:
-            raise BadInput(f"--quota {item!r}: use TEAM=N with N a positive number of GPUs")
-        out[team] = int(n)
-    return out
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def scheduler() -> None:
     """The embedded gang scheduler: gpudiag submit / queue / cancel / logs talk to it."""
@@ -97,6 +87,7 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     from gpudiag.scheduler.local.engine import Machine
     from gpudiag.scheduler.local.signals import AgentChoiceError, choose_agent
     from gpudiag.scheduler.model import Policy
+    from gpudiag.scheduler.quota import parse_quotas
 
     ids, are_gpus = _machine_ids(gpus, slots)
     policy = with_options(Policy(), {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
@@ -107,6 +98,6 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
         raise BadInput(str(e)) from None
     for note in notes:
         click.echo(f"gpudiag scheduler: {note}", err=True)
-    daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, quota_of(quota), source,
-                    monitor, agent_state, cgroups)
+    daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, parse_quotas(quota),
+                    source, monitor, agent_state, cgroups)
     main_loop(daemon)

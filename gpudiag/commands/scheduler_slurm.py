@@ -111,7 +111,7 @@ def default_ledger() -> Path:
 
 
 def _policy(local: dict[str, object]):  # noqa: ANN202 - a scheduler Policy (imported lazily)
-    from gpudiag.commands.profile import parse_duration
+    from gpudiag.durations import parse_duration
     from gpudiag.scheduler.model import Policy
 
     policy = Policy()
@@ -124,8 +124,8 @@ def _policy(local: dict[str, object]):  # noqa: ANN202 - a scheduler Policy (imp
 def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | None, interval: str,
                 dry_run: bool, once: bool, as_json: bool, restore: bool, restore_only: bool, watchdog: bool,
                 state: Path | None, nice_max: int | None, takeover: bool, min_change_interval: str) -> int:
-    from gpudiag.commands.profile import parse_duration
-    from gpudiag.commands.scheduler_cmd import quota_of
+    from gpudiag.durations import parse_duration
+    from gpudiag.scheduler.quota import parse_quotas
     from gpudiag.scheduler.slurm.controller import Controller, Options, lease_for
     from gpudiag.scheduler.slurm.ledger import LedgerError, LedgerStore
     from gpudiag.scheduler.slurm.loop import MIN_INTERVAL_S, serve
@@ -172,7 +172,7 @@ def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | 
     source = PrometheusSource(prometheus) if prometheus else AgentsSource(hosts) if hosts else None
     opts = Options(dry_run=dry_run, nice_max=nice_max, takeover=takeover, min_change_interval_s=change_every,
                    lease_s=lease_for(period), min_runtime_s=min_runtime,
-                   quotas={t: float(n) for t, n in quota_of(tuple(local.get("quota") or ())).items()},
+                   quotas={t: float(n) for t, n in parse_quotas(tuple(local.get("quota") or ())).items()},
                    need_multifactor=_given("efficiency_delay") and nice_max is None)
     try:
         ctl = Controller(io, source, policy, options=opts, ledger_path=ledger)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from gpudiag.commands.profile import format_duration
+from gpudiag.durations import format_duration
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.model import Policy
 
@@ -40,7 +40,7 @@ def submit(gpus: int, tier: str, team: str, name: str, grace: str, time_limit: s
       gpudiag submit --gpus 4 -- python train.py --lr 3e-4
       gpudiag submit --gpus 1 --tier spot --name sweep-lr --grace 2m -- python sweep.py
     """
-    from gpudiag.commands.profile import parse_duration
+    from gpudiag.durations import parse_duration
     from gpudiag.scheduler.local.client import ask
     from gpudiag.scheduler.local.protocol import TIERS
 
