@@ -64,7 +64,9 @@ SLURM_HINTS = {"state_dir": "the controller's ledger is --state", "agent_url": "
                "gpus": "Slurm's nodes say how many GPUs there are",
                "slots": "Slurm's nodes say what there is",
                "monitor": "a Slurm job runs `gpudiag profile --monitor` in its own script",
-               "cgroups": "Slurm's own cgroup plugin contains its jobs"}
+               "cgroups": "Slurm's own cgroup plugin contains its jobs",
+               "teams_source": "Slurm's associations say which accounts a user may submit to",
+               "max_pending": "Slurm's own limit: sacctmgr modify user NAME set MaxSubmitJobs=N"}
 
 
 def slurm_options(f):  # noqa: ANN001, ANN201 - a click decorator
@@ -83,7 +85,7 @@ def _given(name: str) -> bool:
 
 
 def _flag(name: str) -> str:
-    return "--" + {"as_json": "json"}.get(name, name).replace("_", "-")
+    return "--" + {"as_json": "json", "teams_source": "teams"}.get(name, name).replace("_", "-")
 
 
 def check_options(backend: str, local: dict[str, object], slurm: dict[str, object]) -> None:
