@@ -22,7 +22,9 @@ from collections.abc import Iterator
 import pytest
 
 from gpudiag.commands.queue import render
+from gpudiag.errors import BadInput
 from gpudiag.scheduler.local.protocol import call
+from gpudiag.scheduler.local.teams import parse_teams_file
 from tests.test_local_scheduler import WAIT_S, cli_as, flat, job_block, one_line_refusal, run_as, state_of
 from tests.test_local_scheduler_trust import PATH_ENV, gate_job, user_submit
 
@@ -214,3 +216,18 @@ def test_queue_fits_80_columns_with_team_and_a_long_reason():
     assert "TEAM" in lines[-6] and "GPUS" in lines[-6]
     assert not any("--epochs 90" in x for x in lines)   # the command is cut to fit ...
     assert any("python train.py --lr 3e-4 --epochs 90" in x for x in render(answer, now, 120))  # ... or not
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("alice vision\n", "line 1: write `user: team [team ...]`"),
+    ("alice:\n", "line 1: write `user: team [team ...]`"),
+    ("# ok\nalice: vision\nalice: nlp\n", "line 3: alice is listed twice"),
+    ("bob: vis/ion\n", "line 1: team 'vis/ion': --team must be at most 64 characters"),
+])
+def test_a_malformed_teams_file_is_one_line_naming_its_line(text, words):
+    with pytest.raises(BadInput) as e:
+        parse_teams_file(text, "/etc/gpudiag/teams")
+    msg = str(e.value)
+    assert msg.startswith("/etc/gpudiag/teams ") and words in msg and "\n" not in msg, msg
+    assert parse_teams_file("alice: vision nlp vision  # comment\n\nbob:nlp\n", "t") == {
+        "alice": ("vision", "nlp"), "bob": ("nlp",)}

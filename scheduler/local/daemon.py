@@ -255,36 +255,13 @@ class Daemon:
         return {"ok": True, "id": row.id, "state": row.state}
 
     def cancel_many(self, req: dict, peer: Peer) -> dict:
-        """``gpudiag cancel ID ID ...`` (each refused alone: not found, not yours, ended) or
-        ``gpudiag cancel --user NAME`` (every pending and running job of NAME: root's or NAME's own)."""
-        if "user" in req:
-            if "ids" in req:
-                raise Refused("give job ids or --user, not both")
-            name = protocol.user_of(req)
-            if peer.uid not in (0, os.geteuid()) and runner.user_name(peer.uid) != name:
-                raise Refused(f"cancel --user {name}: only {name} or root may cancel all of {name}'s jobs")
-            rows = [r for r in (*self.jobs.pending.values(), *self.jobs.active.values()) if r.user == name]
-            results: list[dict] = []
-        else:
-            rows, results = [], []
-            for job_id in userlimits.ids_of(req):
-                try:
-                    row = self._job_for(job_id, peer)
-                    if row.state in FINAL:
-                        raise Refused(f"job {row.id} has already ended ({row.state})")
-                    rows.append(row)
-                except Refused as e:
-                    results.append({"id": job_id, "error": str(e)})
+        """``gpudiag cancel ID ID ...`` or ``--user NAME`` (``userlimits.cancel_request``)."""
         now = time.time()
-
-        def who(r: JobRow) -> str:
-            return "root" if peer.uid == 0 and r.uid != 0 else r.user
-
-        done = userlimits.cancel_rows(self.store, self.jobs.pending, rows, who,
-                                      lambda r, why: self.jobs.stop(r, "cancel", why, now))
+        out = userlimits.cancel_request(req, peer, self.jobs.pending, self.jobs.active, self.store,
+                                        lambda i: self._job_for(i, peer),
+                                        lambda r, why: self.jobs.stop(r, "cancel", why, now))
         self.dirty = True
-        by_id = {d["id"]: d for d in [*done, *results]}
-        return {"ok": True, "jobs": [by_id[i] for i in sorted(by_id)]}
+        return out
 
     def queue(self, everything: bool, user: str | None = None) -> dict:
         if self.dirty:   # something changed since the last pass: let a pass decide, then explain it

@@ -73,6 +73,8 @@ def _file_problem(path: Path, owners: set[int]) -> tuple[str | None, os.stat_res
     if st.st_uid not in owners:
         return (f"the teams file {path} is owned by uid {st.st_uid}: it must be root's (chown root "
                 f"{path}), since it decides whose quota each user may use"), None
+    if st.st_nlink > 1:   # a hard link to it elsewhere: whoever owns that folder chose its content
+        return f"the teams file {path} has {st.st_nlink} hard links: give it one (cp, not ln)", None
     if st.st_mode & 0o022:
         return (f"the teams file {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
                 f"chmod go-w {path}"), None
@@ -92,6 +94,7 @@ class Teams:
         self._table: dict[str, tuple[str, ...]] = {}
         self._seen: tuple[int, int, int] | None = None
         self.notes: list[str] = []   # what the daemon logs: a changed file it could not use
+        self._noted: str | None = None
         if self.path is not None:
             why = self._load()
             if why:
@@ -127,8 +130,9 @@ class Teams:
     def membership(self, uid: int, user: str) -> Membership:
         if self.path is not None:
             why = self._load()
-            if why and why not in self.notes:
+            if why and why != self._noted:   # once per problem, not at every submit
                 self.notes.append(f"{why}; keeping the teams read before")
+            self._noted = why
             listed = self._table.get(user, ())
             return Membership(listed[0] if listed else user, tuple(dict.fromkeys((*listed, user))))
         try:

@@ -14,10 +14,12 @@ as a single cancel would give them.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
-from gpudiag.scheduler.local.protocol import Refused
+from gpudiag.scheduler.local import runner
+from gpudiag.scheduler.local.protocol import Peer, Refused, user_of
 from gpudiag.scheduler.local.store import CANCELLED, FINAL, PENDING, JobRow, Store
 
 MAX_IDS = 10_000   # ids in one cancel request (a request is at most 1 MiB anyway)
@@ -43,10 +45,42 @@ def ids_of(req: dict) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
-def cancel_rows(store: Store, pending: dict[int, JobRow], rows: list[JobRow], who: Callable[[JobRow], str],
-                stop: Callable[[JobRow, str], None]) -> list[dict]:
-    """Cancel ``rows`` (checked already: each is the asker's or the asker is root): the pending
-    in one transaction, then a stop for each running one. One result per row."""
+def cancel_request(req: dict, peer: Peer, pending: dict[int, JobRow], active: Mapping[int, JobRow],
+                   store: Store, job_for: Callable[[int], JobRow],
+                   stop: Callable[[JobRow, str], None]) -> dict:
+    """``gpudiag cancel ID ID ...`` (each refused alone: no such job, not the asker's, ended) or
+    ``gpudiag cancel --user NAME`` (every pending and running job of NAME: NAME's own or root's
+    request). ``job_for``: the row of an id the asker may act on, else ``Refused``."""
+    results: list[dict] = []
+    if "user" in req:
+        if "ids" in req:
+            raise Refused("give job ids or --user, not both")
+        name = user_of(req)
+        if peer.uid not in (0, os.geteuid()) and runner.user_name(peer.uid) != name:
+            raise Refused(f"cancel --user {name}: only {name} or root may cancel all of {name}'s jobs")
+        rows = [r for r in (*pending.values(), *active.values()) if r.user == name]
+    else:
+        rows = []
+        for job_id in ids_of(req):
+            try:
+                row = job_for(job_id)
+                if row.state in FINAL:
+                    raise Refused(f"job {row.id} has already ended ({row.state})")
+                rows.append(row)
+            except Refused as e:
+                results.append({"id": job_id, "error": str(e)})
+
+    def who(r: JobRow) -> str:
+        return "root" if peer.uid == 0 and r.uid != 0 else r.user
+
+    by_id = {d["id"]: d for d in [*_cancel_rows(store, pending, rows, who, stop), *results]}
+    return {"ok": True, "jobs": [by_id[i] for i in sorted(by_id)]}
+
+
+def _cancel_rows(store: Store, pending: dict[int, JobRow], rows: list[JobRow], who: Callable[[JobRow], str],
+                 stop: Callable[[JobRow, str], None]) -> list[dict]:
+    """The pending in one transaction (one fsync, not one per job), then a stop for each
+    running one, as a single cancel gives it."""
     now = time.time()
     waiting = [r for r in rows if r.state == PENDING]
     store.update_many([(r, {"state": CANCELLED, "ended_t": now,
