@@ -231,3 +231,15 @@ def test_a_malformed_teams_file_is_one_line_naming_its_line(text, words):
     assert msg.startswith("/etc/gpudiag/teams ") and words in msg and "\n" not in msg, msg
     assert parse_teams_file("alice: vision nlp vision  # comment\n\nbob:nlp\n", "t") == {
         "alice": ("vision", "nlp"), "bob": ("nlp",)}
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--teams", "/etc/gpudiag/teams"), "--teams does not apply to --backend slurm: Slurm's associations"),
+    (("--max-pending", "10"), "--max-pending does not apply to --backend slurm: Slurm's own limit: "
+                              "sacctmgr modify user NAME set MaxSubmitJobs=N"),
+])
+def test_the_slurm_backend_refuses_the_local_teams_and_limit_options_naming_slurms_own(args, says):
+    p = subprocess.run([sys.executable, "-m", "gpudiag", "scheduler", "serve", "--backend", "slurm", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and says in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
