@@ -107,6 +107,8 @@ def test_a_teams_file_decides_and_one_not_roots_or_writable_by_others_is_refused
     q = s.cli("queue").stdout
     assert " TEAM " in q, q
     assert "team vision holds 1 of its 1-slot quota" in job_block(q, second), q
+    listed = json.loads(s.cli("queue", "--json").stdout)
+    assert (listed["teams"], listed["quota"]) == (f"teams file {teams}", {"vision": 1, "nlp": 1})
     # the file is read again when it changes: bob joins vision, no restart
     teams.write_text(f"{alice.pw_name}: vision nlp\n{bob.pw_name}: nlp vision\n")
     r = submit_as(bob, s, "--gpus", "1", "--team", "vision", "--", "true")

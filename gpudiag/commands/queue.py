@@ -107,7 +107,9 @@ def queue(everything: bool, user: str | None, mine: bool, state_dir: Path | None
     if as_json:
         for j in answer["jobs"]:   # an older daemon did not name the tier
             j.setdefault("tier_name", TIER_NAMES[Tier(j["tier"])])
-        click.echo(json.dumps({k: answer[k] for k in ("jobs", "unit", "total", "free", "signals")}, indent=1))
+        out = {k: answer[k] for k in ("jobs", "unit", "total", "free", "signals")}
+        out.update({k: answer[k] for k in ("teams", "quota") if k in answer})   # where teams come from
+        click.echo(json.dumps(out, indent=1))
         return
     for line in render(answer, time.time(), _width()):
         click.echo(line)
