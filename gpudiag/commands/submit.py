@@ -52,8 +52,11 @@ def submit(gpus: int, tier: str, team: str, name: str, grace: str, time_limit: s
     cmd = list(command[1:] if command and command[0] == "--" else command)
     if not cmd:
         raise BadInput("empty command: gpudiag submit --gpus N -- python train.py")
-    grace_s = parse_duration(grace, "--grace")
-    limit_s = parse_duration(time_limit, "--time-limit") if time_limit else 0.0
+    try:
+        grace_s = parse_duration(grace, "--grace")
+        limit_s = parse_duration(time_limit, "--time-limit") if time_limit else 0.0
+    except click.BadParameter as e:   # one line, as every other refusal of a submit
+        raise BadInput(e.format_message()) from None
     # every field the daemon checks, checked here first in the same words (fields.py)
     why = (fields.gpus_error(gpus) or fields.tier_error(tier, list(TIERS)) or fields.label_error("team", team)
            or fields.label_error("name", name) or fields.duration_error("grace_s", grace_s)
