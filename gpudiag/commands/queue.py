@@ -86,8 +86,9 @@ def queue(everything: bool, user: str | None, mine: bool, state_dir: Path | None
     """List jobs: running, then pending in the order they will start (and why they wait), then ended.
 
     \b
-    Columns: ID, USER, TEAM (whose quota the job uses), TIER, GPUS (or SLOTS), STATE, TIME
-    (running or waiting so far), COMMAND; under each job, why it waits or how it ended.
+    Columns: ID, USER, TEAM (whose quota the job uses), TIER, GPUS (or SLOTS),
+    STATE, TIME (running or waiting so far), COMMAND; under each job, why it
+    waits or how it ended.
     """
     from gpudiag.scheduler.local.client import ask
 
