@@ -119,8 +119,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="gpudiag-sched-bench-"))
     state = tmp / "state"
     daemon = subprocess.Popen([sys.executable, "-m", "gpudiag", "scheduler", "serve", "--state-dir",
-                               str(state), "--slots", "8", "--no-monitor",
-                               "--agent-dir", str(tmp / "no-agent")],
+                               str(state), "--slots", "8", "--no-monitor", "--max-pending", "0",
+                               "--agent-dir", str(tmp / "no-agent")],   # one user queues --queued jobs
                               stderr=subprocess.DEVNULL)
     sock = state / "sock"
     try:

@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "submit": ("gpudiag.commands.submit", "submit",
                "Queue a job on this machine's scheduler; prints its id."),
     "queue": ("gpudiag.commands.queue", "queue", "List this machine's jobs, and why each pending one waits."),
-    "cancel": ("gpudiag.commands.cancel", "cancel", "Cancel a job (yours; root may cancel any)."),
+    "cancel": ("gpudiag.commands.cancel", "cancel", "Cancel jobs by id or --user (yours; root: any)."),
     "logs": ("gpudiag.commands.logs", "logs", "Print a scheduled job's output (-f to follow)."),
     "top": ("gpudiag.commands.top", "top",
             "Live view: per-GPU activity beside each job's MFU, bottleneck and step time."),

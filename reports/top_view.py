@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from gpudiag.durations import short_age
 from gpudiag.live.snapshot import DeviceRow, JobRow, Snapshot
 from gpudiag.reports.fmt import ms
 from gpudiag.units import pct, si
@@ -32,9 +33,7 @@ def _memory(used: float | None, total: float | None) -> str:
 
 
 def _age(seconds: float | None) -> str:
-    from gpudiag.commands.queue import _age as queue_age  # one way to read an age: gpudiag queue's
-
-    return NA if seconds is None else queue_age(seconds)
+    return NA if seconds is None else short_age(seconds)  # one way to read an age: gpudiag queue's
 
 
 def _cut(text: str | None, width: int) -> str:

@@ -241,6 +241,11 @@ class Policy:
     # job never backfills in front of a reservation and its GPUs are never promised to the head
     # early - Slurm's UNLIMITED time limit, in a number the arithmetic can use.
     default_estimate_s: float = 365 * 86400.0
+    # Jobs one user may have waiting at once (a runtime that takes submissions: the local
+    # daemon; Slurm's own is MaxSubmitJobsPerUser); 0: no limit. Every pending job is in every
+    # pass and every queue listing, so one user's thousands slow and bury everyone's. 500 is
+    # far more than one or two shared machines start in a day (ours).
+    max_pending_per_user: int = 500
 
     @property
     def aging_bound_s(self) -> float:

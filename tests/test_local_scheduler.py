@@ -108,6 +108,23 @@ def state_of(jobs: dict[int, dict], i: int) -> str:
     return jobs[i]["state"]
 
 
+def flat(text: str) -> str:
+    """``gpudiag queue``'s text with its wrapping undone (its reasons wrap to fit 80 columns)."""
+    return " ".join(text.split())
+
+
+def job_block(queue_out: str, job: int) -> str:
+    """A job's row in ``gpudiag queue`` and the reason lines under it, unwrapped."""
+    lines = queue_out.splitlines()
+    i = next(k for k, x in enumerate(lines) if x.lstrip().startswith(f"{job} "))
+    block = [lines[i]]
+    for x in lines[i + 1:]:
+        if not x.startswith(" " * 7):   # the next job's row (its id ends in column 6)
+            break
+        block.append(x)
+    return flat("\n".join(block))
+
+
 # --- 1. gang -------------------------------------------------------------------------------------
 
 def test_a_two_slot_job_waits_for_two_free_slots_and_gets_both(sched_factory, tmp_path):
@@ -124,7 +141,7 @@ def test_a_two_slot_job_waits_for_two_free_slots_and_gets_both(sched_factory, tm
     assert (state_of(jobs, b), state_of(jobs, c)) == ("pending", "pending")
     assert "needs 2 slots, 1 free" in jobs[b]["why"], jobs[b]["why"]
     assert f"behind job {b} (reserved)" in jobs[c]["why"], jobs[c]["why"]  # no backfill onto B's reservation
-    q = s.cli("queue").stdout
+    q = flat(s.cli("queue").stdout)
     assert "needs 2 slots, 1 free" in q and "1 of 2 slots free" in q, q
     assert "signals: none (no agent job table at" in q and "without the efficiency factor" in q, q
     gate.touch()
@@ -187,7 +204,8 @@ def test_bad_requests_are_one_line_exit_2_and_change_nothing(sched_factory):
     for bad, words in [({"tier": "gold"}, "unknown tier"), ({"cmd": []}, "empty command"),
                        ({"gpus": 0}, "positive"), ({"gpus": 3}, "this machine has 2"),
                        ({"cmd": ["x" * 70_000]}, "command too large"), ({"cwd": "relative"}, "absolute"),
-                       ({"env": {"A": "b" * 300_000}}, "environment too large"), ({"grace_s": -1}, "grace_s"),
+                       ({"env": {"A": "b" * 300_000}}, "environment too large"),
+                       ({"grace_s": -1}, "--grace must be between 0s and 1h"),
                        ({"name": "../../etc"}, "name must be"), ({"op": "rm"}, "unknown request")]:
         answer = s.ask({**base, **bad})
         assert not answer["ok"] and words in answer["error"], (bad, answer)

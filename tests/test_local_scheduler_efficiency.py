@@ -13,7 +13,7 @@ import sys
 import time
 
 from tests.test_agent import Agent
-from tests.test_local_scheduler import ROOT, WAIT_S, Sched, state_of
+from tests.test_local_scheduler import ROOT, WAIT_S, Sched, job_block, state_of
 
 WORKLOADS = ROOT / "benchmarks" / "workloads"
 DELAY_S = 6.0   # --efficiency-delay: the bound on how long a low MFU may delay a job
@@ -41,7 +41,7 @@ def test_the_efficient_key_goes_first_and_the_other_within_its_aging_bound(tmp_p
         t_low = time.time()
         high = s.submit("--gpus", "3", "--name", "fast", "--", "sleep", "10")
         q = s.cli("queue").stdout
-        line = next(x for x in q.splitlines() if x.lstrip().startswith(f"{low} "))
+        line = job_block(q, low)
         # a sub-1% MFU is shown with the digits that tell it apart ("0.12%"), never as "0%"
         assert re.search(r"priority lowered: MFU 0\.\d\d% vs", line), q
         assert "earlier jobs of key root/slow" in line, q

@@ -15,12 +15,12 @@ from click.testing import CliRunner
 
 from gpudiag.cli import main
 from gpudiag.commands.policy_options import OPTIONS
-from gpudiag.commands.profile import parse_duration
+from gpudiag.durations import parse_duration
 from gpudiag.scheduler.model import Policy
 from tests.conftest import REPO
 
 NOT_SETTINGS = {"name"}   # a policy's label in results, not a knob
-OTHER_OPTIONS = {("submit", "--grace"): "default_grace_s"}
+OTHER_OPTIONS = {("submit", "--grace"): "default_grace_s", ("serve", "--max-pending"): "max_pending_per_user"}
 
 
 def _table() -> dict[str, tuple[str, list[str]]]:
@@ -71,7 +71,8 @@ def test_every_option_a_row_names_defaults_to_policy_and_says_so_in_help():
         for ref in refs:
             param, cmd = _option(ref)
             assert param.show_default, ref
-            assert parse_duration(param.default, ref) == getattr(Policy(), field), ref
+            default = parse_duration(param.default, ref) if field.endswith("_s") else param.default
+            assert default == getattr(Policy(), field), ref
             out = CliRunner().invoke(main, [*cmd.split(), "--help"]).output
             assert f"[default: {param.default}]" in " ".join(out.split()), ref
             named.add((cmd.split()[-1], ref.split()[-1], field))

@@ -1,4 +1,5 @@
-"""``gpudiag cancel ID``: a pending job leaves the queue; a running one gets SIGTERM, its grace, SIGKILL."""
+"""``gpudiag cancel ID [ID ...]`` or ``--user NAME``: a pending job leaves the queue; a running one
+gets SIGTERM, its grace, SIGKILL."""
 
 from __future__ import annotations
 
@@ -7,16 +8,49 @@ from pathlib import Path
 
 import click
 
+from gpudiag.errors import BadInput
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("job_id", type=click.IntRange(1))
+@click.argument("job_ids", nargs=-1, type=click.IntRange(1))
+@click.option("--user", "user", default=None, metavar="NAME",
+              help="Every pending and running job of NAME (your own; root: anyone's).")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="The scheduler's state folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
-def cancel(job_id: int, state_dir: Path | None, as_json: bool) -> None:
-    """Cancel job JOB_ID (yours; root may cancel any)."""
+def cancel(job_ids: tuple[int, ...], user: str | None, state_dir: Path | None, as_json: bool) -> None:
+    """Cancel jobs JOB_IDS, or all of one user's (yours; root may cancel any).
+
+    Each id is cancelled or refused on its own: the others go ahead, every refusal is one line
+    on stderr, and the exit code is 2 if any was refused.
+
+    \b
+    Examples:
+      gpudiag cancel 12 13 14
+      gpudiag cancel --user alice        # all of alice's pending and running jobs
+    """
     from gpudiag.scheduler.local.client import ask
 
-    answer = ask(state_dir, {"op": "cancel", "id": job_id})
-    click.echo(json.dumps({"id": answer["id"], "state": answer["state"]}) if as_json
-               else f"job {answer['id']}: {answer['state']}")
+    if bool(job_ids) == (user is not None):
+        raise BadInput("give job ids (gpudiag cancel 12 13) or --user NAME, one of the two")
+    req: dict = {"op": "cancel", **({"user": user} if user is not None else {"ids": list(job_ids)})}
+    answer = ask(state_dir, req)
+    jobs = answer["jobs"]
+    refused = [j for j in jobs if "error" in j]
+    if as_json:
+        click.echo(json.dumps({"jobs": jobs}))
+    elif user is not None:
+        states: dict[str, int] = {}
+        for j in jobs:
+            states[j["state"]] = states.get(j["state"], 0) + 1
+        click.echo(f"{user}: {len(jobs)} job{'s' if len(jobs) != 1 else ''} cancelled"
+                   + (f" ({', '.join(f'{n} {s}' for s, n in sorted(states.items()))})" if jobs else
+                      " (none pending or running)"))
+    else:
+        for j in jobs:
+            if "error" not in j:
+                click.echo(f"job {j['id']}: {j['state']}")
+    for j in refused:
+        click.echo(f"gpudiag: error: {j['error']}", err=True)
+    if refused:
+        raise SystemExit(2)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import click
 
-from gpudiag.commands.profile import format_duration, parse_duration
+from gpudiag.durations import format_duration, parse_duration
 from gpudiag.scheduler.model import Policy
 
 # option -> (its Policy field, help)

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from gpudiag.commands.log import mlflow_option
+from gpudiag.durations import format_duration, parse_duration  # noqa: F401 - both importable from here as before
 from gpudiag.errors import BadInput, GpudiagError
 
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
@@ -97,27 +98,6 @@ MONITOR_STEPS = 2
 # curriculum stage) is relabelled within minutes, rare enough that a window's cost (a few
 # dilated steps and an export) stays well under 1% of the run.
 MONITOR_RETRACE_S = 600.0
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_DURATION_UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration(text: str, option: str) -> float:
-    """'10m', '600s', '1.5h', '2d', '0' -> seconds (0 turns the feature off)."""
-    m = _DURATION.match(text)
-    if not m:
-        raise click.BadParameter(f"{text!r}: use e.g. 10m, 600s, 2h, 1d or 0", param_hint=option)
-    return float(m.group(1)) * _DURATION_UNIT[m.group(2)]
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds as ``parse_duration`` reads them, in the largest whole unit: 600 -> '10m'."""
-    for unit in ("d", "h", "m"):
-        n = seconds / _DURATION_UNIT[unit]
-        if n >= 1 and n == int(n):
-            return f"{int(n)}{unit}"
-    return f"{seconds:g}s"
-
-
 def _default_out(command: tuple[str, ...]) -> Path:
     words = [c for c in command if c != "--"]
     script = next((w for w in words if w.endswith(".py")), words[0] if words else "job")

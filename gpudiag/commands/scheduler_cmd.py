@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -9,6 +10,7 @@ import click
 from gpudiag.commands.policy_options import policy_options, with_options
 from gpudiag.commands.scheduler_slurm import SLURM_PARAMS, check_options, serve_slurm, slurm_options
 from gpudiag.errors import BadInput
+from gpudiag.scheduler.model import Policy
 
 
 def _machine_ids(gpus: str | None, slots: int | None) -> tuple[tuple[str, ...], bool]:
@@ -35,16 +37,6 @@ def _machine_ids(gpus: str | None, slots: int | None) -> tuple[tuple[str, ...], 
     return tuple(ids), True
 
 
-def quota_of(items: tuple[str, ...]) -> dict[str, int]:
-    out = {}
-    for item in items:
-        team, _, n = item.partition("=")
-        if not team or not n.isdigit() or int(n) < 1:
-            raise BadInput(f"--quota {item!r}: use TEAM=N with N a positive number of GPUs")
-        out[team] = int(n)
-    return out
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def scheduler() -> None:
     """The embedded gang scheduler: gpudiag submit / queue / cancel / logs talk to it."""
@@ -58,6 +50,14 @@ def scheduler() -> None:
 @click.option("--slots", type=click.IntRange(1, 4096), default=None,
               help="Schedule N CPU slots instead (a machine without GPUs): jobs get GPUDIAG_SLOTS.")
 @click.option("--quota", multiple=True, metavar="TEAM=N", help="A team's GPU quota (fair share); repeatable.")
+@click.option("--teams", "teams_source", default="groups", show_default=True, metavar="groups|FILE",
+              help="Who is in which team (a user may submit only as one of theirs): their Unix groups, or "
+                   "a root-owned file of `user: team [team ...]` lines, the first the user's default. Every "
+                   "user also has a team of their own name, their default unless the file says otherwise.")
+@click.option("--max-pending", type=int, default=Policy().max_pending_per_user, show_default=True,
+              metavar="N",
+              help="Jobs one user may have waiting; more are refused with one line (0: no limit) "
+                   "(Policy.max_pending_per_user).")
 @policy_options
 @click.option("--agent-dir", type=click.Path(path_type=Path), default=None,
               help="The node agent's state folder: the daemon reads its jobs.json, and every job reports "
@@ -74,8 +74,9 @@ def scheduler() -> None:
                    "(docs/scheduler-daemon.md).")
 @slurm_options
 def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tuple[str, ...],
-          min_runtime: str, efficiency_delay: str, agent_dir: Path | None, agent_url: str | None,
-          monitor: bool, cgroups: bool, backend: str, **slurm: object) -> int | None:
+          teams_source: str, max_pending: int, min_runtime: str, efficiency_delay: str,
+          agent_dir: Path | None, agent_url: str | None, monitor: bool, cgroups: bool, backend: str,
+          **slurm: object) -> int | None:
     """Run the scheduler daemon in the foreground (jobs outlive it and are re-adopted).
 
     \b
@@ -85,7 +86,8 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
       gpudiag scheduler serve --slots 4            # a machine without GPUs
       gpudiag scheduler serve --backend slurm --prometheus http://prom:9090 --restore
     """
-    local = {"state_dir": state_dir, "gpus": gpus, "slots": slots, "quota": quota, "min_runtime": min_runtime,
+    local = {"state_dir": state_dir, "gpus": gpus, "slots": slots, "quota": quota,
+             "teams_source": teams_source, "max_pending": max_pending, "min_runtime": min_runtime,
              "efficiency_delay": efficiency_delay, "agent_dir": agent_dir, "agent_url": agent_url,
              "monitor": monitor, "cgroups": cgroups}
     check_options(backend, local, {k: slurm[k] for k in SLURM_PARAMS})
@@ -96,10 +98,15 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     from gpudiag.scheduler.local.daemon import Daemon, main_loop
     from gpudiag.scheduler.local.engine import Machine
     from gpudiag.scheduler.local.signals import AgentChoiceError, choose_agent
-    from gpudiag.scheduler.model import Policy
+    from gpudiag.scheduler.local.teams import Teams
+    from gpudiag.scheduler.quota import parse_quotas
 
     ids, are_gpus = _machine_ids(gpus, slots)
+    if max_pending < 0:
+        raise BadInput(f"--max-pending {max_pending}: give 0 (no limit) or a positive number of jobs")
     policy = with_options(Policy(), {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
+    policy = dataclasses.replace(policy, max_pending_per_user=max_pending)
+    teams = Teams(teams_source)   # a teams file that cannot be trusted: one line, before anything starts
     # every job reports to the agent this daemon reads, whichever option named it
     try:
         agent_state, source, notes = choose_agent(agent_dir, agent_url, agent_default())
@@ -107,6 +114,6 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
         raise BadInput(str(e)) from None
     for note in notes:
         click.echo(f"gpudiag scheduler: {note}", err=True)
-    daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, quota_of(quota), source,
-                    monitor, agent_state, cgroups)
+    daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, parse_quotas(quota),
+                    source, monitor, agent_state, cgroups, teams)
     main_loop(daemon)

@@ -64,7 +64,9 @@ SLURM_HINTS = {"state_dir": "the controller's ledger is --state", "agent_url": "
                "gpus": "Slurm's nodes say how many GPUs there are",
                "slots": "Slurm's nodes say what there is",
                "monitor": "a Slurm job runs `gpudiag profile --monitor` in its own script",
-               "cgroups": "Slurm's own cgroup plugin contains its jobs"}
+               "cgroups": "Slurm's own cgroup plugin contains its jobs",
+               "teams_source": "Slurm's associations say which accounts a user may submit to",
+               "max_pending": "Slurm's own limit: sacctmgr modify user NAME set MaxSubmitJobs=N"}
 
 
 def slurm_options(f):  # noqa: ANN001, ANN201 - a click decorator
@@ -83,7 +85,7 @@ def _given(name: str) -> bool:
 
 
 def _flag(name: str) -> str:
-    return "--" + {"as_json": "json"}.get(name, name).replace("_", "-")
+    return "--" + {"as_json": "json", "teams_source": "teams"}.get(name, name).replace("_", "-")
 
 
 def check_options(backend: str, local: dict[str, object], slurm: dict[str, object]) -> None:
@@ -111,7 +113,7 @@ def default_ledger() -> Path:
 
 
 def _policy(local: dict[str, object]):  # noqa: ANN202 - a scheduler Policy (imported lazily)
-    from gpudiag.commands.profile import parse_duration
+    from gpudiag.durations import parse_duration
     from gpudiag.scheduler.model import Policy
 
     policy = Policy()
@@ -124,8 +126,8 @@ def _policy(local: dict[str, object]):  # noqa: ANN202 - a scheduler Policy (imp
 def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | None, interval: str,
                 dry_run: bool, once: bool, as_json: bool, restore: bool, restore_only: bool, watchdog: bool,
                 state: Path | None, nice_max: int | None, takeover: bool, min_change_interval: str) -> int:
-    from gpudiag.commands.profile import parse_duration
-    from gpudiag.commands.scheduler_cmd import quota_of
+    from gpudiag.durations import parse_duration
+    from gpudiag.scheduler.quota import parse_quotas
     from gpudiag.scheduler.slurm.controller import Controller, Options, lease_for
     from gpudiag.scheduler.slurm.ledger import LedgerError, LedgerStore
     from gpudiag.scheduler.slurm.loop import MIN_INTERVAL_S, serve
@@ -172,7 +174,7 @@ def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | 
     source = PrometheusSource(prometheus) if prometheus else AgentsSource(hosts) if hosts else None
     opts = Options(dry_run=dry_run, nice_max=nice_max, takeover=takeover, min_change_interval_s=change_every,
                    lease_s=lease_for(period), min_runtime_s=min_runtime,
-                   quotas={t: float(n) for t, n in quota_of(tuple(local.get("quota") or ())).items()},
+                   quotas={t: float(n) for t, n in parse_quotas(tuple(local.get("quota") or ())).items()},
                    need_multifactor=_given("efficiency_delay") and nice_max is None)
     try:
         ctl = Controller(io, source, policy, options=opts, ledger_path=ledger)

@@ -42,7 +42,7 @@ def top(agents: tuple[str, ...], prometheus: str | None, interval: str, once: bo
       gpudiag top --prometheus http://prometheus:9090
       gpudiag top --once --json > fleet.json
     """
-    from gpudiag.commands.profile import parse_duration
+    from gpudiag.durations import parse_duration
     from gpudiag.live.sources import DEFAULT_AGENT, agent_url
 
     try:

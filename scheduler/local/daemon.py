@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudiag.errors import BadInput
-from gpudiag.scheduler.local import jobfiles, protocol, runner
+from gpudiag.scheduler.local import jobfiles, protocol, runner, userlimits
 from gpudiag.scheduler.local.config import (
     DB_NAME,
     LOCK_NAME,
@@ -39,6 +39,7 @@ from gpudiag.scheduler.local.engine import Engine, Machine, stored_signal
 from gpudiag.scheduler.local.lifecycle import Jobs, _log
 from gpudiag.scheduler.local.protocol import Peer, Refused
 from gpudiag.scheduler.local.store import ACTIVE, CANCELLED, FINAL, PENDING, JobRow, Store
+from gpudiag.scheduler.local.teams import NotInTeam, Teams
 from gpudiag.scheduler.local.usercheck import CommandCheck
 from gpudiag.scheduler.model import TIER_NAMES, Policy, Signal, Tier
 from gpudiag.scheduler.priority import MfuBook
@@ -72,8 +73,9 @@ class Deferred:
 class Daemon:
     def __init__(self, state_dir: Path, machine: Machine, policy: Policy, quota: dict[str, int],
                  source: SignalSource | None, monitor: bool = True, agent_dir: Path | None = None,
-                 cgroups: bool = True) -> None:
+                 cgroups: bool = True, teams: Teams | None = None) -> None:
         self.state_dir = state_dir
+        self.teams = teams or Teams()
         self.machine = machine
         self.policy = policy
         self.source = source
@@ -173,7 +175,9 @@ class Daemon:
         if op == "submit":
             return self.submit(protocol.parse_submit(req), peer)
         if op == "queue":
-            return self.queue(bool(req.get("all")))
+            return self.queue(bool(req.get("all")), protocol.user_of(req))
+        if op == "cancel" and ("ids" in req or "user" in req):
+            return self.cancel_many(req, peer)
         row = self._job_for(protocol.job_id_of(req), peer)
         if op == "cancel":
             return self.cancel(row, peer)
@@ -192,7 +196,7 @@ class Daemon:
         from its folder (``usercheck``); queued when that check says yes."""
         total = len(self.machine.ids)
         if s.gpus > total:
-            raise Refused(f"needs {s.gpus} {self.machine.unit}, this machine has {total}")
+            raise Refused(f"--gpus {s.gpus}: needs {s.gpus} {self.machine.unit}, this machine has {total}")
         if os.geteuid() != 0 and peer.uid != os.geteuid():
             raise Refused(f"this scheduler runs as uid {os.geteuid()} and runs only that user's jobs "
                           "(run it as root to share the machine)")
@@ -204,18 +208,30 @@ class Daemon:
                               "their submitter, so this scheduler cannot run yours (ask the admin to add the "
                               "user)") from None
         user = runner.user_name(peer.uid)
+        in_check = sum(1 for c, _ in self.waiting.values() if c.peer.uid == peer.uid)
+        why = userlimits.pending_refusal(user, peer.uid, self.jobs.pending.values(), in_check,
+                                         self.policy.max_pending_per_user)
+        if why:
+            raise Refused(why)
+        try:
+            team = self.teams.team_for(peer.uid, user, s.team)
+        except NotInTeam as e:
+            raise Refused(str(e)) from None
+        finally:
+            while self.teams.notes:
+                _log(self.teams.notes.pop(0))
         exe = runner.monitor_command(Path(), s.cmd)[0] if self.jobs.monitor else s.cmd[0]
         try:
             check = CommandCheck(peer.uid, user, s.cwd, s.cmd[0], exe, s.env)
         except (OSError, ValueError) as e:
             why = getattr(e, "strerror", None) or e
             raise Refused(f"cannot check your command as {user}: {why}") from None
-        return Deferred(check, lambda why: self._enqueue(s, peer, user, why))
+        return Deferred(check, lambda why: self._enqueue(s, peer, user, team, why))
 
-    def _enqueue(self, s: protocol.SubmitRequest, peer: Peer, user: str, why: str | None) -> dict:
+    def _enqueue(self, s: protocol.SubmitRequest, peer: Peer, user: str, team: str, why: str | None) -> dict:
         if why is not None:
             raise Refused(why)
-        row = JobRow(id=0, uid=peer.uid, user=user, team=s.team or user, name=s.name,
+        row = JobRow(id=0, uid=peer.uid, user=user, team=team, name=s.name,
                      key=f"{user}/{s.name}" if s.name else "", tier=int(s.tier), gpus=s.gpus,
                      grace_s=s.grace_s,
                      time_limit_s=s.time_limit_s, cmd=s.cmd, env=s.env, cwd=s.cwd, submit_t=time.time(),
@@ -238,7 +254,16 @@ class Daemon:
         self.dirty = True
         return {"ok": True, "id": row.id, "state": row.state}
 
-    def queue(self, everything: bool) -> dict:
+    def cancel_many(self, req: dict, peer: Peer) -> dict:
+        """``gpudiag cancel ID ID ...`` or ``--user NAME`` (``userlimits.cancel_request``)."""
+        now = time.time()
+        out = userlimits.cancel_request(req, peer, self.jobs.pending, self.jobs.active, self.store,
+                                        lambda i: self._job_for(i, peer),
+                                        lambda r, why: self.jobs.stop(r, "cancel", why, now))
+        self.dirty = True
+        return out
+
+    def queue(self, everything: bool, user: str | None = None) -> dict:
         if self.dirty:   # something changed since the last pass: let a pass decide, then explain it
             self.dirty = False
             self.schedule(time.time())
@@ -249,13 +274,15 @@ class Daemon:
         order = [i for i in (last.order if last is not None else ()) if i in self.jobs.pending]
         order += [i for i in self.jobs.pending if i not in seen]
         rows = [self.jobs.pending[i] for i in order] + list(self.jobs.active.values())
-        finished = self.store.jobs(FINAL, limit=None if everything else RECENT_FINISHED)
+        if user is not None:   # gpudiag queue --user NAME / --mine
+            rows = [r for r in rows if r.user == user]
+        finished = self.store.jobs(FINAL, limit=None if everything else RECENT_FINISHED, user=user)
         out = []
         for r in rows + finished:
             d = r.public()
             d["tier_name"] = TIER_NAMES[Tier(r.tier)]
             if r.state == PENDING:
-                d["why"] = self.engine.describe(seen[r.id], rows_by_id, now) if r.id in seen \
+                d["why"] = self.engine.describe(seen[r.id], rows_by_id, now, r) if r.id in seen \
                     else "waiting for the next scheduling pass"
                 d["why_numbers"] = _why_numbers(seen.get(r.id))
             else:
@@ -266,7 +293,7 @@ class Daemon:
         return {"ok": True, "jobs": out, "unit": self.machine.unit, "total": len(self.machine.ids),
                 "free": len(self.machine.ids) - sum(len(r.slots or ()) for r in self.jobs.active.values()),
                 "signals": {"available": sig.available, "why": sig.why, "jobs": len(sig.signals)},
-                "prefix": self.store.prefix}
+                "prefix": self.store.prefix, "teams": self.teams.describe(), "quota": self.engine.quota}
 
     def logs(self, row: JobRow, req: dict) -> dict:
         stream = req.get("stream", "stdout")

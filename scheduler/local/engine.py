@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpudiag.scheduler.local.store import STOPPING, JobRow
+from gpudiag.scheduler.local.store import ACTIVE, STOPPING, JobRow
 from gpudiag.scheduler.model import (
     Cluster,
     Decision,
@@ -121,8 +121,9 @@ class Engine:
                ckpt: Mapping[int, float | None], now: float, signals_available: bool) -> list[Decision]:
         return self.plan(pending, active, signals, ckpt, now, signals_available).decisions
 
-    def describe(self, why: Why, rows: Mapping[int, JobRow], now: float) -> str:
-        """A pending job's reason from the pass, in a person's words."""
+    def describe(self, why: Why, rows: Mapping[int, JobRow], now: float, row: JobRow | None = None) -> str:
+        """A pending job's reason from the pass, in a person's words (``row``: the job itself,
+        so the head can say why its team's quota reclaimed nothing for it)."""
         if why.starts:
             return f"starts at the next pass: {self.words(why.text, now)}"
         if not why.head:
@@ -143,7 +144,32 @@ class Engine:
             parts.append(f"reserved from {_when(why.start_at, now)}")
         if why.lowered:
             parts.append(self.words(why.lowered, now))
-        return "; ".join(parts)
+        if row is not None and not why.firm and not why.reclaim:
+            parts.append(self.no_reclaim(row, rows.values()))
+        return "; ".join(p for p in parts if p)
+
+    def no_reclaim(self, head: JobRow, rows: Iterable[JobRow]) -> str:
+        """Why a blocked head took nothing back for its team's quota, where quotas are set:
+        its team has none, its team holds it already (and by which jobs, whoever submitted
+        them), or no job of a team over its quota could make room."""
+        if not self.policy.reclaim or not self.quota:
+            return ""
+        unit = self.machine.unit.rstrip("s")
+        q = self.quota.get(head.team)
+        if q is None:
+            return f"no quota reclaim: team {head.team} has no --quota"
+        if head.gpus > q:
+            return (f"no quota reclaim: it needs {head.gpus} {self.machine.unit if head.gpus > 1 else unit}, "
+                    f"more than team {head.team}'s {q}-{unit} quota")
+        holders = [r for r in rows if r.team == head.team and r.state in ACTIVE and r.state != STOPPING]
+        held = sum(r.gpus for r in holders)
+        if held + head.gpus > q:
+            jobs = ", ".join(f"job {r.id} of {r.user}" for r in holders[:3])
+            jobs += ", ..." if len(holders) > 3 else ""
+            return (f"no quota reclaim: team {head.team} holds {held} of its {q}-{unit} quota"
+                    + (f" ({jobs})" if holders else ""))
+        return ("no quota reclaim: no job of a team over its quota can make room (same or lower tier, "
+                "past --min-runtime)")
 
     def words(self, text: str, now: float) -> str:
         """The policy speaks of GPUs and of times on its clock; say slots on a CPU machine and

@@ -9,20 +9,17 @@ with limits, before the daemon looks at it; a refusal is one line the client pri
 from __future__ import annotations
 
 import json
-import math
 import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudiag.scheduler.local import fields
 from gpudiag.scheduler.local.config import (
     MAX_ARGS,
     MAX_COMMAND_BYTES,
     MAX_ENV_BYTES,
-    MAX_GRACE_S,
-    MAX_NAME,
     MAX_REQUEST_BYTES,
-    MAX_TIME_LIMIT_S,
 )
 from gpudiag.scheduler.model import TIER_NAMES, Tier
 
@@ -30,7 +27,6 @@ TIERS = {name: tier for tier, name in TIER_NAMES.items()}
 OPS = ("submit", "queue", "cancel", "logs", "ping")
 MAX_LOG_CHUNK = 256 * 1024   # one `logs` answer: -f asks again from the next offset
 CLIENT_TIMEOUT_S = 30.0
-_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 class Refused(ValueError):
@@ -63,19 +59,22 @@ class SubmitRequest:
     cwd: str
 
 
-def _number(req: dict, key: str, lo: float, hi: float, optional: bool = False) -> float | None:
+def _number(req: dict, key: str, optional: bool = False) -> float | None:
+    """A duration field, refused in its option's words (``fields``: "--grace must be between ...")."""
     v = req.get(key)
     if v is None and optional:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        raise Refused(f"{key} must be a number in [{lo:g}, {hi:g}]")
+    why = fields.duration_error(key, v)
+    if why:
+        raise Refused(why)
     return float(v)
 
 
 def _label(req: dict, key: str) -> str:
     v = req.get(key, "")
-    if not isinstance(v, str) or len(v) > MAX_NAME or not set(v) <= _NAME_OK:
-        raise Refused(f"{key} must be at most {MAX_NAME} characters of letters, digits, '_', '.', '-'")
+    why = fields.label_error(key, v)
+    if why:
+        raise Refused(why)
     return v
 
 
@@ -100,18 +99,27 @@ def parse_submit(req: dict) -> SubmitRequest:
     if any("\0" in k or "=" in k or not k or "\0" in v for k, v in env.items()):
         raise Refused("environment names and values cannot contain NUL bytes (or '=' in a name)")
     gpus = req.get("gpus")
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise Refused("gpus must be a positive integer")
     tier = req.get("tier", "reserved")
-    if tier not in TIERS:
-        raise Refused(f"unknown tier {str(tier)[:40]!r}: one of {', '.join(TIERS)}")
+    why = fields.gpus_error(gpus) or fields.tier_error(tier, list(TIERS))
+    if why:
+        raise Refused(why)
     cwd = req.get("cwd", "/")
     if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd or len(cwd) > 4096:
         raise Refused("cwd must be an absolute path")
     return SubmitRequest(
         cmd=cmd, gpus=gpus, tier=TIERS[tier], team=_label(req, "team"), name=_label(req, "name"),
-        grace_s=_number(req, "grace_s", 0.0, MAX_GRACE_S),
-        time_limit_s=_number(req, "time_limit_s", 1.0, MAX_TIME_LIMIT_S, optional=True), env=env, cwd=cwd)
+        grace_s=_number(req, "grace_s"), time_limit_s=_number(req, "time_limit_s", optional=True),
+        env=env, cwd=cwd)
+
+
+def user_of(req: dict) -> str | None:
+    """``queue --user NAME`` / ``cancel --user NAME``: a user name (None: every user's)."""
+    v = req.get("user")
+    if v is None:
+        return None
+    if not isinstance(v, str) or not 0 < len(v) <= 256 or "\0" in v:
+        raise Refused("--user must be a user name")
+    return v
 
 
 def job_id_of(req: dict) -> int:

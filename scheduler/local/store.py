@@ -143,12 +143,18 @@ class Store:
         return None if r is None else r[0]
 
     # -- reads ---------------------------------------------------------------------------
-    def jobs(self, states: tuple[str, ...] | None = None, limit: int | None = None) -> list[JobRow]:
+    def jobs(self, states: tuple[str, ...] | None = None, limit: int | None = None,
+             user: str | None = None) -> list[JobRow]:
         sql = f"SELECT {','.join(_COLS)} FROM jobs"
-        args: list = []
+        where, args = [], []
         if states:
-            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            where.append(f"state IN ({','.join('?' * len(states))})")
             args += list(states)
+        if user is not None:
+            where.append("user=?")
+            args.append(user)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC"
         if limit:
             sql += f" LIMIT {int(limit)}"

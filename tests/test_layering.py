@@ -1,0 +1,87 @@
+"""The import direction DESIGN.md promises, read from the source: commands sit on top.
+
+A module below the command line (``reports``, ``scheduler``, ``gpudiag.live``, ...) that imports
+a command drags click options and a command's private helpers into code that is not a command,
+and two commands that import each other cannot be loaded or changed one at a time (issue 30:
+``scheduler_cmd`` and ``scheduler_slurm`` shared ``quota_of`` in a cycle; ``reports/top_view``
+read ages through ``commands/queue``'s ``_age``). Every import counts, those inside functions too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+# source folder -> the package it installs as (pyproject.toml's package-dir)
+PACKAGES = {"gpudiag": "gpudiag", "collectors": "gpudiag.collectors", "analyzers": "gpudiag.analyzers",
+            "reports": "gpudiag.reports", "agent": "gpudiag.agent", "scheduler": "gpudiag.scheduler"}
+COMMANDS = "gpudiag.commands"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for folder, package in PACKAGES.items():
+        for path in (REPO / folder).rglob("*.py"):
+            rel = path.relative_to(REPO / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, list[str]]]:
+    """(imported module, names taken from it) for every import statement in the file."""
+    out = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:   # relative: `from . import x`, `from ..pkg import y`
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base]).rstrip(".")
+            names = [a.name for a in node.names]
+            out.append((base, names))
+            out += [(f"{base}.{n}", []) for n in names]   # `from pkg import module`
+    return out
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_no_module_below_the_commands_imports_a_command():
+    mods = _modules()
+    assert len(mods) > 100 and "gpudiag.reports.top_view" in mods and "gpudiag.commands.queue" in mods
+    wrong = [f"{m} imports {name}" for m, path in mods.items() if not _within(m, COMMANDS)
+             for name, _ in _imports(m, path) if _within(name, COMMANDS)]
+    assert wrong == []
+
+
+def test_no_command_imports_another_commands_private_helpers_or_imports_in_a_cycle():
+    mods = {m: p for m, p in _modules().items() if _within(m, COMMANDS)}
+    graph: dict[str, set[str]] = {}
+    private = []
+    for m, path in mods.items():
+        for name, names in _imports(m, path):
+            if name in mods and name != m:
+                graph.setdefault(m, set()).add(name)
+                private += [f"{m} imports {name}.{n}" for n in names if n.startswith("_")]
+    assert private == []
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in graph.get(start, ()):
+            if nxt == goal or (nxt not in seen and (seen.add(nxt) or reaches(nxt, goal, seen))):
+                return True
+        return False
+
+    assert [m for m in graph if reaches(m, m, set())] == []
+
+
+def test_the_checks_see_an_import_inside_a_function(tmp_path):
+    """The parser this file relies on finds a lazy ``from ... import _private`` (what top_view did)."""
+    src = tmp_path / "view.py"
+    src.write_text("def age(s):\n    from gpudiag.commands.queue import _age\n    return _age(s)\n")
+    assert ("gpudiag.commands.queue", ["_age"]) in _imports("gpudiag.reports.view", src)
