@@ -483,14 +483,19 @@ def test_reconfigure_then_slurms_own_preemption_while_a_dead_agent_widens_the_ro
     # Slurm decides at the end of a job's GraceTime by the partition's mode then: at OFF its
     # periodic check (every 30 s) kills the job it meant to requeue. Never OFF during a grace.
     off_in_grace: list[int] = []
+    polls = [0]
     watching = threading.Event()
 
     def watch() -> None:
         while not watching.wait(0.3):
-            if cluster.preempt_mode("spot") == "OFF":
-                busy = _preempting(cluster, spots)
-                if busy is not None:
-                    off_in_grace.append(busy)
+            try:
+                if cluster.preempt_mode("spot") == "OFF":
+                    busy = _preempting(cluster, spots)
+                    if busy is not None:
+                        off_in_grace.append(busy)
+            except (RuntimeError, subprocess.TimeoutExpired, ValueError, IndexError):
+                continue        # slurmctld busy reconfiguring: the next poll reads it
+            polls[0] += 1
 
     watcher = threading.Thread(target=watch, daemon=True)
     ctl = controller(cluster, agent, tmp_path / "ledger.json", "--restore", "--agents",
@@ -511,6 +516,7 @@ def test_reconfigure_then_slurms_own_preemption_while_a_dead_agent_widens_the_ro
         gate.close()
     assert rc == 0, ctl.text()
     assert off_in_grace == [], f"spot held at OFF while Slurm preempted job {off_in_grace[:1]}: {ctl.text()}"
+    assert polls[0] >= 20, polls            # the watcher did watch, all along
     assert sum(restarts(cluster, j) for j in spots) == 1, ctl.text()           # one victim ...
     assert all(cluster.job(j)["JobState"] in ("RUNNING", "PENDING") for j in spots)   # requeued, not killed
     text = ctl.text()
