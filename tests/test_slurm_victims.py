@@ -153,3 +153,22 @@ def test_agents_are_read_at_once_within_the_rounds_deadline(monkeypatch):
             s.close()
     assert took < 3.0, took            # one deadline, not five timeouts in a row (5 s and more)
     assert not read.available and all(url in read.why for url in src.urls), read.why   # each named
+
+
+def test_a_heterogeneous_component_is_never_gpudiags_victim_and_its_preemptor_goes_to_slurm():
+    ps = parts(part("spot", 1, "OFF"), part("ondemand", 3, "OFF"))
+    nodes = {"n1": NODES["n1"]}
+    comp = job(1, "spot", "RUNNING", 4, gpu_index=((0, 1, 2, 3),), het_job_id=1)
+    od = job(2, "ondemand", "PENDING", 2)
+    m = model_of([comp, od], nodes, ps, {"spot"}, 5.0, 100.0)
+    assert not m.running[0].job.preemptible     # Slurm requeues the whole heterogeneous job, not gpudiag
+    modes = ModeView({"spot": "REQUEUE", "ondemand": "OFF"}, {"spot"})
+    policy = replace(Policy(), min_runtime_s=0.0)
+    decisions = schedule(m.cluster, m.pending, m.running, {1: Signal(0.3, "compute-bound", 0.9, 1.0)},
+                         MfuBook(policy.history_half_life_s), 100.0, policy)
+    s = Serving([comp, od], {1: comp, 2: od}, m, modes, ps, nodes, decisions, {"spot"}, lambda j: True, {},
+                set(), {}, False, 0.0, 100.0)
+    requeues, handed, give_back = serve_waiting(s, allow_victims=True)
+    assert requeues == [] and give_back == {"spot"}
+    assert handed[2] == ("job 1 could be its victim and is a component of heterogeneous job 1, which Slurm "
+                         "preempts as a whole")
