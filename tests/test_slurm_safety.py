@@ -16,14 +16,18 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from gpudiag.scheduler.slurm.squeue import SlurmJob, parse_squeue_json
 from tests.slurm_cluster import CONTROLLER_INTERVAL_S as INTERVAL_S
 from tests.slurm_cluster import (
+    GPUS,
     START_BOUND_S,
     SlurmCluster,
     report,
@@ -413,3 +417,162 @@ def test_quota_reclaim_requeues_the_least_useful_over_quota_job_for_the_under_qu
     assert f"lift {a1}" in text and text.count("RUNNING -> PENDING") == 1, text
     assert [restarts(cluster, j) for j in bs] == [0, 1, 0, 0] and cluster.job(a1)["JobState"] == "RUNNING"
     assert cluster.job(bs[1])["JobState"] == "PENDING"     # out of BeginTime, it did not take a GPU back
+
+
+# --- a fresh view before each write; jobs as Slurm models them -----------------------------------
+
+class Gate:
+    """An agent address that answers each scrape after running the test's next step in it (the
+    controller waits on it meanwhile, with its squeue already read), then with no metrics. Once
+    ``dead`` it answers nothing within a round's deadline: a dead agent widening every round."""
+
+    def __init__(self) -> None:
+        self.steps: list = []
+        self.dead = False
+        gate = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if gate.steps:
+                    gate.steps.pop(0)()
+                elif gate.dead:
+                    time.sleep(8.0)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.end_headers()
+                except OSError:       # the controller gave up on it: its deadline passed
+                    pass
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _preempting(cluster: SlurmCluster, jids: list[int]) -> int | None:
+    jobs = parse_squeue_json(cluster.run("squeue", "--json").stdout)
+    return next((j.id for j in jobs if j.id in jids and j.holds and j.preempt_time > 0), None)
+
+
+def test_reconfigure_then_slurms_own_preemption_while_a_dead_agent_widens_the_round_kills_no_job(
+        cluster, agent, tmp_path):
+    spots = [cluster.sbatch(f"s{i}", "spot", 2) for i in range(2)]
+    running(cluster, *spots)
+    for j in spots:
+        report(agent, j, 0.3)
+    gate = Gate()
+    seen: dict[str, float] = {}
+
+    def slurm_preempts_meanwhile() -> None:
+        """This round read squeue before the on-demand job came: Slurm begins preempting a spot job
+        while the round waits for this agent, which then stays silent past the round's deadline."""
+        t0 = time.monotonic()
+        seen["od"] = cluster.sbatch("od", "ondemand", 2)
+        wait_for("Slurm preempting a spot job", lambda: _preempting(cluster, spots), 20, 0.2)
+        seen["preempted_after_s"] = time.monotonic() - t0
+        gate.dead = True
+        time.sleep(8.0)
+
+    # Slurm decides at the end of a job's GraceTime by the partition's mode then: at OFF its
+    # periodic check (every 30 s) kills the job it meant to requeue. Never OFF during a grace.
+    off_in_grace: list[int] = []
+    polls = [0]
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.wait(0.3):
+            try:
+                if cluster.preempt_mode("spot") == "OFF":
+                    busy = _preempting(cluster, spots)
+                    if busy is not None:
+                        off_in_grace.append(busy)
+            except (RuntimeError, subprocess.TimeoutExpired, ValueError, IndexError):
+                continue        # slurmctld busy reconfiguring: the next poll reads it
+            polls[0] += 1
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    ctl = controller(cluster, agent, tmp_path / "ledger.json", "--restore", "--agents",
+                     f"127.0.0.1:{agent.port},127.0.0.1:{gate.port}")
+    watcher.start()
+    try:
+        held(cluster)
+        # the next round still sees spot held (read before this); the one after sees it reset by
+        # the reconfigure and would take it back on that view while Slurm preempts in it
+        gate.steps += [lambda: cluster.run("scontrol", "reconfigure"), slurm_preempts_meanwhile]
+        wait_for("the on-demand job submitted", lambda: "od" in seen, 4 * INTERVAL_S + 20)
+        starts_within(cluster, seen["od"])
+        wait_for("spot taken back once Slurm is done", lambda: cluster.preempt_mode("spot") == "OFF", 60)
+    finally:
+        watching.set()
+        watcher.join(timeout=30)
+        rc = ctl.stop()
+        gate.close()
+    assert rc == 0, ctl.text()
+    assert off_in_grace == [], f"spot held at OFF while Slurm preempted job {off_in_grace[:1]}: {ctl.text()}"
+    assert polls[0] >= 20, polls            # the watcher did watch, all along
+    assert sum(restarts(cluster, j) for j in spots) == 1, ctl.text()           # one victim ...
+    assert all(cluster.job(j)["JobState"] in ("RUNNING", "PENDING") for j in spots)   # requeued, not killed
+    text = ctl.text()
+    if seen["preempted_after_s"] < 5.0:     # Slurm began within the round: its stale view is not written
+        assert "Slurm is preempting job" in text and "not changed" in text, (seen, text)
+
+
+def test_an_exclusive_on_demand_job_goes_to_slurm_and_starts_within_slurms_own_time(cluster, agent, tmp_path):
+    spot = cluster.sbatch("spot", "spot", GPUS - 1)     # one GPU free, but not the whole node
+    running(cluster, spot)
+    report(agent, spot, 0.3)
+    ctl = controller(cluster, agent, tmp_path / "ledger.json", "--restore")
+    try:
+        held(cluster)
+        od = cluster.sbatch("od", "ondemand", 1, "--exclusive")
+        starts_within(cluster, od)
+    finally:
+        assert ctl.stop() == 0, ctl.text()
+    assert f"job {od} asks for whole nodes (--exclusive)" in ctl.text(), ctl.text()
+    assert restarts(cluster, spot) == 1 and cluster.job(spot)["JobState"] == "PENDING"   # requeued by Slurm
+
+
+def _nice(cluster: SlurmCluster) -> dict[int, SlurmJob]:
+    return {j.id: j for j in parse_squeue_json(cluster.run("squeue", "--json").stdout)}
+
+
+def test_a_requeued_array_task_keeps_one_penalty_and_restore_clears_it(cluster, agent, tmp_path):
+    teacher = cluster.sbatch("arr", "reserved", 2)       # an earlier job of key root/arr: its GPUs idle
+    blocker = cluster.sbatch("blk", "reserved", 2)
+    running(cluster, teacher, blocker)
+    report(agent, teacher, 0.05, "input-bound")
+    report(agent, blocker, 0.4)
+    ledger = tmp_path / "ledger.json"
+    ctl = controller(cluster, agent, ledger, "--restore")
+    try:
+        hist = Path(f"{ledger}.history.json")
+        wait_for("key root/arr learned", lambda: hist.exists() and "root/arr" in hist.read_text(), 30)
+        cluster.run("scancel", str(teacher))
+        arr = int(cluster.run("sbatch", "--parsable", "-J", "arr", "-p", "reserved", "--gres=gpu:2", "-c",
+                              "1", "-o", "/dev/null", "--array=0-1", "--wrap", "sleep 600").stdout.strip())
+        penalty = wait_for("the array's penalty", lambda: _nice(cluster)[arr].nice, 30)
+        cluster.run("scancel", str(blocker))
+        task = wait_for("task 0 split off and started", lambda: next(
+            (j.id for j in _nice(cluster).values() if j.split_task and j.array_job_id == arr
+             and j.state == "RUNNING"), None), 60)
+        assert _nice(cluster)[task].nice == penalty       # it carries its array's Nice
+        wait_for("the task adopted", lambda: str(task) in json.loads(ledger.read_text())["nice"],
+                 3 * INTERVAL_S)
+        cluster.run("scontrol", "requeue", str(task))
+        cluster.sbatch("blk2", "reserved", 2)              # takes its GPUs: the task waits again
+        wait_for("the task waiting for resources", lambda: _nice(cluster)[task].reason in ("Resources",
+                 "Priority"), 60)
+        time.sleep(2 * INTERVAL_S)                         # two rounds that see it waiting
+        assert _nice(cluster)[task].nice == penalty, ctl.text()   # one penalty, not two
+    finally:
+        assert ctl.stop() == 0, ctl.text()
+    jobs = _nice(cluster)
+    assert jobs[task].nice == 0 and jobs[arr].nice == 0, ctl.text()   # both back to the original
+    assert json.loads(ledger.read_text())["nice"] == {}

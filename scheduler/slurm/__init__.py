@@ -6,8 +6,10 @@ placement and tier preemption wherever gpudiag cannot judge or act.
 Modules: ``squeue``/``slurmconf`` (parsing Slurm's output), ``slurmio`` (running Slurm's
 commands), ``sources`` (signals from Prometheus' HTTP API or the agents' /metrics), ``adapter``
 (Slurm jobs as the policy core's model), ``ledger`` (the write-ahead ledger and its lease),
-``actions`` (changes made write-ahead, and their undo), ``takeover`` (which partitions gpudiag
-holds), ``serve_jobs`` (which waiting jobs gpudiag or Slurm serves), ``efficiency`` (Nice),
+``actions`` (changes made write-ahead, and their undo), ``fresh`` (Slurm read again just before
+each PreemptMode or requeue write), ``arrays`` (array tasks and their array's Nice),
+``takeover`` (which partitions gpudiag may hold without exposing another partition's jobs),
+``serve_jobs`` (which waiting jobs gpudiag or Slurm serves), ``efficiency`` (Nice),
 ``history`` (MFU per key, kept across restarts), ``controller`` (one round), ``loop`` (the
 processes: rounds, ``--restore-only``, ``--watchdog``). docs/slurm.md says how to run them.
 """

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from gpudiag.scheduler.slurm.arrays import adopt_split_tasks
 from gpudiag.scheduler.slurm.ledger import JobRef, Ledger, LedgerStore, ModeEntry, NiceEntry, Requeue
 from gpudiag.scheduler.slurm.slurmconf import Partition
 from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
@@ -107,8 +108,8 @@ def apply(actions: list[Action], io: SlurmIO, store: LedgerStore, now: float,
           prepare: Callable[[Ledger], None] | None = None) -> None:
     """Record, run, confirm: two ledger writes (one when there is nothing to change).
     ``prepare(ledger)`` goes into the first write (the round's reconciliation and lease);
-    ``precheck(action)`` may veto a requeue just before it runs (the job it is for started
-    meanwhile, or Slurm took preemption back): its answer is the error."""
+    ``precheck(action)`` may veto a requeue or a PreemptMode write just before it runs (Slurm,
+    read again, no longer shows what the round decided on: ``fresh``): its answer is the error."""
     todo = [a for a in actions if not a.error]
     with store.update() as ledger:
         if prepare is not None:
@@ -124,10 +125,10 @@ def apply(actions: list[Action], io: SlurmIO, store: LedgerStore, now: float,
                 with store.update() as ledger:
                     renew(ledger)
                 last = time.monotonic()
-            why = precheck(a) if precheck is not None and a.kind == "requeue" else ""
+            why = precheck(a) if precheck is not None and a.kind in ("requeue", "preempt_mode") else ""
             if why:
                 a.error = why
-                log.info("requeue %s not done: %s", a.target, why)
+                log.info("%s %s not done: %s", a.kind, a.target, why)
                 continue
             try:
                 _run(io, a)
@@ -206,6 +207,7 @@ def restore(io: SlurmIO, store: LedgerStore, modes_only: bool = False, dry_run: 
     except (SlurmError, BadSlurmOutput) as e:
         out.failed.append(f"slurmctld could not be read ({e}): nothing restored, the ledger keeps everything")
         return out
+    adopt_split_tasks(ledger, jobs.values())    # array tasks that split off since the last round
     for name, e in ledger.modes.items():
         p = parts.get(name)
         if p is None:

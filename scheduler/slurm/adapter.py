@@ -14,6 +14,9 @@
   its team is its account (fair share and quotas).
 - A running job's last checkpoint is unknown to Slurm: its start (the pessimistic assumption:
   everything since the start is lost if it is requeued now).
+- Jobs are modelled as Slurm allocates them: an ``--exclusive`` job holds (or, waiting, needs) its
+  nodes' every GPU; a component of a heterogeneous job is never gpudiag's victim (Slurm preempts
+  and requeues the job as a whole); an array task is a job of its own id.
 - Only jobs that ask for GPUs are scheduled here, and of the pending ones only those Slurm
   could start now (reason None, Priority or Resources): held, delayed or dependent jobs cannot
   be the head a preemption is for.
@@ -55,7 +58,18 @@ def job_of(j: SlurmJob, tiers: Mapping[str, Tier], held: Container[str], grace_s
     return Job(id=j.id, gpus=j.gpus, submit=j.submit,
                estimate_s=j.time_limit_s or NO_LIMIT_ESTIMATE_S, user=j.user, team=j.account,
                key=f"{j.user}/{j.name}", tier=tiers.get(j.partition, Tier.RESERVED),
-               preemptible=j.partition in held and j.requeue, grace_s=grace_s)
+               preemptible=j.partition in held and j.requeue and not j.het_job_id, grace_s=grace_s)
+
+
+def whole_node_gpus(j: SlurmJob, nodes: Mapping[str, SlurmNode], partitions: Mapping[str, Partition]) -> int:
+    """The GPUs a waiting ``--exclusive`` job takes: each of its nodes whole - the smallest node of
+    its partition that holds its per-node request, as many as it asks nodes."""
+    k = max(1, j.node_count)
+    per_node = -(-j.gpus // k)
+    names = partitions[j.partition].nodes if j.partition in partitions else tuple(nodes)
+    sizes = sorted(nodes[n].gpus for n in names
+                   if n in nodes and nodes[n].usable and nodes[n].gpus >= per_node)
+    return max(j.gpus, (sizes[0] if sizes else per_node) * k)
 
 
 @dataclass
@@ -85,6 +99,8 @@ def _placement(j: SlurmJob, node_index: Mapping[str, int], nodes: Mapping[str, S
         size = nodes[name].gpus
         taken = used.setdefault(n, set())
         idx = j.gpu_index[k] if k < len(j.gpu_index) and j.gpu_index[k] else ()
+        if j.exclusive:        # Slurm gave it the whole node: no other job starts beside it
+            idx = tuple(range(size))
         if not idx:
             free = [g for g in range(size) if g not in taken]
             idx = tuple(free[:per_node])
@@ -126,6 +142,8 @@ def model_of(jobs: Sequence[SlurmJob], nodes: Mapping[str, SlurmNode], partition
             continue
         job = job_of(j, tiers, held, kill_wait_s)
         if schedulable(j):
+            if j.exclusive:
+                job.gpus = whole_node_gpus(j, nodes, partitions)
             m.pending.append(job)
         elif j.holds:
             pl = _placement(j, node_index, nodes, used)

@@ -7,8 +7,9 @@ then, with the ledger (``ledger``) reconciled against what Slurm shows:
    with a usable signal, gpudiag changes nothing (no Nice, no takeover: Slurm decides) and says
    why in one line.
 2. **Partitions** (``takeover``): REQUEUE partitions are held at PreemptMode=OFF so that gpudiag,
-   not Slurm's fixed order, chooses victims; every waiting job gpudiag cannot judge or serve is
-   handed to Slurm's own preemption.
+   not Slurm's fixed order, chooses victims - only where Slurm then has no other partition's job
+   to preempt in their place (``unsafe_holds``); every waiting job gpudiag cannot judge or serve
+   is handed to Slurm's own preemption.
 3. **Victims**: the policy core's ``schedule`` (tiers, gang placement, ``choose_victims``: least
    MFU x GPUs x time since checkpoint lost) - only in a round where nothing suggests Slurm is
    preempting itself (a reset partition, a partition just taken, a job in Slurm's grace), only
@@ -20,7 +21,8 @@ then, with the ledger (``ledger``) reconciled against what Slurm shows:
 4. **Efficiency** (``efficiency``): Nice for pending GPU jobs.
 
 Every change is an ``Action`` with its reason, written ahead to the ledger (``actions.apply``);
-``dry_run`` decides without writing anything.
+each PreemptMode or requeue write is made only if Slurm, read again just before it, still shows
+what the round decided on (``fresh``); ``dry_run`` decides without writing anything.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from gpudiag.scheduler.priority import job_class, signal_usable
 from gpudiag.scheduler.signals import SignalRead, SignalSource
 from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action, apply, reconcile
 from gpudiag.scheduler.slurm.adapter import Model, model_of
+from gpudiag.scheduler.slurm.arrays import adopt_split_tasks
 from gpudiag.scheduler.slurm.efficiency import (
     DEFAULT_MAX_CHANGES,
     DEFAULT_MIN_CHANGE_INTERVAL_S,
@@ -46,6 +49,7 @@ from gpudiag.scheduler.slurm.efficiency import (
     nice_actions,
     nice_scale,
 )
+from gpudiag.scheduler.slurm.fresh import Fresh
 from gpudiag.scheduler.slurm.history import history_path, load_history, save_history
 from gpudiag.scheduler.slurm.ledger import Lease, Ledger, LedgerError, LedgerStore
 from gpudiag.scheduler.slurm.reclaim import lift_ends, lifted_jobs, quiet_partitions
@@ -60,6 +64,7 @@ from gpudiag.scheduler.slurm.takeover import (
     eligible,
     mode_actions,
     reconcile_modes,
+    unsafe_holds,
 )
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
@@ -123,6 +128,8 @@ class Controller:
             log.warning("%s", warn)
         self._why_no_evidence: str | None = None
         self._not_reclaimed: dict[int, str] = {}
+        self._unsafe: dict[str, str] = {}
+        self._parts_read: dict = {}
 
     # --- the ledger --------------------------------------------------------------------------------
     def renew(self, ledger: Ledger, now: float | None = None) -> None:
@@ -158,6 +165,7 @@ class Controller:
         try:
             jobs = self.io.jobs()
             nodes, parts, cfg = self.io.nodes(), self.io.partitions(), self.io.config()
+            self._parts_read = parts
         except SlurmUnreachable:
             raise
         except (BadSlurmOutput, SlurmError) as e:
@@ -172,6 +180,7 @@ class Controller:
         snapshot = self.store.read()    # decided on; written back (with the lease) before any change
         self._bind(snapshot, cfg)
         reconcile(snapshot, by_id, res.notes)
+        adopt_split_tasks(snapshot, jobs)
         for n in res.notes:
             log.info("%s", n)
         modes = reconcile_modes(snapshot, parts)
@@ -203,6 +212,7 @@ class Controller:
         busy_why = busy_partitions(jobs, want)
         want -= set(busy_why)
         res.notes += [f"partition {p}: {w}" for p, w in busy_why.items()]
+        busy_why.update(self._safe(res, parts, modes, nodes, want))
         if self.opt.dry_run:   # decide as a real run would once it holds what it would take
             for r in model.running:
                 r.job.preemptible = by_id[r.job.id].partition in want | quiet and by_id[r.job.id].requeue
@@ -223,11 +233,12 @@ class Controller:
             res.notes += [blocked] if blocked else []
             why_back = {p: "a waiting job is Slurm's to serve (see handed_back)" for p in give_back}
         why_back.update(busy_why)
+        why_back.update(self._safe(res, parts, modes, nodes, want - give_back, say=False))
         res.handed_back = handed_back
         self._note_reclaim(res, serving, requeues)
         for jid in set(handed_back) - set(snapshot.handed_back):
             log.info("job %d: left to Slurm's preemption: %s", jid, handed_back[jid])
-        res.actions += mode_actions(parts, modes, want - give_back, why_back)
+        res.actions += mode_actions(parts, modes, want - give_back - set(why_back), why_back)
         res.actions += requeues
         res.actions += lift_ends(by_id, snapshot.nice)
         if not no_evidence and policy.efficiency:
@@ -241,6 +252,7 @@ class Controller:
             self._bind(ledger, cfg)
             self.renew(ledger, now)
             reconcile(ledger, by_id, [])
+            adopt_split_tasks(ledger, jobs)
             reconcile_modes(ledger, parts)
             ledger.handed_back = dict(handed_back)
 
@@ -306,6 +318,20 @@ class Controller:
                              f"{', '.join(victims)} of teams over their quotas"
                              + ("; its Nice lifted first" if any(a.kind == "lift" for a in requeues) else ""))
 
+    def _safe(self, res: RoundResult, parts: dict, modes: ModeView, nodes: dict, hold: set[str],
+              say: bool = True) -> dict[str, str]:
+        """Drops from ``hold`` (in place) the partitions whose hold would let Slurm preempt another
+        partition's jobs in their place (``takeover.unsafe_holds``); returns them -> why. The
+        layout's answer is logged when it first appears and whenever it changes."""
+        why = unsafe_holds(parts, modes.original, nodes, hold)
+        hold -= set(why)
+        if say and why != self._unsafe:
+            for name, w in sorted(why.items()):
+                log.warning("partition %s: %s", name, w)
+                res.notes.append(f"partition {name}: {w}")
+            self._unsafe = why
+        return why
+
     @staticmethod
     def _victims_blocked(jobs: list[SlurmJob], modes: ModeView, want: set[str]) -> str:
         if modes.reset:
@@ -325,37 +351,28 @@ class Controller:
                 log.info("would %s %s: %s -> %s (%s)%s", a.kind, a.target, a.old, a.new, a.reason,
                          f" [skipped: {a.error}]" if a.error else "")
             return
-        parts_now: dict = {}
+        quiet = serving.quiet - serving.modes.held if serving is not None else set()
+        fresh = Fresh(self.io, by_id, self._parts_read,
+                      {p: serving.modes.original.get(p, "") for p in quiet} if serving is not None else {})
 
         def precheck(a: Action) -> str:
-            """Just before a requeue: preemption is still off in the victim's partition (no
-            reconfigure since the round's read; a quiet one reclaim uses: still at its mode),
-            the job it is for still waits (lifted first, for a reclaim) and the victim runs."""
-            victim = by_id[int(a.target)]
-            lift = next((b for b in res.actions if b.kind == "lift" and b.target == str(a.for_job)), None)
-            if lift is not None and not lift.applied:
-                return f"job {a.for_job}'s lift in Slurm's order failed ({lift.error}): not requeued"
-            quiet = serving.quiet - serving.modes.held if serving is not None else set()
-            held = victim.partition not in quiet
-            try:
-                if not parts_now:
-                    parts_now.update(self.io.partitions())
-                part = parts_now.get(victim.partition)
-                state = self.io.job_state(a.for_job) if a.for_job is not None else "PENDING"
-                running = self.io.job_state(victim.id) if a.reclaim else "RUNNING"
-            except (SlurmError, BadSlurmOutput) as e:
-                return f"cannot check before requeueing ({e}): not requeued"
-            mode = PREEMPT_OFF if held else serving.modes.original.get(victim.partition, "")
-            if part is None or part.preempt_mode.upper() != mode.upper():
-                return (f"partition {victim.partition} is no longer {'held at OFF' if held else 'quiet'}: "
-                        "not requeued")
-            if state != "PENDING":
-                return f"job {a.for_job} is no longer pending ({state}): not requeued"
-            if running != "RUNNING":
-                return f"job {victim.id} is no longer running ({running}): not requeued"
-            return ""
+            """Just before a PreemptMode or requeue write: a reclaim's lift went first, and Slurm,
+            read again, still shows what the decision relied on (``fresh``)."""
+            if a.kind == "requeue":
+                lift = next((b for b in res.actions if b.kind == "lift" and b.target == str(a.for_job)), None)
+                if lift is not None and not lift.applied:
+                    return f"job {a.for_job}'s lift in Slurm's order failed ({lift.error}): not requeued"
+            return fresh.before(a)
 
         apply(res.actions, self.io, self.store, now, self.renew, self.opt.lease_s / 3, precheck, prepare)
+        taken = {a.target: a.old for a in res.actions if a.kind == "preempt_mode" and a.applied
+                 and a.new.upper() == PREEMPT_OFF}
+        undo = fresh.after_take(taken)
+        if undo:
+            for a in undo:
+                log.warning("partition %s: %s", a.target, a.reason)
+            apply(undo, self.io, self.store, now, self.renew, self.opt.lease_s / 3)
+            res.actions += undo
         refused = [a for a in res.actions if a.kind == "requeue" and a.error and not a.applied
                    and "not requeued" not in a.error and "not tried" not in a.error]
         for a in res.actions:   # a reclaim not done stays gpudiag's: Slurm does not reclaim

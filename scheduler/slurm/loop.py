@@ -114,7 +114,8 @@ def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore
             down_since, backoff = None, interval_s
         emit(json.dumps(res.to_dict()) if as_json else describe(res))
         if once:
-            failed = any(a.error and not a.error.endswith("not requeued") for a in res.actions)
+            skipped = ("not requeued", "not changed")    # a fresh view said no: decided again next round
+            failed = any(a.error and not a.error.endswith(skipped) for a in res.actions)
             rc = 1 if res.skipped or failed else 0
             break
         try:

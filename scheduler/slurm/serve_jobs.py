@@ -10,6 +10,9 @@ the head of the policy's pass) and has candidate victims (``takeover.candidates`
 - a head whose victims are a quota reclaim (same tier or lower, which Slurm never preempts for)
   is gpudiag's alone: ``reclaim.reclaim_actions`` requeues them and lifts the head in Slurm's
   order, or says why not (``Serving.not_reclaimed``); Slurm is not asked to serve it.
+- a job Slurm weighs by more than GPUs per node (``SlurmJob.unmodelled``: ``--exclusive``, a
+  heterogeneous job, node features, licenses, a reservation) cannot be started under the hold by
+  gpudiag's victims: Slurm serves it, as it would alone.
 - otherwise Slurm serves it: the job is recorded as handed back (with why, one line) and the held
   partitions of its candidates go back to their original PreemptMode while it waits.
 """
@@ -63,6 +66,10 @@ def _unjudged(s: Serving, cs: Sequence[SlurmJob]) -> str:
             return (f"job {c.id} could be its victim and partition {c.partition} is preempted by Slurm "
                     f"itself (PreemptMode={s.modes.original.get(c.partition)})")
     for c in cs:
+        if c.het_job_id:
+            return (f"job {c.id} could be its victim and is a component of heterogeneous job {c.het_job_id}, "
+                    "which Slurm preempts as a whole")
+    for c in cs:
         if not s.evidence(c):
             return f"job {c.id} could be its victim and has no usable MFU signal: Slurm's order decides"
     return ""
@@ -72,6 +79,8 @@ def _why_slurms(s: Serving, p: SlurmJob, head: int | None, victims: list[Decisio
                 starts: Mapping[int, Decision], pending: set[int], unjudged: dict[str, str]) -> str:
     """Why Slurm, not gpudiag, serves waiting job ``p``; "" when gpudiag can."""
     cs = s.cands.get(p.partition, [])
+    if p.unmodelled:       # Slurm may find no room where gpudiag's GPU count sees some (or need more)
+        return f"job {p.id} {p.unmodelled}: gpudiag does not model that, so it cannot start under the hold"
     if p.id not in pending:
         return f"job {p.id} asks for no GPUs: gpudiag does not model it"
     if p.partition not in unjudged:
@@ -126,7 +135,7 @@ def serve_waiting(s: Serving, allow_victims: bool) -> tuple[list[Action], dict[i
         if why:
             s.not_reclaimed[head] = why
         return out, handed, give_back
-    if all(s.by_id[v.job_id].partition in s.modes.held - give_back for v in victims):
+    if all(s.by_id[v.job_id].partition in (s.modes.held & s.want) - give_back for v in victims):
         for d in victims:
             v = s.by_id[d.job_id]
             out.append(Action("requeue", str(v.id), "RUNNING", "PENDING", d.reason, for_job=head,

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from gpudiag.scheduler.model import LABELS, Signal
@@ -30,6 +32,12 @@ from gpudiag.scheduler.slurm.squeue import SlurmJob
 
 JOB_PREFIX = "slurm:"
 HTTP_TIMEOUT_S = 5.0
+# The whole read of a round, however many sources: the agents are asked at once, and one that has
+# not answered by then is named and left out (its jobs have no signal this round). Slurm goes on
+# meanwhile; the round re-reads Slurm before it writes (``fresh``), but a short read keeps its
+# decisions close to what it read.
+ROUND_DEADLINE_S = HTTP_TIMEOUT_S
+MAX_PARALLEL = 64        # agents read at once (threads); more wait for a free one within the deadline
 # one selector per series, all Slurm jobs at once: four HTTP queries per round, whatever the load
 _SEL = f'{{job_id=~"{JOB_PREFIX}[0-9]+"}}'
 QUERIES = {
@@ -98,10 +106,14 @@ class PrometheusSource:
 
     def read(self, now: float) -> SignalRead:
         answers = {}
+        end = time.monotonic() + ROUND_DEADLINE_S
         try:
             for what, expr in QUERIES.items():
                 url = f"{self.base}/api/v1/query?query={urllib.parse.quote(expr)}&time={now:.3f}"
-                with urllib.request.urlopen(url, timeout=self.timeout) as r:  # noqa: S310 - admin's URL
+                left = min(self.timeout, end - time.monotonic())
+                if left <= 0:
+                    raise TimeoutError(f"no answer within the round's {ROUND_DEADLINE_S:.0f} s")
+                with urllib.request.urlopen(url, timeout=left) as r:  # noqa: S310 - admin's URL
                     answers[what] = json.loads(r.read())
             return SignalRead(parse_prometheus_answers(answers, now))
         except (OSError, urllib.error.URLError) as e:
@@ -120,13 +132,28 @@ class AgentsSource:
         self.urls = [a if "://" in a else f"http://{a}/metrics" for a in agents]
         self.timeout = timeout
 
+    def _scrape(self, url: str, now: float) -> dict[JobKey, Signal]:
+        with urllib.request.urlopen(url, timeout=min(self.timeout, ROUND_DEADLINE_S)) as r:  # noqa: S310
+            return parse_metrics(r.read().decode(), now, JOB_PREFIX)
+
     def read(self, now: float) -> SignalRead:
+        """All agents at once, within ``ROUND_DEADLINE_S``: a dead agent costs the round that much
+        once, not its timeout per agent."""
         best: dict[JobKey, Signal] = {}
         down = []
-        for url in self.urls:
+        pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(self.urls)) or 1,
+                                  thread_name_prefix="gpudiag-agent-read")
+        try:
+            futures = {url: pool.submit(self._scrape, url, now) for url in self.urls}
+            wait(futures.values(), timeout=ROUND_DEADLINE_S)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)   # a hung agent's thread ends at its timeout
+        for url, fut in futures.items():
+            if not fut.done():
+                down.append(f"{url}: no answer within the round's {ROUND_DEADLINE_S:.0f} s")
+                continue
             try:
-                with urllib.request.urlopen(url, timeout=self.timeout) as r:  # noqa: S310 - admin's URL
-                    found = parse_metrics(r.read().decode(), now, JOB_PREFIX)
+                found = fut.result()
             except (OSError, ValueError) as e:
                 down.append(f"{url}: {e}")
                 continue

@@ -63,6 +63,27 @@ class SlurmJob:
     restarts: int = 0               # times requeued: with submit, tells a requeued job from a new one
     cpus: int = 0                   # CPUs in total (allocated when running, asked for when pending)
     mem_mb: float = 0.0             # memory in total, MB (0: not tracked by this Slurm)
+    node_count: int = 1             # nodes asked for (running: held)
+    exclusive: bool = False         # --exclusive (squeue's ``shared`` "none", "user" or "mcs"): whole nodes
+    array_job_id: int = 0           # an array's id (its pending tasks' record); 0: not an array task
+    het_job_id: int = 0             # a heterogeneous job's id (its first component's); 0: not one
+    constraints: str = ""           # what else it asks Slurm for (features, licenses, ...), in words
+
+    @property
+    def split_task(self) -> bool:
+        """An array task that left its array's record (on starting) under a job id of its own: it
+        carries the Nice its array had then."""
+        return self.array_job_id > 0 and self.array_job_id != self.id
+
+    @property
+    def unmodelled(self) -> str:
+        """What Slurm weighs for this job that gpudiag's model of GPUs per node does not, in words
+        ("" when nothing): such a job, waiting, is Slurm's to serve."""
+        if self.exclusive:
+            return "asks for whole nodes (--exclusive)"
+        if self.het_job_id:
+            return f"is a component of heterogeneous job {self.het_job_id}, which Slurm places as a whole"
+        return self.constraints
 
     @property
     def holds(self) -> bool:
@@ -142,6 +163,25 @@ def _uid(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32 - 1 else None
 
 
+# squeue --json's ``shared`` (22.05): "none" for --exclusive, "user"/"mcs" for --exclusive=user|mcs,
+# "oversubscribe"/null otherwise. Any of the three keeps other users' jobs off the job's nodes.
+EXCLUSIVE_SHARED = frozenset({"none", "user", "mcs"})
+
+
+def _constraints(j: dict) -> str:
+    """Requests beside GPUs, CPUs and memory that decide where (or whether) a job may start."""
+    for key, what in (("features", "node features"), ("required_nodes", "named nodes"),
+                      ("licenses", "licenses"), ("resv_name", "reservation")):
+        v = j.get(key)
+        if v and str(v) not in ("(null)", "None"):
+            return f"asks for {what} ({str(v)[:60]})"
+    return ""
+
+
+def _id(v: object) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
 def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
     """Pending and running jobs from ``squeue --json``."""
     try:
@@ -188,7 +228,11 @@ def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
             requeue=j.get("requeue") is not False,
             preempt_time=_num(j.get("preempt_time"), "preempt_time", jid),
             restarts=int(_num(j.get("restart_cnt"), "restart_cnt", jid)),
-            cpus=cpus or int(_num(j.get("cpus"), "cpus", jid)), mem_mb=mem))
+            cpus=cpus or int(_num(j.get("cpus"), "cpus", jid)), mem_mb=mem,
+            node_count=max(1, int(_num(j.get("node_count"), "node_count", jid))),
+            exclusive=str(j.get("shared") or "").lower() in EXCLUSIVE_SHARED,
+            array_job_id=_id(j.get("array_job_id")), het_job_id=_id(j.get("het_job_id")),
+            constraints=_constraints(j)))
     return out
 
 
@@ -235,6 +279,7 @@ def parse_squeue_fixed(text: str) -> list[SlurmJob]:
             id=int(jid), name=name, user=user, account=acct, partition=part, state=state, reason=reason,
             nice=int(nice), priority=int(prio), submit=_time(sub), start=_time(start),
             time_limit_s=limit_s(limit), gpus=gpus_requested(req, "", int(ncount)), cpus=int(cpus),
+            node_count=max(1, int(ncount)),
             nodes=expand_hostlist(nodes) if state in HOLDING_STATES and nodes not in ("", "(null)") else (),
             user_id=_uid(uid)))
     return out

@@ -90,6 +90,46 @@ def eligible(parts: Mapping[str, Partition], modes: ModeView, nodes: Mapping[str
     return out
 
 
+def unsafe_holds(parts: Mapping[str, Partition], original: Mapping[str, str], nodes: Mapping[str, SlurmNode],
+                 hold: set[str]) -> dict[str, str]:
+    """Partitions of ``hold`` that holding would expose another partition's jobs -> why.
+
+    Held at OFF, a partition's jobs are no victims to ``preempt/partition_prio``; a higher-tier job
+    arriving on its nodes then makes Slurm preempt whatever else is preemptible there: a CANCEL
+    partition's job is killed where Slurm alone would have requeued the spot job (seen in
+    tests/test_slurm_safety.py). So P is held only if every partition R that a higher tier Q over
+    P could preempt on the same GPU nodes (R's tier below Q's, R's mode not OFF) is held too; a
+    partition left out exposes the others in turn, so this runs to a fixed point. What remains is
+    a set of partitions in which Slurm, for every higher-tier job, has no victim at all: gpudiag's
+    choice is then the only one, and nobody else's job pays for it."""
+    gpu = {n for n, node in nodes.items() if node.gpus > 0}
+    kept, why = set(hold), {}
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(kept):
+            p = parts[name]
+            mine = gpu & set(p.nodes)
+            for q in sorted(parts.values(), key=lambda x: x.name):
+                over = mine & set(q.nodes)
+                if q.priority_tier <= p.priority_tier or not over:
+                    continue
+                exposed = [r for r in sorted(parts.values(), key=lambda x: x.name)
+                           if r.name != name and r.name not in kept and r.priority_tier < q.priority_tier
+                           and original.get(r.name, r.preempt_mode).upper() != PREEMPT_OFF
+                           and gpu & set(q.nodes) & set(r.nodes)]
+                if exposed:
+                    r = exposed[0]
+                    why[name] = (f"not held: a job of {q.name} would make Slurm preempt partition {r.name}'s "
+                                 f"jobs (PreemptMode={original.get(r.name, r.preempt_mode)}) in place of "
+                                 f"{name}'s; Slurm chooses victims there, as it would alone")
+                    break
+            if name in why:
+                kept.discard(name)
+                changed = True
+    return why
+
+
 def busy_partitions(jobs: Sequence[SlurmJob], want: set[str]) -> dict[str, str]:
     """Partitions with a job in Slurm's GraceTime -> why they keep their mode for now.
 
