@@ -20,12 +20,13 @@ FOLLOW_POLL_S = 0.5
 def logs(job_id: int, follow: bool, stderr: bool, state_dir: Path | None) -> None:
     """Print job JOB_ID's stdout (or --stderr); for a job that could not start, why (on stderr)."""
     from gpudiag.scheduler.local.client import ask
+    from gpudiag.scheduler.local.protocol import from_wire
 
     offset = 0
     while True:
         answer = ask(state_dir, {"op": "logs", "id": job_id, "stream": "stderr" if stderr else "stdout",
                                  "offset": offset})
-        sys.stdout.write(answer["data"])
+        sys.stdout.buffer.write(from_wire(answer["data"], "the job's output"))   # its bytes, as written
         sys.stdout.flush()
         offset = answer["next"]
         if answer["data"]:

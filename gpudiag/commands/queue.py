@@ -27,6 +27,7 @@ def _age(seconds: float) -> str:
 def queue(everything: bool, state_dir: Path | None, as_json: bool) -> None:
     """List jobs: running, then pending in the order they will start (and why they wait), then ended."""
     from gpudiag.scheduler.local.client import ask
+    from gpudiag.scheduler.local.protocol import printable
 
     answer = ask(state_dir, {"op": "queue", "all": everything})
     if as_json:
@@ -46,7 +47,7 @@ def queue(everything: bool, state_dir: Path | None, as_json: bool) -> None:
     for j in rows:
         t = now - (j["started_t"] or j["submit_t"]) if j["ended_t"] is None else j["ended_t"] - (
             j["started_t"] or j["submit_t"])
-        cmd = shlex.join(j["cmd"])
+        cmd = shlex.join(map(printable, j["cmd"]))   # bytes that are not UTF-8 as \xNN
         cmd = cmd if len(cmd) <= CMD_WIDTH else cmd[:CMD_WIDTH - 1] + "…"
         where = f" on {','.join(j['slot_ids'])}" if j["slot_ids"] else ""
         ended = j["ended_t"] is not None

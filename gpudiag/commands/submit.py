@@ -42,7 +42,7 @@ def submit(gpus: int, tier: str, team: str, name: str, grace: str, time_limit: s
     """
     from gpudiag.commands.profile import parse_duration
     from gpudiag.scheduler.local.client import ask
-    from gpudiag.scheduler.local.protocol import TIERS
+    from gpudiag.scheduler.local.protocol import TIERS, to_wire
 
     cmd = list(command[1:] if command and command[0] == "--" else command)
     if not cmd:
@@ -51,10 +51,12 @@ def submit(gpus: int, tier: str, team: str, name: str, grace: str, time_limit: s
         raise BadInput(f"unknown tier {tier!r}: one of {', '.join(TIERS)}")
     if gpus < 1:
         raise BadInput("--gpus must be at least 1")
-    req = {"op": "submit", "cmd": cmd, "gpus": gpus, "tier": tier, "team": team, "name": name,
+    req = {"op": "submit", "gpus": gpus, "tier": tier, "team": team, "name": name,
            "grace_s": parse_duration(grace, "--grace"),
            "time_limit_s": parse_duration(time_limit, "--time-limit") if time_limit else None,
-           "env": dict(os.environ), "cwd": os.getcwd()}
+           # the bytes the kernel gave us, not their decoding by this locale (docs/scheduler-daemon.md)
+           "cmd": [to_wire(os.fsencode(a)) for a in cmd],
+           "env": {to_wire(k): to_wire(v) for k, v in os.environb.items()}, "cwd": to_wire(os.getcwdb())}
     answer = ask(state_dir, req)
     click.echo(json.dumps({"id": answer["id"], "agent_job_id": answer["agent_job_id"]}) if as_json
                else str(answer["id"]))
