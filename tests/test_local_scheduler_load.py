@@ -7,6 +7,7 @@ ended the daemon: nothing started and nobody could submit until it was restarted
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -14,12 +15,13 @@ import selectors
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from gpudiag.scheduler.local.clients import PER_UID_MAX, REQUEST_TIMEOUT_S
+from gpudiag.scheduler.local.clients import ACCEPT_PAUSE_S, PER_UID_MAX, REQUEST_TIMEOUT_S, Clients, Limits
 from gpudiag.scheduler.local.protocol import call
 from tests.test_local_scheduler import Sched, run_as, state_of
 
@@ -159,4 +161,84 @@ def test_one_users_idle_connections_neither_end_the_daemon_nor_delay_another_use
         for pid, _, _ in held:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+        s.stop()
+
+
+def _accept_until_emfile() -> dict:
+    """In a child process (its own open-file limit): a listener with 12 clients waiting, and the
+    descriptors filled up to 4 below the soft limit. ``Clients.accept`` must admit 4, meet
+    EMFILE, pause with one line, and accept the rest once descriptors are free and the pause is
+    over."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(64)
+        listener.setblocking(False)
+        waiting = []
+        for _ in range(12):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(path)
+            waiting.append(c)
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ, "listen")
+        lines: list[str] = []
+        clients = Clients(Limits(per_uid=100, total=100), lines.append)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 8, hard))
+        fillers = []
+        with contextlib.suppress(OSError):
+            while True:
+                fillers.append(os.open("/dev/null", os.O_RDONLY))
+        for fd in fillers[-4:]:
+            os.close(fd)
+        clients.accept(listener, sel)
+        first = {"admitted": len(clients.conns), "paused": clients.paused_until is not None,
+                 "listening": listener in [k.fileobj for k in sel.get_map().values()]}
+        clients.accept(listener, sel) if first["listening"] else None
+        for c in list(clients.conns.values()):
+            clients.close(c, sel)
+        for fd in fillers[:-4]:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        clients.resume(listener, sel, time.monotonic())   # too early: still paused
+        early = clients.paused_until is not None
+        time.sleep(ACCEPT_PAUSE_S)
+        clients.resume(listener, sel, time.monotonic())
+        clients.accept(listener, sel)
+        return {**first, "early_still_paused": early, "after": len(clients.conns), "lines": lines}
+
+
+def test_emfile_in_accept_pauses_accepting_with_one_line_and_goes_on():
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            out = json.dumps(_accept_until_emfile())
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out = json.dumps({"error": f"{type(e).__name__}: {e}"})
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert got.get("admitted") == 4 and got["paused"] and not got["listening"], got
+    assert got["early_still_paused"] and got["after"] == 8, got
+    assert len(got["lines"]) == 1 and got["lines"][0].startswith("accept: Too many open files"), got
+
+
+def test_the_soft_open_file_limit_is_raised_to_the_hard_one_at_start(open_base):
+    wrapper = open_base / "python-soft"
+    wrapper.write_text(f"#!/bin/sh\nulimit -S -n 1024 && ulimit -H -n 4096 || exit 99\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    s = Sched(open_base, "--slots", "1", "--no-monitor", python=str(wrapper))
+    try:
+        limits = Path(f"/proc/{s.proc.pid}/limits").read_text()
+        assert any(line.startswith("Max open files") and line.split()[3:5] == ["4096", "4096"]
+                   for line in limits.splitlines()), limits
+        assert "clients: at most 64 connections per user, 3840 in all (open files: 4096 of at most 4096)" \
+            in s.log.read_text()
+    finally:
         s.stop()
