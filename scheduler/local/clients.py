@@ -21,6 +21,7 @@ kernel's backlog drains and another user's ``connect`` is not queued behind it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import resource
@@ -42,6 +43,8 @@ REQUEST_TIMEOUT_S = 10.0  # a request is one line a client has ready: 10 s is an
 SEND_TIMEOUT_S = 10.0     # an answer is at most a few hundred KiB: a client that takes longer left
 ACCEPT_PAUSE_S = 0.5      # after EMFILE/ENFILE: long enough to stop spinning, short for a user
 MAX_ACCEPTS = 256         # per wakeup: a flood of connects must not starve the loop's other work
+IDLE_ERROR = (f"no request within {REQUEST_TIMEOUT_S:g} s of connecting: closed (a request is one JSON "
+              "line, sent at once)")
 _LOAD_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
@@ -170,9 +173,13 @@ class Clients:
         c.sock.close()
 
     def expire(self, now: float, sel: selectors.BaseSelector) -> int:
-        """Close the connections past their deadline (idle, slow to send or to read); how many."""
+        """Close the connections past their deadline (idle, slow to send or to read); how many.
+        One that never sent a whole request is told why, if its socket takes the line."""
         late = [c for c in self.conns.values() if c.deadline <= now]
         for c in late:
+            if not c.outbuf:
+                with contextlib.suppress(OSError):
+                    c.sock.send(protocol.encode({"ok": False, "error": IDLE_ERROR}))
             self.close(c, sel)
         return len(late)
 
