@@ -44,9 +44,10 @@ def test_non_utf8_bytes_in_an_argument_and_an_environment_value_reach_the_job_un
     short = s.ask({"op": "submit", "gpus": 1, "tier": "spot", "grace_s": 1, "env": {"PATH": "/usr/bin:/bin"},
                    "cwd": "/", "cmd": ["true", to_wire(ARG)]})
     assert short["ok"], short
+    # (120 columns: at 80 the COMMAND column, beside TEAM, is 22 wide and would cut the last \x80)
     q = subprocess.run([sys.executable, "-m", "gpudiag", "queue", "--state-dir", str(s.state)],
-                       capture_output=True, text=True, env={**s.env, "PYTHONIOENCODING": "utf-8:strict"},
-                       timeout=WAIT_S)
+                       capture_output=True, text=True, timeout=WAIT_S,
+                       env={**s.env, "PYTHONIOENCODING": "utf-8:strict", "COLUMNS": "120"})
     assert q.returncode == 0 and "true '\\xff\\xfe café \\x80'" in q.stdout, q
 
 
