@@ -62,3 +62,24 @@ def test_a_string_that_stands_for_no_bytes_is_refused_in_one_line_not_rewritten(
         assert not answer["ok"] and words in answer["error"] and "internal" not in answer, (bad, answer)
         assert "\n" not in answer["error"]
     assert s.db() == []
+
+
+def test_queue_shows_a_user_team_and_reason_that_are_not_utf8_as_escapes_on_a_strict_terminal():
+    """sched-b's TEAM column and wrapped reasons meet sched-a's bytes: a user name from passwd, and
+    a reason quoting a job's cwd (``could not start: cannot enter its working folder ...``), may
+    hold bytes that are not UTF-8; a strict stdout must get \\xNN, not a UnicodeEncodeError."""
+    import time
+
+    from gpudiag.commands.queue import render
+
+    now = time.time()
+    odd = to_wire(b"d\xffr")
+    job = {"id": 7, "user": to_wire(b"u\xfe"), "team": to_wire(b"t\xfd"), "tier": 1, "gpus": 1,
+           "state": "failed", "started_t": None, "submit_t": now - 5, "ended_t": now, "exit_code": 126,
+           "attempt": 1, "slot_ids": [], "cmd": ["true"],
+           "why": f"could not start: cannot enter its working folder /{odd} (as u)"}
+    answer = {"jobs": [job], "unit": "slots", "total": 1, "free": 1,
+              "signals": {"available": False, "why": "none", "jobs": 0}}
+    text = "\n".join(render(answer, now, 120))
+    text.encode("utf-8")   # strict: no lone surrogate is left
+    assert "u\\xfe" in text and "t\\xfd" in text and "/d\\xffr" in text, text
