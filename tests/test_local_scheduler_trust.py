@@ -173,3 +173,56 @@ def test_a_command_is_checked_as_its_submitter_and_a_job_that_cannot_start_says_
     err = s.cli("logs", str(jid), "--stderr").stdout
     assert "gpudiag: job not started: ./hello.sh: command not found" in err, err
     assert "could not start: ./hello.sh" in s.cli("queue").stdout
+
+
+def test_a_hard_link_or_a_root_owned_file_in_a_job_folder_is_neither_read_nor_written(
+        open_base, users, sched_factory):
+    alice, _ = users
+    s = sched_factory("--slots", "1", "--no-monitor", "--min-runtime", "0", base=open_base)
+    sock = s.state / "sock"
+    gate = open_base / "gate"
+    job = user_submit(alice, sock, ["sh", "-c", f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done"],
+                      tier="spot")
+    assert job["ok"], job
+    jid = job["id"]
+    s.wait("alice's job running", lambda j: state_of(j, jid) == "running")
+    jdir = s.state / "jobs" / str(jid)
+    for name in ("stdout", "stderr", "checkpoint"):   # made by and for alice, never root's
+        assert (jdir / name).stat().st_uid == alice.pw_uid, name
+    # planted as root: this VM has fs.protected_hardlinks=1, the kernel's default is 0, where
+    # alice could link root's file herself
+    secret = open_base / "root-only"
+    secret.write_text("root's secret\n")
+    os.chmod(secret, 0o600)
+    os.unlink(jdir / "stdout")
+    os.link(secret, jdir / "stdout")
+    os.unlink(jdir / "stderr")
+    (jdir / "stderr").write_text("root's own file\n")   # one link, readable by all, root's
+    os.chmod(jdir / "stderr", 0o644)
+    for args, words in (((), f"stdout of job {jid} belongs to uid 0"),
+                        (("--stderr",), f"stderr of job {jid} belongs to uid 0")):
+        r = s.cli("logs", str(jid), *args, check=False)
+        one_line_refusal(r, words)
+        assert "root's" not in r.stdout + r.stderr
+    mine = as_user(alice, sock, {"op": "logs", "id": jid})
+    assert not mine["ok"] and "belongs to uid 0" in mine["error"] and "secret" not in json.dumps(mine), mine
+    # a hard link to alice's own file is refused too: the daemon cannot tell whose name it is
+    own = open_base / "alices"
+    own.write_text("hers\n")
+    os.chown(own, alice.pw_uid, alice.pw_gid)
+    os.unlink(jdir / "stderr")
+    os.link(own, jdir / "stderr")
+    one_line_refusal(s.cli("logs", str(jid), "--stderr", check=False), "has 2 links")
+    os.unlink(jdir / "stderr")
+    (jdir / "stderr").write_text("root's own file\n")
+    os.chmod(jdir / "stderr", 0o644)
+    # preempted and requeued: its next start must not append to either as root (or as alice)
+    od = s.submit("--gpus", "1", "--tier", "on-demand", "--", "true")
+    jobs = s.wait("alice's job failed to restart", lambda j: state_of(j, jid) == "failed"
+                  and state_of(j, od) == "done")
+    assert jobs[jid]["restarts"] == 1
+    assert jobs[jid]["why"] == "could not start: stdout belongs to uid 0, not to the job's user: refused", \
+        jobs[jid]
+    assert secret.read_text() == "root's secret\n" and (jdir / "stderr").read_text() == "root's own file\n"
+    assert (os.stat(secret).st_uid, stat.S_IMODE(os.stat(secret).st_mode)) == (0, 0o600)
+    assert s.proc.poll() is None

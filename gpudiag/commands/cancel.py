@@ -30,6 +30,7 @@ def cancel(job_ids: tuple[int, ...], user: str | None, state_dir: Path | None, a
       gpudiag cancel --user alice        # all of alice's pending and running jobs
     """
     from gpudiag.scheduler.local.client import ask
+    from gpudiag.scheduler.local.protocol import printable
 
     if bool(job_ids) == (user is not None):
         raise BadInput("give job ids (gpudiag cancel 12 13) or --user NAME, one of the two")
@@ -43,7 +44,7 @@ def cancel(job_ids: tuple[int, ...], user: str | None, state_dir: Path | None, a
         states: dict[str, int] = {}
         for j in jobs:
             states[j["state"]] = states.get(j["state"], 0) + 1
-        click.echo(f"{user}: {len(jobs)} job{'s' if len(jobs) != 1 else ''} cancelled"
+        click.echo(f"{printable(user)}: {len(jobs)} job{'s' if len(jobs) != 1 else ''} cancelled"
                    + (f" ({', '.join(f'{n} {s}' for s, n in sorted(states.items()))})" if jobs else
                       " (none pending or running)"))
     else:

@@ -20,12 +20,19 @@ FOLLOW_POLL_S = 0.5
 def logs(job_id: int, follow: bool, stderr: bool, state_dir: Path | None) -> None:
     """Print job JOB_ID's stdout (or --stderr); for a job that could not start, why (on stderr)."""
     from gpudiag.scheduler.local.client import ask
+    from gpudiag.scheduler.local.protocol import from_wire, printable
 
+    raw = getattr(sys.stdout, "buffer", None)   # the job's bytes as written; text where only text goes
     offset = 0
     while True:
         answer = ask(state_dir, {"op": "logs", "id": job_id, "stream": "stderr" if stderr else "stdout",
                                  "offset": offset})
-        sys.stdout.write(answer["data"])
+        if raw is not None:
+            sys.stdout.flush()
+            raw.write(from_wire(answer["data"], "the job's output"))
+            raw.flush()
+        else:
+            sys.stdout.write(printable(answer["data"]))
         sys.stdout.flush()
         offset = answer["next"]
         if answer["data"]:

@@ -45,7 +45,10 @@ def _wrap(text: str, width: int, indent: str = INDENT) -> list[str]:
 
 
 def render(answer: dict, now: float, width: int = MIN_WIDTH) -> list[str]:
-    """The listing as lines of at most ``width`` characters."""
+    """The listing as lines of at most ``width`` characters. Text a user chose (the command, user
+    and team names, a reason that quotes them) is shown with bytes that are not UTF-8 as \\xNN."""
+    from gpudiag.scheduler.local.protocol import printable
+
     sig = answer["signals"]
     head = (f"{answer['free']} of {answer['total']} {answer['unit']} free; signals: "
             + (f"node agent ({sig['jobs']} jobs reporting)" if sig["available"]
@@ -59,11 +62,12 @@ def render(answer: dict, now: float, width: int = MIN_WIDTH) -> list[str]:
     for j in rows:
         start = j["started_t"] or j["submit_t"]
         t = (now if j["ended_t"] is None else j["ended_t"]) - start
-        out.append(_ROW.format(id=j["id"], user=_cut(j["user"], 8), team=_cut(j.get("team", ""), 8),
-                               tier=TIER_NAMES[Tier(j["tier"])], gpus=j["gpus"], state=j["state"],
-                               time=short_age(t), cmd=_cut(shlex.join(j["cmd"]), cmd_width)))
+        out.append(_ROW.format(id=j["id"], user=_cut(printable(j["user"]), 8),
+                               team=_cut(printable(j.get("team", "")), 8), tier=TIER_NAMES[Tier(j["tier"])],
+                               gpus=j["gpus"], state=j["state"], time=short_age(t),
+                               cmd=_cut(shlex.join(map(printable, j["cmd"])), cmd_width)))
         ended = j["ended_t"] is not None
-        why = j["why"]
+        why = printable(j["why"])
         if ended and j["exit_code"] is not None and "exit" not in why:
             why += f"; exit {j['exit_code']}"
         if j["slot_ids"]:

@@ -47,7 +47,7 @@ def submit(gpus: int, tier: str, team: str, name: str, grace: str, time_limit: s
     from gpudiag.durations import parse_duration
     from gpudiag.scheduler.local import fields
     from gpudiag.scheduler.local.client import ask
-    from gpudiag.scheduler.local.protocol import TIERS
+    from gpudiag.scheduler.local.protocol import TIERS, to_wire
 
     cmd = list(command[1:] if command and command[0] == "--" else command)
     if not cmd:
@@ -63,8 +63,11 @@ def submit(gpus: int, tier: str, team: str, name: str, grace: str, time_limit: s
            or (fields.duration_error("time_limit_s", limit_s) if limit_s else None))
     if why:
         raise BadInput(why)
-    req = {"op": "submit", "cmd": cmd, "gpus": gpus, "tier": tier, "team": team, "name": name,
-           "grace_s": grace_s, "time_limit_s": limit_s or None, "env": dict(os.environ), "cwd": os.getcwd()}
+    req = {"op": "submit", "gpus": gpus, "tier": tier, "team": team, "name": name,
+           "grace_s": grace_s, "time_limit_s": limit_s or None,
+           # the bytes the kernel gave us, not their decoding by this locale (docs/scheduler-daemon.md)
+           "cmd": [to_wire(os.fsencode(a)) for a in cmd],
+           "env": {to_wire(k): to_wire(v) for k, v in os.environb.items()}, "cwd": to_wire(os.getcwdb())}
     answer = ask(state_dir, req)
     click.echo(json.dumps({"id": answer["id"], "agent_job_id": answer["agent_job_id"]}) if as_json
                else str(answer["id"]))

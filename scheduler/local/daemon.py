@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import os
 import selectors
 import signal
@@ -22,11 +23,12 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.local import jobfiles, protocol, runner, userlimits
+from gpudiag.scheduler.local.clients import SEND_TIMEOUT_S, Clients, Conn, Limits, raise_nofile_limit
 from gpudiag.scheduler.local.config import (
     DB_NAME,
     LOCK_NAME,
@@ -51,14 +53,6 @@ SIGNAL_PERIOD_S = 5.0     # the agent hears from a job every 15 s; reading it 3x
 RECENT_FINISHED = 20      # `gpudiag queue` without --all: this many ended jobs
 LISTEN_BACKLOG = 128
 MAX_LOG_OFFSET = 1 << 62  # off_t is 64-bit signed: a larger offset is a malformed request
-
-
-@dataclass
-class Conn:
-    sock: socket.socket
-    peer: Peer
-    inbuf: bytearray = field(default_factory=bytearray)
-    outbuf: bytes = b""
 
 
 @dataclass
@@ -312,7 +306,7 @@ class Daemon:
         except OSError as e:
             raise Refused(f"cannot read {what}: {e.strerror or e}") from None
         ended = row.state not in (PENDING, *ACTIVE)
-        out = {"ok": True, "data": data.decode("utf-8", "replace"), "next": offset + len(data),
+        out = {"ok": True, "data": protocol.to_wire(data), "next": offset + len(data),
                "ended": ended, "state": row.state}
         if ended and row.reason.startswith("could not start"):
             out["note"] = f"job {row.id} {row.reason}"
@@ -325,6 +319,8 @@ class Daemon:
             sock_path.unlink()   # ours to remove: the lock says no other daemon uses it
         except FileNotFoundError:
             pass
+        soft, hard = raise_nofile_limit()
+        self.clients = Clients(Limits.for_nofile(soft), _log)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(sock_path))
         os.chmod(sock_path, 0o666)  # everybody may connect; SO_PEERCRED says who they are
@@ -340,13 +336,15 @@ class Daemon:
         sel.register(rfd, selectors.EVENT_READ, "wake")
         _log(f"serving {len(self.machine.ids)} {self.machine.unit} on {sock_path} (pid {os.getpid()}); "
              f"signals: {'available' if self.signals.available else self.signals.why}; "
-             f"containment: {self.containment.describe()}")
+             f"containment: {self.containment.describe()}; clients: {self.clients.limits.describe()} "
+             f"(open files: {soft} of at most {hard})")
         next_tick = 0.0
         while not self.stopping:
-            timeout = max(0.0, next_tick - time.monotonic()) if not self.dirty else 0.0
+            now = time.monotonic()
+            timeout = min(max(0.0, next_tick - now), self.clients.wake_in(now)) if not self.dirty else 0.0
             for key, mask in sel.select(timeout):
                 if key.data == "listen":
-                    self._accept(listener, sel)
+                    self.clients.accept(listener, sel)
                 elif key.data == "wake":
                     try:
                         while os.read(rfd, 4096):
@@ -361,8 +359,11 @@ class Daemon:
             for conn, deferred in list(self.waiting.values()):
                 if deferred.check.expired():
                     self._checked((conn, deferred), sel)
-            if self.dirty or time.monotonic() >= next_tick:
+            now = time.monotonic()
+            self.clients.resume(listener, sel, now)
+            if self.dirty or now >= next_tick:
                 self.dirty = False
+                self.clients.expire(now, sel)
                 self.schedule(time.time())
                 next_tick = time.monotonic() + TICK_S
         _log("stopped (running jobs keep running and are re-adopted at the next start)")
@@ -372,15 +373,6 @@ class Daemon:
 
     def _stop(self, *_: object) -> None:
         self.stopping = True
-
-    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector) -> None:
-        while True:
-            try:
-                s, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            s.setblocking(False)
-            sel.register(s, selectors.EVENT_READ, Conn(s, protocol.peer_of(s)))
 
     def _io(self, c: Conn, mask: int, sel: selectors.BaseSelector) -> None:
         try:
@@ -394,6 +386,7 @@ class Daemon:
                     answer = self._respond(bytes(c.inbuf).split(b"\n", 1)[0], c.peer)
                     if isinstance(answer, Deferred):   # answered when the check ends (_checked)
                         sel.unregister(c.sock)
+                        c.deadline = math.inf          # the check has its own (CHECK_TIMEOUT_S)
                         sel.register(answer.check, selectors.EVENT_READ, (c, answer))
                         self.waiting[answer.check.fileno()] = (c, answer)
                     else:
@@ -402,15 +395,13 @@ class Daemon:
                 n = c.sock.send(c.outbuf)
                 c.outbuf = c.outbuf[n:]
                 if not c.outbuf:
-                    sel.unregister(c.sock)
-                    c.sock.close()
+                    self.clients.close(c, sel)
         except (BlockingIOError, InterruptedError):
             pass
         except OSError as e:
             if e.errno not in (errno.EPIPE, errno.ECONNRESET):
                 _log(f"client connection: {e}")
-            sel.unregister(c.sock)
-            c.sock.close()
+            self.clients.close(c, sel)
 
     def _respond(self, line: bytes, peer: Peer) -> dict | Deferred:
         return self._guarded(lambda: self.handle(protocol.decode_request(line), peer))
@@ -435,8 +426,9 @@ class Daemon:
 
     def _answer(self, c: Conn, msg: dict, sel: selectors.BaseSelector) -> None:
         """Send now what the socket takes (the client need not wait for the pass that follows
-        a submit); the rest when it is writable."""
+        a submit); the rest when it is writable, within ``SEND_TIMEOUT_S``."""
         c.outbuf = protocol.encode(msg)
+        c.deadline = time.monotonic() + SEND_TIMEOUT_S
         sel.modify(c.sock, selectors.EVENT_WRITE, c)
         self._io(c, selectors.EVENT_WRITE, sel)
 

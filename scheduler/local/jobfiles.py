@@ -7,9 +7,13 @@ So the daemon never opens a job file by a path it checked first: it opens the jo
 once (``O_NOFOLLOW|O_DIRECTORY``), everything else relative to that descriptor with
 ``O_NOFOLLOW|O_NONBLOCK|O_NOCTTY`` (opening a FIFO or a device that way returns at once, and a
 link fails), and ``fstat`` says what was really opened: only a regular file owned by the job's
-user (or by the daemon, for a file it made) is read or written, and only a bounded number of
-bytes. Creating and handing over folders is ``mkdirat`` + ``fchown`` on a descriptor, never a
-``chown`` by name that a swapped link could redirect. These calls do not block on a local
+user and linked from nowhere else (one link: a hard link to another file, root's included, is
+refused whoever owns it) is read or written, and only a bounded number of bytes. The files a job
+writes (its stdout and stderr) are opened and created with the job user's credentials
+(``acting_as``), so a name that points somewhere the user may not write fails as it would for
+the user, and nothing in the folder is ever created by root. Creating and handing over the
+job's folder itself is ``mkdirat`` + ``fchown`` on a descriptor, never a ``chown`` by name that a
+swapped link could redirect. These calls do not block on a local
 filesystem whatever the user put there (the state folder must be local: see
 docs/scheduler-daemon.md).
 """
@@ -37,21 +41,55 @@ def kind_of(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def _refuse(what: str, e: OSError, dir_fd: int | None = None, name: str = "", folder: bool = False
-            ) -> UnsafeFile:
+def _refuse(what: str, e: OSError, dir_fd: int | None = None, name: str = "", folder: bool = False,
+            uid: int | None = None) -> UnsafeFile:
     """The one line for an entry that could not be opened: what it is where that explains it
-    (writing to a FIFO without a reader fails with ENXIO, opening a link with ELOOP)."""
+    (writing to a FIFO without a reader fails with ENXIO, opening a link with ELOOP, opening
+    root's file as the user with EACCES)."""
     if name:
         try:
-            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-            if not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
-                return UnsafeFile(e.errno or errno.EIO, f"{what} is {kind_of(mode)}, not "
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if not (stat.S_ISDIR(st.st_mode) if folder else stat.S_ISREG(st.st_mode)):
+                return UnsafeFile(e.errno or errno.EIO, f"{what} is {kind_of(st.st_mode)}, not "
                                   f"{'a folder' if folder else 'a regular file'}: refused")
+            why = None if folder or uid is None else _not_the_users(st, what, uid)
+            if why:
+                return UnsafeFile(errno.EPERM, why)
         except OSError:
             pass
     if e.errno == errno.ELOOP:
         return UnsafeFile(errno.ELOOP, f"{what} is a symbolic link: refused")
     return UnsafeFile(e.errno or errno.EIO, f"{what}: {e.strerror or e}")
+
+
+def _not_the_users(st: os.stat_result, what: str, uid: int) -> str | None:
+    """Why a regular file is not the job user's own to have read or written for them."""
+    if st.st_uid != uid:
+        return f"{what} belongs to uid {st.st_uid}, not to the job's user: refused"
+    if st.st_nlink != 1:
+        return f"{what} has {st.st_nlink} links (a hard link to another file?): refused"
+    return None
+
+
+@contextlib.contextmanager
+def acting_as(uid: int, gid: int, groups: list[int]) -> Iterator[None]:
+    """File-system calls in this block are the job user's (effective uid, gid and groups): what
+    they create is theirs, and what they may not open fails. A no-op unless the daemon is root
+    and the user is not. The daemon is one thread, and its real and saved uid stay root, so it
+    returns to root afterwards, and no user may signal it meanwhile."""
+    if os.geteuid() != 0 or uid == 0:
+        yield
+        return
+    egid, saved = os.getegid(), os.getgroups()
+    try:
+        os.setgroups(groups)
+        os.setegid(gid)
+        os.seteuid(uid)
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(egid)
+        os.setgroups(saved)
 
 
 @contextlib.contextmanager
@@ -75,8 +113,9 @@ def _check_regular(fd: int, what: str, uid: int) -> os.stat_result:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeFile(errno.EINVAL, f"{what} is {kind_of(st.st_mode)}, not a regular file: refused")
-    if st.st_uid not in (uid, os.geteuid()):
-        raise UnsafeFile(errno.EPERM, f"{what} belongs to uid {st.st_uid}, not to the job's user: refused")
+    why = _not_the_users(st, what, uid)
+    if why:
+        raise UnsafeFile(errno.EPERM, why)
     return st
 
 
@@ -89,7 +128,7 @@ def read_file(dir_fd: int, name: str, uid: int, limit: int, offset: int = 0, wha
     except FileNotFoundError:
         return b""
     except OSError as e:
-        raise _refuse(what, e, dir_fd, name) from None
+        raise _refuse(what, e, dir_fd, name, uid=uid) from None
     try:
         _check_regular(fd, what, uid)
         return os.pread(fd, limit, offset)
@@ -97,25 +136,21 @@ def read_file(dir_fd: int, name: str, uid: int, limit: int, offset: int = 0, wha
         os.close(fd)
 
 
-def open_output(dir_fd: int, name: str, uid: int, gid: int) -> int:
-    """A job's stdout or stderr for appending, created for the job's user where missing. The
-    caller closes it; the job inherits it as an ordinary blocking file."""
+def open_output(dir_fd: int, name: str, uid: int) -> int:
+    """A job's stdout or stderr for appending, created where missing. Call it ``acting_as``
+    the job's user, so that the file is created by and for them (never root's for a moment in
+    their folder) and a name they could not open themselves is not opened for them. The caller
+    closes it; the job inherits it as an ordinary blocking file."""
     flags = os.O_WRONLY | os.O_APPEND | _OPEN
     try:
-        fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
-        created = True
-    except FileExistsError:
-        created = False
         try:
+            fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
+        except FileExistsError:
             fd = os.open(name, flags, dir_fd=dir_fd)
-        except OSError as e:
-            raise _refuse(name, e, dir_fd, name) from None
     except OSError as e:
-        raise _refuse(name, e, dir_fd, name) from None
+        raise _refuse(name, e, dir_fd, name, uid=uid) from None
     try:
         _check_regular(fd, name, uid)
-        if created and os.geteuid() == 0:
-            os.fchown(fd, uid, gid)
         os.set_blocking(fd, True)
         return fd
     except BaseException:

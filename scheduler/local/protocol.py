@@ -1,5 +1,12 @@
 """The client/daemon protocol: one JSON request line, one JSON answer, over the state folder's Unix socket.
 
+Arguments, environment and working folder are POSIX bytes, carried byte-exact: in a request
+each is a JSON string that is the bytes decoded as UTF-8 with ``surrogateescape`` (``to_wire``:
+a byte that is not UTF-8 travels as a lone surrogate U+DC80..U+DCFF, which JSON escapes as
+``\udcff``), and the daemon turns it back into the same bytes (``from_wire``) before they reach
+the store or ``execve``. A string no bytes decode to (another lone surrogate) is refused in one
+line, never rewritten. Job output comes back the same way (``logs``).
+
 No TCP: who is calling comes from the kernel (``SO_PEERCRED``: the uid of the process that
 connected), not from anything the client says, so "only a job's owner or root may cancel it"
 and "jobs run as whoever submitted them" cannot be forged. Every request is validated here,
@@ -9,6 +16,7 @@ with limits, before the daemon looks at it; a refusal is one line the client pri
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 from dataclasses import dataclass
@@ -22,6 +30,8 @@ from gpudiag.scheduler.local.config import (
     MAX_REQUEST_BYTES,
 )
 from gpudiag.scheduler.model import TIER_NAMES, Tier
+
+SHELL_NAME = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")   # what a POSIX shell exports (runner.shell_env)
 
 TIERS = {name: tier for tier, name in TIER_NAMES.items()}
 OPS = ("submit", "queue", "cancel", "logs", "ping")
@@ -59,6 +69,30 @@ class SubmitRequest:
     cwd: str
 
 
+def to_wire(b: bytes) -> str:
+    """POSIX bytes (an argument, a name or value of the environment, a path, job output) as a
+    protocol string: UTF-8 where they are UTF-8, a lone surrogate per byte where not."""
+    return b.decode("utf-8", "surrogateescape")
+
+
+def from_wire(s: str, what: str) -> bytes:
+    """The bytes a protocol string stands for; ``Refused`` names the first character that no
+    bytes decode to (a lone surrogate outside U+DC80..U+DCFF)."""
+    try:
+        return s.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise Refused(f"{what} holds {s[e.start]!r}, which stands for no bytes: send arguments and "
+                      "environment as UTF-8, other bytes as surrogateescape (U+DC80..U+DCFF)") from None
+
+
+def printable(s: str) -> str:
+    """A protocol string for a terminal: bytes that are not UTF-8 as \\xNN, never an error."""
+    try:
+        return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _number(req: dict, key: str, optional: bool = False) -> float | None:
     """A duration field, refused in its option's words (``fields``: "--grace must be between ...")."""
     v = req.get(key)
@@ -85,7 +119,8 @@ def parse_submit(req: dict) -> SubmitRequest:
         raise Refused("cmd must be a list of strings")
     if not cmd or not cmd[0]:
         raise Refused("empty command: gpudiag submit --gpus N -- python train.py")
-    if len(cmd) > MAX_ARGS or sum(len(a.encode()) + 1 for a in cmd) > MAX_COMMAND_BYTES:
+    if len(cmd) > MAX_ARGS or sum(len(from_wire(a, f"argument {i}")) + 1
+                                  for i, a in enumerate(cmd)) > MAX_COMMAND_BYTES:
         raise Refused(f"command too large: at most {MAX_ARGS} arguments and {MAX_COMMAND_BYTES // 1024} KiB")
     if any("\0" in a for a in cmd):
         raise Refused("command arguments cannot contain NUL bytes")
@@ -93,18 +128,24 @@ def parse_submit(req: dict) -> SubmitRequest:
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                             for k, v in env.items()):
         raise Refused("env must be an object of strings")
-    if sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items()) > MAX_ENV_BYTES:
+    if sum(len(from_wire(f"{k}={v}", f"environment variable {printable(k)[:40]}")) + 1
+           for k, v in env.items()) > MAX_ENV_BYTES:
         raise Refused(f"environment too large: at most {MAX_ENV_BYTES // 1024} KiB (unset what the job "
                       "does not need)")
     if any("\0" in k or "=" in k or not k or "\0" in v for k, v in env.items()):
         raise Refused("environment names and values cannot contain NUL bytes (or '=' in a name)")
+    if "=" in cmd[0] and not all(SHELL_NAME.fullmatch(from_wire(k, "a name")) for k in env):
+        raise Refused(f"command {printable(cmd[0])[:60]!r} has '=' in its name and the environment a name "
+                      "that is not a shell name (such names reach the job through env(1), which would take "
+                      "the command for one more variable): rename one of them")
     gpus = req.get("gpus")
     tier = req.get("tier", "reserved")
     why = fields.gpus_error(gpus) or fields.tier_error(tier, list(TIERS))
     if why:
         raise Refused(why)
     cwd = req.get("cwd", "/")
-    if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd or len(cwd) > 4096:
+    if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd \
+            or len(from_wire(cwd, "cwd")) > 4096:
         raise Refused("cwd must be an absolute path")
     return SubmitRequest(
         cmd=cmd, gpus=gpus, tier=TIERS[tier], team=_label(req, "team"), name=_label(req, "name"),
@@ -155,7 +196,12 @@ def call(sock_path: Path, req: dict, timeout: float = CLIENT_TIMEOUT_S) -> dict:
         s.shutdown(socket.SHUT_WR)
         chunks = []
         while True:
-            b = s.recv(65536)
+            try:
+                b = s.recv(65536)
+            except ConnectionResetError:
+                if chunks:   # the daemon answered and closed before reading all we sent (a refusal)
+                    break
+                raise
             if not b:
                 break
             chunks.append(b)

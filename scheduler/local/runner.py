@@ -29,8 +29,10 @@ from pathlib import Path
 
 from gpudiag.rundir import RUN_SCHEMA_VERSION
 from gpudiag.scheduler.local import jobfiles
+from gpudiag.scheduler.local.protocol import SHELL_NAME
 
 LAUNCH_VAR = "GPUDIAG_SCHEDULER_LAUNCH"
+ENV_EXE = "/usr/bin/env"   # coreutils: sets any NAME=VALUE it is given, then runs the command
 # Can the shell run "$1"? The same test as the one it takes before it runs it: a name with a
 # slash must be an executable file; a bare name is looked up on PATH (dash's `command -v`
 # finds only executables there, and builtins).
@@ -220,11 +222,11 @@ def prepare_job_dir(job_dir: Path, uid: int) -> None:
     """The job's folder (logs, exit codes, its checkpoints), owned by the job's user: kept
     across requeues so a preempted job finds its checkpoint. Made and handed over through
     descriptors: a link put in the place of either folder is refused, never followed."""
-    gid = credentials(uid).gid if os.geteuid() == 0 and uid != 0 else os.getegid()
+    c = credentials(uid) if os.geteuid() == 0 and uid != 0 else Credentials(uid, os.getegid(), [])
     with jobfiles.open_dir(job_dir.parent, os.geteuid()) as jobs_fd:
-        jobfiles.make_dir(jobs_fd, job_dir.name, uid, gid)
-    with jobfiles.open_dir(job_dir, uid) as fd:
-        jobfiles.make_dir(fd, "checkpoint", uid, gid)
+        jobfiles.make_dir(jobs_fd, job_dir.name, uid, c.gid)
+    with jobfiles.open_dir(job_dir, uid) as fd, jobfiles.acting_as(c.uid, c.gid, c.groups):
+        jobfiles.make_dir(fd, "checkpoint", uid, c.gid)
 
 
 def spawn(spec: LaunchSpec) -> subprocess.Popen:
@@ -235,24 +237,45 @@ def spawn(spec: LaunchSpec) -> subprocess.Popen:
     checks, as the user, and reports in its exit file.
     """
     paths = job_paths(spec.job_dir, spec.attempt)
-    inner = monitor_command(paths["run"], spec.cmd) if spec.monitor else list(spec.cmd)
+    inner: list[str | bytes] = [*(monitor_command(paths["run"], spec.cmd) if spec.monitor else spec.cmd)]
+    env, odd = shell_env(env_bytes(spec.env))
+    if odd:   # names the wrapper's /bin/sh would drop reach the job through env(1), unchanged
+        inner = [ENV_EXE, *odd, *inner]
     kw = popen_user(spec.uid)
-    gid = kw.get("group", os.getegid())
-    with jobfiles.open_dir(spec.job_dir, spec.uid) as dir_fd:
-        out = jobfiles.open_output(dir_fd, "stdout", spec.uid, gid)
+    with jobfiles.open_dir(spec.job_dir, spec.uid) as dir_fd, \
+            jobfiles.acting_as(spec.uid, kw.get("group", -1), kw.get("extra_groups", [])):
+        out = jobfiles.open_output(dir_fd, "stdout", spec.uid)
         try:
-            err = jobfiles.open_output(dir_fd, "stderr", spec.uid, gid)
+            err = jobfiles.open_output(dir_fd, "stderr", spec.uid)
         except BaseException:
             os.close(out)
             raise
     try:
-        return subprocess.Popen(["/bin/sh", "-c", WRAPPER, "gpudiag-job", str(paths["exit"]), spec.cwd,
-                                 spec.cmd[0], *inner],
-                                env=spec.env, cwd="/", stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True, close_fds=True, **kw)
+        return subprocess.Popen(["/bin/sh", "-c", WRAPPER, "gpudiag-job", str(paths["exit"]),
+                                 *map(as_bytes, [spec.cwd, spec.cmd[0], *inner])],
+                                env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=err, start_new_session=True, close_fds=True, **kw)
     finally:
         os.close(out)
         os.close(err)
+
+
+def as_bytes(s: str | bytes) -> bytes:
+    """A stored argument, path or environment string as the bytes the user submitted
+    (``protocol.to_wire``), whatever this daemon's locale: never re-encoded as text."""
+    return s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape")
+
+
+def env_bytes(env: dict[str, str]) -> dict[bytes, bytes]:
+    return {as_bytes(k): as_bytes(v) for k, v in env.items()}
+
+
+def shell_env(env: dict[bytes, bytes]) -> tuple[dict[bytes, bytes], list[bytes]]:
+    """(what ``/bin/sh`` passes on, ``NAME=VALUE`` of what it would drop). A POSIX shell exports
+    only names that are shell names (dash drops ``BASH_FUNC_module%%``, a name with a byte that
+    is not ASCII, ...), so those go around the wrapper, as arguments of env(1)."""
+    kept = {k: v for k, v in env.items() if SHELL_NAME.fullmatch(k)}
+    return kept, [k + b"=" + v for k, v in env.items() if k not in kept]
 
 
 def user_name(uid: int) -> str:

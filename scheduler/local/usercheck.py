@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 
-from gpudiag.scheduler.local.runner import CAN_RUN, popen_user
+from gpudiag.scheduler.local.runner import CAN_RUN, as_bytes, env_bytes, popen_user
 
 CHECK_TIMEOUT_S = 10.0   # a local folder answers in milliseconds; an NFS mount that hangs, never
 # exit codes of the check: the folder, the command, the scheduler's own wrapper command
@@ -34,9 +34,10 @@ class CommandCheck:
         rfd, wfd = os.pipe2(os.O_CLOEXEC)
         try:
             self.proc = subprocess.Popen(
-                ["/bin/sh", "-c", _SCRIPT, "gpudiag-check", cwd, cmd0, runner_exe],
-                env={k: env[k] for k in ("PATH",) if k in env}, cwd="/", stdin=subprocess.DEVNULL, stdout=wfd,
-                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, **popen_user(uid))
+                ["/bin/sh", "-c", _SCRIPT, "gpudiag-check", *map(as_bytes, (cwd, cmd0, runner_exe))],
+                env=env_bytes({k: env[k] for k in ("PATH",) if k in env}), cwd="/", stdin=subprocess.DEVNULL,
+                stdout=wfd, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                **popen_user(uid))
         except BaseException:
             os.close(rfd)
             raise
