@@ -62,6 +62,19 @@ def test_job_keeps_its_output_stdin_and_exit_code(tmp_path):
     assert (run / "traces" / "rank-0.json.gz").exists()
     d = Diagnosis.from_json((run / "diagnosis.json").read_text())
     assert d.ranks[0].steps and len(d.ranks[0].steps) == 3
+    # nothing of Kineto's log in the job's output (it printed "USDT: ... profiler_start/stop")
+    assert "USDT" not in proc.stdout + proc.stderr, proc.stderr
+
+
+def test_a_job_that_sets_kinetos_log_level_gets_kinetos_lines(tmp_path):
+    """gpudiag quiets Kineto only where the job did not ask for its log (KINETO_LOG_LEVEL)."""
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", "2",
+                           "--steps", "3", "--", sys.executable, str(JOB), "--steps", "8"],
+                          capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "KINETO_LOG_LEVEL": "5"})
+    assert proc.returncode == 0, proc.stderr
+    assert "profiler_start" in proc.stdout + proc.stderr, proc.stderr
 
 
 def test_no_nvml_is_one_line_and_the_cpu_job_is_still_diagnosed(tmp_path):
