@@ -17,8 +17,6 @@ from gpudiag.rundir import read_run
 from tests.harness import free_port
 
 JOB = Path(__file__).parent / "jobs" / "loop_job.py"
-# recorded by gpudiag profile's own sampler on an H200 (holds GPM NaNs, as NVML returns them)
-REPLAY = Path(__file__).parent / "fixtures" / "h200" / "profile_gemm_gpu.jsonl"
 
 
 def gpudiag(*args: str, input: str | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
@@ -183,12 +181,8 @@ def test_job_with_its_own_profiler_is_left_alone(tmp_path):
     assert "no trace was written" in proc.stderr
 
 
-def test_replay_backend_records_gpu_samples_through_the_sampler(tmp_path):
-    run = tmp_path / "run"
-    proc = gpudiag("profile", "--out", str(run), "--interval", "50ms", "--backend", f"replay:{REPLAY}",
-                   "--skip", "2", "--steps", "3", "--", sys.executable, str(JOB), "--steps", "10",
-                   "--sleep", "0.05")
-    assert proc.returncode == 0, proc.stderr
+def test_replay_backend_records_gpu_samples_through_the_sampler(replayed_run):
+    run = replayed_run   # the loop job under --backend replay:<an H200's samples> --interval 50ms
     info = read_run(run)
     assert info.gpus[0]["name"] == "NVIDIA H200"
     def no_nan(text: str) -> float:
