@@ -110,6 +110,20 @@ def replayed_run_copy(replayed_run: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(replayed_run, tmp_path / "replayed-run"))
 
 
+# -- one Slurm cluster for the session ------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """The default cluster of tests/slurm_cluster.py (one node, 4 GPUs, root as SlurmUser),
+    started once for the session and shared by the modules that use that configuration (each
+    module's ``cluster`` fixture hands it on after ``reset()``); stopped by pid at the end. A
+    module with another configuration (nodes, SlurmUser) starts its own."""
+    from tests.slurm_cluster import slurm_running
+
+    with slurm_running(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
 # -- the local scheduler's tests (tests/test_local_scheduler*.py) ------------------------------
 
 @pytest.fixture

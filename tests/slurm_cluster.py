@@ -360,6 +360,23 @@ MessageTimeout=5
         except subprocess.TimeoutExpired:
             pass
 
+    def reset(self) -> None:
+        """The state a freshly started cluster has, for the next user of a shared one: slurmctld
+        and every slurmd running, no job left, each partition's PreemptMode as slurm.conf sets it
+        (a test or a controller may have changed it)."""
+        if self.procs.get("slurmctld") is None or self.procs["slurmctld"].poll() is not None:
+            self.start_slurmctld(clear_state=False)
+        for n in self.nodes:
+            proc = self.procs.get(f"slurmd-{n}")
+            if proc is None or proc.poll() is not None:
+                self._spawn(f"slurmd-{n}", ["slurmd", "-D", "-N", n, "-f", str(self.conf)])
+        for n in self.nodes:
+            self._wait(self.nodes_idle, f"slurmd-{n}", 60)
+        self.cancel_all()
+        for name in TIERS:
+            mode = "OFF" if name == "ondemand" else "REQUEUE"
+            self.run("scontrol", "update", f"PartitionName={name}", f"PreemptMode={mode}")
+
     def _leftovers(self) -> list[int]:
         """Processes our daemons started that outlived them (slurmstepd and job scripts): their
         environment names this cluster's slurm.conf."""

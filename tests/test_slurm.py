@@ -1,7 +1,8 @@
 """The Slurm controller against a real Slurm: munged, slurmctld and slurmd on 127.0.0.1
 (tests/slurm_cluster.py), a real agent scraped by a real Prometheus, and real CPU torch jobs
-under ``gpudiag profile --monitor`` inside sbatch scripts. The daemons start once for this
-module and are stopped by pid whatever the outcome.
+under ``gpudiag profile --monitor`` inside sbatch scripts. The daemons start once for the
+session (conftest.slurm_cluster, reset for this module) and are stopped by pid whatever the
+outcome.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from tests.slurm_cluster import (
     SlurmCluster,
     folder_bytes,
     report,
-    slurm_running,
     wait_for,
     wait_while_progressing,
 )
@@ -32,9 +32,10 @@ JOB = ROOT / "tests" / "jobs" / "slurm_train.py"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with slurm_running(tmp_path_factory.mktemp("slurm")) as c:
-        yield c
+def cluster(slurm_cluster):
+    """The session's default cluster (conftest.slurm_cluster), reset for this module."""
+    slurm_cluster.reset()
+    return slurm_cluster
 
 
 @pytest.fixture(scope="module")
