@@ -4,6 +4,9 @@
 #               the verdict. No GPU needed.
 #   make test   builds .venv with the test extras, installs the system packages the tests
 #               drive (Debian's chromium and prometheus, when missing) and runs ruff and pytest.
+#   make wheel  builds the sdist and, from it, a wheel with the C extension into dist/.
+#   make wheel-check  installs that wheel into a clean venv (dependencies from the index) and
+#               runs `gpudiag analyze` on a shared trace: what a user's `pip install` gets.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +14,7 @@ BIN := $(VENV)/bin
 # the test machines; an unpinned torch pulls a multi-GB CUDA build): the demo
 # installs the `torch` extra, the tests the `test` extra, which includes it.
 
-.PHONY: test-timing demo test lint clean system-deps
+.PHONY: test-timing demo test lint clean system-deps wheel wheel-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,9 +41,24 @@ test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
+# the sdist, then a wheel built from it (so the wheel holds only what the sdist ships), with
+# this venv's setuptools (pyproject.toml's build requirement)
+wheel: $(VENV)/.installed-test
+	rm -rf dist
+	$(BIN)/python -c "from setuptools import build_meta as b; b.build_sdist('dist')"
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w dist dist/gpudiag-*.tar.gz
+
+SHARED ?= ../shared
+wheel-check: wheel
+	rm -rf .whl/venv
+	$(PYTHON) -m venv .whl/venv
+	.whl/venv/bin/pip install -q dist/gpudiag-*.whl
+	cd .whl && venv/bin/gpudiag analyze $(abspath $(SHARED))/traces/a100-nccl-2rank > analyze.txt
+	grep -q VERDICT .whl/analyze.txt && echo "wheel-check: the installed wheel analysed a shared trace"
+
 # predicted vs applied fixes, timed on real CPU jobs: run on a quiet machine (docs/diagnosis.md)
 test-timing: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m timing
 
 clean:
-	rm -rf $(VENV) runs .bench .pytest_cache
+	rm -rf $(VENV) runs .bench .pytest_cache dist build .whl

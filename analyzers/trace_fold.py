@@ -40,10 +40,13 @@ from gpudiag.analyzers.trace_decode import NO_ID, Event, as_int, rank_of
 
 try:
     from gpudiag.analyzers._gather import gather
-except ImportError as e:  # a source tree that was never installed, or a failed build
-    raise ImportError(f"gpudiag's C column reader (analyzers/_gather.c) is not built ({e}): install "
-                      "gpudiag with pip (`pip install -e .` in a checkout), which compiles it; it "
-                      "needs a C compiler and Python's headers") from None
+except ImportError:  # installed without a C compiler (the extension is optional), or never built
+    import sys
+
+    from gpudiag.analyzers.gather_py import gather
+    print("gpudiag: warning: the C column reader (analyzers/_gather.c) is not built, so traces "
+          "load about 2.5x slower: reinstall gpudiag where a C compiler and Python's headers are "
+          "present", file=sys.stderr)
 
 # Per-name flags, computed once per distinct name.
 _F_DATALOADER, _F_COMM, _F_ANNOT_COMM = 1, 2, 4

@@ -23,6 +23,8 @@ from gpudiag.errors import BadInput
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Kineto's severities: VERBOSE 0, INFO 1, WARNING 2, STAGE 3, ERROR 4, USDT 5; 6 prints none
+KINETO_QUIET = "6"
 
 
 @dataclass
@@ -46,6 +48,10 @@ def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0) -> dic
     # TORCH_FR_BUFFER_SIZE and warns on every rank when the older name is set.
     env.setdefault("GPUDIAG_FR_BUFFER_SIZE", "2000")
     env.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
+    # Kineto logs "USDT: ... profiler_start/stop" at every trace window, at a severity above
+    # ERROR that torch's own default (ERROR) lets through: noise in the job's output that the
+    # job never asked for. A job that sets KINETO_LOG_LEVEL itself keeps its choice.
+    env.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
     return env
 
 

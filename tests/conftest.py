@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,10 +22,14 @@ from hypothesis import settings
 from gpudiag.diagnosis import Bottleneck, Verdict
 
 # The suite's verdict must not depend on the draw: by default every property test runs the same
-# examples (derandomized), so CI and a developer see the same result. HYPOTHESIS_PROFILE=explore
-# draws new examples each run, to look for bugs (known: docs/scheduler.md, "Known gaps").
-settings.register_profile("fixed", derandomize=True)
-settings.register_profile("explore", derandomize=False)
+# examples (derandomized), so CI and a developer see the same result, and a fixed budget of them
+# (PROPERTY_EXAMPLES), so the suite's time does not grow with each property test's own choice
+# (they had asked for 150-300: 1.5-3x the time for the same kinds of input). A property test sets
+# no max_examples of its own. HYPOTHESIS_PROFILE=explore draws new examples each run, many more,
+# to look for bugs (known: docs/scheduler.md, "Known gaps").
+PROPERTY_EXAMPLES = 100
+settings.register_profile("fixed", derandomize=True, max_examples=PROPERTY_EXAMPLES, deadline=None)
+settings.register_profile("explore", derandomize=False, max_examples=10 * PROPERTY_EXAMPLES, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,6 +79,49 @@ def traces() -> Path:
 def _cpu_peak_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep the measured-CPU-peak cache out of the home directory."""
     os.environ.setdefault("GPUDIAG_CACHE_DIR", str(tmp_path_factory.mktemp("gpudiag-cache")))
+
+
+# -- one recorded run, shared by the tests that only read it -----------------------------------
+
+# recorded by gpudiag profile's own sampler on an H200 (holds GPM NaNs, as NVML returns them)
+H200_REPLAY = REPO / "tests" / "fixtures" / "h200" / "profile_gemm_gpu.jsonl"
+LOOP_JOB = REPO / "tests" / "jobs" / "loop_job.py"
+
+
+@pytest.fixture(scope="session")
+def replayed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real ``gpudiag profile`` run of the loop job (12 steps, 50 ms of input wait each, steps
+    3-5 traced) with an H200's recorded counters replayed through the sampler every 50 ms, so it
+    has a GPU timeline. Profiled once for the session: the HTML report's, the browser's and the
+    sampler's tests only read it (each had profiled the same job again). A test that changes a
+    run directory works on ``replayed_run_copy``."""
+    run = tmp_path_factory.mktemp("replayed") / "run"
+    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--backend",
+                           f"replay:{H200_REPLAY}", "--interval", "50ms", "--skip", "2", "--steps", "3", "--",
+                           sys.executable, str(LOOP_JOB), "--steps", "12", "--sleep", "0.05"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return run
+
+
+@pytest.fixture
+def replayed_run_copy(replayed_run: Path, tmp_path: Path) -> Path:
+    """A copy of ``replayed_run`` the test may change."""
+    return Path(shutil.copytree(replayed_run, tmp_path / "replayed-run"))
+
+
+# -- one Slurm cluster for the session ------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """The default cluster of tests/slurm_cluster.py (one node, 4 GPUs, root as SlurmUser),
+    started once for the session and shared by the modules that use that configuration (each
+    module's ``cluster`` fixture hands it on after ``reset()``); stopped by pid at the end. A
+    module with another configuration (nodes, SlurmUser) starts its own."""
+    from tests.slurm_cluster import slurm_running
+
+    with slurm_running(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
 
 
 # -- the local scheduler's tests (tests/test_local_scheduler*.py) ------------------------------

@@ -86,6 +86,43 @@ def wait_for(what: str, ok, timeout: float = 120.0, every: float = 0.5):  # noqa
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def wait_while_progressing(what: str, ok, progress, quiet_s: float = 120.0,  # noqa: ANN001, ANN201
+                           timeout: float = 600.0, every: float = 1.0):
+    """Poll ``ok()`` until it returns something true (returned), for as long as the work it
+    waits on goes on: fail naming ``what`` once ``progress()`` (anything that changes while
+    that work moves, such as the bytes of the jobs' run folders) has stood still ``quiet_s``,
+    or after ``timeout`` in all. A real job's event comes when it comes: on a loaded 2-core VM
+    two profiled torch jobs took more than 180 s to send their first signals, and a fixed
+    deadline failed jobs that were still working (issue 32)."""
+    start = time.monotonic()
+    last, moved = progress(), start
+    while True:
+        v = ok()
+        if v:
+            return v
+        now = time.monotonic()
+        seen = progress()
+        if seen != last:
+            last, moved = seen, now
+        if now - moved > quiet_s or now - start > timeout:
+            why = f"nothing moved for {now - moved:.0f} s" if now - moved > quiet_s else "still moving"
+            raise AssertionError(f"gave up after {now - start:.0f} s waiting for {what} ({why})")
+        time.sleep(every)
+
+
+def folder_bytes(folder: Path, name: str = "") -> tuple[int, int]:
+    """How many files under ``folder`` (those with ``name`` in their path below it) and their
+    bytes: a job's progress, for ``wait_while_progressing``."""
+    sizes = []
+    for p in folder.rglob("*"):
+        try:
+            if name in str(p.relative_to(folder)) and p.is_file():
+                sizes.append(p.stat().st_size)
+        except OSError:   # a file the job replaced between the listing and the look
+            continue
+    return len(sizes), sum(sizes)
+
+
 def missing_binaries() -> list[str]:
     """Slurm/munge programs not on PATH (.ci/install-test-deps.sh installs them)."""
     path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
@@ -322,6 +359,23 @@ MessageTimeout=5
                 time.sleep(0.5)
         except subprocess.TimeoutExpired:
             pass
+
+    def reset(self) -> None:
+        """The state a freshly started cluster has, for the next user of a shared one: slurmctld
+        and every slurmd running, no job left, each partition's PreemptMode as slurm.conf sets it
+        (a test or a controller may have changed it)."""
+        if self.procs.get("slurmctld") is None or self.procs["slurmctld"].poll() is not None:
+            self.start_slurmctld(clear_state=False)
+        for n in self.nodes:
+            proc = self.procs.get(f"slurmd-{n}")
+            if proc is None or proc.poll() is not None:
+                self._spawn(f"slurmd-{n}", ["slurmd", "-D", "-N", n, "-f", str(self.conf)])
+        for n in self.nodes:
+            self._wait(self.nodes_idle, f"slurmd-{n}", 60)
+        self.cancel_all()
+        for name in TIERS:
+            mode = "OFF" if name == "ondemand" else "REQUEUE"
+            self.run("scontrol", "update", f"PartitionName={name}", f"PreemptMode={mode}")
 
     def _leftovers(self) -> list[int]:
         """Processes our daemons started that outlived them (slurmstepd and job scripts): their

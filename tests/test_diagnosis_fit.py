@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from gpudiag.analyzers import intervals as iv
+from gpudiag.analyzers.breakdown import stalls
+from gpudiag.analyzers.trace_loader import load_rank
 from gpudiag.diagnosis import Diagnosis
 from gpudiag.rundir import read_steps, window_steps
 from tests.conftest import labels_of
@@ -30,6 +33,8 @@ from tests.harness import free_port
 
 JOBS = Path(__file__).parent / "jobs"
 MFU_TOLERANCE = 0.15  # relative, as the issue asks
+HOST_OVERHEAD_OF_ADDS = 1.0  # the DataLoader job's own host overhead, at most this share of its big adds
+ADDS_CUT_AS_STALLS = 0.5  # the share of its big adds' time the stall cut may take (the bug: 0.99)
 
 
 def profile(tmp: Path, name: str, job: str, *args: str, opts: tuple[str, ...] = (),
@@ -168,7 +173,11 @@ def test_a_weights_gradient_is_work_though_the_biases_adds_share_its_name(tmp_pa
     """``aten::add_`` accumulates a 2048x2048 weight's gradient in about 2.5 ms and a bias's in
     10 us: taken by name alone, the big ones were 20x their kind's median and cut as stalls of
     the OS, and their memory traffic read as host overhead (the DataLoader job: 8.7-12.4 ms of
-    its host time per step in 13 runs). A kind is the name and its input shapes."""
+    its host time per step in 13 runs). A kind is the name and its input shapes.
+
+    Judged on the big adds themselves, not on the run's stall total: the machine's other work
+    stalls the job for real (2.4-3.2 ms per step in runs beside other engineers' jobs here), and
+    that is not the bug."""
     d, _, run = profile(tmp_path, "feed", "feed_job.py", "--steps", "30", "--workers", "0",
                         "--read-ms", "20", "--passes", "4", opts=("--skip", "10"))
     [trace] = (run / "traces").glob("rank-*.json.gz")
@@ -179,10 +188,21 @@ def test_a_weights_gradient_is_work_though_the_biases_adds_share_its_name(tmp_pa
         dims = e.get("args", {}).get("Input Dims") or [[]]
         return e.get("name") == "aten::add_" and len(dims[0]) == 2 and dims[0][0] * dims[0][1] >= 1 << 20
 
-    adds = sum(e["dur"] for e in events if big_add(e)) / steps
+    big = [e for e in events if big_add(e)]
+    adds = sum(e["dur"] for e in big) / steps
+    # the gradients and the optimizer's updates of the two big weights: 4.7-5.6 ms per step on
+    # the 2-core AMD EPYC VM; a bias's add is ~10 us. 1 ms says they are there, on a faster CPU too.
+    assert adds > 1e3, adds
+    # name-only kinds cut each big add but its kind's 10 us median: 0.99x the adds. Right, none
+    # is cut on a quiet machine; a busy one may stall an add 20x its own median now and then.
+    cut = iv.measure_in(stalls(load_rank(trace)), [e["ts"] for e in big],
+                        [e["ts"] + e["dur"] for e in big]).sum() / steps
+    assert cut < ADDS_CUT_AS_STALLS * adds, (cut, adds)
+    # the job's own host overhead (less the OS's stalls) is its ~3 ms of Python, not the adds:
+    # 0.52-0.54x the adds on a 2-core AMD EPYC in the issue, 0.58-0.65x in 4 runs on another,
+    # under 0.5x on Intel Xeon. The bound is 1.5x above the highest.
     b = d.breakdown
-    assert adds > 5e3, adds  # the gradients and the optimizer's updates of the two big weights
-    assert b.host_stalled < 0.1 * adds and b.host_overhead < 0.5 * adds, (b, adds)
+    assert b.host_overhead - b.host_stalled < HOST_OVERHEAD_OF_ADDS * adds, (b, adds)
 
 
 def test_a_bf16_job_is_judged_against_the_bf16_peak(bf16_gemm):

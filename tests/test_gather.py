@@ -1,6 +1,9 @@
 """The C column reader (analyzers/_gather.c) gives what the Python expression it replaces
 gives, for every kind of column, on the events of real traces and on objects of any type; and
-it refuses, with Python's own error, what the expression would refuse."""
+it refuses, with Python's own error, what the expression would refuse. Every check runs on the
+C reader and on its pure-Python fallback (analyzers/gather_py.py, used where gpudiag was
+installed without a C compiler; tests/test_packaging.py: a whole trace loads and is analysed
+the same with either)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from gpudiag.analyzers import _gather, gather_py, trace_fold
 from gpudiag.analyzers.trace_columns import CATEGORY_CODE
 from gpudiag.analyzers.trace_decode import AnyCategoryEvent, Event, EventArgs
 from gpudiag.analyzers.trace_fold import column
@@ -24,6 +28,13 @@ def _events(path) -> list:
 
 # a GPU trace (kernels, runtime calls, collectives) and a CPU-only one with recorded shapes
 EVENTS = _events(TRACES / "a100-nccl-2rank" / "rank-0.json.gz") + _events(TRACES / "mi250" / "rank-0.json.gz")
+
+
+@pytest.fixture(autouse=True, params=["C", "python"])
+def reader(request, monkeypatch):
+    """The fold's ``gather``: the C extension, or the Python fallback in its place."""
+    monkeypatch.setattr(trace_fold, "gather", _gather.gather if request.param == "C" else gather_py.gather)
+    return request.param
 
 
 def _get(e, attrs):

@@ -47,13 +47,13 @@ def _check(data: bytes, tmp: Path) -> None:
     analyze_rank(rt, None)  # the analyses must take whatever the loader accepted
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.integers(0, len(RAW)))
 def test_truncated_bytes_never_escape_as_other_errors(tmp_path, cut):
     _check(RAW[:cut], tmp_path)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pos=st.integers(0, max(len(RAW) - 1, 0)), byte=st.integers(0, 255))
 def test_flipped_bytes_never_escape_as_other_errors(tmp_path, pos, byte):
     data = bytearray(RAW)
@@ -61,7 +61,7 @@ def test_flipped_bytes_never_escape_as_other_errors(tmp_path, pos, byte):
     _check(bytes(data), tmp_path)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_mutated_event_fields_never_escape_as_other_errors(tmp_path, data):
     doc = json.loads(RAW)

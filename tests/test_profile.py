@@ -17,8 +17,6 @@ from gpudiag.rundir import read_run
 from tests.harness import free_port
 
 JOB = Path(__file__).parent / "jobs" / "loop_job.py"
-# recorded by gpudiag profile's own sampler on an H200 (holds GPM NaNs, as NVML returns them)
-REPLAY = Path(__file__).parent / "fixtures" / "h200" / "profile_gemm_gpu.jsonl"
 
 
 def gpudiag(*args: str, input: str | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
@@ -62,6 +60,20 @@ def test_job_keeps_its_output_stdin_and_exit_code(tmp_path):
     assert (run / "traces" / "rank-0.json.gz").exists()
     d = Diagnosis.from_json((run / "diagnosis.json").read_text())
     assert d.ranks[0].steps and len(d.ranks[0].steps) == 3
+    # nothing of Kineto's log in the job's output (it printed "USDT: ... profiler_start/stop")
+    assert "USDT" not in proc.stdout + proc.stderr, proc.stderr
+
+
+def test_kineto_is_quieted_only_where_the_job_did_not_set_its_log_level(tmp_path, monkeypatch):
+    """The job's environment quiets Kineto (its USDT lines print above ERROR, so only a level
+    past every severity hides them), and a job that sets KINETO_LOG_LEVEL keeps its own: with 5
+    it gets the profiler_start/stop lines back."""
+    from gpudiag.collectors.job import KINETO_QUIET, job_env
+
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    assert job_env(tmp_path, 2, 3)["KINETO_LOG_LEVEL"] == KINETO_QUIET == "6"
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "5")
+    assert job_env(tmp_path, 2, 3)["KINETO_LOG_LEVEL"] == "5"
 
 
 def test_no_nvml_is_one_line_and_the_cpu_job_is_still_diagnosed(tmp_path):
@@ -170,12 +182,8 @@ def test_job_with_its_own_profiler_is_left_alone(tmp_path):
     assert "no trace was written" in proc.stderr
 
 
-def test_replay_backend_records_gpu_samples_through_the_sampler(tmp_path):
-    run = tmp_path / "run"
-    proc = gpudiag("profile", "--out", str(run), "--interval", "50ms", "--backend", f"replay:{REPLAY}",
-                   "--skip", "2", "--steps", "3", "--", sys.executable, str(JOB), "--steps", "10",
-                   "--sleep", "0.05")
-    assert proc.returncode == 0, proc.stderr
+def test_replay_backend_records_gpu_samples_through_the_sampler(replayed_run):
+    run = replayed_run   # the loop job under --backend replay:<an H200's samples> --interval 50ms
     info = read_run(run)
     assert info.gpus[0]["name"] == "NVIDIA H200"
     def no_nan(text: str) -> float:

@@ -26,7 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 from tests.conftest import TRACES  # noqa: E402  (one place decides where test data is)
 
 FIXTURES = REPO / "tests" / "fixtures" / "h200"
-LOOP_JOB = REPO / "tests" / "jobs" / "loop_job.py"
 
 SECTIONS = ["verdict", "breakdown", "timeline", "roofline", "tables", "missing"]
 REAL_TRACES = ["a100-nccl-2rank", "v100-ddp-2rank", "a100-8rank-diff"]
@@ -146,10 +145,8 @@ def test_diff_report_of_two_real_traces_draws_and_stays_offline(browser, shots, 
         assert c["width"] > 0 and c["height"] > 0 and c["visible_marks"] > 0, f"empty chart: {c}"
 
 
-def test_report_of_profile_run_with_gpu_counters_draws_every_chart(browser, shots, tmp_path):
-    run = profile_run(tmp_path / "run", sys.executable, LOOP_JOB, "--steps", "12", "--sleep", "0.05",
-                      backend=f"replay:{FIXTURES / 'profile_gemm_gpu.jsonl'}")
-    page = browser.open(report(run, tmp_path / "profile.html"))
+def test_report_of_profile_run_with_gpu_counters_draws_every_chart(browser, shots, tmp_path, replayed_run):
+    page = browser.open(report(replayed_run, tmp_path / "profile.html"))
     assert_quiet_and_offline(page)
     assert_drawn(page, shots, "profile-replayed-h200-counters")
 

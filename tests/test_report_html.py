@@ -32,7 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 from tests.conftest import SHARED, TRACES  # noqa: E402  (one place decides where test data is)
 
 FIXTURES = REPO / "tests" / "fixtures" / "h200"
-LOOP_JOB = REPO / "tests" / "jobs" / "loop_job.py"
 SECTIONS = ["verdict", "breakdown", "timeline", "roofline", "tables", "missing"]
 TRACE_DIRS = sorted(p.name for p in TRACES.iterdir() if p.is_dir() and p.name != "negative") \
     if TRACES.is_dir() else []
@@ -268,14 +267,10 @@ def gpudiag(*args: str | Path, cwd: Path | None = None, timeout: int = 300) -> s
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real ``gpudiag profile`` run with replayed H200 counters (so it has a timeline)."""
-    run = tmp_path_factory.mktemp("profile") / "run"
-    proc = gpudiag("profile", "--out", run, "--backend", f"replay:{FIXTURES / 'profile_gemm_gpu.jsonl'}",
-                   "--interval", "50ms", "--skip", "2", "--steps", "3", "--",
-                   sys.executable, LOOP_JOB, "--steps", "12")
-    assert proc.returncode == 0, proc.stderr
-    return run
+def run_dir(replayed_run: Path) -> Path:
+    """A real ``gpudiag profile`` run with replayed H200 counters (so it has a timeline): the
+    session's, read only."""
+    return replayed_run
 
 
 def test_profile_writes_report_html_with_command_status_and_timeline(run_dir):
@@ -296,7 +291,8 @@ def test_killed_run_reads_killed_by_signal_at_step(run_dir):
     assert "killed by SIGKILL at step 17" in render_report(d)
 
 
-def test_report_of_run_dir_uses_its_diagnosis_json_unless_stale(run_dir, tmp_path):
+def test_report_of_run_dir_uses_its_diagnosis_json_unless_stale(replayed_run_copy, tmp_path):
+    run_dir = replayed_run_copy
     diag = run_dir / "diagnosis.json"
     original = diag.read_text()
     data = json.loads(original)

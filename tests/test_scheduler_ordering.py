@@ -66,7 +66,7 @@ def replays(draw):
     return jobs, mfu, cluster, policy
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(replays())
 def test_the_simulators_queue_order_is_order_queues(replay):
     _replay_agrees(*replay)

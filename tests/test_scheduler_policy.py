@@ -75,7 +75,7 @@ def worlds(draw):
     return cluster, running, pending, signals, book, policy, teams
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds())
 def test_decisions_respect_gangs_gpus_tiers_and_reasons(world):
     cluster, running, pending, signals, book, policy, teams = world
@@ -126,7 +126,7 @@ def test_decisions_respect_gangs_gpus_tiers_and_reasons(world):
         assert order[: len(started)] == [i for i in order if i in started]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds())
 def test_queue_order_respects_the_aging_bound(world):
     cluster, running, pending, signals, book, policy, teams = world
@@ -142,7 +142,7 @@ def test_queue_order_respects_the_aging_bound(world):
                 assert earlier.tier > later.tier
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds())
 def test_backfill_never_delays_the_heads_reservation(world):
     cluster, running, pending, signals, book, policy, teams = world
@@ -235,7 +235,7 @@ def test_a_drained_node_keeps_its_jobs_and_gets_no_new_ones():
     assert not [d for d in decisions if d.kind == "preempt"]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=2, max_size=7), st.integers(1, 3), st.data())
 def test_whole_node_placement_uses_the_fewest_nodes_and_one_rack_when_one_can(sizes, rack, data):
     busy = tuple(data.draw(st.sets(st.sampled_from(range(len(sizes))), max_size=len(sizes) - 1)))
@@ -419,7 +419,7 @@ def _greedy_team_order(q0, running, quota, now, overdue_s, charge=lambda j: 1.0)
     return [j.id for j in out]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds(), st.floats(0, 60_000), st.sampled_from([0.0, 1.0, 3.0]))
 def test_team_queues_interleave_by_charged_quota_and_keep_the_starvation_bound(world, overdue_s, weight):
     cluster, running, pending, signals, book, _, teams = world

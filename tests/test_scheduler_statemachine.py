@@ -294,7 +294,7 @@ class MixedClusterMachine(SchedulerMachine):
         self.run_pass()
 
 
-SETTINGS = settings(max_examples=300, stateful_step_count=30, deadline=None,
+SETTINGS = settings(stateful_step_count=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestLocalDaemon = LocalDaemonMachine.TestCase
 TestLocalDaemon.settings = SETTINGS
@@ -323,7 +323,7 @@ def sim_cases(draw):
     return cluster, jobs, mfu, policy
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sim_cases())
 def test_simulator_passes_keep_the_invariants(case):
     """The simulator's own loop (arrivals, ends, preemptions whose victims stop at their deadline,

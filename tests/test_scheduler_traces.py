@@ -142,7 +142,7 @@ def test_bad_options_and_mfu_file(tmp_path):
     assert measured["contended_cluster_mfu"] <= 0.01 + 1e-9
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.text(max_size=12), st.text(max_size=8), st.text(max_size=4),
                           st.text(max_size=8)), max_size=8),
        st.sampled_from(["timestamp,duration,num_gpus,cluster", "job_id,num_gpu,submit_time,duration",

@@ -1,7 +1,8 @@
 """The Slurm controller against a real Slurm: munged, slurmctld and slurmd on 127.0.0.1
 (tests/slurm_cluster.py), a real agent scraped by a real Prometheus, and real CPU torch jobs
-under ``gpudiag profile --monitor`` inside sbatch scripts. The daemons start once for this
-module and are stopped by pid whatever the outcome.
+under ``gpudiag profile --monitor`` inside sbatch scripts. The daemons start once for the
+session (conftest.slurm_cluster, reset for this module) and are stopped by pid whatever the
+outcome.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from tests.harness import free_port, prometheus_server
-from tests.slurm_cluster import KILL_WAIT_S, SlurmCluster, report, slurm_running, wait_for
+from tests.slurm_cluster import (
+    KILL_WAIT_S,
+    SlurmCluster,
+    folder_bytes,
+    report,
+    wait_for,
+    wait_while_progressing,
+)
 from tests.test_agent import Agent, promql
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,9 +32,10 @@ JOB = ROOT / "tests" / "jobs" / "slurm_train.py"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with slurm_running(tmp_path_factory.mktemp("slurm")) as c:
-        yield c
+def cluster(slurm_cluster):
+    """The session's default cluster (conftest.slurm_cluster), reset for this module."""
+    slurm_cluster.reset()
+    return slurm_cluster
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +175,8 @@ def test_low_mfu_key_gets_a_larger_nice_slurm_starts_the_other_first_and_restore
         # earlier jobs of two keys teach the controller what each key reaches
         slow0 = sbatch(cluster, agent, tmp_path, "slowkey", "reserved", 2, "input")
         fast0 = sbatch(cluster, agent, tmp_path, "fastkey", "reserved", 2, "compute")
-        wait_for("signals of both history jobs", lambda: usable_signal(prometheus, slow0)
-                 and usable_signal(prometheus, fast0), 180)
+        wait_while_progressing("signals of both history jobs", lambda: usable_signal(prometheus, slow0)
+                               and usable_signal(prometheus, fast0), lambda: folder_bytes(tmp_path))
         hist = Path(f"{ctl.ledger}.history.json")
         wait_for("the controller learned both keys", lambda: hist.exists() and all(
             k in hist.read_text() for k in ("root/slowkey", "root/fastkey")), 30)
@@ -208,8 +217,8 @@ def test_on_demand_job_requeues_the_low_mfu_spot_job_which_checkpoints_in_its_gr
         fast = sbatch(cluster, agent, tmp_path, "vfast", "spot", 2, "compute")
         wait_for("vfast running", lambda: job(cluster, fast)["JobState"] == "RUNNING", 30)
         slow = sbatch(cluster, agent, tmp_path, "vslow", "spot", 2, "input")
-        wait_for("signals of both spot jobs", lambda: usable_signal(prometheus, fast)
-                 and usable_signal(prometheus, slow), 180)
+        wait_while_progressing("signals of both spot jobs", lambda: usable_signal(prometheus, fast)
+                               and usable_signal(prometheus, slow), lambda: folder_bytes(tmp_path))
         wait_for("the controller took preemption over", lambda: "PreemptMode=OFF" in cluster.run(
             "scontrol", "show", "partition", "spot", "-o").stdout, 30)
         time.sleep(2)
@@ -217,8 +226,9 @@ def test_on_demand_job_requeues_the_low_mfu_spot_job_which_checkpoints_in_its_gr
         wait_for("the on-demand job runs",
                  lambda: job(cluster, od)["JobState"] in ("RUNNING", "COMPLETED"), 60)
         ev = tmp_path / "vslow.events"
-        wait_for("vslow restarts", lambda: any(e["event"] == "start" and e["restart"] >= 1
-                                               for e in events(ev)), 120)
+        wait_while_progressing("vslow restarts", lambda: any(e["event"] == "start" and e["restart"] >= 1
+                                                             for e in events(ev)),
+                               lambda: (folder_bytes(tmp_path, "vslow"), job(cluster, slow)["JobState"]))
     finally:
         rc = ctl.stop()
     assert rc == 0, ctl.text()

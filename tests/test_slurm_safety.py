@@ -31,7 +31,6 @@ from tests.slurm_cluster import (
     START_BOUND_S,
     SlurmCluster,
     report,
-    slurm_running,
     wait_for,
 )
 from tests.test_agent import Agent
@@ -43,9 +42,10 @@ PENDING = 150
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with slurm_running(tmp_path_factory.mktemp("slurm")) as c:
-        yield c
+def cluster(slurm_cluster):
+    """The session's default cluster (conftest.slurm_cluster), reset for this module."""
+    slurm_cluster.reset()
+    return slurm_cluster
 
 
 @pytest.fixture(scope="module")
