@@ -18,6 +18,7 @@ from gpudiag.analyzers.breakdown import sum_breakdowns
 from gpudiag.analyzers.classify import lost_events, refuse_for_lost_gpu_events, with_deductions
 from gpudiag.analyzers.communication import finish_collectives, per_step
 from gpudiag.analyzers.host_cpu import HostCpu
+from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
@@ -31,6 +32,7 @@ from gpudiag.diagnosis import (
     Bottleneck,
     DeviceInfo,
     Diagnosis,
+    HostWait,
     Mfu,
     RankResult,
     TimeBreakdown,
@@ -81,9 +83,11 @@ def trace_device(path_name: str | None, memory: int | None) -> DevicePeak | None
 def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explicit: DevicePeak | None,
              flops_per_step: float | None, sources: list[str],
              windows: list[WindowSteps] | None = None, workers: list[int] | None = None,
-             host: HostCpu | None = None) -> Diagnosis:
+             host: HostCpu | None = None, wait: HostWait | None = None) -> Diagnosis:
     """One Diagnosis from the ranks' partial results; ``windows`` are the job's own step timer
-    around the traced window when the input is a run directory (``rundir.window_steps``)."""
+    around the traced window when the input is a run directory (``rundir.window_steps``);
+    ``wait``: the training thread's wait for a core (``host_wait``), already charged to a GPU
+    rank's traced steps, here to the unprofiled estimate."""
     warnings: list[str] = []
     for p in partials:
         warnings.extend(p.warnings)
@@ -135,6 +139,10 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     if breakdown.step_time > 0:
         facts = [p.facts for p in partials]
         view = choose_view(breakdown, results, windows, kind, CpuEvents.mean([f.cpu_events for f in facts]))
+        if kind == "gpu" and view.unprofiled is not None:
+            est = unprofiled_waits(view.unprofiled, wait)
+            view = replace(view, unprofiled=est,
+                           breakdown=est if view.breakdown is view.unprofiled else view.breakdown)
         warnings.extend(view.warnings)
         mfu = compute_mfu(results, device, mix, flops_per_step, shapes, view.breakdown.step_time,
                           view.mfu_basis)
@@ -173,7 +181,9 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         else:
             warnings.append("no operator shapes recorded: compute/memory split comes from kernel "
                             "names (profile with record_shapes=True for a roofline)")
-    if breakdown.host_stalled > 0:
+    if kind == "gpu" and wait is not None and not wait.recorded:
+        warnings.append(wait.note)
+    if breakdown.host_stalled > 0 and kind == "cpu":
         warnings.append(f"{breakdown.host_stalled / 1e3:.3g} ms per traced step the OS ran other work "
                         "while an operator of the job waited (operators 20x slower than the median of "
                         "their kind: a busy machine): host time, shown apart from the job's own "
@@ -205,7 +215,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         top_kernels=_top(kernels, busy), top_ops=_top(ops, busy), warnings=_dedupe(warnings),
         basis=view.basis if view else PROFILED, dilation=view.dilation if view else None,
         unprofiled=view.unprofiled if view else None, traced_verdict=traced_verdict, traits=traits,
-        rank_spread=rank_spreads(results),
+        rank_spread=rank_spreads(results), host_wait=wait,
     )
 
 
