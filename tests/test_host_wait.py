@@ -24,6 +24,8 @@ import pytest
 
 from gpudiag.analyzers.diagnose import diagnose
 from gpudiag.diagnosis import Diagnosis
+from gpudiag.reports.html import render_report
+from gpudiag.reports.terminal import render_terminal
 from gpudiag.rundir import read_steps
 from tests.conftest import SHARED
 
@@ -184,3 +186,8 @@ def test_a_gpu_jobs_wait_for_a_core_is_kept_out_of_the_launch_overhead_advice(tm
         assert (graphs.predicted_step_s * 1e6
                 >= u.step_time - (u.host_overhead - u.host_waiting) - u.memory_bound - 1)
         assert "waited for a core" in graphs.why
+    # shown as measured: a row of its own under the host overhead, and the sentence
+    text = render_terminal(d)
+    assert "waiting for a core" in text and "Host time: the training thread waited" in text
+    page = render_report(d)
+    assert "training thread waiting for a core" in page and 'class="host-wait"' in page
