@@ -139,8 +139,10 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     if breakdown.step_time > 0:
         facts = [p.facts for p in partials]
         view = choose_view(breakdown, results, windows, kind, CpuEvents.mean([f.cpu_events for f in facts]))
-        if kind == "gpu" and view.unprofiled is not None:
-            est = unprofiled_waits(view.unprofiled, wait)
+        if view.unprofiled is not None:
+            # a GPU's from the reference steps' own wait; the CPU's are its stalls
+            est = (unprofiled_waits(view.unprofiled, wait) if kind == "gpu"
+                   else replace(view.unprofiled, host_waiting=view.unprofiled.host_stalled))
             view = replace(view, unprofiled=est,
                            breakdown=est if view.breakdown is view.unprofiled else view.breakdown)
         warnings.extend(view.warnings)

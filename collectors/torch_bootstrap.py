@@ -72,7 +72,8 @@ class _Bootstrap:
         self.step = 0
         self.explicit = False  # gpudiag.step() seen: the optimizer hook stops counting
         self.t_step = time.perf_counter()
-        self.sched = _thread_sched()  # the stepping thread's run/wait counters at the last step
+        self.sched_fds: dict[int, int] = {}  # thread id -> its open schedstat file
+        self.sched = _thread_sched(self.sched_fds)  # the stepping thread's counters, last step
         self.collectives = _collectives().StepCollectives()
         self.buffer: list[dict[str, Any]] = []
         self.backend: str | None = None  # default process group backend, once known
@@ -105,7 +106,7 @@ class _Bootstrap:
         if colls:
             row["collectives"] = colls
         row["t0"] = time.time() - row["dt"]
-        sched = _thread_sched()
+        sched = _thread_sched(self.sched_fds)
         if sched is not None and self.sched is not None and sched[0] == self.sched[0]:
             row["run_s"] = (sched[1] - self.sched[1]) / 1e9
             row["wait_s"] = (sched[2] - self.sched[2]) / 1e9
@@ -241,18 +242,23 @@ class _Bootstrap:
             pass
 
 
-def _thread_sched() -> tuple[int, int, int] | None:
+def _thread_sched(fds: dict[int, int]) -> tuple[int, int, int] | None:
     """(thread id, ns on a core, ns runnable but waiting for one) of the calling thread, from
-    ``/proc/thread-self/schedstat`` (Linux; None elsewhere). Read at each step boundary by the
-    thread that ends the step (the optimizer's hook or ``gpudiag.step()`` runs in the training
-    loop's thread, whatever DataLoader workers or intra-op threads exist), so each step row
-    says how long that thread waited for a core: the part of a GPU job's host gaps the OS gave
-    to other work. About 12 us a read on this project's 2-core VM."""
+    its ``/proc/self/task/<tid>/schedstat`` (Linux; None elsewhere). Read at each step boundary
+    by the thread that ends the step (the optimizer's hook or ``gpudiag.step()`` runs in the
+    training loop's thread, whatever DataLoader workers or intra-op threads exist), so each
+    step row says how long that thread waited for a core: the part of a GPU job's host gaps
+    the OS gave to other work. ``fds`` keeps each thread's file open: a ``pread`` at offset 0
+    re-reads it, 1.8 us of CPU against 12 us for an open and read each step (this project's
+    2-core VM)."""
     try:
-        with open("/proc/thread-self/schedstat", "rb") as f:
-            run, wait, _ = f.read().split()
-        return threading.get_native_id(), int(run), int(wait)
-    except (OSError, ValueError):
+        tid = threading.get_native_id()
+        fd = fds.get(tid)
+        if fd is None:
+            fd = fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        run, wait, _ = os.pread(fd, 128, 0).split()
+        return tid, int(run), int(wait)
+    except (OSError, ValueError, AttributeError):
         return None
 
 
