@@ -30,6 +30,7 @@ from gpudiag.analyzers.op_flops import MODEL_OPS
 from gpudiag.diagnosis import (
     Bottleneck,
     CollectiveStats,
+    HostWait,
     JobTraits,
     Mfu,
     Recommendation,
@@ -63,6 +64,7 @@ class AdviceInputs:
     fusion_saved_share: float | None = None  # of memory-bound time, by fusing elementwise runs
     fp32_memory_bytes: float | None = None  # bytes per step of memory-bound fp32 work
     bandwidth: float = 0.0  # the device's, bytes/s
+    host_wait: HostWait | None = None  # the training thread's wait for a core, and who held them
 
 
 def _pct(x: float) -> str:
@@ -193,8 +195,12 @@ def _contention_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     workers = max(t.dataloader_workers, default=0)
     free = (f" ({t.cpus} cores, {workers} DataLoader workers, {t.intra_op_threads} intra-op "
             "threads)" if t.cpus and t.intra_op_threads else "")
+    whose = ("while the job's own workers and threads hold them"
+             if a.host_wait is None or a.host_wait.own_share is not None else
+             "(who held them the host sampler could not say: where it is the job's own workers and "
+             "threads)")
     return (f"The training thread waits for a core {_pct(contention_share(a.view))} of step time "
-            f"while the job's own workers and threads hold them{free}: leave it a core - fewer "
+            f"{whose}{free}: leave it a core - fewer "
             "intra-op threads (torch.set_num_threads), DataLoader workers sized to the cores left "
             "free, augmentation moved to the GPU (torchvision.transforms.v2 on CUDA tensors).")
 

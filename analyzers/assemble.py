@@ -167,7 +167,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
             traits=traits, mfu=mfu, roofline=roofline, collectives=collectives, stragglers=stragglers,
             top_memory_ops=top_memory, fusion_saved_share=saved / mem if mem > 0 and saved > 0 else None,
             fp32_memory_bytes=_fp32_memory_bytes(roof_acc, device, sum(len(r.steps) for r in results)),
-            bandwidth=device.bandwidth if device else 0.0)))
+            bandwidth=device.bandwidth if device else 0.0, host_wait=wait)))
     else:
         roofline = build_roofline(roof_acc, device)
         verdict = Verdict(label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",

@@ -73,9 +73,10 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
         return HostWait(recorded=False, note=NOT_RECORDED)
     traced = [r for w in windows or [] for r in w.traced_rows if r.wait_s is not None]
     ref = [r for r in _reference(windows, steps) if r.wait_s is not None and r.dt > 0]
+    ran = [r for r in ref if r.run_s is not None]  # a torn row may lack one of the two
     wait = statistics.median(r.wait_s for r in ref) * 1e6 if ref else None
-    run = statistics.median(r.run_s for r in ref if r.run_s is not None) * 1e6 if ref else None
-    cores = statistics.median(r.run_s / r.dt for r in ref if r.run_s is not None) if ref else None
+    run = statistics.median(r.run_s for r in ran) * 1e6 if ran else None
+    cores = statistics.median(r.run_s / r.dt for r in ran) if ran else None
     over = "untraced steps"
     if host is None and samples:
         every = {k: [replace(r, profiler=None) for r in rs] for k, rs in steps.items()}
