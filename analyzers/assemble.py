@@ -15,7 +15,12 @@ from dataclasses import dataclass, field, replace
 from gpudiag import __version__
 from gpudiag.analyzers.advice import AdviceInputs, recommend
 from gpudiag.analyzers.breakdown import sum_breakdowns
-from gpudiag.analyzers.classify import lost_events, refuse_for_lost_gpu_events, with_deductions
+from gpudiag.analyzers.classify import (
+    HOST_NOTABLE,
+    lost_events,
+    refuse_for_lost_gpu_events,
+    with_deductions,
+)
 from gpudiag.analyzers.communication import finish_collectives, per_step
 from gpudiag.analyzers.host_cpu import HostCpu
 from gpudiag.analyzers.host_wait import unprofiled_waits
@@ -183,7 +188,8 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         else:
             warnings.append("no operator shapes recorded: compute/memory split comes from kernel "
                             "names (profile with record_shapes=True for a roofline)")
-    if kind == "gpu" and wait is not None and not wait.recorded:
+    unsplit = kind == "gpu" and wait is not None and not wait.recorded
+    if unsplit and breakdown.fraction("host_overhead") >= HOST_NOTABLE:  # worth splitting there
         warnings.append(wait.note)
     if breakdown.host_stalled > 0 and kind == "cpu":
         warnings.append(f"{breakdown.host_stalled / 1e3:.3g} ms per traced step the OS ran other work "
