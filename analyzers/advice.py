@@ -30,6 +30,7 @@ from gpudiag.analyzers.op_flops import MODEL_OPS
 from gpudiag.diagnosis import (
     Bottleneck,
     CollectiveStats,
+    HostWait,
     JobTraits,
     Mfu,
     Recommendation,
@@ -63,6 +64,7 @@ class AdviceInputs:
     fusion_saved_share: float | None = None  # of memory-bound time, by fusing elementwise runs
     fp32_memory_bytes: float | None = None  # bytes per step of memory-bound fp32 work
     bandwidth: float = 0.0  # the device's, bytes/s
+    host_wait: HostWait | None = None  # the training thread's wait for a core, and who held them
 
 
 def _pct(x: float) -> str:
@@ -178,8 +180,36 @@ def _comm_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
             f"step time{_comm_detail(a)}: {how}{less}{link}.")
 
 
+def own_launch_share(b: TimeBreakdown) -> float:
+    """The job's own host work (Python, launches, syncs) over the step: the host gaps less the
+    training thread's wait for a core (``host_waiting``), which no launch-overhead fix removes."""
+    waiting = max(b.host_waiting, b.host_stalled)
+    return (b.host_overhead - waiting) / b.step_time if b.step_time > 0 else 0.0
+
+
+def contention_share(b: TimeBreakdown) -> float:
+    """The training thread's wait for cores the job's own workers and threads held, over the step."""
+    return max(0.0, b.host_waiting - b.host_stalled) / b.step_time if b.step_time > 0 else 0.0
+
+
+def _contention_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    t = a.traits
+    workers = max(t.dataloader_workers, default=0)
+    free = (f" ({t.cpus} cores, {workers} DataLoader workers, {t.intra_op_threads} intra-op "
+            "threads)" if t.cpus and t.intra_op_threads else "")
+    whose = ("while the job's own workers and threads hold them"
+             if a.host_wait is None or a.host_wait.own_share is not None else
+             "(who held them the host sampler could not say: where it is the job's own workers and "
+             "threads)")
+    return (f"The training thread waits for a core {_pct(contention_share(a.view))} of step time "
+            f"{whose}{free}: leave it a core - fewer "
+            "intra-op threads (torch.set_num_threads), DataLoader workers sized to the cores left "
+            "free, augmentation moved to the GPU (torchvision.transforms.v2 on CUDA tensors).")
+
+
 def _graphs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"The GPU is idle {_pct(s[Bottleneck.HOST])} of step time with no input wait: capture "
+    return (f"The GPU is idle {_pct(own_launch_share(a.view))} of step time on the job's own host "
+            "work (launches, Python, syncs) with no input wait: capture "
             "the step with CUDA graphs or torch.compile(mode='reduce-overhead'), remove host syncs "
             "(.item(), .cpu(), print of tensors) from the loop, and grow the batch so each launch "
             "does more work.")
@@ -315,12 +345,16 @@ CATALOGUE: list[Advice] = [
     Advice("overlap-communication", lambda a, s: s[Bottleneck.COMMUNICATION] >= COMM_NOTABLE,
            _comm_text, lambda a: whatif.communication_overlapped(a.view, cpu=not _gpu(a)),
            Bottleneck.COMMUNICATION),
+    # host advice on a GPU from the job's own launch overhead alone; the training thread's wait
+    # for cores its own workers and threads hold has its own fix (``host_wait``)
     Advice("cuda-graphs-or-compile",
-           lambda a, s: _gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
+           lambda a, s: _gpu(a) and not a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE,
            _graphs_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share), Bottleneck.HOST),
     Advice("remove-host-syncs",
-           lambda a, s: _gpu(a) and a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
+           lambda a, s: _gpu(a) and a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE,
            _syncs_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
+    Advice("free-a-core", lambda a, s: contention_share(a.view) >= HOST_NOTABLE, _contention_text,
+           lambda a: whatif.contention_removed(a.view), Bottleneck.HOST),
     Advice("compile-small-ops",
            lambda a, s: not _gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
            _compile_small_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share),

@@ -15,9 +15,15 @@ from dataclasses import dataclass, field, replace
 from gpudiag import __version__
 from gpudiag.analyzers.advice import AdviceInputs, recommend
 from gpudiag.analyzers.breakdown import sum_breakdowns
-from gpudiag.analyzers.classify import lost_events, refuse_for_lost_gpu_events, with_deductions
+from gpudiag.analyzers.classify import (
+    HOST_NOTABLE,
+    lost_events,
+    refuse_for_lost_gpu_events,
+    with_deductions,
+)
 from gpudiag.analyzers.communication import finish_collectives, per_step
 from gpudiag.analyzers.host_cpu import HostCpu
+from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
@@ -31,6 +37,7 @@ from gpudiag.diagnosis import (
     Bottleneck,
     DeviceInfo,
     Diagnosis,
+    HostWait,
     Mfu,
     RankResult,
     TimeBreakdown,
@@ -81,9 +88,11 @@ def trace_device(path_name: str | None, memory: int | None) -> DevicePeak | None
 def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explicit: DevicePeak | None,
              flops_per_step: float | None, sources: list[str],
              windows: list[WindowSteps] | None = None, workers: list[int] | None = None,
-             host: HostCpu | None = None) -> Diagnosis:
+             host: HostCpu | None = None, wait: HostWait | None = None) -> Diagnosis:
     """One Diagnosis from the ranks' partial results; ``windows`` are the job's own step timer
-    around the traced window when the input is a run directory (``rundir.window_steps``)."""
+    around the traced window when the input is a run directory (``rundir.window_steps``);
+    ``wait``: the training thread's wait for a core (``host_wait``), already charged to a GPU
+    rank's traced steps, here to the unprofiled estimate."""
     warnings: list[str] = []
     for p in partials:
         warnings.extend(p.warnings)
@@ -136,6 +145,12 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         facts = [p.facts for p in partials]
         events = CpuEvents.mean([f.cpu_events for f in facts])
         view = choose_view(breakdown, results, windows, kind, events)
+        if view.unprofiled is not None:
+            # a GPU's from the reference steps' own wait; the CPU's are its stalls
+            est = (unprofiled_waits(view.unprofiled, wait) if kind == "gpu"
+                   else replace(view.unprofiled, host_waiting=view.unprofiled.host_stalled))
+            view = replace(view, unprofiled=est,
+                           breakdown=est if view.breakdown is view.unprofiled else view.breakdown)
         warnings.extend(view.warnings)
         mfu = compute_mfu(results, device, mix, flops_per_step, shapes, view.breakdown.step_time,
                           view.mfu_basis)
@@ -158,7 +173,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
             traits=traits, mfu=mfu, roofline=roofline, collectives=collectives, stragglers=stragglers,
             top_memory_ops=top_memory, fusion_saved_share=saved / mem if mem > 0 and saved > 0 else None,
             fp32_memory_bytes=_fp32_memory_bytes(roof_acc, device, sum(len(r.steps) for r in results)),
-            bandwidth=device.bandwidth if device else 0.0)))
+            bandwidth=device.bandwidth if device else 0.0, host_wait=wait)))
     else:
         roofline = build_roofline(roof_acc, device)
         verdict = Verdict(label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
@@ -174,7 +189,10 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         else:
             warnings.append("no operator shapes recorded: compute/memory split comes from kernel "
                             "names (profile with record_shapes=True for a roofline)")
-    if breakdown.host_stalled > 0:
+    unsplit = kind == "gpu" and wait is not None and not wait.recorded
+    if unsplit and breakdown.fraction("host_overhead") >= HOST_NOTABLE:  # worth splitting there
+        warnings.append(wait.note)
+    if breakdown.host_stalled > 0 and kind == "cpu":
         warnings.append(f"{breakdown.host_stalled / 1e3:.3g} ms per traced step the OS ran other work "
                         "while an operator of the job waited (operators 20x slower than the median of "
                         "their kind: a busy machine): host time, shown apart from the job's own "
@@ -206,7 +224,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         top_kernels=_top(kernels, busy), top_ops=_top(ops, busy), warnings=_dedupe(warnings),
         basis=view.basis if view else PROFILED, dilation=view.dilation if view else None,
         unprofiled=view.unprofiled if view else None, traced_verdict=traced_verdict, traits=traits,
-        rank_spread=rank_spreads(results),
+        rank_spread=rank_spreads(results), host_wait=wait,
     )
 
 

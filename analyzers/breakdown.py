@@ -145,6 +145,9 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> list[St
             memcpy_exposed=float(memcpy_exposed[i]), idle=float(idle[i]),
             input_wait=float(input_wait[i]), host_overhead=float(idle[i] - input_wait[i]),
             host_stalled=float(min(stalled[i], idle[i] - input_wait[i])),
+            # on the CPU the stalls are all the waiting the trace shows; on a GPU the step
+            # timer's run delay fills it (``host_wait.with_waits``)
+            host_waiting=float(min(stalled[i], idle[i] - input_wait[i])),
         )
         out.append(StepBreakdown(step=numbers[i], start=float(lo[i]), breakdown=tb,
                                  model_flops=None if flops is None else float(flops[i])))

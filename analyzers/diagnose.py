@@ -26,6 +26,7 @@ from gpudiag.analyzers.breakdown import (
 )
 from gpudiag.analyzers.communication import collective_acc
 from gpudiag.analyzers.host_cpu import host_cpu
+from gpudiag.analyzers.host_wait import host_wait, with_waits
 from gpudiag.analyzers.rank_facts import rank_facts
 from gpudiag.analyzers.rank_pool import ProgressSink, RankFile, peek, run_ranks, select
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, work_bounds
@@ -214,15 +215,22 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     check_unique_ranks([(p.result.rank, p.result.trace) for p in partials])
     partials.sort(key=lambda p: p.result.rank)
     run_dir = Path(target)
-    windows = workers = host = None
+    windows = workers = host = wait = None
     if is_run_dir(run_dir):
         boot = read_bootstrap(run_dir)
         steps_read = read_steps(run_dir, boot)
         windows = window_steps(run_dir, boot=boot, steps=steps_read)
         workers = [w for m in boot.values() for w in m.dataloader_workers]
-        host = host_cpu(read_host_cpu(run_dir), steps_read, boot)
+        samples = read_host_cpu(run_dir)
+        host = host_cpu(samples, steps_read, boot)
+        wait = host_wait(windows, steps_read, host, samples, boot)
+        if wait is not None:  # a GPU rank's host gaps hold its training thread's wait
+            traced = {w.rank: w.traced_rows for w in windows}
+            for p in partials:
+                if p.has_gpu:
+                    p.result = with_waits(p.result, traced.get(p.result.rank, []), wait)
     d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], windows,
-                 workers, host)
+                 workers, host, wait)
     if d.device.source.startswith("measured") and cpu_device is not None and choice.peak_floor:
         raised = {f: v for f, v in d.device.peak_flops.items() if v > cpu_device.flops.get(f, 0.0)}
         if raised:

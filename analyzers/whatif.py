@@ -175,11 +175,32 @@ def communication_overlapped(b: TimeBreakdown, cpu: bool = False) -> Prediction:
 
 
 def _gaps(b: TimeBreakdown) -> tuple[float, str]:
-    """The host gaps a fix can close, and what stays: the time the OS ran other work
-    (``host_stalled``) is the machine's, whatever the job does."""
-    kept = (f" (the {_ms(b.host_stalled)} the OS ran other work in them stays: a busy machine)"
-            if b.host_stalled > 0 else "")
-    return b.host_overhead - b.host_stalled, kept
+    """The host gaps a launch-overhead fix can close, and what stays: the time the training
+    thread waited for a core (``host_waiting``: the job's own workers and threads held them, or
+    other processes, ``host_stalled``) is not launch overhead, whatever the launches become."""
+    waiting = max(b.host_waiting, b.host_stalled)
+    own = waiting - b.host_stalled
+    if own > 0:
+        kept = (f" (the {_ms(waiting)} the training thread waited for a core in them stays: "
+                f"{_ms(own)} of it the job's own workers and threads held the cores"
+                + (f", {_ms(b.host_stalled)} other processes" if b.host_stalled > 0 else "") + ")")
+    else:
+        kept = (f" (the {_ms(b.host_stalled)} the OS ran other work in them stays: a busy machine)"
+                if b.host_stalled > 0 else "")
+    return b.host_overhead - waiting, kept
+
+
+def contention_removed(b: TimeBreakdown) -> Prediction:
+    """The training thread's wait for cores the job's own workers and threads held
+    (``host_waiting - host_stalled``) removed, and nothing else: its own host work and the
+    cores other processes hold stay."""
+    own = max(0.0, b.host_waiting - b.host_stalled)
+    other = (f"; the {_ms(b.host_stalled)} other processes held the cores stays"
+             if b.host_stalled > 0 else "")
+    return Prediction(b.step_time - own,
+                      f"the training thread's wait for cores its own workers and threads held "
+                      f"({_ms(own)} per step) removed{other}; its own host work (Python, launches, "
+                      "syncs) and the device's work keep their time")
 
 
 def host_gaps_closed(b: TimeBreakdown) -> Prediction:

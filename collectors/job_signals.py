@@ -11,11 +11,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gpudiag.jobsignal import run_dir_field, write_signal
-from gpudiag.rundir import read_steps, split_step_rows
+from gpudiag.rundir import own_step_seconds, read_host_cpu, read_steps, split_step_rows
 
 RECENT_STEPS = 50
 
@@ -31,6 +32,17 @@ def step_stats(run_dir: Path) -> tuple[float | None, dict[str, float], int]:
                 colls[name] = colls.get(name, 0.0) + float(c["seconds"])
     live = split_step_rows(0, rows, last=RECENT_STEPS).median_untraced()
     return live, colls, (rows[-1].step if rows else 0)
+
+
+def own_step(run_dir: Path) -> float | None:
+    """The median of the recent untraced steps of rank 0 at the job's own pace: each less its
+    training thread's wait for cores that processes outside the job held
+    (``rundir.own_step_seconds``). What MFU is exported from, so that another tenant's load
+    is not charged to the job (its own DataLoader workers and threads are its own)."""
+    rows = read_steps(run_dir, rank=0).get(0, [])
+    own = own_step_seconds(rows, read_host_cpu(run_dir))
+    rows = [replace(r, dt=o) for r, o in zip(rows, own, strict=True)]
+    return split_step_rows(0, rows, last=RECENT_STEPS).median_untraced()
 
 
 class SignalReporter:
@@ -66,7 +78,7 @@ class SignalReporter:
         extra: dict[str, Any] = {}
         if self.estimate is not None and not fields:
             try:
-                extra = self.estimate(step)
+                extra = self.estimate(own_step(self.run_dir))
             except Exception as e:  # noqa: BLE001 - signals are best effort, the job goes on
                 self.error = f"MFU estimate failed: {e}"
         sig = {"job_id": self.job_id, "ts": time.time(), "step_seconds": step,

@@ -40,7 +40,12 @@ class TimeBreakdown:
     ``idle == input_wait + host_overhead``. On a CPU-only trace "GPU" reads "device".
     ``host_stalled`` is the part of ``host_overhead`` the OS ran other work while an operator
     of the job waited (a busy machine): host time, but not the job's own overhead, so no
-    verdict or prediction counts it as overhead a fix would remove.
+    verdict or prediction counts it as overhead a fix would remove. ``host_waiting`` is the part
+    of ``host_overhead`` the training thread was runnable but waiting for a core, whoever held
+    the cores (on a GPU: its schedstat run delay per step, within the step's host gaps; on the
+    CPU: the stalls, as ``host_stalled``); ``host_stalled <= host_waiting <= host_overhead``.
+    Its part held by the job's own workers and threads (``host_waiting - host_stalled``) is the
+    job's, but launch-overhead fixes (CUDA graphs, compile) do not remove it.
     """
 
     step_time: float = 0.0
@@ -54,7 +59,8 @@ class TimeBreakdown:
     idle: float = 0.0
     input_wait: float = 0.0
     host_overhead: float = 0.0
-    host_stalled: float = 0.0  # part of host_overhead: the OS not running the job (CPU device)
+    host_stalled: float = 0.0  # part of host_overhead: the OS running other processes
+    host_waiting: float = 0.0  # part of host_overhead: runnable, waiting for a core (any owner)
 
     def fraction(self, part: str) -> float:
         return getattr(self, part) / self.step_time if self.step_time > 0 else 0.0
@@ -305,6 +311,23 @@ class Dilation:
 
 
 @dataclass
+class HostWait:
+    """How long the training thread waited for a core, from the job's step timer
+    (``/proc/thread-self/schedstat`` read at each step's end: ``analyzers.host_wait``), and who
+    held the cores meanwhile, from the host sampler's CPU figures over the untraced steps."""
+
+    recorded: bool  # the step rows carry the thread's run delay
+    note: str  # one sentence: what was measured, or why the split is missing
+    traced_wait_us: float | None = None  # mean per traced step
+    untraced_wait_us: float | None = None  # median per reference (untraced) step
+    untraced_run_us: float | None = None  # the thread on a core, median per reference step
+    # of the CPU that competed with the training thread over the untraced steps: the job's own
+    # (its DataLoader workers, intra-op threads) and processes outside it; None: not sampled
+    own_share: float | None = None
+    other_share: float | None = None
+
+
+@dataclass
 class JobTraits:
     """What the trace shows of the job, so that advice fits it (``analyzers.traits``)."""
 
@@ -358,6 +381,8 @@ class Diagnosis(JsonValue):
     # per-rank numbers summarised over the ranks (2 or more ranks with steps); optional, so
     # diagnoses written before it still read
     rank_spread: list[RankSpread] = field(default_factory=list)
+    # the training thread's wait for a core (run directories with a step timer; None otherwise)
+    host_wait: HostWait | None = None
 
     @classmethod
     def from_json(cls, text: str) -> Diagnosis:
@@ -445,7 +470,7 @@ def verdict_breakdown(d: Diagnosis) -> TimeBreakdown:
 
 
 SHARE_PARTS = ("compute", "compute_bound", "memory_bound", "comm_exposed", "memcpy_exposed",
-               "input_wait", "host_overhead", "host_stalled", "idle")
+               "input_wait", "host_overhead", "host_stalled", "host_waiting", "idle")
 
 
 def summary_figures(d: Diagnosis) -> dict[str, float | str | None]:

@@ -12,7 +12,7 @@ value the job's previous signal gave it.
 | ``job_id`` | the job (string, at most 128 characters; cleaned into a label value) |
 | ``ts`` | unix time the signal was written |
 | ``step_seconds`` | live median step time of untraced steps |
-| ``mfu_ratio`` | unprofiled MFU: FLOPs per step / (``step_seconds`` x device peak), 0..1 |
+| ``mfu_ratio`` | unprofiled MFU at the job's own pace (waits other processes caused left out), 0..1 |
 | ``bottleneck`` | the label (compute-bound, memory-bound, ...) of the unprofiled estimate |
 | ``confidence`` | (v2) confidence of that label, 0..1 |
 | ``traced_at`` | (v2) unix time of the trace the label and FLOPs come from |

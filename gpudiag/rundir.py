@@ -16,6 +16,7 @@ old or the new version, never half of one.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import statistics
@@ -91,6 +92,41 @@ class HostSample:
     cores: float  # CPU cores the job's process tree used
     runq_cores: float  # cores' worth of time its processes waited runnable for a core
     machine_busy: float | None  # cores the whole machine kept busy (None: not recorded)
+
+
+def wait_shares(job_cores: float, thread_cores: float, other_cores: float | None
+                ) -> tuple[float, float] | None:
+    """(own, other): of the CPU that competed with a job's training thread, the share the job's
+    own processes and threads used (``job_cores`` less the thread's) and the share the rest of
+    the machine used (``other_cores``); the thread's wait for a core is split in this
+    proportion (the scheduler's fair share assumed). None where unknown or nothing competed."""
+    if other_cores is None:
+        return None
+    own = max(0.0, job_cores - thread_cores)
+    other = max(0.0, other_cores)
+    if own + other <= 0:
+        return None
+    return round(own / (own + other), 3), round(other / (own + other), 3)
+
+
+def own_step_seconds(rows: list[StepRow], samples: list[HostSample]) -> list[float]:
+    """Each step's wall time less its training thread's wait for a core while processes outside
+    the job held the cores (``wait_shares`` of the host sample covering the step's end): the
+    job's own pace, which another tenant's load does not change. A step without a recorded wait,
+    or with no sample to split it by, keeps its wall time (the job is charged, not excused)."""
+    ends = [h.t for h in samples]
+    out = []
+    for r in rows:
+        own = r.dt
+        k = bisect.bisect_left(ends, r.t)
+        if r.wait_s is not None and r.run_s is not None and r.dt > 0 and 0 < k < len(samples):
+            h = samples[k]
+            other = h.machine_busy - h.cores if h.machine_busy is not None else None
+            split = wait_shares(h.cores, min(1.0, r.run_s / r.dt), other)
+            if split is not None:
+                own = max(r.run_s, r.dt - r.wait_s * split[1])
+        out.append(own)
+    return out
 
 
 def read_host_cpu(run_dir: Path) -> list[HostSample]:
@@ -193,6 +229,11 @@ class StepRow:
     dt: float  # wall seconds of the step
     profiler: str | None = None  # None, or one of the PROFILER_* values
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the thread that ended the step (the training loop's), over the step, from its schedstat:
+    # seconds on a core, and seconds runnable but waiting for one (None: not recorded, as in
+    # run directories written before the step timer read them)
+    run_s: float | None = None
+    wait_s: float | None = None
 
 
 def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
@@ -213,9 +254,12 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
                 continue
             prof = r.get("profiler")
             colls = r.get("collectives")
+            run_s, wait_s = r.get("run_s"), r.get("wait_s")
             rows.append(StepRow(step=step, t=float(t), dt=float(dt),
                                 profiler=prof if isinstance(prof, str) else None,
-                                collectives=colls if isinstance(colls, dict) else {}))
+                                collectives=colls if isinstance(colls, dict) else {},
+                                run_s=float(run_s) if _num(run_s) and run_s >= 0 else None,
+                                wait_s=float(wait_s) if _num(wait_s) and wait_s >= 0 else None))
         if rank in boot and not any(r.profiler for r in rows):
             _mark_legacy_window(rows, boot[rank])
         out[rank] = rows

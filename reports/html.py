@@ -143,6 +143,10 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
     b = d.breakdown
     mean_rows = [(label, ms(getattr(b, key)), pct(b.fraction(key))) for key, label, _ in PARTS]
     mean_rows[2:2] = [("compute (total)", ms(b.compute), pct(b.fraction("compute")))]
+    if b.host_waiting > b.host_stalled:
+        mean_rows.append(("of the host overhead, the training thread waiting for a core (the job's "
+                          "own workers and threads, or other processes)", ms(b.host_waiting),
+                          pct(b.fraction("host_waiting"))))
     if b.host_stalled > 0:
         mean_rows.append(("of the host overhead, the OS running other work", ms(b.host_stalled),
                           pct(b.fraction("host_stalled"))))

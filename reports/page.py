@@ -138,4 +138,6 @@ def views_ctx(d: Diagnosis) -> dict[str, Any]:
             # caveats that cost confidence are listed with their cost under the verdict
             "caveats": [si_text(c) for c in dil.caveats
                         if c not in {x.reason for x in d.verdict.deductions}] if dil is not None else [],
-            "traced_verdict": views.traced_verdict_line(d), "rows": rows, "chart": Markup(chart)}
+            "traced_verdict": views.traced_verdict_line(d), "rows": rows, "chart": Markup(chart),
+            # the training thread's wait for a core, where the step timer recorded it
+            "host_wait": d.host_wait.note if d.host_wait is not None and d.host_wait.recorded else None}

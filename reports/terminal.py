@@ -103,6 +103,8 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
     if d.breakdown.step_time > 0:
         out.append("")
         out.extend(_breakdown(d, "GPU" if dev.kind == "gpu" else "CPU"))
+    if d.host_wait is not None and d.host_wait.recorded:
+        out.extend(textwrap.wrap("Host time: " + d.host_wait.note + ".", **wrap))
     m = d.mfu
     out.append("")
     if m.value is not None:

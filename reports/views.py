@@ -21,6 +21,7 @@ UNPROFILED = "unprofiled-estimate"
 PROFILED = "profiled-steps"
 
 STALLED = "host_stalled"
+WAITING = "host_waiting"
 # (TimeBreakdown field, row label) of the side-by-side table, in reading order.
 VIEW_ROWS = [
     ("compute", "compute"),
@@ -30,6 +31,7 @@ VIEW_ROWS = [
     ("memcpy_exposed", "exposed memcpy/memset"),
     ("input_wait", "input wait (DataLoader)"),
     ("host_overhead", "host overhead"),
+    (WAITING, "  waiting for a core"),
     (STALLED, "  OS ran other work"),
     ("step_time", "step time"),
 ]
@@ -37,9 +39,13 @@ VIEW_ROWS = [
 
 def rows_of(*shown: TimeBreakdown | None) -> list[tuple[str, str]]:
     """VIEW_ROWS for these breakdowns: the OS's share of the host overhead only where there
-    is one (a busy machine), so a quiet run's table is not padded with zeros."""
+    is one (a busy machine), and the training thread's wait for a core only where part of it
+    was the job's own threads' and workers' (a GPU job's step timer), so a quiet run's table is
+    not padded with zeros, and a CPU job's (whose stalls are all its waiting) not with a copy."""
     stalled = any(b is not None and b.host_stalled > 0 for b in shown)
-    return [(k, label) for k, label in VIEW_ROWS if k != STALLED or stalled]
+    waiting = any(b is not None and b.host_waiting > b.host_stalled for b in shown)
+    return [(k, label) for k, label in VIEW_ROWS
+            if (k != STALLED or stalled) and (k != WAITING or waiting)]
 
 
 def _ms(us: float) -> str:

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.agent.job_table import JobTable
 from gpudiag.agent.signals import MAX_SIGNAL_BYTES, parse_signal
+from gpudiag.collectors.job_signals import own_step
 from gpudiag.collectors.nvml import NO_BACKEND_REASON, ReplayBackend
 from gpudiag.jobsignal import write_signal
 from tests.harness import free_port, prometheus_server, wait_http
@@ -262,16 +263,19 @@ def test_real_prometheus_reads_back_the_mfu_and_label_of_a_profiled_job(tmp_path
     assert proc.returncode == 0, proc.stderr
     d = json.loads((tmp_path / "run" / "diagnosis.json").read_text())
     # signals sent while the job ran carry running estimates; the last one, sent at the end,
-    # carries the diagnosis' own MFU: Prometheus must get there within a few scrapes
+    # carries the diagnosis' FLOPs over the job's own recent pace (the waits other processes
+    # caused left out: ``job_signals.own_step``): Prometheus must get there within a few scrapes
+    m = d["mfu"]
+    final = min(1.0, m["flops_per_step"] / own_step(tmp_path / "run") / m["peak_flops"])
     expr = 'gpudiag_job_mfu_ratio{job_id="e2e-job"}'
     end = time.monotonic() + 30
     seen = None
     while time.monotonic() < end:
         seen = float(wait_series(prometheus, expr)[0]["value"][1])
-        if seen == pytest.approx(d["mfu"]["value"], rel=1e-6):
+        if seen == pytest.approx(final, rel=1e-6):
             break
         time.sleep(0.5)
-    assert seen == pytest.approx(d["mfu"]["value"], rel=1e-6)
+    assert seen == pytest.approx(final, rel=1e-6)
     label = wait_series(prometheus, 'gpudiag_job_bottleneck{job_id="e2e-job"} == 1')
     assert label[0]["metric"]["label"] == d["verdict"]["label"]
     up = wait_series(prometheus, "gpudiag_gpu_up")

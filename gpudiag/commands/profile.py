@@ -238,7 +238,9 @@ def _estimator(run_dir: Path):  # noqa: ANN202 - a closure
     The run directory is analysed again whenever a trace window is written (the first, and
     each re-trace), so the label follows the job's phase; between windows, MFU follows the
     live untraced step time (model FLOPs per step from the trace over the median of the
-    most recent untraced steps, at the device's peak), never the dilated traced steps.
+    most recent untraced steps, at the device's peak), never the dilated traced steps, and at
+    the job's own pace: the training thread's waits for cores that processes outside the job
+    held are not charged to it (``job_signals.own_step``).
     """
     cache: dict[str, object] = {}
     trace = run_dir / "traces" / "rank-0.json.gz"
@@ -281,13 +283,17 @@ def signal_fields(d: object, live_step_s: float | None, traced_at: float | None)
 
 
 def _final_signal(reporter: object, d: object, run_dir: Path) -> None:
+    """The job's last signal: its MFU at its own recent pace, as every signal before it (the
+    diagnosis' view would charge it the waits other processes caused)."""
+    from gpudiag.collectors.job_signals import own_step
+
     fields = {}
     if d is not None:
         try:
             traced_at = (run_dir / "traces" / "rank-0.json.gz").stat().st_mtime
         except OSError:
             traced_at = None
-        fields = signal_fields(d, None, traced_at)
+        fields = signal_fields(d, own_step(run_dir), traced_at)
     reporter.finish(**fields)
     if reporter.error:
         _say(reporter.error)
