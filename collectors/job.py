@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudiag.collectors.torch_cupti import job_env_settings
 from gpudiag.errors import BadInput
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -32,7 +33,8 @@ class JobResult:
     forwarded: list[str]  # signals gpudiag received and passed on
 
 
-def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0) -> dict[str, str]:
+def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0,
+            cupti_teardown: str = "auto") -> dict[str, str]:
     env = dict(os.environ)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + old if old else "")
@@ -46,6 +48,9 @@ def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0) -> dic
     # TORCH_FR_BUFFER_SIZE and warns on every rank when the older name is set.
     env.setdefault("GPUDIAG_FR_BUFFER_SIZE", "2000")
     env.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
+    # CUPTI released after each trace window (Kineto reads TEARDOWN_CUPTI; set before the job
+    # starts, so it holds from libkineto's initialisation on): see torch_cupti.
+    env.update(job_env_settings(env, cupti_teardown))
     return env
 
 

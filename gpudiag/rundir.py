@@ -46,6 +46,8 @@ class RunInfo:
     last_step: int | None = None
     notes: list[str] = field(default_factory=list)
     sampler: dict[str, Any] = field(default_factory=dict)  # samples, cpu_seconds, wall_seconds
+    # what was asked of CUPTI after trace windows, and per rank what was done (torch_cupti)
+    cupti_teardown: dict[str, Any] = field(default_factory=dict)
     schema_version: int = RUN_SCHEMA_VERSION
     kind: str = "gpudiag-run"
 
@@ -169,6 +171,7 @@ class BootstrapMeta:
     windows: list[dict[str, Any]] = field(default_factory=list)  # one per trace window written
     cpus: int | None = None  # cores the job's process could run on
     intra_op_threads: int | None = None  # torch's intra-op threads as the job left them
+    cupti_teardown: dict[str, Any] = field(default_factory=dict)  # the last window's (torch_cupti)
 
 
 def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:
