@@ -11,6 +11,10 @@
 # exit. Ratios are against the alone run of the same round.
 #     bash benchmarks/gpu_observer_cost.sh [ROUNDS] [STEPS] [--small]   # defaults: 2 rounds, 400 steps
 # --small: the LM shrunk to run in seconds on a CPU (a dry run of the script, no CUPTI there).
+# KIND=cnn (environment): the ResNet-50 behind 12 persistent, pinned DataLoader workers instead,
+# whose "exit" column says whether the job's end waits on its workers alone as under gpudiag
+# (an H200 run of such a job sat idle 70 s after its last step: docs/benchmarks.md); it needs
+# torchvision.
 set -eu
 ROUNDS=${1:-2}
 STEPS=${2:-400}
@@ -18,16 +22,18 @@ SMALL=${3:-}
 PY=${PYTHON:-python3}
 J="benchmarks/workloads/gpu_realistic.py"
 [ "$SMALL" = "--small" ] && J="$J --small"
+KIND=${KIND:-lm}
 T=$(mktemp -d)
+trap 'echo "run directories and reports: $T"' EXIT
 run() {  # name round: one run, its report in $T/<name><round>.json, its exit time beside it
     local name=$1 i=$2 out="$T/$1$2"
     case $name in
-        alone) $PY $J --kind lm --steps "$STEPS" --report "$out.json"; date +%s.%N > "$out.exit" ;;
+        alone) $PY $J --kind $KIND --steps "$STEPS" --report "$out.json"; date +%s.%N > "$out.exit" ;;
         prof-*) $PY -m gpudiag profile --out "$out" --backend none --skip 20 --steps 5 \
-                    --cupti-teardown "${name#prof-}" -- $PY $J --kind lm --steps "$STEPS" \
+                    --cupti-teardown "${name#prof-}" -- $PY $J --kind $KIND --steps "$STEPS" \
                     --report "$out.json" > "$out.log" 2>&1 ;;
         mon-*) $PY -m gpudiag profile --out "$out" --backend none --monitor \
-                   --cupti-teardown "${name#mon-}" -- $PY $J --kind lm --steps "$STEPS" \
+                   --cupti-teardown "${name#mon-}" -- $PY $J --kind $KIND --steps "$STEPS" \
                    --report "$out.json" > "$out.log" 2>&1 ;;
     esac
 }
@@ -64,4 +70,3 @@ for name in ("alone", "prof-auto", "prof-off", "mon-auto", "mon-off"):
           f"exit {exit_s:5.2f} s  CUPTI torn down: {cupti.get('teardown', '-')}")
 PYEOF
 done
-echo "run directories and reports: $T"
