@@ -212,9 +212,14 @@ class JobTable(Collector):
         seen = gauge("gpudiag_job_last_signal_timestamp_seconds", "When the job last reported.")
         run = gauge("gpudiag_job_run_info", "1, labelled with the job's run directory (its report.html).",
                     (*JOB_LABELS, "run_dir"))
+        ended = gauge("gpudiag_job_ended_timestamp_seconds",
+                      "When the job reported that it ended (only jobs that have: their last values "
+                      "stay exported a grace period, so scrapes see them, then they are dropped).")
         for j in self.jobs.values():
             lv = [j.job_id, "" if j.owner_uid is None else str(j.owner_uid)]
             seen.add_metric(lv, j.ts)
+            if j.ended:
+                ended.add_metric(lv, j.ts)
             for fam, v in ((mfu, j.mfu_ratio), (step, j.step_seconds), (wait, j.input_wait_ratio),
                            (conf, j.confidence), (dil, j.dilation), (traced, j.traced_steps)):
                 if v is not None:
@@ -240,7 +245,8 @@ class JobTable(Collector):
                                  "1; state_dir: the folder whose spool/ jobs report into and whose "
                                  "jobs.json a scheduler reads.", labels=["state_dir"])
         info.add_metric([os.path.abspath(self.state_dir)], 1.0)
-        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, run, jobs, applied, rej, info]
+        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, run, ended, jobs, applied,
+                rej, info]
 
 
 def _read_spool_file(path: Path) -> tuple[JobSignal, int]:

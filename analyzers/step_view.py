@@ -67,7 +67,7 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
     traced_cost = noise_deduction(noise, "the traced steps")
     if windows is None:
         return StepView(PROFILED, traced, noise, deductions=traced_cost)
-    measured = measure_dilation(traced.step_time, windows)
+    measured = measure_dilation(traced.step_time, windows, device_kind)
     if measured is None:
         n = sum(len(w.before) + len(w.after) for w in windows)
         return StepView(PROFILED, traced, noise, deductions=traced_cost, warnings=[

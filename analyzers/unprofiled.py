@@ -68,6 +68,10 @@ TRUST_SHARE = 0.5
 # medians, which differ by chance, from passing for a change (Mann-Whitney U, as gpudiag diff).
 LOAD_CHANGE_MAX = 0.15
 LOAD_CHANGE_ALPHA = 0.05
+# The steps after the window slower by that much on a GPU job whose CUPTI stayed attached are
+# the observer's (``observer_after_effect``) unless the machine outside the job kept more than
+# this many more cores busy after the window than before it: then the load is the cause.
+OUTSIDE_LOAD_RISE = 0.5
 
 # Confidence deductions (points of confidence, 0..1) for the caveats of this module. Each is
 # our own calibration, stated so a reader can weigh it: noise costs in proportion (one point
@@ -83,6 +87,7 @@ PENALTY_TRACED_VIEW = 0.1
 PENALTY_PER_SLOWER = 1.0  # per point by which the reference was slower than the traced steps
 PENALTY_ESTIMATE_REPAIR = 0.1
 PENALTY_CPU_MODEL = 0.05
+PENALTY_ONE_SIDE = 0.05  # a reference from one side of the window (the other slowed by the observer)
 
 # The job's own host time per operator it calls from the gaps (Python, the dispatcher: a few
 # microseconds a call, observed or not) is at least this many times the profiler's cost per
@@ -130,32 +135,53 @@ class CpuEvents:
         return CpuEvents(*(sum(getattr(r, f) for r in ranks) / n for f in CpuEvents.__dataclass_fields__))
 
 
-def measure_dilation(traced_step_us: float, windows: list[WindowSteps]
+def measure_dilation(traced_step_us: float, windows: list[WindowSteps], device_kind: str = "gpu"
                      ) -> tuple[Dilation, list[Deduction]] | None:
     """The traced view's step (the trace's mean) against the untraced steps around the
     window, pooled over ranks (in a synchronous job every rank runs at the job's pace).
     None when the reference has too few steps. ``trusted`` is False, with the reasons as
-    deductions, where the traced view must be used instead."""
+    deductions, where the traced view must be used instead. The steps after the window are
+    left out where the observer slowed them (``observer_after_effect``)."""
     before = [x for w in windows for x in w.before]
     after = [x for w in windows for x in w.after]
-    ref = before + after
     traced = [x for w in windows for x in w.traced]
-    if len(ref) < MIN_UNTRACED_STEPS or traced_step_us <= 0:
-        return None
-    u = statistics.median(ref) * 1e6
-    if u <= 0:
+    if len(before) + len(after) < MIN_UNTRACED_STEPS or traced_step_us <= 0:
         return None
     mb = statistics.median(before) * 1e6 if len(before) >= MIN_SIDE_STEPS else None
     ma = statistics.median(after) * 1e6 if len(after) >= MIN_SIDE_STEPS else None
     change = max(mb, ma) / min(mb, ma) - 1 if mb and ma else 0.0
     changed = (change > LOAD_CHANGE_MAX
                and mann_whitney_p(np.array(before), np.array(after)) < LOAD_CHANGE_ALPHA)
+    left_out = (observer_after_effect(windows, device_kind, mb, ma)
+                if changed and len(before) >= MIN_UNTRACED_STEPS else None)
+    used = [r for w in windows for r in w.before_rows]
+    if left_out is None:
+        used += [r for w in windows for r in w.after_rows]
+    ref = [r.dt for r in used]
+    u = statistics.median(ref) * 1e6
+    if u <= 0:
+        return None
     spread = iqr_over_median(ref)
+    steps = sorted({r.step for r in used})
+    where = (f"untraced steps just before ({len(before)}) and after ({len(after)}) the traced window"
+             if left_out is None else
+             f"the {len(before)} untraced steps just before the traced window only")
     dil = Dilation(traced_step_us=traced_step_us, untraced_step_us=u, factor=traced_step_us / u,
                    traced_steps=len(traced), untraced_steps=len(ref), untraced_spread=spread,
-                   model=MODEL, reference=f"untraced steps just before ({len(before)}) and after "
-                   f"({len(after)}) the traced window", before_step_us=mb, after_step_us=ma,
-                   load_change=change)
+                   model=MODEL, reference=f"{where} (steps {_ranges(steps)})",
+                   before_step_us=mb, after_step_us=ma, load_change=change,
+                   reference_steps=steps, left_out=left_out)
+    if left_out is not None:
+        dil.caveats.append(left_out)
+        return dil, [Deduction(left_out, PENALTY_ONE_SIDE), *_trust(dil, 0.0, False)]
+    return dil, _trust(dil, change, changed)
+
+
+def _trust(dil: Dilation, change: float, changed: bool) -> list[Deduction]:
+    """Whether the reference can correct the traced steps: not where the job's pace changed
+    across the window (``changed``), its noise is as large as the correction, or it is slower
+    than the traced steps. Sets ``dil.trusted``; returns the deductions."""
+    mb, ma, spread = dil.before_step_us, dil.after_step_us, dil.untraced_spread
     out: list[Deduction] = []
     why = []
     correction = abs(dil.factor - 1)  # what scaling by the reference would change
@@ -184,7 +210,55 @@ def measure_dilation(traced_step_us: float, windows: list[WindowSteps]
                     "steps, whose host time reads high by the profiler's cost")
         out.append(Deduction(fallback, PENALTY_TRACED_VIEW))
         dil.caveats.extend([*why, fallback])
-    return dil, out
+    return out
+
+
+def observer_after_effect(windows: list[WindowSteps], device_kind: str, before_us: float | None,
+                          after_us: float | None) -> str | None:
+    """Why the untraced steps after the window are the observer's, not the job's, or None.
+
+    On a GPU, torch's profiler leaves CUPTI attached after a window unless told to tear it down
+    (``collectors.torch_cupti``): every step after the window then pays for CUPTI's callbacks,
+    10-20% in torch's own reports, 23-36% on an H200 (../shared/runs/h200-2026-11-27/gpt: 28.4 ms
+    before, 34.9 ms after; the job alone 29.4 ms). The after side is the observer's when the
+    pace changed that way (slower after: a machine that got busy could do that too) on a GPU
+    job whose CUPTI was not known to be torn down, the machine outside the job was not busier
+    after the window than before it (host samples; unknown counts as not busier), and the
+    steps beyond the after side did not come back to the pace before the window (CUPTI's cost
+    lasts; ../shared/runs/h100-resnet18-dl8's steps 18-27 ran 25 ms and steps 28-40 13.5 ms, as
+    alone: a passing change, for which the reference is not trusted as before)."""
+    if device_kind == "cpu" or before_us is None or after_us is None or after_us <= before_us:
+        return None
+    attached = [w.cupti_attached for w in windows]
+    if attached and all(a is False for a in attached):
+        return None  # torn down (or no CUDA): the observer left nothing behind
+    ob = [w.outside_before for w in windows if w.outside_before is not None]
+    oa = [w.outside_after for w in windows if w.outside_after is not None]
+    if ob and oa and statistics.fmean(oa) - statistics.fmean(ob) > OUTSIDE_LOAD_RISE:
+        return None  # the machine got busier: its pace, not the observer's after-effect
+    later = [r.dt for w in windows for r in w.later_rows]
+    if len(later) >= MIN_SIDE_STEPS and statistics.median(later) * 1e6 < before_us * (1 + LOAD_CHANGE_MAX):
+        return None  # the pace came back later: a passing change (seen on an H100), not CUPTI's
+    how = ("torch left CUPTI attached after the window" if any(attached)
+           else "CUPTI teardown was not recorded (likely left attached)")
+    n_after = sum(len(w.after_rows) for w in windows)
+    after_steps = sorted(r.step for w in windows for r in w.after_rows)
+    return (f"the {n_after} untraced steps after the window (steps {_ranges(after_steps)}) left out "
+            f"of the reference: they ran {after_us / 1e3:.3g} ms against {before_us / 1e3:.3g} ms "
+            f"before it ({100 * (after_us / before_us - 1):.0f}% slower) on a GPU job whose "
+            f"{how}, with no more load outside the job: the observer's after-effect, not the job's "
+            "pace")
+
+
+def _ranges(steps: list[int]) -> str:
+    """[4, 5, 6, 9, 10] -> '4-6, 9-10'."""
+    out: list[str] = []
+    for s in steps:
+        if out and s == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ", ".join(out)
 
 
 def noise_deduction(noise: float | None, of: str) -> list[Deduction]:

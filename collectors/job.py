@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudiag.collectors.torch_cupti import job_env_settings
 from gpudiag.errors import BadInput
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -34,7 +35,8 @@ class JobResult:
     forwarded: list[str]  # signals gpudiag received and passed on
 
 
-def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0) -> dict[str, str]:
+def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0,
+            cupti_teardown: str = "auto") -> dict[str, str]:
     env = dict(os.environ)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + old if old else "")
@@ -52,6 +54,9 @@ def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0) -> dic
     # ERROR that torch's own default (ERROR) lets through: noise in the job's output that the
     # job never asked for. A job that sets KINETO_LOG_LEVEL itself keeps its choice.
     env.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
+    # CUPTI released after each trace window (Kineto reads TEARDOWN_CUPTI; set before the job
+    # starts, so it holds from libkineto's initialisation on): see torch_cupti.
+    env.update(job_env_settings(env, cupti_teardown))
     return env
 
 

@@ -84,6 +84,7 @@ class _Bootstrap:
         self.discard = False  # a window cut short at exit after a complete one: not written
         self.notes: list[str] = []
         self.dataloader_workers: set[int] = set()
+        self.cupti: dict[str, Any] = {}  # CUPTI teardown of the last window (torch_cupti)
         (run_dir / "samples").mkdir(parents=True, exist_ok=True)
         (run_dir / "traces").mkdir(parents=True, exist_ok=True)
         self.steps_path = run_dir / "samples" / f"steps-rank-{self.rank}.jsonl"
@@ -154,6 +155,7 @@ class _Bootstrap:
                 # ProfilerStep#0 is the warm-up step, #1..#steps the traced ones; the job's
                 # own step numbers are in the steps file, marked as they happen.
                 self.window = []
+                self.cupti = _sibling("torch_cupti").before_window()
                 self.prof.start()
                 self.phase = _WARMUP
                 return
@@ -162,6 +164,7 @@ class _Bootstrap:
             if self.prof_done:  # the window completed and was written (inside the next step)
                 self.phase = _EXPORT
                 self.prof.stop()
+                self._after_stop()
                 self._end_window()
         except Exception as e:  # noqa: BLE001 - never break the job
             self.note(f"torch profiler failed: {type(e).__name__}: {e}")
@@ -190,10 +193,19 @@ class _Bootstrap:
             raw.unlink(missing_ok=True)
         self.prof_done = True
 
+    def _after_stop(self) -> None:
+        """Once the profiler stopped: record the CUPTI teardown it did, and let go of the
+        profiler, whose events would otherwise stay in the job's memory for its life."""
+        import torch
+
+        self.cupti = _sibling("torch_cupti").after_window(
+            self.cupti, bool(torch.cuda.is_available()))
+        self.prof = None
+        self.write_meta()
+
     def _end_window(self) -> None:
         """After a window: done for good, or (re-trace interval set) wait and open another."""
         if self.retrace_s > 0:
-            self.prof = None
             self.prof_done = False
             self.next_window_at = time.monotonic() + self.retrace_s
 
@@ -206,12 +218,15 @@ class _Bootstrap:
                 if self.windows:  # a re-trace cut short: the last complete trace stays
                     self.discard = True
                     self.prof.stop()
+                    self._after_stop()
                 else:
                     self.note(f"the job ended inside the profiling window (step {self.step}): "
                               "the trace holds the steps completed so far")
-                    self.prof.stop()
+                    prof = self.prof
+                    prof.stop()
+                    self._after_stop()
                     if not self.prof_done:
-                        self._write_trace(self.prof)
+                        self._write_trace(prof)
         except Exception as e:  # noqa: BLE001
             self.note(f"profiler stop failed: {type(e).__name__}: {e}")
         self.flush()
@@ -231,6 +246,7 @@ class _Bootstrap:
                 "dataloader_workers": sorted(self.dataloader_workers),
                 "explicit_steps": self.explicit, "traced_steps": self.traced_steps,
                 "windows": self.windows[-20:], "retrace_s": self.retrace_s,
+                "cupti_teardown": self.cupti,
                 # what the DataLoader advice weighs a wait's CPU use against (analyzers.host_cpu)
                 "cpus": _cpus(), "intra_op_threads": _threads(torch)}
         path = self.run_dir / "samples" / f"bootstrap-rank-{self.rank}.json"
@@ -313,15 +329,19 @@ def step() -> None:
 
 
 def _collectives() -> Any:
-    """``torch_collectives``, loaded from the file beside this one under gpudiag's name (the job's
-    Python may not have gpudiag, and its sys.path is never extended)."""
-    name = "gpudiag.collectors.torch_collectives"
+    return _sibling("torch_collectives")
+
+
+def _sibling(stem: str) -> Any:
+    """A module beside this one (``torch_collectives``, ``torch_cupti``), loaded under gpudiag's
+    name (the job's Python may not have gpudiag, and its sys.path is never extended)."""
+    name = f"gpudiag.collectors.{stem}"
     mod = sys.modules.get(name)
     if mod is None:
         import importlib.util
 
         spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("torch_collectives.py"))
+            name, Path(__file__).with_name(f"{stem}.py"))
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
@@ -347,6 +367,7 @@ def arm(torch: Any) -> None:
         register_optimizer_step_post_hook(lambda *_: _on_step(explicit=False))
         import torch.distributed as dist
 
+        _sibling("torch_cupti").watch_graphs(torch)
         colls = _collectives()
         colls.set_flight_recorder_env(str(torch.__version__))
         colls.wrap_collectives(dist, _armed_state)

@@ -308,6 +308,10 @@ class Dilation:
     after_step_us: float | None = None
     load_change: float = 0.0  # |before / after - 1|: the job's pace changed across the window
     trusted: bool = True
+    # (4) the job's step numbers the reference used, and why the untraced steps on one side
+    # were left out (None: both sides used): the observer slowed them (CUPTI left attached)
+    reference_steps: list[int] = field(default_factory=list)
+    left_out: str | None = None
 
 
 @dataclass

@@ -47,6 +47,8 @@ class RunInfo:
     last_step: int | None = None
     notes: list[str] = field(default_factory=list)
     sampler: dict[str, Any] = field(default_factory=dict)  # samples, cpu_seconds, wall_seconds
+    # what was asked of CUPTI after trace windows, and per rank what was done (torch_cupti)
+    cupti_teardown: dict[str, Any] = field(default_factory=dict)
     schema_version: int = RUN_SCHEMA_VERSION
     kind: str = "gpudiag-run"
 
@@ -205,6 +207,7 @@ class BootstrapMeta:
     windows: list[dict[str, Any]] = field(default_factory=list)  # one per trace window written
     cpus: int | None = None  # cores the job's process could run on
     intra_op_threads: int | None = None  # torch's intra-op threads as the job left them
+    cupti_teardown: dict[str, Any] = field(default_factory=dict)  # the last window's (torch_cupti)
 
 
 def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:
@@ -314,6 +317,16 @@ class WindowSteps:
     traced_rows: list[StepRow]
     before_rows: list[StepRow]  # untraced steps just before the window's warm-up step, in order
     after_rows: list[StepRow]  # untraced steps just after its export step, in order
+    # whether torch left CUPTI attached after this window (the steps after it then pay for it on
+    # a GPU: ``collectors.torch_cupti``); None: not recorded (runs from before it was)
+    cupti_attached: bool | None = None
+    # cores the machine kept busy outside the job's process tree while each side ran (host
+    # samples overlapping it; None: no sample): tells a machine that got busier from the observer
+    outside_before: float | None = None
+    outside_after: float | None = None
+    # the untraced steps beyond ``after_rows`` up to the next window or the end: whether a pace
+    # change after the window lasted (an observer's after-effect does) or passed
+    later_rows: list[StepRow] = field(default_factory=list)
 
     @property
     def traced(self) -> list[float]:
@@ -337,6 +350,7 @@ def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS,
     ``steps``: the run's bootstrap files and step rows where the caller has read them already."""
     boot = read_bootstrap(run_dir) if boot is None else boot
     steps = read_steps(run_dir, boot) if steps is None else steps
+    host = read_host_cpu(run_dir)
     out = []
     for rank, rows in sorted(steps.items()):
         rows = sorted(rows, key=lambda r: r.step)
@@ -363,9 +377,32 @@ def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS,
         while j < len(rows) and rows[j].profiler is None and len(after) < reference:
             after.append(rows[j])
             j += 1
+        later: list[StepRow] = []
+        while j < len(rows) and rows[j].profiler is None:
+            later.append(rows[j])
+            j += 1
         out.append(WindowSteps(rank, [rows[i] for i in range(first, last + 1)
-                                      if rows[i].profiler == PROFILER_TRACED], before[::-1], after))
+                                      if rows[i].profiler == PROFILER_TRACED], before[::-1], after,
+                               _cupti_attached(meta), _outside(host, before), _outside(host, after),
+                               later))
     return out
+
+
+def _cupti_attached(meta: BootstrapMeta | None) -> bool | None:
+    rec = meta.cupti_teardown if meta is not None else {}
+    if "teardown" not in rec:
+        return None
+    return bool(rec.get("cuda")) and not rec["teardown"]
+
+
+def _outside(host: list[HostSample], rows: list[StepRow]) -> float | None:
+    """Mean cores busy outside the job over the host samples whose interval overlaps ``rows``."""
+    if not rows:
+        return None
+    lo, hi = min(r.t - r.dt for r in rows), max(r.t for r in rows)
+    vals = [h.machine_busy - h.cores for prev, h in zip(host, host[1:], strict=False)
+            if h.machine_busy is not None and prev.t < hi and h.t > lo]
+    return statistics.fmean(vals) if vals else None
 
 
 def split_step_rows(rank: int, rows: list[StepRow], last: int | None = None,

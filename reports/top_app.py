@@ -2,8 +2,10 @@
 
 The app owns no numbers: each refresh asks ``fetch`` for a new snapshot (in a worker thread, so a
 slow agent never freezes the keys) and re-renders the cells ``reports.top_view`` makes of it.
-Keys: ``s`` next sort column, ``r`` reverse it, ``o`` filter by owner (empty: everyone), Enter on
-a job shows its latest report's path, ``q`` quits.
+A job that reported its end is marked "(ended)" with its last values for one refresh, then
+dropped (its agent keeps exporting it a while, for Prometheus). Keys: ``s`` next sort column,
+``r`` reverse it, ``o`` filter by owner (empty: everyone), Enter on a job shows its latest
+report's path, ``q`` quits.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Input, Static
 
-from gpudiag.live.snapshot import SORT_KEYS, JobRow, Snapshot, filter_owner, sort_jobs
+from gpudiag.live.snapshot import SORT_KEYS, JobRow, Snapshot, drop_shown_ended, filter_owner, sort_jobs
 from gpudiag.reports.top_view import DEVICE_COLUMNS, JOB_COLUMNS, device_cells, headline, job_cells, problems
 
 SORT_ORDER = tuple(SORT_KEYS)
@@ -57,6 +59,7 @@ class TopApp(App):
         self.reverse = False
         self.owner = ""
         self.shown: list[JobRow] = []
+        self.ended_shown: set[tuple[str, str | None]] = set()  # ended jobs a refresh has shown
 
     def compose(self) -> ComposeResult:
         yield Static("gpudiag top · reading…", id="head")
@@ -86,7 +89,8 @@ class TopApp(App):
         self.call_from_thread(self._show, snap)
 
     def _show(self, snap: Snapshot | None = None) -> None:
-        if snap is not None:
+        if snap is not None:  # a new read: ended jobs shown by the last one are dropped
+            self.ended_shown = drop_shown_ended(snap, self.ended_shown)
             self.snap = snap
         if self.snap is None:
             return

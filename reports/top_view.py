@@ -53,7 +53,8 @@ def device_cells(d: DeviceRow) -> tuple[str, ...]:
 
 def job_cells(j: JobRow) -> tuple[str, ...]:
     label = NA if j.label is None else (j.label if j.confidence is None else f"{j.label} {j.confidence:.0%}")
-    return (j.job_id, j.owner or "?", NA if j.gpus is None else str(j.gpus),
+    job = f"{j.job_id} (ended)" if j.ended else j.job_id  # its last values, shown this once
+    return (job, j.owner or "?", NA if j.gpus is None else str(j.gpus),
             ms(None if j.step_seconds is None else j.step_seconds * 1e6), pct(j.mfu), label,
             NA if j.dilation is None else f"{j.dilation:.2f}x", _age(j.signal_age_seconds),
             NA if j.waste_gpus is None else f"{j.waste_gpus:.2f}", j.tier or "-",

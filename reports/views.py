@@ -82,9 +82,14 @@ def dilation_line(dil: Dilation) -> str:
     if dil.before_step_us is not None and dil.after_step_us is not None:
         sides = f": {_ms(dil.before_step_us)} before, {_ms(dil.after_step_us)} after"
     verb = "slowed" if dil.trusted else "appears to have slowed"
+    where = "around the window"
+    if dil.left_out:  # one side slowed by the observer itself (CUPTI left attached)
+        steps = dil.reference_steps
+        span = f" (steps {steps[0]}-{steps[-1]})" if steps else ""
+        where = f"before the window{span}; those after it left out, slowed by the observer"
     return (f"profiler {verb} traced steps {dil.factor:.2g}\u00d7 ({_ms(dil.traced_step_us)} vs "
             f"{_ms(dil.untraced_step_us)} untraced, {dil.untraced_steps} untraced step"
-            f"{'s' if dil.untraced_steps != 1 else ''} around the window{sides}; noise {noise(dil)} "
+            f"{'s' if dil.untraced_steps != 1 else ''} {where}{sides}; noise {noise(dil)} "
             "(half the interquartile range))")
 
 

@@ -121,3 +121,22 @@ def test_the_cpu_peak_cache_is_keyed_by_library_versions_and_is_a_floor(tmp_path
     assert {"fp32", "bf16", "fp16"} <= set(first)
     assert cache["flops"]["fp32"] == 1e18  # raised (raise_floor has no plausibility bound itself)
     assert cache["flops"]["bf16"] == first["bf16"]  # never lowered
+
+
+def _gpu_windows(before, after, later=(), attached=True, outside=(None, None)):
+    (w,) = windows(before, [0.060] * 5, after)
+    step = len(before) + 5 + len(after)
+    w.later_rows = [StepRow(step + i + 1, 1000.0 + i, dt) for i, dt in enumerate(later)]
+    w.cupti_attached, (w.outside_before, w.outside_after) = attached, outside
+    return [w]
+
+
+def test_steps_after_the_window_slowed_by_cupti_are_left_out_only_when_the_observer_explains_it():
+    before, after = [0.028, 0.0285] * 4, [0.035, 0.0355] * 5
+    dil, _ = measure_dilation(60_000.0, _gpu_windows(before, after, later=[0.036] * 5), "gpu")
+    assert dil.left_out and dil.untraced_steps == 8 and dil.untraced_step_us == pytest.approx(28_250)
+    # CUPTI torn down, a CPU job, a machine that got busier, a pace that came back: both sides
+    for kw, kind in (({"attached": False}, "gpu"), ({}, "cpu"), ({"outside": (0.1, 3.0)}, "gpu"),
+                     ({"later": [0.028] * 5}, "gpu")):
+        dil, _ = measure_dilation(60_000.0, _gpu_windows(before, after, **kw), kind)
+        assert dil.left_out is None and dil.untraced_steps == 18, (kw, kind)

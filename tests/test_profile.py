@@ -320,3 +320,62 @@ def test_a_job_whose_python_has_torch_but_not_gpudiag_is_traced(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "bootstrap not armed" not in proc.stderr
     assert (run / "traces" / "rank-0.json.gz").exists()
+
+
+def _cupti_run(tmp_path, *opts: str, env: dict[str, str] | None = None, script: str | None = None):
+    """A short CPU job under profile that prints the TEARDOWN_CUPTI it sees after the window."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    job = tmp_path / "cupti_job.py"
+    job.write_text(script or (
+        "import os, torch\n"
+        "m = torch.nn.Linear(8, 8); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(8):\n"
+        "    m(torch.randn(4, 8)).sum().backward(); o.step()\n"
+        "print('TEARDOWN_CUPTI=' + str(os.environ.get('TEARDOWN_CUPTI')))\n"))
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--backend", "none",
+                           "--out", str(run), "--skip", "2", "--steps", "2", *opts, "--",
+                           sys.executable, str(job)], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((run / "samples" / "bootstrap-rank-0.json").read_text())
+    return proc, read_run(run), meta["cupti_teardown"]
+
+
+def test_cupti_teardown_reaches_the_job_and_the_run_records_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    proc, info, rank = _cupti_run(tmp_path)
+    assert "TEARDOWN_CUPTI=1" in proc.stdout  # in the job's environment, for Kineto to read
+    assert info.options["cupti_teardown"] == "auto"
+    assert info.cupti_teardown["TEARDOWN_CUPTI"] == "1" and info.cupti_teardown["set_by"] == "gpudiag"
+    assert rank["mode"] == "auto" and rank["value"] == "1" and "skipped" not in rank
+    assert rank["cuda"] is False and rank["teardown"] is False  # no CUPTI on a CPU job
+    assert info.cupti_teardown["ranks"]["0"] == rank
+
+
+def test_cupti_teardown_off_and_a_users_own_value_are_respected(tmp_path, monkeypatch):
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    proc, info, rank = _cupti_run(tmp_path / "off", "--cupti-teardown", "off")
+    assert "TEARDOWN_CUPTI=None" in proc.stdout
+    assert rank["mode"] == "off" and rank["value"] is None
+    proc, info, rank = _cupti_run(tmp_path / "user", env={"TEARDOWN_CUPTI": "0"})
+    assert "TEARDOWN_CUPTI=0" in proc.stdout
+    assert info.cupti_teardown["set_by"] == "the job's environment" and rank["mode"] == "user"
+
+
+def test_cupti_teardown_is_skipped_for_a_job_using_cuda_graphs(tmp_path, monkeypatch):
+    """No GPU here: the job's inductor config says CUDA graphs, which is what auto mode reads
+    (a captured graph is noticed through the same record); ``on`` tears down regardless."""
+    script = ("import os, torch, torch._inductor.config as c\n"
+              "c.triton.cudagraphs = True\n"
+              "m = torch.nn.Linear(8, 8); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+              "for _ in range(8):\n"
+              "    m(torch.randn(4, 8)).sum().backward(); o.step()\n"
+              "print('TEARDOWN_CUPTI=' + str(os.environ.get('TEARDOWN_CUPTI')))\n")
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    proc, info, rank = _cupti_run(tmp_path / "auto", script=script)
+    assert "TEARDOWN_CUPTI=0" in proc.stdout
+    assert "CUDA graphs" in rank["skipped"] and rank["value"] == "0"
+    assert any("CUPTI not torn down" in n for n in info.notes)
+    proc, info, rank = _cupti_run(tmp_path / "on", "--cupti-teardown", "on", script=script)
+    assert "TEARDOWN_CUPTI=1" in proc.stdout and "skipped" not in rank

@@ -349,3 +349,30 @@ def test_top_in_a_terminal_over_replayed_gpus_and_real_jobs(tmp_path):
         for a in (agent_a, agent_b):
             if a is not None and a.proc.poll() is None:
                 a.stop()
+
+
+def test_top_marks_a_job_that_ended_then_drops_it(tmp_path):
+    """A job's final signal (``ended``) reaches the agent: the view marks its row "(ended)" with
+    its last values for one refresh, then drops it; a running job stays."""
+    from gpudiag.jobsignal import write_signal
+    from tests.test_agent import full_signal
+
+    state = tmp_path / "agent"
+    spool = prepare_spool(state)
+    write_signal(spool, full_signal("run:7", mfu_ratio=0.30))
+    write_signal(spool, full_signal("run:8", mfu_ratio=0.20))
+    agent = Agent(state)
+    term = None
+    try:
+        term = Tmux(f"{sys.executable} -m gpudiag top --interval 3s --agent 127.0.0.1:{agent.port}")
+        jobs = ["run:7", "run:8"]
+        term.wait("both jobs running", lambda s: sorted(job_order(s, jobs)) == jobs and "(ended)" not in s)
+        write_signal(spool, full_signal("run:7", mfu_ratio=0.31, ended=True))
+        screen = term.wait("run:7 marked ended", lambda s: "run:7 (ended)" in s)
+        assert "31.0%" in next(ln for ln in screen.splitlines() if "run:7 (ended)" in ln)  # last values
+        term.wait("run:7 dropped, run:8 kept", lambda s: job_order(s, jobs) == ["run:8"])
+        assert "gpudiag_job_ended_timestamp_seconds" in agent.metrics()  # still there for Prometheus
+    finally:
+        if term is not None:
+            term.kill()
+        agent.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -149,3 +150,35 @@ def test_through_a_real_prometheus_top_sees_what_it_sees_from_the_agent(tmp_path
     assert via["--prometheus"]["devices"] == via["--agent"]["devices"]
     assert jobs["--prometheus"] == jobs["--agent"] and jobs["--agent"][0]["mfu"] == 0.31
     assert via["--prometheus"]["devices"][0]["power_watts"] == max(r["power_mw"] for r in rows) / 1000
+
+
+def test_an_ended_job_is_marked_from_the_agents_table_and_shown_once():
+    """The agent's job table exports when a job said it ended; the view marks the row with its
+    last values, and the next refresh drops it (the agent still exports it, for Prometheus)."""
+    import tempfile
+    from pathlib import Path
+
+    from gpudiag.agent.job_table import JobTable
+    from gpudiag.live.snapshot import drop_shown_ended
+
+    with tempfile.TemporaryDirectory() as d:
+        table = JobTable(Path(d))
+        write_signal(table.spool, full_signal("run:1", mfu_ratio=0.25))
+        write_signal(table.spool, full_signal("run:2", mfu_ratio=0.40))
+        write_signal(table.spool, full_signal("run:2", mfu_ratio=0.41, ended=True))
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(table)
+        samples = parse_exposition(generate_latest(reg).decode())
+    snap = build_snapshot([NodeRead("n1", samples)], None, now=time.time())
+    by_id = {j.job_id: j for j in snap.jobs}
+    assert not by_id["run:1"].ended and by_id["run:2"].ended and by_id["run:2"].mfu == 0.41
+    assert 0 <= by_id["run:2"].ended_seconds_ago < 60
+    text = render_text(snap)
+    assert "run:2 (ended)" in text and "run:1 (ended)" not in text
+    doc = {j["job_id"]: j for j in json.loads(json.dumps(snap.to_dict()))["jobs"]}
+    assert doc["run:1"]["ended_seconds_ago"] is None and doc["run:2"]["ended_seconds_ago"] is not None
+    shown = drop_shown_ended(snap, set())  # the first refresh shows it
+    assert {j.job_id for j in snap.jobs} == {"run:1", "run:2"}
+    again = build_snapshot([NodeRead("n1", samples)], None, now=0.0)
+    drop_shown_ended(again, shown)  # the next one no longer does; the running job stays
+    assert [j.job_id for j in again.jobs] == ["run:1"]

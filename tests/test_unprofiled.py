@@ -253,3 +253,35 @@ def test_an_extreme_dilation_lowers_the_confidence_and_says_why():
     worse = with_deductions(d.verdict, [cost])
     assert worse.label is d.verdict.label
     assert worse.confidence == pytest.approx(d.verdict.confidence - PENALTY_EXTREME_DILATION, abs=0.01)
+
+
+# ../shared/runs/README.md: the H200 GPT job alone runs 29.4 ms per step, 7.42 TFLOP analytic:
+# MFU 25.5% of 989.4 TFLOP/s. Its steps after the window ran 34.9 ms against 28.4 ms before it.
+H200_GPT_ANALYTIC_MFU = 7.42e12 / 29.4e-3 / 989.4e12
+
+
+def test_h200_gpt_reference_leaves_out_the_steps_cupti_slowed_after_the_window():
+    """CUPTI stayed attached after the window (torch's default): the steps after it are the
+    observer's, so the reference is the steps before it, named, and the job's MFU comes out."""
+    from reports.views import dilation_line
+
+    d = diagnose(shared_run("h200-2026-11-27/gpt"), jobs=1)
+    dil = d.dilation
+    assert d.basis == "unprofiled-estimate" and dil.trusted
+    assert dil.reference_steps == list(range(3, 11)) and dil.untraced_steps == 8
+    assert dil.untraced_step_us == pytest.approx(dil.before_step_us)
+    assert "steps 18-27" in dil.left_out and "CUPTI" in dil.left_out and "23% slower" in dil.left_out
+    assert any("left out of the reference" in x.reason for x in d.verdict.deductions)
+    assert "those after it left out" in dilation_line(dil) and "steps 3-10" in dilation_line(dil)
+    assert abs(d.mfu.value / H200_GPT_ANALYTIC_MFU - 1) <= MFU_TOLERANCE, d.mfu.value
+    again = type(d).from_json(d.to_json())  # the new fields survive the JSON round trip
+    assert again.dilation.reference_steps == dil.reference_steps and again.dilation.left_out
+
+
+def test_h100_runs_keep_both_sides_or_their_fallback():
+    """The H100 GPT's sides agree (both used); the H100 ResNet's after side was slower only for
+    a while (steps 28-40 back at the job's pace): not the observer's, so its fallback stands."""
+    gpt = diagnose(shared_run("h100-gpt-small"), jobs=1).dilation
+    assert gpt.left_out is None and gpt.reference_steps == [*range(3, 11), *range(18, 28)]
+    res = diagnose(shared_run("h100-resnet18-dl8"), jobs=1).dilation
+    assert res.left_out is None and not res.trusted

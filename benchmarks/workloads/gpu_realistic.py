@@ -15,7 +15,8 @@ cnn  ResNet-50 (torchvision, random init), batch 128, channels_last, bf16 autoca
 
 Every step is timed by the job itself, CUDA-synchronised at its end (the job's truth: no
 profiler is involved in it); the time spent waiting for the DataLoader is timed apart.
-``--report`` receives {"analytic_flops_per_step", "step_seconds", "input_wait_seconds"}.
+``--report`` receives {"analytic_flops_per_step", "step_seconds", "input_wait_seconds",
+"t_end"} (``t_end``: unix time after the last step, to time the job's exit against).
 ``--small`` shrinks both models to run in seconds on a CPU (a dry run of this script).
 """
 
@@ -164,7 +165,7 @@ def main() -> None:
     if args.report:
         with open(args.report, "w") as f:
             json.dump({"analytic_flops_per_step": flops, "step_seconds": times,
-                       "input_wait_seconds": waits}, f)
+                       "input_wait_seconds": waits, "t_end": time.time()}, f)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,11 @@ class JobRow:
     reason: str | None = None
     state: str | None = None
     run_dir: str | None = None
+    ended_seconds_ago: float | None = None  # the job reported its end (None: still running)
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_seconds_ago is not None
 
     @property
     def report_path(self) -> str | None:
@@ -200,6 +205,8 @@ def _jobs_of(read: NodeRead, now: float) -> dict[tuple[str, str | None], JobRow]
             row.last_signal_seconds_ago = max(0.0, now - s.value)
         elif s.name == "gpudiag_job_run_info" and s.labels.get("run_dir"):
             row.run_dir = s.labels["run_dir"]
+        elif s.name == "gpudiag_job_ended_timestamp_seconds":
+            row.ended_seconds_ago = max(0.0, now - s.value)
     return rows
 
 
@@ -325,6 +332,15 @@ def sort_jobs(jobs: list[JobRow], key: str, reverse: bool = False) -> list[JobRo
     known.sort(key=lambda j: j.job_id)
     known.sort(key=lambda j: getattr(j, attr), reverse=desc)
     return known + unknown
+
+
+def drop_shown_ended(snap: Snapshot, shown: set[tuple[str, str | None]]
+                     ) -> set[tuple[str, str | None]]:
+    """Leave out of ``snap`` the ended jobs a previous refresh already showed (``shown``), and
+    return the ended jobs this one shows: an ended job is shown once, marked, with its last
+    values, then dropped, although its agent keeps exporting it a while for Prometheus."""
+    snap.jobs = [j for j in snap.jobs if not (j.ended and (j.job_id, j.owner) in shown)]
+    return {(j.job_id, j.owner) for j in snap.jobs if j.ended}
 
 
 def filter_owner(jobs: list[JobRow], owner: str) -> list[JobRow]:
