@@ -65,21 +65,21 @@ def terminal(s: FleetSummary, page: str | None = None) -> str:
            f"  GPU-hours held by jobs {hours(s.gpu_hours):>10}   "
            f"useful (x MFU) {hours(s.useful_gpu_hours):>10}",
            f"  no signal              {hours(s.no_signal_gpu_hours):>10}   "
-           f"= {pct(share) if share is not None else 'n/a'} of GPU-hours (counted, no MFU guessed)",
+           f"= {pct(share) if share is not None else 'n/a'} of GPU-hours (no MFU guessed)",
            f"  held while idle        {hours(s.idle_gpu_hours):>10}   "
            f"held by no job {hours(s.unallocated_gpu_hours):>10}",
            f"  jobs {len(s.jobs)}, teams {len(s.teams)}, users {len(s.users)}, at most {s.gpus_max} GPUs",
            ""]
     if s.wasters:
-        out.append(f"  {'most GPU-hours lost':<24} {'lost h':>8} {'MFU':>6} {'median':>6}  label / action")
+        out.append(f"  {'most GPU-hours lost':<22} {'lost h':>8} {'MFU':>6} {'median':>6}  label / action")
         for r in s.wasters[:10]:
-            out.append(f"  {r.job_id[:24]:<24} {num(r.lost_gpu_hours):>8} {_mfu(r):>6} "
+            out.append(f"  {r.job_id[:22]:<22} {num(r.lost_gpu_hours):>8} {_mfu(r):>6} "
                        f"{pct(r.class_median_mfu) if r.class_median_mfu is not None else '':>6}  "
-                       f"{(r.label or NO_SIGNAL)[:14]} / {(r.action or '-')[:16]}")
+                       f"{(r.label or NO_SIGNAL)[:14]} / {(r.action or '-')[:15]}")
     else:
         out.append("  no job lost GPU-hours against its size class's median MFU")
     out.append("")
     out.append("  GPU-hours: sum of `" + s.queries["gpus"] + "` x step")
     if page:
         out.append(f"  page: {page}")
-    return "\n".join(line[:80] if i < len(out) - 2 else line for i, line in enumerate(out)) + "\n"
+    return "\n".join(line if line.startswith("  page: ") else line[:80] for line in out) + "\n"

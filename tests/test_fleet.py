@@ -271,3 +271,18 @@ def test_a_scheduler_counter_reset_is_not_counted_twice():
     data = FleetData("http://p", 0, 3, 1.0, {"gpus": [Series({"instance": "n", "job_id": "j"}, [(0, 1.0)])],
                                             "scheduler": [s]})
     assert summarise(data).scheduler[0]["count"] == 6.0
+
+
+def test_a_signal_carries_a_bounded_action_and_team_or_is_refused():
+    from gpudiag.agent.signals import BadSignal, parse_signal
+
+    def sig(**kw: object) -> bytes:
+        return json.dumps({"schema_version": 2, "job_id": "j", "ts": 1.0, **kw}).encode()
+
+    ok = parse_signal(sig(action="dataloader-workers", predicted_step_seconds=0.2, team="nlp"))
+    assert (ok.action, ok.predicted_step_seconds, ok.team) == ("dataloader-workers", 0.2, "nlp")
+    for bad in ({"team": "a b"}, {"team": "x" * 65}, {"action": "<script>"}, {"action": 3},
+                {"predicted_step_seconds": -1}):
+        with pytest.raises(BadSignal) as e:
+            parse_signal(sig(**bad))
+        assert e.value.reason == "bad_value", bad
