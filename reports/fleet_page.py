@@ -24,6 +24,10 @@ def utc(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def utc_s(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def hours(h: float | None) -> str:
     return "n/a" if h is None else num(h)
 
@@ -46,8 +50,8 @@ def _chart(s: FleetSummary) -> str:
 
 def render_page(s: FleetSummary) -> str:
     ctx = {"title": f"gpudiag fleet: {utc(s.start)} to {utc(s.end)}",
-           "generated_by": f"gpudiag {__version__}", "s": s, "utc": utc, "hours": hours, "pct": pct,
-           "num": num, "mfu": _mfu, "chart": svg_markup(_chart(s)),
+           "generated_by": f"gpudiag {__version__}", "s": s, "utc": utc, "utc_s": utc_s, "hours": hours,
+           "pct": pct, "num": num, "mfu": _mfu, "chart": svg_markup(_chart(s)),
            "data": embed_json(s.to_json()), "data_note": ""}
     return env().get_template("fleet.html.j2").render(ctx)
 

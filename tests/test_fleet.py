@@ -163,6 +163,8 @@ def test_gpu_hours_equal_the_hand_sums_of_the_scraped_samples_across_an_agent_re
         restarted |= n > 1
         tol_s[job] += n * SCRAPE_S      # one scrape interval per stretch of presence
     assert restarted, "the agent restart left no gap in the GPU series"
+    # the restart is a gap in the instants (a scrape that timed out on a busy machine may add one)
+    assert doc["gaps"] and all(b - a < 60 for a, b in doc["gaps"])
     jobs = {j["job_id"]: j for j in doc["jobs"]}
     assert set(jobs) == {"slurm:101", "slurm:102", "slurm:103"}
     for job, j in jobs.items():
@@ -234,6 +236,7 @@ def test_the_page_renders_in_chromium_and_agrees_with_json(scene):
         or f"GPU-hours held by jobs\t{num(doc['gpu_hours'])}" in page.text, page.text[:800]
     assert pct(doc["no_signal_share"]) in page.text
     assert "No scheduler exported its actions" in page.text
+    assert doc["gaps"] and "No GPU series at all" in page.text   # the agent's restart
 
 
 def test_a_range_with_no_data_is_one_line(scene):
@@ -286,3 +289,16 @@ def test_a_signal_carries_a_bounded_action_and_team_or_is_refused():
         with pytest.raises(BadSignal) as e:
             parse_signal(sig(**bad))
         assert e.value.reason == "bad_value", bad
+
+
+def test_instants_with_no_gpu_series_are_a_gap_counted_as_nothing():
+    pts = [(t, 2.0) for t in (100, 101, 102, 105, 106)]   # the agent was down at 103 and 104
+    mfu = Series({"instance": "n", "job_id": "j", "owner_uid": "7"}, [(100, 0.5), (101, 0.5)])
+    data = FleetData("http://p", 100, 106, 1.0,
+                     {"gpus": [Series({"instance": "n", "job_id": "j"}, pts)], "mfu": [mfu]})
+    s = summarise(data)
+    assert s.gaps == [(103, 104)]
+    j = s.jobs[0]
+    assert (j.gpu_hours * 3600, j.useful_gpu_hours * 3600, j.no_signal_gpu_hours * 3600) == \
+        pytest.approx((10, 2, 6))   # 5 instants x 2 GPUs; 2 of them with MFU 0.5
+    assert j.owner == "uid 7" and j.mfu == pytest.approx(0.5) and s.no_signal_share == pytest.approx(0.6)

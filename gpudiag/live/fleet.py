@@ -85,6 +85,7 @@ class FleetSummary:
     label_mix: dict[str, list[float]]   # label -> GPUs at each instant of ``times``
     times: list[float]
     scheduler: list[dict]
+    gaps: list[tuple[float, float]] = field(default_factory=list)  # no GPU series at all: no agent answered
     queries: dict[str, str] = field(default_factory=dict)
     query_urls: dict[str, str] = field(default_factory=dict)
 
@@ -236,7 +237,16 @@ def summarise(data: FleetData) -> FleetSummary:
         gpus_max=int(round(max(gpus_at.values(), default=0))), jobs=rows,
         teams=_groups(rows, "team"), users=_groups(rows, "owner"), wasters=wasters,
         label_mix=label_mix, times=times, scheduler=_scheduler(data.series.get("scheduler", [])),
+        gaps=_gaps(times, data.start, data.step),
         queries=dict(QUERIES), query_urls={n: data.query_url(n) for n in QUERIES})
+
+
+def _gaps(times: list[float], start: float, step: float) -> list[tuple[float, float]]:
+    """Stretches between the first and last instant with no GPU series at all (every agent
+    down, or Prometheus not scraping): (first missing instant, last missing instant)."""
+    idx = sorted({round((t - start) / step) for t in times})
+    return [(start + (a + 1) * step, start + (b - 1) * step)
+            for a, b in zip(idx, idx[1:], strict=False) if b - a > 1]
 
 
 def _groups(rows: list[JobRow], attr: str) -> list[Group]:
