@@ -302,3 +302,15 @@ def test_instants_with_no_gpu_series_are_a_gap_counted_as_nothing():
     assert (j.gpu_hours * 3600, j.useful_gpu_hours * 3600, j.no_signal_gpu_hours * 3600) == \
         pytest.approx((10, 2, 6))   # 5 instants x 2 GPUs; 2 of them with MFU 0.5
     assert j.owner == "uid 7" and j.mfu == pytest.approx(0.5) and s.no_signal_share == pytest.approx(0.6)
+
+
+def test_a_two_node_jobs_mfu_from_rank_0s_node_counts_for_its_gpus_on_both_nodes():
+    gpus = [Series({"instance": node, "job_id": "slurm:9"}, [(0, 8.0), (1, 8.0)]) for node in ("a", "b")]
+    mfu = [Series({"instance": "a", "job_id": "slurm:9", "owner_uid": "1"}, [(0, 0.4), (1, 0.4)])]
+    label = [Series({"instance": "a", "job_id": "slurm:9", "owner_uid": "1", "label": "memory-bound"},
+                    [(0, 1.0), (1, 1.0)])]
+    s = summarise(FleetData("http://p", 0, 1, 1.0, {"gpus": gpus, "mfu": mfu, "label": label}))
+    j = s.jobs[0]
+    assert j.gpus == 16 and j.size_class == "9-16" and j.nodes == ["a", "b"]
+    assert j.no_signal_gpu_hours == 0 and j.useful_gpu_hours * 3600 == pytest.approx(0.4 * 32)
+    assert s.label_mix == {"memory-bound": [16.0, 16.0]} and j.label == "memory-bound"

@@ -117,13 +117,13 @@ def _by(series: list[Series], *keys: str) -> dict[tuple, dict[float, float]]:
     return out
 
 
-def _last_label(series: list[Series], label: str) -> dict[tuple[str, str], tuple[float, str, str]]:
-    """(instance, job_id) -> (time, label value, owner) of the latest point of a labelled info series."""
-    out: dict[tuple[str, str], tuple[float, str, str]] = {}
+def _last_label(series: list[Series], label: str) -> dict[str, tuple[float, str, str]]:
+    """job_id -> (time, label value, owner) of the latest point of a labelled info series."""
+    out: dict[str, tuple[float, str, str]] = {}
     for s in series:
         if not s.points:
             continue
-        k = (s.labels.get("instance", ""), s.labels.get("job_id", ""))
+        k = s.labels.get("job_id", "")
         t = s.points[-1][0]
         if k not in out or t > out[k][0]:
             out[k] = (t, s.labels.get(label, ""), s.labels.get("owner_uid", ""))
@@ -147,20 +147,21 @@ def summarise(data: FleetData) -> FleetSummary:
     gpus = _by(data.series.get("gpus", []), "instance", "job_id")
     idle = _by(data.series.get("idle_gpus", []), "instance", "job_id")
     mfu_owned = _by(data.series.get("mfu", []), "instance", "job_id", "owner_uid")
-    mfu: dict[tuple, dict[float, float]] = defaultdict(dict)
-    for (inst, job, _owner), pts in mfu_owned.items():
+    # a job's MFU and label are the job's, whichever node's agent took its signals (rank 0's):
+    # they apply to its GPUs on every node
+    mfu: dict[str, dict[float, float]] = defaultdict(dict)
+    for (_inst, job, _owner), pts in mfu_owned.items():
         for t, v in pts.items():
-            cur = mfu[(inst, job)].get(t)
-            mfu[(inst, job)][t] = v if cur is None else min(cur, v)   # never overstate
-    labels_at: dict[tuple[str, str, float], str] = {}
+            cur = mfu[job].get(t)
+            mfu[job][t] = v if cur is None else min(cur, v)   # never overstate
+    labels_at: dict[tuple[str, float], str] = {}
     for s in data.series.get("label", []):
         for t, _ in s.points:
-            key = (s.labels.get("instance", ""), s.labels.get("job_id", ""), t)
-            labels_at[key] = s.labels.get("label", "")
+            labels_at[(s.labels.get("job_id", ""), t)] = s.labels.get("label", "")
     last_label = _last_label(data.series.get("label", []), "label")
     last_action = _last_label(data.series.get("action", []), "action")
     last_team = _last_label(data.series.get("team", []), "team")
-    owners = {(s.labels.get("instance", ""), s.labels.get("job_id", "")): s.labels.get("owner_uid", "")
+    owners = {s.labels.get("job_id", ""): s.labels.get("owner_uid", "")
               for s in data.series.get("mfu", []) + data.series.get("step", [])}
     conf, step, pred = (_last_value(data.series.get(n, [])) for n in ("confidence", "step", "predicted"))
 
@@ -179,13 +180,13 @@ def summarise(data: FleetData) -> FleetSummary:
         a = acc.setdefault(job, {"nodes": set(), "gpu_h": 0.0, "useful_h": 0.0, "nosig_h": 0.0,
                                  "idle_h": 0.0, "gpus_at": defaultdict(float)})
         a["nodes"].add(inst)
-        m = mfu.get((inst, job), {})
+        m = mfu.get(job, {})
         for t, n in pts.items():
             a["gpu_h"] += n * step_h
             a["gpus_at"][t] += n
             if t in m:
                 a["useful_h"] += n * m[t] * step_h
-                per_t[t][labels_at.get((inst, job, t), NO_SIGNAL)] += n
+                per_t[t][labels_at.get((job, t), NO_SIGNAL)] += n
             else:
                 a["nosig_h"] += n * step_h
                 per_t[t][NO_SIGNAL] += n
@@ -193,16 +194,10 @@ def summarise(data: FleetData) -> FleetSummary:
 
     rows = []
     for job, a in acc.items():
-        keys = [(i, job) for i in sorted(a["nodes"])]
         signalled = a["gpu_h"] - a["nosig_h"]
         n_max = int(round(max(a["gpus_at"].values(), default=0)))
-
-        def latest(table: dict, keys: list = keys) -> tuple[str, str] | None:
-            hits = [table[k] for k in keys if k in table]
-            return max(hits)[1:] if hits else None
-
-        lab, act, team = latest(last_label), latest(last_action), latest(last_team)
-        owner = next((owners[k] for k in keys if owners.get(k)), "")
+        lab, act, team = (t[job][1:] if job in t else None for t in (last_label, last_action, last_team))
+        owner = owners.get(job, "")
         rows.append(JobRow(
             job_id=job, nodes=sorted(a["nodes"]), owner=f"uid {owner}" if owner else UNKNOWN,
             team=team[0] if team else UNKNOWN, gpus=n_max, size_class=size_class(n_max),
