@@ -215,8 +215,21 @@ class JobTable(Collector):
         ended = gauge("gpudiag_job_ended_timestamp_seconds",
                       "When the job reported that it ended (only jobs that have: their last values "
                       "stay exported a grace period, so scrapes see them, then they are dropped).")
+        rec = gauge("gpudiag_job_recommendation_info",
+                    "1, labelled with the job's top recommendation (its action id).", (*JOB_LABELS, "action"))
+        pred = gauge("gpudiag_job_recommendation_predicted_step_seconds",
+                     "Step time the job's top recommendation predicts if it worked fully.")
+        team = gauge("gpudiag_job_team_info", "1, labelled with the job's team (Slurm account or "
+                     "the local scheduler's team), where the job knows it.", (*JOB_LABELS, "team"))
         for j in self.jobs.values():
             lv = [j.job_id, "" if j.owner_uid is None else str(j.owner_uid)]
+            # one action and one team per job: these series add at most 2 per job to the node
+            if j.action is not None:
+                rec.add_metric([*lv, j.action], 1.0)
+            if j.predicted_step_seconds is not None:
+                pred.add_metric(lv, j.predicted_step_seconds)
+            if j.team is not None:
+                team.add_metric([*lv, j.team], 1.0)
             seen.add_metric(lv, j.ts)
             if j.ended:
                 ended.add_metric(lv, j.ts)
@@ -245,8 +258,8 @@ class JobTable(Collector):
                                  "1; state_dir: the folder whose spool/ jobs report into and whose "
                                  "jobs.json a scheduler reads.", labels=["state_dir"])
         info.add_metric([os.path.abspath(self.state_dir)], 1.0)
-        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, run, ended, jobs, applied,
-                rej, info]
+        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, run, ended, rec, pred, team,
+                jobs, applied, rej, info]
 
 
 def _read_spool_file(path: Path) -> tuple[JobSignal, int]:

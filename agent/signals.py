@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -62,6 +63,9 @@ MAX_DILATION = 1e6
 MAX_TRACED_STEPS = 10**9
 MAX_UID = 2**32 - 2  # (uid_t)-1 means "no uid" to the kernel
 ROOT_UID = 0
+MAX_ACTION = 64  # a recommendation's stable id ("dataloader-workers", ...)
+MAX_TEAM = 64    # as the local scheduler's --team
+_WORD = re.compile(r"[A-Za-z0-9_.:@-]+")
 
 
 class BadSignal(ValueError):
@@ -91,6 +95,11 @@ class JobSignal:
     traced_steps: int | None = None
     input_wait_ratio: float | None = None
     run_dir: str | None = None  # where the job's report.html is written (gpudiag top shows it)
+    # the diagnosis' top recommendation (its stable id) and the step time it predicts, and the
+    # job's team (Slurm account or the local scheduler's team) where the job knows it
+    action: str | None = None
+    predicted_step_seconds: float | None = None
+    team: str | None = None
     collective_seconds_total: dict[str, float] = field(default_factory=dict)
     ended: bool = False
     # kept by the agent, not sent by jobs: the uid that wrote the signals (None: a schema-1 table's)
@@ -101,7 +110,8 @@ class JobSignal:
 
 # fields a signal may omit, so that the previous signal's value stands
 OPTIONAL_FIELDS = ("step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at", "dilation",
-                   "traced_steps", "input_wait_ratio", "run_dir")
+                   "traced_steps", "input_wait_ratio", "run_dir", "action", "predicted_step_seconds",
+                   "team")
 
 
 def _opt_float(d: dict[str, Any], key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
@@ -131,6 +141,17 @@ def _opt_path(d: dict[str, Any], key: str) -> str | None:
     if not valid_run_dir(v):
         raise BadSignal(f"{key} must be an absolute path of at most {MAX_RUN_DIR} printable characters",
                         "bad_value")
+    return v
+
+
+def _opt_word(d: dict[str, Any], key: str, limit: int) -> str | None:
+    """A short identifier (an action id, a team name): it becomes a label value, so it is
+    bounded and limited to ``[A-Za-z0-9_.:@-]``."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v or len(v) > limit or not _WORD.fullmatch(v):
+        raise BadSignal(f"{key} must be 1-{limit} characters of A-Z a-z 0-9 _ . : @ -", "bad_value")
     return v
 
 
@@ -168,6 +189,9 @@ def _signal_from_dict(d: dict[str, Any]) -> JobSignal:
         traced_steps=_opt_int(d, "traced_steps", 0, MAX_TRACED_STEPS),
         input_wait_ratio=_opt_float(d, "input_wait_ratio", 0, 1.0),
         run_dir=_opt_path(d, "run_dir"),
+        action=_opt_word(d, "action", MAX_ACTION),
+        predicted_step_seconds=_opt_float(d, "predicted_step_seconds", 0, MAX_STEP_SECONDS),
+        team=_opt_word(d, "team", MAX_TEAM),
         collective_seconds_total=clean_colls, ended=ended,
     )
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpudiag.jobsignal import run_dir_field, write_signal
+from gpudiag.jobsignal import run_dir_field, team_from_env, write_signal
 from gpudiag.rundir import own_step_seconds, read_host_cpu, read_steps, split_step_rows
 
 RECENT_STEPS = 50
@@ -84,6 +84,9 @@ class SignalReporter:
         sig = {"job_id": self.job_id, "ts": time.time(), "step_seconds": step,
                "run_dir": run_dir_field(self.run_dir),
                "collective_seconds_total": colls, **extra, **fields}
+        team = team_from_env()
+        if team:
+            sig.setdefault("team", team)
         try:
             write_signal(self.spool, sig)
             self.sent += 1

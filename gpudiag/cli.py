@@ -38,6 +38,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("gpudiag.commands.logs", "logs", "Print a scheduled job's output (-f to follow)."),
     "top": ("gpudiag.commands.top", "top",
             "Live view: per-GPU activity beside each job's MFU, bottleneck and step time."),
+    "fleet": ("gpudiag.commands.fleet", "fleet",
+              "A range's GPU-hours per team, user and job, and what would win them back (Prometheus)."),
     "log": ("gpudiag.commands.log", "log", "Log a run's diagnosis to an experiment tracker (MLflow)."),
 }
 
@@ -72,6 +74,7 @@ def main() -> None:
       gpudiag diff runs/before runs/after # ./gpudiag-diff.html
       gpudiag agent                       # node daemon for Prometheus
       gpudiag top                         # live view of this node's GPUs and jobs
+      gpudiag fleet --prometheus URL      # the week's GPU-hours: ./fleet.html
       gpudiag submit --gpus 2 -- python train.py   # queue on this machine's scheduler
       gpudiag sim philly.csv --policy gpudiag     # replay a cluster trace
 

@@ -20,6 +20,9 @@ value the job's previous signal gave it.
 | ``traced_steps`` | (v2) how many steps that trace holds |
 | ``input_wait_ratio`` | share of step time waiting for input, 0..1 |
 | ``run_dir`` | (v2, optional) absolute path of the job's run directory (its ``report.html``) |
+| ``action`` | (v2, optional) the stable id of the diagnosis' top recommendation |
+| ``predicted_step_seconds`` | (v2, optional) the step time that recommendation predicts |
+| ``team`` | (v2, optional) the job's team: ``$GPUDIAG_TEAM``, else the Slurm account |
 | ``collective_seconds_total`` | time in each collective since the job started |
 | ``ended`` | true in the job's last signal |
 """
@@ -64,6 +67,16 @@ def job_id_from_env(fallback: str) -> str:
         if v:
             return clean_job_id(prefix + v)
     return clean_job_id(fallback)
+
+
+def team_from_env() -> str | None:
+    """The job's team where its environment names one: ``GPUDIAG_TEAM`` (a scheduler or the
+    user sets it), else ``SLURM_JOB_ACCOUNT`` (Slurm's account). Cleaned as a label value."""
+    for var in ("GPUDIAG_TEAM", "SLURM_JOB_ACCOUNT"):
+        v = re.sub(r"[^A-Za-z0-9_.:@-]", "_", os.environ.get(var, "").strip())[:64]
+        if v:
+            return v
+    return None
 
 
 def valid_run_dir(text: object) -> bool:

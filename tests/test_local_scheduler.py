@@ -293,11 +293,13 @@ def test_jobs_run_as_their_submitter_and_only_owner_or_root_may_cancel(open_base
     mine = s.submit("--gpus", "1", "--", "sleep", "30")
     sub = {"op": "submit", "gpus": 1, "tier": "reserved", "grace_s": 1, "env": {"PATH": "/usr/bin:/bin"},
            "cwd": "/"}
-    a = as_user(alice, sock, {**sub, "cmd": ["sh", "-c", "id -u; pwd; echo $GPUDIAG_JOB"]})
+    a = as_user(alice, sock, {**sub, "cmd": ["sh", "-c", "id -u; pwd; echo $GPUDIAG_JOB; "
+                                                                 "echo $GPUDIAG_TEAM"]})
     assert a["ok"], a
     s.wait("alice's job done", lambda j: state_of(j, a["id"]) == "done")
     logs = as_user(alice, sock, {"op": "logs", "id": a["id"]})
-    assert logs["data"].split() == [str(alice.pw_uid), "/", a["agent_job_id"]]
+    team = next(r["team"] for r in s.db() if r["id"] == a["id"])   # gpudiag fleet's team
+    assert logs["data"].split() == [str(alice.pw_uid), "/", a["agent_job_id"], team]
     assert (s.state / "jobs" / str(a["id"]) / "exit-1").stat().st_uid == alice.pw_uid
     before = [dict(r) for r in s.db()]
     for who, job in ((alice, mine), (mallory, a["id"])):

@@ -277,6 +277,18 @@ def _estimator(run_dir: Path):  # noqa: ANN202 - a closure
     return estimate
 
 
+def top_recommendation(d: object) -> object | None:
+    """The recommendation that saves the most of the step (largest ``gain``), else the first:
+    what the agent exports as the job's one action (a bounded series)."""
+    import re
+
+    recs = [r for r in d.verdict.recommendations if re.fullmatch(r"[A-Za-z0-9_.:@-]{1,64}", r.action or "")]
+    if not recs:
+        return None
+    gained = [r for r in recs if r.gain is not None and r.predicted_step_s is not None]
+    return max(gained, key=lambda r: r.gain) if gained else recs[0]
+
+
 def signal_fields(d: object, live_step_s: float | None, traced_at: float | None) -> dict:
     """The fields of a job signal (gpudiag/jobsignal.py, v2) from a Diagnosis."""
     from gpudiag.diagnosis import verdict_breakdown
@@ -289,6 +301,11 @@ def signal_fields(d: object, live_step_s: float | None, traced_at: float | None)
         out["traced_at"] = traced_at
     if d.dilation is not None:
         out["dilation"] = round(d.dilation.factor, 4)
+    top = top_recommendation(d)
+    if top is not None:
+        out["action"] = top.action
+        if top.predicted_step_s is not None:
+            out["predicted_step_seconds"] = top.predicted_step_s
     mfu = d.mfu
     if mfu.flops_per_step and mfu.peak_flops and live_step_s:
         out["mfu_ratio"] = min(1.0, mfu.flops_per_step / live_step_s / mfu.peak_flops)

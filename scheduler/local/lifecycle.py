@@ -130,6 +130,7 @@ class Jobs:
                     "GPUDIAG_CHECKPOINT_DIR": str(jdir / "checkpoint"), runner.LAUNCH_VAR: self.marker(row)})
         if self.agent_dir is not None:
             env["GPUDIAG_AGENT_DIR"] = str(self.agent_dir)
+        env["GPUDIAG_TEAM"] = row.team   # the job's signals name its team (gpudiag fleet)
         try:
             runner.prepare_job_dir(jdir, row.uid)
             with self.containment.born_in(self.marker(row)):
