@@ -3,11 +3,11 @@
 Both implement ``gpudiag.scheduler.signals.SignalSource`` and return agent job ids
 (``slurm:<id>``) -> ``Signal``. A job's signal is its MFU, its current label (the one
 ``gpudiag_job_bottleneck{label}`` series at 1), the label's confidence and how long ago the
-agent last heard from the job (``gpudiag_job_last_signal_timestamp_seconds``; the policy's
-``Signal.age_s``). A job without
-that series gets an infinite age and a job without a confidence 0, so the policy ignores it
-(stale or weak signals are never acted on). A job reported by several agents (a
-multi-node job) keeps its freshest report.
+agent last took a signal from the job (``gpudiag_job_last_signal_timestamp_seconds``: the
+agent's receive time, never the job's own claim; the policy's ``Signal.age_s``). A job without
+that series, or with one dated ahead of this clock, gets an infinite age and a job without a
+confidence 0, so the policy ignores it (stale or weak signals are never acted on). A job
+reported by several agents (a multi-node job) keeps the report a node received last.
 
 Sources key signals by (job id, ``owner_uid``: the uid that wrote them, as the agent read it
 from the kernel); ``slurm_signals`` keeps for each Slurm job only the one its own user wrote
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpudiag.scheduler.model import LABELS, Signal
-from gpudiag.scheduler.signals import JobKey, SignalRead, owner_of, parse_metrics
+from gpudiag.scheduler.signals import JobKey, SignalRead, age_of, owner_of, parse_metrics
 from gpudiag.scheduler.slurm.squeue import SlurmJob
 
 JOB_PREFIX = "slurm:"
@@ -84,8 +84,8 @@ def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[JobKe
                 p.label = metric.get("label", "unknown")
             elif what == "confidence":
                 p.confidence = v
-            elif what == "seen":  # when the agent last heard from the job
-                p.age = max(0.0, now - v)
+            elif what == "seen":  # when the agent last heard from the job, by the agent's clock
+                p.age = age_of(v, now)
     return _combine(rows)
 
 
