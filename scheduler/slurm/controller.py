@@ -51,7 +51,7 @@ from gpudiag.scheduler.slurm.ledger import Lease, Ledger, LedgerError, LedgerSto
 from gpudiag.scheduler.slurm.reclaim import lift_ends, lifted_jobs, quiet_partitions
 from gpudiag.scheduler.slurm.serve_jobs import Serving, serve_waiting
 from gpudiag.scheduler.slurm.slurmconf import cluster_identity, duration_s, memory_is_consumable
-from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
+from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable, reload_marker
 from gpudiag.scheduler.slurm.sources import slurm_signals
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
 from gpudiag.scheduler.slurm.takeover import (
@@ -157,7 +157,9 @@ class Controller:
         res = RoundResult(at=now)
         try:
             jobs = self.io.jobs()
+            stats = self.io.reloads()    # before the partitions: a reload in between is seen next round
             nodes, parts, cfg = self.io.nodes(), self.io.partitions(), self.io.config()
+            reloads, conf = reload_marker(stats, cfg), self.io.slurm_conf(cfg)
         except SlurmUnreachable:
             raise
         except (BadSlurmOutput, SlurmError) as e:
@@ -174,7 +176,7 @@ class Controller:
         reconcile(snapshot, by_id, res.notes)
         for n in res.notes:
             log.info("%s", n)
-        modes = reconcile_modes(snapshot, parts)
+        modes = reconcile_modes(snapshot, parts, reloads, conf)
         res.notes += modes.notes
         for n in modes.notes:
             log.warning("%s", n)
@@ -241,7 +243,8 @@ class Controller:
             self._bind(ledger, cfg)
             self.renew(ledger, now)
             reconcile(ledger, by_id, [])
-            reconcile_modes(ledger, parts)
+            reconcile_modes(ledger, parts, reloads, conf)
+            ledger.reloads = reloads
             ledger.handed_back = dict(handed_back)
 
         self._apply(res, handed_back, now, serving, by_id, prepare)
