@@ -43,6 +43,7 @@ class SignalRead:
     signals: dict[JobKey, Signal] = field(default_factory=dict)
     available: bool = True  # False: the source could not be read (then ``why`` says why)
     why: str = ""
+    down: dict[str, str] = field(default_factory=dict)   # address of a part that did not answer -> why
 
     def of(self, job_id: str, uid: int) -> Signal | None:
         """The signal ``uid`` wrote for ``job_id``: the only one that may speak for a job of that user."""

@@ -58,7 +58,7 @@ def scheduler() -> None:
 @click.option("--slots", type=click.IntRange(1, 4096), default=None,
               help="Schedule N CPU slots instead (a machine without GPUs): jobs get GPUDIAG_SLOTS.")
 @click.option("--quota", multiple=True, metavar="TEAM=N", help="A team's GPU quota (fair share); repeatable.")
-@policy_options
+@policy_options(backends=True)
 @click.option("--agent-dir", type=click.Path(path_type=Path), default=None,
               help="The node agent's state folder: the daemon reads its jobs.json, and every job reports "
                    "into its spool (default: the agent's default, /var/lib/gpudiag as root).")

@@ -8,6 +8,7 @@ commands), ``sources`` (signals from Prometheus' HTTP API or the agents' /metric
 (Slurm jobs as the policy core's model), ``ledger`` (the write-ahead ledger and its lease),
 ``actions`` (changes made write-ahead, and their undo), ``takeover`` (which partitions gpudiag
 holds), ``serve_jobs`` (which waiting jobs gpudiag or Slurm serves), ``efficiency`` (Nice),
-``history`` (MFU per key, kept across restarts), ``controller`` (one round), ``loop`` (the
-processes: rounds, ``--restore-only``, ``--watchdog``). docs/slurm.md says how to run them.
+``history`` (MFU per key, kept across restarts), ``outages`` (signal sources out, named once),
+``controller`` (one round), ``loop`` (the processes: rounds, ``--restore-only``,
+``--watchdog``). docs/slurm.md says how to run them.
 """

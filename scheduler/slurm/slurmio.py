@@ -97,10 +97,11 @@ class SlurmIO:
         except FileNotFoundError:
             raise SlurmError(f"{argv[0]}: not found on PATH (is Slurm's client installed?)") from None
         except subprocess.TimeoutExpired:
-            raise SlurmUnreachable(f"{' '.join(argv[:3])}: no answer in {self.timeout:.0f} s") from None
+            raise SlurmUnreachable(f"{self.ctld} unreachable: {' '.join(argv[:3])} gave no answer in "
+                                   f"{self.timeout:.0f} s", self.ctld) from None
         munge = _munge_outage(p.stderr)
         if munge:   # squeue --json exits 0 with an "errors" list when it cannot sign its request
-            raise MungeUnavailable(munge, munge.split(":", 1)[0])
+            raise MungeUnavailable(munge, munge.split(" unreachable", 1)[0])
         if p.returncode != 0:
             err = [ln for ln in (p.stderr or p.stdout).strip().splitlines() if ln.strip("* \t")]
             msg = err[-1] if err else f"exit {p.returncode}"
@@ -142,11 +143,12 @@ class SlurmIO:
         except SlurmUnreachable:
             raise
         except SlurmError as e:
-            raise SlurmUnreachable(f"{self.ctld} unreachable ({e})", self.ctld) from None
+            raise SlurmUnreachable(f"{self.ctld} unreachable: {e}", self.ctld) from None
         if "UP" not in out:
             down = re.search(r"Slurmctld\((\w+)\) at (\S+) is DOWN", out)
-            what = f"slurmctld ({down.group(1)}) at {down.group(2)}" if down else self.ctld
-            raise SlurmUnreachable(f"{what} is DOWN (scontrol ping)", self.ctld)
+            why = f"scontrol ping: {down.group(1)} at {down.group(2)} is DOWN" if down else \
+                f"scontrol ping: {out.strip()[:200]}"
+            raise SlurmUnreachable(f"{self.ctld} unreachable: {why}", self.ctld)
 
     def nodes(self) -> dict[str, SlurmNode]:
         return parse_nodes(self._run("scontrol", "show", "node", "-o"))
@@ -215,15 +217,15 @@ class SlurmIO:
 
 
 def _munge_outage(stderr: str) -> str:
-    """"munge at SOCKET: why" when a client's stderr says it could not sign its request."""
+    """"munge at SOCKET unreachable: why" when a client's stderr says it could not sign its request."""
     if not any(w.lower() in stderr.lower() for w in MUNGE_WORDS):
         return ""
     sock = re.search(r'Failed to access "([^"]+)": *([^\n]*)', stderr)
     if sock:
-        return f"munge at {sock.group(1)}: {sock.group(2).strip() or 'cannot be reached'}"
+        return f"munge at {sock.group(1)} unreachable: {sock.group(2).strip() or 'cannot be reached'}"
     why = next((ln.split("error:", 1)[-1].strip() for ln in stderr.splitlines() if "Munge" in ln
-                and "failed" in ln), "requests cannot be signed (authentication error)")
-    return f"munge (the local munged socket): {why}"
+                and "failed" in ln), "Slurm's requests cannot be signed (authentication error)")
+    return f"munge (the local munged) unreachable: {why}"
 
 
 def reload_marker(stats: str | None, cfg: dict[str, str]) -> str | None:

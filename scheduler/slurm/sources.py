@@ -105,7 +105,8 @@ class PrometheusSource:
                     answers[what] = json.loads(r.read())
             return SignalRead(parse_prometheus_answers(answers, now))
         except (OSError, urllib.error.URLError) as e:
-            return SignalRead(available=False, why=f"Prometheus at {self.base} unreachable: {e}")
+            return SignalRead(available=False, why=f"Prometheus at {self.base} unreachable: {e}",
+                              down={f"Prometheus at {self.base}": str(e)})
         except (ValueError, KeyError, TypeError, IndexError) as e:
             return SignalRead(available=False, why=f"Prometheus at {self.base}: unexpected answer: {e}")
 
@@ -122,20 +123,21 @@ class AgentsSource:
 
     def read(self, now: float) -> SignalRead:
         best: dict[JobKey, Signal] = {}
-        down = []
+        down, gone = [], {}
         for url in self.urls:
             try:
                 with urllib.request.urlopen(url, timeout=self.timeout) as r:  # noqa: S310 - admin's URL
                     found = parse_metrics(r.read().decode(), now, JOB_PREFIX)
             except (OSError, ValueError) as e:
                 down.append(f"{url}: {e}")
+                gone[f"agent {url}"] = str(e)
                 continue
             for job, sig in found.items():  # a multi-node job: the freshest report wins
                 if job not in best or sig.age_s < best[job].age_s:
                     best[job] = sig
         if down and len(down) == len(self.urls):
-            return SignalRead(available=False, why="no agent answered: " + "; ".join(down))
-        return SignalRead(best, why="; ".join(f"unreachable {d}" for d in down))
+            return SignalRead(available=False, why="no agent answered: " + "; ".join(down), down=gone)
+        return SignalRead(best, why="; ".join(f"unreachable {d}" for d in down), down=gone)
 
 
 def slurm_signals(read: SignalRead, jobs: Iterable[SlurmJob]) -> dict[int, Signal]:
