@@ -186,3 +186,34 @@ def test_munge_down_and_a_dead_agent_are_each_named_once_with_their_address(clus
     assert "slurmctld" not in text.split(f"munge at {sock} unreachable")[1].split("reachable again")[0], text
     assert text.count(f"agent http://{dead}/metrics unreachable") == 1, text
     assert "scontrol ping: scontrol ping" not in text
+
+
+def test_penalties_are_lifted_once_the_signals_are_out_past_the_staleness_limit(cluster, agent, tmp_path):
+    from gpudiag.scheduler.slurm.actions import restore
+    from gpudiag.scheduler.slurm.controller import Controller, Options
+    from gpudiag.scheduler.slurm.slurmio import SlurmIO
+    from gpudiag.scheduler.slurm.sources import AgentsSource
+
+    blocker = cluster.sbatch("blocker", "reserved", 4)
+    running(cluster, blocker)
+    report(agent, blocker, 0.4)
+    waiting = cluster.sbatch("idle", "reserved", 2)
+    report(agent, waiting, 0.02, "input-bound")
+    io = SlurmIO(env=cluster.env)
+    ctl = Controller(io, AgentsSource([f"127.0.0.1:{agent.port}"]), options=Options(min_change_interval_s=0),
+                     ledger_path=tmp_path / "ledger.json")
+    try:
+        t = time.time()
+        ctl.round(t)
+        penalty = int(cluster.job(waiting)["Nice"])
+        assert penalty > 0
+        ctl.source = AgentsSource([f"127.0.0.1:{free_port()}"])     # the agent is gone
+        limit = ctl.policy.max_signal_age_s
+        ctl.round(t + 5)
+        assert int(cluster.job(waiting)["Nice"]) == penalty               # out, but not for long yet
+        res = ctl.round(t + 5 + limit + 1)
+        lifted = [a for a in res.actions if a.kind == "restore" and a.target == str(waiting)]
+        assert lifted and lifted[0].applied and "longer than the 300 s staleness limit" in lifted[0].reason
+        assert cluster.job(waiting)["Nice"] == "0"
+    finally:
+        restore(io, ctl.store)
