@@ -163,9 +163,11 @@ class Controller:
         res = RoundResult(at=now)
         try:
             jobs = self.io.jobs()
-            stats = self.io.reloads()    # before the partitions: a reload in between is seen next round
+            stats = self.io.reloads()    # around the partitions: a reload while they are read is
             nodes, parts, cfg = self.io.nodes(), self.io.partitions(), self.io.config()
-            reloads, conf = reload_marker(stats, cfg), self.io.slurm_conf(cfg)
+            seen = reload_marker(stats, cfg)   # a reset this round (unknown) and a reload next round
+            reloads = seen if stats is None or self.io.reloads() == stats else None
+            conf = self.io.slurm_conf(cfg)
         except SlurmUnreachable:
             raise
         except (BadSlurmOutput, SlurmError) as e:
@@ -262,7 +264,7 @@ class Controller:
             self.renew(ledger, now)
             reconcile(ledger, by_id, [])
             reconcile_modes(ledger, parts, reloads, conf)
-            ledger.reloads = reloads
+            ledger.reloads = seen
             ledger.handed_back = dict(handed_back)
 
         self._apply(res, handed_back, now, serving, by_id, prepare)

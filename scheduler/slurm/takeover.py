@@ -17,9 +17,10 @@ decision back to Slurm (the partition's original mode) everywhere else:
   now: back at slurm.conf's mode after a reload, it is a reset: taken again, and no victims are
   chosen in that round (Slurm may have begun preempting before the controller read squeue).
   Reloaded with a slurm.conf that now gives it another mode (OFF included), the new mode is the
-  administrator's: gpudiag forgets the old one and never restores it. Where slurmctld's reloads
-  cannot be read (sdiag hidden by ``PrivateData``), a partition back at its original is taken
-  for a reset, as before.
+  administrator's: gpudiag forgets the old one and never restores it. slurmctld's reloads are
+  read before and after the partitions: a reload between the two reads (or reloads that cannot
+  be read at all: sdiag hidden by ``PrivateData``) make a partition back at its original a
+  reset, as before the comparison existed.
 - A waiting job Slurm could preempt for (a higher PriorityTier, on nodes it shares with running
   jobs that have run the minimum time) is Slurm's when gpudiag cannot judge or cannot act for it:
   a candidate victim without usable MFU evidence (jobs without signals are neither protected nor
