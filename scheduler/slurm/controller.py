@@ -46,16 +46,19 @@ from gpudiag.scheduler.slurm.efficiency import (
     DEFAULT_MAX_CHANGES,
     DEFAULT_MIN_CHANGE_INTERVAL_S,
     MULTIFACTOR,
+    lift_all,
+    neutral_jobs,
     nice_actions,
     nice_scale,
 )
 from gpudiag.scheduler.slurm.fresh import Fresh
 from gpudiag.scheduler.slurm.history import history_path, load_history, save_history
 from gpudiag.scheduler.slurm.ledger import Lease, Ledger, LedgerError, LedgerStore
+from gpudiag.scheduler.slurm.outages import SourceOutages
 from gpudiag.scheduler.slurm.reclaim import lift_ends, lifted_jobs, quiet_partitions
 from gpudiag.scheduler.slurm.serve_jobs import Serving, serve_waiting
 from gpudiag.scheduler.slurm.slurmconf import cluster_identity, duration_s, memory_is_consumable
-from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
+from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable, reload_marker
 from gpudiag.scheduler.slurm.sources import slurm_signals
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
 from gpudiag.scheduler.slurm.takeover import (
@@ -108,6 +111,7 @@ class Options:
     min_runtime_s: float | None = None          # None: the cluster's PreemptExemptTime
     quotas: dict[str, float] = field(default_factory=dict)
     need_multifactor: bool = False              # --efficiency-delay without --nice-max
+    partitions: frozenset[str] | None = None    # --partitions: the only ones managed (None: all)
 
 
 class Refused(ValueError):
@@ -130,6 +134,8 @@ class Controller:
         self._not_reclaimed: dict[int, str] = {}
         self._unsafe: dict[str, str] = {}
         self._parts_read: dict = {}
+        self._outages = SourceOutages()
+        self._sig_down_since: float | None = None   # the signal source has been unavailable since
 
     # --- the ledger --------------------------------------------------------------------------------
     def renew(self, ledger: Ledger, now: float | None = None) -> None:
@@ -164,8 +170,12 @@ class Controller:
         res = RoundResult(at=now)
         try:
             jobs = self.io.jobs()
+            stats = self.io.reloads()    # around the partitions: a reload while they are read is
             nodes, parts, cfg = self.io.nodes(), self.io.partitions(), self.io.config()
             self._parts_read = parts
+            seen = reload_marker(stats, cfg)   # a reset this round (unknown) and a reload next round
+            reloads = seen if stats is None or self.io.reloads() == stats else None
+            conf = self.io.slurm_conf(cfg)
         except SlurmUnreachable:
             raise
         except (BadSlurmOutput, SlurmError) as e:
@@ -176,6 +186,10 @@ class Controller:
             raise Refused(f"--efficiency-delay: this Slurm uses {cfg.get('PriorityType', '?')}, whose Nice "
                           "counts submissions, not seconds; give --nice-max N (the least efficient job's "
                           "Nice) instead")
+        managed = self.opt.partitions
+        if managed is not None and managed - set(parts):
+            raise Refused(f"--partitions: this Slurm has no {', '.join(sorted(managed - set(parts)))} "
+                          f"(it has {', '.join(sorted(parts))})")
         by_id = {j.id: j for j in jobs}
         snapshot = self.store.read()    # decided on; written back (with the lease) before any change
         self._bind(snapshot, cfg)
@@ -183,7 +197,7 @@ class Controller:
         adopt_split_tasks(snapshot, jobs)
         for n in res.notes:
             log.info("%s", n)
-        modes = reconcile_modes(snapshot, parts)
+        modes = reconcile_modes(snapshot, parts, reloads, conf)
         res.notes += modes.notes
         for n in modes.notes:
             log.warning("%s", n)
@@ -191,6 +205,7 @@ class Controller:
                     if r.done and jid in by_id and by_id[jid].holds}
         in_flight = {snapshot.requeued[jid].for_job for jid in requeued}
         sig = self._read_signals(now)
+        self._outages.update(sig.down)
         signals = slurm_signals(sig, jobs) if sig.available else {}   # each job's own user's only
         res.signals = {"available": sig.available, "why": sig.why, "jobs": len(signals)}
         res.jobs = {"pending": sum(j.state == "PENDING" for j in jobs), "running": sum(j.holds for j in jobs)}
@@ -200,6 +215,7 @@ class Controller:
         policy = replace(self.policy, min_runtime_s=min_runtime)
         quiet = quiet_partitions(parts, modes, nodes, cfg.get("PreemptType", "")) \
             if self.opt.takeover and self.io.json_ok is True and self.opt.quotas else set()
+        quiet &= managed if managed is not None else quiet
         model = model_of(jobs, nodes, parts, modes.held | quiet, kill_wait, now, requeued)
         self._observe(model, by_id, signals, now, policy)
         no_evidence = self._evidence(sig, signals, model, policy)
@@ -209,6 +225,7 @@ class Controller:
             res.notes.append("this squeue has no --json (no requeue flag, no preempt_time): Slurm chooses "
                              "preemption victims; gpudiag only changes Nice")
         want = eligible(parts, modes, nodes, cfg.get("PreemptType", "")) if takeover else set()
+        want &= managed if managed is not None else want
         busy_why = busy_partitions(jobs, want)
         want -= set(busy_why)
         res.notes += [f"partition {p}: {w}" for p, w in busy_why.items()]
@@ -246,14 +263,20 @@ class Controller:
             lifted = lifted_jobs(snapshot.nice) | {int(a.target) for a in requeues if a.kind == "lift"}
             res.actions += nice_actions(jobs, parts, snapshot.nice, set(snapshot.theirs) | lifted, signals,
                                         self.history.book, now, policy, scale, self.opt.min_change_interval_s,
-                                        self.opt.max_changes)
+                                        self.opt.max_changes, neutral_jobs(jobs, parts, managed))
+        self._sig_down_since = None if sig.available else self._sig_down_since or now
+        out_s = now - (self._sig_down_since or now)
+        if out_s > policy.max_signal_age_s:
+            res.actions += lift_all(jobs, snapshot.nice, f"signals unavailable for {out_s:.0f} s, longer "
+                                    f"than the {policy.max_signal_age_s:.0f} s staleness limit")
 
         def prepare(ledger: Ledger) -> None:
             self._bind(ledger, cfg)
             self.renew(ledger, now)
             reconcile(ledger, by_id, [])
             adopt_split_tasks(ledger, jobs)
-            reconcile_modes(ledger, parts)
+            reconcile_modes(ledger, parts, reloads, conf)
+            ledger.reloads = seen
             ledger.handed_back = dict(handed_back)
 
         self._apply(res, handed_back, now, serving, by_id, prepare)
@@ -290,8 +313,8 @@ class Controller:
 
     def _evidence(self, sig: SignalRead, signals: dict[int, Signal], model: Model, policy: Policy) -> str:
         """"" when gpudiag may act on signals; else why not (logged once when it changes)."""
-        if not sig.available:
-            why = f"signals unavailable ({sig.why})"
+        if not sig.available:   # each source that is out is named once (SourceOutages)
+            why = f"signals unavailable ({'none answered: ' + ', '.join(sig.down) if sig.down else sig.why})"
         elif not self.history.book.keys and not any(signal_usable(signals.get(r.job.id), policy)
                                                     for r in model.running):
             why = "no usable MFU signal (no running GPU job reports one, and no key history yet)"
