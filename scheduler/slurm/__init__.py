@@ -11,6 +11,6 @@ each PreemptMode or requeue write), ``arrays`` (array tasks and their array's Ni
 ``takeover`` (which partitions gpudiag may hold without exposing another partition's jobs),
 ``serve_jobs`` (which waiting jobs gpudiag or Slurm serves), ``efficiency`` (Nice),
 ``history`` (MFU per key, kept across restarts), ``outages`` (signal sources out, named once),
-``controller`` (one round), ``loop`` (the processes: rounds, ``--restore-only``,
-``--watchdog``). docs/slurm.md says how to run them.
+``controller`` (one round; ``writes``: its changes written), ``loop`` (the processes:
+rounds, ``--restore-only``, ``--watchdog``). docs/slurm.md says how to run them.
 """

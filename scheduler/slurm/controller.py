@@ -22,7 +22,8 @@ then, with the ledger (``ledger``) reconciled against what Slurm shows:
 
 Every change is an ``Action`` with its reason, written ahead to the ledger (``actions.apply``);
 each PreemptMode or requeue write is made only if Slurm, read again just before it, still shows
-what the round decided on (``fresh``); ``dry_run`` decides without writing anything.
+what the round decided on (``fresh``; the writing is ``writes``); ``dry_run`` decides without
+writing anything.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from gpudiag.scheduler.model import Policy, Signal, TeamShare
 from gpudiag.scheduler.policy import schedule
 from gpudiag.scheduler.priority import job_class, signal_usable
 from gpudiag.scheduler.signals import SignalRead, SignalSource
-from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action, apply, reconcile
+from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action, reconcile
 from gpudiag.scheduler.slurm.adapter import Model, model_of
 from gpudiag.scheduler.slurm.arrays import adopt_split_tasks
 from gpudiag.scheduler.slurm.efficiency import (
@@ -51,7 +52,6 @@ from gpudiag.scheduler.slurm.efficiency import (
     nice_actions,
     nice_scale,
 )
-from gpudiag.scheduler.slurm.fresh import Fresh
 from gpudiag.scheduler.slurm.history import history_path, load_history, save_history
 from gpudiag.scheduler.slurm.ledger import Lease, Ledger, LedgerError, LedgerStore
 from gpudiag.scheduler.slurm.outages import SourceOutages
@@ -69,6 +69,7 @@ from gpudiag.scheduler.slurm.takeover import (
     reconcile_modes,
     unsafe_holds,
 )
+from gpudiag.scheduler.slurm.writes import Writer, write_round
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
 
@@ -279,7 +280,7 @@ class Controller:
             ledger.reloads = seen
             ledger.handed_back = dict(handed_back)
 
-        self._apply(res, handed_back, now, serving, by_id, prepare)
+        self._apply(res, now, serving, by_id, prepare)
         changed = {a.target: a.new for a in res.actions if a.kind == "preempt_mode" and a.applied}
         res.held = sorted(p for p in modes.held | set(changed) if changed.get(p, PREEMPT_OFF) == PREEMPT_OFF)
         if not self.opt.dry_run:
@@ -367,57 +368,15 @@ class Controller:
         return ""
 
     # --- writing -----------------------------------------------------------------------------------
-    def _apply(self, res: RoundResult, handed_back: dict[int, str], now: float, serving: Serving | None,
-               by_id: dict[int, SlurmJob], prepare: Callable[[Ledger], None]) -> None:
+    def _apply(self, res: RoundResult, now: float, serving: Serving | None, by_id: dict[int, SlurmJob],
+               prepare: Callable[[Ledger], None]) -> None:
         if self.opt.dry_run:
             for a in res.actions:
                 log.info("would %s %s: %s -> %s (%s)%s", a.kind, a.target, a.old, a.new, a.reason,
                          f" [skipped: {a.error}]" if a.error else "")
             return
-        quiet = serving.quiet - serving.modes.held if serving is not None else set()
-        fresh = Fresh(self.io, by_id, self._parts_read,
-                      {p: serving.modes.original.get(p, "") for p in quiet} if serving is not None else {})
-
-        def precheck(a: Action) -> str:
-            """Just before a PreemptMode or requeue write: a reclaim's lift went first, and Slurm,
-            read again, still shows what the decision relied on (``fresh``)."""
-            if a.kind == "requeue":
-                lift = next((b for b in res.actions if b.kind == "lift" and b.target == str(a.for_job)), None)
-                if lift is not None and not lift.applied:
-                    return f"job {a.for_job}'s lift in Slurm's order failed ({lift.error}): not requeued"
-            return fresh.before(a)
-
-        apply(res.actions, self.io, self.store, now, self.renew, self.opt.lease_s / 3, precheck, prepare)
-        taken = {a.target: a.old for a in res.actions if a.kind == "preempt_mode" and a.applied
-                 and a.new.upper() == PREEMPT_OFF}
-        undo = fresh.after_take(taken)
-        if undo:
-            for a in undo:
-                log.warning("partition %s: %s", a.target, a.reason)
-            apply(undo, self.io, self.store, now, self.renew, self.opt.lease_s / 3)
-            res.actions += undo
-        refused = [a for a in res.actions if a.kind == "requeue" and a.error and not a.applied
-                   and "not requeued" not in a.error and "not tried" not in a.error]
-        for a in res.actions:   # a reclaim not done stays gpudiag's: Slurm does not reclaim
-            if a.kind == "requeue" and a.reclaim and a.error and not a.applied and a.for_job is not None:
-                res.not_reclaimed.setdefault(a.for_job, f"requeue of job {a.target} not done: {a.error}")
-        refused = [a for a in refused if not a.reclaim]
-        if not refused or serving is None:
-            return
-        back: list[Action] = []
-        with self.store.update() as ledger:
-            for a in refused:
-                why = f"Slurm refused to requeue job {a.target} ({a.error})"
-                if a.for_job is not None and a.for_job in by_id:
-                    ledger.handed_back[a.for_job] = res.handed_back[a.for_job] = why
-                    for c in serving.cands.get(by_id[a.for_job].partition, []):
-                        if c.partition in ledger.modes and c.partition not in {b.target for b in back}:
-                            back.append(Action("preempt_mode", c.partition, PREEMPT_OFF,
-                                               ledger.modes[c.partition].original,
-                                               f"preemption given back to Slurm: {why}"))
-            self.renew(ledger)
-        apply(back, self.io, self.store, now, self.renew, self.opt.lease_s / 3)
-        res.actions += back
+        write_round(res, Writer(self.io, self.store, self.renew, self.opt.lease_s / 3), now, by_id, serving,
+                    self._parts_read, prepare)
 
 
 def _now() -> float:
