@@ -155,8 +155,13 @@ def test_partitions_bounds_what_is_managed_and_the_top_tier_is_never_penalised(c
     assert {a["target"] for a in res["actions"] if a["kind"] == "preempt_mode"} == {"spot", "reserved"}
     hold = next(d["reason"] for d in res["decisions"] if d["kind"] == "hold")
     assert "when a job without a time limit ends" in hold and "days" not in hold, hold
+    # spot alone managed: reserved's job keeps its Nice, and spot is not held either - on this one
+    # node an on-demand job would then make Slurm preempt reserved's jobs, which gpudiag does not
+    # manage, in spot's place (takeover.unsafe_holds, from slurm-a)
     res = dry_round(cluster, agent, tmp_path / "dry.json", "--partitions", "spot")
-    assert [(a["kind"], a["target"]) for a in res["actions"]] == [("preempt_mode", "spot")], res["actions"]
+    assert res["actions"] == [], res["actions"]
+    assert any(n.startswith("partition spot: not held: a job of ondemand would make Slurm preempt partition "
+                            "reserved's jobs") for n in res["notes"]), res["notes"]
     p = gpudiag(cluster, "--once", "--agents", f"127.0.0.1:{agent.port}", "--state", str(tmp_path / "l.json"),
                 "--partitions", "spot,nosuch")
     assert p.returncode == 2 and "--partitions: this Slurm has no nosuch" in p.stdout + p.stderr, p.stderr
