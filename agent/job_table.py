@@ -20,7 +20,10 @@ How a signal is applied — exactly once, or not at all:
 3. A signal naming a job whose processes the GPU scrape saw running as another uid is rejected
    (``owner``): that job is not the writer's; and an entry whose processes turn out to run as
    another uid than its writer is dropped.
-4. A signal older (by its ``ts``) than its job's entry is dropped (``stale``). Otherwise it
+4. A signal dated more than ``MAX_FUTURE_S`` ahead of the agent's clock is refused
+   (``future``); one dated less ahead is taken as written now (its ``ts`` clamped to the
+   agent's clock), so no signal can make the job's next honest one look stale.
+5. A signal older (by its ``ts``) than its job's entry is dropped (``stale``). Otherwise it
    becomes the entry: fields it omits keep their previous values, collective totals keep the
    larger of old and new (counters never go down), ``signals_applied`` grows by one.
 
@@ -44,6 +47,7 @@ from prometheus_client.registry import Collector
 
 from gpudiag.agent.attribution import JobOwners
 from gpudiag.agent.signals import (
+    MAX_FUTURE_S,
     MAX_SIGNAL_BYTES,
     OPTIONAL_FIELDS,
     BadSignal,
@@ -93,6 +97,12 @@ class JobTable(Collector):
             pass
         except (OSError, JobTableError) as e:
             log.warning("state file %s unreadable (%s): starting with no jobs", self.state_file, e)
+        now = time.time()
+        for sig in self.jobs.values():   # written by an agent that took future-dated signals
+            if sig.ts > now + MAX_FUTURE_S:
+                log.warning("job %s in %s is dated %.0f s ahead of this clock: taken as of now",
+                            sig.job_id, self.state_file, sig.ts - now)
+                sig.ts = now
 
     def _save(self, now: float) -> None:
         try:
@@ -159,6 +169,9 @@ class JobTable(Collector):
         runs_as = self._process_owner(sig.job_id, now)
         if runs_as is not None and runs_as != writer:
             raise BadSignal(f"job {sig.job_id} runs as uid {runs_as}, the file is uid {writer}'s", "owner")
+        if sig.ts > now + MAX_FUTURE_S:
+            raise BadSignal(f"dated {sig.ts - now:.0f} s ahead of the agent's clock", "future")
+        sig.ts = min(sig.ts, now)
         sig.owner_uid = writer
         key = (sig.job_id, writer)
         old = self.jobs.get(key)
@@ -209,7 +222,8 @@ class JobTable(Collector):
         coll = CounterMetricFamily("gpudiag_job_collective_seconds",
                                    "Time in collectives since the job started.",
                                    labels=[*JOB_LABELS, "collective"])
-        seen = gauge("gpudiag_job_last_signal_timestamp_seconds", "When the job last reported.")
+        seen = gauge("gpudiag_job_last_signal_timestamp_seconds",
+                     "When the agent last took a signal from the job, by the agent's clock.")
         run = gauge("gpudiag_job_run_info", "1, labelled with the job's run directory (its report.html).",
                     (*JOB_LABELS, "run_dir"))
         ended = gauge("gpudiag_job_ended_timestamp_seconds",
@@ -230,7 +244,9 @@ class JobTable(Collector):
                 pred.add_metric(lv, j.predicted_step_seconds)
             if j.team is not None:
                 team.add_metric([*lv, j.team], 1.0)
-            seen.add_metric(lv, j.ts)
+            # the agent's receive time, not the job's claim: a multi-node job's freshest report is
+            # the one a node took last, whatever clock the job's writer read
+            seen.add_metric(lv, j.received_at if j.received_at is not None else j.ts)
             if j.ended:
                 ended.add_metric(lv, j.ts)
             for fam, v in ((mfu, j.mfu_ratio), (step, j.step_seconds), (wait, j.input_wait_ratio),

@@ -62,6 +62,11 @@ MAX_STEP_SECONDS = 1e6
 MAX_DILATION = 1e6
 MAX_TRACED_STEPS = 10**9
 MAX_UID = 2**32 - 2  # (uid_t)-1 means "no uid" to the kernel
+# A job writes its signal on the agent's own machine, so by the agent's clock its ``ts`` is in
+# the past; a few seconds of slack cover a container's clock read and a slow rename. A ``ts``
+# further ahead is a forgery or a broken clock: taken, it would read as fresh for as long as it
+# is ahead, never expire, and make the job's honest signals look older than it ("stale").
+MAX_FUTURE_S = 5.0
 ROOT_UID = 0
 MAX_ACTION = 64  # a recommendation's stable id ("dataloader-workers", ...)
 MAX_TEAM = 64    # as the local scheduler's --team

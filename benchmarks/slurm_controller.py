@@ -95,6 +95,8 @@ class ReplayIO(SlurmIO):
         self.reads[" ".join(argv[:3])] += 1
         if argv[0] == "squeue":
             return self.squeue
+        if argv[0] == "sdiag":      # no reconfigure in a replay
+            return "Data since      Fri Nov 27 00:00:00 2026 (1795737600)\n"
         if argv[:3] == ("scontrol", "show", "node"):
             return self.node_text
         if argv[:3] == ("scontrol", "show", "partition"):

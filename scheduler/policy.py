@@ -24,6 +24,7 @@ and their numbers; ``plan`` keeps them with the pass that made them (``reasons.P
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -55,10 +56,14 @@ def rule_at(q: PendingQueue, i: int, policy: Policy) -> Rule:
     return Rule(int(q.num[i, _GPUS]), k == WHOLE, policy.label_aware_placement, k == SPREAD)
 
 
-def _fmt_t(t: float, now: float) -> str:
+def _fmt_t(t: float, now: float, unknown_after: float = math.inf) -> str:
     """A time relative to the pass: every runtime's clock reads the same way (the Slurm
-    controller's is the epoch, where "t=1827233385s" said nothing)."""
+    controller's is the epoch, where "t=1827233385s" said nothing). ``unknown_after``: a time
+    this far ahead comes from a job without a time limit (``Policy.default_estimate_s``), whose
+    end nobody knows: "in 365.0 days" would be a number made up."""
     d = t - now
+    if d >= unknown_after:
+        return "when a job without a time limit ends"
     if d < 1:
         return "now"
     if d < 90:
@@ -187,7 +192,8 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         if reclaimed:
             when += f" - {reclaimed}"
     else:
-        when = f"; GPUs reserved for it, starting {_fmt_t(res.shadow, now)}" if res else ""
+        when = f"; GPUs reserved for it, starting {_fmt_t(res.shadow, now, policy.default_estimate_s / 2)}" \
+            if res else ""
     blocked = f"needs {need}, {state.total_free} free, at most {state.max_free_on_a_node()} on one node"
     out.append(Decision("hold", head.id, f"head of the queue: {blocked}{when}",
                         numbers={"free": state.total_free, "shadow": res.shadow if res else None,

@@ -24,6 +24,12 @@ from typing import Protocol
 
 from gpudiag.scheduler.model import LABELS, Signal
 
+# A report dated further ahead of this clock than this comes from a clock that cannot be trusted
+# (a node's clock running ahead, an agent that took a forged time): its age is unknown, so it is
+# treated as stale rather than as fresh for as long as it stays ahead. NTP keeps hosts within
+# milliseconds of each other; ten seconds leaves room for a slow scrape.
+MAX_CLOCK_AHEAD_S = 10.0
+
 # (agent job id, uid that wrote its signals); the uid is None only where an old agent did not
 # say, and such a signal is attributed to no job
 JobKey = tuple[str, int | None]
@@ -37,6 +43,7 @@ class SignalRead:
     signals: dict[JobKey, Signal] = field(default_factory=dict)
     available: bool = True  # False: the source could not be read (then ``why`` says why)
     why: str = ""
+    down: dict[str, str] = field(default_factory=dict)   # address of a part that did not answer -> why
 
     def of(self, job_id: str, uid: int) -> Signal | None:
         """The signal ``uid`` wrote for ``job_id``: the only one that may speak for a job of that user."""
@@ -87,5 +94,13 @@ def parse_metrics(text: str, now: float, prefix: str = "") -> dict[JobKey, Signa
             elif s.name == "gpudiag_job_bottleneck" and s.value == 1 and s.labels.get("label") in LABELS:
                 label[key] = s.labels["label"]
     return {k: Signal(mfu=min(1.0, max(0.0, m)), label=label.get(k, "unknown"), confidence=conf.get(k, 0.0),
-                      age_s=max(0.0, now - last[k]) if k in last else math.inf)
+                      age_s=age_of(last.get(k), now))
             for k, m in mfu.items() if math.isfinite(m)}
+
+
+def age_of(seen: float | None, now: float) -> float:
+    """Seconds since a report's receive time; infinite (never fresh) when there is none or it
+    is dated more than ``MAX_CLOCK_AHEAD_S`` ahead of ``now``."""
+    if seen is None or not math.isfinite(seen) or seen > now + MAX_CLOCK_AHEAD_S:
+        return math.inf
+    return max(0.0, now - seen)

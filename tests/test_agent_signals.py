@@ -158,6 +158,40 @@ def test_a_late_older_signal_is_counted_stale_not_applied(tmp_path):
     assert table.applied == 1 and table.rejected == {"stale": 1}
 
 
+def test_a_future_dated_signal_is_refused_and_counted_and_the_jobs_next_honest_one_is_taken(tmp_path):
+    table = JobTable(tmp_path / "state")
+    t = time.time()
+    write_signal(table.spool, {"job_id": "j", "ts": t, "mfu_ratio": 0.2})
+    table.ingest(now=t)
+    write_signal(table.spool, {"job_id": "j", "ts": t + 27 * 3600, "mfu_ratio": 0.6})  # 27 h ahead
+    table.ingest(now=t + 1)
+    assert table.rejected == {"future": 1} and table.jobs[("j", 0)].mfu_ratio == 0.2
+    write_signal(table.spool, {"job_id": "j", "ts": t + 2 + 3.0, "mfu_ratio": 0.3})   # a clock 3 s ahead
+    table.ingest(now=t + 2)
+    assert table.jobs[("j", 0)].ts == t + 2           # taken as written now, not 3 s ahead
+    write_signal(table.spool, {"job_id": "j", "ts": t + 3, "mfu_ratio": 0.25})        # honest, a second on
+    table.ingest(now=t + 3)
+    assert table.jobs[("j", 0)].mfu_ratio == 0.25 and table.rejected == {"future": 1}
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(table)
+    text = generate_latest(reg).decode()
+    assert 'gpudiag_agent_signals_rejected_total{reason="future"} 1.0' in text
+    # what a scheduler reads as "last heard from": the agent's receive time, never the job's claim
+    seen = sample_value(text, 'gpudiag_job_last_signal_timestamp_seconds{job_id="j",owner_uid="0"}')
+    assert seen == table.jobs[("j", 0)].received_at == t + 3
+
+
+def test_a_table_written_with_a_future_dated_job_is_taken_as_of_now(tmp_path):
+    table = JobTable(tmp_path / "state")
+    write_signal(table.spool, {"job_id": "j", "ts": time.time(), "mfu_ratio": 0.2})
+    table.ingest()
+    doc = json.loads(table.state_file.read_text())
+    doc["jobs"][0]["ts"] = time.time() + 27 * 3600     # as an agent without the check kept it
+    table.state_file.write_text(json.dumps(doc))
+    again = JobTable(tmp_path / "state")
+    assert again.jobs[("j", 0)].ts <= time.time()
+
+
 # --- jobs.json -----------------------------------------------------------------------------
 
 def test_jobs_json_is_a_versioned_table_with_every_field_a_scheduler_reads(tmp_path):
@@ -257,7 +291,7 @@ def test_a_job_id_is_per_owner_so_no_user_writes_into_anothers_job(users, open_s
         assert mfu_of(a.metrics(), "train-7", alice.pw_uid) == 0.5
         # mallory names alice's job, with a later ts (it would win a merge): her own job, not alice's
         write_as(mallory, spool, full_signal("train-7", mfu_ratio=0.01, bottleneck="input-bound",
-                                             ts=time.time() + 60))
+                                             ts=time.time() + 3))
         write_signal(spool, {"job_id": "train-7", "ts": time.time(), "mfu_ratio": 0.6})  # root: root's own
         text = a.metrics()
         assert mfu_of(text, "train-7", alice.pw_uid) == 0.5

@@ -76,6 +76,29 @@ def test_prometheus_answers_give_the_same_signals():
     assert parse_prometheus_answers(answers, NOW) == parse_metrics(EXPOSITION, NOW, prefix="slurm:")
 
 
+def test_a_report_dated_ahead_of_this_clock_is_never_fresh_and_two_nodes_compare_receive_times():
+    ahead = EXPOSITION.replace(f"{NOW - 12}", f"{NOW + 27 * 3600}")   # a node whose clock runs 27 h ahead
+    assert math.isinf(parse_metrics(ahead, NOW, prefix="slurm:")[("slurm:7", ALICE)].age_s)
+    assert not signal_usable(parse_metrics(ahead, NOW, prefix="slurm:")[("slurm:7", ALICE)], Policy())
+    near = EXPOSITION.replace(f"{NOW - 12}", f"{NOW + 2}")            # a clock 2 s ahead: fresh
+    assert parse_metrics(near, NOW, prefix="slurm:")[("slurm:7", ALICE)].age_s == 0.0
+
+    def answer(rows):   # a multi-node job reported by two agents
+        def vec(metric, value_of):
+            return {"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {"__name__": metric, "job_id": "slurm:7", "instance": inst,
+                            "owner_uid": str(ALICE),
+                            **({"label": "memory-bound"} if metric.endswith("bottleneck") else {})},
+                 "value": [NOW, str(value_of(inst, row))]} for inst, row in rows.items()]}}
+        return {"mfu": vec("gpudiag_job_mfu_ratio", lambda i, r: r[0]),
+                "label": vec("gpudiag_job_bottleneck", lambda i, r: 1),
+                "confidence": vec("gpudiag_job_signal_confidence", lambda i, r: 0.9),
+                "seen": vec("gpudiag_job_last_signal_timestamp_seconds", lambda i, r: r[1])}
+    # node b's clock runs a day ahead: its report is not "the freshest", node a's is
+    sig = parse_prometheus_answers(answer({"a:9835": (0.3, NOW - 20), "b:9835": (0.6, NOW + 86400)}), NOW)
+    assert sig[("slurm:7", ALICE)].mfu == 0.3 and sig[("slurm:7", ALICE)].age_s == 20.0
+
+
 def test_squeue_gives_each_jobs_user_id_in_both_formats():
     """The uid a Slurm job's signals must come from: ``user_id`` of --json, ``%U`` of -o."""
     doc = {"jobs": [{"job_id": 7, "job_state": "RUNNING", "user_name": "alice", "user_id": ALICE,

@@ -259,12 +259,15 @@ def test_controller_survives_slurmctld_restart_and_resumes(cluster, agent, prome
         spot = lambda: cluster.run("scontrol", "show", "partition", "spot", "-o").stdout  # noqa: E731
         wait_for("first takeover", lambda: "PreemptMode=OFF" in spot(), 30)
         cluster.stop_daemon("slurmctld")
-        wait_for("the controller notices", lambda: "slurmctld unreachable" in ctl.text(), 60)
-        time.sleep(6)   # several retries while it is down
-        assert ctl.text().count("slurmctld unreachable") == 1, ctl.text()
+        where = f"slurmctld at {cluster.host}:{cluster.ctld_port}"
+        wait_for("the controller notices", lambda: f"{where} unreachable" in ctl.text(), 60)
+        time.sleep(12)   # several retries while it is down (every 5 s)
+        assert ctl.text().count(f"{where} unreachable") == 1, ctl.text()   # named once, with its address
         assert ctl.proc.poll() is None
         cluster.start_slurmctld(clear_state=False)   # back with slurm.conf's PreemptMode=REQUEUE
-        wait_for("the controller resumes", lambda: "slurmctld reachable again" in ctl.text(), 120)
+        t0 = time.monotonic()
+        wait_for("the controller resumes", lambda: f"{where} reachable again" in ctl.text(), 120)
+        assert time.monotonic() - t0 < 20, ctl.text()   # a retry within 5 s of its return, not a backoff
         wait_for("takeover re-applied after the restart", lambda: "PreemptMode=OFF" in spot(), 30)
         assert ctl.proc.poll() is None
     finally:

@@ -16,7 +16,7 @@ from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.slurm.actions import Action, confirm, reconcile, record_intents
 from gpudiag.scheduler.slurm.history import MAX_HALF_LIVES, History, load_history, save_history
 from gpudiag.scheduler.slurm.ledger import JobRef, Lease, Ledger, LedgerError, LedgerStore, parse_ledger
-from gpudiag.scheduler.slurm.slurmconf import Partition
+from gpudiag.scheduler.slurm.slurmconf import ConfModes, Partition, conf_modes
 from gpudiag.scheduler.slurm.squeue import SlurmJob, parse_squeue_json, tres
 from gpudiag.scheduler.slurm.takeover import reconcile_modes
 
@@ -76,6 +76,60 @@ def test_partition_modes_reset_by_reconfigure_and_changed_by_an_admin():
     assert view.reset == ["spot"] and view.held == set()
     assert any("CANCEL by someone else" in n for n in view.notes)
     assert led.modes == {}                     # neither is gpudiag's to restore any more
+
+
+def test_an_admin_who_sets_a_jobs_nice_back_to_its_original_keeps_it():
+    led = Ledger()
+    record_intents(led, [Action("nice", "7", "0", "5000", "low", ref=JobRef.of(sjob(7)))], 1.0)
+    confirm(led, [Action("nice", "7", "0", "5000", "low", applied=True)])
+    notes: list[str] = []
+    reconcile(led, {7: sjob(7, nice=0)}, notes)      # gpudiag set 5000; an admin put 0 back
+    assert 7 not in led.nice and 7 in led.theirs
+    assert notes == ["job 7: Nice set to 0 (its original) by someone else since gpudiag set 5000: theirs, "
+                     "left alone from now on"]
+    # gpudiag's own restore that a crash left unconfirmed is not an admin's
+    record_intents(led, [Action("nice", "8", "0", "5000", "low", ref=JobRef.of(sjob(8)))], 1.0)
+    confirm(led, [Action("nice", "8", "0", "5000", "low", applied=True)])
+    record_intents(led, [Action("restore", "8", "5000", "0", "back", ref=JobRef.of(sjob(8)))], 2.0)
+    reconcile(led, {8: sjob(8, nice=0)}, notes)
+    assert 8 not in led.nice and 8 not in led.theirs
+
+
+def _held(*names: str) -> Ledger:
+    led = Ledger(reloads="boot 1; reconfigures 0")
+    record_intents(led, [Action("preempt_mode", n, "REQUEUE", "OFF", "take") for n in names], 1.0)
+    confirm(led, [Action("preempt_mode", n, "REQUEUE", "OFF", "take", applied=True) for n in names])
+    return led
+
+
+def test_scontrol_update_back_to_the_original_is_the_admins_a_reload_is_a_reset():
+    conf = ConfModes({"spot": "REQUEUE", "reserved": "REQUEUE"}, 0.0)
+    parts = {"spot": Partition("spot", 1, "REQUEUE", 0), "reserved": Partition("reserved", 2, "OFF", 0)}
+    led = _held("spot", "reserved")
+    view = reconcile_modes(led, parts, "boot 1; reconfigures 0", conf)    # no reload since: an admin
+    assert view.reset == [] and view.theirs == {"spot"} and view.held == {"reserved"}
+    assert "spot" not in led.modes and led.theirs_modes == {"spot": "REQUEUE"}
+    assert any("by someone else (scontrol update" in n for n in view.notes)
+    assert reconcile_modes(led, parts, "boot 1; reconfigures 0", conf).theirs == {"spot"}   # kept
+    led.reloads = "boot 1; reconfigures 0"
+    view = reconcile_modes(led, parts, "boot 1; reconfigures 1", conf)    # then a reconfigure
+    assert view.theirs == set() and led.theirs_modes == {}                # gpudiag's to manage again
+    led = _held("spot")
+    view = reconcile_modes(led, parts, "boot 1; reconfigures 1", conf)    # a reconfigure: a reset
+    assert view.reset == ["spot"] and view.theirs == set()
+
+
+def test_a_slurm_conf_changed_and_reloaded_is_the_admins_and_never_restored_over(tmp_path):
+    conf_file = tmp_path / "slurm.conf"
+    conf_file.write_text("PreemptMode=REQUEUE\nPartitionName=DEFAULT GraceTime=10\n"
+                         "PartitionName=spot Nodes=n PreemptMode=OFF # held by the admin now\n"
+                         "PartitionName=ondemand Nodes=n PreemptMode=off\nPartitionName=reserved Nodes=n\n")
+    conf = conf_modes(conf_file)
+    assert conf.modes == {"spot": "OFF", "ondemand": "OFF", "reserved": "REQUEUE"}
+    led = _held("spot")
+    view = reconcile_modes(led, {"spot": Partition("spot", 1, "OFF", 0)}, "boot 1; reconfigures 1", conf)
+    assert led.modes == {} and view.held == set()     # OFF is slurm.conf's now: nothing to restore
+    assert any("slurm.conf now sets PreemptMode=OFF" in n for n in view.notes)
 
 
 def test_ledger_round_trip_and_a_schema_1_ledger_is_refused(tmp_path):

@@ -28,12 +28,23 @@ def _param(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
-def policy_options(f: Callable) -> Callable:
-    """Add the options of ``OPTIONS``, defaults formatted from ``Policy()``."""
-    for option, (field, text) in reversed(OPTIONS.items()):
-        f = click.option(option, _param(option), default=format_duration(getattr(Policy(), field)),
-                         show_default=True, metavar="DURATION", help=f"{text} (Policy.{field})")(f)
-    return f
+# Where the Slurm controller's default is another one (``scheduler serve --backend slurm``): said
+# in that command's --help, so the default shown is true for each backend.
+SLURM_DEFAULTS = {"--min-runtime": "the cluster's PreemptExemptTime (scontrol show config)"}
+
+
+def policy_options(f: Callable | None = None, *, backends: bool = False) -> Callable:
+    """Add the options of ``OPTIONS``, defaults formatted from ``Policy()``; ``backends``: the
+    command also runs the Slurm controller (``SLURM_DEFAULTS`` named in the help)."""
+    def add(f: Callable) -> Callable:
+        for option, (field, text) in reversed(OPTIONS.items()):
+            slurm = f" Default with --backend slurm: {SLURM_DEFAULTS[option]}; without:" \
+                if backends and option in SLURM_DEFAULTS else ""
+            f = click.option(option, _param(option), default=format_duration(getattr(Policy(), field)),
+                             show_default=True, metavar="DURATION",
+                             help=f"{text} (Policy.{field}){slurm}")(f)
+        return f
+    return add(f) if f is not None else add
 
 
 def with_options(policy: Policy, values: dict[str, str]) -> Policy:

@@ -58,7 +58,7 @@ def scheduler() -> None:
               metavar="N",
               help="Jobs one user may have waiting; more are refused with one line (0: no limit) "
                    "(Policy.max_pending_per_user).")
-@policy_options
+@policy_options(backends=True)
 @click.option("--agent-dir", type=click.Path(path_type=Path), default=None,
               help="The node agent's state folder: the daemon reads its jobs.json, and every job reports "
                    "into its spool (default: the agent's default, /var/lib/gpudiag as root).")

@@ -53,9 +53,13 @@ _OPTIONS = [
                       "while the controller runs and has evidence) or leave them to Slurm."),
     click.option("--min-change-interval", default="5m", show_default=True,
                  help="(slurm) At most one Nice change per job this often."),
+    click.option("--partitions", default=None, metavar="NAME,...",
+                 help="(slurm) Manage only these partitions: hold their preemption, change their jobs' "
+                      "Nice; the others are Slurm's alone (default: every partition). Jobs of the top "
+                      "PriorityTier are never given a Nice penalty either way."),
 ]
 SLURM_PARAMS = ("prometheus", "agents", "interval", "dry_run", "once", "as_json", "restore", "restore_only",
-                "watchdog", "state", "nice_max", "takeover", "min_change_interval")
+                "watchdog", "state", "nice_max", "takeover", "min_change_interval", "partitions")
 # ``serve`` options of the local scheduler that the Slurm controller honours; every other one
 # given with --backend slurm is refused (with the hint below where there is a Slurm equivalent).
 SLURM_HONOURS = ("quota", "min_runtime", "efficiency_delay")
@@ -125,7 +129,8 @@ def _policy(local: dict[str, object]):  # noqa: ANN202 - a scheduler Policy (imp
 
 def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | None, interval: str,
                 dry_run: bool, once: bool, as_json: bool, restore: bool, restore_only: bool, watchdog: bool,
-                state: Path | None, nice_max: int | None, takeover: bool, min_change_interval: str) -> int:
+                state: Path | None, nice_max: int | None, takeover: bool, min_change_interval: str,
+                partitions: str | None = None) -> int:
     from gpudiag.durations import parse_duration
     from gpudiag.scheduler.quota import parse_quotas
     from gpudiag.scheduler.slurm.controller import Controller, Options, lease_for
@@ -161,9 +166,12 @@ def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | 
                        "scontrol from slurmctld)")
     if nice_max is not None and not 1 <= nice_max <= 2_147_483_645:
         raise BadInput("--nice-max must be between 1 and 2147483645")
-    if (restore_only or watchdog) and (prometheus or agents or restore):
+    if (restore_only or watchdog) and (prometheus or agents or restore or partitions):
         raise BadInput("--restore-only and --watchdog read only the ledger: leave out --prometheus, "
-                       "--agents, --restore")
+                       "--agents, --restore, --partitions")
+    managed = frozenset(p.strip() for p in (partitions or "").split(",") if p.strip())
+    if partitions is not None and not managed:
+        raise BadInput("--partitions: give at least one partition name (NAME[,NAME...])")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ledger = state or default_ledger()
     io = SlurmIO()
@@ -175,7 +183,8 @@ def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | 
     opts = Options(dry_run=dry_run, nice_max=nice_max, takeover=takeover, min_change_interval_s=change_every,
                    lease_s=lease_for(period), min_runtime_s=min_runtime,
                    quotas={t: float(n) for t, n in parse_quotas(tuple(local.get("quota") or ())).items()},
-                   need_multifactor=_given("efficiency_delay") and nice_max is None)
+                   need_multifactor=_given("efficiency_delay") and nice_max is None,
+                   partitions=managed if partitions is not None else None)
     try:
         ctl = Controller(io, source, policy, options=opts, ledger_path=ledger)
     except LedgerError as e:

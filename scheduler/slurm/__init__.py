@@ -10,6 +10,7 @@ commands), ``sources`` (signals from Prometheus' HTTP API or the agents' /metric
 each PreemptMode or requeue write), ``arrays`` (array tasks and their array's Nice),
 ``takeover`` (which partitions gpudiag may hold without exposing another partition's jobs),
 ``serve_jobs`` (which waiting jobs gpudiag or Slurm serves), ``efficiency`` (Nice),
-``history`` (MFU per key, kept across restarts), ``controller`` (one round), ``loop`` (the
-processes: rounds, ``--restore-only``, ``--watchdog``). docs/slurm.md says how to run them.
+``history`` (MFU per key, kept across restarts), ``outages`` (signal sources out, named once),
+``controller`` (one round; ``writes``: its changes written), ``loop`` (the processes:
+rounds, ``--restore-only``, ``--watchdog``). docs/slurm.md says how to run them.
 """

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from gpudiag.scheduler.slurm.arrays import adopt_split_tasks
 from gpudiag.scheduler.slurm.ledger import JobRef, Ledger, LedgerStore, ModeEntry, NiceEntry, Requeue
-from gpudiag.scheduler.slurm.slurmconf import Partition
+from gpudiag.scheduler.slurm.slurmconf import Partition, same_mode
 from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
 
@@ -163,11 +163,14 @@ def reconcile(ledger: Ledger, jobs: Mapping[int, SlurmJob], notes: list[str]) ->
             if j.nice == e.want:
                 e.set = e.want
             e.want = None
-        if j.nice == e.original:
-            del ledger.nice[jid]
+        if j.nice == e.original and e.set in (None, e.original):
+            del ledger.nice[jid]    # gpudiag's change never ran, or it put the original back itself
         elif e.set is None or j.nice != e.set:
-            notes.append(f"job {jid}: Nice {j.nice} set by someone else (gpudiag set {e.set}): theirs, "
-                         "left alone from now on")
+            # gpudiag wrote e.set and never anything else since: any other value, the original
+            # included, is an administrator's (or the user's) word on this job
+            back = " (its original)" if j.nice == e.original else ""
+            notes.append(f"job {jid}: Nice set to {j.nice}{back} by someone else since gpudiag set "
+                         f"{e.set}: theirs, left alone from now on")
             del ledger.nice[jid]
             ledger.theirs[jid] = e.ref
     for jid, ref in list(ledger.theirs.items()):
@@ -203,6 +206,7 @@ def restore(io: SlurmIO, store: LedgerStore, modes_only: bool = False, dry_run: 
         return out
     try:
         parts: dict[str, Partition] = io.partitions() if ledger.modes else {}
+        conf = io.slurm_conf(io.config()) if ledger.modes else None
         jobs = {j.id: j for j in io.jobs()} if ledger.nice and not modes_only else {}
     except (SlurmError, BadSlurmOutput) as e:
         out.failed.append(f"slurmctld could not be read ({e}): nothing restored, the ledger keeps everything")
@@ -210,13 +214,20 @@ def restore(io: SlurmIO, store: LedgerStore, modes_only: bool = False, dry_run: 
     adopt_split_tasks(ledger, jobs.values())    # array tasks that split off since the last round
     for name, e in ledger.modes.items():
         p = parts.get(name)
+        # never a value older than slurm.conf: edited since gpudiag took the partition, it wins
+        newer = conf.mode(name) if conf is not None and conf.mtime > e.at else None
+        to = newer if newer is not None and not same_mode(newer, e.original) else e.original
         if p is None:
             out.left.append(f"partition {name}: gone from Slurm")
-        elif p.preempt_mode.upper() == e.original.upper():
-            pass
+        elif same_mode(p.preempt_mode, to):
+            if to != e.original:
+                out.left.append(f"partition {name}: left at PreemptMode={p.preempt_mode}, as slurm.conf now "
+                                f"sets it (not {e.original}, its mode when gpudiag took it)")
         elif e.ours(p.preempt_mode):
-            out.actions.append(Action("preempt_mode", name, p.preempt_mode, e.original,
-                                      "restore: Slurm chooses preemption victims again"))
+            out.actions.append(Action("preempt_mode", name, p.preempt_mode, to,
+                                      "restore: Slurm chooses preemption victims again"
+                                      + (" (slurm.conf's mode, changed since gpudiag took it)"
+                                         if to != e.original else "")))
         else:
             out.left.append(f"partition {name}: PreemptMode={p.preempt_mode} set by someone else, left alone")
     if not modes_only:

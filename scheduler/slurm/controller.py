@@ -22,7 +22,8 @@ then, with the ledger (``ledger``) reconciled against what Slurm shows:
 
 Every change is an ``Action`` with its reason, written ahead to the ledger (``actions.apply``);
 each PreemptMode or requeue write is made only if Slurm, read again just before it, still shows
-what the round decided on (``fresh``); ``dry_run`` decides without writing anything.
+what the round decided on (``fresh``; the writing is ``writes``); ``dry_run`` decides without
+writing anything.
 """
 
 from __future__ import annotations
@@ -39,23 +40,25 @@ from gpudiag.scheduler.model import Policy, Signal, TeamShare
 from gpudiag.scheduler.policy import schedule
 from gpudiag.scheduler.priority import job_class, signal_usable
 from gpudiag.scheduler.signals import SignalRead, SignalSource
-from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action, apply, reconcile
+from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action, reconcile
 from gpudiag.scheduler.slurm.adapter import Model, model_of
 from gpudiag.scheduler.slurm.arrays import adopt_split_tasks
 from gpudiag.scheduler.slurm.efficiency import (
     DEFAULT_MAX_CHANGES,
     DEFAULT_MIN_CHANGE_INTERVAL_S,
     MULTIFACTOR,
+    lift_all,
+    neutral_jobs,
     nice_actions,
     nice_scale,
 )
-from gpudiag.scheduler.slurm.fresh import Fresh
 from gpudiag.scheduler.slurm.history import history_path, load_history, save_history
 from gpudiag.scheduler.slurm.ledger import Lease, Ledger, LedgerError, LedgerStore
+from gpudiag.scheduler.slurm.outages import SourceOutages
 from gpudiag.scheduler.slurm.reclaim import lift_ends, lifted_jobs, quiet_partitions
 from gpudiag.scheduler.slurm.serve_jobs import Serving, serve_waiting
 from gpudiag.scheduler.slurm.slurmconf import cluster_identity, duration_s, memory_is_consumable
-from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
+from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable, reload_marker
 from gpudiag.scheduler.slurm.sources import slurm_signals
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
 from gpudiag.scheduler.slurm.takeover import (
@@ -66,6 +69,7 @@ from gpudiag.scheduler.slurm.takeover import (
     reconcile_modes,
     unsafe_holds,
 )
+from gpudiag.scheduler.slurm.writes import Writer, write_round
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
 
@@ -108,6 +112,7 @@ class Options:
     min_runtime_s: float | None = None          # None: the cluster's PreemptExemptTime
     quotas: dict[str, float] = field(default_factory=dict)
     need_multifactor: bool = False              # --efficiency-delay without --nice-max
+    partitions: frozenset[str] | None = None    # --partitions: the only ones managed (None: all)
 
 
 class Refused(ValueError):
@@ -130,6 +135,8 @@ class Controller:
         self._not_reclaimed: dict[int, str] = {}
         self._unsafe: dict[str, str] = {}
         self._parts_read: dict = {}
+        self._outages = SourceOutages()
+        self._sig_down_since: float | None = None   # the signal source has been unavailable since
 
     # --- the ledger --------------------------------------------------------------------------------
     def renew(self, ledger: Ledger, now: float | None = None) -> None:
@@ -164,8 +171,12 @@ class Controller:
         res = RoundResult(at=now)
         try:
             jobs = self.io.jobs()
+            stats = self.io.reloads()    # around the partitions: a reload while they are read is
             nodes, parts, cfg = self.io.nodes(), self.io.partitions(), self.io.config()
             self._parts_read = parts
+            seen = reload_marker(stats, cfg)   # a reset this round (unknown) and a reload next round
+            reloads = seen if stats is None or self.io.reloads() == stats else None
+            conf = self.io.slurm_conf(cfg)
         except SlurmUnreachable:
             raise
         except (BadSlurmOutput, SlurmError) as e:
@@ -176,6 +187,10 @@ class Controller:
             raise Refused(f"--efficiency-delay: this Slurm uses {cfg.get('PriorityType', '?')}, whose Nice "
                           "counts submissions, not seconds; give --nice-max N (the least efficient job's "
                           "Nice) instead")
+        managed = self.opt.partitions
+        if managed is not None and managed - set(parts):
+            raise Refused(f"--partitions: this Slurm has no {', '.join(sorted(managed - set(parts)))} "
+                          f"(it has {', '.join(sorted(parts))})")
         by_id = {j.id: j for j in jobs}
         snapshot = self.store.read()    # decided on; written back (with the lease) before any change
         self._bind(snapshot, cfg)
@@ -183,7 +198,7 @@ class Controller:
         adopt_split_tasks(snapshot, jobs)
         for n in res.notes:
             log.info("%s", n)
-        modes = reconcile_modes(snapshot, parts)
+        modes = reconcile_modes(snapshot, parts, reloads, conf)
         res.notes += modes.notes
         for n in modes.notes:
             log.warning("%s", n)
@@ -191,6 +206,7 @@ class Controller:
                     if r.done and jid in by_id and by_id[jid].holds}
         in_flight = {snapshot.requeued[jid].for_job for jid in requeued}
         sig = self._read_signals(now)
+        self._outages.update(sig.down)
         signals = slurm_signals(sig, jobs) if sig.available else {}   # each job's own user's only
         res.signals = {"available": sig.available, "why": sig.why, "jobs": len(signals)}
         res.jobs = {"pending": sum(j.state == "PENDING" for j in jobs), "running": sum(j.holds for j in jobs)}
@@ -200,6 +216,7 @@ class Controller:
         policy = replace(self.policy, min_runtime_s=min_runtime)
         quiet = quiet_partitions(parts, modes, nodes, cfg.get("PreemptType", "")) \
             if self.opt.takeover and self.io.json_ok is True and self.opt.quotas else set()
+        quiet &= managed if managed is not None else quiet
         model = model_of(jobs, nodes, parts, modes.held | quiet, kill_wait, now, requeued)
         self._observe(model, by_id, signals, now, policy)
         no_evidence = self._evidence(sig, signals, model, policy)
@@ -209,6 +226,7 @@ class Controller:
             res.notes.append("this squeue has no --json (no requeue flag, no preempt_time): Slurm chooses "
                              "preemption victims; gpudiag only changes Nice")
         want = eligible(parts, modes, nodes, cfg.get("PreemptType", "")) if takeover else set()
+        want &= managed if managed is not None else want
         busy_why = busy_partitions(jobs, want)
         want -= set(busy_why)
         res.notes += [f"partition {p}: {w}" for p, w in busy_why.items()]
@@ -246,17 +264,23 @@ class Controller:
             lifted = lifted_jobs(snapshot.nice) | {int(a.target) for a in requeues if a.kind == "lift"}
             res.actions += nice_actions(jobs, parts, snapshot.nice, set(snapshot.theirs) | lifted, signals,
                                         self.history.book, now, policy, scale, self.opt.min_change_interval_s,
-                                        self.opt.max_changes)
+                                        self.opt.max_changes, neutral_jobs(jobs, parts, managed))
+        self._sig_down_since = None if sig.available else self._sig_down_since or now
+        out_s = now - (self._sig_down_since or now)
+        if out_s > policy.max_signal_age_s:
+            res.actions += lift_all(jobs, snapshot.nice, f"signals unavailable for {out_s:.0f} s, longer "
+                                    f"than the {policy.max_signal_age_s:.0f} s staleness limit")
 
         def prepare(ledger: Ledger) -> None:
             self._bind(ledger, cfg)
             self.renew(ledger, now)
             reconcile(ledger, by_id, [])
             adopt_split_tasks(ledger, jobs)
-            reconcile_modes(ledger, parts)
+            reconcile_modes(ledger, parts, reloads, conf)
+            ledger.reloads = seen
             ledger.handed_back = dict(handed_back)
 
-        self._apply(res, handed_back, now, serving, by_id, prepare)
+        self._apply(res, now, serving, by_id, prepare)
         changed = {a.target: a.new for a in res.actions if a.kind == "preempt_mode" and a.applied}
         res.held = sorted(p for p in modes.held | set(changed) if changed.get(p, PREEMPT_OFF) == PREEMPT_OFF)
         if not self.opt.dry_run:
@@ -290,8 +314,8 @@ class Controller:
 
     def _evidence(self, sig: SignalRead, signals: dict[int, Signal], model: Model, policy: Policy) -> str:
         """"" when gpudiag may act on signals; else why not (logged once when it changes)."""
-        if not sig.available:
-            why = f"signals unavailable ({sig.why})"
+        if not sig.available:   # each source that is out is named once (SourceOutages)
+            why = f"signals unavailable ({'none answered: ' + ', '.join(sig.down) if sig.down else sig.why})"
         elif not self.history.book.keys and not any(signal_usable(signals.get(r.job.id), policy)
                                                     for r in model.running):
             why = "no usable MFU signal (no running GPU job reports one, and no key history yet)"
@@ -344,57 +368,15 @@ class Controller:
         return ""
 
     # --- writing -----------------------------------------------------------------------------------
-    def _apply(self, res: RoundResult, handed_back: dict[int, str], now: float, serving: Serving | None,
-               by_id: dict[int, SlurmJob], prepare: Callable[[Ledger], None]) -> None:
+    def _apply(self, res: RoundResult, now: float, serving: Serving | None, by_id: dict[int, SlurmJob],
+               prepare: Callable[[Ledger], None]) -> None:
         if self.opt.dry_run:
             for a in res.actions:
                 log.info("would %s %s: %s -> %s (%s)%s", a.kind, a.target, a.old, a.new, a.reason,
                          f" [skipped: {a.error}]" if a.error else "")
             return
-        quiet = serving.quiet - serving.modes.held if serving is not None else set()
-        fresh = Fresh(self.io, by_id, self._parts_read,
-                      {p: serving.modes.original.get(p, "") for p in quiet} if serving is not None else {})
-
-        def precheck(a: Action) -> str:
-            """Just before a PreemptMode or requeue write: a reclaim's lift went first, and Slurm,
-            read again, still shows what the decision relied on (``fresh``)."""
-            if a.kind == "requeue":
-                lift = next((b for b in res.actions if b.kind == "lift" and b.target == str(a.for_job)), None)
-                if lift is not None and not lift.applied:
-                    return f"job {a.for_job}'s lift in Slurm's order failed ({lift.error}): not requeued"
-            return fresh.before(a)
-
-        apply(res.actions, self.io, self.store, now, self.renew, self.opt.lease_s / 3, precheck, prepare)
-        taken = {a.target: a.old for a in res.actions if a.kind == "preempt_mode" and a.applied
-                 and a.new.upper() == PREEMPT_OFF}
-        undo = fresh.after_take(taken)
-        if undo:
-            for a in undo:
-                log.warning("partition %s: %s", a.target, a.reason)
-            apply(undo, self.io, self.store, now, self.renew, self.opt.lease_s / 3)
-            res.actions += undo
-        refused = [a for a in res.actions if a.kind == "requeue" and a.error and not a.applied
-                   and "not requeued" not in a.error and "not tried" not in a.error]
-        for a in res.actions:   # a reclaim not done stays gpudiag's: Slurm does not reclaim
-            if a.kind == "requeue" and a.reclaim and a.error and not a.applied and a.for_job is not None:
-                res.not_reclaimed.setdefault(a.for_job, f"requeue of job {a.target} not done: {a.error}")
-        refused = [a for a in refused if not a.reclaim]
-        if not refused or serving is None:
-            return
-        back: list[Action] = []
-        with self.store.update() as ledger:
-            for a in refused:
-                why = f"Slurm refused to requeue job {a.target} ({a.error})"
-                if a.for_job is not None and a.for_job in by_id:
-                    ledger.handed_back[a.for_job] = res.handed_back[a.for_job] = why
-                    for c in serving.cands.get(by_id[a.for_job].partition, []):
-                        if c.partition in ledger.modes and c.partition not in {b.target for b in back}:
-                            back.append(Action("preempt_mode", c.partition, PREEMPT_OFF,
-                                               ledger.modes[c.partition].original,
-                                               f"preemption given back to Slurm: {why}"))
-            self.renew(ledger)
-        apply(back, self.io, self.store, now, self.renew, self.opt.lease_s / 3)
-        res.actions += back
+        write_round(res, Writer(self.io, self.store, self.renew, self.opt.lease_s / 3), now, by_id, serving,
+                    self._parts_read, prepare)
 
 
 def _now() -> float:

@@ -10,6 +10,12 @@ only orders pending jobs within a partition tier: Slurm's PriorityTier still goe
 ``original`` is the ledger's (the Nice before gpudiag first touched the job), never a value read
 from a job gpudiag already changed; a job whose Nice someone else set since is theirs for good
 (``actions.reconcile`` records it in ``Ledger.theirs``): never fought over.
+
+Some jobs are never penalised (``neutral``, each with its reason, their original Nice put back
+where gpudiag had changed it): the top tier's (on-demand work is paid for, whatever its MFU),
+those of partitions the controller does not manage (``--partitions``), and - through
+``lift_all`` - every job once the signal source has been out for longer than the policy's
+staleness limit: a penalty without evidence behind it is no longer the policy's.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Container, Mapping, Sequence
 
-from gpudiag.scheduler.model import Policy, Signal
+from gpudiag.scheduler.model import Policy, Signal, Tier
 from gpudiag.scheduler.priority import MfuBook, efficiency_factor, job_class
 from gpudiag.scheduler.slurm.actions import Action
 from gpudiag.scheduler.slurm.adapter import job_of, schedulable, tiers_of
@@ -51,17 +57,46 @@ def nice_scale(cfg: Mapping[str, str], policy: Policy) -> int:
     return DEFAULT_NICE_MAX
 
 
+def neutral_jobs(jobs: Sequence[SlurmJob], parts: Mapping[str, Partition],
+                 managed: Container[str] | None) -> dict[int, str]:
+    """Jobs whose Nice gpudiag leaves at (or puts back to) their original -> why."""
+    tiers = tiers_of(parts)
+    out = {}
+    for j in jobs:
+        if managed is not None and j.partition not in managed:
+            out[j.id] = f"partition {j.partition} is not one gpudiag manages (--partitions)"
+        elif tiers.get(j.partition) == Tier.ON_DEMAND:
+            out[j.id] = f"partition {j.partition} is the top tier: its jobs are never penalised"
+    return out
+
+
+def lift_all(jobs: Sequence[SlurmJob], entries: Mapping[int, NiceEntry], why: str) -> list[Action]:
+    """Every efficiency penalty gpudiag holds (still at its value) put back to its original."""
+    by_id = {j.id: j for j in jobs}
+    return [Action("restore", str(jid), str(by_id[jid].nice), str(e.original), f"penalty lifted: {why}",
+                   ref=JobRef.of(by_id[jid]))
+            for jid, e in sorted(entries.items())
+            if jid in by_id and not e.lifted and e.ours(by_id[jid].nice) and by_id[jid].nice != e.original]
+
+
 def nice_actions(jobs: Sequence[SlurmJob], parts: Mapping[str, Partition], entries: Mapping[int, NiceEntry],
                  theirs: Container[int], signals: Mapping[int, Signal], book: MfuBook, now: float,
-                 policy: Policy, scale: int, min_change_interval_s: float, max_changes: int) -> list[Action]:
+                 policy: Policy, scale: int, min_change_interval_s: float, max_changes: int,
+                 neutral: Mapping[int, str] | None = None) -> list[Action]:
     tiers = tiers_of(parts)
     out: list[Action] = []
     step = max(1, scale // NICE_STEPS)
+    neutral = neutral or {}
     for j in jobs:
         if j.gpus <= 0 or not schedulable(j) or j.id in theirs:
             continue
         entry = entries.get(j.id)
         original = entry.original if entry else j.nice
+        if j.id in neutral:
+            if entry is not None and not entry.lifted and j.nice != original and entry.ours(j.nice):
+                out.append(Action("restore", str(j.id), str(j.nice), str(original),
+                                  f"original Nice restored: {neutral[j.id]}", ref=JobRef.of(j)))
+            continue
         job = job_of(j, tiers, (), 0.0)
         factor, why = efficiency_factor(job, signals.get(j.id), book.lookup(job.key, now), policy,
                                         book.class_median(job_class(job.gpus)))

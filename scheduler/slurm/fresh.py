@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action
-from gpudiag.scheduler.slurm.slurmconf import Partition
+from gpudiag.scheduler.slurm.slurmconf import Partition, same_mode
 from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
 
@@ -86,7 +86,7 @@ class Fresh:
         p = parts.get(a.target)
         if p is None:
             return f"partition {a.target} is gone from Slurm"
-        if p.preempt_mode.upper() != a.old.upper():
+        if not same_mode(p.preempt_mode, a.old):
             return f"partition {a.target} is PreemptMode={p.preempt_mode} now, not {a.old} as the round read"
         if a.new.upper() != PREEMPT_OFF:
             return ""
@@ -115,7 +115,7 @@ class Fresh:
                 return f"job {a.for_job} is no longer pending ({h.state if h else 'gone'})"
         p = parts.get(v.partition)
         want = self.mode_for.get(v.partition, PREEMPT_OFF)
-        if p is None or p.preempt_mode.upper() != want.upper():
+        if p is None or not same_mode(p.preempt_mode, want):
             return (f"partition {v.partition} is PreemptMode={p.preempt_mode if p else '?'} now, not "
                     f"{want} as the decision relied on")
         nodes = set(was.nodes)

@@ -132,6 +132,10 @@ class Ledger:
     requeued: dict[int, Requeue] = field(default_factory=dict)
     handed_back: dict[int, str] = field(default_factory=dict)   # pending job id -> why Slurm serves it
     theirs: dict[int, JobRef] = field(default_factory=dict)     # jobs whose Nice someone else set
+    # partitions whose PreemptMode an administrator set at runtime (``scontrol update``) over
+    # gpudiag's: theirs until slurm.conf is reloaded (``SlurmIO.reloads`` changes)
+    theirs_modes: dict[str, str] = field(default_factory=dict)
+    reloads: str | None = None      # ``SlurmIO.reloads`` as of the last round
 
     @property
     def holds_preemption(self) -> bool:
@@ -144,7 +148,8 @@ class Ledger:
                            "modes": {k: asdict(v) for k, v in self.modes.items()},
                            "requeued": {str(k): asdict(v) for k, v in self.requeued.items()},
                            "handed_back": {str(k): v for k, v in self.handed_back.items()},
-                           "theirs": {str(k): asdict(v) for k, v in self.theirs.items()}},
+                           "theirs": {str(k): asdict(v) for k, v in self.theirs.items()},
+                           "theirs_modes": self.theirs_modes, "reloads": self.reloads},
                           separators=(",", ":"))
 
     @classmethod
@@ -156,7 +161,9 @@ class Ledger:
                    requeued={int(k): Requeue(**{**v, "ref": JobRef(**v["ref"])})
                              for k, v in d.get("requeued", {}).items()},
                    handed_back={int(k): str(v) for k, v in d.get("handed_back", {}).items()},
-                   theirs={int(k): JobRef(**v) for k, v in d.get("theirs", {}).items()})
+                   theirs={int(k): JobRef(**v) for k, v in d.get("theirs", {}).items()},
+                   theirs_modes={str(k): str(v) for k, v in d.get("theirs_modes", {}).items()},
+                   reloads=d.get("reloads"))
 
 
 def parse_ledger(text: str, where: str) -> Ledger:

@@ -1,8 +1,11 @@
 """The controller's processes: the loop of rounds, ``--restore-only`` and ``--watchdog``.
 
-- ``serve``: a round every interval. slurmctld unreachable: one log line when it goes, rounds
-  retried with a doubling backoff (the interval up to ``MAX_BACKOFF_S``), one line when it is
-  back; the lease is renewed all the while (the controller is alive; a watchdog must not act).
+- ``serve``: a round every interval. slurmctld (or the local munged) unreachable: one log line
+  naming it with its address when it goes (another when what is out changes: munge back,
+  slurmctld still away), rounds retried every ``RETRY_S`` (a failing round costs one quick
+  request, and the controller resumes within seconds of the return, not a backoff later), one
+  line when it is back; the lease is renewed all the while (the controller is alive; a watchdog
+  must not act).
   SIGTERM/SIGINT end the loop after the current round; ``restore`` then undoes everything. The
   exit code tells systemd the truth: 0 clean, 1 a round or a restore failed, 2 the ledger is not
   this controller's to use.
@@ -31,9 +34,10 @@ from gpudiag.scheduler.slurm.squeue import BadSlurmOutput
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
 
-# A controller that retries slower than Slurm's own SlurmctldTimeout (default 120 s) would miss
-# a backup controller taking over; five minutes bounds the wait after a long outage.
-MAX_BACKOFF_S = 300.0
+# While slurmctld or munge is out, a round is retried this often: its first read fails at once
+# (connection refused, no munge socket) or within Slurm's MessageTimeout, so this is one small
+# request every few seconds, and the controller is back within this long of their return.
+RETRY_S = 5.0
 # Each round reads squeue and three scontrol answers from slurmctld; Slurm's own clients are
 # told to poll no faster than every few seconds, and a round of a large cluster takes about one.
 MIN_INTERVAL_S = 5.0
@@ -50,8 +54,11 @@ def describe(res: RoundResult) -> str:
     for a in res.actions:
         state = "done" if a.applied else (f"not done: {a.error}" if a.error else "planned")
         lines.append(f"  {a.kind} {a.target}: {a.old} -> {a.new} [{state}] {a.reason}")
+    # a victim the pass chose is a line only where its requeue was tried: one left to Slurm (its
+    # head handed back) or blocked this round did not happen, and the lines above say what did
+    tried = {a.target for a in res.actions if a.kind == "requeue"}
     for d in res.decisions:
-        if d["kind"] != "start":
+        if d["kind"] != "start" and (d["kind"] != "preempt" or str(d["job_id"]) in tried):
             lines.append(f"  {d['kind']} job {d['job_id']}: {d['reason']}")
     lines += [f"  Slurm serves job {k}: {v}" for k, v in res.handed_back.items()]
     lines += [f"  note: {n}" for n in res.notes]
@@ -83,23 +90,21 @@ def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore
     emit = emit or (lambda s: print(s, flush=True))
     stop = stop or threading.Event()
     _install(stop)
-    backoff, down_since, rc, rounds = interval_s, None, 0, 0
+    down, down_since, rc, rounds = "", 0.0, 0, 0
     while not stop.is_set():
         try:
             res = ctl.round(time.time())
         except SlurmUnreachable as e:
-            if down_since is None:
-                down_since = time.monotonic()
-                log.warning("slurmctld unreachable (%s): no changes; retrying with backoff up to %.0f s",
-                            e, MAX_BACKOFF_S)
-            backoff = min(MAX_BACKOFF_S, backoff * 2)
+            if e.what != down:     # named once per outage (and again if what is out changes)
+                down_since = down_since if down else time.monotonic()
+                down = e.what
+                log.warning("%s: no changes until it is back; retrying every %.0f s", e, RETRY_S)
             if once:
-                emit(json.dumps({"skipped": f"slurmctld unreachable: {e}"}) if as_json
-                     else f"slurmctld unreachable: {e}")
+                emit(json.dumps({"skipped": str(e)}) if as_json else str(e))
                 rc = 1
                 break
             try:
-                _wait(ctl, stop, backoff)
+                _wait(ctl, stop, min(interval_s, RETRY_S))
             except LedgerError as e:
                 log.error("%s", e)
                 return 1
@@ -109,9 +114,9 @@ def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore
             emit(json.dumps({"error": str(e)}) if as_json else f"error: {e}")
             return 2 if rounds == 0 else 1    # not this controller's ledger: nothing to restore
         rounds += 1
-        if down_since is not None:
-            log.warning("slurmctld reachable again after %.0f s: resuming", time.monotonic() - down_since)
-            down_since, backoff = None, interval_s
+        if down:
+            log.warning("%s reachable again after %.0f s: resuming", down, time.monotonic() - down_since)
+            down = ""
         emit(json.dumps(res.to_dict()) if as_json else describe(res))
         if once:
             skipped = ("not requeued", "not changed")    # a fresh view said no: decided again next round

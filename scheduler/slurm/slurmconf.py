@@ -5,12 +5,17 @@ models beside GPUs (``CPUTot``/``CPUAlloc``, ``RealMemory``/``AllocMem``) and th
 state with its flags (``IDLE+DRAIN``, ``MIXED+NOT_RESPONDING``): only a node Slurm would start a
 job on counts in the model. The cluster's identity (``ClusterName``, the first
 ``SlurmctldHost`` and ``StateSaveLocation``) binds the controller's ledger to one cluster.
+
+``slurm.conf`` itself (``conf_modes``) says what each partition's PreemptMode will be after the
+next ``scontrol reconfigure``: what tells an administrator's ``scontrol update`` (a value of their
+own, until slurm.conf is reloaded) from a reload, and what a restore must not write over.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, expand_hostlist, gpus_requested, limit_s
 
@@ -117,3 +122,63 @@ def memory_is_consumable(cfg: dict[str, str]) -> bool:
     """Slurm allocates memory (and so it can be what a job waits for) only with a ``*_Memory``
     SelectTypeParameters (CR_Core_Memory, CR_CPU_Memory, CR_Socket_Memory)."""
     return "MEMORY" in cfg.get("SelectTypeParameters", "").upper()
+
+
+MAX_INCLUDE_DEPTH = 8   # slurm.conf ``Include`` nesting followed (Slurm's own parser allows a few)
+
+
+@dataclass(frozen=True)
+class ConfModes:
+    """Each partition's PreemptMode as slurm.conf sets it now, and when slurm.conf (or a file it
+    includes) last changed."""
+
+    modes: dict[str, str] = field(default_factory=dict)
+    mtime: float = 0.0
+
+    def mode(self, partition: str) -> str | None:
+        return self.modes.get(partition)
+
+
+def same_mode(a: str, b: str) -> bool:
+    """PreemptMode values compared as Slurm prints them (``GANG,SUSPEND`` = ``suspend,gang``)."""
+    return set(a.upper().replace(" ", "").split(",")) == set(b.upper().replace(" ", "").split(","))
+
+
+def _conf_lines(path: Path, depth: int, files: list[Path]) -> list[str]:
+    files.append(path)
+    text = path.read_text(errors="replace").replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        word, _, rest = line.partition(" ")
+        if word.lower() == "include" and rest.strip():
+            if depth >= MAX_INCLUDE_DEPTH:
+                raise OSError(f"{path}: Include nested deeper than {MAX_INCLUDE_DEPTH}")
+            inc = Path(rest.strip().strip('"'))
+            out += _conf_lines(inc if inc.is_absolute() else path.parent / inc, depth + 1, files)
+        else:
+            out.append(line)
+    return out
+
+
+def conf_modes(path: str | Path) -> ConfModes:
+    """Partition -> PreemptMode from slurm.conf at ``path`` (and what it includes): the partition's
+    own ``PreemptMode=``, else ``PartitionName=DEFAULT``'s, else the global ``PreemptMode``
+    (Slurm's default OFF). Raises OSError when the file cannot be read (a configless client)."""
+    files: list[Path] = []
+    lines = _conf_lines(Path(path), 0, files)
+    glob, default, modes = "OFF", None, {}
+    for line in lines:
+        kv = {k.lower(): v for k, v in (t.split("=", 1) for t in line.split() if "=" in t)}
+        name = kv.get("partitionname")
+        if name is None:
+            if "preemptmode" in kv and "nodename" not in kv:
+                glob = kv["preemptmode"]
+        elif name.upper() == "DEFAULT":
+            default = kv.get("preemptmode", default)
+        else:
+            modes[name] = kv.get("preemptmode") or default
+    return ConfModes({n: (m or glob).upper() for n, m in modes.items()},
+                     max(f.stat().st_mtime for f in files))

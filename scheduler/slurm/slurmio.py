@@ -6,17 +6,26 @@ for the one job a requeue is for. Writing, one call per change: ``scontrol updat
 Nice=M``, ``scontrol requeue N``, ``scontrol update PartitionName=P PreemptMode=M``. A controller
 that cannot be reached is ``SlurmUnreachable`` (the loop backs off and changes nothing); a
 command Slurm refuses for lack of privilege is ``SlurmDenied`` (its message says who may); any
-other failure of a command is ``SlurmError``.
+other failure of a command is ``SlurmError``. An outage is named by what is out, with its
+address: ``MungeUnavailable`` (the local munged that signs every request, by its socket) or
+slurmctld (by host and port), once per message, never wrapped twice.
+
+``reloads`` reads what tells a reload of slurm.conf (``scontrol reconfigure``, a restart) from an
+administrator's ``scontrol update``: slurmctld's boot time and its count of reconfigure requests
+(``sdiag``); ``slurm_conf`` reads slurm.conf as it is now.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 from gpudiag.scheduler.slurm.slurmconf import (
+    ConfModes,
     Partition,
     SlurmNode,
+    conf_modes,
     parse_config,
     parse_nodes,
     parse_partitions,
@@ -44,12 +53,26 @@ PRIVILEGE_HINT = ("Slurm lets only root, its SlurmUser or an Administrator (sacc
                   "partitions and other users' jobs: run the controller as one of them")
 
 
+# What Slurm's clients print when they cannot sign a request (auth/munge): munged is down,
+# its socket gone or its key unreadable; slurmctld is not what is out then.
+MUNGE_WORDS = ("Munge encode failed", "Munge decode failed", "has authentication error",
+               "Protocol authentication error")
+
+
 class SlurmError(RuntimeError):
     pass
 
 
 class SlurmUnreachable(SlurmError):
-    pass
+    """slurmctld does not answer; ``what`` names the outage (``slurmctld at HOST:PORT``)."""
+
+    def __init__(self, message: str, what: str = "slurmctld") -> None:
+        super().__init__(message)
+        self.what = what
+
+
+class MungeUnavailable(SlurmUnreachable):
+    """The local munged cannot sign requests: every Slurm command fails until it is back."""
 
 
 class SlurmDenied(SlurmError):
@@ -64,6 +87,7 @@ class SlurmIO:
         self.timeout = timeout
         self.json_ok: bool | None = None     # squeue --json supported? decided on first read
         self.calls = 0                       # commands run (the benchmark and tests count them)
+        self.ctld = "slurmctld"              # "slurmctld at HOST:PORT" once the config was read
 
     def _run(self, *argv: str) -> str:
         self.calls += 1
@@ -73,12 +97,16 @@ class SlurmIO:
         except FileNotFoundError:
             raise SlurmError(f"{argv[0]}: not found on PATH (is Slurm's client installed?)") from None
         except subprocess.TimeoutExpired:
-            raise SlurmUnreachable(f"{' '.join(argv[:3])}: no answer in {self.timeout:.0f} s") from None
+            raise SlurmUnreachable(f"{self.ctld} unreachable: {' '.join(argv[:3])} gave no answer in "
+                                   f"{self.timeout:.0f} s", self.ctld) from None
+        munge = _munge_outage(p.stderr)
+        if munge:   # squeue --json exits 0 with an "errors" list when it cannot sign its request
+            raise MungeUnavailable(munge, munge.split(" unreachable", 1)[0])
         if p.returncode != 0:
             err = [ln for ln in (p.stderr or p.stdout).strip().splitlines() if ln.strip("* \t")]
             msg = err[-1] if err else f"exit {p.returncode}"
             if any(w.lower() in (p.stderr + p.stdout).lower() for w in UNREACHABLE_WORDS):
-                raise SlurmUnreachable(f"{argv[0]}: {msg}")
+                raise SlurmUnreachable(f"{self.ctld} unreachable: {msg}", self.ctld)
             if any(w.lower() in msg.lower() for w in DENIED_WORDS):
                 raise SlurmDenied(f"{' '.join(argv[:4])}: {msg}: {PRIVILEGE_HINT}")
             raise SlurmError(f"{' '.join(argv[:4])}: {msg}")
@@ -108,13 +136,19 @@ class SlurmIO:
         return parse_squeue_fixed(self._run("squeue", "-h", "-a", "-t", "PD,R,CF,CG", "-o", FIXED_FORMAT))
 
     def ping(self) -> None:
-        """SlurmUnreachable unless ``scontrol ping`` finds a controller UP."""
+        """SlurmUnreachable unless ``scontrol ping`` finds a controller UP (its message says
+        which controller is down, as ``scontrol ping`` names it)."""
         try:
             out = self._run("scontrol", "ping")
+        except SlurmUnreachable:
+            raise
         except SlurmError as e:
-            raise SlurmUnreachable(f"scontrol ping: {e}") from None
+            raise SlurmUnreachable(f"{self.ctld} unreachable: {e}", self.ctld) from None
         if "UP" not in out:
-            raise SlurmUnreachable(f"scontrol ping: {out.strip()[:200]}")
+            down = re.search(r"Slurmctld\((\w+)\) at (\S+) is DOWN", out)
+            why = f"scontrol ping: {down.group(1)} at {down.group(2)} is DOWN" if down else \
+                f"scontrol ping: {out.strip()[:200]}"
+            raise SlurmUnreachable(f"{self.ctld} unreachable: {why}", self.ctld)
 
     def nodes(self) -> dict[str, SlurmNode]:
         return parse_nodes(self._run("scontrol", "show", "node", "-o"))
@@ -126,7 +160,36 @@ class SlurmIO:
         cfg = parse_config(self._run("scontrol", "show", "config"))
         if "KillWait" not in cfg:
             raise BadSlurmOutput("scontrol show config: no KillWait line")
+        host = cfg.get("SlurmctldHost[0]", cfg.get("ControlMachine", "")).split("(")[0]
+        if host:
+            self.ctld = f"slurmctld at {host}:{cfg.get('SlurmctldPort', '6817')}"
         return cfg
+
+    def reloads(self) -> str | None:
+        """sdiag's count of ``scontrol reconfigure`` requests since its statistics began (a
+        restart begins them again): with slurmctld's ``BOOT_TIME`` (``reload_marker``), what
+        changes whenever slurm.conf is reloaded. None when sdiag cannot be read
+        (``PrivateData=...`` hides it from non-admins)."""
+        try:
+            out = self._run("sdiag")
+        except SlurmUnreachable:
+            raise
+        except SlurmError:
+            return None
+        since = re.search(r"^Data since\s+(.*)$", out, re.M)
+        count = sum(int(m) for m in re.findall(r"^\s*REQUEST_RECONFIGURE\w*\s.*?count:(\d+)", out, re.M))
+        return None if since is None else f"statistics since {since.group(1).strip()}; reconfigures {count}"
+
+    def slurm_conf(self, cfg: dict[str, str]) -> ConfModes | None:
+        """slurm.conf as it is now (``SLURM_CONF`` of the config), None where this host has no
+        copy to read (a configless client)."""
+        path = cfg.get("SLURM_CONF", "")
+        if not path or path == "(null)":
+            return None
+        try:
+            return conf_modes(path)
+        except (OSError, ValueError):
+            return None
 
     def job_state(self, job_id: int) -> str:
         """One job's JobState (``scontrol show job N -o``); "GONE" when Slurm no longer knows it."""
@@ -151,3 +214,20 @@ class SlurmIO:
 
     def set_preempt_mode(self, partition: str, mode: str) -> None:
         self._run("scontrol", "update", f"PartitionName={partition}", f"PreemptMode={mode}")
+
+
+def _munge_outage(stderr: str) -> str:
+    """"munge at SOCKET unreachable: why" when a client's stderr says it could not sign its request."""
+    if not any(w.lower() in stderr.lower() for w in MUNGE_WORDS):
+        return ""
+    sock = re.search(r'Failed to access "([^"]+)": *([^\n]*)', stderr)
+    if sock:
+        return f"munge at {sock.group(1)} unreachable: {sock.group(2).strip() or 'cannot be reached'}"
+    why = next((ln.split("error:", 1)[-1].strip() for ln in stderr.splitlines() if "Munge" in ln
+                and "failed" in ln), "Slurm's requests cannot be signed (authentication error)")
+    return f"munge (the local munged) unreachable: {why}"
+
+
+def reload_marker(stats: str | None, cfg: dict[str, str]) -> str | None:
+    """``SlurmIO.reloads`` and slurmctld's boot time in one value (None: unknown)."""
+    return None if stats is None else f"boot {cfg.get('BOOT_TIME', '?')}; {stats}"

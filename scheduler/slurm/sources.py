@@ -3,11 +3,11 @@
 Both implement ``gpudiag.scheduler.signals.SignalSource`` and return agent job ids
 (``slurm:<id>``) -> ``Signal``. A job's signal is its MFU, its current label (the one
 ``gpudiag_job_bottleneck{label}`` series at 1), the label's confidence and how long ago the
-agent last heard from the job (``gpudiag_job_last_signal_timestamp_seconds``; the policy's
-``Signal.age_s``). A job without
-that series gets an infinite age and a job without a confidence 0, so the policy ignores it
-(stale or weak signals are never acted on). A job reported by several agents (a
-multi-node job) keeps its freshest report.
+agent last took a signal from the job (``gpudiag_job_last_signal_timestamp_seconds``: the
+agent's receive time, never the job's own claim; the policy's ``Signal.age_s``). A job without
+that series, or with one dated ahead of this clock, gets an infinite age and a job without a
+confidence 0, so the policy ignores it (stale or weak signals are never acted on). A job
+reported by several agents (a multi-node job) keeps the report a node received last.
 
 Sources key signals by (job id, ``owner_uid``: the uid that wrote them, as the agent read it
 from the kernel); ``slurm_signals`` keeps for each Slurm job only the one its own user wrote
@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from gpudiag.scheduler.model import LABELS, Signal
-from gpudiag.scheduler.signals import JobKey, SignalRead, owner_of, parse_metrics
+from gpudiag.scheduler.signals import JobKey, SignalRead, age_of, owner_of, parse_metrics
 from gpudiag.scheduler.slurm.squeue import SlurmJob
 
 JOB_PREFIX = "slurm:"
@@ -92,8 +92,8 @@ def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[JobKe
                 p.label = metric.get("label", "unknown")
             elif what == "confidence":
                 p.confidence = v
-            elif what == "seen":  # when the agent last heard from the job
-                p.age = max(0.0, now - v)
+            elif what == "seen":  # when the agent last heard from the job, by the agent's clock
+                p.age = age_of(v, now)
     return _combine(rows)
 
 
@@ -117,7 +117,8 @@ class PrometheusSource:
                     answers[what] = json.loads(r.read())
             return SignalRead(parse_prometheus_answers(answers, now))
         except (OSError, urllib.error.URLError) as e:
-            return SignalRead(available=False, why=f"Prometheus at {self.base} unreachable: {e}")
+            return SignalRead(available=False, why=f"Prometheus at {self.base} unreachable: {e}",
+                              down={f"Prometheus at {self.base}": str(e)})
         except (ValueError, KeyError, TypeError, IndexError) as e:
             return SignalRead(available=False, why=f"Prometheus at {self.base}: unexpected answer: {e}")
 
@@ -140,7 +141,7 @@ class AgentsSource:
         """All agents at once, within ``ROUND_DEADLINE_S``: a dead agent costs the round that much
         once, not its timeout per agent."""
         best: dict[JobKey, Signal] = {}
-        down = []
+        down, gone = [], {}
         pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(self.urls)) or 1,
                                   thread_name_prefix="gpudiag-agent-read")
         try:
@@ -150,19 +151,22 @@ class AgentsSource:
             pool.shutdown(wait=False, cancel_futures=True)   # a hung agent's thread ends at its timeout
         for url, fut in futures.items():
             if not fut.done():
-                down.append(f"{url}: no answer within the round's {ROUND_DEADLINE_S:.0f} s")
+                why = f"no answer within the round's {ROUND_DEADLINE_S:.0f} s"
+                down.append(f"{url}: {why}")
+                gone[f"agent {url}"] = why
                 continue
             try:
                 found = fut.result()
             except (OSError, ValueError) as e:
                 down.append(f"{url}: {e}")
+                gone[f"agent {url}"] = str(e)
                 continue
             for job, sig in found.items():  # a multi-node job: the freshest report wins
                 if job not in best or sig.age_s < best[job].age_s:
                     best[job] = sig
         if down and len(down) == len(self.urls):
-            return SignalRead(available=False, why="no agent answered: " + "; ".join(down))
-        return SignalRead(best, why="; ".join(f"unreachable {d}" for d in down))
+            return SignalRead(available=False, why="no agent answered: " + "; ".join(down), down=gone)
+        return SignalRead(best, why="; ".join(f"unreachable {d}" for d in down), down=gone)
 
 
 def slurm_signals(read: SignalRead, jobs: Iterable[SlurmJob]) -> dict[int, Signal]:

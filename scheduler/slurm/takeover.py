@@ -10,10 +10,17 @@ decision back to Slurm (the partition's original mode) everywhere else:
 - Only ``PreemptMode=REQUEUE`` partitions of ``preempt/partition_prio`` with GPU nodes that a
   higher tier shares are taken; CANCEL, SUSPEND and GANG keep their semantics, and CPU-only
   partitions are never touched.
-- A partition held by gpudiag whose mode someone set to anything else is theirs: it is dropped
-  from the ledger and not taken again while it keeps that mode. Back at its original mode
-  (``scontrol reconfigure``, a slurmctld restart) it is a reset: taken again, and no victims are
+- A partition held by gpudiag whose mode an administrator set with ``scontrol update`` (to
+  anything, its original included) is theirs: dropped from the ledger, said in one line, and not
+  taken again until slurm.conf is reloaded. What tells that from a reload is slurmctld itself
+  (``SlurmIO.reloads``: its boot time and its count of reconfigures) and slurm.conf as it is
+  now: back at slurm.conf's mode after a reload, it is a reset: taken again, and no victims are
   chosen in that round (Slurm may have begun preempting before the controller read squeue).
+  Reloaded with a slurm.conf that now gives it another mode (OFF included), the new mode is the
+  administrator's: gpudiag forgets the old one and never restores it. slurmctld's reloads are
+  read before and after the partitions: a reload between the two reads (or reloads that cannot
+  be read at all: sdiag hidden by ``PrivateData``) make a partition back at its original a
+  reset, as before the comparison existed.
 - A waiting job Slurm could preempt for (a higher PriorityTier, on nodes it shares with running
   jobs that have run the minimum time) is Slurm's when gpudiag cannot judge or cannot act for it:
   a candidate victim without usable MFU evidence (jobs without signals are neither protected nor
@@ -30,7 +37,7 @@ from dataclasses import dataclass, field
 
 from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action
 from gpudiag.scheduler.slurm.ledger import Ledger
-from gpudiag.scheduler.slurm.slurmconf import Partition, SlurmNode
+from gpudiag.scheduler.slurm.slurmconf import ConfModes, Partition, SlurmNode, same_mode
 from gpudiag.scheduler.slurm.squeue import SlurmJob
 
 TAKEOVER_MODE = "REQUEUE"
@@ -45,33 +52,56 @@ class ModeView:
     held: set[str]                           # held at OFF by gpudiag, confirmed
     reset: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    theirs: set[str] = field(default_factory=set)   # an administrator's until slurm.conf is reloaded
 
 
-def reconcile_modes(ledger: Ledger, parts: Mapping[str, Partition]) -> ModeView:
-    """Resolve crash intents, resets and other people's changes; returns who holds what now."""
+def reconcile_modes(ledger: Ledger, parts: Mapping[str, Partition], reloads: str | None = None,
+                    conf: ConfModes | None = None) -> ModeView:
+    """Resolve crash intents, reloads and administrators' changes; returns who holds what now.
+
+    ``reloads``: this round's ``SlurmIO.reloads`` (None: unknown), compared with the ledger's;
+    ``conf``: slurm.conf as it is now (None: unreadable here)."""
     view = ModeView({n: p.preempt_mode for n, p in parts.items()}, set())
+    reloaded = None if reloads is None or ledger.reloads is None else reloads != ledger.reloads
+    if reloaded and ledger.theirs_modes:   # slurm.conf, reloaded, is the administrators' word again
+        view.notes.append(f"slurm.conf reloaded: partition(s) {', '.join(sorted(ledger.theirs_modes))} "
+                          "are gpudiag's to manage again")
+        ledger.theirs_modes.clear()
+    for name in [n for n in ledger.theirs_modes if n not in parts]:
+        del ledger.theirs_modes[name]
     for name, e in list(ledger.modes.items()):
         p = parts.get(name)
         if p is None:
             del ledger.modes[name]
             view.notes.append(f"partition {name} is gone from Slurm: forgotten")
             continue
-        mode = p.preempt_mode.upper()
-        if mode == PREEMPT_OFF:
+        mode, now_conf = p.preempt_mode.upper(), conf.mode(name) if conf is not None else None
+        if reloaded and now_conf is not None and same_mode(mode, now_conf) \
+                and not same_mode(now_conf, e.original):
+            del ledger.modes[name]      # slurm.conf changed and was reloaded: never restore the old
+            view.notes.append(f"partition {name}: slurm.conf now sets PreemptMode={now_conf} and was "
+                              f"reloaded: the administrator's; gpudiag forgets {e.original} and will not "
+                              "restore it")
+        elif mode == PREEMPT_OFF:
             e.set, e.want = PREEMPT_OFF, None
             view.held.add(name)
             view.original[name] = e.original
-        elif mode == e.original.upper():
+        elif (e.set is None or e.want is not None) and mode == e.original.upper():
+            del ledger.modes[name]      # a crash's intent that never ran, or a give-back that did
+        elif mode == e.original.upper() and reloaded is not False \
+                and (now_conf is None or same_mode(mode, now_conf)):
             del ledger.modes[name]
-            if e.set is not None and e.want is None:
-                view.reset.append(name)
-                view.notes.append(f"partition {name} is back at PreemptMode={p.preempt_mode} (scontrol "
-                                  "reconfigure or a slurmctld restart reloaded slurm.conf): no victims "
-                                  "chosen this round")
+            view.reset.append(name)
+            view.notes.append(f"partition {name} is back at PreemptMode={p.preempt_mode} (scontrol "
+                              "reconfigure or a slurmctld restart reloaded slurm.conf): no victims "
+                              "chosen this round")
         else:
             del ledger.modes[name]
-            view.notes.append(f"partition {name}: PreemptMode set to {p.preempt_mode} by someone else since "
-                              f"gpudiag set {PREEMPT_OFF}: theirs now, gpudiag no longer manages it")
+            ledger.theirs_modes[name] = p.preempt_mode
+            view.notes.append(f"partition {name}: PreemptMode set to {p.preempt_mode} by someone else "
+                              f"(scontrol update, no reload of slurm.conf) since gpudiag set {PREEMPT_OFF}: "
+                              "theirs now, gpudiag no longer manages it until slurm.conf is reloaded")
+    view.theirs = set(ledger.theirs_modes)
     return view
 
 
@@ -82,7 +112,7 @@ def eligible(parts: Mapping[str, Partition], modes: ModeView, nodes: Mapping[str
         return set()
     out = set()
     for name, p in parts.items():
-        if modes.original[name].upper() != TAKEOVER_MODE:
+        if modes.original[name].upper() != TAKEOVER_MODE or name in modes.theirs:
             continue
         gpu_nodes = {n for n in p.nodes if n in nodes and nodes[n].gpus > 0}
         if any(q.priority_tier > p.priority_tier and gpu_nodes & set(q.nodes) for q in parts.values()):

@@ -1,0 +1,224 @@
+"""The Slurm controller beside an administrator, against a real Slurm (tests/slurm_cluster.py: one
+node, 4 GPUs) and a real agent read with ``--agents``: what an administrator sets by hand stays
+theirs (a job's Nice put back to its original, a partition's PreemptMode updated at runtime,
+slurm.conf changed and reloaded), a future-dated signal changes nothing beyond its own honest
+window, ``--partitions`` bounds what is managed, and outages (munge, an agent) are named once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from gpudiag.jobsignal import write_signal
+from tests.harness import free_port
+from tests.slurm_cluster import CONTROLLER_INTERVAL_S as INTERVAL_S
+from tests.slurm_cluster import SlurmCluster, report, slurm_running, wait_for
+from tests.test_agent import Agent, sample_value
+from tests.test_slurm_safety import Ctl, controller, gpudiag, held, running
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with slurm_running(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    with Agent(tmp_path_factory.mktemp("agent"), backend="none") as a:
+        yield a
+
+
+@pytest.fixture(autouse=True)
+def _clean(cluster):
+    yield
+    cluster.cancel_all()
+    for p in ("spot", "reserved"):   # what a failed test may have left
+        cluster.run("scontrol", "update", f"PartitionName={p}", "PreemptMode=REQUEUE", check=False)
+
+
+def dry_round(cluster: SlurmCluster, agent: Agent, ledger: Path, *extra: str) -> dict:
+    p = gpudiag(cluster, "--dry-run", "--once", "--json", "--agents", f"127.0.0.1:{agent.port}",
+                "--state", str(ledger), *extra)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout.splitlines()[0])
+
+
+def test_an_admins_nice_back_to_its_original_is_theirs(cluster, agent, tmp_path):
+    blocker = cluster.sbatch("blocker", "reserved", 4)
+    running(cluster, blocker)
+    report(agent, blocker, 0.4)
+    waiting = cluster.sbatch("idle", "reserved", 2)
+    report(agent, waiting, 0.02, "input-bound")
+    ctl = controller(cluster, agent, tmp_path / "ledger.json", "--restore")   # --min-change-interval 0
+    try:
+        wait_for("gpudiag's penalty", lambda: int(cluster.job(waiting)["Nice"]) > 0, 8 * INTERVAL_S)
+        cluster.run("scontrol", "update", f"JobId={waiting}", "Nice=0")       # the admin puts it back
+        wait_for("the admin's Nice recognised", lambda: "(its original) by someone else" in ctl.text(),
+                 5 * INTERVAL_S)
+        time.sleep(2 * INTERVAL_S)                                             # two more rounds
+        assert cluster.job(waiting)["Nice"] == "0"
+    finally:
+        assert ctl.stop() == 0, ctl.text()
+    assert cluster.job(waiting)["Nice"] == "0" and ctl.text().count("by someone else") == 1, ctl.text()
+
+
+def test_scontrol_update_preempt_mode_is_the_admins_until_slurm_conf_is_reloaded(cluster, agent, tmp_path):
+    spot = cluster.sbatch("spot", "spot", 4)
+    running(cluster, spot)
+    report(agent, spot, 0.4)
+    ledger = tmp_path / "ledger.json"
+    ctl = controller(cluster, agent, ledger, "--restore")
+    try:
+        held(cluster)
+        cluster.run("scontrol", "update", "PartitionName=spot", "PreemptMode=REQUEUE")   # handed back by hand
+        wait_for("the admin's PreemptMode recognised", lambda: "(scontrol update, no reload" in ctl.text(),
+                 5 * INTERVAL_S)
+        time.sleep(2 * INTERVAL_S)
+        assert cluster.preempt_mode("spot") == "REQUEUE"                 # not taken back
+        assert json.loads(ledger.read_text())["theirs_modes"] == {"spot": "REQUEUE"}
+        cluster.run("scontrol", "reconfigure")                           # slurm.conf is the word again
+        wait_for("spot managed again", lambda: "gpudiag's to manage again" in ctl.text(), 5 * INTERVAL_S)
+        held(cluster)
+    finally:
+        assert ctl.stop() == 0, ctl.text()
+    assert cluster.preempt_mode("spot") == "REQUEUE"
+    assert ctl.text().count("by someone else") == 1, ctl.text()
+
+
+def test_slurm_conf_changed_and_reloaded_under_the_controller_is_not_restored_over(cluster, agent, tmp_path):
+    spot = cluster.sbatch("spot", "spot", 4)
+    running(cluster, spot)
+    report(agent, spot, 0.4)
+    ledger = tmp_path / "ledger.json"
+    ctl = controller(cluster, agent, ledger)
+    conf = cluster.conf.read_text()
+    try:
+        held(cluster)
+        ctl.stop(9)                       # gone, with spot held in its ledger
+        off = re.sub(r"(PartitionName=spot .*)PreemptMode=REQUEUE", r"\1PreemptMode=OFF", conf)
+        assert off != conf
+        cluster.conf.write_text(off)
+        cluster.run("scontrol", "reconfigure")
+        p = gpudiag(cluster, "--restore-only", "--state", str(ledger))
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert cluster.preempt_mode("spot") == "OFF"                     # slurm.conf's, not the old REQUEUE
+        assert "as slurm.conf now sets it" in p.stderr, p.stderr
+        assert json.loads(ledger.read_text())["modes"] == {}
+    finally:
+        cluster.conf.write_text(conf)
+        cluster.run("scontrol", "reconfigure")
+
+
+def test_a_future_dated_signal_has_no_effect_beyond_its_own_honest_window(cluster, agent, tmp_path):
+    low, other = cluster.sbatch("low", "spot", 2), cluster.sbatch("other", "spot", 2)
+    running(cluster, low, other)
+    report(agent, low, 0.05, "input-bound")
+    report(agent, other, 0.3)
+    forged = {"job_id": f"slurm:{low}", "ts": time.time() + 27 * 3600, "mfu_ratio": 0.6,
+              "bottleneck": "compute-bound", "confidence": 0.9}
+    write_signal(agent.state / "spool", forged)    # the job's own user, or a node whose clock runs ahead
+    text = agent.metrics()
+    assert sample_value(text, 'gpudiag_agent_signals_rejected_total{reason="future"}') >= 1
+    series = f'{{job_id="slurm:{low}",owner_uid="0"}}'
+    assert sample_value(text, f"gpudiag_job_mfu_ratio{series}") == 0.05
+    assert sample_value(text, f"gpudiag_job_last_signal_timestamp_seconds{series}") <= time.time()
+    ledger = tmp_path / "ledger.json"
+    p = gpudiag(cluster, "--once", "--agents", f"127.0.0.1:{agent.port}", "--state", str(ledger))
+    assert p.returncode == 0 and cluster.preempt_mode("spot") == "OFF", p.stdout + p.stderr
+    od = cluster.sbatch("od", "ondemand", 2)         # Slurm's own choice would be job-list order
+    res = dry_round(cluster, agent, ledger)
+    victims = [d for d in res["decisions"] if d["kind"] == "preempt"]
+    assert [d["job_id"] for d in victims] == [low] and "MFU 5.0%" in victims[0]["reason"], res["decisions"]
+    report(agent, low, 0.04, "input-bound")        # the job's next honest signal is taken, not "stale"
+    assert sample_value(agent.metrics(), f"gpudiag_job_mfu_ratio{series}") == 0.04
+    cluster.run("scancel", str(od))
+    p = gpudiag(cluster, "--restore-only", "--state", str(ledger))
+    assert p.returncode == 0 and cluster.preempt_mode("spot") == "REQUEUE", p.stdout + p.stderr
+
+
+def test_partitions_bounds_what_is_managed_and_the_top_tier_is_never_penalised(cluster, agent, tmp_path):
+    blocker = cluster.sbatch("blocker", "ondemand", 4)
+    running(cluster, blocker)
+    report(agent, blocker, 0.4)
+    res_job, od_job = cluster.sbatch("res", "reserved", 1), cluster.sbatch("od", "ondemand", 1)
+    for j in (res_job, od_job):
+        report(agent, j, 0.02, "input-bound")
+    res = dry_round(cluster, agent, tmp_path / "dry.json")
+    nice = {a["target"] for a in res["actions"] if a["kind"] == "nice"}
+    assert nice == {str(res_job)}, res["actions"]                # the on-demand job keeps its Nice
+    assert {a["target"] for a in res["actions"] if a["kind"] == "preempt_mode"} == {"spot", "reserved"}
+    hold = next(d["reason"] for d in res["decisions"] if d["kind"] == "hold")
+    assert "when a job without a time limit ends" in hold and "days" not in hold, hold
+    # spot alone managed: reserved's job keeps its Nice, and spot is not held either - on this one
+    # node an on-demand job would then make Slurm preempt reserved's jobs, which gpudiag does not
+    # manage, in spot's place (takeover.unsafe_holds, from slurm-a)
+    res = dry_round(cluster, agent, tmp_path / "dry.json", "--partitions", "spot")
+    assert res["actions"] == [], res["actions"]
+    assert any(n.startswith("partition spot: not held: a job of ondemand would make Slurm preempt partition "
+                            "reserved's jobs") for n in res["notes"]), res["notes"]
+    p = gpudiag(cluster, "--once", "--agents", f"127.0.0.1:{agent.port}", "--state", str(tmp_path / "l.json"),
+                "--partitions", "spot,nosuch")
+    assert p.returncode == 2 and "--partitions: this Slurm has no nosuch" in p.stdout + p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and cluster.preempt_mode("spot") == "REQUEUE"
+
+
+def test_munge_down_and_a_dead_agent_are_each_named_once_with_their_address(cluster, agent, tmp_path):
+    spot = cluster.sbatch("spot", "spot", 4)
+    running(cluster, spot)
+    report(agent, spot, 0.4)
+    dead = f"127.0.0.1:{free_port()}"
+    ctl = Ctl(cluster, tmp_path / "ledger.json", "--interval", f"{INTERVAL_S}s", "--agents",
+              f"127.0.0.1:{agent.port},{dead}", "--restore")
+    try:
+        held(cluster)
+        cluster.stop_daemon("munged")
+        sock = str(cluster.munge_socket)
+        wait_for("munge named", lambda: f"munge at {sock} unreachable" in ctl.text(), 6 * INTERVAL_S)
+        time.sleep(2 * INTERVAL_S)     # several retries while it is down
+        cluster.start_munged()
+        wait_for("back", lambda: f"munge at {sock} reachable again" in ctl.text(), 6 * INTERVAL_S)
+        time.sleep(INTERVAL_S)
+    finally:
+        assert ctl.stop() == 0, ctl.text()
+    text = ctl.text()
+    assert text.count(f"munge at {sock} unreachable") == 1, text
+    assert "slurmctld" not in text.split(f"munge at {sock} unreachable")[1].split("reachable again")[0], text
+    assert text.count(f"agent http://{dead}/metrics unreachable") == 1, text
+    assert "scontrol ping: scontrol ping" not in text
+
+
+def test_penalties_are_lifted_once_the_signals_are_out_past_the_staleness_limit(cluster, agent, tmp_path):
+    from gpudiag.scheduler.slurm.actions import restore
+    from gpudiag.scheduler.slurm.controller import Controller, Options
+    from gpudiag.scheduler.slurm.slurmio import SlurmIO
+    from gpudiag.scheduler.slurm.sources import AgentsSource
+
+    blocker = cluster.sbatch("blocker", "reserved", 4)
+    running(cluster, blocker)
+    report(agent, blocker, 0.4)
+    waiting = cluster.sbatch("idle", "reserved", 2)
+    report(agent, waiting, 0.02, "input-bound")
+    io = SlurmIO(env=cluster.env)
+    ctl = Controller(io, AgentsSource([f"127.0.0.1:{agent.port}"]), options=Options(min_change_interval_s=0),
+                     ledger_path=tmp_path / "ledger.json")
+    try:
+        t = time.time()
+        ctl.round(t)
+        penalty = int(cluster.job(waiting)["Nice"])
+        assert penalty > 0
+        ctl.source = AgentsSource([f"127.0.0.1:{free_port()}"])     # the agent is gone
+        limit = ctl.policy.max_signal_age_s
+        ctl.round(t + 5)
+        assert int(cluster.job(waiting)["Nice"]) == penalty               # out, but not for long yet
+        res = ctl.round(t + 5 + limit + 1)
+        lifted = [a for a in res.actions if a.kind == "restore" and a.target == str(waiting)]
+        assert lifted and lifted[0].applied and "longer than the 300 s staleness limit" in lifted[0].reason
+        assert cluster.job(waiting)["Nice"] == "0"
+    finally:
+        restore(io, ctl.store)
