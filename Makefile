@@ -3,7 +3,8 @@
 #               script (a small CNN behind a slow DataLoader) under `gpudiag profile` and prints
 #               the verdict. No GPU needed.
 #   make test   builds .venv with the test extras, installs the system packages the tests
-#               drive (Debian's chromium and prometheus, when missing) and runs ruff and pytest.
+#               drive (Debian's chromium and prometheus, when missing) and runs ruff, the wheel
+#               check below and pytest (pytest last, so its summary closes the output).
 #   make wheel  builds the sdist and, from it, a wheel with the C extension into dist/.
 #   make wheel-check  installs that wheel into a clean venv (dependencies from the index) and
 #               runs `gpudiag analyze` on a shared trace: what a user's `pip install` gets.
@@ -39,6 +40,7 @@ system-deps:
 
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
+	$(MAKE) wheel-check
 	$(BIN)/python -m pytest -q
 
 # the sdist, then a wheel built from it (so the wheel holds only what the sdist ships), with

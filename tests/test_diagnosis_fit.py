@@ -25,8 +25,10 @@ import pytest
 
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import stalls
+from gpudiag.analyzers.classify import HOST_NOTABLE
+from gpudiag.analyzers.classify import shares as view_shares
 from gpudiag.analyzers.trace_loader import load_rank
-from gpudiag.diagnosis import Diagnosis
+from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.rundir import read_steps, window_steps
 from tests.conftest import labels_of
 from tests.harness import free_port
@@ -126,7 +128,11 @@ def test_a_window_the_machine_slowed_keeps_the_gaps_torch_compile_would_remove(t
     event, that slow-down left the gaps between the small operators empty (0 ms in six runs of
     the compile case; torch.compile's gain read as what fusing memory-bound work saves); brought
     to the reference's pace (``unprofiled.DISPATCH_PER_EVENT_MIN``), they keep most of what the
-    quiet run's hold, and the advice is the quiet run's."""
+    quiet run's hold, and where they are still over the advice's threshold, torch.compile is
+    advised. (On an AMD EPYC the quiet run's gaps are 10.9% of its step, a point over that
+    threshold, and the slowed run's 6.7%: whether the advice appears there is within the noise,
+    so the test holds the gaps, which the old model emptied, and the advice only where they
+    reach the threshold.)"""
     quiet = eager_chain[0]
     d, own, _ = profile(tmp_path, "slowed-chain", "chain_job.py", "--steps", "90", "--compete", "61:66",
                         "--compete-kind", "slices", opts=("--skip", "60"))
@@ -135,13 +141,14 @@ def test_a_window_the_machine_slowed_keeps_the_gaps_torch_compile_would_remove(t
     assert d.basis == "unprofiled-estimate", d.dilation.caveats
     paces = [float(m) for c in d.dilation.caveats for m in re.findall(r"ran ([\d.]+)x slower", c)]
     assert paces and paces[0] > 1.3, d.dilation.caveats
-    # (the quiet run's own reference can be unsteady on this VM: 1 run in 7; then it has no
-    # unprofiled view to compare with, and the advice below still tells the two models apart)
-    if quiet.unprofiled is not None:
-        assert d.unprofiled.host_overhead >= quiet.unprofiled.host_overhead / 3, (
-            d.unprofiled.host_overhead, quiet.unprofiled.host_overhead)
+    # (the quiet run's own reference can be unsteady on this VM: 1 run in 7; then its traced
+    # gaps brought to its untraced step stand for it)
+    ref = (quiet.unprofiled.host_overhead if quiet.unprofiled is not None
+           else quiet.breakdown.host_overhead * quiet.dilation.untraced_step_us / quiet.breakdown.step_time)
+    assert d.unprofiled.host_overhead >= ref / 3, (d.unprofiled.host_overhead, ref)
     actions = [r.action for r in d.verdict.recommendations]
-    assert "compile-small-ops" in actions, actions
+    if view_shares(d.unprofiled)[Bottleneck.HOST] >= HOST_NOTABLE:
+        assert "compile-small-ops" in actions, actions
     assert same_label(d, quiet), (d.verdict.summary, quiet.verdict.summary)
 
 

@@ -101,9 +101,10 @@ def test_a_second_users_monitored_job_reports_to_the_daemon_and_a_forgery_does_n
         job, agent_job = json.loads(r.stdout)["id"], json.loads(r.stdout)["agent_job_id"]
         jobs = daemon.wait("alice's job started", lambda j: state_of(j, job) not in ("pending", "starting"))
         assert state_of(jobs, job) in ("running", "done"), job_output(daemon, job)
-        # mallory names alice's job while it runs, with a later ts than any of alice's signals
+        # mallory names alice's job while it runs, dated ahead of any of alice's signals by as much as
+        # the agent takes (a claim further ahead is refused as future-dated: test_agent_signals)
         write_as(mallory, agent.state / "spool", full_signal(agent_job, mfu_ratio=0.001, confidence=1.0,
-                                                             bottleneck="input-bound", ts=time.time() + 600))
+                                                             bottleneck="input-bound", ts=time.time() + 3))
         jobs = daemon.wait("alice's MFU at the daemon",
                            lambda j: state_of(j, job) != "running" and j[job].get("sig_mfu") is not None
                            or state_of(j, job) == "failed", timeout=WAIT_S * 3)
