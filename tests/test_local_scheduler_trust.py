@@ -38,6 +38,16 @@ def gate_job(s, gate: Path) -> int:
     return job
 
 
+def users_gate_job(s, user, gate: Path) -> tuple[int, Path]:
+    """``user``'s spot job, running until ``gate`` exists: its id and its folder."""
+    job = user_submit(user, s.state / "sock",
+                      ["sh", "-c", f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done"], tier="spot")
+    assert job["ok"], job
+    jid = job["id"]
+    s.wait(f"{user.pw_name}'s job running", lambda j: state_of(j, jid) == "running")
+    return jid, s.state / "jobs" / str(jid)
+
+
 def test_a_uid_without_a_passwd_entry_is_refused_in_one_line_and_the_daemon_lives(open_base, sched_factory):
     import pwd
 
@@ -83,12 +93,7 @@ def test_a_fifo_or_link_in_a_users_job_folder_is_refused_and_stalls_nobody(open_
     vault = open_base / "vault"
     vault.mkdir(mode=0o700)
     gate = open_base / "gate"
-    job = user_submit(alice, sock, ["sh", "-c", f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done"],
-                      tier="spot")
-    assert job["ok"], job
-    jid = job["id"]
-    s.wait("alice's job running", lambda j: state_of(j, jid) == "running")
-    jdir = s.state / "jobs" / str(jid)
+    jid, jdir = users_gate_job(s, alice, gate)
 
     def vandalise() -> bool:   # as alice, in her own job's folder, while the job runs
         os.unlink(jdir / "stdout")
@@ -181,12 +186,7 @@ def test_a_hard_link_or_a_root_owned_file_in_a_job_folder_is_neither_read_nor_wr
     s = sched_factory("--slots", "1", "--no-monitor", "--min-runtime", "0", base=open_base)
     sock = s.state / "sock"
     gate = open_base / "gate"
-    job = user_submit(alice, sock, ["sh", "-c", f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done"],
-                      tier="spot")
-    assert job["ok"], job
-    jid = job["id"]
-    s.wait("alice's job running", lambda j: state_of(j, jid) == "running")
-    jdir = s.state / "jobs" / str(jid)
+    jid, jdir = users_gate_job(s, alice, gate)
     for name in ("stdout", "stderr", "checkpoint"):   # made by and for alice, never root's
         assert (jdir / name).stat().st_uid == alice.pw_uid, name
     # planted as root: this VM has fs.protected_hardlinks=1, the kernel's default is 0, where
