@@ -41,6 +41,18 @@ def unsafe(ps: dict[str, Partition], hold: set[str]) -> dict[str, str]:
     return unsafe_holds(ps, {n: p.preempt_mode for n, p in ps.items()}, NODES, hold)
 
 
+def serve_spot_held(jobs: list, m, ps, nodes) -> tuple:  # noqa: ANN001 - the model, partitions, nodes
+    """One round's serving of the waiting jobs with spot held at OFF and job 1 at MFU 0.3:
+    (requeues, handed to Slurm, partitions to give back)."""
+    modes = ModeView({"spot": "REQUEUE", "ondemand": "OFF"}, {"spot"})
+    policy = replace(Policy(), min_runtime_s=0.0)
+    decisions = schedule(m.cluster, m.pending, m.running, {1: Signal(0.3, "compute-bound", 0.9, 1.0)},
+                         MfuBook(policy.history_half_life_s), 100.0, policy)
+    s = Serving(jobs, {j.id: j for j in jobs}, m, modes, ps, nodes, decisions, {"spot"},
+                lambda j: True, {}, set(), {}, False, 0.0, 100.0)
+    return serve_waiting(s, allow_victims=True)
+
+
 def test_a_cancel_partition_under_the_same_higher_tier_keeps_spot_and_reserved_from_being_held():
     spot, res, od = part("spot", 1, "REQUEUE"), part("reserved", 2, "REQUEUE"), part("ondemand", 3, "OFF")
     assert unsafe(parts(spot, res, od), {"spot", "reserved"}) == {}   # nobody else for Slurm to pick
@@ -107,13 +119,7 @@ def test_an_exclusive_job_holds_and_needs_whole_nodes_and_waiting_it_is_slurms_w
     alone = job(3, "spot", "RUNNING", 1, exclusive=True, gpu_index=((0,),))
     run_ex = model_of([alone], nodes, ps, set(), 5.0, 100.0)
     assert run_ex.running[0].placement.gpus == 4          # nothing else starts beside it
-    modes = ModeView({"spot": "REQUEUE", "ondemand": "OFF"}, {"spot"})
-    policy = replace(Policy(), min_runtime_s=0.0)
-    decisions = schedule(m.cluster, m.pending, m.running, {1: Signal(0.3, "compute-bound", 0.9, 1.0)},
-                         MfuBook(policy.history_half_life_s), 100.0, policy)
-    s = Serving([spot, ex], {1: spot, 2: ex}, m, modes, ps, nodes, decisions, {"spot"}, lambda j: True, {},
-                set(), {}, False, 0.0, 100.0)
-    requeues, handed, give_back = serve_waiting(s, allow_victims=True)
+    requeues, handed, give_back = serve_spot_held([spot, ex], m, ps, nodes)
     assert requeues == [] and give_back == {"spot"}
     assert handed == {2: "job 2 asks for whole nodes (--exclusive): gpudiag does not model that, so it "
                          "cannot start under the hold"}
@@ -162,13 +168,7 @@ def test_a_heterogeneous_component_is_never_gpudiags_victim_and_its_preemptor_go
     od = job(2, "ondemand", "PENDING", 2)
     m = model_of([comp, od], nodes, ps, {"spot"}, 5.0, 100.0)
     assert not m.running[0].job.preemptible     # Slurm requeues the whole heterogeneous job, not gpudiag
-    modes = ModeView({"spot": "REQUEUE", "ondemand": "OFF"}, {"spot"})
-    policy = replace(Policy(), min_runtime_s=0.0)
-    decisions = schedule(m.cluster, m.pending, m.running, {1: Signal(0.3, "compute-bound", 0.9, 1.0)},
-                         MfuBook(policy.history_half_life_s), 100.0, policy)
-    s = Serving([comp, od], {1: comp, 2: od}, m, modes, ps, nodes, decisions, {"spot"}, lambda j: True, {},
-                set(), {}, False, 0.0, 100.0)
-    requeues, handed, give_back = serve_waiting(s, allow_victims=True)
+    requeues, handed, give_back = serve_spot_held([comp, od], m, ps, nodes)
     assert requeues == [] and give_back == {"spot"}
     assert handed[2] == ("job 1 could be its victim and is a component of heterogeneous job 1, which Slurm "
                          "preempts as a whole")
