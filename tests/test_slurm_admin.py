@@ -49,12 +49,19 @@ def dry_round(cluster: SlurmCluster, agent: Agent, ledger: Path, *extra: str) ->
     return json.loads(p.stdout.splitlines()[0])
 
 
-def test_an_admins_nice_back_to_its_original_is_theirs(cluster, agent, tmp_path):
+def blocker_and_low_mfu_waiter(cluster: SlurmCluster, agent: Agent) -> tuple[int, int]:
+    """A reserved job on all 4 GPUs (MFU 0.4) and a 2-GPU reserved job waiting behind it at MFU
+    0.02: the one gpudiag penalises."""
     blocker = cluster.sbatch("blocker", "reserved", 4)
     running(cluster, blocker)
     report(agent, blocker, 0.4)
     waiting = cluster.sbatch("idle", "reserved", 2)
     report(agent, waiting, 0.02, "input-bound")
+    return blocker, waiting
+
+
+def test_an_admins_nice_back_to_its_original_is_theirs(cluster, agent, tmp_path):
+    blocker, waiting = blocker_and_low_mfu_waiter(cluster, agent)
     ctl = controller(cluster, agent, tmp_path / "ledger.json", "--restore")   # --min-change-interval 0
     try:
         wait_for("gpudiag's penalty", lambda: int(cluster.job(waiting)["Nice"]) > 0, 8 * INTERVAL_S)
@@ -199,11 +206,7 @@ def test_penalties_are_lifted_once_the_signals_are_out_past_the_staleness_limit(
     from gpudiag.scheduler.slurm.slurmio import SlurmIO
     from gpudiag.scheduler.slurm.sources import AgentsSource
 
-    blocker = cluster.sbatch("blocker", "reserved", 4)
-    running(cluster, blocker)
-    report(agent, blocker, 0.4)
-    waiting = cluster.sbatch("idle", "reserved", 2)
-    report(agent, waiting, 0.02, "input-bound")
+    blocker, waiting = blocker_and_low_mfu_waiter(cluster, agent)
     io = SlurmIO(env=cluster.env)
     ctl = Controller(io, AgentsSource([f"127.0.0.1:{agent.port}"]), options=Options(min_change_interval_s=0),
                      ledger_path=tmp_path / "ledger.json")
