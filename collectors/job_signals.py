@@ -16,15 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag.jobsignal import run_dir_field, team_from_env, write_signal
-from gpudiag.rundir import own_step_seconds, read_host_cpu, read_steps, split_step_rows
+from gpudiag.rundir import StepRow, own_step_seconds, read_host_cpu, read_steps, split_step_rows
 
 RECENT_STEPS = 50
 
 
-def step_stats(run_dir: Path) -> tuple[float | None, dict[str, float], int]:
+def rank0_rows(run_dir: Path) -> list[StepRow]:
+    """Rank 0's step rows: every signal reads one rank's file, not all of them, and once."""
+    return read_steps(run_dir, rank=0).get(0, [])
+
+
+def step_stats(run_dir: Path, rows: list[StepRow] | None = None
+               ) -> tuple[float | None, dict[str, float], int]:
     """(median of the recent untraced steps in seconds, collective seconds so far, last step)
-    from rank 0. Untraced only: a step the profiler slowed is not the job's pace."""
-    rows = read_steps(run_dir, rank=0).get(0, [])  # every 15 s: one rank's file, not all of them
+    from rank 0 (``rows``, where the caller read them). Untraced only: a step the profiler
+    slowed is not the job's pace."""
+    rows = rank0_rows(run_dir) if rows is None else rows
     colls: dict[str, float] = {}
     for r in rows:
         for name, c in r.collectives.items():
@@ -34,12 +41,12 @@ def step_stats(run_dir: Path) -> tuple[float | None, dict[str, float], int]:
     return live, colls, (rows[-1].step if rows else 0)
 
 
-def own_step(run_dir: Path) -> float | None:
+def own_step(run_dir: Path, rows: list[StepRow] | None = None) -> float | None:
     """The median of the recent untraced steps of rank 0 at the job's own pace: each less its
     training thread's wait for cores that processes outside the job held
     (``rundir.own_step_seconds``). What MFU is exported from, so that another tenant's load
     is not charged to the job (its own DataLoader workers and threads are its own)."""
-    rows = read_steps(run_dir, rank=0).get(0, [])
+    rows = rank0_rows(run_dir) if rows is None else rows
     own = own_step_seconds(rows, read_host_cpu(run_dir))
     rows = [replace(r, dt=o) for r, o in zip(rows, own, strict=True)]
     return split_step_rows(0, rows, last=RECENT_STEPS).median_untraced()
@@ -74,11 +81,12 @@ class SignalReporter:
         return self
 
     def send(self, **fields: Any) -> None:
-        step, colls, _ = step_stats(self.run_dir)
+        rows = rank0_rows(self.run_dir)
+        step, colls, _ = step_stats(self.run_dir, rows)
         extra: dict[str, Any] = {}
         if self.estimate is not None and not fields:
             try:
-                extra = self.estimate(own_step(self.run_dir))
+                extra = self.estimate(own_step(self.run_dir, rows))
             except Exception as e:  # noqa: BLE001 - signals are best effort, the job goes on
                 self.error = f"MFU estimate failed: {e}"
         sig = {"job_id": self.job_id, "ts": time.time(), "step_seconds": step,
