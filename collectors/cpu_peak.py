@@ -18,9 +18,11 @@ A busy machine is the normal machine, so a peak is measured to be robust to load
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,13 +58,24 @@ def _cpu_model() -> str:
 
 
 def _versions() -> dict[str, str]:
+    """The versions of the libraries that run the GEMMs. torch's is read from its installed
+    metadata, not by importing it: the import costs 1.5 s of CPU (2-core AMD EPYC), which every
+    `gpudiag profile` paid at exit to look up a cached peak. Importing is the fallback for a
+    torch installed without metadata."""
     out = {"numpy": np.__version__}
+    loaded = sys.modules.get("torch")
+    if loaded is not None:
+        out["torch"] = loaded.__version__
+        return out
     try:
-        import torch
+        out["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        try:
+            import torch
 
-        out["torch"] = torch.__version__
-    except ImportError:
-        pass
+            out["torch"] = torch.__version__
+        except ImportError:
+            pass
     return out
 
 

@@ -123,6 +123,22 @@ def test_the_cpu_peak_cache_is_keyed_by_library_versions_and_is_a_floor(tmp_path
     assert cache["flops"]["bf16"] == first["bf16"]  # never lowered
 
 
+def test_a_cached_cpu_peak_is_looked_up_without_importing_torch(tmp_path):
+    """gpudiag profile looks the peak up at exit, in a process that has no other use for torch:
+    the cache key reads torch's version from its installed metadata (importing torch to read it
+    cost 1.5 s of CPU on the 2-core AMD EPYC), and it is the version the import reports."""
+    env = {**os.environ, "GPUDIAG_CACHE_DIR": str(tmp_path)}
+    code = ("import sys\n"
+            "from gpudiag.collectors.cpu_peak import _cache_key\n"
+            "key = _cache_key()\n"
+            "print('torch' in sys.modules, key['libraries']['torch'])\n"
+            "import torch\n"
+            "print(torch.__version__)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         timeout=120).stdout.split()
+    assert out[0] == "False" and out[1] == out[2], out
+
+
 def _gpu_windows(before, after, later=(), attached=True, outside=(None, None)):
     (w,) = windows(before, [0.060] * 5, after)
     step = len(before) + 5 + len(after)
