@@ -37,7 +37,11 @@ def mlflow_server(tmp_path_factory):
     proc = subprocess.Popen([exe, "server", "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
                              "--artifacts-destination", str(d / "artifacts"), "--host", "127.0.0.1",
                              "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=log, start_new_session=True)
+                            stdout=log, stderr=log, start_new_session=True,
+                            # MLflow 3's server also starts a job runner and its queue consumers
+                            # (six more Python processes importing mlflow: half a minute of CPU on
+                            # a 2-core VM); gpudiag logs runs, metrics and artifacts, never jobs
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{base}/health", timeout=MLFLOW_START_S)
