@@ -33,6 +33,11 @@ from gpudiag.rundir import read_steps, window_steps
 from tests.conftest import labels_of
 from tests.harness import free_port
 
+# Each test here makes its own competitor (spinners, CPU slices) and compares with its own quiet
+# run: another test's load beside it would be a competitor it did not make, so `make test` runs
+# these after the parallel lanes, alone (tests/conftest.py, LANES).
+pytestmark = pytest.mark.solo
+
 JOBS = Path(__file__).parent / "jobs"
 MFU_TOLERANCE = 0.15  # relative, as the issue asks
 HOST_OVERHEAD_OF_ADDS = 1.0  # the DataLoader job's own host overhead, at most this share of its big adds
@@ -145,7 +150,11 @@ def test_a_window_the_machine_slowed_keeps_the_gaps_torch_compile_would_remove(t
     # gaps brought to its untraced step stand for it)
     ref = (quiet.unprofiled.host_overhead if quiet.unprofiled is not None
            else quiet.breakdown.host_overhead * quiet.dilation.untraced_step_us / quiet.breakdown.step_time)
-    assert d.unprofiled.host_overhead >= ref / 3, (d.unprofiled.host_overhead, ref)
+    # The margin, from four pairs of runs on the 2-core AMD EPYC: the quiet run's gaps are
+    # bimodal (3.7 or 11.2-11.6 ms a step), the slowed run's 3.7-6.3 ms, so the slowed run kept
+    # 0.32-1.7x of the quiet run's; the old model kept 0 in six runs. A fifth is the bound: 1.6x
+    # under the lowest ratio seen, and still far from the empty gaps this test guards against.
+    assert d.unprofiled.host_overhead >= ref / 5, (d.unprofiled.host_overhead, ref)
     actions = [r.action for r in d.verdict.recommendations]
     if view_shares(d.unprofiled)[Bottleneck.HOST] >= HOST_NOTABLE:
         assert "compile-small-ops" in actions, actions
