@@ -4,7 +4,7 @@
 #               the verdict. No GPU needed.
 #   make test   builds .venv with the test extras, installs the system packages the tests
 #               drive (Debian's chromium and prometheus, when missing) and runs ruff, the wheel
-#               check below and pytest (pytest last, so its summary closes the output).
+#               check below and pytest (pytest last, so its summaries close the output).
 #   make wheel  builds the sdist and, from it, a wheel with the C extension into dist/.
 #   make wheel-check  installs that wheel into a clean venv (dependencies from the index) and
 #               runs `gpudiag analyze` on a shared trace: what a user's `pip install` gets.
@@ -38,10 +38,16 @@ lint: $(VENV)/.installed-test
 system-deps:
 	bash .ci/install-test-deps.sh
 
+# pytest in two passes: four lanes at once (tests/conftest.py, LANES: three mostly wait on real
+# daemons, one runs CPU jobs), then the `solo` tests with nothing beside them. The second pass
+# runs whatever the first gave; make fails if either did.
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
 	$(MAKE) wheel-check
-	$(BIN)/python -m pytest -q
+	@rc=0; \
+	$(BIN)/python -m pytest -q -n 4 --dist loadgroup -m 'not timing and not solo' || rc=$$?; \
+	$(BIN)/python -m pytest -q -m solo || rc=$$?; \
+	exit $$rc
 
 # the sdist, then a wheel built from it (so the wheel holds only what the sdist ships), with
 # this venv's setuptools (pyproject.toml's build requirement)

@@ -29,6 +29,11 @@ from gpudiag.reports.terminal import render_terminal
 from gpudiag.rundir import read_steps
 from tests.conftest import SHARED
 
+# Each test here makes its own competitor (spinners, CPU slices) and compares with its own quiet
+# run: another test's load beside it would be a competitor it did not make, so `make test` runs
+# these after the parallel lanes, alone (tests/conftest.py, LANES).
+pytestmark = pytest.mark.solo
+
 REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "tests" / "jobs"
 W14 = SHARED / "runs" / "h200-2026-11-27" / "resnet_w14"
