@@ -11,7 +11,12 @@ Printed: the wall time of ``read_fleet`` + ``summarise`` at the step sized to th
 an unsized step would ask, capped at Prometheus' 11,000 points), in the same run; their ratio.
 
     python benchmarks/fleet_range.py --short              # 16 GPUs, 2 days: a minute here
-    python benchmarks/fleet_range.py --gpus 1000 --days 30 --scrape 60   # the issue's month
+    python benchmarks/fleet_range.py --gpus 1000 --days 30 --scrape 60 --compacted  # the issue's month
+
+The history is written as one file per 2-hour block and backfilled block by block (promtool
+2.42 re-reads its whole input for each block it writes, so one file for a month would be read
+360 times). ``--compacted`` times again once Prometheus has merged those blocks, as a server
+that has run for a month holds them.
 
 Backfilled history has no staleness markers (a scraped target's do), so a GPU's series lingers
 for Prometheus' 5-minute lookback after its job ends: the sums here are for timing, not truth.
@@ -34,15 +39,15 @@ sys.path.insert(0, str(REPO))  # tests.harness: the same Prometheus helpers as t
 LABELS = ["compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound"]
 
 
-def history(path: Path, gpus: int, days: float, scrape: int, seed: int = 7) -> tuple[float, float, int]:
-    """Write the OpenMetrics file; (start, end, samples)."""
+BLOCK = 7200  # promtool 2.42 writes 2-hour blocks and re-reads its whole input for each one
+
+
+def jobs_of(gpus: int, start: float, end: float, seed: int = 7) -> list[tuple]:
+    """(node, job_id, t0, t1, mfu or None, label, team) for NODES x 8 GPUs between start and end."""
     rng = random.Random(seed)
-    end = float(int(time.time()) // scrape * scrape - 3600)
-    start = end - days * 86400
-    nodes = max(1, gpus // 8)
-    jobs = []  # (node, job_id, t0, t1, mfu or None, label, team)
+    jobs = []
     n = 0
-    for node in range(nodes):
+    for node in range(max(1, gpus // 8)):
         t = start + rng.uniform(0, 3600)
         while t < end:
             dur = rng.uniform(3600, 12 * 3600)
@@ -51,38 +56,130 @@ def history(path: Path, gpus: int, days: float, scrape: int, seed: int = 7) -> t
             jobs.append((node, f"slurm:{n}", t, min(end, t + dur), rng.uniform(0.05, 0.6) if signal else None,
                          rng.choice(LABELS), rng.choice(["vision", "nlp", "speech", "rl"])))
             t += dur + rng.uniform(0, 1800)
-    samples = 0
-    with path.open("w") as f:
-        def ts(t0: float, t1: float):  # noqa: ANN202
-            k = int((t0 - start) // scrape) + 1
-            while start + k * scrape < t1:
-                yield start + k * scrape
-                k += 1
+    return jobs
 
-        for fam in ("gpudiag_gpu_up", "gpudiag_gpu_sm_activity_ratio"):
-            f.write(f"# TYPE {fam} gauge\n")
-            for node, job, t0, t1, mfu, _, _ in jobs:
-                for g in range(8):
-                    lab = f'{{instance="node{node:04d}:9835",job="gpudiag",gpu="{g}",job_id="{job}"}}'
+
+def history(folder: Path, gpus: int, days: float, scrape: int) -> tuple[float, float, int, list[Path]]:
+    """Write one OpenMetrics file per 2-hour block; (start, end, samples, files).
+
+    One file per block, because promtool 2.42 reads its whole input once for each block it
+    writes: a month in one file is 360 passes over all of it, a file per block is two passes
+    over each sample. start is aligned to a block, so no two files write into one block."""
+    end = float(int(time.time()) // BLOCK * BLOCK - BLOCK)
+    start = end - int(days * 86400) // BLOCK * BLOCK
+    jobs = jobs_of(gpus, start, end)
+    samples = 0
+    files = []
+
+    def ts(t0: float, t1: float):  # noqa: ANN202
+        k = max(0, int((t0 - start) // scrape) + 1)
+        while start + k * scrape < t1:
+            yield start + k * scrape
+            k += 1
+
+    w0 = start
+    while w0 < end:
+        w1 = w0 + BLOCK
+        live = [j for j in jobs if j[2] < w1 and j[3] > w0]
+        path = folder / f"h{int(w0)}.om"
+        with path.open("w") as f:
+            for fam in ("gpudiag_gpu_up", "gpudiag_gpu_sm_activity_ratio"):
+                f.write(f"# TYPE {fam} gauge\n")
+                for node, job, t0, t1, mfu, _, _ in live:
+                    times = [f" {t:.0f}\n" for t in ts(max(t0, w0 - 1e-9), min(t1, w1))
+                             if w0 <= t < w1]
                     v = "1" if fam == "gpudiag_gpu_up" else f"{(mfu or 0.02) * 1.4:.3f}"
-                    for t in ts(t0, t1):
-                        f.write(f"{fam}{lab} {v} {t:.0f}\n")
-                        samples += 1
-        for fam in ("gpudiag_job_mfu_ratio", "gpudiag_job_bottleneck", "gpudiag_job_team_info"):
-            f.write(f"# TYPE {fam} gauge\n")
-            for node, job, t0, t1, mfu, label, team in jobs:
-                if mfu is None:
-                    continue
-                extra = {"gpudiag_job_bottleneck": f',label="{label}"',
-                         "gpudiag_job_team_info": f',team="{team}"'}.get(fam, "")
-                lab = (f'{{instance="node{node:04d}:9835",job="gpudiag",job_id="{job}",'
-                       f'owner_uid="1000"{extra}}}')
-                v = f"{mfu:.4f}" if fam == "gpudiag_job_mfu_ratio" else "1"
-                for t in ts(t0, t1):
-                    f.write(f"{fam}{lab} {v} {t:.0f}\n")
-                    samples += 1
-        f.write("# EOF\n")
-    return start, end, samples
+                    for g in range(8):
+                        head = (f'{fam}{{instance="node{node:04d}:9835",job="gpudiag",gpu="{g}",'
+                                f'job_id="{job}"}} {v}')
+                        f.writelines(head + x for x in times)
+                        samples += len(times)
+            for fam in ("gpudiag_job_mfu_ratio", "gpudiag_job_bottleneck", "gpudiag_job_team_info"):
+                f.write(f"# TYPE {fam} gauge\n")
+                for node, job, t0, t1, mfu, label, team in live:
+                    if mfu is None:
+                        continue
+                    extra = {"gpudiag_job_bottleneck": f',label="{label}"',
+                             "gpudiag_job_team_info": f',team="{team}"'}.get(fam, "")
+                    v = f"{mfu:.4f}" if fam == "gpudiag_job_mfu_ratio" else "1"
+                    head = (f'{fam}{{instance="node{node:04d}:9835",job="gpudiag",job_id="{job}",'
+                            f'owner_uid="1000"{extra}}} {v}')
+                    times = [f" {t:.0f}\n" for t in ts(max(t0, w0 - 1e-9), min(t1, w1)) if w0 <= t < w1]
+                    f.writelines(head + x for x in times)
+                    samples += len(times)
+            f.write("# EOF\n")
+        files.append(path)
+        w0 = w1
+    return start, end, samples, files
+
+
+def backfill(files: list[Path], tsdb: Path, workers: int) -> None:
+    """promtool on each block's file, WORKERS at a time, into one TSDB folder (each block is its
+    own folder there, so the runs do not meet); each file is removed once written."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(path: Path) -> None:
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(path), str(tsdb)],
+                       check=True, stdout=subprocess.DEVNULL)
+        path.unlink()
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, files))
+
+
+def metric(base: str, name: str) -> float:
+    """One of Prometheus's own metrics, from its /metrics page."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise SystemExit(f"fleet_range: Prometheus at {base} does not export {name}")
+
+
+def blocks(base: str) -> int:
+    return int(metric(base, "prometheus_tsdb_blocks_loaded"))
+
+
+def settle(base: str, quiet_s: float = 150.0) -> None:
+    """Wait until Prometheus has run no compaction for QUIET_S (its compactor wakes every minute
+    and runs every plan it has, so two quiet wake-ups mean nothing is left to merge)."""
+    last, since = metric(base, "prometheus_tsdb_compactions_total"), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        time.sleep(10)
+        now = metric(base, "prometheus_tsdb_compactions_total")
+        if now != last:
+            last, since = now, time.monotonic()
+
+
+def timed(base: str, start: float, end: float, scrape: int, what: str) -> None:
+    """Time read_fleet + summarise, each query alone, and the baseline (the gpus query at the
+    scrape interval, capped at Prometheus's 11,000 points a series); print them and the ratio."""
+    from gpudiag.live.fleet import summarise
+    from gpudiag.live.fleet_query import QUERIES, range_query, read_fleet
+
+    t = time.perf_counter()
+    data = read_fleet(base, start, end)
+    read_s = time.perf_counter() - t
+    s = summarise(data)
+    fleet_s = time.perf_counter() - t
+    per_query = []
+    for name, expr in QUERIES.items():
+        q0 = time.perf_counter()
+        got = range_query(base, expr, start, end, data.step)
+        points = sum(len(x.points) for x in got)
+        per_query.append(f"{name} {time.perf_counter() - q0:.2f} s ({points:,} points)")
+    fine = max(scrape, (end - start) / 11000)
+    t = time.perf_counter()
+    range_query(base, QUERIES["gpus"], start, end, fine, timeout=600)
+    base_s = time.perf_counter() - t
+    print(f"{what}: gpudiag fleet (step {data.step:g} s, {len(s.jobs)} jobs, {s.gpu_hours:,.0f} GPU-hours): "
+          f"{fleet_s:.2f} s for all {len(QUERIES)} queries and the sums ({read_s:.2f} s reading, "
+          f"{fleet_s - read_s:.2f} s summing)")
+    print("  each query again: " + "; ".join(per_query))
+    print(f"  baseline: the gpus query alone at a {fine:g} s step: {base_s:.2f} s; "
+          f"ratio fleet/baseline {fleet_s / base_s:.2f}")
 
 
 def main() -> None:
@@ -91,25 +188,24 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=30.0)
     ap.add_argument("--scrape", type=int, default=60, help="seconds between samples")
     ap.add_argument("--short", action="store_true", help="16 GPUs over 2 days")
+    ap.add_argument("--workers", type=int, default=2, help="promtool runs at a time")
+    ap.add_argument("--compacted", action="store_true",
+                    help="time again once Prometheus has compacted the 2-hour blocks (as a month-old "
+                         "server holds them)")
     args = ap.parse_args()
     if args.short:
         args.gpus, args.days = 16, 2.0
-    from gpudiag.live.fleet import summarise
-    from gpudiag.live.fleet_query import QUERIES, range_query, read_fleet
     from tests.harness import free_port, wait_http
 
     tmp = Path(tempfile.mkdtemp(prefix="gpudiag-fleet-bench-"))
     proc = None
     try:
         t = time.perf_counter()
-        start, end, samples = history(tmp / "history.om", args.gpus, args.days, args.scrape)
+        start, end, samples, files = history(tmp, args.gpus, args.days, args.scrape)
         gen_s = time.perf_counter() - t
         t = time.perf_counter()
-        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q",
-                        str(tmp / "history.om"), str(tmp / "tsdb")], check=True,
-                       stdout=subprocess.DEVNULL)
+        backfill(files, tmp / "tsdb", args.workers)
         backfill_s = time.perf_counter() - t
-        (tmp / "history.om").unlink()
         port = free_port()
         (tmp / "prometheus.yml").write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
         proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
@@ -118,29 +214,14 @@ def main() -> None:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/-/ready", timeout=120)
-        t = time.perf_counter()
-        data = read_fleet(base, start, end)
-        read_s = time.perf_counter() - t
-        s = summarise(data)
-        fleet_s = time.perf_counter() - t
-        per_query = []
-        for name, expr in QUERIES.items():
-            q0 = time.perf_counter()
-            got = range_query(base, expr, start, end, data.step)
-            per_query.append(f"{name} {time.perf_counter() - q0:.2f} s "
-                             f"({sum(len(x.points) for x in got):,} points)")
-        fine = max(args.scrape, (end - start) / 11000)
-        t = time.perf_counter()
-        range_query(base, QUERIES["gpus"], start, end, fine, timeout=600)
-        base_s = time.perf_counter() - t
         print(f"{args.gpus} GPUs x {args.days:g} days, a sample every {args.scrape} s: {samples:,} samples "
-              f"(written in {gen_s:.1f} s, backfilled in {backfill_s:.1f} s)")
-        print(f"gpudiag fleet (step {data.step:g} s, {len(s.jobs)} jobs, {s.gpu_hours:,.0f} GPU-hours): "
-              f"{fleet_s:.2f} s for all {len(QUERIES)} queries and the sums ({read_s:.2f} s reading, "
-              f"{fleet_s - read_s:.2f} s summing)")
-        print("  each query again: " + "; ".join(per_query))
-        print(f"baseline: the gpus query alone at a {fine:g} s step: {base_s:.2f} s; "
-              f"ratio fleet/baseline {fleet_s / base_s:.2f}")
+              f"in {len(files)} block files (written in {gen_s:.1f} s, backfilled in {backfill_s:.1f} s)")
+        timed(base, start, end, args.scrape, f"as backfilled ({blocks(base)} blocks)")
+        if args.compacted:
+            t = time.perf_counter()
+            settle(base)
+            print(f"  Prometheus compacted the blocks in {time.perf_counter() - t:.0f} s")
+            timed(base, start, end, args.scrape, f"compacted ({blocks(base)} blocks)")
     finally:
         if proc is not None:
             proc.terminate()
