@@ -40,6 +40,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -75,8 +76,9 @@ class JobTable(Collector):
     """The current jobs; ingests the spool at each scrape and exports per-job metrics."""
 
     def __init__(self, state_dir: Path, owners: JobOwners | None = None, ttl: float = SILENT_TTL_S,
-                 max_jobs: int = MAX_JOBS) -> None:
+                 max_jobs: int = MAX_JOBS, names: Callable[[int], str | None] | None = None) -> None:
         self.state_dir = state_dir
+        self.names = names    # uid -> login name on this node (collectors/users.py), for owner_info
         self.spool = prepare_spool(state_dir)
         self.state_file = state_dir / "jobs.json"
         self.owners = owners
@@ -235,15 +237,20 @@ class JobTable(Collector):
                      "Step time the job's top recommendation predicts if it worked fully.")
         team = gauge("gpudiag_job_team_info", "1, labelled with the job's team (Slurm account or "
                      "the local scheduler's team), where the job knows it.", (*JOB_LABELS, "team"))
+        user = gauge("gpudiag_job_owner_info", "1, labelled with the login name of the job's owner_uid "
+                     "on this node, where the node has an account for it.", (*JOB_LABELS, "user"))
         for j in self.jobs.values():
             lv = [j.job_id, "" if j.owner_uid is None else str(j.owner_uid)]
-            # one action and one team per job: these series add at most 2 per job to the node
+            # one action, one team and one user per job: these add at most 3 series per job
             if j.action is not None:
                 rec.add_metric([*lv, j.action], 1.0)
             if j.predicted_step_seconds is not None:
                 pred.add_metric(lv, j.predicted_step_seconds)
             if j.team is not None:
                 team.add_metric([*lv, j.team], 1.0)
+            name = self.names(j.owner_uid) if self.names is not None and j.owner_uid is not None else None
+            if name is not None:
+                user.add_metric([*lv, name], 1.0)
             # the agent's receive time, not the job's claim: a multi-node job's freshest report is
             # the one a node took last, whatever clock the job's writer read
             seen.add_metric(lv, j.received_at if j.received_at is not None else j.ts)
@@ -275,7 +282,7 @@ class JobTable(Collector):
                                  "jobs.json a scheduler reads.", labels=["state_dir"])
         info.add_metric([os.path.abspath(self.state_dir)], 1.0)
         return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, run, ended, rec, pred, team,
-                jobs, applied, rej, info]
+                user, jobs, applied, rej, info]
 
 
 def _read_spool_file(path: Path) -> tuple[JobSignal, int]:

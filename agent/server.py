@@ -24,6 +24,7 @@ from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.agent.job_table import JobTable
 from gpudiag.agent.signals import closed_to_others
 from gpudiag.collectors.nvml import GpuBackend, NvmlUnavailable, open_backend
+from gpudiag.collectors.users import UserNames
 
 log = logging.getLogger("gpudiag.agent")
 
@@ -77,7 +78,7 @@ def build_registry(backend_spec: str, state_dir: Path, job_mapping_dir: Path | N
         backend, unavailable = None, str(e)
     owners = JobOwners()
     mapping = HpcJobMapping(job_mapping_dir) if job_mapping_dir is not None else None
-    table = JobTable(state_dir, owners)
+    table = JobTable(state_dir, owners, names=UserNames())
     registry.register(GpuCollector(backend, JobAttribution(owners), mapping))
     registry.register(table)
     registry.register(HostCollector())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from gpudiag.collectors.users import UserNames
 from gpudiag.jobsignal import write_signal
 from gpudiag.live.fleet import size_class, summarise
 from gpudiag.live.fleet_query import FleetData, Series, step_for
@@ -197,7 +199,8 @@ def test_the_biggest_loser_carries_its_label_team_and_top_recommendation(scene):
     assert jobs["slurm:101"]["team"] == "vision"   # from SLURM_JOB_ACCOUNT, through the signal
     diag = json.loads((scene["run"] / "diagnosis.json").read_text())
     assert jobs["slurm:101"]["label"] == diag["verdict"]["label"]
-    assert jobs["slurm:101"]["owner"] == f"uid {os.getuid()}"
+    # the agent named the uid that wrote the signals from the node's accounts
+    assert jobs["slurm:101"]["owner"] == pwd.getpwuid(os.getuid()).pw_name
     # slurm:103 ran at MFU 0.0001 against its size class's median: it lost the most
     top = doc["wasters"][0]
     assert (top["job_id"], top["team"], top["label"], top["action"]) == \
@@ -314,3 +317,35 @@ def test_a_two_node_jobs_mfu_from_rank_0s_node_counts_for_its_gpus_on_both_nodes
     assert j.gpus == 16 and j.size_class == "9-16" and j.nodes == ["a", "b"]
     assert j.no_signal_gpu_hours == 0 and j.useful_gpu_hours * 3600 == pytest.approx(0.4 * 32)
     assert s.label_mix == {"memory-bound": [16.0, 16.0]} and j.label == "memory-bound"
+
+
+def test_a_job_reads_as_its_owners_login_name_where_the_node_knew_it_else_as_its_uid():
+    gpus = [Series({"instance": "a", "job_id": j}, [(0, 1.0)]) for j in ("named", "bare")]
+    mfu = [Series({"instance": "a", "job_id": j, "owner_uid": uid}, [(0, 0.3)])
+           for j, uid in (("named", "1001"), ("bare", "4000000"))]
+    user = [Series({"instance": "a", "job_id": "named", "owner_uid": "1001", "user": "alice"}, [(0, 1.0)])]
+    s = summarise(FleetData("http://p", 0, 0, 1.0, {"gpus": gpus, "mfu": mfu, "user": user}))
+    owners = {j.job_id: j.owner for j in s.jobs}
+    assert owners == {"named": "alice", "bare": "uid 4000000"}
+    assert sorted(g.name for g in s.users) == ["alice", "uid 4000000"]
+
+
+def test_user_names_come_from_the_nodes_accounts_are_kept_a_while_and_stay_bounded():
+    calls = []
+    now = [0.0]
+
+    def lookup(uid: int) -> str:
+        calls.append(uid)
+        if uid == 7:
+            raise KeyError(uid)   # pwd's answer for a uid with no account
+        return f"user{uid}"
+
+    names = UserNames(lookup, clock=lambda: now[0], keep_s=60, max_entries=3)
+    assert (names(1), names(1), names(7), names(7)) == ("user1", "user1", None, None)
+    assert calls == [1, 7]            # each answer, a missing name too, is kept
+    now[0] = 61
+    assert names(1) == "user1" and calls == [1, 7, 1]   # looked up again once it has aged
+    for uid in range(10, 20):
+        names(uid)
+    assert len(names._cache) <= 3
+    assert UserNames()(os.getuid()) == pwd.getpwuid(os.getuid()).pw_name

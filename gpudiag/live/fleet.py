@@ -36,7 +36,7 @@ UNKNOWN = "(unknown)"
 class JobRow:
     job_id: str
     nodes: list[str]
-    owner: str             # "uid N" of the job's signals, or UNKNOWN
+    owner: str             # the login name of the uid behind the job's signals, "uid N", or UNKNOWN
     team: str              # the team its signals named, or UNKNOWN
     gpus: int              # most GPUs held at once (all nodes)
     size_class: str
@@ -142,6 +142,14 @@ def _last_value(series: list[Series]) -> dict[str, tuple[float, float]]:
     return out
 
 
+def owner_name(uid: str, name: str) -> str:
+    """How a job's owner reads on the page: the login name the node's agent gave for the uid
+    that wrote the job's signals, else that uid, else UNKNOWN (a job that sent no signal)."""
+    if name:
+        return name
+    return f"uid {uid}" if uid else UNKNOWN
+
+
 def summarise(data: FleetData) -> FleetSummary:
     step_h = data.step / 3600.0
     gpus = _by(data.series.get("gpus", []), "instance", "job_id")
@@ -163,6 +171,7 @@ def summarise(data: FleetData) -> FleetSummary:
     last_team = _last_label(data.series.get("team", []), "team")
     owners = {s.labels.get("job_id", ""): s.labels.get("owner_uid", "")
               for s in data.series.get("mfu", []) + data.series.get("step", [])}
+    names = {s.labels.get("job_id", ""): s.labels.get("user", "") for s in data.series.get("user", [])}
     conf, step, pred = (_last_value(data.series.get(n, [])) for n in ("confidence", "step", "predicted"))
 
     acc: dict[str, dict] = {}
@@ -197,9 +206,8 @@ def summarise(data: FleetData) -> FleetSummary:
         signalled = a["gpu_h"] - a["nosig_h"]
         n_max = int(round(max(a["gpus_at"].values(), default=0)))
         lab, act, team = (t[job][1:] if job in t else None for t in (last_label, last_action, last_team))
-        owner = owners.get(job, "")
         rows.append(JobRow(
-            job_id=job, nodes=sorted(a["nodes"]), owner=f"uid {owner}" if owner else UNKNOWN,
+            job_id=job, nodes=sorted(a["nodes"]), owner=owner_name(owners.get(job, ""), names.get(job, "")),
             team=team[0] if team else UNKNOWN, gpus=n_max, size_class=size_class(n_max),
             gpu_hours=a["gpu_h"], useful_gpu_hours=a["useful_h"], no_signal_gpu_hours=a["nosig_h"],
             idle_gpu_hours=a["idle_h"], mfu=a["useful_h"] / signalled if signalled > 0 else None,

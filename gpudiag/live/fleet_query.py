@@ -45,6 +45,8 @@ QUERIES: dict[str, str] = {
     "predicted": ("max by (instance, job_id, owner_uid) "
                   "(gpudiag_job_recommendation_predicted_step_seconds)"),
     "team": "max by (instance, job_id, owner_uid, team) (gpudiag_job_team_info == 1)",
+    # the owner's login name, as the node that took the job's signals resolved its uid
+    "user": "max by (instance, job_id, owner_uid, user) (gpudiag_job_owner_info == 1)",
     # a scheduler's actions, where one exports them as gpudiag_scheduler_*_total counters
     "scheduler": 'sum by (__name__, action, tier) ({__name__=~"gpudiag_scheduler_.+_total"})',
 }
