@@ -29,9 +29,14 @@ def prefix_of(s: Sched) -> str:
     return s.prefix()
 
 
-def launch_slots(pid: int) -> set[str]:
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+def launch_slots(pid: int) -> set[str] | None:
+    """The slots a launch was given, from its environment; None once it has ended (a job may
+    finish between the liveness check and this read: the daemon is dead, the jobs are not)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    except (ProcessLookupError, FileNotFoundError):
+        return None
     return set(env[b"GPUDIAG_SLOTS"].decode().split(","))
 
 
@@ -54,11 +59,13 @@ def check_invariants(s: Sched, acked: set[int]) -> tuple[int, int]:
         leaders = [p for p in procs if alive(p.pid, p.start)]
         if not leaders:
             continue   # ended between the scan and now
-        per_job.setdefault(int(job), []).append(attempt)
         r = rows[int(job)]
         assert r["state"] in ("starting", "running", "stopping") and r["attempt"] == int(attempt), (
             f"launch {marker} lives but the database says job {job} is {r['state']} attempt {r['attempt']}")
         slots = launch_slots(leaders[0].pid)
+        if slots is None:
+            continue   # ended just now
+        per_job.setdefault(int(job), []).append(attempt)
         for slot in slots:   # the processes never share a slot either
             assert slot not in used, f"slot {slot} used by launches {used[slot]} and {marker}"
             used[slot] = marker
