@@ -58,12 +58,18 @@ def _clean_queue(cluster):
 
 def sbatch(cluster: SlurmCluster, agent: Agent | None, folder: Path, name: str, partition: str, gpus: int,
            kind: str | None, seconds: float = 600) -> int:
-    """A batch job: the torch job under gpudiag profile --monitor (kind given) or a plain sleep."""
+    """A batch job: the torch job under gpudiag profile --monitor (kind given) or a plain sleep.
+
+    It retraces every 20 s, not every 10 min: a window that fell on a busy moment (the other
+    lanes of `make test`, the job's neighbour) gives a label of low confidence (0.33 in one run),
+    which the controller rightly ignores (below Policy.min_signal_confidence); the next window
+    replaces it."""
     folder.mkdir(parents=True, exist_ok=True)
     if kind is None:
         body = f"sleep {seconds}"
     else:
-        body = (f"exec {sys.executable} -m gpudiag profile --monitor --skip 3 --out {folder}/run-{name}-"
+        body = (f"exec {sys.executable} -m gpudiag profile --monitor --retrace 20s --skip 3 "
+                f"--out {folder}/run-{name}-"
                 f"$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}} -- {sys.executable} {JOB} --kind {kind} "
                 f"--ckpt {folder}/{name}.ckpt --events {folder}/{name}.events --seconds {seconds}")
     script = folder / f"{name}.sh"
