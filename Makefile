@@ -38,14 +38,14 @@ lint: $(VENV)/.installed-test
 system-deps:
 	bash .ci/install-test-deps.sh
 
-# pytest in two passes: four lanes at once (tests/conftest.py, LANES: three mostly wait on real
-# daemons, one runs CPU jobs), then the `solo` tests with nothing beside them. The second pass
+# pytest in two passes: four lanes at once (tests/conftest.py, LANES: two mostly wait on real
+# daemons, two run CPU jobs), then the `solo` tests with nothing beside them. The second pass
 # runs whatever the first gave; make fails if either did.
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
 	$(MAKE) wheel-check
 	@rc=0; \
-	$(BIN)/python -m pytest -q -n 4 --dist loadgroup -m 'not timing and not solo' || rc=$$?; \
+	$(BIN)/python -m pytest -q -n 4 -m 'not timing and not solo' || rc=$$?; \
 	$(BIN)/python -m pytest -q -m solo || rc=$$?; \
 	exit $$rc
 

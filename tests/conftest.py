@@ -74,32 +74,41 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Most of the suite's time is spent waiting on real daemons: Slurm's GraceTime and KillWait, a
 # controller's round, a Prometheus scrape, a scheduler daemon's restart. Those waits leave the CPU
-# idle, so `make test` runs them in three lanes (pytest-xdist, --dist loadgroup) beside the lane
-# of the tests that keep the CPU busy with real torch jobs. Each module stays whole in one lane,
-# in file order, so its fixtures are made once and its tests run in the order they were written;
-# each lane is one worker with its own session fixtures (each Slurm lane starts its own cluster).
-# A module not named here runs in the "cpu" lane. The tests marked ``solo`` (they make their own
-# competitor and compare against their own quiet run: other lanes' load would be a competitor
-# they did not make) are left out of this pass and run afterwards with nothing beside them.
+# idle, so `make test` runs four lanes at once (pytest-xdist, -n 4): two mostly wait on Slurm, two
+# run the CPU jobs. Each module stays whole in one lane, in file order, so its module fixtures are
+# made once (an sdist built twice at once in the checkout broke one run when xdist split a module)
+# and its tests run in the order they were written. Each lane is one worker with its own session
+# fixtures (each Slurm lane starts its own cluster). A module not named here runs in "cpu-b". The
+# lanes were balanced from one serial run's per-module wall and CPU seconds (2-core AMD EPYC).
+# The tests marked ``solo`` (they make their own competitor and compare with their own quiet run:
+# another lane's load would be a competitor they did not make) run afterwards, alone.
 LANES = {
     "slurm-a": ("test_slurm_safety", "test_slurm_layouts", "test_slurm_victims", "test_slurm_ledger",
-                "test_slurm_messages", "test_slurm_reclaim_actions", "test_local_scheduler_efficiency"),
-    "slurm-b": ("test_slurm", "test_slurm_admin", "test_slurm_hetero", "test_slurm_units",
-                "test_local_scheduler_crash", "test_local_scheduler_plan"),
-    "daemons": ("test_local_scheduler", "test_local_scheduler_bytes", "test_local_scheduler_containment",
-                "test_local_scheduler_load", "test_local_scheduler_teams", "test_local_scheduler_trust",
-                "test_agent", "test_agent_signals", "test_one_box_signals", "test_top_snapshot",
-                "test_bad_input", "test_fleet", "test_top"),
+                "test_slurm_messages", "test_slurm_reclaim_actions", "test_local_scheduler_crash"),
+    "slurm-b": ("test_slurm", "test_slurm_admin", "test_slurm_hetero", "test_slurm_units", "test_fleet",
+                "test_one_box_signals", "test_top", "test_local_scheduler", "test_local_scheduler_teams"),
+    "cpu-a": ("test_profile", "test_unprofiled", "test_cpu_labels", "test_mlflow", "test_report_browser",
+              "test_diff", "test_hta_agreement"),
 }
 LANE_OF = {module: lane for lane, modules in LANES.items() for module in modules}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put every test in its module's lane (before xdist's own hook reads the mark)."""
-    for item in items:
-        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
-        item.add_marker(pytest.mark.xdist_group(LANE_OF.get(module, "cpu")))
+def lane_of(nodeid: str) -> str:
+    module = nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return LANE_OF.get(module, "cpu-b")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's types
+    """xdist's scope scheduling with a lane as the scope: one lane, one worker. (Its own
+    ``xdist_group`` marks do not group under pytest 9, whose node ids no longer read the
+    ``_nodeid`` that xdist 3.8 rewrites.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid)
+
+    return LaneScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
