@@ -169,9 +169,9 @@ def summarise(data: FleetData) -> FleetSummary:
     last_label = _last_label(data.series.get("label", []), "label")
     last_action = _last_label(data.series.get("action", []), "action")
     last_team = _last_label(data.series.get("team", []), "team")
+    last_user = _last_label(data.series.get("user", []), "user")
     owners = {s.labels.get("job_id", ""): s.labels.get("owner_uid", "")
               for s in data.series.get("mfu", []) + data.series.get("step", [])}
-    names = {s.labels.get("job_id", ""): s.labels.get("user", "") for s in data.series.get("user", [])}
     conf, step, pred = (_last_value(data.series.get(n, [])) for n in ("confidence", "step", "predicted"))
 
     acc: dict[str, dict] = {}
@@ -205,9 +205,11 @@ def summarise(data: FleetData) -> FleetSummary:
     for job, a in acc.items():
         signalled = a["gpu_h"] - a["nosig_h"]
         n_max = int(round(max(a["gpus_at"].values(), default=0)))
-        lab, act, team = (t[job][1:] if job in t else None for t in (last_label, last_action, last_team))
+        lab, act, team, user = (t[job][1:] if job in t else None
+                                for t in (last_label, last_action, last_team, last_user))
         rows.append(JobRow(
-            job_id=job, nodes=sorted(a["nodes"]), owner=owner_name(owners.get(job, ""), names.get(job, "")),
+            job_id=job, nodes=sorted(a["nodes"]),
+            owner=owner_name(owners.get(job, ""), user[0] if user else ""),
             team=team[0] if team else UNKNOWN, gpus=n_max, size_class=size_class(n_max),
             gpu_hours=a["gpu_h"], useful_gpu_hours=a["useful_h"], no_signal_gpu_hours=a["nosig_h"],
             idle_gpu_hours=a["idle_h"], mfu=a["useful_h"] / signalled if signalled > 0 else None,
