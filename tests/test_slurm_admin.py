@@ -200,6 +200,30 @@ def test_munge_down_and_a_dead_agent_are_each_named_once_with_their_address(clus
     assert "scontrol ping: scontrol ping" not in text
 
 
+def test_a_write_that_meets_munge_down_leaves_the_outage_to_be_named_once_by_the_loop(
+        cluster, tmp_path, caplog):
+    """The race CI met: a round took a partition, munge stopped, and the give-back named the
+    outage as "slurmctld unreachable" before the loop named it again as munge's."""
+    from gpudiag.scheduler.slurm.actions import Action, apply
+    from gpudiag.scheduler.slurm.ledger import LedgerStore
+    from gpudiag.scheduler.slurm.slurmio import MungeUnavailable, SlurmIO
+
+    store = LedgerStore(tmp_path / "ledger.json")
+    todo = [Action("preempt_mode", "spot", "REQUEUE", "REQUEUE", "give back"),
+            Action("preempt_mode", "reserved", "REQUEUE", "REQUEUE", "give back")]
+    cluster.stop_daemon("munged")
+    try:
+        with caplog.at_level("INFO", logger="gpudiag.scheduler.slurm"), pytest.raises(MungeUnavailable) as e:
+            apply(todo, SlurmIO(env=cluster.env), store, time.time(), lambda ledger: None, 60.0)
+    finally:
+        cluster.start_munged()
+    assert e.value.what == f"munge at {cluster.munge_socket}"
+    assert str(cluster.munge_socket) not in caplog.text and "slurmctld" not in caplog.text, caplog.text
+    assert "preempt_mode spot not done: Slurm cannot be reached" in caplog.text, caplog.text
+    assert todo[1].error == "not tried: slurmctld unreachable" and not any(a.applied for a in todo)
+    assert store.writes == 2     # the intents, then what became of them: nothing left unconfirmed
+
+
 def test_penalties_are_lifted_once_the_signals_are_out_past_the_staleness_limit(cluster, agent, tmp_path):
     from gpudiag.scheduler.slurm.actions import restore
     from gpudiag.scheduler.slurm.controller import Controller, Options

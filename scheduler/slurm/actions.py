@@ -109,7 +109,9 @@ def apply(actions: list[Action], io: SlurmIO, store: LedgerStore, now: float,
     """Record, run, confirm: two ledger writes (one when there is nothing to change).
     ``prepare(ledger)`` goes into the first write (the round's reconciliation and lease);
     ``precheck(action)`` may veto a requeue or a PreemptMode write just before it runs (Slurm,
-    read again, no longer shows what the round decided on: ``fresh``): its answer is the error."""
+    read again, no longer shows what the round decided on: ``fresh``): its answer is the error.
+    Slurm unreachable: the rest are not tried, the ledger is confirmed, and SlurmUnreachable is
+    raised again so the loop names the outage once (not here and again next round)."""
     todo = [a for a in actions if not a.error]
     with store.update() as ledger:
         if prepare is not None:
@@ -119,22 +121,25 @@ def apply(actions: list[Action], io: SlurmIO, store: LedgerStore, now: float,
     if not todo:
         return
     last = time.monotonic()
+    out: SlurmUnreachable | None = None
     try:
         for a in todo:
             if time.monotonic() - last > renew_every_s:
                 with store.update() as ledger:
                     renew(ledger)
                 last = time.monotonic()
-            why = precheck(a) if precheck is not None and a.kind in ("requeue", "preempt_mode") else ""
-            if why:
-                a.error = why
-                log.info("%s %s not done: %s", a.kind, a.target, why)
-                continue
             try:
+                why = precheck(a) if precheck is not None and a.kind in ("requeue", "preempt_mode") else ""
+                if why:
+                    a.error = why
+                    log.info("%s %s not done: %s", a.kind, a.target, why)
+                    continue
                 _run(io, a)
-            except SlurmUnreachable as e:
+            except SlurmUnreachable as e:    # named once, by whoever handles the outage
+                out = e
                 a.error = str(e)
-                log.warning("%s %s failed: %s (slurmctld unreachable: the rest wait)", a.kind, a.target, e)
+                log.warning("%s %s not done: Slurm cannot be reached; the rest wait until it is back",
+                            a.kind, a.target)
                 for rest in todo[todo.index(a) + 1:]:
                     rest.error = rest.error or "not tried: slurmctld unreachable"
                 break
@@ -148,6 +153,8 @@ def apply(actions: list[Action], io: SlurmIO, store: LedgerStore, now: float,
         with store.update() as ledger:
             confirm(ledger, todo)
             renew(ledger)
+    if out is not None:
+        raise out
 
 
 def reconcile(ledger: Ledger, jobs: Mapping[int, SlurmJob], notes: list[str]) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action
 from gpudiag.scheduler.slurm.slurmconf import Partition, same_mode
-from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO
+from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
 
 NOT_CHANGED = "not changed"
@@ -51,6 +51,8 @@ class Fresh:
         try:
             jobs = {j.id: j for j in self.io.jobs()}
             parts = self.io.partitions()
+        except SlurmUnreachable:
+            raise                      # not a "no" from Slurm: the outage, named once by the loop
         except (SlurmError, BadSlurmOutput) as e:
             return f"cannot read Slurm again before the write ({e}): {end}"
         self.reads += 1
