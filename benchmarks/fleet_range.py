@@ -7,11 +7,12 @@ The numbers are the agents' own series (``gpudiag_gpu_up``, ``gpudiag_gpu_sm_act
 ``gpudiag_job_mfu_ratio``, ``gpudiag_job_bottleneck``, ``gpudiag_job_team_info``).
 
 Printed: the wall time of ``read_fleet`` + ``summarise`` at the step sized to the range (at most
-1,000 points a series), and the baseline: the same ``gpus`` query at the scrape interval (what
-an unsized step would ask, capped at Prometheus' 11,000 points), in the same run; their ratio.
+1,000 points a series), each query cut into spans of ``--spans`` instants, and the baseline in
+the same run: one query a name over the whole range (how ``gpudiag fleet`` read before spans);
+their ratio, and whether the sums agree.
 
     python benchmarks/fleet_range.py --short              # 16 GPUs, 2 days: a minute here
-    python benchmarks/fleet_range.py --gpus 1000 --days 30 --scrape 60 --compacted  # the issue's month
+    python benchmarks/fleet_range.py --gpus 1000 --days 30 --scrape 300 --spans 12,48,200 --compacted
 
 The history is written as one file per 2-hour block and backfilled block by block (promtool
 2.42 re-reads its whole input for each block it writes, so one file for a month would be read
@@ -25,6 +26,7 @@ for Prometheus' 5-minute lookback after its job ends: the sums here are for timi
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import subprocess
@@ -155,33 +157,33 @@ def settle(base: str, quiet_s: float = 150.0) -> None:
             last, since = now, time.monotonic()
 
 
-def timed(base: str, start: float, end: float, scrape: int, what: str) -> None:
-    """Time read_fleet + summarise, each query alone, and the baseline (the gpus query at the
-    scrape interval, capped at Prometheus's 11,000 points a series); print them and the ratio."""
+def timed(base: str, start: float, end: float, what: str, span_points: list[int]) -> None:
+    """Time read_fleet + summarise with the range cut into spans of each SPAN_POINTS given, and
+    the baseline in the same run: one query a name over the whole range (no spans), as before."""
     from gpudiag.live.fleet import summarise
-    from gpudiag.live.fleet_query import QUERIES, range_query, read_fleet
+    from gpudiag.live.fleet_query import read_fleet, step_for
 
-    t = time.perf_counter()
-    data = read_fleet(base, start, end)
-    read_s = time.perf_counter() - t
-    s = summarise(data)
-    fleet_s = time.perf_counter() - t
-    per_query = []
-    for name, expr in QUERIES.items():
-        q0 = time.perf_counter()
-        got = range_query(base, expr, start, end, data.step)
-        points = sum(len(x.points) for x in got)
-        per_query.append(f"{name} {time.perf_counter() - q0:.2f} s ({points:,} points)")
-    fine = max(scrape, (end - start) / 11000)
-    t = time.perf_counter()
-    range_query(base, QUERIES["gpus"], start, end, fine, timeout=600)
-    base_s = time.perf_counter() - t
-    print(f"{what}: gpudiag fleet (step {data.step:g} s, {len(s.jobs)} jobs, {s.gpu_hours:,.0f} GPU-hours): "
-          f"{fleet_s:.2f} s for all {len(QUERIES)} queries and the sums ({read_s:.2f} s reading, "
-          f"{fleet_s - read_s:.2f} s summing)")
-    print("  each query again: " + "; ".join(per_query))
-    print(f"  baseline: the gpus query alone at a {fine:g} s step: {base_s:.2f} s; "
-          f"ratio fleet/baseline {fleet_s / base_s:.2f}")
+    def run(points: int) -> tuple[float, float, object]:
+        t = time.perf_counter()
+        data = read_fleet(base, start, end, span_points=points, timeout=600)
+        read_s = time.perf_counter() - t
+        s = summarise(data)
+        return time.perf_counter() - t, read_s, s
+
+    steps = int((end - start) // step_for(start, end)) + 1
+    base_s, base_read, ref = run(steps)
+    print(f"{what}: baseline, one query a name over the whole range ({steps} instants, step "
+          f"{step_for(start, end):g} s, {len(ref.jobs):,} jobs, {ref.gpu_hours:,.0f} GPU-hours): "
+          f"{base_s:.2f} s ({base_read:.2f} s reading, {base_s - base_read:.2f} s summing)")
+    for points in span_points:
+        fleet_s, read_s, s = run(points)
+        same = (len(s.jobs) == len(ref.jobs) and abs(s.gpu_hours - ref.gpu_hours) < 1e-6 * ref.gpu_hours
+                and abs(s.useful_gpu_hours - ref.useful_gpu_hours) < 1e-6 * max(ref.useful_gpu_hours, 1))
+        print(f"  spans of {points} instants ({-(-steps // points)} queries a name): {fleet_s:.2f} s "
+              f"({read_s:.2f} s reading, {fleet_s - read_s:.2f} s summing); ratio to the baseline "
+              f"{fleet_s / base_s:.2f}; same sums: {same}")
+        if not same:
+            raise SystemExit("fleet_range: spans changed the sums")
 
 
 def main() -> None:
@@ -191,6 +193,10 @@ def main() -> None:
     ap.add_argument("--scrape", type=int, default=60, help="seconds between samples")
     ap.add_argument("--short", action="store_true", help="16 GPUs over 2 days")
     ap.add_argument("--workers", type=int, default=2, help="promtool runs at a time")
+    ap.add_argument("--spans", default="48",
+                    help="comma-separated instants per query to time (gpudiag's default: 48)")
+    ap.add_argument("--keep", type=Path, metavar="DIR",
+                    help="keep the history in DIR, and time an earlier run's again if DIR holds one")
     ap.add_argument("--compacted", action="store_true",
                     help="time again once Prometheus has compacted the 2-hour blocks (as a month-old "
                          "server holds them)")
@@ -199,23 +205,30 @@ def main() -> None:
         args.gpus, args.days = 16, 2.0
     from tests.harness import free_port, wait_http
 
-    tmp = Path(tempfile.mkdtemp(prefix="gpudiag-fleet-bench-"))
+    tmp = args.keep or Path(tempfile.mkdtemp(prefix="gpudiag-fleet-bench-"))
+    saved = tmp / "range.json"
     proc = None
     try:
-        t = time.perf_counter()
-        # at most WORKERS block files wait or run in promtool at once
-        slots = threading.Semaphore(args.workers)
-        futures = []
-        with ThreadPoolExecutor(args.workers) as pool:
-            def written(path: Path) -> None:
-                slots.acquire()
-                futures.append(pool.submit(backfill, path, tmp / "tsdb"))
-                futures[-1].add_done_callback(lambda _f: slots.release())
+        if saved.exists():     # --keep of an earlier run: its history again, as it is now
+            start, end, samples, files = json.loads(saved.read_text())
+            backfill_s = 0.0
+        else:
+            tmp.mkdir(parents=True, exist_ok=True)
+            t = time.perf_counter()
+            # at most WORKERS block files wait or run in promtool at once
+            slots = threading.Semaphore(args.workers)
+            futures = []
+            with ThreadPoolExecutor(args.workers) as pool:
+                def written(path: Path) -> None:
+                    slots.acquire()
+                    futures.append(pool.submit(backfill, path, tmp / "tsdb"))
+                    futures[-1].add_done_callback(lambda _f: slots.release())
 
-            start, end, samples, files = history(tmp, args.gpus, args.days, args.scrape, written)
-        for f in futures:
-            f.result()   # a promtool failure ends the benchmark with its error
-        backfill_s = time.perf_counter() - t
+                start, end, samples, files = history(tmp, args.gpus, args.days, args.scrape, written)
+            for f in futures:
+                f.result()   # a promtool failure ends the benchmark with its error
+            backfill_s = time.perf_counter() - t
+            saved.write_text(json.dumps([start, end, samples, files]))
         port = free_port()
         (tmp / "prometheus.yml").write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
         proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
@@ -225,18 +238,22 @@ def main() -> None:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/-/ready", timeout=120)
         print(f"{args.gpus} GPUs x {args.days:g} days, a sample every {args.scrape} s: {samples:,} samples "
-              f"in {files} block files, written and backfilled in {backfill_s:.1f} s")
-        timed(base, start, end, args.scrape, f"as backfilled ({blocks(base)} blocks)")
+              f"in {files} block files, " + (f"written and backfilled in {backfill_s:.1f} s" if backfill_s
+                                             else f"kept in {tmp} by an earlier run"))
+        points = [int(x) for x in args.spans.split(",")]
+        how = "as kept" if backfill_s == 0 else "as backfilled"
+        timed(base, start, end, f"{how} ({blocks(base)} blocks)", points)
         if args.compacted:
             t = time.perf_counter()
             settle(base)
             print(f"  Prometheus compacted the blocks in {time.perf_counter() - t:.0f} s")
-            timed(base, start, end, args.scrape, f"compacted ({blocks(base)} blocks)")
+            timed(base, start, end, f"compacted ({blocks(base)} blocks)", points)
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import pytest
 from gpudiag.collectors.users import UserNames
 from gpudiag.jobsignal import write_signal
 from gpudiag.live.fleet import size_class, summarise
-from gpudiag.live.fleet_query import FleetData, Series, step_for
+from gpudiag.live.fleet_query import QUERIES, FleetData, Series, join, read_fleet, spans, step_for
 from tests.browser import BrowserError, Chromium
 from tests.harness import free_port, prometheus_server, wait_http
 
@@ -183,6 +183,20 @@ def test_gpu_hours_equal_the_hand_sums_of_the_scraped_samples_across_an_agent_re
         assert jobs[job]["gpus"] == gpus
 
 
+def test_a_range_read_in_spans_sums_as_one_query_over_the_whole_range(scene):
+    """The spans (fleet_query.spans) cut series alive across their edges, the restart's gap
+    among them: joined, every query's answer is the one the whole range in one query gives."""
+
+    whole = read_fleet(scene["base"], scene["t0"], scene["t1"], span_points=10**6)
+    cut = read_fleet(scene["base"], scene["t0"], scene["t1"], span_points=4)
+    assert len(spans(scene["t0"], scene["t1"], cut.step, 4)) > 4
+    for name in QUERIES:
+        def keyed(series: list[Series]) -> dict:
+            return {tuple(sorted(x.labels.items())): x.points for x in series}
+        assert keyed(cut.series[name]) == keyed(whole.series[name]), name
+    assert summarise(cut).to_json() == summarise(whole).to_json()
+
+
 def test_a_job_without_signals_shows_its_gpu_hours_as_no_signal_never_a_guessed_mfu(scene):
     doc = fleet_json(scene)
     silent = next(j for j in doc["jobs"] if j["job_id"] == "slurm:102")
@@ -269,6 +283,27 @@ def test_the_step_keeps_a_month_under_a_thousand_points_a_series():
     assert step_for(0, 30 * 86400) == 2592 and step_for(0, 60) == 1.0
     assert size_class(1) == "1" and size_class(2) == "2" and size_class(3) == "3-4"
     assert size_class(8) == "5-8" and size_class(9) == "9-16"
+
+
+def test_spans_hold_every_instant_of_the_range_once_on_its_grid():
+    for start, end, step, points in ((0, 30 * 86400, 2592, 48), (5, 65, 1.0, 7), (0, 10, 3, 1), (0, 0, 1, 4)):
+        got = [a + k * step for a, b in spans(start, end, step, points)
+               for k in range(int(round((b - a) / step)) + 1)]
+        want = [start + k * step for k in range(int((end - start) // step) + 1)]
+        assert got == want, (start, end, step, points)
+        assert all(round((b - a) / step) + 1 <= points for a, b in spans(start, end, step, points))
+    with pytest.raises(ValueError):
+        spans(0, 10, 1, 0)
+
+
+def test_a_series_cut_by_a_spans_edge_is_one_series_again():
+    a = Series({"job_id": "j", "instance": "n"}, [(0, 1.0), (1, 1.0)])
+    b = Series({"instance": "n", "job_id": "j"}, [(2, 2.0)])
+    other = Series({"instance": "n", "job_id": "k"}, [(2, 3.0)])
+    joined = join([[a], [other, b]])
+    assert sorted((tuple(sorted(s.labels.items())), s.points) for s in joined) == [
+        ((("instance", "n"), ("job_id", "j")), [(0, 1.0), (1, 1.0), (2, 2.0)]),
+        ((("instance", "n"), ("job_id", "k")), [(2, 3.0)])]
 
 
 def test_a_scheduler_counter_reset_is_not_counted_twice():

@@ -74,7 +74,9 @@ def fleet(base: str, since: str | None, t_from: str | None, t_to: str | None, ou
     (x MFU), the 20 jobs that lost the most against their size class's median MFU with their
     bottleneck and top recommendation, GPU-hours held while idle, the label mix over time and the
     scheduler's actions where one exports them. Read from Prometheus' range API at a step sized
-    to the range (at most 1,000 points a series); every number names its query.
+    to the range (at most 1,000 points a series), each query cut into spans of 48 steps so that
+    Prometheus walks only the series alive in each (a month of 1,000 GPUs: about 7 s on 2 cores);
+    every number names its query.
 
     A job without signals shows its GPU-hours as "no signal", never a guessed MFU; their share is
     on the first screen. An agent restart is a gap in the series, never counted twice.

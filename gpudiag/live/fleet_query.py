@@ -6,6 +6,14 @@ live (``count by (instance, job_id)`` of the GPU series) and returns one series 
 at ``step``. The step is sized to the range (at most ``MAX_POINTS`` points a series), so the
 answer's size depends on the jobs, not on the range or the scrape interval.
 
+Why each query is cut into spans of at most SPAN_POINTS instants: Prometheus evaluates a range
+query step by step over every series the range selects, so its work is (series) x (steps). Jobs
+come and go, and each brings new series (its GPUs carry its ``job_id``): a month of 1,000 GPUs
+is about 100,000 GPU series, each alive for hours. One query over the month walks all of them
+at every step; a day's span selects only the series alive that day. The spans are on the one
+grid (``start + k * step``, each instant in exactly one span), run PARALLEL_QUERIES at a time,
+and their answers are joined series by series, so the sums are those of one query.
+
 Why instants and not ``increase()`` of counters: GPU-time is read as "this GPU series was present
 at this instant", and Prometheus marks every series of a target stale when a scrape fails or the
 series leaves the exposition. An agent restart is a gap, never a second copy, and there is no
@@ -28,6 +36,7 @@ MIN_STEP_S = 1.0           # finer than any sensible scrape interval
 QUERY_TIMEOUT_S = 30.0     # per query, passed to Prometheus too (`timeout=`)
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
 PARALLEL_QUERIES = 4       # at once: a busy Prometheus is not flooded
+SPAN_POINTS = 48           # instants per query (docs/fleet.md: measured against other spans)
 IDLE_ACTIVITY = 0.05       # a GPU below 5 % SM activity (or NVML utilisation) is idle
 
 # name -> PromQL. Every number on the page names the query it came from (``QUERIES[name]``).
@@ -134,16 +143,50 @@ def range_query(base: str, expr: str, start: float, end: float, step: float,
     return out
 
 
-def read_fleet(base: str, start: float, end: float, step: float | None = None) -> FleetData:
-    """Every query of QUERIES over [start, end], PARALLEL_QUERIES at a time (Prometheus
-    evaluates each on its own goroutines; the wall time is the slowest few, not the sum)."""
+def spans(start: float, end: float, step: float, points: int = SPAN_POINTS) -> list[tuple[float, float]]:
+    """[start, end] at ``step`` cut into (first, last) instants, at most ``points`` instants
+    each, all on the grid ``start + k * step``: every instant of the whole range in one span."""
+    if points < 1 or step <= 0:
+        raise ValueError(f"spans: points {points} and step {step} must be positive")
+    n = int((end - start) // step) + 1
+    return [(start + k * step, start + (min(n, k + points) - 1) * step) for k in range(0, n, points)]
+
+
+def join(parts: list[list[Series]]) -> list[Series]:
+    """The answers of consecutive spans of one query, one Series per label set, its points in
+    time order (a series alive across a span's edge is one series again)."""
+    out: dict[tuple, Series] = {}
+    for part in parts:
+        for s in part:
+            key = tuple(sorted(s.labels.items()))
+            have = out.get(key)
+            if have is None:
+                out[key] = Series(s.labels, list(s.points))
+            else:
+                have.points.extend(s.points)
+    for s in out.values():
+        s.points.sort()
+    return list(out.values())
+
+
+def read_fleet(base: str, start: float, end: float, step: float | None = None,
+               span_points: int = SPAN_POINTS, timeout: float = QUERY_TIMEOUT_S) -> FleetData:
+    """Every query of QUERIES over [start, end], cut into spans (see the module's docstring),
+    PARALLEL_QUERIES at a time. The first failure is raised as its one line, and the queries
+    not yet sent are not sent."""
     from concurrent.futures import ThreadPoolExecutor
 
     step = step or step_for(start, end)
     data = FleetData(base.rstrip("/"), start, end, step)
+    cut = spans(start, end, step, span_points)
     with ThreadPoolExecutor(max_workers=PARALLEL_QUERIES) as pool:
-        futures = {name: pool.submit(range_query, data.base, expr, start, end, step)
+        futures = {name: [pool.submit(range_query, data.base, expr, a, b, step, timeout)
+                      for a, b in cut]
                    for name, expr in QUERIES.items()}
-        for name, fut in futures.items():
-            data.series[name] = fut.result()   # the first failure's one line, as raised
+        try:
+            for name, futs in futures.items():
+                data.series[name] = join([f.result() for f in futs])
+        except PrometheusUnavailable:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return data
