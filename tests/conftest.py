@@ -19,7 +19,7 @@ from types import ModuleType
 import pytest
 from hypothesis import settings
 
-from gpudiag.diagnosis import Bottleneck, Verdict
+from gpudiag.diagnosis import Bottleneck, Diagnosis, Verdict
 
 # The suite's verdict must not depend on the draw: by default every property test runs the same
 # examples (derandomized), so CI and a developer see the same result, and a fixed budget of them
@@ -59,6 +59,18 @@ def labels_of(v: Verdict) -> set[Bottleneck]:
     """A verdict's label, and its tie partner where its margin was within the step-time noise:
     two runs of one job agree where these sets meet (the issue's rule for a tie)."""
     return {v.label, v.tie_with} - {None}
+
+
+def view_steps(d: Diagnosis, run: Path) -> set[int]:
+    """Job step numbers behind the step time of the diagnosis' view: the reference steps it
+    names (around the window, or before it alone where the steps after it were left out), or
+    the traced steps (the traced view)."""
+    from gpudiag.rundir import window_steps
+
+    if d.basis == "unprofiled-estimate":
+        return set(d.dilation.reference_steps)
+    [w] = [w for w in window_steps(run) if w.rank == 0]
+    return {r.step for r in w.traced_rows}
 
 
 def pytest_configure(config: pytest.Config) -> None:

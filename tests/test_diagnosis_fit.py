@@ -29,8 +29,8 @@ from gpudiag.analyzers.classify import HOST_NOTABLE
 from gpudiag.analyzers.classify import shares as view_shares
 from gpudiag.analyzers.trace_loader import load_rank
 from gpudiag.diagnosis import Bottleneck, Diagnosis
-from gpudiag.rundir import read_steps, window_steps
-from tests.conftest import labels_of
+from gpudiag.rundir import read_steps
+from tests.conftest import labels_of, view_steps
 from tests.harness import free_port
 
 # Each test here makes its own competitor (spinners, CPU slices) and compares with its own quiet
@@ -72,14 +72,6 @@ def view_mfu(d: Diagnosis, own: dict, run: Path) -> float:
     if d.basis == "unprofiled-estimate":
         return own_mfu(d, own, set(steps))
     return own_mfu(d, own, set(steps[:-1]), statistics.mean)
-
-
-def view_steps(d: Diagnosis, run: Path) -> set[int]:
-    """Step numbers behind the view's step time: the reference around the window, or the
-    traced steps."""
-    [w] = [w for w in window_steps(run) if w.rank == 0]
-    rows = w.before_rows + w.after_rows if d.basis == "unprofiled-estimate" else w.traced_rows
-    return {r.step for r in rows}
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,8 @@ from gpudiag.rundir import (
     PROFILER_WARMUP,
     read_bootstrap,
     read_steps,
-    window_steps,
 )
-from tests.conftest import REPO, SHARED, labels_of
+from tests.conftest import REPO, SHARED, labels_of, view_steps
 
 RUNS = SHARED / "runs"
 JOB = Path(__file__).parent / "jobs" / "small_ops_job.py"
@@ -118,14 +117,6 @@ def profile(tmp: Path, name: str, *opts: str, steps: int = 90) -> tuple[Diagnosi
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return Diagnosis.from_json((run / "diagnosis.json").read_text()), json.loads(own.read_text()), run
-
-
-def view_steps(d: Diagnosis, run: Path) -> set[int]:
-    """Job step numbers behind the step time of the diagnosis' view: the untraced steps around
-    the window (the unprofiled estimate's reference) or the traced ones (the traced view)."""
-    [w] = [w for w in window_steps(run) if w.rank == 0]
-    rows = w.before_rows + w.after_rows if d.basis == "unprofiled-estimate" else w.traced_rows
-    return {r.step for r in rows}
 
 
 def analytic_mfu(d: Diagnosis, own: dict, run: Path) -> float:
