@@ -86,6 +86,23 @@ def test_the_cpu_a_step_costs_is_the_untraced_steps_not_the_traced_views() -> No
     assert whatif.input_hidden_step(traced, whatif.JobCpu(1.0, 2, 1), gpu=False) == pytest.approx(75e3)
 
 
+def test_in_the_traced_view_the_cores_bound_is_weighed_against_the_rest_at_the_same_pace() -> None:
+    """A decoding job on 2 cores seen in its traced view (CI, 2026-11-28): 58.7 ms traced, 38.5
+    ms untraced, 36.8 ms of it the wait. At the untraced pace the batch is 24.1 ms of work and
+    the rest 14.4 ms, so two cores need 19.3 ms a step: the cores bound it. Weighed against the
+    traced rest (21.9 ms), the bound was hidden and the advice read as for a wait on storage."""
+    traced = TimeBreakdown(step_time=58.7e3, compute=21.9e3, idle=36.8e3, input_wait=36.8e3)
+    cpu = whatif.JobCpu(cores_used=0.998, cpus=2, threads=1, other_cores=0.01, step_us=38.5e3)
+    k = 38.5 / 58.7
+    p = whatif.input_hidden(traced, cpu, gpu=False)
+    assert p.step_us == pytest.approx((58.7e3 * k) / 1.99, rel=1e-3)
+    assert "cannot do in less than 19.3 ms" in p.why and "(14.4 ms of compute" in p.why, p.why
+    # a wait on storage there: no bound, and its step stays the view's rest
+    storage = whatif.JobCpu(cores_used=0.3, cpus=2, threads=1, step_us=38.5e3)
+    p = whatif.input_hidden(traced, storage, gpu=False)
+    assert p.step_us == pytest.approx(21.9e3) and "cannot do in less" not in p.why
+
+
 def test_a_batch_costs_the_loading_threads_time_not_the_cores_its_intra_op_threads_burnt() -> None:
     """A num_workers=0 loader in a process of 16 intra-op threads: the kernel counts 14 busy
     cores through a 500 ms step, but the batch is the main thread's 460 ms in the wait (the
