@@ -131,6 +131,14 @@ def analytic_mfu(d: Diagnosis, own: dict, run: Path) -> float:
     return own["flops_per_step"] / step / d.mfu.peak_flops
 
 
+# The job's own timings a traced view's MFU is held to: the traced steps less the last, whose own
+# timing holds the trace export. --monitor traces 2 steps, so one timing is left: beside a CPU
+# hog (CI, 2026-11-28) the two traced steps took 14.7 and 10.6 ms, the view's step was their
+# mean (12.5 ms), and the one own timing left (14.5 ms) read its MFU as 1.16x: a single step of a
+# loaded machine is no truth. The view's basis and its deduction are still checked.
+MIN_TRUTH_STEPS = 3
+
+
 def test_many_small_ops_job_gets_one_label_and_mfu_however_it_is_profiled(tmp_path):
     """Defaults, another --skip and --monitor: the profiler dilates the traced steps of this
     job most (hundreds of tiny ops per step). Where the steps around the window give a reference
@@ -149,6 +157,8 @@ def test_many_small_ops_job_gets_one_label_and_mfu_however_it_is_profiled(tmp_pa
             why = " | ".join(x.reason for x in d.verdict.deductions)
             assert not d.dilation.trusted and "used as is" in why, (name, why)
             assert d.mfu.step_time_basis == "traced steps"
+            if len(view_steps(d, run)) - 1 < MIN_TRUTH_STEPS:
+                continue   # --monitor's 2 traced steps: one of the job's own timings to hold it to
         ratios[name] = d.mfu.value / analytic_mfu(d, own, run)
     # each run is held to its own truth: on a shared machine the job's real speed (and the CPU
     # peak measured per session) moves with the load; the tool must follow it
