@@ -14,6 +14,7 @@ import pytest
 
 from gpudiag.diagnosis import Diagnosis
 from gpudiag.rundir import read_run
+from tests.conftest import labels_of
 from tests.harness import free_port
 
 JOB = Path(__file__).parent / "jobs" / "loop_job.py"
@@ -252,7 +253,9 @@ def test_unmodified_workload_under_profile_gets_its_label(tmp_path, workload, la
                    sys.executable, str(WORKLOADS / f"{workload}.py"), "--steps", "9", timeout=300)
     assert proc.returncode == 0, proc.stderr
     d = Diagnosis.from_json((run / "diagnosis.json").read_text())
-    assert d.verdict.label.value == label, d.verdict.evidence
+    # its label, or the tie it reports where the margin is within the step-time noise (beside a
+    # CPU hog, CI 2026-11-28: host_bound read memory 0.504 / host 0.496 at noise 4.7%, a tie)
+    assert label in {b.value for b in labels_of(d.verdict)}, (d.verdict.tie_with, d.verdict.evidence)
     assert d.run is not None and d.run.status == "completed" and d.run.last_step == 9
     assert d.timeline is not None and any(s.name == "step time" for s in d.timeline.series)
 
