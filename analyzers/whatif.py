@@ -122,17 +122,14 @@ def loader_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork:
 def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> Prediction:
     """The rest of the step bounds it, and so do the cores: hiding a wait behind workers moves
     the loading's work to other processes, it does not remove it."""
-    rest = b.step_time - b.input_wait
-    step = input_hidden_step(b, cpu, gpu)
+    rest, w = _hidden_rest(b, cpu, gpu)
+    step = rest if w is None else max(rest, w.bound_us)
     bound = ""
-    if cpu is not None and loading_cores(b, cpu) >= CPU_LOADING:
-        rest *= cpu.unobserved(b)     # the pace the bound is at (input_hidden_step)
-        w = loader_work(b, cpu, gpu)
-        if w.bound_us > rest:
-            bound = (f"; a batch is {_ms(w.batch_us)} of work on the thread that makes it and the "
-                     f"training process needs {_ms(w.main_us)} of core time per step beside it, which "
-                     f"the {w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves cannot do "
-                     f"in less than {_ms(step)}")
+    if w is not None and w.bound_us > rest:
+        bound = (f"; a batch is {_ms(w.batch_us)} of work on the thread that makes it and the "
+                 f"training process needs {_ms(w.main_us)} of core time per step beside it, which "
+                 f"the {w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves cannot do "
+                 f"in less than {_ms(step)}")
     workers = workers_needed(b, cpu, gpu)
     need = (f"; needs at least {workers} DataLoader worker{'s' if workers > 1 else ''} producing a "
             "batch in that time") if workers else ""
@@ -151,17 +148,24 @@ def workers_needed(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True
     return max(1, math.ceil(b.input_wait / step))
 
 
+def _hidden_rest(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool) -> tuple[float, LoaderWork | None]:
+    """The rest of the step once its input wait is hidden, and, where the loading is CPU work,
+    what the loader's work costs (``loader_work``). Where it is, both are at the job's
+    unobserved pace: the traced view's rest of the step, compared with a bound at the untraced
+    pace, hid the bound (a decoding job on 2 cores: rest 21.9 ms traced, 14.4 ms untraced,
+    bound 19.3 ms). A wait on storage moves no CPU into the step (its workers sleep): no work."""
+    rest = b.step_time - b.input_wait
+    if cpu is None or loading_cores(b, cpu) < CPU_LOADING:
+        return rest, None
+    return rest * cpu.unobserved(b), loader_work(b, cpu, gpu)
+
+
 def input_hidden_step(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> float:
     """The step with its input wait hidden: the rest of it; and where the loading is CPU work,
     no less than the step at which the cores left to workers make a batch per step
-    (``LoaderWork.bound_us``; a wait on storage moves no CPU into the step: its workers sleep).
-    Where the loading is CPU work, both are at the job's unobserved pace (``loader_work``): the
-    traced view's rest of the step, compared with a bound at the untraced pace, hid the bound
-    (a decoding job on 2 cores: rest 21.9 ms traced, 14.4 ms untraced, bound 19.3 ms)."""
-    rest = b.step_time - b.input_wait
-    if cpu is None or loading_cores(b, cpu) < CPU_LOADING:
-        return rest
-    return max(rest * cpu.unobserved(b), loader_work(b, cpu, gpu).bound_us)
+    (``LoaderWork.bound_us``)."""
+    rest, w = _hidden_rest(b, cpu, gpu)
+    return rest if w is None else max(rest, w.bound_us)
 
 
 def communication_overlapped(b: TimeBreakdown, cpu: bool = False) -> Prediction:
