@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,19 @@ def view_steps(d: Diagnosis, run: Path) -> set[int]:
         return set(d.dilation.reference_steps)
     [w] = [w for w in window_steps(run) if w.rank == 0]
     return {r.step for r in w.traced_rows}
+
+
+def view_mfu(d: Diagnosis, own: dict, run: Path) -> float:
+    """The job's own MFU over the steps behind the diagnosis' view (``view_steps``), at the peak
+    the diagnosis used, by the view's statistic: the median of the reference steps, or the mean
+    of the traced ones (the breakdown's) less the last, whose own timing includes the trace
+    export done inside the job's step. ``own``: the job's own timer (tests/jobs/_timer.py)."""
+    steps = sorted(view_steps(d, run))
+    statistic = statistics.median
+    if d.basis != "unprofiled-estimate":
+        steps, statistic = steps[:-1], statistics.mean
+    times = [own["step_seconds"][s - 1] for s in steps]
+    return own["flops_per_step"] / statistic(times) / d.mfu.peak_flops
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -30,7 +30,7 @@ from gpudiag.analyzers.classify import shares as view_shares
 from gpudiag.analyzers.trace_loader import load_rank
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.rundir import read_steps
-from tests.conftest import labels_of, view_steps
+from tests.conftest import labels_of, view_mfu
 from tests.harness import free_port
 
 # Each test here makes its own competitor (spinners, CPU slices) and compares with its own quiet
@@ -62,16 +62,6 @@ def own_mfu(d: Diagnosis, own: dict, steps: set[int], statistic=statistics.media
     peak the diagnosis used."""
     times = [t for i, t in enumerate(own["step_seconds"]) if i + 1 in steps]
     return own["flops_per_step"] / statistic(times) / d.mfu.peak_flops
-
-
-def view_mfu(d: Diagnosis, own: dict, run: Path) -> float:
-    """The job's own MFU over the steps behind the diagnosis' view, by the view's statistic: the
-    median of the reference steps, or the mean of the traced ones (the breakdown's) less the last,
-    whose own timing includes the trace export done inside the job's optimizer step."""
-    steps = sorted(view_steps(d, run))
-    if d.basis == "unprofiled-estimate":
-        return own_mfu(d, own, set(steps))
-    return own_mfu(d, own, set(steps[:-1]), statistics.mean)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ runs with their known answer, and real CPU jobs that time themselves and know th
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ from gpudiag.rundir import (
     read_bootstrap,
     read_steps,
 )
-from tests.conftest import REPO, SHARED, labels_of, view_steps
+from tests.conftest import REPO, SHARED, labels_of, view_mfu, view_steps
 
 RUNS = SHARED / "runs"
 JOB = Path(__file__).parent / "jobs" / "small_ops_job.py"
@@ -119,18 +118,6 @@ def profile(tmp: Path, name: str, *opts: str, steps: int = 90) -> tuple[Diagnosi
     return Diagnosis.from_json((run / "diagnosis.json").read_text()), json.loads(own.read_text()), run
 
 
-def analytic_mfu(d: Diagnosis, own: dict, run: Path) -> float:
-    """The job's analytic FLOPs over its own timings of the steps behind the diagnosis' view, at
-    the peak the diagnosis used: on a shared 2-core machine a job's step time moves with the
-    load, and another set of steps measures another time. The same statistic as the view: the
-    median of the reference steps, or the mean of the traced ones (the breakdown's) less the last,
-    whose own timing includes the trace export done inside the job's optimizer step."""
-    steps = sorted(view_steps(d, run))
-    times = [own["step_seconds"][s - 1] for s in steps]
-    step = statistics.median(times) if d.basis == "unprofiled-estimate" else statistics.mean(times[:-1])
-    return own["flops_per_step"] / step / d.mfu.peak_flops
-
-
 # The job's own timings a traced view's MFU is held to: the traced steps less the last, whose own
 # timing holds the trace export. --monitor traces 2 steps, so one timing is left: beside a CPU
 # hog (CI, 2026-11-28) the two traced steps took 14.7 and 10.6 ms, the view's step was their
@@ -159,7 +146,7 @@ def test_many_small_ops_job_gets_one_label_and_mfu_however_it_is_profiled(tmp_pa
             assert d.mfu.step_time_basis == "traced steps"
             if len(view_steps(d, run)) - 1 < MIN_TRUTH_STEPS:
                 continue   # --monitor's 2 traced steps: one of the job's own timings to hold it to
-        ratios[name] = d.mfu.value / analytic_mfu(d, own, run)
+        ratios[name] = d.mfu.value / view_mfu(d, own, run)
     # each run is held to its own truth: on a shared machine the job's real speed (and the CPU
     # peak measured per session) moves with the load; the tool must follow it
     assert all(abs(r - 1) <= MFU_TOLERANCE for r in ratios.values()), ratios
