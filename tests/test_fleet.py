@@ -186,13 +186,13 @@ def test_gpu_hours_equal_the_hand_sums_of_the_scraped_samples_across_an_agent_re
 def test_a_range_read_in_spans_sums_as_one_query_over_the_whole_range(scene):
     """The spans (fleet_query.spans) cut series alive across their edges, the restart's gap
     among them: joined, every query's answer is the one the whole range in one query gives."""
+    def keyed(series: list[Series]) -> dict:
+        return {tuple(sorted(x.labels.items())): x.points for x in series}
 
     whole = read_fleet(scene["base"], scene["t0"], scene["t1"], span_points=10**6)
     cut = read_fleet(scene["base"], scene["t0"], scene["t1"], span_points=4)
     assert len(spans(scene["t0"], scene["t1"], cut.step, 4)) > 4
     for name in QUERIES:
-        def keyed(series: list[Series]) -> dict:
-            return {tuple(sorted(x.labels.items())): x.points for x in series}
         assert keyed(cut.series[name]) == keyed(whole.series[name]), name
     assert summarise(cut).to_json() == summarise(whole).to_json()
 
