@@ -55,10 +55,18 @@ def parse_interval(text: str) -> float:
                    "life on a GPU). auto: unless the job uses CUDA graphs, with which teardown "
                    "crashed before CUDA 12.6; on: always; off: leave it attached. A "
                    "TEARDOWN_CUPTI set in the environment wins.")
+@click.option("--stall-watch/--no-stall-watch", default=True, show_default=True,
+              help="Notice a job that stops finishing steps, gather every rank's stacks and "
+                   "collectives at that moment without stopping it, and name what holds it "
+                   "(incidents/N/incident.html; docs/stall.md).")
+@click.option("--stall-after", default=None, metavar="DURATION",
+              help="No step for this long is a stall (e.g. 20s, 5m)  [default: max(10 x the "
+                   "rank's median step, 60s); 10m before the first step].")
 @mlflow_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(out: Path | None, interval: str, steps: int | None, skip: int, backend: str,
             as_json: bool, monitor: bool, retrace: str | None, cupti_teardown: str,
+            stall_watch: bool, stall_after: str | None,
             mlflow_uri: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged while sampling GPUs and tracing a few steps, then diagnose it.
 
@@ -82,6 +90,10 @@ def profile(out: Path | None, interval: str, steps: int | None, skip: int, backe
                                  "cannot tell a slow step from a slow job)", param_hint="--steps")
     retrace_s = parse_duration(retrace, "--retrace") if retrace is not None else (
         MONITOR_RETRACE_S if monitor else 0.0)
+    stall_after_s = parse_duration(stall_after, "--stall-after") if stall_after is not None else None
+    if stall_after_s is not None and stall_after_s <= 0:
+        raise click.BadParameter("must be longer than 0 (--no-stall-watch turns the watch off)",
+                                 param_hint="--stall-after")
     if mlflow_uri is not None:
         from gpudiag.tracking import require_mlflow
 
@@ -89,7 +101,8 @@ def profile(out: Path | None, interval: str, steps: int | None, skip: int, backe
     opts = ProfileOptions(out=out or _default_out(command), interval=parse_interval(interval),
                           steps=steps, skip=skip, backend=backend, as_json=as_json,
                           retrace_s=retrace_s, mlflow_uri=mlflow_uri,
-                          cupti_teardown=cupti_teardown)
+                          cupti_teardown=cupti_teardown, stall_watch=stall_watch,
+                          stall_after_s=stall_after_s)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -124,6 +137,8 @@ class ProfileOptions:
     retrace_s: float = 0.0
     mlflow_uri: str | None = None  # None: no MLflow; "": $MLFLOW_TRACKING_URI or MLflow's default
     cupti_teardown: str = "auto"  # collectors.torch_cupti.MODES
+    stall_watch: bool = True
+    stall_after_s: float | None = None  # None: the rule's default (analyzers/stall.py)
 
 
 def _say(msg: str) -> None:
@@ -148,7 +163,8 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
                                                 "python": platform.python_version()},
                    options={"interval_s": opts.interval, "steps": opts.steps, "skip": opts.skip,
                             "backend": opts.backend, "retrace_s": opts.retrace_s,
-                                     "cupti_teardown": opts.cupti_teardown})
+                            "cupti_teardown": opts.cupti_teardown, "stall_watch": opts.stall_watch,
+                            "stall_after_s": opts.stall_after_s})
     sampler = None
     try:
         backend = open_backend(opts.backend)
@@ -163,14 +179,18 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
         raise BadInput(str(e)) from None
     write_run(run_dir, info)
     host: list[HostSampler] = []
+    watch: list = []
+    reporter = None
 
     def started(pid: int) -> None:
         info.pid = pid
         write_run(run_dir, info)
         host.append(HostSampler(pid, run_dir / "samples" / "host.jsonl").start())
+        if opts.stall_watch:
+            watch.append(_stall_monitor(run_dir, pid, opts, lambda: reporter).start())
 
-    reporter = _signal_reporter(run_dir, info)
-    env = job_env(run_dir, opts.skip, opts.steps, opts.retrace_s, opts.cupti_teardown)
+    reporter = _signal_reporter(run_dir, info, lambda: watch[0].current() if watch else None)
+    env = job_env(run_dir, opts.skip, opts.steps, opts.retrace_s, opts.cupti_teardown, opts.stall_watch)
     info.cupti_teardown = {"asked": opts.cupti_teardown, "TEARDOWN_CUPTI": env.get("TEARDOWN_CUPTI"),
                            "set_by": "the job's environment" if env.get("GPUDIAG_CUPTI_TEARDOWN")
                            == "user" else "gpudiag"}
@@ -179,10 +199,10 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     except BadInput:
         info.status, info.end = "failed", time.time()
         info.notes.append("the command could not be started")
-        _stop(sampler, host, info)
+        _stop(sampler, host, info, watch)
         write_run(run_dir, info)
         raise
-    _stop(sampler, host, info)
+    _stop(sampler, host, info, watch)
     info.end = time.time()
     info.exit_code = result.exit_code
     info.signal = result.signal
@@ -203,6 +223,13 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     how = f"killed by {result.signal}" if result.signal else f"exited with {result.exit_code}"
     at = f" at step {info.last_step}" if info.last_step else ""
     _say(f"job {how}{at}; run directory: {run_dir}")
+    if opts.stall_watch:
+        from gpudiag.commands.profile_stall import after_job
+
+        try:
+            after_job(run_dir, watch[0] if watch else None, info.status, how, bool(result.forwarded))
+        except Exception as e:  # noqa: BLE001 - the job's outcome must not change
+            _say(f"stall report failed: {type(e).__name__}: {e}")
     d = None
     try:
         d = _diagnose(run_dir, opts, info)
@@ -227,8 +254,27 @@ def _log_mlflow(d: object, run_dir: Path, uri: str) -> None:
     _say(f"logged to MLflow run {run_id}: {where}")
 
 
-def _signal_reporter(run_dir: Path, info: object) -> object:
-    """Signals for the node's agent, when one runs here (its spool exists)."""
+def _stall_monitor(run_dir: Path, pid: int, opts: ProfileOptions, reporter: object) -> object:
+    """The stall watch over the job started as ``pid`` (collectors/stall_monitor.py); when a stall
+    begins or ends the agent hears at once (``reporter()``: the signal reporter, if any)."""
+    from gpudiag.analyzers.stall import StallRule
+    from gpudiag.collectors.stall_monitor import StallMonitor
+    from gpudiag.commands import profile_stall
+
+    rule = StallRule(after_s=opts.stall_after_s)
+
+    def changed() -> None:
+        r = reporter()
+        if r is not None:
+            r.send()
+
+    return StallMonitor(run_dir, pid, profile_stall.judge(rule), profile_stall.on_incident(run_dir),
+                        profile_stall.on_resolved(run_dir), rule.describe(), on_change=changed)
+
+
+def _signal_reporter(run_dir: Path, info: object, stall: object = None) -> object:
+    """Signals for the node's agent, when one runs here (its spool exists). ``stall()``: the stall
+    watch's view of the job (collectors.stall_monitor.JobStall), or None."""
     import os
 
     from gpudiag.collectors.job_signals import SignalReporter
@@ -237,7 +283,13 @@ def _signal_reporter(run_dir: Path, info: object) -> object:
     interval = float(os.environ.get("GPUDIAG_SIGNAL_INTERVAL", "15"))
     job_id = job_id_from_env(f"{info.host}:{run_dir.name}")
     state = default_state_dir()
-    reporter = SignalReporter.for_node(state, job_id, run_dir, interval, _estimator(run_dir))
+    def extra() -> dict:
+        from gpudiag.commands.profile_stall import stall_fields
+
+        st = stall() if stall is not None else None
+        return stall_fields(st) if st is not None else {}
+
+    reporter = SignalReporter.for_node(state, job_id, run_dir, interval, _estimator(run_dir), extra)
     if reporter is None:
         if os.environ.get("GPUDIAG_AGENT_DIR"):  # named (a scheduler does): its absence is news
             info.notes.append(f"no signals sent: GPUDIAG_AGENT_DIR={state}, but {state / 'spool'} is "
@@ -331,7 +383,9 @@ def _final_signal(reporter: object, d: object, run_dir: Path) -> None:
         _say(reporter.error)
 
 
-def _stop(sampler: object, host: list, info: object) -> None:
+def _stop(sampler: object, host: list, info: object, watch: list) -> None:
+    for w in watch:
+        w.stop()
     if sampler is not None:
         st = sampler.stop()
         info.sampler = {"samples": st.samples, "cpu_seconds": round(st.cpu_seconds, 4),

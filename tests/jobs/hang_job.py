@@ -1,0 +1,110 @@
+"""A small gloo training job (under torchrun) that stalls, at step ``--at`` on rank ``--rank``,
+the way ``--mode`` says; the stall watch's tests check its verdict against what was arranged.
+
+Each step: a little compute, the backward pass, ``all_reduce`` of a gradient bucket, then
+``broadcast`` of a small state tensor, then the optimizer step (which gpudiag counts).
+
+    --mode sleep      rank R sleeps before the step's all_reduce (never enters it)
+    --mode loader     rank R's DataLoader worker blocks reading a pipe nobody writes
+    --mode skip       rank R skips the step's all_reduce (calls the broadcast instead: a desync)
+    --mode mismatch   rank R all-reduces a tensor of another size (gloo aborts that rank)
+    --mode deadlock   rank R's two threads take two locks in opposite orders; its main thread joins them
+    --mode idle       every rank finishes --steps steps, then sleeps (holding its resources)
+    --mode straggler  rank R sleeps as long again as the others' step, every step
+    --mode none       trains --steps steps and exits
+"""
+
+import argparse
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--mode", default="none")
+ap.add_argument("--rank", type=int, default=1)
+ap.add_argument("--at", type=int, default=6)
+ap.add_argument("--steps", type=int, default=12)
+ap.add_argument("--step-s", type=float, default=0.05, help="seconds of sleep per step (its input wait)")
+ap.add_argument("--seconds", type=float, default=0.0, help="train for this long instead of --steps")
+ap.add_argument("--numel", type=int, default=4096)
+args = ap.parse_args()
+
+dist.init_process_group("gloo")
+me = dist.get_rank()
+culprit = me == args.rank
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+bucket = torch.ones(args.numel)
+state = torch.zeros(16)
+
+
+class Reads(torch.utils.data.Dataset):
+    """Item i is a batch; on the culprit rank, item --at blocks on a read (a stuck storage read)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if culprit and i == args.at - 1:
+            os.read(self.fd, 1)  # nobody ever writes: blocks forever
+        return torch.randn(16, 64)
+
+
+def deadlock() -> None:
+    a, b = threading.Lock(), threading.Lock()
+    both = threading.Barrier(2)
+
+    def first() -> None:
+        with a:
+            both.wait()
+            with b:
+                pass
+
+    def second() -> None:
+        with b:
+            both.wait()
+            with a:
+                pass
+
+    ts = [threading.Thread(target=first, name="holds-a"), threading.Thread(target=second, name="holds-b")]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+loader = None
+if args.mode == "loader":
+    r, w = os.pipe()  # the write end stays open here, so the worker's read blocks
+    loader = iter(torch.utils.data.DataLoader(Reads(r), batch_size=None, num_workers=1))
+
+step = 0
+t0 = time.time()
+while (time.time() - t0 < args.seconds) if args.seconds else step < args.steps:
+    step += 1
+    x = next(loader) if loader is not None else torch.randn(16, 64)
+    time.sleep(args.step_s)
+    if args.mode == "straggler" and culprit:
+        time.sleep(args.step_s)
+    model(x).sum().backward()
+    at = culprit and step == args.at
+    if at and args.mode == "sleep":
+        time.sleep(3600)
+    if at and args.mode == "deadlock":
+        deadlock()
+    if not (at and args.mode == "skip"):
+        dist.all_reduce(torch.ones(args.numel // 2) if at and args.mode == "mismatch" else bucket)
+    dist.broadcast(state, 0)
+    opt.step()
+    opt.zero_grad()
+if args.mode == "idle":
+    time.sleep(3600)
+dist.barrier()
+dist.destroy_process_group()
+print(f"rank {me} done after {step} steps", flush=True)
