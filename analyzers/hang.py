@@ -296,7 +296,12 @@ def _locate(r: RankState, ev: Evidence) -> tuple[str, str, list[str]]:
         crash = next((p.crash for p in r.processes if p.crash), None)
         return "exited", f"its process is gone{' (' + crash + ')' if crash else ''}", []
     if not r.processes or not r.processes[0].threads:
-        return "hung", f"no stack could be read from it (pid {r.pid}) {stalled}".strip(), []
+        last = max(r.collectives, key=lambda c: (c.entered or 0.0, c.seq), default=None)
+        if last is None:
+            return "hung", f"no stack and no collective could be read from it {stalled}".strip(), []
+        at = f", called at {last.where.where()}" if last.where is not None else ""
+        return "hung", (f"its last collective was {last.op} #{last.seq} ({group_name(last.pg)}, "
+                        f"{last.state}){at}; no stack was read from it"), []
     proc = r.processes[0]
     locked = _deadlock(proc)
     if locked:

@@ -43,9 +43,10 @@ class StallRule:
     phase_limit_s: float = PHASE_LIMIT_S
 
     def describe(self) -> str:
+        """The limit in words, as the incident prints it."""
         if self.after_s is not None:
-            return f"no step for {self.after_s:g} s (--stall-after)"
-        return f"no step for max({self.k:g} x the rank's median step, {self.floor_s:g} s)"
+            return f"--stall-after {self.after_s:g} s"
+        return f"max({self.k:g} x the rank's median step, {self.floor_s:g} s)"
 
 
 @dataclass

@@ -40,7 +40,7 @@ def render_text(inc: Incident, where: str | None = None) -> str:
     else:
         stalled = max((r.stalled_s or 0.0 for r in ev.ranks), default=0.0)
         what = {"stall": f"STALL at {_clock(ev.detected_at)}: no step for {stalled:.0f} s"
-                         + (f" (stall rule: {ev.rule})" if ev.rule else ""),
+                         + (f" (limit: {ev.rule})" if ev.rule else ""),
                 "exit": "the job ended badly; what its ranks left behind says",
                 "dumps": f"Flight Recorder dumps of {len(ev.ranks)} rank(s)"}.get(ev.source, ev.source)
         lines.append(f"gpudiag: incident {ev.id}: {what}")

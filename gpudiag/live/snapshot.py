@@ -97,6 +97,9 @@ class JobRow:
     state: str | None = None
     run_dir: str | None = None
     ended_seconds_ago: float | None = None  # the job reported its end (None: still running)
+    # no step for this long, past the job's stall limit (None: not stalled), and why
+    stalled_seconds: float | None = None
+    stall_cause: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -207,6 +210,8 @@ def _jobs_of(read: NodeRead, now: float) -> dict[tuple[str, str | None], JobRow]
             row.run_dir = s.labels["run_dir"]
         elif s.name == "gpudiag_job_ended_timestamp_seconds":
             row.ended_seconds_ago = max(0.0, now - s.value)
+        elif s.name == "gpudiag_job_stalled_seconds":
+            row.stalled_seconds, row.stall_cause = s.value, s.labels.get("cause") or None
     return rows
 
 

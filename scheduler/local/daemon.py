@@ -40,13 +40,14 @@ from gpudiag.scheduler.local.containment import Containment
 from gpudiag.scheduler.local.engine import Engine, Machine, stored_signal
 from gpudiag.scheduler.local.lifecycle import Jobs, _log
 from gpudiag.scheduler.local.protocol import Peer, Refused
-from gpudiag.scheduler.local.store import ACTIVE, CANCELLED, FINAL, PENDING, JobRow, Store
+from gpudiag.scheduler.local.store import ACTIVE, CANCELLED, FINAL, PENDING, RUNNING, JobRow, Store
 from gpudiag.scheduler.local.teams import NotInTeam, Teams
 from gpudiag.scheduler.local.usercheck import CommandCheck
 from gpudiag.scheduler.model import TIER_NAMES, Policy, Signal, Tier
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.reasons import Pass, Why
 from gpudiag.scheduler.signals import SignalRead, SignalSource
+from gpudiag.scheduler.stalled import stalled_decisions
 
 TICK_S = 1.0              # grace periods and time limits are seconds; a second late is fine
 SIGNAL_PERIOD_S = 5.0     # the agent hears from a job every 15 s; reading it 3x as often suffices
@@ -146,6 +147,7 @@ class Daemon:
             self.dirty = True
         if now - self.signals_t >= SIGNAL_PERIOD_S:
             self.read_signals(now)
+        self.act_on_stalled(now)
         if not self.jobs.pending:
             return
         active = list(self.jobs.active.values())
@@ -159,6 +161,18 @@ class Daemon:
             elif d.kind == "preempt" and d.job_id in self.jobs.active:
                 self.jobs.stop(self.jobs.active[d.job_id], "preempt",
                                self.engine.words(f"preempted: {d.reason}", now), now)
+
+    def act_on_stalled(self, now: float) -> None:
+        """Where the admin asked for it (``--stalled``): requeue or cancel each running job the
+        agent has called stalled for ``--stalled-after``; one line each (scheduler/stalled.py)."""
+        running = {r.id: s for r in self.jobs.active.values()
+                   if r.state == RUNNING and (s := self._live(r)) is not None}
+        for d in stalled_decisions(running, self.policy):
+            row = self.jobs.active.get(d.job_id)
+            if row is not None and row.state == RUNNING:
+                _log(f"job {row.id} ({row.user}): {d.reason}")
+                self.jobs.stop(row, "preempt" if d.action == "requeue" else "cancel", d.reason, now)
+                self.dirty = True
 
     # -- requests -------------------------------------------------------------------------------
     def handle(self, req: dict, peer: Peer) -> dict | Deferred:
