@@ -24,38 +24,10 @@ outlive a crash).
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 
-from gpudiag.incident import (
-    Collective,
-    Evidence,
-    Frame,
-    ProcessInfo,
-    RankState,
-    ThreadStack,
-    Verdict,
-    WaveRow,
-    user_frame,
-)
-
-IDLE_CORES = 0.05   # a job using under 5% of a core over the window is not computing
-GPU_IDLE = 0.05     # as ``gpudiag fleet``'s idle GPU: under 5% activity
-_LOCK_LINE = re.compile(r"^\s*with\s+[^:]+:\s*(#.*)?$|\.acquire\(")
-_CALL = re.compile(r"([A-Za-z_][\w.]*)\(")
-WAITS = {"read": "waiting on a read", "pread64": "waiting on a read", "readv": "waiting on a read",
-         "recvfrom": "waiting on a network receive", "recvmsg": "waiting on a network receive",
-         "futex": "waiting on a lock or condition", "poll": "waiting for I/O", "ppoll": "waiting for I/O",
-         "select": "waiting for I/O", "pselect6": "waiting for I/O", "epoll_wait": "waiting for I/O",
-         "epoll_pwait": "waiting for I/O", "nanosleep": "sleeping", "clock_nanosleep": "sleeping",
-         "wait4": "waiting for a child process", "accept": "waiting for a connection",
-         "accept4": "waiting for a connection", "write": "waiting on a write", "running": "running on a CPU"}
-
-
-def group_name(pg: str | None, desc: str = "") -> str:
-    if pg in (None, "0", "default_pg"):
-        return "default group"
-    return f"group {pg}" + (f" ({desc})" if desc and desc not in ("undefined", "") else "")
+from gpudiag.analyzers.hang_place import group_name, job_line, locate, main_thread, nothing_pending
+from gpudiag.incident import Collective, Evidence, RankState, Verdict, WaveRow
 
 
 def _ranks(rs: list[int]) -> str:
@@ -67,24 +39,6 @@ def _ranks(rs: list[int]) -> str:
 def _wait(rs: list[int]) -> str:
     """"rank 0 waits", "ranks 0, 2 wait"."""
     return f"{_ranks(rs)} {'waits' if len(rs) == 1 else 'wait'}"
-
-
-def _user(frames: list[Frame]) -> Frame | None:
-    return user_frame(frames)
-
-
-def _where(fr: Frame | None) -> str | None:
-    return None if fr is None else fr.where()
-
-
-def _call(fr: Frame | None) -> str | None:
-    """What the job's line calls (``time.sleep`` in ``time.sleep(3600)``), where it can be read."""
-    m = _CALL.search(fr.code) if fr is not None and fr.code else None
-    return m.group(1) if m else None
-
-
-def _main(p: ProcessInfo) -> ThreadStack | None:
-    return next((t for t in p.threads if t.main), p.threads[-1] if p.threads else None)
 
 
 # -- sources --------------------------------------------------------------------------------------
@@ -149,15 +103,36 @@ def _step_ops(recs: list[Collective], step: int | None) -> list[str]:
     return [c.op for c in recs if step is not None and c.step == step]
 
 
+def _skipped(mine: list[str], usual: list[str]) -> str | None:
+    """The op a rank left out of its step: its step's ops so far are the usual step's (a whole
+    step of a rank in step) with exactly one op missing before them."""
+    for i in range(min(len(mine) + 1, len(usual))):
+        if mine[:i] == usual[:i] and mine[i:] == usual[i + 1:i + 1 + len(mine) - i] and mine[i:]:
+            return usual[i]
+    return None
+
+
+def _usual_step(recs: list[Collective], step: int | None) -> list[str]:
+    """A rank's ops in the last whole step before ``step``."""
+    if step is None:
+        return []
+    before = [c.step for c in recs if c.step is not None and c.step < step]
+    return _step_ops(recs, max(before)) if before else []
+
+
 def _desync(ev: Evidence, pg: str, seq: int, at: dict[int, Collective], ops: dict[int, str],
             ranks: dict[int, list[Collective]], by_rank: dict[int, RankState]) -> Verdict:
+    skips = {}
+    for r in at:   # which rank's step so far is an ordinary step with one op left out
+        others = [o for o in at if o != r]
+        usual = _usual_step(ranks[others[0]], at[others[0]].step) if others else []
+        op = _skipped(_step_ops(ranks[r], at[r].step), usual)
+        if op is not None:
+            skips[r] = (op, usual)
     culprits, want = _minority(ops)
-    if not culprits:   # a tie: the rank whose step holds one collective fewer skipped one
-        steps = {r: _step_ops(ranks[r], at[r].step) for r in at}
-        short = [r for r in at if any(len(steps[r]) < len(steps[o]) for o in at if o != r)]
-        if len(short) == 1:
-            culprits = short
-            want = next(ops[o] for o in at if o not in short)
+    if not culprits and len(skips) == 1:   # a tie: the rank that left an op out of its step
+        culprits = list(skips)
+        want = next(ops[o] for o in at if o not in skips)
     g = group_name(pg, at[min(at)].pg_desc)
     if culprits:
         c = culprits[0]
@@ -166,13 +141,11 @@ def _desync(ev: Evidence, pg: str, seq: int, at: dict[int, Collective], ops: dic
         head = f"desync at #{seq} ({g}): " + "; ".join(f"rank {r} called {o}" for r, o in sorted(ops.items()))
     details = []
     for c in culprits:
-        step = at[c].step
-        mine = _step_ops(ranks[c], step)
-        other = next((_step_ops(ranks[o], at[o].step) for o in at if o not in culprits), [])
-        missing = [o for o in other if o not in mine] if len(mine) < len(other) else []
-        if missing:
-            details.append(f"rank {c} skipped {missing[0]} in step {step}: its step called "
-                           f"{', '.join(mine) or 'nothing'} where the others called {', '.join(other)}")
+        if c in skips:
+            op, usual = skips[c]
+            mine = ", ".join(_step_ops(ranks[c], at[c].step))
+            details.append(f"rank {c} skipped {op} in step {at[c].step}: its step called {mine} "
+                           f"where a step calls {', '.join(usual)}")
         fr = at[c].where
         if fr is not None:
             details.append(f"rank {c} called it at {fr.where()}" + (f": `{fr.code}`" if fr.code else ""))
@@ -200,7 +173,7 @@ def _mismatch(ev: Evidence, pg: str, seq: int, at: dict[int, Collective], shapes
         p = by_rank[r].processes[0] if by_rank[r].processes else None
         if p is not None and p.crash:
             details.append(f"rank {r} died in it: {p.crash}")
-        fr = _user(_main(p).frames) if p is not None and _main(p) is not None else at[r].where
+        fr = job_line(main_thread(p).frames) if p is not None and main_thread(p) is not None else at[r].where
         if fr is not None and r in (culprits or at):
             details.append(f"rank {r} called it at {fr.where()}" + (f": `{fr.code}`" if fr.code else ""))
     return Verdict(kind="mismatch", headline=head, details=details, culprits=culprits, pg=pg, seq=seq, op=op,
@@ -259,12 +232,12 @@ def _wavefront(ev: Evidence, groups: dict[str, dict[int, list[Collective]]]) -> 
     kind, details, where = "hung", [], None
     parts = []
     for c in culprits:
-        k, place, more = _locate(by_rank[c], ev)
-        details += more
-        where = where or place
-        if k != "hung":
-            kind = k
-        parts.append(place)
+        place = locate(by_rank[c], ev)
+        details += place.details
+        where = where or place.where
+        if place.kind != "hung":
+            kind = place.kind
+        parts.append(place.text)
     places = parts[0] if len(parts) == 1 else "; ".join(
         f"rank {c}: {p}" for c, p in zip(culprits, parts, strict=True))
     head = (f"{kind}: {_ranks(culprits)} never entered {front_row.op} #{front} ({g}); {places}; "
@@ -272,109 +245,6 @@ def _wavefront(ev: Evidence, groups: dict[str, dict[int, list[Collective]]]) -> 
     return Verdict(kind=kind, headline=head, details=details, culprits=culprits, waiting=waiting, pg=pg,
                    seq=front, op=front_row.op, where=where, for_s=by_rank[culprits[0]].stalled_s,
                    wavefront=rows, numbers={"waiting_s": round(wait_s, 3)})
-
-
-def _deadlock(p: ProcessInfo) -> list[ThreadStack]:
-    """The job's own threads blocked at a lock (their innermost frame is the job's code, at a
-    ``with ...:`` or ``.acquire(`` line, in a futex or with no CPU used): two or more wait on
-    each other."""
-    out = []
-    for t in p.threads:
-        fr = t.frames[0] if t.frames else None
-        if fr is None or _user([fr]) is None or not _LOCK_LINE.search(fr.code or ""):
-            continue
-        if t.syscall not in (None, "futex") or (t.cpu_s or 0.0) > IDLE_CORES * (p.window_s or 1.0):
-            continue
-        out.append(t)
-    return out if len(out) >= 2 else []
-
-
-def _locate(r: RankState, ev: Evidence) -> tuple[str, str, list[str]]:
-    """(kind, where the rank is in words, details) for a rank the others wait for."""
-    stalled = f"for {r.stalled_s:.0f} s" if r.stalled_s is not None else ""
-    if not r.alive:
-        crash = next((p.crash for p in r.processes if p.crash), None)
-        return "exited", f"its process is gone{' (' + crash + ')' if crash else ''}", []
-    if not r.processes or not r.processes[0].threads:
-        last = max(r.collectives, key=lambda c: (c.entered or 0.0, c.seq), default=None)
-        if last is None:
-            return "hung", f"no stack and no collective could be read from it {stalled}".strip(), []
-        at = f", called at {last.where.where()}" if last.where is not None else ""
-        return "hung", (f"its last collective was {last.op} #{last.seq} ({group_name(last.pg)}, "
-                        f"{last.state}){at}; no stack was read from it"), []
-    proc = r.processes[0]
-    locked = _deadlock(proc)
-    if locked:
-        a, b = locked[0], locked[1]
-        main = _main(proc)
-        mf = _user(main.frames) if main else None
-        details = [f"rank {r.rank}: thread {t.name!r} waits at {t.frames[0].where()}: `{t.frames[0].code}`"
-                   for t in locked]
-        if main is not None and main not in locked and mf is not None:
-            details.append(f"rank {r.rank}: its main thread waits at {mf.where()}"
-                           + (f": `{mf.code}`" if mf.code else ""))
-        return ("deadlock", f"it is deadlocked: threads {a.name!r} ({a.frames[0].where()}) and {b.name!r} "
-                f"({b.frames[0].where()}) wait for each other's lock {stalled}".strip(), details)
-    main = _main(proc)
-    frames = main.frames if main else []
-    if any("/torch/utils/data/" in f.file for f in frames):
-        for w in r.processes[1:]:
-            wm = _main(w)
-            wf = _user(wm.frames) if wm else None
-            if wf is not None:
-                word = WAITS.get(wm.syscall or "", "")
-                return ("hung", f"it is in {wf.where()} (DataLoader worker pid {w.pid}), "
-                        f"{word + ' ' if word else ''}{stalled}".strip(),
-                        [f"rank {r.rank}: its main thread waits for its DataLoader at "
-                         f"{_where(_user(frames)) or '?'}",
-                         f"worker pid {w.pid}: `{wf.code}`" if wf.code else ""])
-    fr = _user(frames)
-    word = WAITS.get(main.syscall or "", "") if main else ""
-    call = _call(fr)
-    place = f"it is in {fr.where() if fr else '?'}" + (f" (`{call}`)" if call else "")
-    return "hung", f"{place}, {word + ' ' if word else ''}{stalled}".strip().rstrip(","), []
-
-
-# -- 3. nothing pending -----------------------------------------------------------------------------
-
-def _nothing_pending(ev: Evidence) -> Verdict:
-    for r in ev.ranks:
-        for p in r.processes:
-            locked = _deadlock(p)
-            if locked:
-                a, b = locked[0], locked[1]
-                head = (f"deadlock: rank {r.rank}'s threads {a.name!r} ({a.frames[0].where()}) and "
-                        f"{b.name!r} ({b.frames[0].where()}) wait for each other's lock; "
-                        "no collective pending")
-                return Verdict(kind="deadlock", culprits=[r.rank], where=a.frames[0].where(), headline=head,
-                               for_s=r.stalled_s,
-                               details=[f"thread {t.name!r}: `{t.frames[0].code}`" for t in locked])
-    cores = {r.rank: sum((p.cpu_s or 0.0) / (p.window_s or 1.0) for p in r.processes) for r in ev.ranks}
-    gpu = [g.sm_active if g.sm_active is not None else g.util for g in ev.gpus]
-    gpu_busy = any(v is not None and v >= GPU_IDLE for v in gpu)
-    mains = {r.rank: _main(r.processes[0]) if r.processes else None for r in ev.ranks}
-    frames = {k: _user(t.frames) if t else None for k, t in mains.items()}
-    first = next((f for f in frames.values() if f is not None), None)
-    call = _call(first)
-    at = f"`{call}` ({first.where()})" if call and first else (first.where() if first else "an unknown place")
-    stalled = max((r.stalled_s or 0.0 for r in ev.ranks), default=0.0)
-    numbers = {"job_cores": round(sum(cores.values()), 3), "stalled_s": round(stalled, 1)}
-    if all(c < IDLE_CORES for c in cores.values()) and not gpu_busy:
-        same = len({f.where() if f else None for f in frames.values()}) == 1
-        head = (f"idle: all ranks idle, no collective pending, main thread in {at}" if same else
-                "idle: all ranks idle, no collective pending; " + "; ".join(
-                    f"rank {k}: {f.where() if f else '?'}" for k, f in sorted(frames.items())))
-        shown = ", ".join(f"{v:.0%}" for v in gpu if v is not None)
-        return Verdict(kind="idle", headline=head + f", for {stalled:.0f} s", where=_where(first),
-                       for_s=stalled, numbers=numbers,
-                       details=[f"the GPUs were idle: {shown}"] if shown else [])
-    busy = sorted((k for k, c in cores.items() if c >= IDLE_CORES), key=lambda k: -cores[k])
-    head = (f"busy: no step for {stalled:.0f} s and no collective pending, but the job computes: "
-            + ("; ".join(f"rank {k} ({cores[k]:.2f} cores) in {_where(frames[k]) or '?'}" for k in busy)
-               or f"its GPUs are busy ({', '.join(f'{v:.0%}' for v in gpu if v is not None)})")
-            + " (an unmarked eval or checkpoint? mark it with gpudiag.phase)")
-    return Verdict(kind="busy", headline=head, culprits=busy, where=_where(first), for_s=stalled,
-                   numbers=numbers)
 
 
 def verdict(ev: Evidence) -> Verdict:
@@ -403,4 +273,4 @@ def verdict(ev: Evidence) -> Verdict:
                        "called differently and none left behind")
     if not any(r.processes for r in ev.ranks):
         return Verdict(kind="unknown", headline="no evidence could be read from the job's processes")
-    return _nothing_pending(ev)
+    return nothing_pending(ev)

@@ -12,6 +12,11 @@ Each step: a little compute, the backward pass, ``all_reduce`` of a gradient buc
     --mode idle       every rank finishes --steps steps, then sleeps (holding its resources)
     --mode straggler  rank R sleeps as long again as the others' step, every step
     --mode none       trains --steps steps and exits
+
+Without torchrun it runs as a world of one. ``--fr-dump DIR``: two seconds after the stall is
+arranged, every rank writes what ``torch._C._distributed_c10d._dump_fr_trace()`` returns to
+``DIR/nccl_trace_rank_<RANK>``, the file PyTorch's own dump writer would write (torch 2.13's gloo
+records the Flight Recorder's entries but writes no file by itself).
 """
 
 import argparse
@@ -30,9 +35,18 @@ ap.add_argument("--steps", type=int, default=12)
 ap.add_argument("--step-s", type=float, default=0.05, help="seconds of sleep per step (its input wait)")
 ap.add_argument("--seconds", type=float, default=0.0, help="train for this long instead of --steps")
 ap.add_argument("--numel", type=int, default=4096)
+ap.add_argument("--fr-dump", default=None, help="folder for Flight Recorder dumps, written at the stall")
 args = ap.parse_args()
 
-dist.init_process_group("gloo")
+if "RANK" in os.environ:
+    dist.init_process_group("gloo")
+else:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 me = dist.get_rank()
 culprit = me == args.rank
 model = torch.nn.Linear(64, 64)
@@ -79,6 +93,19 @@ def deadlock() -> None:
         t.join()
 
 
+def dump_flight_recorder_soon() -> None:
+    def dump() -> None:
+        time.sleep(2)
+        raw = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=True,
+                                                        onlyActive=False)
+        tmp = os.path.join(args.fr_dump, f".nccl_trace_rank_{me}")
+        with open(tmp, "wb") as f:
+            f.write(raw)
+        os.replace(tmp, os.path.join(args.fr_dump, f"nccl_trace_rank_{me}"))
+
+    threading.Thread(target=dump, daemon=True).start()
+
+
 loader = None
 if args.mode == "loader":
     r, w = os.pipe()  # the write end stays open here, so the worker's read blocks
@@ -94,6 +121,8 @@ while (time.time() - t0 < args.seconds) if args.seconds else step < args.steps:
         time.sleep(args.step_s)
     model(x).sum().backward()
     at = culprit and step == args.at
+    if step == args.at and args.fr_dump:
+        dump_flight_recorder_soon()
     if at and args.mode == "sleep":
         time.sleep(3600)
     if at and args.mode == "deadlock":
