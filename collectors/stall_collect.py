@@ -33,6 +33,9 @@ from gpudiag.incident import (
 from gpudiag.rundir import read_host_cpu, read_jsonl, read_steps
 
 TIMELINE_STEPS = 30
+# the CPU each thread used is read twice, this far apart at least: the kernel counts in 10 ms
+# ticks, so a shorter window cannot tell 5% of a core (the idle line) from nothing
+MIN_WINDOW_S = 1.0
 _FR_OPS = {"_allgather_base": "all_gather", "allgather": "all_gather", "allreduce": "all_reduce",
            "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
            "all_gather_into_tensor": "all_gather", "alltoall_base": "all_to_all", "alltoall": "all_to_all",
@@ -138,10 +141,15 @@ def processes_of(rank: int, pid: int, snap0: dict, snap1: dict, stacks: dict[int
             threads = _threads_from_answer(answer)
         a, b = snap0.get(p), snap1.get(p)
         _annotate(threads, p, a, b)
+        ours = {t.get("native_id") for t in (answer or {}).get("threads") or [] if t.get("watcher")}
+        cpu = None   # the job's own threads: gpudiag's watcher, answering meanwhile, is not the job
+        if a is not None and b is not None:
+            cpu = sum(stall_evidence.cpu_seconds(a.threads.get(tid), th) or 0.0
+                      for tid, th in b.threads.items() if tid not in ours or p != pid)
         role = "rank" if p == pid else ("dataloader worker" if b is not None and b.ppid == pid else "child")
         out.append(ProcessInfo(pid=p, role=role, rank=rank, ppid=b.ppid if b else None,
                                alive=b is not None and b.state != "Z", state=b.state if b else None,
-                               cpu_s=stall_evidence.cpu_seconds(a, b), window_s=window,
+                               cpu_s=cpu, window_s=window,
                                threads=threads, answered=answered, crash=crash))
     return out
 
@@ -222,7 +230,8 @@ def collect(run_dir: Path, ident: str, root_pid: int, boxes: dict[int, BlackBox]
                 waiting.discard(r)
         if waiting:
             time.sleep(0.1)
-    window = max(time.monotonic() - t0, 1e-3)
+    time.sleep(max(0.0, MIN_WINDOW_S - (time.monotonic() - t0)))
+    window = time.monotonic() - t0
     snap1 = stall_evidence.snapshot(pids)
     ev = Evidence(id=ident, source="stall", detected_at=now, rule=rule, timeline=timeline(run_dir))
     for r, box in sorted(boxes.items()):
@@ -231,7 +240,7 @@ def collect(run_dir: Path, ident: str, root_pid: int, boxes: dict[int, BlackBox]
         ev.ranks.append(rs)
     since = min((r.last_step_t or now for r in ev.ranks), default=now)
     ev.gpus = gpu_activity(run_dir, since)
-    ev.job_cores = sum(stall_evidence.cpu_seconds(snap0.get(p), snap1.get(p)) or 0.0 for p in snap1) / window
+    ev.job_cores = sum(p.cpu_s or 0.0 for r in ev.ranks for p in r.processes) / window
     host = read_host_cpu(run_dir)
     if host and host[-1].machine_busy is not None:
         ev.machine_busy = host[-1].machine_busy
