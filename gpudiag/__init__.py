@@ -28,8 +28,8 @@ class phase:  # noqa: N801 - used as ``with gpudiag.phase("eval"):``, like a fun
         with gpudiag.phase("checkpoint"):
             save(model)
 
-    A marked phase has its own, longer limit (``--phase-limit``, default 30 min): a checkpoint
-    that hangs is still found. Anywhere else it does nothing, so it can stay in the code.
+    A marked phase has its own, longer limit (30 min from its start, ``analyzers/stall.py``): a
+    checkpoint that hangs is still found. Anywhere else it does nothing, so it can stay in the code.
     """
 
     def __init__(self, name: str) -> None:

@@ -124,3 +124,9 @@ def after_job(run_dir: Path, monitor: Any, status: str, how: str, stopped: bool)
         _say(render_text(inc, where=str(page)))
     for msg in monitor.errors if monitor is not None else []:
         _say(f"gpudiag: {msg}")
+    for f in (run_dir / "samples" / "stacks").glob("pid-*.txt"):   # processes never asked, never crashed
+        try:
+            if f.stat().st_size == 0:
+                f.unlink()
+        except OSError:
+            pass

@@ -36,23 +36,28 @@ ap.add_argument("--step-s", type=float, default=0.05, help="seconds of sleep per
 ap.add_argument("--seconds", type=float, default=0.0, help="train for this long instead of --steps")
 ap.add_argument("--numel", type=int, default=4096)
 ap.add_argument("--fr-dump", default=None, help="folder for Flight Recorder dumps, written at the stall")
+ap.add_argument("--backend", default="gloo", help="nccl: the collectives' tensors on the rank's GPU")
 args = ap.parse_args()
 
+dev = torch.device("cpu")
+if args.backend == "nccl":
+    dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}")
+    torch.cuda.set_device(dev)
 if "RANK" in os.environ:
-    dist.init_process_group("gloo")
+    dist.init_process_group(args.backend)
 else:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group(args.backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 me = dist.get_rank()
 culprit = me == args.rank
 model = torch.nn.Linear(64, 64)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-bucket = torch.ones(args.numel)
-state = torch.zeros(16)
+bucket = torch.ones(args.numel, device=dev)
+state = torch.zeros(16, device=dev)
 
 
 class Reads(torch.utils.data.Dataset):
@@ -96,8 +101,9 @@ def deadlock() -> None:
 def dump_flight_recorder_soon() -> None:
     def dump() -> None:
         time.sleep(2)
-        raw = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=True,
-                                                        onlyActive=False)
+        c10d = torch._C._distributed_c10d
+        dump_fn = getattr(c10d, "_dump_fr_trace", None) or c10d._dump_nccl_trace  # older torch: NCCL's
+        raw = dump_fn(includeCollectives=True, includeStackTraces=True, onlyActive=False)
         tmp = os.path.join(args.fr_dump, f".nccl_trace_rank_{me}")
         with open(tmp, "wb") as f:
             f.write(raw)
@@ -128,7 +134,7 @@ while (time.time() - t0 < args.seconds) if args.seconds else step < args.steps:
     if at and args.mode == "deadlock":
         deadlock()
     if not (at and args.mode == "skip"):
-        dist.all_reduce(torch.ones(args.numel // 2) if at and args.mode == "mismatch" else bucket)
+        dist.all_reduce(torch.ones(args.numel // 2, device=dev) if at and args.mode == "mismatch" else bucket)
     dist.broadcast(state, 0)
     opt.step()
     opt.zero_grad()
