@@ -61,6 +61,67 @@ def run(arm: str, args: argparse.Namespace, tmp: Path, n: int) -> float:
     return json.loads(report.read_text())["median_step_s"]
 
 
+_FR_LOOP = """
+import os, socket, sys, time, torch, torch.distributed as dist
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+x = torch.ones(16)
+for _ in range(500):
+    dist.all_reduce(x)
+t, c = time.perf_counter(), time.process_time()
+for _ in range(int(sys.argv[1])):
+    dist.all_reduce(x)
+print((time.perf_counter() - t) / int(sys.argv[1]), (time.process_time() - c) / int(sys.argv[1]))
+"""
+
+
+def micro(calls: int = 100_000) -> dict[str, float]:
+    """Microseconds of the in-job pieces per call, on this process's clock: the black box's
+    write at a step, the recorded collective (a real tensor argument, the wrapped call a no-op),
+    and the Flight Recorder's record of a gloo all_reduce (a world of one, its buffer 2000
+    entries against off, alternated)."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    from gpudiag.collectors import blackbox, stall_watch
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as d:
+        run = Path(d)
+        (run / "samples").mkdir()
+        w = blackbox.Writer(blackbox.path_for(run, 0), 0, os.getpid(), 0.0)
+        t = time.process_time()
+        for i in range(calls):
+            w.step(i, 1.0, 0.1, False)
+        out["black box, per step"] = (time.process_time() - t) / calls * 1e6
+        st = SimpleNamespace(run_dir=run, rank=0, step=1, prof=None)
+        stall_watch._box, stall_watch._box_pid, stall_watch._watcher = w, os.getpid(), object()
+        fake = SimpleNamespace(group=SimpleNamespace(WORLD=SimpleNamespace(group_name="0")))
+        noop = lambda tensor, op=None, group=None, async_op=False: None  # noqa: E731
+        wrapped = stall_watch._recorded(fake, "all_reduce", noop, lambda: st, 2, torch.Tensor)
+        x = torch.ones(16, 64)
+        t = time.process_time()
+        for _ in range(calls // 10):
+            wrapped(x)
+        out["recorded collective, per call"] = (time.process_time() - t) / (calls // 10) * 1e6
+        t = time.process_time()
+        for _ in range(calls // 10):
+            noop(x)
+        out["recorded collective, per call"] -= (time.process_time() - t) / (calls // 10) * 1e6
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FR_", "TORCH_NCCL_TRACE"))}
+    per: dict[str, list[float]] = {"0": [], "2000": []}
+    for size in ("0", "2000", "2000", "0", "0", "2000", "2000", "0"):
+        r = subprocess.run([sys.executable, "-c", _FR_LOOP, "3000"], capture_output=True, text=True,
+                           env={**env, "TORCH_FR_BUFFER_SIZE": size}, check=True)
+        per[size].append(float(r.stdout.split()[1]))
+    out["gloo all_reduce of 16 floats, CPU per call (FR off)"] = statistics.median(per["0"]) * 1e6
+    out["Flight Recorder's record, CPU per collective"] = (statistics.median(per["2000"])
+                                                            - statistics.median(per["0"])) * 1e6
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -68,7 +129,14 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--backend", default="gloo")
     ap.add_argument("--json", default=None, help="write the per-run medians here")
+    ap.add_argument("--micro", action="store_true", help="only the per-call costs of the in-job pieces")
     args = ap.parse_args()
+    if args.micro:
+        load = os.getloadavg()
+        print(f"per call (process CPU time; load average {load[0]:.2f}, {os.cpu_count()} CPUs):")
+        for k, v in micro().items():
+            print(f"  {k:52s} {v:8.2f} us")
+        return
     got: dict[str, list[float]] = {a: [] for a in ARMS}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -66,6 +66,11 @@ def _fit(text: str, n: int) -> bytes:
     return text.encode("ascii", "replace")[:n]
 
 
+def encode(text: str) -> bytes:
+    """A name as a slot holds it (``struct`` cuts it to its field)."""
+    return text.encode("ascii", "replace")
+
+
 class Writer:
     """The rank's side: created once per training process, written from its threads."""
 
@@ -91,15 +96,16 @@ class Writer:
     def phase(self, name: str, since: float) -> None:
         struct.pack_into("<24sd", self.mm, _OFF_PHASE, _fit(name, 24), since)
 
-    def enter(self, pg: str, op: str, shape: str, dtype: str, numel: int, step: int, t: float,
+    def enter(self, pg: bytes, op: bytes, shape: bytes, dtype: bytes, numel: int, step: int, t: float,
               state: int = ENTERED) -> int:
-        """Record a collective as entered; returns its slot for ``done``."""
+        """Record a collective as entered; returns its slot for ``done``. The names come encoded
+        (``encode``): a caller keeps them, so a call costs no string work."""
         seq = self.seq.get(pg, 0) + 1
         self.seq[pg] = seq
         self.order += 1
         slot = (self.order - 1) % SLOTS
         _SLOT.pack_into(self.mm, _HEADER.size + slot * _SLOT.size, self.order, seq, t, 0.0, step,
-                        numel, state, _fit(op, 15), _fit(pg, 24), _fit(shape, 40), _fit(dtype, 8))
+                        numel, state, op, pg, shape, dtype)
         return slot
 
     def done(self, slot: int, t: float, state: int = DONE) -> None:

@@ -180,24 +180,38 @@ def wrap_collectives(dist: Any, names: tuple[str, ...], state: Any, torch: Any) 
         setattr(dist, name, _recorded(dist, name, fn, state, group_at, tensor_type))
 
 
-def _pg_name(dist: Any, group: Any, cache: dict[int, str]) -> str:  # noqa: ANN401
+def _pg_name(dist: Any, group: Any, cache: dict[int, bytes]) -> bytes:  # noqa: ANN401
     key = id(group)
     name = cache.get(key)
     if name is None:
         try:
             g = group if group is not None else dist.group.WORLD
-            name = str(getattr(g, "group_name", "") or "0")
+            name = str(getattr(g, "group_name", "") or "0").encode("ascii", "replace")
         except Exception:  # noqa: BLE001
-            name = "?"
+            name = b"?"
         cache[key] = name
     return name
+
+
+def _described(t: Any, cache: dict[tuple, tuple[bytes, bytes, int]]) -> tuple[bytes, bytes, int]:  # noqa: ANN401
+    """(shape, dtype, numel) of a tensor argument, encoded once per shape and dtype seen."""
+    key = (t.shape, t.dtype)
+    got = cache.get(key)
+    if got is None:
+        got = ("x".join(str(d) for d in t.shape).encode(), str(t.dtype).removeprefix("torch.").encode(),
+               int(t.numel()))
+        if len(cache) < 1024:
+            cache[key] = got
+    return got
 
 
 def _recorded(dist: Any, name: str, fn: Any, state: Any, group_at: int | None,
               tensor_type: type) -> Any:
     box_mod = _sibling("blackbox")
-    pgs: dict[int, str] = {}
-    op = name.replace("_into_tensor", "").replace("_tensor", "").replace("_single", "")
+    pgs: dict[int, bytes] = {}
+    shapes: dict[tuple, tuple[bytes, bytes, int]] = {}
+    op = name.replace("_into_tensor", "").replace("_tensor", "").replace("_single", "").encode()
+    none = (b"", b"", 0)
 
     @functools.wraps(fn)
     def recorded(*args: Any, **kwargs: Any) -> Any:
@@ -212,9 +226,7 @@ def _recorded(dist: Any, name: str, fn: Any, state: Any, group_at: int | None,
             first = next((a for a in args if isinstance(a, tensor_type)), None)
             if first is None:
                 first = next((a for a in kwargs.values() if isinstance(a, tensor_type)), None)
-            shape = "x".join(str(d) for d in first.shape) if first is not None else ""
-            dtype = str(first.dtype).removeprefix("torch.") if first is not None else ""
-            numel = int(first.numel()) if first is not None else 0
+            shape, dtype, numel = _described(first, shapes) if first is not None else none
             is_async = bool(kwargs.get("async_op"))
             slot = box.enter(_pg_name(dist, group, pgs), op, shape, dtype, numel, st.step, time.time(),
                              box_mod.ISSUED if is_async else box_mod.ENTERED)

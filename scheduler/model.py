@@ -242,7 +242,7 @@ class Policy:
     # its GPUs for nothing; its MFU is 0 for ordering and victims either way. Where the admin
     # enables it, a job stalled for stalled_after_s is requeued or cancelled (scheduler/stalled.py):
     # off by default, because only the admin knows whether a job's pauses may be legitimate.
-    stalled_action: str | None = None       # "requeue", "cancel" or None (off)
+    stalled_action: str = "off"             # "requeue", "cancel" or "off"
     stalled_after_s: float = 1800.0
     # SIGTERM, then this long to checkpoint before SIGKILL, for a job that does not ask its own.
     default_grace_s: float = DEFAULT_GRACE_S

@@ -32,7 +32,7 @@ def _age(s: float) -> str:
 
 def stalled_decisions(running: Mapping[int, Signal], policy: Policy) -> list[StalledDecision]:
     """One decision per running job stalled for at least ``policy.stalled_after_s`` (none when
-    ``policy.stalled_action`` is off). ``running``: the running jobs' own signals."""
+    ``policy.stalled_action`` is "off"). ``running``: the running jobs' own signals."""
     if policy.stalled_action not in ACTIONS:
         return []
     out = []

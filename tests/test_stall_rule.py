@@ -77,9 +77,9 @@ def test_the_black_box_reads_back_what_the_rank_wrote(tmp_path):
     for i in range(1, 71):   # more steps than the ring holds
         w.step(i, NOW - 70 + i, 0.1 * i, profiler=i == 70)
     w.phase("eval", NOW - 1)
-    done = w.enter("0", "all_reduce", "16x64", "float32", 1024, 70, NOW - 0.5)
+    done = w.enter(b"0", b"all_reduce", b"16x64", b"float32", 1024, 70, NOW - 0.5)
     w.done(done, NOW - 0.4)
-    w.enter("0", "broadcast", "16", "float32", 16, 70, NOW - 0.3)
+    w.enter(b"0", b"broadcast", b"16", b"float32", 16, 70, NOW - 0.3)
     box = blackbox.read(blackbox.path_for(tmp_path, 3))
     assert (box.rank, box.pid, box.step, box.last_step_t, box.phase, box.profiler_open) == \
         (3, 4242, 70, NOW, "eval", True)

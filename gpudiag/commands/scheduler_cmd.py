@@ -73,7 +73,8 @@ def scheduler() -> None:
               help="One cgroup v2 per job where the host allows it (root, a writable cgroup2 mount), so "
                    "no process of a job outlives it; the log's first line says which containment is in use "
                    "(docs/scheduler-daemon.md).")
-@click.option("--stalled", "stalled", type=click.Choice(["off", "requeue", "cancel"]), default="off",
+@click.option("--stalled", "stalled", type=click.Choice(["off", "requeue", "cancel"]),
+              default=Policy().stalled_action,
               show_default=True,
               help="What to do with a running job the agent calls stalled (no step for its limit) for "
                    "--stalled-after: requeue it, cancel it, or nothing (its MFU counts as 0 either way).")
@@ -113,7 +114,7 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
         raise BadInput(f"--max-pending {max_pending}: give 0 (no limit) or a positive number of jobs")
     policy = with_options(Policy(), {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
     policy = dataclasses.replace(policy, max_pending_per_user=max_pending,
-                                 stalled_action=None if stalled == "off" else stalled,
+                                 stalled_action=stalled,
                                  stalled_after_s=parse_duration(stalled_after, "--stalled-after"))
     teams = Teams(teams_source)   # a teams file that cannot be trusted: one line, before anything starts
     # every job reports to the agent this daemon reads, whichever option named it
