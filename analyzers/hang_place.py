@@ -152,7 +152,9 @@ def nothing_pending(ev: Evidence) -> Verdict:
     gpu = [g.sm_active if g.sm_active is not None else g.util for g in ev.gpus]
     gpu_busy = any(v is not None and v >= GPU_IDLE for v in gpu)
     mains = {r.rank: main_thread(r.processes[0]) if r.processes else None for r in ev.ranks}
-    frames = {k: job_line(t.frames) if t else None for k, t in mains.items()}
+    # the job's own line, else (a job in torch's teardown, say) the innermost frame there is
+    frames = {k: (job_line(t.frames) or (t.frames[0] if t.frames else None)) if t else None
+              for k, t in mains.items()}
     first = next((f for f in frames.values() if f is not None), None)
     call = _call(first)
     at = f"`{call}` ({first.where()})" if call and first else (first.where() if first else "an unknown place")

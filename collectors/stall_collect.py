@@ -167,9 +167,24 @@ def gpu_activity(run_dir: Path, since: float) -> list[GpuActivity]:
     return out
 
 
-def timeline(run_dir: Path) -> dict[str, list[list[float]]]:
+def timeline(run_dir: Path, boxes: dict[int, BlackBox]) -> dict[str, list[list[float]]]:
+    """Per rank, its last steps as [step, end, seconds, seconds waited in collectives]: the step
+    timer's rows, which are flushed about once a second; where they lag the black box (a rank
+    that stalled before its rows were flushed), the black box's own step durations, counted
+    back from its last step (their waits unknown: 0)."""
     out = {}
-    for rank, rows in read_steps(run_dir).items():
+    steps = read_steps(run_dir)
+    for rank in sorted(set(steps) | set(boxes)):
+        rows = steps.get(rank, [])
+        box = boxes.get(rank)
+        lags = not rows or (box is not None and rows[-1].step < box.step)
+        if box is not None and box.last_step_t is not None and box.dts and lags:
+            end, made = box.last_step_t, []
+            for i, dt in enumerate(reversed(box.dts[-TIMELINE_STEPS:])):
+                made.append([box.step - i, end, dt, 0.0])
+                end -= dt
+            out[str(rank)] = made[::-1]
+            continue
         out[str(rank)] = [[r.step, r.t, r.dt, sum(float(c.get("exposed", c.get("seconds", 0.0)) or 0.0)
                                                    for c in r.collectives.values() if isinstance(c, dict))]
                           for r in rows[-TIMELINE_STEPS:]]
@@ -233,7 +248,7 @@ def collect(run_dir: Path, ident: str, root_pid: int, boxes: dict[int, BlackBox]
     time.sleep(max(0.0, MIN_WINDOW_S - (time.monotonic() - t0)))
     window = time.monotonic() - t0
     snap1 = stall_evidence.snapshot(pids)
-    ev = Evidence(id=ident, source="stall", detected_at=now, rule=rule, timeline=timeline(run_dir))
+    ev = Evidence(id=ident, source="stall", detected_at=now, rule=rule, timeline=timeline(run_dir, boxes))
     for r, box in sorted(boxes.items()):
         rs = rank_state(box, limits.get(r), answers.get(r), now)
         rs.processes = processes_of(r, box.pid, snap0, snap1, stacks, answers.get(r), window)
@@ -256,7 +271,7 @@ def exit_evidence(run_dir: Path, ident: str, now: float) -> Evidence | None:
     boxes = blackbox.read_all(run_dir)
     if not boxes:
         return None
-    ev = Evidence(id=ident, source="exit", detected_at=now, timeline=timeline(run_dir))
+    ev = Evidence(id=ident, source="exit", detected_at=now, timeline=timeline(run_dir, boxes))
     for r, box in sorted(boxes.items()):
         rs = rank_state(box, None, None, now)
         rs.alive, rs.fr_note = False, "the job has ended (the Flight Recorder lived in its memory)"

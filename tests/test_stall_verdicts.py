@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpudiag.incident import Incident, read_incident
+from tests.browser import BrowserError, Chromium
 from tests.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,8 +95,27 @@ def test_a_rank_that_sleeps_before_a_collective_is_named_with_its_line_and_the_j
     assert all(p.answered for r in inc.evidence.ranks for p in r.processes if p.role == "rank")
     assert all(r.fr_note is None for r in inc.evidence.ranks)
     assert "HUNG: rank 1 never entered all_reduce" in err
-    html = (run / "incidents" / "1" / "incident.html").read_text()
-    assert "never entered all_reduce" in html and "hang_job.py" in html
+    page = open_page(run / "incidents" / "1" / "incident.html", tmp_path)
+    assert page.data == json.loads(inc.to_json()) and "never entered all_reduce" in page.text
+    assert {"verdict", "timeline", "wavefront", "ranks", "stacks"} <= set(page.sections)
+    assert page.charts, "no timeline of the last steps"
+
+
+def open_page(path: Path, tmp: Path):  # noqa: ANN201 - tests.browser.Page
+    """The page as headless Chromium shows it: nothing fetched, no script run, no error, no
+    horizontal scroll."""
+    try:
+        browser = Chromium.launch(tmp / "chromium")
+    except BrowserError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        page = browser.open(path)
+    finally:
+        browser.close()
+    assert page.page_errors == [] and page.dialogs == [] and page.foreign_requests == []
+    assert page.scripts == [{"type": "application/json", "id": "gpudiag-data"}]
+    assert page.scroll_width <= page.client_width
+    return page
 
 
 def test_a_rank_stuck_in_its_dataloader_workers_read_is_named_in_the_worker(tmp_path):
@@ -146,6 +166,24 @@ def test_a_job_that_finished_training_and_sleeps_is_idle_with_no_collective_pend
     assert running and v.kind == "idle", v.headline
     assert "all ranks idle, no collective pending, main thread in `time.sleep`" in v.headline
     assert v.numbers["job_cores"] < 0.05
+
+
+def test_a_pause_that_ends_closes_its_incident_and_a_marked_phase_is_no_stall(tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", "1000", "--stall-after",
+           "3s", "--", *torchrun(2), str(JOB), "--mode", "pauses", "--at", "5", "--steps", "16",
+           "--pause-s", "6"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=DEADLINE_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    inc = read_incident(run / "incidents" / "1" / "incident.json")
+    assert inc.verdict.kind == "idle" and "a pause, not a hang" in inc.resolution, inc.resolution
+    assert inc.resolved_at > inc.evidence.detected_at
+    # the marked pause, the same length, at step 10 (a job's end may still stall past a 3 s limit
+    # on a busy machine: torch's teardown is no step either)
+    later = [read_incident(p) for p in sorted((run / "incidents").glob("*/incident.json"))][1:]
+    assert [i.evidence.id for i in later if any(r.step == 10 for r in i.evidence.ranks)] == [], \
+        "the marked phase was called a stall"
+    assert "incident 1: steps resumed" in proc.stderr
 
 
 def test_a_straggler_rank_with_twice_slower_steps_is_named_with_where_its_time_goes(tmp_path):

@@ -11,6 +11,8 @@ Each step: a little compute, the backward pass, ``all_reduce`` of a gradient buc
     --mode deadlock   rank R's two threads take two locks in opposite orders; its main thread joins them
     --mode idle       every rank finishes --steps steps, then sleeps (holding its resources)
     --mode straggler  rank R sleeps as long again as the others' step, every step
+    --mode pauses     pauses --pause-s unmarked at step --at, then as long again inside
+                      ``gpudiag.phase("eval")`` at step 2 x --at, and trains on to --steps
     --mode none       trains --steps steps and exits
 
 Without torchrun it runs as a world of one. ``--fr-dump DIR``: two seconds after the stall is
@@ -37,6 +39,7 @@ ap.add_argument("--seconds", type=float, default=0.0, help="train for this long 
 ap.add_argument("--numel", type=int, default=4096)
 ap.add_argument("--fr-dump", default=None, help="folder for Flight Recorder dumps, written at the stall")
 ap.add_argument("--backend", default="gloo", help="nccl: the collectives' tensors on the rank's GPU")
+ap.add_argument("--pause-s", type=float, default=6.0)
 args = ap.parse_args()
 
 dev = torch.device("cpu")
@@ -133,6 +136,13 @@ while (time.time() - t0 < args.seconds) if args.seconds else step < args.steps:
         time.sleep(3600)
     if at and args.mode == "deadlock":
         deadlock()
+    if args.mode == "pauses" and step == args.at:
+        time.sleep(args.pause_s)                 # every rank: an unmarked eval
+    if args.mode == "pauses" and step == 2 * args.at:
+        import gpudiag
+
+        with gpudiag.phase("eval"):              # the same, marked
+            time.sleep(args.pause_s)
     if not (at and args.mode == "skip"):
         dist.all_reduce(torch.ones(args.numel // 2, device=dev) if at and args.mode == "mismatch" else bucket)
     dist.broadcast(state, 0)
