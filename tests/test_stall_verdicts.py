@@ -51,6 +51,19 @@ def wait_for(pred, what: str, proc: subprocess.Popen | None = None, deadline_s: 
     raise AssertionError(f"no {what} within {deadline_s:.0f} s")
 
 
+def kill_mine(marker: str) -> None:
+    """SIGKILL what is left of a job this test started: the processes whose command line holds
+    ``marker`` (a path of this test's own temporary folder)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def stop(proc: subprocess.Popen) -> str:
     """SIGTERM gpudiag (it forwards it to the job), then what it printed on stderr."""
     if proc.poll() is None:
@@ -210,8 +223,9 @@ def test_hang_report_reads_flight_recorder_dumps_of_a_job_not_run_under_gpudiag(
     try:
         wait_for(lambda: len(list(dumps.glob("nccl_trace_rank_*"))) == 3, "three Flight Recorder dumps")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc.terminate()   # torchrun stops its workers on SIGTERM
+        proc.wait(timeout=60)
+        kill_mine(str(dumps))
     p = subprocess.run([sys.executable, "-m", "gpudiag", "hang-report", str(dumps), "--json",
                         "--output", str(tmp_path / "hang.html")], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
