@@ -113,7 +113,7 @@ LANES = {
                 "test_slurm_messages", "test_slurm_reclaim_actions", "test_local_scheduler_crash"),
     "slurm-b": ("test_slurm", "test_slurm_admin", "test_slurm_hetero", "test_slurm_units", "test_fleet",
                 "test_one_box_signals", "test_top", "test_local_scheduler", "test_local_scheduler_teams",
-                "test_stall_fleet"),
+                "test_stall_fleet", "test_stall_scheduler"),
     "cpu-a": ("test_profile", "test_unprofiled", "test_cpu_labels", "test_mlflow", "test_report_browser",
               "test_diff", "test_hta_agreement"),
 }

@@ -165,8 +165,12 @@ class Daemon:
     def act_on_stalled(self, now: float) -> None:
         """Where the admin asked for it (``--stalled``): requeue or cancel each running job the
         agent has called stalled for ``--stalled-after``; one line each (scheduler/stalled.py)."""
+        # a stall that began before this run of the job (an earlier attempt's, still in the agent's
+        # table until the restarted job reports) is not this run's
         running = {r.id: s for r in self.jobs.active.values()
-                   if r.state == RUNNING and (s := self._live(r)) is not None}
+                   if r.state == RUNNING and (s := self._live(r)) is not None
+                   and (s.stalled_s is None or r.started_t is None
+                        or self.signals_t - s.stalled_s >= r.started_t)}   # as of the read
         for d in stalled_decisions(running, self.policy):
             row = self.jobs.active.get(d.job_id)
             if row is not None and row.state == RUNNING:
