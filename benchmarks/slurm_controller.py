@@ -117,7 +117,7 @@ class ReplayIO(SlurmIO):
             return self.squeue
         if argv[:3] == ("scontrol", "show", "node"):
             return self.node_text
-        if argv[:3] == ("scontrol", "show", "partition"):
+        if argv[:4] == ("scontrol", "-a", "show", "partition"):
             first = (("spot", "REQUEUE"), ("reserved", "REQUEUE"), ("ondemand", "OFF"))
             mark = f"\nPartitionName={RELOAD_MARK} PriorityTier=0 State=INACTIVE" if self.mark else ""
             return "\n".join(line.replace(f"PreemptMode={m0}", f"PreemptMode={self.modes[n]}")

@@ -114,6 +114,9 @@ def test_slurm_user_runs_the_controller_and_an_ordinary_user_is_refused_in_one_l
     p = as_user(slurm_user, user_python, cluster, "--once", "--agents", agents, "--state", str(mine))
     assert p.returncode == 0, p.stdout + p.stderr
     assert cluster.preempt_mode("spot") == "OFF" and cluster.preempt_mode("reserved") == "OFF"
+    # a second round sees the hidden reload mark the first one made: no second one, no warning
+    p = as_user(slurm_user, user_python, cluster, "--once", "--agents", agents, "--state", str(mine))
+    assert p.returncode == 0 and "reload mark" not in p.stderr, p.stdout + p.stderr
     p = as_user(slurm_user, user_python, cluster, "--restore-only", "--state", str(mine))
     assert p.returncode == 0, p.stdout + p.stderr
     assert cluster.preempt_mode("spot") == "REQUEUE" and cluster.preempt_mode("reserved") == "REQUEUE"

@@ -89,7 +89,7 @@ class SlurmDenied(SlurmError):
 # A partition slurm.conf does not define, created by the controller: a reload of slurm.conf removes
 # it (``reloaded``). Hidden and inactive (no job can be submitted to it or run in it), no nodes.
 RELOAD_MARK = "gpudiag-reload-mark"
-MARK_SPEC = ("State=INACTIVE", "Hidden=YES", "Default=NO", "PriorityTier=0")
+MARK_SPEC = ("State=INACTIVE", "Hidden=YES", "Default=NO", "PriorityTier=0", "PreemptMode=OFF")
 # Job ids per ``scontrol update JobId=...`` call: far below any command-line limit.
 MAX_IDS_PER_CALL = 500
 # What scontrol 22.05 prints per job a multi-job update fails for (update_job.c): "<error> for job
@@ -179,8 +179,11 @@ class SlurmIO:
         return parse_nodes(self._run("scontrol", "show", "node", "-o"))
 
     def partitions(self) -> dict[str, Partition]:
-        """Every partition but ``RELOAD_MARK``; ``marked`` says whether this answer had the mark."""
-        parts = parse_partitions(self._run("scontrol", "show", "partition", "-o"))
+        """Every partition but ``RELOAD_MARK``; ``marked`` says whether this answer had the mark.
+        ``-a``: without it Slurm hides hidden partitions (the mark is one) and those of groups
+        the caller is not in from users other than root and the SlurmUser (user nobody saw no
+        mark), and the controller must see every partition it reasons about."""
+        parts = parse_partitions(self._run("scontrol", "-a", "show", "partition", "-o"))
         self.marked = parts.pop(RELOAD_MARK, None) is not None
         return parts
 
