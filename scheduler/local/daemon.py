@@ -64,6 +64,7 @@ class Daemon:
         self.source = source
         self.stopping = False
         self.dirty = True
+        self.passes = 0   # scheduling passes begun (ping says: a test waits for the next one)
         prepare_daemon_dir(state_dir)
         self._lock = open(state_dir / LOCK_NAME, "a")  # noqa: SIM115 - held for the daemon's life
         try:
@@ -141,6 +142,7 @@ class Daemon:
 
     # -- the pass -------------------------------------------------------------------------------
     def schedule(self, now: float) -> None:
+        self.passes += 1   # begun: a pass counted in ping began after every request answered before
         self.jobs.enforce(now)
         if self.jobs.reap(now, self.final_signal):
             self.dirty = True
@@ -174,7 +176,7 @@ class Daemon:
         op = req["op"]
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "prefix": self.store.prefix,
-                    "containment": self.containment.describe()}
+                    "containment": self.containment.describe(), "passes": self.passes}
         if op == "submit":
             return self.submit(protocol.parse_submit(req), peer)
         if op == "queue":
@@ -287,6 +289,9 @@ class Daemon:
             if r.state == PENDING:
                 d["why"] = self.engine.describe(seen[r.id], rows_by_id, now, r) if r.id in seen \
                     else "waiting for the next scheduling pass"
+                if self.store.room.short:   # no start could be recorded: none is made
+                    full = self.store.room.line().split(";")[0]
+                    d["why"] = f"{full}: no job starts until there is room; {d['why']}"
                 d["why_numbers"] = _why_numbers(seen.get(r.id))
             else:
                 d["why"] = r.reason

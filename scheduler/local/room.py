@@ -74,6 +74,7 @@ class Room:
         self.folder = db_path.parent
         self.supported = True     # False: this filesystem cannot reserve (no fallocate)
         self.short = False        # the last look found less than RESERVE_BYTES free
+        self.announced = False    # the log has said so (once per episode)
 
     def free(self) -> int:
         try:
@@ -97,10 +98,13 @@ class Room:
         returns a line for the log when the folder's state changed (full, or room again)."""
         free = self.free()
         if free < RESERVE_BYTES:
-            was, self.short = self.short, True
-            return None if was else f"{self.line()}: refusing submits and starts until there is room again"
-        note = "the state folder has room again: " + size_words(free) + " free" if self.short else None
-        self.short = False
+            self.short = True
+            if self.announced:
+                return None
+            self.announced = True
+            return f"{self.line()}: refusing submits and starts until there is room again"
+        note = f"the state folder has room again: {size_words(free)} free" if self.announced else None
+        self.short = self.announced = False
         if not self.supported:
             return note
         try:
