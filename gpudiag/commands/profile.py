@@ -213,7 +213,27 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
         _final_signal(reporter, d, run_dir)
     if d is not None and opts.mlflow_uri is not None:
         _log_mlflow(d, run_dir, opts.mlflow_uri)
+    _exit_past_busy_threads(result.exit_code)
     return result.exit_code
+
+
+def _exit_past_busy_threads(code: int) -> None:
+    """The job's exit code, even where the signal thread is still inside an estimate (its join
+    gives up after 5 s; on a loaded machine the estimate measures CPU peaks with torch for
+    longer): interpreter shutdown under it aborts in C++ ("terminate called without an active
+    exception"), and gpudiag exited 134 for a job that exited 0. Then leave without finalizing:
+    the run directory, the report and the final signal are already written."""
+    import os
+    import sys
+    import threading
+
+    if any(t.is_alive() and t.daemon and t.name.startswith("gpudiag-") for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 def _leave_analysis_on_term(code: int) -> None:

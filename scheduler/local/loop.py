@@ -105,8 +105,8 @@ class Loop:
         sel.register(rfd, selectors.EVENT_READ, "wake")
         _log(f"serving {len(d.machine.ids)} {d.machine.unit} on {sock_path} (pid {os.getpid()}); "
              f"signals: {'available' if d.signals.available else d.signals.why}; "
-             f"containment: {d.containment.describe()}; clients: {self.clients.limits.describe()}, "
-             f"listen queue {backlog} (open files: {soft} of at most {hard})")
+             f"containment: {d.containment.describe()}; clients: {self.clients.limits.describe()} "
+             f"(open files: {soft} of at most {hard}); listen queue: {backlog}")
         next_tick = 0.0
         while not d.stopping:
             now = time.monotonic()
