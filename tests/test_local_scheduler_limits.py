@@ -272,6 +272,44 @@ def test_a_schema_1_database_holds_positions_read_once_as_ids(tmp_path):
     assert [r.slots for r in Store(path, ("0",)).jobs()] == [["4", "6"]]   # once
 
 
+# --- what the log and queue say ----------------------------------------------------------------------
+
+def test_a_quota_reclaim_is_logged_with_its_reason(tmp_path, sched_factory):
+    s = sched_factory("--slots", "2", "--no-monitor", "--min-runtime", "0", "--quota", "a=1",
+                      "--quota", "b=1")
+    gate = tmp_path / "gate"
+    held = [s.submit("--gpus", "1", "--team", "b", "--grace", "1s", "--", *gated(gate)) for _ in range(2)]
+    s.wait("team b holds both", lambda j: all(state_of(j, i) == "running" for i in held))
+    small = s.submit("--gpus", "1", "--team", "a", "--", "true")
+    jobs = s.wait("a's job done", lambda j: state_of(j, small) == "done")
+    victim = next(i for i in held if jobs[i]["restarts"] == 1)
+    log = s.log.read_text()
+    assert (f"job {victim} of root (team b, reserved) reclaimed for its quota by job {small}: reclaim: "
+            "team a holds 0 of its 1-slot quota") in log, log
+    gate.touch()
+    s.wait("all done", lambda j: all(state_of(j, i) == "done" for i in held))
+
+
+def test_a_head_that_any_one_running_job_lets_start_says_any_one_of():
+    from gpudiag.scheduler.local.engine import Engine, Machine
+    from gpudiag.scheduler.local.store import PENDING, RUNNING, JobRow
+    from gpudiag.scheduler.model import Policy
+    from gpudiag.scheduler.priority import MfuBook
+
+    def row(jid: int, gpus: int, state: str, slots: list[str] | None = None) -> JobRow:
+        return JobRow(id=jid, uid=0, user="u", team="u", name="", key="", tier=1, gpus=gpus, grace_s=30.0,
+                      time_limit_s=None, cmd=["true"], env={}, cwd="/", submit_t=0.0, state=state,
+                      slots=slots, started_t=100.0 if slots else None)
+
+    engine = Engine(Machine(("0", "1", "2", "3"), gpus=True), Policy(), MfuBook(1e6), {})
+    running = [row(i, 1, RUNNING, [str(i - 1)]) for i in range(1, 5)]   # started together, no limits
+    for head, words in ((row(5, 1, PENDING), "waits for any one of jobs 1, 2, 3, 4 to end"),
+                        (row(6, 4, PENDING), "waits for jobs 1, 2, 3, 4 to end")):
+        p = engine.plan([head], running, {}, {r.id: None for r in running}, 200.0, False)
+        said = engine.describe(p.why[head.id], {r.id: r for r in [*running, head]}, 200.0, head)
+        assert words in said, said
+
+
 # --- huge environments ------------------------------------------------------------------------------
 
 def test_a_job_end_reads_each_environment_only_up_to_its_cap_and_only_the_jobs_users(tmp_path, users):

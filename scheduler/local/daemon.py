@@ -162,9 +162,9 @@ class Daemon:
                 self.jobs.start(self.jobs.pending[d.job_id], layout.ids(d.placement), now)
             elif d.kind == "preempt" and d.job_id in self.jobs.active:
                 victim = self.jobs.active[d.job_id]
-                why = self.engine.words(f"preempted: {d.reason}", now)
+                why = self.engine.words(d.reason, now)
                 try:
-                    self.jobs.stop(victim, "preempt", why, now)
+                    self.jobs.stop(victim, "preempt", f"preempted: {why}", now)
                 except StateFull:
                     continue   # not while it could not be recorded: the next pass decides again
                 what = "reclaimed for its quota by" if d.numbers.get("reclaim") else "preempted for"
