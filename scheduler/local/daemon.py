@@ -89,8 +89,11 @@ class Daemon:
         self.signals = SignalRead(available=False, why="not read yet")
         self.signals_t = -1e18
         self.read_signals(time.time())
-        for note in self.jobs.recover(time.time()):
-            _log(note)
+        try:
+            for note in self.jobs.recover(time.time()):
+                _log(note)
+        except StateFull as e:   # what it could not record, the passes settle (reap) as they can
+            _log(f"recovery stopped: {e}; the scheduling passes take it up")
         for row in self.jobs.active.values():   # restarted with another --gpus: one line per job
             gone = [i for i in row.slots or () if i not in machine.ids]
             if gone:
