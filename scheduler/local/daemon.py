@@ -273,8 +273,11 @@ class Daemon:
 
     def queue(self, everything: bool, user: str | None = None) -> dict:
         if self.dirty:   # something changed since the last pass: let a pass decide, then explain it
-            self.dirty = False
-            self.schedule(time.time())
+            try:
+                self.schedule(time.time())
+                self.dirty = False
+            except Exception:  # noqa: BLE001 - the listing is answered from the last pass; the loop's
+                pass           # next pass runs it again and logs why it failed (loop.pass_guarded)
         now = time.time()
         last = self.last_pass
         seen = last.why if last is not None else {}
