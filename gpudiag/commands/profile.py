@@ -221,6 +221,7 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     if steps.get("cupti"):
         info.cupti_teardown["ranks"] = steps["cupti"]
     write_run(run_dir, info)
+    _leave_analysis_on_term(result.exit_code)
     how = f"killed by {result.signal}" if result.signal else f"exited with {result.exit_code}"
     at = f" at step {info.last_step}" if info.last_step else ""
     _say(f"job {how}{at}; run directory: {run_dir}")
@@ -240,7 +241,45 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
         final_signal(reporter, d, run_dir)
     if d is not None and opts.mlflow_uri is not None:
         _log_mlflow(d, run_dir, opts.mlflow_uri)
+    _exit_past_busy_threads(result.exit_code)
     return result.exit_code
+
+
+def _exit_past_busy_threads(code: int) -> None:
+    """The job's exit code, even where the signal thread is still inside an estimate (its join
+    gives up after 5 s; on a loaded machine the estimate measures CPU peaks with torch for
+    longer): interpreter shutdown under it aborts in C++ ("terminate called without an active
+    exception"), and gpudiag exited 134 for a job that exited 0. Then leave without finalizing:
+    the run directory, the report and the final signal are already written."""
+    import os
+    import sys
+    import threading
+
+    if any(t.is_alive() and t.daemon and t.name.startswith("gpudiag-") for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _leave_analysis_on_term(code: int) -> None:
+    """From here the run folder is complete and the job has ended: a SIGTERM (the scheduler's
+    bound on the analysis, docs/scheduler-daemon.md) ends the analysis, and gpudiag exits with
+    the job's own exit code, which its parent reads from waitpid as the job's."""
+    import os
+    import signal
+    import sys
+
+    def leave(*_: object) -> None:
+        try:
+            sys.stderr.write("gpudiag: analysis stopped (SIGTERM); the run directory is complete\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 def _log_mlflow(d: object, run_dir: Path, uri: str) -> None:

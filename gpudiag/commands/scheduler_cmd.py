@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from gpudiag.commands.oneline import OneLine
 from gpudiag.commands.policy_options import policy_options, with_options
 from gpudiag.commands.scheduler_slurm import SLURM_PARAMS, check_options, serve_slurm, slurm_options
 from gpudiag.durations import format_duration, parse_duration
@@ -43,7 +44,7 @@ def scheduler() -> None:
     """The embedded gang scheduler: gpudiag submit / queue / cancel / logs talk to it."""
 
 
-@scheduler.command()
+@scheduler.command(cls=OneLine)
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="Database, socket and job folders (default: $GPUDIAG_SCHEDULER_DIR, "
                    "/var/lib/gpudiag/scheduler as root, else ~/.local/state/gpudiag/scheduler).")

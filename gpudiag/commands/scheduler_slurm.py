@@ -44,7 +44,9 @@ _OPTIONS = [
                       "lease in the ledger lapses (a controller that died or hangs)."),
     click.option("--state", type=click.Path(path_type=Path), default=None,
                  help=f"(slurm) The ledger of changes (default: ${STATE_ENV}, "
-                      "/var/lib/gpudiag/slurm-controller.json as root); MFU history beside it."),
+                      "/var/lib/gpudiag/slurm-controller.json as root); MFU history beside it. One "
+                      "controller per cluster whatever its --state: a second one is refused, naming the "
+                      "first (its claim is in Slurm's StateSaveLocation)."),
     click.option("--nice-max", type=int, default=None,
                  help="(slurm) Nice for the least efficient job (default: 10000 with priority/basic; "
                       "the efficiency delay in age points with priority/multifactor)."),
