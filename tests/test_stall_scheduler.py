@@ -22,28 +22,29 @@ def stalled_signal(agent_dir, job_id: str, last_step_at: float) -> None:  # noqa
 
 
 def test_a_stalled_job_is_requeued_with_one_line_only_where_the_admin_enabled_it(tmp_path):
-    agent = Agent(tmp_path / "agent", backend="none")
     (tmp_path / "on").mkdir()
     (tmp_path / "off").mkdir()
-    on = Sched(tmp_path / "on", "--slots", "2", "--no-monitor", "--agent-dir", str(tmp_path / "agent"),
-               "--stalled", "requeue", "--stalled-after", "2s")
-    off = Sched(tmp_path / "off", "--slots", "2", "--no-monitor", "--agent-dir", str(tmp_path / "agent"))
-    try:
-        stuck = on.submit("--gpus", "1", "--", "sleep", "600")
-        left = off.submit("--gpus", "1", "--", "sleep", "600")
-        started = on.wait("running", lambda j: state_of(j, stuck) == "running")[stuck]["started_t"]
-        other = off.wait("running", lambda j: state_of(j, left) == "running")[left]["started_t"]
-        # each stalled just after it started: a stall of this run of the job, not an earlier one's
-        stalled_signal(tmp_path / "agent", f"{on.prefix()}:{stuck}", started + 0.1)
-        stalled_signal(tmp_path / "agent", f"{off.prefix()}:{left}", other + 0.1)
-        on.wait("requeued", lambda j: j[stuck]["restarts"] >= 1, timeout=60)
-        line = next(x for x in on.log.read_text().splitlines() if "stalled: no step for" in x)
-        assert f"job {stuck}" in line and "(hung)" in line
-        assert "the limit is 2s (--stalled-after): requeue" in line
-        time.sleep(6)   # a signal read (every 5 s) later: the other daemon still runs its job, and the
-        assert state_of(off.jobs(), left) == "running"   # restarted one is not requeued for the old stall
-        assert on.jobs()[stuck]["restarts"] == 1
-    finally:
-        on.stop()
-        off.stop()
-        agent.stop()
+    common = ("--slots", "2", "--no-monitor", "--agent-dir", str(tmp_path / "agent"))
+    with Agent(tmp_path / "agent", backend="none"):
+        on = Sched(tmp_path / "on", *common, "--stalled", "requeue", "--stalled-after", "2s")
+        try:
+            off = Sched(tmp_path / "off", *common)
+            try:
+                stuck = on.submit("--gpus", "1", "--", "sleep", "600")
+                left = off.submit("--gpus", "1", "--", "sleep", "600")
+                started = on.wait("running", lambda j: state_of(j, stuck) == "running")[stuck]["started_t"]
+                other = off.wait("running", lambda j: state_of(j, left) == "running")[left]["started_t"]
+                # each stalled just after it started: a stall of this run of the job, not an earlier one's
+                stalled_signal(tmp_path / "agent", f"{on.prefix()}:{stuck}", started + 0.1)
+                stalled_signal(tmp_path / "agent", f"{off.prefix()}:{left}", other + 0.1)
+                on.wait("requeued", lambda j: j[stuck]["restarts"] >= 1, timeout=60)
+                line = next(x for x in on.log.read_text().splitlines() if "stalled: no step for" in x)
+                assert f"job {stuck}" in line and "(hung)" in line
+                assert "the limit is 2s (--stalled-after): requeue" in line
+                time.sleep(6)   # a signal read (every 5 s) later: the other daemon still runs its job, and
+                assert state_of(off.jobs(), left) == "running"   # the restarted one is not requeued again
+                assert on.jobs()[stuck]["restarts"] == 1
+            finally:
+                off.stop()
+        finally:
+            on.stop()
