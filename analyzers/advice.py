@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpudiag.analyzers import whatif
 from gpudiag.analyzers.classify import (
@@ -65,6 +65,9 @@ class AdviceInputs:
     fp32_memory_bytes: float | None = None  # bytes per step of memory-bound fp32 work
     bandwidth: float = 0.0  # the device's, bytes/s
     host_wait: HostWait | None = None  # the training thread's wait for a core, and who held them
+    # the verdict's label (and the runner-up it ties with): advice for it is given first
+    label: Bottleneck | None = None
+    tie_with: Bottleneck | None = None
 
 
 def _pct(x: float) -> str:
@@ -82,6 +85,9 @@ class Advice:
     text: Callable[[AdviceInputs, dict[Bottleneck, float]], str]
     predict: Callable[[AdviceInputs], whatif.Prediction]
     addresses: Bottleneck | None  # the share it works on (orders those without a prediction)
+    # a precondition the device or the machine must meet for the fix to help at all: None when
+    # it holds, else why it fails (the fix is then listed as one that would not help)
+    blocked: Callable[[AdviceInputs], str | None] = lambda _a: None
 
 
 def _gpu(a: AdviceInputs) -> bool:
@@ -97,16 +103,41 @@ def _fp32_share(a: AdviceInputs) -> float:
         1.0 if a.roofline.dtype_family == "fp32" else 0.0)
 
 
-def _faster(a: AdviceInputs) -> tuple[str, float] | None:
-    """(family, peak_fp32 / peak_family) of the fastest family the device has over fp32."""
+def _fastest_lower(a: AdviceInputs) -> tuple[str, float] | None:
+    """(family, peak_fp32 / peak_family) of the fastest lower-precision family the device has
+    a peak for, faster or not; None without an fp32 peak or any such family."""
     fp32 = a.device_peaks.get("fp32")
     if not fp32:
         return None
-    best = max(((f, p) for f, p in a.device_peaks.items() if f in ("bf16", "fp16", "tf32")),
+    best = max(((f, p) for f, p in a.device_peaks.items() if f in ("bf16", "fp16", "tf32") and p > 0),
                key=lambda fp: fp[1], default=None)
-    if best is None or best[1] < FASTER_DTYPE_MIN_RATIO * fp32:
+    return None if best is None else (best[0], fp32 / best[1])
+
+
+def _faster(a: AdviceInputs) -> tuple[str, float] | None:
+    """(family, peak_fp32 / peak_family) of the fastest family the device has over fp32, where
+    it is worth the change (FASTER_DTYPE_MIN_RATIO)."""
+    best = _fastest_lower(a)
+    return best if best is not None and best[1] <= 1 / FASTER_DTYPE_MIN_RATIO else None
+
+
+def _peaks_source(a: AdviceInputs) -> str:
+    return "measured" if not _gpu(a) else "datasheet"
+
+
+def _slower_dtype(a: AdviceInputs, families: tuple[str, ...]) -> str | None:
+    """Why lower precision would not help on this device: its peak for every family in
+    ``families`` (those the fix would use) is no faster than fp32's; None where one is. A CPU
+    without bf16 units (AMX, AVX512_BF16) converts bf16 to fp32 and back around each operation:
+    on this project's 2-core AMD EPYC, bf16 GEMMs ran at 0.3-30 GFLOP/s against 85-256 fp32."""
+    fp32 = a.device_peaks.get("fp32")
+    peaks = {f: a.device_peaks[f] for f in families if a.device_peaks.get(f)}
+    if not fp32 or not peaks or max(peaks.values()) > fp32:
         return None
-    return best[0], fp32 / best[1]
+    each = " and ".join(f"{f} {p / 1e9:.3g} GFLOP/s ({p / fp32:.2g}x)" for f, p in peaks.items())
+    return (f"this {_unit(a)}'s {_peaks_source(a)} GEMM peak{'s' if len(peaks) > 1 else ''}: {each}, "
+            f"against fp32 {fp32 / 1e9:.3g} GFLOP/s: under torch.autocast its matmuls would run "
+            "slower, not faster")
 
 
 # -- texts -------------------------------------------------------------------------------------
@@ -145,6 +176,22 @@ def _input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     return (f"The DataLoader wait is {_pct(s[Bottleneck.INPUT])} of step time{workers}: raise "
             f"num_workers{raise_to}{pin} and prefetch_factor, and move decoding/augmentation out "
             f"of the training process{onto}.{_loading(a, cpu)}")
+
+
+def _cpu_loading(a: AdviceInputs) -> bool:
+    """A single-process loader whose wait is CPU work (decoding, augmenting), by the host samples."""
+    cpu = job_cpu(a.traits)
+    return (cpu is not None and a.traits.single_process_loader
+            and whatif.loading_cores(a.view, cpu) >= whatif.CPU_LOADING)
+
+
+def _cheaper_input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    w = whatif.loader_work(a.view, job_cpu(a.traits), _gpu(a))  # type: ignore[arg-type]
+    return (f"The DataLoader wait is {_pct(s[Bottleneck.INPUT])} of step time and it is CPU work "
+            f"({_ms(w.batch_us)} a batch on the thread that makes it): make each batch cheaper to "
+            "produce - decode once and store the decoded (or smaller) samples, move augmentation "
+            "to the accelerator, or load on other machines - since workers only move that work to "
+            "other cores, and only where cores are free.")
 
 
 def _comm_detail(a: AdviceInputs) -> str:
@@ -262,7 +309,7 @@ def _copies_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 
 def _precision_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    fam, ratio = _faster(a) or ("bf16", 1.0)
+    fam, ratio = _faster(a) or _fastest_lower(a) or ("bf16", 1.0)
     mfu = f", MFU {_pct(a.mfu.value)}" if a.mfu.value is not None else ""
     if _gpu(a):
         how = "run matmuls in bf16 (torch.autocast)" + (
@@ -324,9 +371,26 @@ def _lower_precision_helps(a: AdviceInputs) -> bool:
     return _fp32_share(a) >= 0.5 and _faster(a) is not None
 
 
+def _lower_precision_applies(a: AdviceInputs) -> bool:
+    """Mostly fp32 work on a device whose lower-precision peak is worth the change, or slower
+    than fp32 (then it is listed as a fix that would not help, ``_slower_dtype``); a family a
+    little faster (under FASTER_DTYPE_MIN_RATIO) is not worth the change and is not named."""
+    best = _fastest_lower(a)
+    return _fp32_share(a) >= 0.5 and best is not None and (best[1] >= 1 or _faster(a) is not None)
+
+
 def _precision_predict(a: AdviceInputs) -> whatif.Prediction:
-    fam, ratio = _faster(a) or ("fp32", 1.0)
+    fam, ratio = _faster(a) or _fastest_lower(a) or ("fp32", 1.0)
     return whatif.faster_dtype(a.view, _fp32_share(a), ratio, fam)
+
+
+def _bf16_bytes_predict(a: AdviceInputs) -> whatif.Prediction:
+    """Half the bytes of the memory-bound fp32 work; autocast also runs the matmuls in bf16, so
+    where the device's bf16 peak is below fp32's their time grows by the peaks' ratio."""
+    fp32, bf16 = a.device_peaks.get("fp32"), a.device_peaks.get("bf16")
+    ratio = fp32 / bf16 if fp32 and bf16 else 1.0
+    return whatif.halved_bytes(a.view, _fp32_share(a), a.fp32_memory_bytes, a.bandwidth,
+                               gemm_ratio=ratio)
 
 
 def _straggler(a: AdviceInputs) -> whatif.Prediction:
@@ -341,7 +405,12 @@ def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
 
 CATALOGUE: list[Advice] = [
     Advice("dataloader-workers", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE, _input_text,
-           lambda a: whatif.input_hidden(a.view, job_cpu(a.traits), _gpu(a)), Bottleneck.INPUT),
+           lambda a: whatif.input_hidden(a.view, job_cpu(a.traits), _gpu(a)), Bottleneck.INPUT,
+           blocked=lambda a: whatif.no_core_for_workers(a.view, job_cpu(a.traits), _gpu(a))),
+    Advice("cheaper-input", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE and _cpu_loading(a),
+           _cheaper_input_text,
+           _none("how much cheaper a batch gets is the job's choice: each ms of a batch's work "
+                 "removed is a ms of the wait, while the main thread loads"), Bottleneck.INPUT),
     Advice("overlap-communication", lambda a, s: s[Bottleneck.COMMUNICATION] >= COMM_NOTABLE,
            _comm_text, lambda a: whatif.communication_overlapped(a.view, cpu=not _gpu(a)),
            Bottleneck.COMMUNICATION),
@@ -370,9 +439,8 @@ CATALOGUE: list[Advice] = [
     Advice("bf16-activations",
            lambda a, s: s[Bottleneck.MEMORY] >= DEVICE_NOTABLE and a.view.memory_bound > 0
            and _fp32_share(a) >= 0.5 and "bf16" in a.device_peaks,
-           _bf16_bytes_text,
-           lambda a: whatif.halved_bytes(a.view, _fp32_share(a), a.fp32_memory_bytes, a.bandwidth),
-           Bottleneck.MEMORY),
+           _bf16_bytes_text, _bf16_bytes_predict, Bottleneck.MEMORY,
+           blocked=lambda a: _slower_dtype(a, ("bf16",))),
     Advice("fused-optimizer",
            lambda a, s: a.traits.optimizer and not a.traits.fused_optimizer
            and max(s[Bottleneck.MEMORY], s[Bottleneck.HOST]) >= DEVICE_NOTABLE,
@@ -384,8 +452,9 @@ CATALOGUE: list[Advice] = [
            and a.view.memcpy_exposed / a.view.step_time >= MEMCPY_NOTABLE,
            _copies_text, lambda a: whatif.copies_hidden(a.view), Bottleneck.MEMORY),
     Advice("lower-precision",
-           lambda a, s: s[Bottleneck.COMPUTE] >= DEVICE_NOTABLE and _lower_precision_helps(a),
-           _precision_text, _precision_predict, Bottleneck.COMPUTE),
+           lambda a, s: s[Bottleneck.COMPUTE] >= DEVICE_NOTABLE and _lower_precision_applies(a),
+           _precision_text, _precision_predict, Bottleneck.COMPUTE,
+           blocked=lambda a: _slower_dtype(a, ("bf16", "fp16", "tf32"))),
     Advice("fused-attention",
            lambda a, s: _gpu(a) and a.traits.attention and not a.traits.sdpa
            and s[Bottleneck.COMPUTE] + s[Bottleneck.MEMORY] >= DEVICE_NOTABLE,
@@ -408,13 +477,36 @@ CATALOGUE: list[Advice] = [
 ACTIONS = [c.action for c in CATALOGUE]
 
 
-def recommend(a: AdviceInputs) -> list[Recommendation]:
-    """The fixes that apply to this job, ranked by what they are predicted to save."""
+@dataclass
+class Advised:
+    """The fixes to do, first those for the verdict's label; and those that apply to the job's
+    bottleneck but would not speed it up here (``Verdict.not_advised``)."""
+
+    advised: list[Recommendation]
+    not_advised: list[Recommendation]
+
+
+def _not_helping(rec: Recommendation, reason: str, keep_prediction: bool) -> Recommendation:
+    """The fix as one that would not help: the reason, and the prediction where it is the reason
+    (a precondition that fails makes the prediction, which assumed it, meaningless)."""
+    if not keep_prediction:
+        return replace(rec, why=f"would not help: {reason}", predicted_step_s=None, gain=None)
+    return replace(rec, why=f"would not help: {reason}" + (f". The prediction: {rec.why}" if rec.why else ""))
+
+
+def recommend(a: AdviceInputs) -> Advised:
+    """The fixes that apply to this job: first those for the verdict's label (or its tie), then
+    the others, each group ranked by what they are predicted to save. A fix is never listed as a
+    thing to do where it would not speed the job up: its precondition fails here (``Advice
+    .blocked``), or its predicted step is not faster than today's; it goes to ``not_advised``
+    with the reason instead."""
     if a.view.step_time <= 0:
-        return []
+        return Advised([], [])
     s = shares(a.view)
     step_s = a.view.step_time * 1e-6
-    out: list[tuple[tuple[int, float], Recommendation]] = []
+    fits = {x for x in (a.label, a.tie_with) if x is not None}
+    out: list[tuple[tuple[int, int, float], Recommendation]] = []
+    refused: list[Recommendation] = []
     for c in CATALOGUE:
         if not c.applies(a, s):
             continue
@@ -423,7 +515,18 @@ def recommend(a: AdviceInputs) -> list[Recommendation]:
         gain = None if pred is None else 1 - pred / step_s
         rec = Recommendation(action=c.action, text=c.text(a, s), predicted_step_s=pred, why=p.why,
                              step_s=step_s, gain=gain)
-        key = (0, -gain) if gain is not None else (1, -(s[c.addresses] if c.addresses else 1.0))
+        blocked = c.blocked(a)
+        if blocked is not None:
+            refused.append(_not_helping(rec, blocked, keep_prediction=False))
+            continue
+        if gain is not None and gain <= 0:
+            refused.append(_not_helping(
+                rec, f"its predicted step ({_ms(pred * 1e6)}) is not faster than today's "
+                     f"({_ms(step_s * 1e6)})", keep_prediction=True))
+            continue
+        first = 0 if c.addresses in fits else 1
+        key = (first, 0, -gain) if gain is not None else (
+            first, 1, -(s[c.addresses] if c.addresses else 1.0))
         out.append((key, rec))
     out.sort(key=lambda kv: kv[0])
-    return [r for _, r in out]
+    return Advised([r for _, r in out], refused)

@@ -168,12 +168,14 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         top_memory = [k for k, _ in sorted(memory_ops.items(), key=lambda kv: -kv[1])]
         mem = sum(f.memory_bound_us for f in facts)
         saved = sum(f.fusion_saves_us for f in facts)
-        verdict = replace(verdict, recommendations=recommend(AdviceInputs(
+        advised = recommend(AdviceInputs(
             view=view.breakdown, device_kind=kind, device_peaks=dict(device.flops) if device else {},
             traits=traits, mfu=mfu, roofline=roofline, collectives=collectives, stragglers=stragglers,
             top_memory_ops=top_memory, fusion_saved_share=saved / mem if mem > 0 and saved > 0 else None,
             fp32_memory_bytes=_fp32_memory_bytes(roof_acc, device, sum(len(r.steps) for r in results)),
-            bandwidth=device.bandwidth if device else 0.0, host_wait=wait)))
+            bandwidth=device.bandwidth if device else 0.0, host_wait=wait, label=verdict.label,
+            tie_with=verdict.tie_with))
+        verdict = replace(verdict, recommendations=advised.advised, not_advised=advised.not_advised)
     else:
         roofline = build_roofline(roof_acc, device)
         verdict = Verdict(label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",

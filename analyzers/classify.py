@@ -113,7 +113,7 @@ def refuse_for_lost_gpu_events(v: Verdict, gpu_lost: int, gpu_total: int) -> Ver
     """No verdict when most of the GPU's own events are unusable."""
     if gpu_total > 0 and gpu_lost / gpu_total >= LOST_REFUSE:
         return replace(v, label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
-                       secondary=None, recommendations=[], tie_with=None,
+                       secondary=None, recommendations=[], not_advised=[], tie_with=None,
                        summary=(f"no verdict: {gpu_lost} of {gpu_total} GPU events (kernels, copies) were "
                                 "unusable (negative, missing or implausible durations), so the GPU's time "
                                 "is mostly unknown; re-record the trace"))

@@ -160,6 +160,20 @@ def _hidden_rest(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool) -> tuple[float
     return rest * cpu.unobserved(b), loader_work(b, cpu, gpu)
 
 
+def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True) -> str | None:
+    """Why DataLoader workers would not help, or None: the loading is CPU work and the cores the
+    machine's other work leaves are no more than the training process keeps busy beside it, so
+    a worker would run on a core the model needs, and the step at which workers keep up
+    (``LoaderWork.bound_us``) is no shorter than today's, where the main thread loads in turn."""
+    rest, w = _hidden_rest(b, cpu, gpu)
+    if w is None or cpu is None or max(rest, w.bound_us) < b.step_time * cpu.unobserved(b):
+        return None
+    return (f"the loading is CPU work ({_ms(w.batch_us)} a batch on the thread that makes it) and the "
+            f"{w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves are what the training "
+            f"process needs beside it ({_ms(w.main_us)} of core time per step): workers would have no "
+            "core of their own, and would take turns with the model as the main thread does now")
+
+
 def input_hidden_step(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> float:
     """The step with its input wait hidden: the rest of it; and where the loading is CPU work,
     no less than the step at which the cores left to workers make a batch per step
@@ -242,14 +256,17 @@ def faster_dtype(b: TimeBreakdown, fp32_share: float, ratio: float, family: str)
     saved = part * (1 - ratio)
     return Prediction(b.step_time - saved,
                       f"compute-bound fp32 work ({_ms(part)}) at the {family} peak, "
-                      f"{1 / ratio:.2g}x the fp32 one, at the same efficiency")
+                      f"{1 / ratio:.2g}x the fp32 one; assumes the same efficiency (share of the "
+                      "peak) in both dtypes")
 
 
 def halved_bytes(b: TimeBreakdown, fp32_memory_share: float, fp32_bytes: float | None,
-                 bandwidth: float) -> Prediction:
+                 bandwidth: float, gemm_ratio: float = 1.0) -> Prediction:
     """Memory-bound fp32 work in bf16 moves half its bytes: at most half its time, and no more
     than half its bytes take at the device's bandwidth (an op bound by dispatch rather than
-    bytes gains little)."""
+    bytes gains little). torch.autocast, which does it, also runs the matmuls in bf16: where
+    ``gemm_ratio`` = peak_fp32 / peak_bf16 is above 1 (a CPU without bf16 units), the
+    compute-bound fp32 work takes that much longer, at the efficiency it had."""
     part = b.memory_bound * fp32_memory_share
     saved = part / 2
     bound = ""
@@ -258,8 +275,15 @@ def halved_bytes(b: TimeBreakdown, fp32_memory_share: float, fp32_bytes: float |
         if by_bytes < saved:
             saved, bound = by_bytes, (f"; half of its {fp32_bytes / 1e6:.3g} MB per step at "
                                       f"{bandwidth / 1e9:.3g} GB/s bounds the saving")
+    slower = ""
+    if gemm_ratio > 1 and b.compute_bound > 0:
+        lost = b.compute_bound * fp32_memory_share * (gemm_ratio - 1)
+        saved -= lost
+        slower = (f"; the compute-bound fp32 work ({_ms(b.compute_bound * fp32_memory_share)}) would "
+                  f"run at the bf16 peak, {gemm_ratio:.2g}x slower than fp32 here (+{_ms(lost)})")
     return Prediction(b.step_time - saved, f"memory-bound fp32 work ({_ms(part)}) moving half the "
-                                           f"bytes{bound}")
+                                           f"bytes{bound}{slower}; assumes the memory-bound work "
+                                           "runs at the device's bandwidth in bf16 as in fp32")
 
 
 def straggler_fixed(b: TimeBreakdown, median_us: float, worst_us: float) -> Prediction:

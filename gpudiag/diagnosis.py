@@ -243,6 +243,11 @@ class Verdict:
     # the runner-up, when the label's margin over it is within the step-time noise: a tie
     tie_with: Bottleneck | None = None
     noise: float | None = None  # step-time noise (half the interquartile range over the median)
+    # fixes that apply to the job's bottleneck but would not speed it up here: a prediction not
+    # faster than today's step, or a precondition the device or the machine fails (bf16 slower
+    # than fp32, no core for DataLoader workers); each ``why`` says which (``advice.recommend``).
+    # Optional: a diagnosis written before it reads an empty list.
+    not_advised: list[Recommendation] = field(default_factory=list)
 
 
 @dataclass

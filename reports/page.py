@@ -109,6 +109,8 @@ def verdict_ctx(d: Diagnosis) -> dict[str, Any]:
             "recommendations": [{"text": si_text(r.text), "action": r.action,
                                  "prediction": si_text(views.prediction_line(r))}
                                 for r in v.recommendations],
+            "not_advised": [{"action": r.action, "why": si_text(views.not_helping_line(r))}
+                            for r in v.not_advised],
             "deductions": views.confidence_lines(v),
             "evidence": [(k, evidence_value(k, x)) for k, x in v.evidence.items()]}
 

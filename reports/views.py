@@ -106,6 +106,15 @@ def prediction_line(r: Recommendation) -> str:
             f"({pct(-(r.gain or 0.0), signed=True, digits=0)}) if it worked fully: {r.why}")
 
 
+def not_helping_line(r: Recommendation) -> str:
+    """'step 397 ms → ≈ 618 ms (+55%); would not help: …' for a fix listed as one that would
+    not speed the job up (``Verdict.not_advised``): its reason, and the prediction if any."""
+    if r.predicted_step_s is None or r.step_s is None:
+        return r.why
+    return (f"step {_ms(r.step_s * 1e6)} \u2192 \u2248 {_ms(r.predicted_step_s * 1e6)} "
+            f"({pct(-(r.gain or 0.0), signed=True, digits=0)}); {r.why}")
+
+
 def label_share(v: Verdict) -> float | None:
     """The share of step time behind a verdict's label, from its evidence ('host-bound share')."""
     return v.evidence.get(f"{v.label.value} share")
