@@ -26,6 +26,8 @@ from gpudiag.analyzers.classify import (
     MEMCPY_NOTABLE,
     shares,
 )
+from gpudiag.analyzers.comm_cost import cost
+from gpudiag.analyzers.compile_facts import CompileFacts
 from gpudiag.analyzers.op_flops import MODEL_OPS
 from gpudiag.diagnosis import (
     Bottleneck,
@@ -65,6 +67,14 @@ class AdviceInputs:
     fp32_memory_bytes: float | None = None  # bytes per step of memory-bound fp32 work
     bandwidth: float = 0.0  # the device's, bytes/s
     host_wait: HostWait | None = None  # the training thread's wait for a core, and who held them
+    # what torch.compile would change in a CPU step, as traced, and the traced breakdown they
+    # were counted in (``compile_facts``): on a CPU compile's prediction counts calls
+    compile_facts: CompileFacts | None = None
+    traced: TimeBreakdown | None = None
+    ranks: int = 1  # ranks in the diagnosis (of one machine, as gpudiag profile runs them)
+    comm_cpu_us: float | None = None  # the collectives' threads' CPU per step, in the view
+    view_unprofiled: bool = False  # the view is the untraced steps' (host_wait's run time is theirs)
+    steps_per_rank: int = 0  # traced steps per rank the collectives table's counts are over
     # the verdict's label (and the runner-up it ties with): advice for it is given first
     label: Bottleneck | None = None
     tie_with: Bottleneck | None = None
@@ -208,23 +218,85 @@ def _comm_detail(a: AdviceInputs) -> str:
     return out + ")"
 
 
+def _exposed(a: AdviceInputs) -> float:
+    return a.view.comm_exposed / a.view.step_time if a.view.step_time > 0 else 0.0
+
+
 def _comm_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     t = a.traits
     if t.fsdp:
         how = "overlap it with compute (FSDP backward_prefetch and forward_prefetch)"
     elif t.ddp:
+        per_step = _collectives_per_step(a)
         how = ("overlap it with backward: a smaller DDP bucket_cap_mb starts each bucket's "
-               "all-reduce while backward still runs")
+               "all-reduce while backward still runs" if per_step is not None and per_step < 2 else
+               f"overlap the last of it with backward: DDP already all-reduces {per_step:.0f} buckets "
+               "a step while backward runs, so what is left exposed is the last buckets' (a smaller "
+               "bucket_cap_mb makes them smaller)" if per_step is not None else
+               "overlap it with backward (DDP's bucket_cap_mb sets how early each all-reduce starts)")
     elif t.training:
         how = ("overlap it with backward: all-reduce gradients in buckets as backward produces them "
                "(DistributedDataParallel, or async_op=True per bucket)")
     else:
         how = "overlap it with compute (async_op=True, and wait only where the result is needed)"
-    less = (", send fewer bytes (bf16 gradient compression, gradient accumulation under no_sync)"
-            if t.training else "")
     link = ", and check the interconnect" if _gpu(a) else ""
-    return (f"Communication not overlapped with compute is {_pct(s[Bottleneck.COMMUNICATION])} of "
-            f"step time{_comm_detail(a)}: {how}{less}{link}.")
+    return (f"Communication not overlapped with compute is {_pct(_exposed(a))} of step time"
+            f"{_comm_detail(a)}: {how}{link}.")
+
+
+def _collectives_per_step(a: AdviceInputs) -> float | None:
+    """All-reduces (or the job's busiest collective) per step and rank, in the view."""
+    if not a.collectives or not a.steps_per_rank:
+        return None
+    return a.collectives[0].count / a.steps_per_rank
+
+
+def _comm_cost_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    b = a.view
+    parts = [f"{_ms(b.comm_exposed)} exposed"]
+    if b.comm_work > 0:
+        parts.append(f"{_ms(b.comm_work)} of the training thread's copies into and out of DDP's buckets")
+    if b.comm_contention > 0:
+        parts.append(f"{_ms(b.comm_contention)} of compute time its threads took from the ranks' cores")
+    k = whatif.ACCUMULATE_STEPS
+    return (f"Communication costs {_pct(s[Bottleneck.COMMUNICATION])} of step time "
+            f"({', '.join(parts)}): all-reduce less often - accumulate gradients over {k} micro-batches "
+            "under DDP's no_sync() and all-reduce on the last (each step then moves the same bytes "
+            f"for {k} times the samples, where the larger effective batch suits the training) - or send "
+            "fewer bytes (DDP's bf16_compress_hook or fp16_compress_hook, PowerSGD)"
+            + ("; on a CPU, gloo's threads run on the ranks' own cores: where the ranks share one "
+               "machine, one process with more intra-op threads needs no all-reduce at all"
+               if not _gpu(a) and a.ranks > 1 else "")
+            + ".")
+
+
+def _no_core_for_overlap(a: AdviceInputs) -> str | None:
+    """On a CPU, hiding a collective behind compute needs cores for its threads beside the
+    ranks' compute: where the machine leaves fewer than those threads use while they run,
+    overlapping only moves the wait into the compute (issue 37: smaller DDP buckets on 2 ranks of
+    a 2-core machine, predicted 367 -> 262 ms, measured 262-283 ms, no gain). The compute's
+    cores are the ranks' training threads' time on a core over the step (the step timer), times
+    their intra-op threads; the collectives' threads' cores their CPU time over the collectives'
+    time (``comm_cpu_us``), at least one where it is not recorded."""
+    t = a.traits
+    b = a.view
+    if _gpu(a) or not t.cpus or b.step_time <= 0:
+        return None
+    threads = max(1, min(t.intra_op_threads or 1, t.cpus))
+    ranks = max(a.ranks, 1)
+    hw = a.host_wait
+    on_core = (min(1.0, hw.untraced_run_us / b.step_time)
+               if hw is not None and hw.untraced_run_us and a.view_unprofiled else 1.0)
+    compute = ranks * threads * on_core
+    need = (ranks * a.comm_cpu_us / b.comm_total if a.comm_cpu_us and b.comm_total > 0 else 1.0)
+    free = t.cpus - (t.other_cores or 0.0) - compute
+    if free >= need:
+        return None
+    return (f"on a CPU the collectives' threads need cores beside the compute to overlap it "
+            f"({need:.2g} while they run) and the machine leaves {max(0.0, free):.2g}: {t.cpus} cores, "
+            f"{t.other_cores or 0.0:.2g} kept busy by its other work, {compute:.2g} by the {ranks} "
+            f"rank(s)' compute ({threads} thread(s), on a core {100 * on_core:.0f}% of the step); "
+            "overlapping would only move the wait into the compute")
 
 
 def own_launch_share(b: TimeBreakdown) -> float:
@@ -393,6 +465,16 @@ def _bf16_bytes_predict(a: AdviceInputs) -> whatif.Prediction:
                                gemm_ratio=ratio)
 
 
+def _compiled(a: AdviceInputs) -> whatif.Prediction:
+    """torch.compile's step: on a GPU its launch gaps closed and elementwise runs fused; on a
+    CPU, where the operators are the host's work, its calls counted (``whatif.compiled_cpu``)."""
+    f = a.compile_facts
+    if _gpu(a) or f is None or f.calls <= 0 or a.traced is None:
+        return whatif.compiled(a.view, a.fusion_saved_share)
+    return whatif.compiled_cpu(a.view, a.traced, f.calls, f.kernels, f.graphs, f.extern_us, f.kept_us,
+                               f.syncs)
+
+
 def _straggler(a: AdviceInputs) -> whatif.Prediction:
     st = a.stragglers
     assert st is not None
@@ -411,8 +493,12 @@ CATALOGUE: list[Advice] = [
            _cheaper_input_text,
            _none("how much cheaper a batch gets is the job's choice: each ms of a batch's work "
                  "removed is a ms of the wait, while the main thread loads"), Bottleneck.INPUT),
-    Advice("overlap-communication", lambda a, s: s[Bottleneck.COMMUNICATION] >= COMM_NOTABLE,
+    Advice("overlap-communication", lambda a, s: _exposed(a) >= COMM_NOTABLE,
            _comm_text, lambda a: whatif.communication_overlapped(a.view, cpu=not _gpu(a)),
+           Bottleneck.COMMUNICATION, blocked=_no_core_for_overlap),
+    Advice("all-reduce-less-often",
+           lambda a, s: a.traits.training and s[Bottleneck.COMMUNICATION] >= COMM_NOTABLE,
+           _comm_cost_text, lambda a: whatif.accumulated(a.view, cost(a.view)),
            Bottleneck.COMMUNICATION),
     # host advice on a GPU from the job's own launch overhead alone; the training thread's wait
     # for cores its own workers and threads hold has its own fix (``host_wait``)
@@ -426,8 +512,7 @@ CATALOGUE: list[Advice] = [
            lambda a: whatif.contention_removed(a.view), Bottleneck.HOST),
     Advice("compile-small-ops",
            lambda a, s: not _gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
-           _compile_small_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share),
-           Bottleneck.HOST),
+           _compile_small_text, _compiled, Bottleneck.HOST),
     Advice("batch-small-ops",
            lambda a, s: not _gpu(a) and a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
            _batch_small_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
@@ -435,7 +520,7 @@ CATALOGUE: list[Advice] = [
     Advice("fuse-memory-bound",
            lambda a, s: not a.traits.compiled and s[Bottleneck.MEMORY] >= DEVICE_NOTABLE
            and a.view.memory_bound > 0 and s[Bottleneck.HOST] < HOST_NOTABLE,
-           _fuse_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share), Bottleneck.MEMORY),
+           _fuse_text, _compiled, Bottleneck.MEMORY),
     Advice("bf16-activations",
            lambda a, s: s[Bottleneck.MEMORY] >= DEVICE_NOTABLE and a.view.memory_bound > 0
            and _fp32_share(a) >= 0.5 and "bf16" in a.device_peaks,

@@ -21,13 +21,15 @@ from gpudiag.analyzers.classify import (
     refuse_for_lost_gpu_events,
     with_deductions,
 )
+from gpudiag.analyzers.comm_cost import comm_cpu, with_contention
 from gpudiag.analyzers.communication import finish_collectives, per_step
+from gpudiag.analyzers.compile_facts import CompileFacts
 from gpudiag.analyzers.host_cpu import HostCpu
 from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
-from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
+from gpudiag.analyzers.step_view import PROFILED, UNPROFILED, StepView, choose_view, traced_noise, verdicts
 from gpudiag.analyzers.stragglers import find_stragglers, rank_spreads
 from gpudiag.analyzers.traits import job_traits
 from gpudiag.analyzers.unprofiled import CpuEvents
@@ -151,6 +153,15 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
                    else replace(view.unprofiled, host_waiting=view.unprofiled.host_stalled))
             view = replace(view, unprofiled=est,
                            breakdown=est if view.breakdown is view.unprofiled else view.breakdown)
+        cc = comm_cpu(windows) if kind == "cpu" else None
+        if cc is not None:  # gloo's threads share the ranks' cores: what they took is communication's
+            breakdown = with_contention(breakdown, cc.traced_us, traits, len(partials))
+            if view.unprofiled is not None:
+                est = with_contention(view.unprofiled, cc.untraced_us, traits, len(partials))
+                view = replace(view, unprofiled=est,
+                               breakdown=est if view.breakdown is view.unprofiled else view.breakdown)
+            else:
+                view = replace(view, breakdown=breakdown)
         warnings.extend(view.warnings)
         mfu = compute_mfu(results, device, mix, flops_per_step, shapes, view.breakdown.step_time,
                           view.mfu_basis)
@@ -173,7 +184,13 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
             traits=traits, mfu=mfu, roofline=roofline, collectives=collectives, stragglers=stragglers,
             top_memory_ops=top_memory, fusion_saved_share=saved / mem if mem > 0 and saved > 0 else None,
             fp32_memory_bytes=_fp32_memory_bytes(roof_acc, device, sum(len(r.steps) for r in results)),
-            bandwidth=device.bandwidth if device else 0.0, host_wait=wait, label=verdict.label,
+            bandwidth=device.bandwidth if device else 0.0, host_wait=wait,
+            compile_facts=CompileFacts.mean([f.compile for f in facts]), traced=breakdown,
+            ranks=len(partials), steps_per_rank=steps_summed // max(len(results), 1),
+            comm_cpu_us=None if cc is None else
+            (cc.untraced_us if view.basis == UNPROFILED else cc.traced_us),
+            view_unprofiled=view.basis == UNPROFILED,
+            label=verdict.label,
             tie_with=verdict.tie_with))
         verdict = replace(verdict, recommendations=advised.advised, not_advised=advised.not_advised)
     else:

@@ -12,6 +12,7 @@ import numpy as np
 
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import TINY_CPU_OP_US, CpuWork, cpu_comm_ops, op_kinds, step_windows
+from gpudiag.analyzers.compile_facts import CompileFacts, compile_facts
 from gpudiag.analyzers.op_args import KIND_ELEMENTWISE
 from gpudiag.analyzers.roofline import BOUND_MEMORY, WorkBounds, is_cpu_work
 from gpudiag.analyzers.stats import class_quantile
@@ -29,6 +30,8 @@ class RankFacts:
     memory_bound_us: float = 0.0  # all memory-bound work (the denominator of the saving)
     # what the traced steps hold that tells the profiler's cost from the job's (per step)
     cpu_events: CpuEvents = field(default_factory=lambda: CpuEvents(0.0, 0.0))
+    # what torch.compile would change in a CPU step (``compile_facts``; empty on a GPU)
+    compile: CompileFacts = field(default_factory=CompileFacts)
 
 
 def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
@@ -65,7 +68,8 @@ def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
     in_waits = float((inside & iv.contains(waits, rt.cpu_ts)).sum()) / n_steps
     return RankFacts(traits=traits, fusable_us=total, fusion_saves_us=saved, memory_bound_us=mem,
                      cpu_events=CpuEvents(float(inside.sum()) / n_steps, float(in_compute.sum()) / n_steps,
-                                          slowed, dispatched, in_waits))
+                                          slowed, dispatched, in_waits),
+                     compile=compile_facts(rt, cw, traits["training"]))
 
 
 # A class of operators (same name, same input shapes) with at least SLOW_MIN_CALLS calls in the

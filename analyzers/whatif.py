@@ -197,6 +197,24 @@ def communication_overlapped(b: TimeBreakdown, cpu: bool = False) -> Prediction:
                       f"overlapped with compute{bound}{cores}")
 
 
+# Micro-batches per all-reduce that the gradient-accumulation advice predicts for: a common
+# choice (it quarters communication's cost per sample), stated in the advice's text.
+ACCUMULATE_STEPS = 4
+
+
+def accumulated(b: TimeBreakdown, comm_cost: float, k: int = ACCUMULATE_STEPS) -> Prediction:
+    """Gradient accumulation over ``k`` micro-batches, all-reducing on the last: per micro-batch,
+    the step without communication's cost (``comm_cost.cost``: exposed, the training thread's
+    copies, the compute its threads took) plus a k-th of it."""
+    saved = comm_cost * (1 - 1 / k)
+    return Prediction(b.step_time - saved,
+                      f"per micro-batch: communication's cost ({_ms(comm_cost)} a step: exposed "
+                      f"{_ms(b.comm_exposed)}, the training thread's copies for it {_ms(b.comm_work)}, "
+                      f"compute its threads took {_ms(b.comm_contention)}) paid once every {k} "
+                      "micro-batches; assumes a micro-batch's compute is the step's and the "
+                      "all-reduce of accumulated gradients costs what one step's does")
+
+
 def _gaps(b: TimeBreakdown) -> tuple[float, str]:
     """The host gaps a launch-overhead fix can close, and what stays: the time the training
     thread waited for a core (``host_waiting``: the job's own workers and threads held them, or
@@ -242,6 +260,53 @@ def compiled(b: TimeBreakdown, saved_share: float | None) -> Prediction:
                       f"host gaps ({_ms(gaps)}) closed{kept} and each run of consecutive "
                       f"memory-bound elementwise operators fused into one pass ({_ms(fused)} saved); "
                       "the operators compile does not fuse (GEMMs, convolutions) keep their time")
+
+
+# What a compiled graph costs, in calls of the job's own eager operators (the per-call cost the
+# job's trace shows): a kernel call of the compiled graph RHO of one, each graph (guards, runtime
+# wrappers, the autograd function of a training graph) GRAPH_CALLS. Measured on this project's
+# 2-core AMD EPYC with torch 2.13 (benchmarks/compile_calls.py, tiny tensors, four models: Linear-
+# LayerNorm-GELU blocks trained and run, chains of 8 and 32 elementwise ops between GEMMs): a
+# compiled kernel call 0.43-0.91x an eager call of the same model, a graph 5-12 calls. RHO is
+# taken at 1 (no call of compiled code assumed cheaper than an eager one: the prediction errs
+# on the side of less gain), GRAPH_CALLS inside the range measured.
+RHO = 1.0
+GRAPH_CALLS = 8.0
+
+
+def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kernels: float,
+                 graphs: float, extern_us: float, kept_us: float, syncs: float = 0.0,
+                 rho: float = RHO, graph_calls: float = GRAPH_CALLS) -> Prediction:
+    """``torch.compile`` on a CPU: it removes calls, not work (``compile_facts``). The step's
+    time outside what compile keeps (the optimizer, AccumulateGrad, DataLoader waits,
+    collectives, the OS running other work) and outside the GEMMs' and convolutions' own
+    operators is the cost of ``calls`` operator calls with the Python between them, at the
+    view's pace; compiled, the same region makes ``kernels`` calls and ``graphs`` graph calls,
+    each at the cost per call the job's own trace shows (``rho``, ``graph_calls``). Traced
+    counts and times are brought to the view's pace: the kept work by the step's ratio, the
+    GEMMs by the compute's."""
+    if calls <= 0 or traced.step_time <= 0:
+        return Prediction(None, "no operator calls that torch.compile would replace were found")
+    k_step = view.step_time / traced.step_time
+    k_work = view.compute / traced.compute if traced.compute > 0 else k_step
+    kept = kept_us * k_step
+    extern = extern_us * k_work
+    region = max(0.0, view.step_time - kept - extern - view.input_wait - view.comm_exposed
+                 - view.memcpy_exposed - view.host_stalled)
+    per_call = region / calls
+    compiled = per_call * (rho * kernels + graph_calls * graphs)
+    saved = region - compiled
+    breaks = (f", {syncs:.0f} of them split by values read back into Python (.item() and the like: "
+              "graph breaks)" if syncs >= 0.5 else "")
+    return Prediction(
+        view.step_time - saved,
+        f"the {calls:.0f} operator calls per step torch.compile would replace ({_ms(region)} with the "
+        f"Python between them: {per_call:.3g} us a call) become {kernels:.0f} calls of compiled "
+        f"kernels (fused runs, and the GEMMs and convolutions it still calls) in {graphs:.0f} "
+        f"graph{'s' if graphs >= 1.5 else ''}{breaks}; what compile leaves as it is keeps its time "
+        f"(the optimizer, AccumulateGrad, DDP's copies: {_ms(kept)}; the GEMMs' own operators: "
+        f"{_ms(extern)}); assumes a compiled kernel call costs {rho:g}x, and a graph {graph_calls:g}x, "
+        "an eager call of this job (on a CPU compile removes calls, not their work)")
 
 
 def copies_hidden(b: TimeBreakdown) -> Prediction:
