@@ -22,11 +22,16 @@ PROFILED = "profiled-steps"
 
 STALLED = "host_stalled"
 WAITING = "host_waiting"
+# parts of compute that are communication's cost on a CPU (TimeBreakdown.comm_work, comm_contention)
+COMM_WORK = "comm_work"
+COMM_CORES = "comm_contention"
 # (TimeBreakdown field, row label) of the side-by-side table, in reading order.
 VIEW_ROWS = [
     ("compute", "compute"),
     ("compute_bound", "  compute-bound"),
     ("memory_bound", "  memory-bound"),
+    (COMM_WORK, "  collectives' copies"),
+    (COMM_CORES, "  collectives' cores"),
     ("comm_exposed", "exposed communication"),
     ("memcpy_exposed", "exposed memcpy/memset"),
     ("input_wait", "input wait (DataLoader)"),
@@ -44,8 +49,10 @@ def rows_of(*shown: TimeBreakdown | None) -> list[tuple[str, str]]:
     not padded with zeros, and a CPU job's (whose stalls are all its waiting) not with a copy."""
     stalled = any(b is not None and b.host_stalled > 0 for b in shown)
     waiting = any(b is not None and b.host_waiting > b.host_stalled for b in shown)
+    some = {k for k in (COMM_WORK, COMM_CORES) if any(b is not None and getattr(b, k) > 0 for b in shown)}
     return [(k, label) for k, label in VIEW_ROWS
-            if (k != STALLED or stalled) and (k != WAITING or waiting)]
+            if (k != STALLED or stalled) and (k != WAITING or waiting)
+            and (k not in (COMM_WORK, COMM_CORES) or k in some)]
 
 
 def _ms(us: float) -> str:
