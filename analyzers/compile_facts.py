@@ -54,7 +54,7 @@ class CompileFacts:
     # DataLoader waits and collectives (the breakdown's own parts, kept too)
     kept_us: float = 0.0
     kept_calls: float = 0.0  # top-level calls in it
-    syncs: float = 0.0  # values read back into Python in the region (graph breaks)
+    syncs: float = 0.0  # values read back into Python inside the forward (graph breaks)
     step_us: float = 0.0  # the traced step these are of
 
     @staticmethod
@@ -87,13 +87,35 @@ def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileF
     holds_extern = _holds(rt, idx, extern)
     holds_sync = _holds(rt, idx, sync) & ~holds_extern
     runs = _runs(holds_extern | holds_sync, rt.cpu_tid[idx])
-    syncs = float(sync.sum()) / n
+    syncs = _forward_syncs(rt, region, sync, lo, hi) / n
     return CompileFacts(
         calls=float(region.sum()) / n,
         kernels=(float(extern.sum()) + float(holds_sync.sum()) + runs) / n,
         graphs=(1.0 + syncs) * (2.0 if training else 1.0), extern_us=float(cw.dur[extern].sum()) / n,
         kept_us=float(iv.measure_in(kept_work, lo, hi).sum()) / n,
         kept_calls=float((top & in_kept).sum()) / n, syncs=syncs, step_us=float((hi - lo).sum()) / n)
+
+
+_BACKWARD_RE = re.compile(r"^autograd::engine::")
+
+
+def _forward_syncs(rt: RankTrace, region: np.ndarray, sync: np.ndarray, lo: np.ndarray,
+                   hi: np.ndarray) -> float:
+    """Syncs that split the forward: between the first and the last forward call of the region
+    in their step (a call that is not autograd's backward). A value read after the forward (the
+    loss logged after backward, a metric) ends no graph of the model."""
+    fwd = region & ~_named(rt, _BACKWARD_RE)
+    if not sync.any() or not fwd.any():
+        return 0.0
+    k_f = np.searchsorted(lo, rt.cpu_ts[fwd], side="right") - 1
+    first = np.full(lo.size, np.inf)
+    last = np.full(lo.size, -np.inf)
+    np.minimum.at(first, k_f, rt.cpu_ts[fwd])
+    np.maximum.at(last, k_f, (rt.cpu_ts + rt.cpu_dur)[fwd])
+    ts = rt.cpu_ts[sync]
+    k = np.searchsorted(lo, ts, side="right") - 1
+    ok = (k >= 0) & (ts < hi[np.clip(k, 0, None)])
+    return float(((ts > first[k.clip(0)]) & (ts < last[k.clip(0)]) & ok).sum())
 
 
 def _named(rt: RankTrace, rx: re.Pattern[str]) -> np.ndarray:

@@ -135,7 +135,8 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) 
             "batch in that time") if workers else ""
     return Prediction(step, f"input wait ({_ms(b.input_wait)}) hidden behind the rest of the step "
                             f"({_ms(rest)} of compute, communication and gaps), which bounds it"
-                            f"{bound}{need}")
+                            f"{bound}{need}; assumes a worker makes a batch in the time the main "
+                            "thread takes now")
 
 
 def workers_needed(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> int | None:
@@ -194,7 +195,8 @@ def communication_overlapped(b: TimeBreakdown, cpu: bool = False) -> Prediction:
     cores = ("; on the CPU, only where cores are free for the communication beside the compute"
              if cpu else "")
     return Prediction(b.step_time - hidden, f"exposed communication ({_ms(b.comm_exposed)}) "
-                      f"overlapped with compute{bound}{cores}")
+                      f"overlapped with compute{bound}{cores}; assumes the collectives run as fast "
+                      "beside the compute as they do now, and the compute no slower beside them")
 
 
 # Micro-batches per all-reduce that the gradient-accumulation advice predicts for: a common
@@ -248,7 +250,7 @@ def host_gaps_closed(b: TimeBreakdown) -> Prediction:
     gaps, kept = _gaps(b)
     return Prediction(b.step_time - gaps,
                       f"host gaps ({_ms(gaps)}) closed{kept}; the device's own work and the "
-                      "input wait bound the step")
+                      "input wait bound the step; assumes the device's work keeps its time")
 
 
 def compiled(b: TimeBreakdown, saved_share: float | None) -> Prediction:
@@ -259,7 +261,9 @@ def compiled(b: TimeBreakdown, saved_share: float | None) -> Prediction:
     return Prediction(b.step_time - gaps - fused,
                       f"host gaps ({_ms(gaps)}) closed{kept} and each run of consecutive "
                       f"memory-bound elementwise operators fused into one pass ({_ms(fused)} saved); "
-                      "the operators compile does not fuse (GEMMs, convolutions) keep their time")
+                      "the operators compile does not fuse (GEMMs, convolutions) keep their time; "
+                      "assumes the device runs behind the host (a GPU), so the gaps are launch "
+                      "overhead, and a fused run costs its longest member")
 
 
 # What a compiled graph costs, in calls of the job's own eager operators (the per-call cost the
@@ -304,14 +308,16 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
         f"Python between them: {per_call:.3g} us a call) become {kernels:.0f} calls of compiled "
         f"kernels (fused runs, and the GEMMs and convolutions it still calls) in {graphs:.0f} "
         f"graph{'s' if graphs >= 1.5 else ''}{breaks}; what compile leaves as it is keeps its time "
-        f"(the optimizer, AccumulateGrad, DDP's copies: {_ms(kept)}; the GEMMs' own operators: "
+        f"(the optimizer, AccumulateGrad, DDP's copies where there are: {_ms(kept)}; the GEMMs' own "
+        "operators: "
         f"{_ms(extern)}); assumes a compiled kernel call costs {rho:g}x, and a graph {graph_calls:g}x, "
         "an eager call of this job (on a CPU compile removes calls, not their work)")
 
 
 def copies_hidden(b: TimeBreakdown) -> Prediction:
     return Prediction(b.step_time - b.memcpy_exposed,
-                      f"copies ({_ms(b.memcpy_exposed)}) overlapped with compute")
+                      f"copies ({_ms(b.memcpy_exposed)}) overlapped with compute; assumes they can "
+                      "run while compute runs (pinned memory, their own stream)")
 
 
 def faster_dtype(b: TimeBreakdown, fp32_share: float, ratio: float, family: str) -> Prediction:
@@ -356,7 +362,8 @@ def straggler_fixed(b: TimeBreakdown, median_us: float, worst_us: float) -> Pred
         return Prediction(None, "per-rank step times unknown")
     return Prediction(b.step_time * median_us / worst_us,
                       f"every rank at the median rank's pace ({_ms(median_us)} per traced step "
-                      f"instead of {_ms(worst_us)})")
+                      f"instead of {_ms(worst_us)}); assumes the slow rank's extra time is its own "
+                      "(its node, its shard), not the job's")
 
 
 def fusion_runs(ts: np.ndarray, dur: np.ndarray, group: np.ndarray, fusable: np.ndarray,

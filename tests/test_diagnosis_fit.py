@@ -237,8 +237,13 @@ def test_ddp_over_gloo_has_collectives_in_every_step_row_and_one_exposed_figure(
     assert table == pytest.approx(view.comm_exposed, rel=1e-6)
     assert all(c.exposed_time_us <= c.total_time_us for c in d.communication)
     figure = f"{view.comm_exposed / 1e3:.3g} ms exposed per step"
-    [comm] = [r for r in d.verdict.recommendations if r.action == "overlap-communication"]
+    # advised where a core is free for gloo beside the ranks' compute; on a busy 2-core machine
+    # there is none, and it is listed as a fix that would not help, saying so (issue 37)
+    [comm] = [r for r in [*d.verdict.recommendations, *d.verdict.not_advised]
+              if r.action == "overlap-communication"]
     assert figure in comm.text and "bucket_cap_mb" in comm.text, comm.text
+    if comm in d.verdict.not_advised:
+        assert "need cores beside the compute" in comm.why, comm.why
     assert d.traits.ddp and d.traits.training
 
 
@@ -283,8 +288,8 @@ def test_every_recommendation_in_the_catalogue_has_a_job_it_must_not_be_given_to
     # (diagnosis, actions that must not appear, why)
     cases = [
         # an inference loop has no optimizer, and a single-process job nothing to all-reduce
-        (chain, {"fused-optimizer", "overlap-communication", "fix-straggler", "dataloader-workers",
-                 "cheaper-input"}, "inference, one rank, no DataLoader"),
+        (chain, {"fused-optimizer", "overlap-communication", "all-reduce-less-often", "fix-straggler",
+                 "dataloader-workers", "cheaper-input"}, "inference, one rank, no DataLoader"),
         (gpu["a100-alexnet"], {"fused-optimizer"}, "inference on a GPU"),
         # a CPU job is not told about CUDA graphs, pinned copies, tensor cores, fused attention
         (chain, {"cuda-graphs-or-compile", "remove-host-syncs", "pinned-async-copies",
