@@ -30,7 +30,7 @@ Issue 37's cases (tests/jobs; each prediction from the device's own numbers):
   operators a step), eager -> the model under torch.compile, the optimizer eager
   (``compile-small-ops``: on a CPU, calls removed, not their work);
 - compile-syncs: the same with a ``.item()`` every 3 blocks (graph breaks);
-- bf16-autocast: a compute-bound fp32 MLP of 2048-wide GEMMs, fp32 -> torch.autocast bf16
+- bf16-autocast: a compute-bound fp32 MLP of 1024-wide GEMMs, fp32 -> torch.autocast bf16
   (``lower-precision``: advised only where the CPU's measured bf16 peak beats fp32's);
 - ddp-no-sync: 2-rank DDP over gloo, 100 MB of gradients: communication's cost (exposed, the
   reducer's copies, the cores gloo's threads took) against the step under ``no_sync()``;
@@ -130,7 +130,7 @@ CASES = {
                           "many_ops_job.py", ["--sync-every", "3"], "b120,a40", steps=320, skip=50,
                           settle=5),
     "bf16-autocast": Case("bf16-autocast", ("lower-precision", "bf16-activations"), "autocast_job.py",
-                          [], "b30,a6", steps=72, skip=10, settle=1),
+                          ["--width", "1024", "--batch", "128"], "b30,a6", steps=72, skip=10, settle=1),
     "ddp-no-sync": Case("ddp-no-sync", (COMM_COST,), "ddp_grads_job.py", ["--fix", "no-sync"],
                         "b40,a10", steps=100, skip=12, ranks=2, settle=1),
     "ddp-accumulate": Case("ddp-accumulate", ("all-reduce-less-often",), "ddp_grads_job.py",

@@ -91,9 +91,12 @@ def test_the_advice_for_the_verdicts_label_comes_first_then_the_rest_by_predicte
     out = recommend(inputs(view, peaks=dict(SAPPHIRE_RAPIDS), traits=JobTraits(training=True, ddp=True),
                            label=Bottleneck.COMMUNICATION))
     actions = [r.action for r in out.advised]
-    assert actions[0] == "overlap-communication", actions
-    rest = [r.gain for r in out.advised[1:] if r.gain is not None]
-    assert rest == sorted(rest, reverse=True)
+    fits = [_addresses(a) is Bottleneck.COMMUNICATION for a in actions]
+    assert fits == sorted(fits, reverse=True) and fits[0], actions
+    assert {"overlap-communication", "all-reduce-less-often"} <= set(actions[:2]), actions
+    for group in (out.advised[:sum(fits)], out.advised[sum(fits):]):
+        gains = [r.gain for r in group if r.gain is not None]
+        assert gains == sorted(gains, reverse=True), actions
 
 
 def test_bf16_is_not_advised_where_the_measured_bf16_peak_is_below_fp32():
