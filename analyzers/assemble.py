@@ -154,10 +154,14 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
             view = replace(view, unprofiled=est,
                            breakdown=est if view.breakdown is view.unprofiled else view.breakdown)
         cc = comm_cpu(windows) if kind == "cpu" else None
-        if cc is not None:  # gloo's threads share the ranks' cores: what they took is communication's
-            breakdown = with_contention(breakdown, cc.traced_us, traits, len(partials))
+        slowed = (sum(f.comm_slowed_us for f in facts) / len(facts),
+                  sum(f.comm_slowed_calls for f in facts) / len(facts))
+        if kind == "cpu" and (cc is not None or slowed[1] > 0):
+            # gloo's threads share the ranks' cores: what they took is communication's
+            breakdown = with_contention(breakdown, cc and cc.traced_us, traits, len(partials), *slowed)
             if view.unprofiled is not None:
-                est = with_contention(view.unprofiled, cc.untraced_us, traits, len(partials))
+                est = with_contention(view.unprofiled, cc and cc.untraced_us, traits, len(partials),
+                                      *slowed, traced=breakdown)
                 view = replace(view, unprofiled=est,
                                breakdown=est if view.breakdown is view.unprofiled else view.breakdown)
             else:

@@ -13,10 +13,13 @@ Communication's cost is the sum of three measured parts, each in the view's step
 - its exposed time (the breakdown's ``comm_exposed``);
 - the training thread's work for it (``TimeBreakdown.comm_work``: the reducer's spans, and its
   hooks inside AccumulateGrad, from the trace; ``breakdown.comm_work_spans``);
-- the compute time its threads took (``comm_contention``): the CPU its threads ran over the step
-  (the step timer's ``comm_cpu_s``, read from their schedstat), the part of it that ran while
-  compute ran (the hidden share of the collectives' time), where the machine leaves fewer cores
-  than the ranks' compute threads and those threads need together (host sampler, bootstrap).
+- the compute time the collectives took from the compute (``comm_contention``), for cores and
+  memory bandwidth alike: the training thread's operators that ran beside a collective, against
+  the calls of their class that ran while none was in flight (``slowed_beside``, from the trace);
+  where too few calls compare, the CPU its threads ran over the step (the step timer's
+  ``comm_cpu_s``, read from their schedstat), the part of it that ran while compute ran (the
+  hidden share of the collectives' time), where the machine leaves fewer cores than the ranks'
+  compute threads and those threads need together (host sampler, bootstrap).
 """
 
 from __future__ import annotations
@@ -24,8 +27,17 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
+import numpy as np
+
+from gpudiag.analyzers import intervals as iv
+from gpudiag.analyzers.breakdown import CpuWork, comm_work_spans, cpu_comm_ops, op_kinds, step_windows
+from gpudiag.analyzers.trace_loader import RankTrace
 from gpudiag.diagnosis import JobTraits, TimeBreakdown
 from gpudiag.rundir import StepRow, WindowSteps
+
+# An operator class (name and input shapes) gives the pace the calls that ran beside a collective
+# are compared with where at least this many of its calls ran while none was in flight.
+SLOWED_MIN_ALONE = 2
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,34 @@ def comm_cpu(windows: list[WindowSteps] | None) -> CommCpu | None:
                    statistics.fmean(untraced) if untraced else None)
 
 
+def slowed_beside(rt: RankTrace, cw: CpuWork | None) -> tuple[float, int]:
+    """(us per step, calls compared): how much longer the training thread's operators took while
+    a collective was in flight than the calls of their class (name and input shapes) that ran
+    while none was, summed over the first kind (their class median alone as the pace): what the
+    collectives' threads took from the compute, for cores and for memory bandwidth alike, in
+    the traced steps. (0, 0) on a GPU, without collectives, or without a class to compare."""
+    lo, hi, _ = step_windows(rt)
+    if cw is None or lo.size == 0 or rt.cpu_comm_intervals.size == 0:
+        return 0.0, 0
+    comm = iv.merge(rt.cpu_comm_intervals[:, 0], rt.cpu_comm_intervals[:, 1])
+    top = (iv.contains((lo, hi), rt.cpu_ts) & rt.cpu_is_op & (rt.cpu_depth == 0) & ~cpu_comm_ops(rt)
+           & ~iv.contains(comm_work_spans(rt), rt.cpu_ts))
+    idx = np.flatnonzero(top)
+    if idx.size == 0:
+        return 0.0, 0
+    ts, dur = rt.cpu_ts[idx], cw.dur[idx]
+    beside = iv.measure_in(comm, ts, ts + dur) > 0.5 * dur  # mostly inside a collective's span
+    _, cls = np.unique(op_kinds(rt)[idx], return_inverse=True)
+    alone_n = np.bincount(cls[~beside], minlength=cls.max() + 1)
+    pace = np.full(alone_n.size, np.nan)
+    for c in np.flatnonzero(alone_n >= SLOWED_MIN_ALONE).tolist():
+        pace[c] = float(np.median(dur[~beside & (cls == c)]))
+    ok = beside & ~np.isnan(pace[cls])
+    if not ok.any():
+        return 0.0, 0
+    return max(0.0, float((dur[ok] - pace[cls[ok]]).sum())) / lo.size, int(ok.sum())
+
+
 def contention(b: TimeBreakdown, cpu_us: float | None, traits: JobTraits | None, ranks: int) -> float:
     """Compute time per step the collectives' threads took, in ``b``'s step (0 where nothing
     says they did). Their CPU over the step counts where it ran beside compute (the share of the
@@ -72,9 +112,26 @@ def contention(b: TimeBreakdown, cpu_us: float | None, traits: JobTraits | None,
     return min(cpu_us * hidden * short, max(0.0, b.compute - b.comm_work))
 
 
-def with_contention(b: TimeBreakdown, cpu_us: float | None, traits: JobTraits | None,
-                    ranks: int) -> TimeBreakdown:
-    c = contention(b, cpu_us, traits, ranks)
+# Calls per rank compared beside and apart from the collectives that make the trace's measure of
+# the slowdown stand (``slowed_beside``); fewer, and the threads' CPU time (``contention``) is used.
+SLOWED_MIN_CALLS = 5
+
+
+def with_contention(b: TimeBreakdown, cpu_us: float | None, traits: JobTraits | None, ranks: int,
+                    slowed_us: float = 0.0, slowed_calls: float = 0.0,
+                    traced: TimeBreakdown | None = None) -> TimeBreakdown:
+    """``b`` with ``comm_contention`` set: the trace's measure of the compute slowed beside the
+    collectives (``slowed_beside``, per traced step, brought to ``b``'s pace by the compute's
+    ratio to the ``traced`` breakdown's) where enough calls were compared; else the threads' CPU
+    time where the cores were short (``contention``). At most the compute less the training
+    thread's own work for the collectives."""
+    if b.comm_total <= 0:
+        return b
+    if slowed_calls >= SLOWED_MIN_CALLS:
+        k = b.compute / traced.compute if traced is not None and traced.compute > 0 else 1.0
+        c = min(slowed_us * k, max(0.0, b.compute - b.comm_work))
+    else:
+        c = contention(b, cpu_us, traits, ranks)
     return replace(b, comm_contention=c) if c > 0 else b
 
 

@@ -97,21 +97,31 @@ def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileF
 
 
 _BACKWARD_RE = re.compile(r"^autograd::engine::")
+_READ_BACK_RE = re.compile(r"^aten::(item|_local_scalar_dense|is_nonzero)$")
 
 
 def _forward_syncs(rt: RankTrace, region: np.ndarray, sync: np.ndarray, lo: np.ndarray,
                    hi: np.ndarray) -> float:
-    """Syncs that split the forward: between the first and the last forward call of the region
-    in their step (a call that is not autograd's backward). A value read after the forward (the
-    loss logged after backward, a metric) ends no graph of the model."""
-    fwd = region & ~_named(rt, _BACKWARD_RE)
-    if not sync.any() or not fwd.any():
+    """Syncs that split the forward: after the region's first call in their step and before its
+    backward's first node (without a backward, its last call). A value read after the forward
+    (the loss logged after the step, a metric) ends no graph of the model."""
+    if not sync.any() or not region.any():
         return 0.0
-    k_f = np.searchsorted(lo, rt.cpu_ts[fwd], side="right") - 1
-    first = np.full(lo.size, np.inf)
-    last = np.full(lo.size, -np.inf)
-    np.minimum.at(first, k_f, rt.cpu_ts[fwd])
-    np.maximum.at(last, k_f, (rt.cpu_ts + rt.cpu_dur)[fwd])
+    bwd = region & _named(rt, _BACKWARD_RE)
+
+    def per_step(mask: np.ndarray, values: np.ndarray, fill: float, at) -> np.ndarray:  # noqa: ANN001
+        out = np.full(lo.size, fill)
+        k = np.searchsorted(lo, rt.cpu_ts[mask], side="right") - 1
+        ok = k >= 0
+        at(out, k[ok], values[mask][ok])
+        return out
+
+    # the forward's first call: not a read-back itself (the last step's loss logged at the start
+    # of this step's window, where the optimizer's hook ends the step)
+    first = per_step(region & ~_named(rt, _READ_BACK_RE), rt.cpu_ts, np.inf, np.minimum.at)
+    last = per_step(bwd, rt.cpu_ts, np.inf, np.minimum.at)  # the backward's first node
+    none = ~np.isfinite(last)
+    last[none] = per_step(region, rt.cpu_ts + rt.cpu_dur, -np.inf, np.maximum.at)[none]
     ts = rt.cpu_ts[sync]
     k = np.searchsorted(lo, ts, side="right") - 1
     ok = (k >= 0) & (ts < hi[np.clip(k, 0, None)])
