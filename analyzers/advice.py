@@ -72,8 +72,9 @@ class AdviceInputs:
     compile_facts: CompileFacts | None = None
     traced: TimeBreakdown | None = None
     ranks: int = 1  # ranks in the diagnosis (of one machine, as gpudiag profile runs them)
-    comm_cpu_us: float | None = None  # the collectives' threads' CPU per step, in the view
-    view_unprofiled: bool = False  # the view is the untraced steps' (host_wait's run time is theirs)
+    # the backward's time per step in the view (CPU traces): what gradients' collectives can
+    # hide behind (``comm_cost.backward_time``); None: not told apart
+    backward_us: float | None = None
     steps_per_rank: int = 0  # traced steps per rank the collectives table's counts are over
     # the verdict's label (and the runner-up it ties with): advice for it is given first
     label: Bottleneck | None = None
@@ -268,35 +269,6 @@ def _comm_cost_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
                "machine, one process with more intra-op threads needs no all-reduce at all"
                if not _gpu(a) and a.ranks > 1 else "")
             + ".")
-
-
-def _no_core_for_overlap(a: AdviceInputs) -> str | None:
-    """On a CPU, hiding a collective behind compute needs cores for its threads beside the
-    ranks' compute: where the machine leaves fewer than those threads use while they run,
-    overlapping only moves the wait into the compute (issue 37: smaller DDP buckets on 2 ranks of
-    a 2-core machine, predicted 367 -> 262 ms, measured 262-283 ms, no gain). The compute's
-    cores are the ranks' training threads' time on a core over the step (the step timer), times
-    their intra-op threads; the collectives' threads' cores their CPU time over the collectives'
-    time (``comm_cpu_us``), at least one where it is not recorded."""
-    t = a.traits
-    b = a.view
-    if _gpu(a) or not t.cpus or b.step_time <= 0:
-        return None
-    threads = max(1, min(t.intra_op_threads or 1, t.cpus))
-    ranks = max(a.ranks, 1)
-    hw = a.host_wait
-    on_core = (min(1.0, hw.untraced_run_us / b.step_time)
-               if hw is not None and hw.untraced_run_us and a.view_unprofiled else 1.0)
-    compute = ranks * threads * on_core
-    need = (ranks * a.comm_cpu_us / b.comm_total if a.comm_cpu_us and b.comm_total > 0 else 1.0)
-    free = t.cpus - (t.other_cores or 0.0) - compute
-    if free >= need:
-        return None
-    return (f"on a CPU the collectives' threads need cores beside the compute to overlap it "
-            f"({need:.2g} while they run) and the machine leaves {max(0.0, free):.2g}: {t.cpus} cores, "
-            f"{t.other_cores or 0.0:.2g} kept busy by its other work, {compute:.2g} by the {ranks} "
-            f"rank(s)' compute ({threads} thread(s), on a core {100 * on_core:.0f}% of the step); "
-            "overlapping would only move the wait into the compute")
 
 
 def own_launch_share(b: TimeBreakdown) -> float:
@@ -494,8 +466,9 @@ CATALOGUE: list[Advice] = [
            _none("how much cheaper a batch gets is the job's choice: each ms of a batch's work "
                  "removed is a ms of the wait, while the main thread loads"), Bottleneck.INPUT),
     Advice("overlap-communication", lambda a, s: _exposed(a) >= COMM_NOTABLE,
-           _comm_text, lambda a: whatif.communication_overlapped(a.view, cpu=not _gpu(a)),
-           Bottleneck.COMMUNICATION, blocked=_no_core_for_overlap),
+           _comm_text,
+           lambda a: whatif.communication_overlapped(a.view, cpu=not _gpu(a), backward_us=a.backward_us),
+           Bottleneck.COMMUNICATION),
     Advice("all-reduce-less-often",
            lambda a, s: a.traits.training and s[Bottleneck.COMMUNICATION] >= COMM_NOTABLE,
            _comm_cost_text, lambda a: whatif.accumulated(a.view, cost(a.view)),

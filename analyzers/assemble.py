@@ -29,7 +29,7 @@ from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
-from gpudiag.analyzers.step_view import PROFILED, UNPROFILED, StepView, choose_view, traced_noise, verdicts
+from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
 from gpudiag.analyzers.stragglers import find_stragglers, rank_spreads
 from gpudiag.analyzers.traits import job_traits
 from gpudiag.analyzers.unprofiled import CpuEvents
@@ -191,9 +191,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
             bandwidth=device.bandwidth if device else 0.0, host_wait=wait,
             compile_facts=CompileFacts.mean([f.compile for f in facts]), traced=breakdown,
             ranks=len(partials), steps_per_rank=steps_summed // max(len(results), 1),
-            comm_cpu_us=None if cc is None else
-            (cc.untraced_us if view.basis == UNPROFILED else cc.traced_us),
-            view_unprofiled=view.basis == UNPROFILED,
+            backward_us=_backward(facts, view.breakdown, breakdown),
             label=verdict.label,
             tie_with=verdict.tie_with))
         verdict = replace(verdict, recommendations=advised.advised, not_advised=advised.not_advised)
@@ -249,6 +247,16 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         unprofiled=view.unprofiled if view else None, traced_verdict=traced_verdict, traits=traits,
         rank_spread=rank_spreads(results), host_wait=wait,
     )
+
+
+def _backward(facts: list[RankFacts], view: TimeBreakdown, traced: TimeBreakdown) -> float | None:
+    """The backward's time per step in the view (the ranks' mean, brought to the view's pace by
+    the compute's ratio); None where a rank's trace does not tell it apart."""
+    times = [f.backward_us for f in facts]
+    if not times or any(t is None for t in times):
+        return None
+    k = view.compute / traced.compute if traced.compute > 0 else 1.0
+    return sum(times) / len(times) * k
 
 
 def _fp32_memory_bytes(acc: RooflineAcc, device: DevicePeak | None, steps: int) -> float | None:

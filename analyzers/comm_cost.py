@@ -95,6 +95,21 @@ def slowed_beside(rt: RankTrace, cw: CpuWork | None) -> tuple[float, int]:
     return max(0.0, float((dur[ok] - pace[cls[ok]]).sum())) / lo.size, int(ok.sum())
 
 
+_BACKWARD = "autograd::engine::evaluate_function: "
+
+
+def backward_time(rt: RankTrace, lo: np.ndarray, hi: np.ndarray) -> float:
+    """Per step, the time autograd evaluated nodes (the backward), less the training thread's
+    work for the collectives inside them (DDP's hooks): what gradients' collectives can hide
+    behind (``whatif.communication_overlapped``)."""
+    if lo.size == 0:
+        return 0.0
+    node = np.array([n.startswith(_BACKWARD) for n in rt.names] or [False], dtype=bool)
+    mask = node[rt.cpu_name] if rt.cpu_name.size else np.zeros(0, dtype=bool)
+    spans = iv.subtract(iv.merge(rt.cpu_ts[mask], (rt.cpu_ts + rt.cpu_dur)[mask]), comm_work_spans(rt))
+    return float(iv.measure_in(spans, lo, hi).sum()) / lo.size
+
+
 def contention(b: TimeBreakdown, cpu_us: float | None, traits: JobTraits | None, ranks: int) -> float:
     """Compute time per step the collectives' threads took, in ``b``'s step (0 where nothing
     says they did). Their CPU over the step counts where it ran beside compute (the share of the

@@ -12,7 +12,7 @@ import numpy as np
 
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import TINY_CPU_OP_US, CpuWork, cpu_comm_ops, op_kinds, step_windows
-from gpudiag.analyzers.comm_cost import slowed_beside
+from gpudiag.analyzers.comm_cost import backward_time, slowed_beside
 from gpudiag.analyzers.compile_facts import CompileFacts, compile_facts
 from gpudiag.analyzers.op_args import KIND_ELEMENTWISE
 from gpudiag.analyzers.roofline import BOUND_MEMORY, WorkBounds, is_cpu_work
@@ -37,6 +37,9 @@ class RankFacts:
     # calls compared (``comm_cost.slowed_beside``; 0 on a GPU)
     comm_slowed_us: float = 0.0
     comm_slowed_calls: int = 0
+    # the backward's time per step (autograd's node evaluations, less DDP's work for the
+    # collectives inside them): what a step's gradients' collectives can hide behind (CPU only)
+    backward_us: float | None = None
 
 
 def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
@@ -76,7 +79,8 @@ def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
                      cpu_events=CpuEvents(float(inside.sum()) / n_steps, float(in_compute.sum()) / n_steps,
                                           slowed, dispatched, in_waits),
                      compile=compile_facts(rt, cw, traits["training"]),
-                     comm_slowed_us=beside[0], comm_slowed_calls=beside[1])
+                     comm_slowed_us=beside[0], comm_slowed_calls=beside[1],
+                     backward_us=backward_time(rt, lo, hi) if cw is not None and traits["training"] else None)
 
 
 # A class of operators (same name, same input shapes) with at least SLOW_MIN_CALLS calls in the

@@ -183,20 +183,33 @@ def input_hidden_step(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = T
     return rest if w is None else max(rest, w.bound_us)
 
 
-def communication_overlapped(b: TimeBreakdown, cpu: bool = False) -> Prediction:
+def communication_overlapped(b: TimeBreakdown, cpu: bool = False,
+                             backward_us: float | None = None) -> Prediction:
+    """Exposed communication hidden behind compute, as far as compute not already hiding some
+    reaches. A training step's gradients can hide only behind the backward still running after
+    they are ready (``backward_us``, where the trace tells the backward apart: not behind the
+    forward, nor the optimizer step that needs them). On a CPU the collectives' threads share the
+    ranks' cores: each ms of compute they ran beside already cost ``comm_contention /
+    (comm_total - comm_exposed)`` ms of compute (measured, ``comm_cost``), and each ms more
+    hidden costs as much, so where that is a whole ms, overlapping gains nothing (issue 37:
+    smaller DDP buckets on 2 ranks of a 2-core machine, predicted 367 -> 262 ms, measured no
+    gain)."""
     hiding = b.comm_total - b.comm_exposed  # communication already hidden by compute
-    capacity = max(0.0, b.compute - hiding)
+    behind, what = ((backward_us, "backward") if backward_us is not None else (b.compute, "compute"))
+    capacity = max(0.0, behind - hiding)
     hidden = min(b.comm_exposed, capacity)
     bound = ("" if hidden >= b.comm_exposed else
-             f"; only {_ms(capacity)} of compute is left to hide it behind, so "
-             f"{_ms(b.comm_exposed - hidden)} stays exposed")
-    # gloo's work needs a core: ranks that keep every core busy leave it none (measured on this
-    # project's 2-core VM: 1 MB buckets made a 2-rank DDP step slower, 225 -> 334 ms)
-    cores = ("; on the CPU, only where cores are free for the communication beside the compute"
-             if cpu else "")
-    return Prediction(b.step_time - hidden, f"exposed communication ({_ms(b.comm_exposed)}) "
-                      f"overlapped with compute{bound}{cores}; assumes the collectives run as fast "
-                      "beside the compute as they do now, and the compute no slower beside them")
+             f"; only {_ms(capacity)} of {what} is left to hide it behind (of {_ms(behind)}, "
+             f"{_ms(hiding)} already hides communication), so {_ms(b.comm_exposed - hidden)} stays "
+             "exposed")
+    rate = min(1.0, b.comm_contention / hiding) if cpu and hiding > 0 else 0.0
+    slower = (f"; on the CPU the collectives' threads share the ranks' cores: each ms of them beside "
+              f"the compute slowed it {rate:.2g} ms (measured), so the {_ms(hidden)} hidden cost "
+              f"{_ms(hidden * rate)} of compute" if rate > 0 else "")
+    return Prediction(b.step_time - hidden * (1 - rate),
+                      f"exposed communication ({_ms(b.comm_exposed)}) overlapped with {what}{bound}"
+                      f"{slower}; assumes the collectives run as fast beside the compute as they do "
+                      "now" + (", and slow the compute as they do now" if cpu else ""))
 
 
 # Micro-batches per all-reduce that the gradient-accumulation advice predicts for: a common

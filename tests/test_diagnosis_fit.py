@@ -237,13 +237,11 @@ def test_ddp_over_gloo_has_collectives_in_every_step_row_and_one_exposed_figure(
     assert table == pytest.approx(view.comm_exposed, rel=1e-6)
     assert all(c.exposed_time_us <= c.total_time_us for c in d.communication)
     figure = f"{view.comm_exposed / 1e3:.3g} ms exposed per step"
-    # advised where a core is free for gloo beside the ranks' compute; on a busy 2-core machine
-    # there is none, and it is listed as a fix that would not help, saying so (issue 37)
+    # advised where overlapping is predicted to help; where what gloo's threads cost the compute
+    # beside it (measured) eats the gain, listed as a fix that would not help (issue 37)
     [comm] = [r for r in [*d.verdict.recommendations, *d.verdict.not_advised]
               if r.action == "overlap-communication"]
     assert figure in comm.text and "bucket_cap_mb" in comm.text, comm.text
-    if comm in d.verdict.not_advised:
-        assert "need cores beside the compute" in comm.why, comm.why
     assert d.traits.ddp and d.traits.training
 
 
