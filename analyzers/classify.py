@@ -227,8 +227,8 @@ def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, un
                     f"with compute")
         return (f"{_pct(s[label])} of each {ms:.3g} ms step is communication's cost: "
                 f"{_pct(b.fraction('comm_exposed'))} not overlapped with compute, "
-                f"{_pct(inner / b.step_time)} work and cores it took inside the compute (the "
-                f"collectives' copies on the training thread, their threads on the ranks' cores)")
+                f"{_pct(inner / b.step_time)} inside the compute (the collectives' copies on the training "
+                f"thread, and the compute slowed beside them: their threads on the ranks' cores)")
     if label is Bottleneck.HOST:
         return (f"the {unit} is idle for {_pct(s[label])} of each {ms:.3g} ms step without "
                 f"waiting for input: launch, Python and synchronisation overhead")

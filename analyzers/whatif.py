@@ -220,12 +220,12 @@ ACCUMULATE_STEPS = 4
 def accumulated(b: TimeBreakdown, comm_cost: float, k: int = ACCUMULATE_STEPS) -> Prediction:
     """Gradient accumulation over ``k`` micro-batches, all-reducing on the last: per micro-batch,
     the step without communication's cost (``comm_cost.cost``: exposed, the training thread's
-    copies, the compute its threads took) plus a k-th of it."""
+    copies, the compute slowed beside it) plus a k-th of it."""
     saved = comm_cost * (1 - 1 / k)
     return Prediction(b.step_time - saved,
                       f"per micro-batch: communication's cost ({_ms(comm_cost)} a step: exposed "
                       f"{_ms(b.comm_exposed)}, the training thread's copies for it {_ms(b.comm_work)}, "
-                      f"compute its threads took {_ms(b.comm_contention)}) paid once every {k} "
+                      f"compute slowed beside it {_ms(b.comm_contention)}) paid once every {k} "
                       "micro-batches; assumes a micro-batch's compute is the step's and the "
                       "all-reduce of accumulated gradients costs what one step's does")
 
