@@ -283,10 +283,13 @@ def compiled(b: TimeBreakdown, saved_share: float | None) -> Prediction:
 # job's trace shows): a kernel call of the compiled graph RHO of one, each graph (guards, runtime
 # wrappers, the autograd function of a training graph) GRAPH_CALLS. Measured on this project's
 # 2-core AMD EPYC with torch 2.13 (benchmarks/compile_calls.py, tiny tensors, four models: Linear-
-# LayerNorm-GELU blocks trained and run, chains of 8 and 32 elementwise ops between GEMMs): a
-# compiled kernel call 0.43-0.91x an eager call of the same model, a graph 5-12 calls. RHO is
-# taken at 1 (no call of compiled code assumed cheaper than an eager one: the prediction errs
-# on the side of less gain), GRAPH_CALLS inside the range measured.
+# LayerNorm-GELU blocks trained and run, chains of 8 and 32 elementwise ops between GEMMs; two
+# runs at load average 10 and 14): a compiled kernel call 0.22-0.91x an eager call of the same
+# model, a graph 4-15 calls. RHO is taken at 1 (no call of compiled code assumed cheaper than an
+# eager one: the prediction errs on the side of less gain), GRAPH_CALLS inside the range measured.
+# The training job of 48 blocks (benchmarks/predicted_vs_applied.py, compile-training) gained
+# 27-58% in four runs at load average 10-24, predicted 34-37%: the load moved the truth more
+# than RHO between 0.5 and 1 would move the prediction.
 RHO = 1.0
 GRAPH_CALLS = 8.0
 
