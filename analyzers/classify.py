@@ -113,7 +113,7 @@ def refuse_for_lost_gpu_events(v: Verdict, gpu_lost: int, gpu_total: int) -> Ver
     """No verdict when most of the GPU's own events are unusable."""
     if gpu_total > 0 and gpu_lost / gpu_total >= LOST_REFUSE:
         return replace(v, label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
-                       secondary=None, recommendations=[], tie_with=None,
+                       secondary=None, recommendations=[], not_advised=[], tie_with=None,
                        summary=(f"no verdict: {gpu_lost} of {gpu_total} GPU events (kernels, copies) were "
                                 "unusable (negative, missing or implausible durations), so the GPU's time "
                                 "is mostly unknown; re-record the trace"))
@@ -140,16 +140,20 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
     if b.step_time <= 0:
         return {k: 0.0 for k in _NOTABLE}
     known = b.compute_bound + b.memory_bound
+    # communication's cost inside the compute (``comm_cost``): the training thread's work for
+    # the collectives, and compute slowed by their threads; the rest is split by the roofline
+    for_comm = min(b.compute, b.comm_work + b.comm_contention)
+    rest = b.compute - for_comm
     if known > 0:
-        cb = b.compute * b.compute_bound / known
-        mb = b.compute * b.memory_bound / known
+        cb = rest * b.compute_bound / known
+        mb = rest * b.memory_bound / known
     else:
-        cb, mb = b.compute, 0.0  # unknown split: counted as compute, confidence lowered
+        cb, mb = rest, 0.0  # unknown split: counted as compute, confidence lowered
     st = b.step_time
     return {
         Bottleneck.COMPUTE: cb / st,
         Bottleneck.MEMORY: (mb + b.memcpy_exposed) / st,
-        Bottleneck.COMMUNICATION: b.comm_exposed / st,
+        Bottleneck.COMMUNICATION: (b.comm_exposed + for_comm) / st,
         Bottleneck.INPUT: b.input_wait / st,
         Bottleneck.HOST: (b.host_overhead - b.host_stalled) / st,
     }
@@ -217,8 +221,14 @@ def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, un
         return (f"{_pct(s[label])} of each {ms:.3g} ms step is spent waiting for the DataLoader "
                 f"while the {unit} is idle")
     if label is Bottleneck.COMMUNICATION:
-        return (f"{_pct(s[label])} of each {ms:.3g} ms step is communication not overlapped "
-                f"with compute")
+        inner = min(b.compute, b.comm_work + b.comm_contention)
+        if inner <= 0:
+            return (f"{_pct(s[label])} of each {ms:.3g} ms step is communication not overlapped "
+                    f"with compute")
+        return (f"{_pct(s[label])} of each {ms:.3g} ms step is communication's cost: "
+                f"{_pct(b.fraction('comm_exposed'))} not overlapped with compute, "
+                f"{_pct(inner / b.step_time)} inside the compute (the collectives' copies on the training "
+                f"thread, and the compute slowed beside them: their threads on the ranks' cores)")
     if label is Bottleneck.HOST:
         return (f"the {unit} is idle for {_pct(s[label])} of each {ms:.3g} ms step without "
                 f"waiting for input: launch, Python and synchronisation overhead")

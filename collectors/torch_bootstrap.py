@@ -75,6 +75,7 @@ class _Bootstrap:
         self.sched_fds: dict[int, int] = {}  # thread id -> its open schedstat file
         self.sched = _thread_sched(self.sched_fds)  # the stepping thread's counters, last step
         self.collectives = _collectives().StepCollectives()
+        self.comm_threads = _collectives().CommThreads()
         self.buffer: list[dict[str, Any]] = []
         self.backend: str | None = None  # default process group backend, once known
         self.fr_last_record = -1  # flight recorder entries already accounted for
@@ -106,6 +107,9 @@ class _Bootstrap:
         colls = self.collectives.drain()
         if colls:
             row["collectives"] = colls
+        comm_cpu = self.comm_threads.step_cpu_s()
+        if comm_cpu is not None:
+            row["comm_cpu_s"] = comm_cpu
         row["t0"] = time.time() - row["dt"]
         sched = _thread_sched(self.sched_fds)
         if sched is not None and self.sched is not None and sched[0] == self.sched[0]:

@@ -61,6 +61,14 @@ class TimeBreakdown:
     host_overhead: float = 0.0
     host_stalled: float = 0.0  # part of host_overhead: the OS running other processes
     host_waiting: float = 0.0  # part of host_overhead: runnable, waiting for a core (any owner)
+    # What the collectives cost beyond their exposed time, both parts of ``compute`` (a CPU job
+    # over gloo; 0 elsewhere): ``comm_work`` the training thread's own work for them (DDP's
+    # copies into and out of its buckets, the comm hook's division), outside ``compute_bound``
+    # and ``memory_bound`` (they add up to ``compute - comm_work``); ``comm_contention`` the
+    # compute time the collectives' own threads took from the job's compute where the cores
+    # were short (``analyzers.comm_cost``). Optional: older files read them as 0.
+    comm_work: float = 0.0
+    comm_contention: float = 0.0
 
     def fraction(self, part: str) -> float:
         return getattr(self, part) / self.step_time if self.step_time > 0 else 0.0
@@ -243,6 +251,11 @@ class Verdict:
     # the runner-up, when the label's margin over it is within the step-time noise: a tie
     tie_with: Bottleneck | None = None
     noise: float | None = None  # step-time noise (half the interquartile range over the median)
+    # fixes that apply to the job's bottleneck but would not speed it up here: a prediction not
+    # faster than today's step, or a precondition the device or the machine fails (bf16 slower
+    # than fp32, no core for DataLoader workers); each ``why`` says which (``advice.recommend``).
+    # Optional: a diagnosis written before it reads an empty list.
+    not_advised: list[Recommendation] = field(default_factory=list)
 
 
 @dataclass
@@ -474,7 +487,8 @@ def verdict_breakdown(d: Diagnosis) -> TimeBreakdown:
 
 
 SHARE_PARTS = ("compute", "compute_bound", "memory_bound", "comm_exposed", "memcpy_exposed",
-               "input_wait", "host_overhead", "host_stalled", "host_waiting", "idle")
+               "input_wait", "host_overhead", "host_stalled", "host_waiting", "idle", "comm_work",
+               "comm_contention")
 
 
 def summary_figures(d: Diagnosis) -> dict[str, float | str | None]:

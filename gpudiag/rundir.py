@@ -237,6 +237,9 @@ class StepRow:
     # run directories written before the step timer read them)
     run_s: float | None = None
     wait_s: float | None = None
+    # CPU seconds the collectives' own threads (gloo's) ran over the step; None: none ran, or
+    # not recorded (``collectors.torch_collectives.CommThreads``)
+    comm_cpu_s: float | None = None
 
 
 def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
@@ -257,12 +260,13 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
                 continue
             prof = r.get("profiler")
             colls = r.get("collectives")
-            run_s, wait_s = r.get("run_s"), r.get("wait_s")
+            run_s, wait_s, comm_cpu = r.get("run_s"), r.get("wait_s"), r.get("comm_cpu_s")
             rows.append(StepRow(step=step, t=float(t), dt=float(dt),
                                 profiler=prof if isinstance(prof, str) else None,
                                 collectives=colls if isinstance(colls, dict) else {},
                                 run_s=float(run_s) if _num(run_s) and run_s >= 0 else None,
-                                wait_s=float(wait_s) if _num(wait_s) and wait_s >= 0 else None))
+                                wait_s=float(wait_s) if _num(wait_s) and wait_s >= 0 else None,
+                                comm_cpu_s=float(comm_cpu) if _num(comm_cpu) and comm_cpu >= 0 else None))
         if rank in boot and not any(r.profiler for r in rows):
             _mark_legacy_window(rows, boot[rank])
         out[rank] = rows

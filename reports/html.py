@@ -143,6 +143,13 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
     b = d.breakdown
     mean_rows = [(label, ms(getattr(b, key)), pct(b.fraction(key))) for key, label, _ in PARTS]
     mean_rows[2:2] = [("compute (total)", ms(b.compute), pct(b.fraction("compute")))]
+    if b.comm_work > 0:
+        mean_rows.append(("of the compute, the training thread's copies for the collectives (DDP's "
+                          "buckets): communication's cost", ms(b.comm_work), pct(b.fraction("comm_work"))))
+    if b.comm_contention > 0:
+        mean_rows.append(("of the compute, slowed beside the collectives (their threads on the ranks' "
+                          "cores): communication's cost", ms(b.comm_contention),
+                          pct(b.fraction("comm_contention"))))
     if b.host_waiting > b.host_stalled:
         mean_rows.append(("of the host overhead, the training thread waiting for a core (the job's "
                           "own workers and threads, or other processes)", ms(b.host_waiting),

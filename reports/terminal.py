@@ -149,6 +149,12 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
                                      subsequent_indent="     "))
             out.extend(textwrap.wrap(views.prediction_line(rec), width, initial_indent="     ",
                                      subsequent_indent="       "))
+    if v.not_advised:
+        out.append("")
+        out.append("Would not help here:")
+        for rec in v.not_advised:
+            out.extend(textwrap.wrap(f"[{rec.action}] {views.not_helping_line(rec)}", width,
+                                     initial_indent="  - ", subsequent_indent="    "))
     if d.warnings:
         out.append("")
         out.append("Warnings:")
