@@ -24,9 +24,10 @@ import pytest
 
 from gpudiag.analyzers.diagnose import diagnose
 from gpudiag.diagnosis import Diagnosis
+from gpudiag.pace import at_own_pace
 from gpudiag.reports.html import render_report
 from gpudiag.reports.terminal import render_terminal
-from gpudiag.rundir import read_steps
+from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps, window_steps
 from tests.conftest import SHARED
 
 # Each test here makes its own competitor (spinners, CPU slices) and compares with its own quiet
@@ -177,10 +178,18 @@ def test_a_gpu_jobs_wait_for_a_core_is_kept_out_of_the_launch_overhead_advice(tm
     w = d.host_wait
     assert w.recorded and w.untraced_wait_us == pytest.approx(12e3, rel=1e-6)
     assert w.own_share >= 0.8, w.note  # 14 busy workers against a quiet rest of the machine
-    for s in d.ranks[0].steps:
+    # each traced step's host gaps hold its row's wait, and the part other processes caused (the
+    # row's machine share at the job's own pace, gpudiag.pace) as host_stalled
+    boot = read_bootstrap(run)
+    own = at_own_pace(read_steps(run, boot), read_host_cpu(run), boot)
+    [win] = [x for x in window_steps(run, boot=boot, steps=own) if x.rank == 0]
+    assert len(win.traced_rows) == len(d.ranks[0].steps)
+    for s, r in zip(d.ranks[0].steps, win.traced_rows, strict=True):
         b = s.breakdown
         assert b.host_waiting == pytest.approx(min(12e3, b.host_overhead))
-        assert b.host_stalled == pytest.approx(b.host_waiting * w.other_share)
+        share = r.machine_s / (r.dt + r.machine_s)
+        assert 0 <= share < 0.2, share  # the workers' contention is the job's own
+        assert b.host_stalled == pytest.approx(min(share * b.step_time, b.host_waiting))
     u = d.unprofiled
     assert u is not None and u.host_waiting == pytest.approx(min(12e3, u.host_overhead))
     recs = {r.action: r for r in d.verdict.recommendations}
