@@ -35,6 +35,9 @@ from gpudiag.rundir import WindowSteps
 
 PROFILED = "profiled-steps"
 UNPROFILED = "unprofiled-estimate"
+# From this share of a step, the machine's part (``host_stalled``) is named in the dilation's
+# caveats: the steps it compares are the job's own, not what the clock read.
+MACHINE_NOTED = 0.01
 
 
 @dataclass
@@ -83,10 +86,18 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
             "the profiler's slowdown; the breakdown, verdict and MFU describe the profiled steps "
             "(run more steps before and after the window)"])
     dil, deductions = measured
+    machine = reference_machine_us(windows, dil.reference_steps)
+    if (traced.host_stalled >= MACHINE_NOTED * traced.step_time
+            or machine >= MACHINE_NOTED * dil.untraced_step_us):
+        dil.caveats.append(
+            f"traced and untraced steps compared at the job's own pace: other processes took "
+            f"{traced.host_stalled / 1e3:.3g} ms of each traced step ({traced.step_time / 1e3:.3g} ms "
+            f"by wall clock) and {machine / 1e3:.3g} ms of each untraced one "
+            f"({(dil.untraced_step_us + machine) / 1e3:.3g} ms), shown apart as the OS running other work")
     if not dil.trusted:
         return StepView(PROFILED, traced, noise, dilation=dil, deductions=deductions + traced_cost)
     unprofiled, repairs = estimate_unprofiled(own, dil, device_kind, events)
-    unprofiled = with_machine(unprofiled, reference_machine_us(windows, dil.reference_steps))
+    unprofiled = with_machine(unprofiled, machine)
     noise = dil.untraced_spread / 2
     deductions += (repairs + extreme_dilation(dil.factor)
                    + noise_deduction(noise, "the untraced steps around the window"))

@@ -117,6 +117,12 @@ def test_dataloader_workers_outnumbering_the_cores_are_the_jobs_own(tmp_path):
     assert w.untraced_wait_us > 0
     assert w.own_share is not None and w.own_share >= 0.03, w.note
     assert w.own_share + w.other_share == pytest.approx(1.0, abs=0.002)
+    # the workers' threads are read at each step too (collectors.thread_waits), at a cost the job
+    # measured on its own clock, under 1% of its step
+    reads = read_bootstrap(run)[0].thread_waits
+    assert reads["workers"] == 4 and reads["threads"] >= 4, reads
+    assert reads["cost_per_step_s"] <= 0.01 * statistics.median(r.dt for r in rows), reads
+    assert sum(r.peer_wait_s is not None for r in rows) >= 0.9 * len(rows)
 
 
 def test_the_exported_mfu_of_a_job_another_tenant_slowed_stays_near_its_quiet_value(tmp_path):
