@@ -74,6 +74,13 @@ def view_steps(d: Diagnosis, run: Path) -> set[int]:
     return {r.step for r in w.traced_rows}
 
 
+def wall_mfu(d: Diagnosis) -> float | None:
+    """The diagnosis' MFU over the wall-clock step of its view: what a job's own timer (a wall
+    clock) can check. ``Mfu.value`` is at the job's own pace, less what other processes took
+    (issue 38), which on a machine other tests load reads above any wall-clock truth."""
+    return d.mfu.wall_value if d.mfu.wall_value is not None else d.mfu.value
+
+
 def view_mfu(d: Diagnosis, own: dict, run: Path) -> float:
     """The job's own MFU over the steps behind the diagnosis' view (``view_steps``), at the peak
     the diagnosis used, by the view's statistic: the median of the reference steps, or the mean
