@@ -242,7 +242,7 @@ def test_a_job_whose_intra_op_thread_is_crowded_is_seen_through_that_thread(tmp_
     runs = {}
     for name, n in (("quiet", 0), ("crowded", 4)):
         run = tmp_path / name
-        profile(run, [str(JOBS / "mlp_job.py"), "--steps", "60", "--split-threads", "--report",
+        profile(run, [str(JOBS / "mlp_job.py"), "--steps", "40", "--split-threads", "--report",
                       str(tmp_path / f"{name}.json")], loops=n, loop_cpus={cpus[1]})
         runs[name] = rows(run)
     crowded, quiet = runs["crowded"], runs["quiet"]
