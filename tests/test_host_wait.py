@@ -52,10 +52,20 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+def job_ended(run: Path) -> bool:
+    """``gpudiag profile`` recorded the job's end (run.json leaves "running" before the analysis):
+    a CPU peak measured beside the spinners would be the session's (measured once, cached)."""
+    try:
+        return json.loads((run / "run.json").read_text()).get("status") != "running"
+    except (OSError, ValueError):
+        return False
+
+
 def profile(run: Path, job: list[str], *opts: str, env: dict[str, str] | None = None,
             spin: int = 0, spin_steps: int | None = None) -> Diagnosis:
     """The job under ``gpudiag profile``; with ``spin`` outside processes on the job's CPU (the
-    GEMM job pins itself to the lowest one), stopped once ``spin_steps`` step rows are written."""
+    GEMM job pins itself to the lowest one), stopped once ``spin_steps`` step rows are written,
+    or when the job ends."""
     cpu = min(os.sched_getaffinity(0))
     procs = spinners(spin, cpu)
     try:
@@ -63,8 +73,9 @@ def profile(run: Path, job: list[str], *opts: str, env: dict[str, str] | None = 
                                   sys.executable, *job], env={**os.environ, **(env or {})},
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         steps = run / "samples" / "steps-rank-0.jsonl"
-        while procs and spin_steps is not None and job_p.poll() is None:
-            if steps.is_file() and steps.read_text().count("\n") >= spin_steps:
+        while procs and job_p.poll() is None:
+            if ((spin_steps is not None and steps.is_file() and steps.read_text().count("\n") >= spin_steps)
+                    or job_ended(run)):  # the analysis (and the CPU peak it may measure) without them
                 stop(procs)
                 procs = []
             time.sleep(0.05)

@@ -112,7 +112,8 @@ def stop(procs: list[subprocess.Popen]) -> None:
 def profile(run: Path, job: list[str], *, loops: int = 0, loop_cpus: set[int] | None = None,
             until: Path | None = None, cpus: set[int] | None = None) -> Diagnosis:
     """The job under ``gpudiag profile``, beside ``loops`` busy loops (stopped once ``until``
-    exists: the job marks a step); ``cpus``: the job (not gpudiag) pinned there."""
+    exists: the job marks a step; else when the job ends, before the analysis measures a CPU peak
+    the session keeps); ``cpus``: the job (not gpudiag) pinned there."""
     pin = ([sys.executable, "-c", f"import os, sys; os.sched_setaffinity(0, {sorted(cpus)!r}); "
             "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"] if cpus else [sys.executable])
     procs = busy_loops(loops, loop_cpus)
@@ -120,9 +121,9 @@ def profile(run: Path, job: list[str], *, loops: int = 0, loop_cpus: set[int] | 
         p = subprocess.Popen([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--",
                               *pin, *job], cwd=REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
-        while procs and until is not None and p.poll() is None:
-            if until.exists():
-                stop(procs)
+        while procs and p.poll() is None:
+            if (until is not None and until.exists()) or job_ended(run):
+                stop(procs)  # the analysis (and the CPU peak it may measure) runs without them
                 procs = []
             time.sleep(0.01)
         _, err = p.communicate(timeout=900)
@@ -130,6 +131,14 @@ def profile(run: Path, job: list[str], *, loops: int = 0, loop_cpus: set[int] | 
         stop(procs)
     assert p.returncode == 0, err[-3000:]
     return Diagnosis.from_json((run / "diagnosis.json").read_text())
+
+
+def job_ended(run: Path) -> bool:
+    """``gpudiag profile`` recorded the job's end (run.json leaves "running" before the analysis)."""
+    try:
+        return json.loads((run / "run.json").read_text()).get("status") != "running"
+    except (OSError, ValueError):
+        return False
 
 
 def gpudiag_diff(before: Path, after: Path) -> dict:
