@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
+from gpudiag.analyzers.unprofiled import CpuEvents
 from gpudiag.diagnosis import Mfu, TimeBreakdown
 from gpudiag.pace import wall
 from gpudiag.rundir import StepRow, WindowSteps
@@ -110,3 +111,15 @@ def with_wall(own: Mfu, wall_mfu: Mfu, b: TimeBreakdown, recorded: bool | None) 
            "step: the OS ran their work while the job's threads waited for a core")
     return replace(own, wall_value=wall_mfu.value, wall_step_time_us=wall_mfu.step_time_us,
                    pace=why if shown else "")
+
+
+def own_events(events: CpuEvents | None, traced: TimeBreakdown) -> CpuEvents | None:
+    """A CPU trace's events for its steps at the job's own pace (``without_machine``): the long
+    operators' time beyond their fastest calls (``CpuEvents.slowed_us``) is first the time the OS
+    ran other processes inside them (a preempted call is a slow one), so the machine's part of
+    the operator time (``host_stalled``'s share of the step, applied to it) comes out of it."""
+    if events is None or traced.host_stalled <= 0 or traced.step_time <= traced.host_stalled:
+        return events
+    m = traced.host_stalled / traced.step_time
+    in_ops = traced.compute * m / (1 - m)  # compute is what is left of it after ``charge``
+    return replace(events, slowed_us=max(0.0, events.slowed_us - in_ops))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from gpudiag.analyzers.classify import _pct, classify, extreme_dilation, shares
-from gpudiag.analyzers.own_pace import reference_machine_us, with_machine, without_machine
+from gpudiag.analyzers.own_pace import own_events, reference_machine_us, with_machine, without_machine
 from gpudiag.analyzers.stats import iqr_over_median
 from gpudiag.analyzers.unprofiled import (
     NOISE_FLOOR,
@@ -96,7 +96,7 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
             f"({(dil.untraced_step_us + machine) / 1e3:.3g} ms), shown apart as the OS running other work")
     if not dil.trusted:
         return StepView(PROFILED, traced, noise, dilation=dil, deductions=deductions + traced_cost)
-    unprofiled, repairs = estimate_unprofiled(own, dil, device_kind, events)
+    unprofiled, repairs = estimate_unprofiled(own, dil, device_kind, own_events(events, traced))
     unprofiled = with_machine(unprofiled, machine)
     noise = dil.untraced_spread / 2
     deductions += (repairs + extreme_dilation(dil.factor)
@@ -117,6 +117,7 @@ def at_faster_side(view: StepView, traced: TimeBreakdown, device_kind: str,
     dil = view.dilation
     if view.basis == UNPROFILED or dil is None:
         return None
+    events = own_events(events, traced)
     traced = without_machine(traced)  # the sides are at the job's own pace
     sides = [x for x in (dil.before_step_us, dil.after_step_us) if x]
     fastest = min(sides) if sides else dil.untraced_step_us
