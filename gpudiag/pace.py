@@ -12,7 +12,10 @@ by the step timer), plus, while it was neither running nor waiting (asleep at th
 parallel region, or waiting for a batch), the largest wait any other thread of the job had over
 the step (its intra-op threads, its DataLoader workers: ``collectors.thread_waits``): a step is
 as slow as the slowest thread it waits for. The largest, not the sum: waits in parallel delay
-the step once, and waits in turn (read as the largest of them) charge the job, never excuse it.
+the step once, and waits in turn (read as the largest of them) charge the job. Where the
+training thread slept on something else (the GPU, a file) while another thread waited for a
+core off the step's path (a worker prefetching ahead), that wait is read as the step's: the
+job is then excused up to it.
 
 Whose wait it was (``wait_shares``): the job's own threads and workers crowd each other only
 where they want more cores than it may use; other processes crowd it as soon as all together
