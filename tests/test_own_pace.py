@@ -23,12 +23,15 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from gpudiag.analyzers.compare import NO_CHANGE
-from gpudiag.diagnosis import Bottleneck, Diagnosis
+from gpudiag.analyzers.classify import shares
+from gpudiag.analyzers.compare import NO_CHANGE, OwnPace, own_pace, step_change
+from gpudiag.analyzers.own_pace import charge, with_machine, with_wall, without_machine
+from gpudiag.diagnosis import Bottleneck, Diagnosis, Mfu, TimeBreakdown
 from gpudiag.pace import at_own_pace, own_step_seconds, step_wait, wait_shares
 from gpudiag.rundir import HostSample, StepRow, read_bootstrap, read_host_cpu, read_steps
 from tests.conftest import view_steps
@@ -93,6 +96,46 @@ def test_a_read_of_the_other_threads_over_several_steps_is_spread_over_them(tmp_
     (tmp_path / "samples" / "steps-rank-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = read_steps(tmp_path, boot={})[0]
     assert [r.peer_wait_s for r in got] == pytest.approx([0.003] * 3)
+
+
+def test_on_the_cpu_the_machines_part_comes_out_of_every_part_and_keeps_the_jobs_picture():
+    """A 10 ms CPU step, 8 ms of operators and 2 ms of gaps, of which the step timer says other
+    processes took 5 ms: 4 ms of operators and 1 ms of gaps are the job's; the label's shares of
+    its own 5 ms step are the quiet step's (0.8 and 0.2)."""
+    b = TimeBreakdown(step_time=10e3, gpu_busy=8e3, compute=8e3, compute_bound=8e3, idle=2e3,
+                      host_overhead=2e3)
+    c = charge(b, "cpu", 5e3)
+    assert (c.compute, c.host_overhead, c.host_stalled, c.step_time) == pytest.approx((4e3, 6e3, 5e3, 10e3))
+    s = shares(c)
+    assert s[Bottleneck.COMPUTE] == pytest.approx(0.8) and s[Bottleneck.HOST] == pytest.approx(0.2)
+    own = without_machine(c)
+    assert own.step_time == pytest.approx(5e3) and own.host_stalled == 0
+    assert with_machine(own, 5e3).step_time == pytest.approx(10e3)
+
+
+def test_the_wall_clocks_mfu_is_shown_beside_the_jobs_own_where_they_differ_by_more_than_a_tenth():
+    b = TimeBreakdown(step_time=10e3, compute=8e3, host_overhead=2e3, idle=2e3, host_stalled=2e3)
+    own = Mfu(0.5, "r", 1e9, "shapes", "fp32", 1e12, 8e3)
+    shown = with_wall(own, Mfu(0.4, "r", 1e9, "shapes", "fp32", 1e12, 10e3), b, recorded=True)
+    assert shown.wall_value == 0.4 and "other processes took 2 ms of each 10 ms step" in shown.pace
+    near = replace(b, host_stalled=0.5e3)
+    assert with_wall(own, Mfu(0.47, "r", 1e9, "shapes", "fp32", 1e12, 10e3), near, True).pace == ""
+    assert "no split of the step recorded" in with_wall(own, own, b, recorded=False).pace
+
+
+def test_a_diff_that_disagrees_with_the_wall_clock_leads_with_the_jobs_own_pace():
+    """The same steps at their own pace (12 ms, jitter 1%) and by wall clock, where the machine
+    took 0.5 ms of each BEFORE step and 8 ms of each AFTER one."""
+    own = [0.012 * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(40)]
+    before, after = [x + 0.0005 for x in own], [x + 0.008 for x in own]
+    p: OwnPace = own_pace(before, after, own, own, floor=0.05)
+    wall = step_change(before, after, floor=0.05)
+    assert wall.direction == "slower" and p.change.direction == NO_CHANGE
+    text = p.verdict(wall)
+    assert text.startswith("At the job's own pace: +0.0%") and text.index("By wall clock") > 0
+    assert text.endswith("the machine was busier in AFTER: other processes took 8 ms of each 20 ms "
+                         "step (0.5 of 12.5 ms in BEFORE)")
+    assert own_pace(before, after, None, own, floor=0.05).change is None
 
 
 # --- real jobs beside real busy processes ---------------------------------------------------------
