@@ -308,6 +308,10 @@ def test_a_job_whose_intra_op_thread_is_crowded_is_seen_through_that_thread(tmp_
     boot = read_bootstrap(tmp_path / "crowded")
     main_only = statistics.median(own_step_seconds(alone, read_host_cpu(tmp_path / "crowded"),
                                                    boot[0].cpus))
+    # the two threads' work, side by side quiet, runs one after the other where one of them is
+    # crowded off its core (the training thread does its part, then sleeps while the other does
+    # its part): no wait shows that, so the own step may be up to the two parts, twice the quiet
+    # one (seen: 1.8x at load 15-20, against the 78x the wall clock read)
     q = statistics.median(r.dt for r in quiet)
-    assert own <= 1.25 * cpu_slowdown(crowded, quiet) * q, (own, was, q)
-    assert main_only >= 2 * own, (main_only, own, was)
+    assert own <= 2 * 1.25 * cpu_slowdown(crowded, quiet) * q, (own, was, q)
+    assert main_only >= 2 * own and own < 0.25 * was, (main_only, own, was)
