@@ -26,11 +26,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpudiag.analyzers.classify import shares
-from gpudiag.analyzers.compare import NO_CHANGE, OwnPace, own_pace, step_change
+from gpudiag.analyzers.compare import ALPHA, NO_CHANGE, OwnPace, own_pace, step_change
 from gpudiag.analyzers.own_pace import charge, with_machine, with_wall, without_machine
+from gpudiag.analyzers.stats import mann_whitney_p
 from gpudiag.diagnosis import Bottleneck, Diagnosis, Mfu, TimeBreakdown
 from gpudiag.pace import at_own_pace, own_step_seconds, step_wait, wait_shares
 from gpudiag.rundir import HostSample, StepRow, read_bootstrap, read_host_cpu, read_steps
@@ -220,15 +222,26 @@ def loop_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.solo
 def test_the_same_job_beside_two_busy_loops_is_no_slower_at_its_own_pace(loop_runs):
+    """The loops took a larger part of each step than the quiet run's machine did (at load 10 on
+    this VM: 16.5 ms of each 29 ms step against 2.9 of 15.3; by wall clock +89.8%, "significantly
+    slower"), and the job's own pace did not move. Where the machine was already so busy that
+    the wall clock's noise hid the loops (load 20: +16.5%, noise ±17.5%), the wall clock and the
+    own pace agree and the verdict says so; where they disagree it leads with the own pace."""
     d = gpudiag_diff(loop_runs["quiet"], loop_runs["busy"])
     own, wall = d["own_pace_change"], d["step_change"]
     assert own is not None and wall is not None, d["step_time_verdict"]
     assert own["significant"] is False and own["direction"] == NO_CHANGE, d["step_time_verdict"]
-    assert wall["significant"] is True and wall["direction"] == "slower", d["step_time_verdict"]
+    share = {n: np.array([r.machine_s / (r.dt + r.machine_s) for r in rows(loop_runs[n])])
+             for n in ("quiet", "busy")}
+    # the loops took their part: a larger share of each step, beyond chance (the rank test diff uses)
+    assert (np.median(share["busy"]) > np.median(share["quiet"])
+            and mann_whitney_p(share["quiet"], share["busy"]) < ALPHA), share
+    assert wall["direction"] != "faster" and not d["warnings"], d["step_time_verdict"]
     verdict = d["step_time_verdict"]
     assert verdict.startswith("At the job's own pace: ") and NO_CHANGE in verdict.split(". By wall")[0]
-    assert "the machine was busier in AFTER: other processes took" in verdict
-    assert d["machine_note"] in verdict and not d["warnings"]
+    if wall["significant"]:
+        assert "the machine was busier in AFTER: other processes took" in verdict
+        assert d["machine_note"] in verdict
 
 
 @pytest.mark.solo
