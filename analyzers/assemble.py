@@ -27,6 +27,7 @@ from gpudiag.analyzers.compile_facts import CompileFacts
 from gpudiag.analyzers.host_cpu import HostCpu
 from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
+from gpudiag.analyzers.own_pace import with_wall
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
 from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
@@ -149,8 +150,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         view = choose_view(breakdown, results, windows, kind, events)
         if view.unprofiled is not None:
             # a GPU's from the reference steps' own wait; the CPU's are its stalls
-            est = (unprofiled_waits(view.unprofiled, wait) if kind == "gpu"
-                   else replace(view.unprofiled, host_waiting=view.unprofiled.host_stalled))
+            est = unprofiled_waits(view.unprofiled, wait, kind)
             view = replace(view, unprofiled=est,
                            breakdown=est if view.breakdown is view.unprofiled else view.breakdown)
         cc = comm_cpu(windows) if kind == "cpu" else None
@@ -167,10 +167,9 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
             else:
                 view = replace(view, breakdown=breakdown)
         warnings.extend(view.warnings)
-        mfu = compute_mfu(results, device, mix, flops_per_step, shapes, view.breakdown.step_time,
-                          view.mfu_basis)
+        mfu = _mfu_at_own_pace(results, device, mix, flops_per_step, shapes, view, wait)
         if not trace_dev_name:
-            device, mfu, more = _job_floor(device, mfu, mix, results, flops_per_step, shapes, view)
+            device, mfu, more = _job_floor(device, mfu, mix, results, flops_per_step, shapes, view, wait)
             raised.update(more)
         roofline = build_roofline(roof_acc, device)
         traced_mfu = compute_mfu(results, device, mix, flops_per_step, shapes)
@@ -302,8 +301,20 @@ def _pick_device(partials: list[RankPartial], cpu_device: DevicePeak | None,
     return cpu_device, "cpu"
 
 
+def _mfu_at_own_pace(results: list[RankResult], device: DevicePeak | None, mix: dict[str, float],
+                     flops_per_step: float | None, shapes: bool, view: StepView,
+                     wait: HostWait | None) -> Mfu:
+    """MFU over the view's step at the job's own pace (less ``host_stalled``: what other
+    processes took), with the wall-clock MFU beside it (``own_pace.with_wall``)."""
+    b = view.breakdown
+    own = compute_mfu(results, device, mix, flops_per_step, shapes, b.step_time - b.host_stalled,
+                      view.mfu_basis)
+    wall = compute_mfu(results, device, mix, flops_per_step, shapes, b.step_time, view.mfu_basis)
+    return with_wall(own, wall, b, wait.recorded if wait is not None else None)
+
+
 def _job_floor(device: DevicePeak | None, mfu: Mfu, mix: dict[str, float], results: list[RankResult],
-               flops_per_step: float | None, shapes: bool, view: StepView
+               flops_per_step: float | None, shapes: bool, view: StepView, wait: HostWait | None
                ) -> tuple[DevicePeak | None, Mfu, dict[str, float]]:
     """A job whose model FLOPs per step over its step time exceed a measured peak (one dtype
     family) proves the machine does at least that: the peak is raised and MFU recomputed."""
@@ -315,8 +326,7 @@ def _job_floor(device: DevicePeak | None, mfu: Mfu, mix: dict[str, float], resul
         device, {family: mfu.flops_per_step / (mfu.step_time_us * 1e-6)})
     if not raised:
         return device, mfu, {}
-    return device, compute_mfu(results, device, mix, flops_per_step, shapes,
-                               view.breakdown.step_time, view.mfu_basis), raised
+    return device, _mfu_at_own_pace(results, device, mix, flops_per_step, shapes, view, wait), raised
 
 
 def _dedupe(items: list[str]) -> list[str]:

@@ -107,7 +107,8 @@ DISPATCH_PER_EVENT_MIN = 2.0
 _PARTS = tuple(f for f in TimeBreakdown.__dataclass_fields__ if f != "step_time")
 
 MODEL = ("step = the median of the untraced steps just before and after the traced window "
-         f"(up to {REFERENCE_STEPS} a side, the job's own step timer); device work as traced; the "
+         f"(up to {REFERENCE_STEPS} a side, the job's own step timer, each at the job's own pace: less "
+         "the wait for a core other processes caused, gpudiag.pace); device work as traced; the "
          "profiler's extra wall time (traced mean minus that step) removed from the host gaps first, "
          "then from the input wait (a loader in the training process: from its wait by the share of "
          "recorded events inside it)")

@@ -166,6 +166,12 @@ class Mfu:
     # more than one, ``peak_flops`` is the mix's peak: the FLOPs over the time they would take,
     # each family at its own peak
     dtype_mix: dict[str, float] = field(default_factory=dict)
+    # ``value`` is at the job's own pace: ``step_time_us`` is the view's step less the part other
+    # processes took (``host_stalled``, ``gpudiag.pace``). The same FLOPs over the wall-clock step,
+    # and why the two differ (or that no split was recorded); empty where they are the same
+    wall_value: float | None = None
+    wall_step_time_us: float | None = None
+    pace: str = ""
 
 
 @dataclass
@@ -342,6 +348,13 @@ class HostWait:
     # (its DataLoader workers, intra-op threads) and processes outside it; None: not sampled
     own_share: float | None = None
     other_share: float | None = None
+    # the largest wait of the job's other threads (intra-op, DataLoader workers), median per
+    # reference step; None: not recorded (``collectors.thread_waits``)
+    untraced_peer_wait_us: float | None = None
+    # the part of the step other processes took (``gpudiag.pace``): per reference step (median
+    # wall step less median own step) and mean per traced step
+    untraced_machine_us: float | None = None
+    traced_machine_us: float | None = None
 
 
 @dataclass
@@ -414,7 +427,7 @@ class Diagnosis(JsonValue):
         return load_versioned(cls, data, READABLE_DIAGNOSIS_VERSIONS)
 
 
-DIFF_SCHEMA_VERSION = 2  # 2: step_change, basis and step_time_verdict
+DIFF_SCHEMA_VERSION = 3  # 2: step_change, basis and step_time_verdict; 3: own_pace_change
 
 
 @dataclass
@@ -475,6 +488,13 @@ class DiagnosisDiff(JsonValue):
     basis: str = "profiled-steps"
     step_change: StepChange | None = None  # from the step timers; None for trace-only inputs
     step_time_verdict: str = ""  # one sentence: the change and whether it is more than noise
+    # the same at the job's own pace: each step less the wait other processes caused
+    # (``gpudiag.pace``); None where a side recorded no split (compared by wall clock only) or
+    # for trace-only inputs. Where it and ``step_change`` disagree the verdict leads with it.
+    own_pace_change: StepChange | None = None
+    # one line: the machine's part of each run's step, where it differs between the runs
+    machine_note: str = ""
+    warnings: list[str] = field(default_factory=list)
 
 
 # --- accessors: what readers outside gpudiag (an experiment tracker, a live view) take from a

@@ -352,6 +352,8 @@ def _tables(d: Diagnosis) -> dict[str, Any]:
     m = d.mfu
     reason = si_text(m.reason.removeprefix("not available: ") if m.value is None else m.reason)
     mfu = {"value": pct(m.value) if m.value is not None else "not available", "reason": reason,
+           "wall": pct(m.wall_value) if m.pace and m.wall_value is not None else None,
+           "pace": si_text(m.pace) if m.pace else None,
            "rows": [("FLOPs per step per rank",
                      si(m.flops_per_step, "FLOP") if m.flops_per_step else "n/a"),
                     ("FLOPs from", m.flops_source), ("dtype family", m.dtype_family or "n/a"),

@@ -29,7 +29,8 @@ from gpudiag.analyzers.classify import HOST_NOTABLE
 from gpudiag.analyzers.classify import shares as view_shares
 from gpudiag.analyzers.trace_loader import load_rank
 from gpudiag.diagnosis import Bottleneck, Diagnosis
-from gpudiag.rundir import read_steps
+from gpudiag.pace import at_own_pace
+from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps
 from tests.conftest import labels_of, view_mfu
 from tests.harness import free_port
 
@@ -57,10 +58,13 @@ def profile(tmp: Path, name: str, job: str, *args: str, opts: tuple[str, ...] = 
     return Diagnosis.from_json((run / "diagnosis.json").read_text()), json.loads(own.read_text()), run
 
 
-def own_mfu(d: Diagnosis, own: dict, steps: set[int], statistic=statistics.median) -> float:
-    """Analytic FLOPs over ``statistic`` of the job's own timings of ``steps`` (1-based), at the
-    peak the diagnosis used."""
-    times = [t for i, t in enumerate(own["step_seconds"]) if i + 1 in steps]
+def own_mfu(d: Diagnosis, own: dict, steps: set[int], run: Path, statistic=statistics.median) -> float:
+    """Analytic FLOPs over ``statistic`` of the job's own timings of ``steps`` (1-based), each less
+    the part other processes took of it (gpudiag's step timer: the job's own pace, as
+    ``Mfu.value``), at the peak the diagnosis used."""
+    boot = read_bootstrap(run)
+    machine = {r.step: r.machine_s for r in at_own_pace(read_steps(run, boot), read_host_cpu(run), boot)[0]}
+    times = [t - machine.get(i + 1, 0.0) for i, t in enumerate(own["step_seconds"]) if i + 1 in steps]
     return own["flops_per_step"] / statistic(times) / d.mfu.peak_flops
 
 
@@ -103,7 +107,7 @@ def test_a_job_slowed_by_a_competitor_in_its_first_steps_keeps_its_label_and_its
     assert statistics.median(slowed) > 1.3 * statistics.median(after), "the competitor slowed nothing"
     assert same_label(d, quiet), (d.verdict.summary, quiet.verdict.summary)
     touched = {r.step for r in read_steps(run)[0] if r.profiler}
-    truth = own_mfu(d, own, set(range(41, 81)) - touched)
+    truth = own_mfu(d, own, set(range(41, 81)) - touched, run)
     assert d.mfu.value is not None and abs(d.mfu.value / truth - 1) <= MFU_TOLERANCE, (
         d.mfu.value, truth, d.basis, d.dilation)
 
@@ -126,8 +130,13 @@ def test_a_window_the_machine_slowed_keeps_the_gaps_torch_compile_would_remove(t
     times = own["step_seconds"]
     assert statistics.median(times[61:66]) > 1.5 * statistics.median(times[45:60]), "nothing slowed it"
     assert d.basis == "unprofiled-estimate", d.dilation.caveats
+    # the window's slow-down is found: as the machine's part of its steps where other processes
+    # held the cores (the job's own pace, issue 38: on a busy machine most of it), else through
+    # the gaps (the competitor is the job's own child, so its part stays in the window)
     paces = [float(m) for c in d.dilation.caveats for m in re.findall(r"ran ([\d.]+)x slower", c)]
-    assert paces and paces[0] > 1.3, d.dilation.caveats
+    own_pace = d.host_wait.traced_machine_us or 0.0
+    assert (paces and paces[0] > 1.3) or own_pace >= 0.3 * d.breakdown.step_time, (
+        d.dilation.caveats, own_pace)
     # (the quiet run's own reference can be unsteady on this VM: 1 run in 7; then its traced
     # gaps brought to its untraced step stand for it)
     ref = (quiet.unprofiled.host_overhead if quiet.unprofiled is not None
@@ -150,7 +159,7 @@ def test_time_the_os_ran_another_process_is_not_read_as_the_jobs_host_overhead(t
     but it is the machine's load: the verdict's host share and the advice leave it out
     (a traced view on a busy machine read it as dispatch overhead torch.compile would remove),
     and the estimate of the job unobserved drops it with the profiler's cost."""
-    d, own, _ = profile(tmp_path, "os-chain", "chain_job.py", "--steps", "90", "--compete", "61:66",
+    d, own, run = profile(tmp_path, "os-chain", "chain_job.py", "--steps", "90", "--compete", "61:66",
                         "--compete-kind", "cpu", opts=("--skip", "60"))
     times = own["step_seconds"]
     assert statistics.median(times[61:66]) > 1.5 * statistics.median(times[45:60]), "nothing slowed it"
@@ -158,13 +167,18 @@ def test_time_the_os_ran_another_process_is_not_read_as_the_jobs_host_overhead(t
     assert 1e3 <= b.host_stalled <= b.host_overhead, (b.host_stalled, b.host_overhead)
     assert any("the OS ran other work" in w for w in d.warnings), d.warnings
     traced = d.traced_verdict or d.verdict
-    assert traced.evidence["host-bound share"] == pytest.approx(
-        (b.host_overhead - b.host_stalled) / b.step_time, abs=1e-4), traced.evidence
+    assert traced.evidence["host-bound share"] == pytest.approx(  # of the job's own step (issue 38)
+        (b.host_overhead - b.host_stalled) / (b.step_time - b.host_stalled), abs=1e-4), traced.evidence
     # and the label of the traced steps rests on the rest of them: it costs confidence
     assert any(x.reason.startswith("the OS ran other work") and x.amount >= 0.01
                for x in traced.deductions), traced.deductions
-    if d.unprofiled is not None:  # the steps around the window ran without the competitor
-        assert d.unprofiled.host_stalled < 0.1 * b.host_stalled, d.unprofiled
+    if d.unprofiled is not None:  # the steps around the window ran without the competitor:
+        # the estimate holds no stall but what other processes took of those steps themselves
+        rows = at_own_pace(read_steps(run), read_host_cpu(run), read_bootstrap(run))[0]
+        ref = [r for r in rows if r.step in set(d.dilation.reference_steps)]
+        machine = 1e6 * (statistics.median(r.dt + r.machine_s for r in ref)
+                         - statistics.median(r.dt for r in ref))
+        assert d.unprofiled.host_stalled <= 0.1 * b.host_stalled + machine + 1e-6, (d.unprofiled, machine)
 
 
 def test_a_weights_gradient_is_work_though_the_biases_adds_share_its_name(tmp_path):
