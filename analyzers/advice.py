@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpudiag.analyzers import syncs as host_syncs
 from gpudiag.analyzers import whatif
 from gpudiag.analyzers.classify import (
     COMM_NOTABLE,
@@ -36,6 +37,7 @@ from gpudiag.diagnosis import (
     Recommendation,
     Roofline,
     Stragglers,
+    SyncReport,
     TimeBreakdown,
 )
 
@@ -65,6 +67,7 @@ class AdviceInputs:
     fp32_memory_bytes: float | None = None  # bytes per step of memory-bound fp32 work
     bandwidth: float = 0.0  # the device's, bytes/s
     host_wait: HostWait | None = None  # the training thread's wait for a core, and who held them
+    syncs: SyncReport | None = None  # host syncs counted, with their predicted cost (``syncs``)
 
 
 def _pct(x: float) -> str:
@@ -221,6 +224,12 @@ def _syncs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
             "breaks from the loop, and grow the batch so each launch does more work.")
 
 
+def _syncs_apply(a: AdviceInputs) -> bool:
+    if a.syncs is not None:
+        return a.syncs.share >= host_syncs.SYNC_NOTABLE
+    return _gpu(a) and a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE
+
+
 def _compile_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     return (f"{_pct(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
             "operators (many tiny ops): fuse them with torch.compile, batch the work into fewer, "
@@ -350,9 +359,12 @@ CATALOGUE: list[Advice] = [
     Advice("cuda-graphs-or-compile",
            lambda a, s: _gpu(a) and not a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE,
            _graphs_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share), Bottleneck.HOST),
-    Advice("remove-host-syncs",
-           lambda a, s: _gpu(a) and a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE,
-           _syncs_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
+    # where the syncs were counted (``syncs``), on any device, by what removing them saves;
+    # else (no count at all) a compiled GPU job's host gaps, as before
+    Advice("remove-host-syncs", lambda a, s: _syncs_apply(a),
+           lambda a, s: host_syncs.advice_text(a.syncs) if a.syncs is not None else _syncs_text(a, s),
+           lambda a: (whatif.Prediction(*host_syncs.predicted_step_us(a.syncs)) if a.syncs is not None
+                      else whatif.host_gaps_closed(a.view)), Bottleneck.HOST),
     Advice("free-a-core", lambda a, s: contention_share(a.view) >= HOST_NOTABLE, _contention_text,
            lambda a: whatif.contention_removed(a.view), Bottleneck.HOST),
     Advice("compile-small-ops",

@@ -2,7 +2,8 @@
 
     run.json        what ran, where, when, how it ended (schema-versioned)
     samples/        append-only JSONL: gpu.jsonl, host.jsonl, steps-rank-N.jsonl; and
-                    bootstrap-rank-N.json, what the job's bootstrap did (incl. which steps it traced)
+                    bootstrap-rank-N.json, what the job's bootstrap did (incl. which steps it traced),
+                    syncs-rank-N.json, the host syncs it saw in the window's warm-up step
     traces/         rank-N.json.gz, written whole or not at all
     diagnosis.json  the Diagnosis of what was collected
 
@@ -223,6 +224,88 @@ def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:
             continue
         out[data["rank"]] = BootstrapMeta(**{k: v for k, v in data.items() if k in known})
     return out
+
+
+@dataclass
+class CensusSite:
+    """One call site of the sync census (samples/syncs-rank-N.json): where, what, how often."""
+
+    file: str
+    line: int
+    function: str
+    kind: str
+    calls: int  # in the census step
+    seconds: float  # inside these calls in that step
+
+
+@dataclass
+class SyncCensus:
+    """samples/syncs-rank-N.json: the host syncs the bootstrap saw in one step of one rank
+    (``collectors.torch_syncs``), or why it took none (``skipped``)."""
+
+    rank: int
+    step: int | None = None
+    device: str = "cpu"
+    sites: list[CensusSite] = field(default_factory=list)
+    feeding_ops: int = 0  # operators whose results fed only syncs
+    feeding_s: float = 0.0
+    feeding_top: list[tuple[str, int, float]] = field(default_factory=list)  # (op, calls, s)
+    torch_calls: int = 0
+    dropped_sites: int = 0
+    skipped: str | None = None
+    note: str | None = None
+
+
+# Bounds on what a job's census file may claim (a job's own file is a claim: bound every read).
+MAX_CENSUS_SITES = 1000
+MAX_CENSUS_BYTES = 4 << 20
+
+
+def read_syncs(run_dir: Path, cwd: str | None = None) -> dict[int, SyncCensus]:
+    """Per rank, the sync census its bootstrap wrote (torn, oversized or malformed files are
+    left out, as missing ones). ``cwd``: the job's working directory; call sites under it are
+    shown relative to it."""
+    out: dict[int, SyncCensus] = {}
+    for f in sorted((run_dir / "samples").glob("syncs-rank-*.json")):
+        try:
+            if f.stat().st_size > MAX_CENSUS_BYTES:
+                continue
+            data = json.loads(f.read_text())
+            rec = _census(data, cwd)
+        except (OSError, ValueError, TypeError, KeyError, RecursionError):
+            continue
+        if rec is not None:
+            out[rec.rank] = rec
+    return out
+
+
+def _census(data: Any, cwd: str | None) -> SyncCensus | None:  # noqa: ANN401 - parsed JSON
+    if not isinstance(data, dict) or not isinstance(data.get("rank"), int):
+        return None
+    if isinstance(data.get("skipped"), str):
+        return SyncCensus(rank=data["rank"], skipped=data["skipped"][:500])
+    sites = []
+    for r in (data.get("sites") or [])[:MAX_CENSUS_SITES]:
+        if not isinstance(r, dict) or not _num(r.get("seconds")) or not isinstance(r.get("calls"), int):
+            continue
+        path = str(r.get("file", "?"))
+        if cwd and path.startswith(cwd.rstrip("/") + "/"):
+            path = path[len(cwd.rstrip("/")) + 1:]
+        sites.append(CensusSite(path, int(r.get("line") or 0), str(r.get("function", ""))[:200],
+                                str(r.get("kind", "?"))[:100], max(0, r["calls"]),
+                                max(0.0, float(r["seconds"]))))
+    feed = data.get("feeding") if isinstance(data.get("feeding"), dict) else {}
+    top = [(str(t.get("op", "?"))[:100], int(t.get("calls", 0)), float(t.get("seconds", 0.0)))
+           for t in (feed.get("top") or [])[:20] if isinstance(t, dict) and _num(t.get("seconds"))]
+    step = data.get("step")
+    return SyncCensus(
+        rank=data["rank"], step=step if isinstance(step, int) else None,
+        device=str(data.get("device", "cpu")), sites=sites,
+        feeding_ops=int(feed.get("ops", 0)) if isinstance(feed.get("ops"), int) else 0,
+        feeding_s=max(0.0, float(feed["seconds"])) if _num(feed.get("seconds")) else 0.0,
+        feeding_top=top, torch_calls=int(data.get("torch_calls") or 0),
+        dropped_sites=int(data.get("dropped_sites") or 0),
+        note=str(data["note"])[:500] if isinstance(data.get("note"), str) else None)
 
 
 @dataclass
