@@ -98,7 +98,8 @@ class _Bootstrap:
             return
         now = time.perf_counter()
         self.step += 1
-        row = {"step": self.step, "t": time.time(), "dt": now - self.t_step}
+        t = time.time()
+        row = {"step": self.step, "t": t, "dt": now - self.t_step, "t0": t - (now - self.t_step)}
         if self.phase is not None:
             row["profiler"] = self.phase
             if self.phase == _TRACED:
@@ -107,7 +108,6 @@ class _Bootstrap:
         colls = self.collectives.drain()
         if colls:
             row["collectives"] = colls
-        row["t0"] = time.time() - row["dt"]
         sched = _thread_sched(self.sched_fds)
         if sched is not None and self.sched is not None and sched[0] == self.sched[0]:
             row["run_s"] = (sched[1] - self.sched[1]) / 1e9
@@ -374,13 +374,19 @@ def arm(torch: Any) -> None:
 
         _sibling("torch_cupti").watch_graphs(torch)
         colls = _collectives()
-        colls.set_flight_recorder_env(str(torch.__version__))
+        colls.set_flight_recorder_env(str(torch.__version__), _gpu_build(torch))
         colls.wrap_collectives(dist, _armed_state)
         if dist.is_available():
             colls.patch_ddp(torch, _armed_state)
         _patch_dataloader(torch)
     except Exception as e:  # noqa: BLE001 - the job must run even if we cannot observe it
         print(f"gpudiag: bootstrap failed, the job runs unobserved: {e}", file=sys.stderr)
+
+
+def _gpu_build(torch: Any) -> bool:  # noqa: ANN401 - the job's torch
+    """Whether this torch was built for CUDA or ROCm (without touching the device)."""
+    version = getattr(torch, "version", None)
+    return bool(getattr(version, "cuda", None) or getattr(version, "hip", None))
 
 
 def _patch_dataloader(torch: Any) -> None:
