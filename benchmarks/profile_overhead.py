@@ -62,8 +62,11 @@ def job_command(name: str, steps: int | None) -> list[str]:
 
 
 def own_ms(cmd: list[str], env: dict[str, str]) -> float:
-    """One run; the job's own median step time (ms) from its output."""
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    """One run; the job's own median step time (ms) from its output. Run from a scratch folder:
+    ``python -m gpudiag`` from the repository's root would import the checkout's gpudiag before
+    the one ``--before`` names."""
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800,
+                       cwd=tempfile.gettempdir())
     m = OWN.search(p.stdout)
     if p.returncode != 0 or m is None:
         raise SystemExit(f"run failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
