@@ -33,6 +33,7 @@ from gpudiag.analyzers.syncs import TraceSyncs, mean_trace_syncs, sync_report
 from gpudiag.analyzers.syncs import evidence as sync_evidence
 from gpudiag.analyzers.traits import job_traits
 from gpudiag.analyzers.unprofiled import CpuEvents
+from gpudiag.census import SyncCensus
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak, lookup_device, match_device
 from gpudiag.diagnosis import (
     DIAGNOSIS_SCHEMA_VERSION,
@@ -46,7 +47,7 @@ from gpudiag.diagnosis import (
     TopItem,
     Verdict,
 )
-from gpudiag.rundir import SyncCensus, WindowSteps
+from gpudiag.rundir import WindowSteps
 
 
 @dataclass

@@ -35,8 +35,8 @@ import numpy as np
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import step_windows
 from gpudiag.analyzers.trace_columns import RankTrace
+from gpudiag.census import SyncCensus
 from gpudiag.diagnosis import SyncReport, SyncSite, TimeBreakdown, TopItem
-from gpudiag.rundir import SyncCensus
 
 # Below this share of the step, a fix is within a step timer's run-to-run noise (a few percent
 # on a shared machine: ``Verdict.noise`` is typically 1-4%): the syncs are reported, but not

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpudiag.census import SyncCensus, parse_census
+from gpudiag.census import is_number as _num
 from gpudiag.errors import BadInput
 
 RUN_SCHEMA_VERSION = 1
@@ -226,86 +228,25 @@ def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:
     return out
 
 
-@dataclass
-class CensusSite:
-    """One call site of the sync census (samples/syncs-rank-N.json): where, what, how often."""
-
-    file: str
-    line: int
-    function: str
-    kind: str
-    calls: int  # in the census step
-    seconds: float  # inside these calls in that step
-
-
-@dataclass
-class SyncCensus:
-    """samples/syncs-rank-N.json: the host syncs the bootstrap saw in one step of one rank
-    (``collectors.torch_syncs``), or why it took none (``skipped``)."""
-
-    rank: int
-    step: int | None = None
-    device: str = "cpu"
-    sites: list[CensusSite] = field(default_factory=list)
-    feeding_ops: int = 0  # operators whose results fed only syncs
-    feeding_s: float = 0.0
-    feeding_top: list[tuple[str, int, float]] = field(default_factory=list)  # (op, calls, s)
-    torch_calls: int = 0
-    dropped_sites: int = 0
-    skipped: str | None = None
-    note: str | None = None
-
-
 # Bounds on what a job's census file may claim (a job's own file is a claim: bound every read).
-MAX_CENSUS_SITES = 1000
 MAX_CENSUS_BYTES = 4 << 20
 
 
 def read_syncs(run_dir: Path, cwd: str | None = None) -> dict[int, SyncCensus]:
-    """Per rank, the sync census its bootstrap wrote (torn, oversized or malformed files are
-    left out, as missing ones). ``cwd``: the job's working directory; call sites under it are
-    shown relative to it."""
+    """Per rank, the sync census its bootstrap wrote (``samples/syncs-rank-N.json``; torn,
+    oversized or malformed files are left out, as missing ones). ``cwd``: the job's working
+    directory; call sites under it are shown relative to it."""
     out: dict[int, SyncCensus] = {}
     for f in sorted((run_dir / "samples").glob("syncs-rank-*.json")):
         try:
             if f.stat().st_size > MAX_CENSUS_BYTES:
                 continue
-            data = json.loads(f.read_text())
-            rec = _census(data, cwd)
+            rec = parse_census(json.loads(f.read_text()), cwd)
         except (OSError, ValueError, TypeError, KeyError, RecursionError):
             continue
         if rec is not None:
             out[rec.rank] = rec
     return out
-
-
-def _census(data: Any, cwd: str | None) -> SyncCensus | None:  # noqa: ANN401 - parsed JSON
-    if not isinstance(data, dict) or not isinstance(data.get("rank"), int):
-        return None
-    if isinstance(data.get("skipped"), str):
-        return SyncCensus(rank=data["rank"], skipped=data["skipped"][:500])
-    sites = []
-    for r in (data.get("sites") or [])[:MAX_CENSUS_SITES]:
-        if not isinstance(r, dict) or not _num(r.get("seconds")) or not isinstance(r.get("calls"), int):
-            continue
-        path = str(r.get("file", "?"))
-        if cwd and path.startswith(cwd.rstrip("/") + "/"):
-            path = path[len(cwd.rstrip("/")) + 1:]
-        sites.append(CensusSite(path, int(r.get("line") or 0), str(r.get("function", ""))[:200],
-                                str(r.get("kind", "?"))[:100], max(0, r["calls"]),
-                                max(0.0, float(r["seconds"]))))
-    feed = data.get("feeding") if isinstance(data.get("feeding"), dict) else {}
-    top = [(str(t.get("op", "?"))[:100], int(t.get("calls", 0)), float(t.get("seconds", 0.0)))
-           for t in (feed.get("top") or [])[:20] if isinstance(t, dict) and _num(t.get("seconds"))]
-    step = data.get("step")
-    return SyncCensus(
-        rank=data["rank"], step=step if isinstance(step, int) else None,
-        device=str(data.get("device", "cpu")), sites=sites,
-        feeding_ops=int(feed.get("ops", 0)) if isinstance(feed.get("ops"), int) else 0,
-        feeding_s=max(0.0, float(feed["seconds"])) if _num(feed.get("seconds")) else 0.0,
-        feeding_top=top, torch_calls=int(data.get("torch_calls") or 0),
-        dropped_sites=int(data.get("dropped_sites") or 0),
-        note=str(data["note"])[:500] if isinstance(data.get("note"), str) else None)
 
 
 @dataclass
@@ -350,10 +291,6 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
             _mark_legacy_window(rows, boot[rank])
         out[rank] = rows
     return out
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
 
 @dataclass
