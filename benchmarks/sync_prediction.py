@@ -1,0 +1,82 @@
+"""Host syncs: the saving gpudiag predicts for removing them, against removing them.
+
+A job with syncs (``benchmarks/workloads/sync_heavy.py``: ``.item()`` and ``.cpu()`` after every
+layer) runs under ``gpudiag profile`` (defaults): the diagnosis' ``syncs`` give the predicted
+saving per step (and ``remove-host-syncs`` the predicted step). Then the job runs alone with its
+syncs and with them removed (``--no-syncs``: the fix applied), alternated ABBA; the measured
+saving is the difference of the job's own median steps (median of per-pair differences). It
+prints both, their ratio, and whether the prediction is within ±25% (issue 37's bar).
+
+    python benchmarks/sync_prediction.py [--pairs 4] [--steps 300] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = REPO / "benchmarks" / "workloads" / "sync_heavy.py"
+OWN = re.compile(r"own_step_ms ([0-9.]+)")
+
+
+def own_ms(cmd: list[str]) -> float:
+    """The job's own median step, as it prints it."""
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True,
+                       cwd=tempfile.gettempdir())
+    m = OWN.search(p.stdout)
+    if m is None:
+        raise SystemExit(f"no own_step_ms in the output of {' '.join(cmd)}")
+    return float(m.group(1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    fix = ["--no-syncs"]
+    base = [sys.executable, str(JOB), "--steps", str(args.steps), "--device", args.device]
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--", *base],
+                       check=True, capture_output=True, timeout=1800, cwd=tmp)
+        d = json.loads((run / "diagnosis.json").read_text())
+        print(f"profiled run: {time.perf_counter() - t:.0f} s", flush=True)
+    s = d.get("syncs")
+    if s is None:
+        raise SystemExit("the diagnosis counted no syncs")
+    rec = next((r for r in d["verdict"]["recommendations"] if r["action"] == "remove-host-syncs"), None)
+    with_s, without = [], []
+    for i in range(args.pairs):
+        order = [(with_s, base), (without, base + fix)]
+        for acc, cmd in order if i % 2 == 0 else order[::-1]:
+            acc.append(own_ms(cmd))
+        print(f"  pair {i + 1}: with syncs {with_s[-1]:.2f} ms, without {without[-1]:.2f} ms", flush=True)
+    measured = statistics.median(a - b for a, b in zip(with_s, without, strict=True))
+    predicted = s["saving_us"] / 1e3
+    print(f"syncs per step {s['per_step']:.3g} (trace: {s['trace_per_step']}), by kind {s['by_kind']}")
+    print(f"predicted saving {predicted:.3f} ms per step of {s['step_us'] / 1e3:.2f} ms (the verdict's "
+          f"view); remove-host-syncs {'listed' if rec else 'not listed'}")
+    print(f"measured saving {measured:.3f} ms per step (alone: {statistics.median(with_s):.2f} -> "
+          f"{statistics.median(without):.2f} ms, median of {args.pairs} ABBA pairs)")
+    ratio = predicted / measured if measured > 0 else float("nan")
+    print(f"predicted / measured {ratio:.2f} ({'within' if 0.75 <= ratio <= 1.25 else 'outside'} ±25%)")
+    print(f"assumption: {s['assumption']}")
+    print(f"load average at end: {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
