@@ -98,8 +98,7 @@ class _Bootstrap:
             return
         now = time.perf_counter()
         self.step += 1
-        t = time.time()
-        row = {"step": self.step, "t": t, "dt": now - self.t_step, "t0": t - (now - self.t_step)}
+        row = {"step": self.step, "t": time.time(), "dt": now - self.t_step}
         if self.phase is not None:
             row["profiler"] = self.phase
             if self.phase == _TRACED:
@@ -108,6 +107,7 @@ class _Bootstrap:
         colls = self.collectives.drain()
         if colls:
             row["collectives"] = colls
+        row["t0"] = time.time() - row["dt"]
         sched = _thread_sched(self.sched_fds)
         if sched is not None and self.sched is not None and sched[0] == self.sched[0]:
             row["run_s"] = (sched[1] - self.sched[1]) / 1e9
