@@ -6,7 +6,10 @@ sampler, the step timer, the collective hooks), ``default`` (a 5-step trace wind
 steps, the sync census in its warm-up step, the analysis after the job) and ``monitor``. The
 runs of a pair go alone-first, the next pair's last (ABBA): machines drift (neighbours,
 thermals), so the figure is the median of per-pair ratios of the job's OWN median step time
-(each workload prints ``own_step_ms``), never gpudiag's. Target: at most 3% (issue 37).
+(each workload prints ``own_step_ms``), never gpudiag's. Target: at most 3% (issue 37). Beside
+it, the same ratio of the CPU the job's process spent per step (``cpu_step_ms``): on a machine
+other work keeps busy, wall time swings by tens of percent between runs and CPU time far less;
+what a collector adds inside the job shows in both.
 ``--before PYTHONPATH`` adds the same modes run by another gpudiag (say, an older checkout laid
 out as an installed package), for a before/after in one alternation.
 
@@ -40,7 +43,7 @@ WORKLOADS = REPO / "benchmarks" / "workloads"
 sys.path.insert(0, str(REPO / "benchmarks"))
 import observer_parts  # noqa: E402 - beside this script
 
-OWN = re.compile(r"own_step_ms ([0-9.]+)")
+OWN = re.compile(r"own_step_ms ([0-9.]+) cpu_step_ms ([0-9.]+)")
 MODES = {"skip": ["--skip", "100000"], "default": [], "monitor": ["--monitor"]}
 TARGET = 0.03
 
@@ -61,16 +64,17 @@ def job_command(name: str, steps: int | None) -> list[str]:
     return [py, str(WORKLOADS / f"{name}.py"), "--steps", str(steps or default)]
 
 
-def own_ms(cmd: list[str], env: dict[str, str]) -> float:
-    """One run; the job's own median step time (ms) from its output. Run from a scratch folder:
-    ``python -m gpudiag`` from the repository's root would import the checkout's gpudiag before
-    the one ``--before`` names."""
+def own_ms(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """One run; the job's own median step (ms): wall time, and the CPU its process spent (rank
+    0's, all its threads), from its output. Run from a scratch folder: ``python -m gpudiag``
+    from the repository's root would import the checkout's gpudiag before the one ``--before``
+    names."""
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800,
                        cwd=tempfile.gettempdir())
     m = OWN.search(p.stdout)
     if p.returncode != 0 or m is None:
         raise SystemExit(f"run failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
-    return float(m.group(1))
+    return float(m.group(1)), float(m.group(2))
 
 
 def variants(name: str, steps: int | None, modes: list[str], before: str | None, tmp: Path
@@ -98,21 +102,24 @@ def end_to_end(jobs: list[str], pairs: int, modes: list[str], before: str | None
     with tempfile.TemporaryDirectory() as tmp:
         for name in jobs:
             runs = variants(name, steps, modes, before, Path(tmp))
-            got: dict[str, list[float]] = {k: [] for k in runs}
+            got: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
             for i in range(pairs):
                 order = list(runs) if i % 2 == 0 else list(runs)[::-1]
                 for k in order:
                     got[k].append(runs[k]())
-                print(f"  {name} pair {i + 1}: " + ", ".join(f"{k} {got[k][-1]:.2f}" for k in runs),
-                      flush=True)
-            alone[name] = statistics.median(got["alone"])
-            print(f"{name}: the job's own median step (ms) per run; ratio to alone (median of {pairs} "
-                  "per-pair ratios)")
+                print(f"  {name} pair {i + 1}: " + ", ".join(
+                    f"{k} {got[k][-1][0]:.2f} ({got[k][-1][1]:.2f} CPU)" for k in runs), flush=True)
+            alone[name] = statistics.median(w for w, _ in got["alone"])
+            print(f"{name}: the job's own median step per run, ms (wall / CPU); ratio to alone "
+                  f"(median of {pairs} per-pair ratios), wall and CPU")
             for k, v in got.items():
-                ratio = statistics.median(x / a for x, a in zip(v, got["alone"], strict=True))
-                verdict = "" if k == "alone" else (
-                    f"  {100 * (ratio - 1):+.1f}% ({'met' if ratio <= 1 + TARGET else 'NOT met'})")
-                print(f"  {k:<16}" + " ".join(f"{x:8.2f}" for x in v) + verdict)
+                line = f"  {k:<16}" + " ".join(f"{w:7.2f}/{c:<7.2f}" for w, c in v)
+                if k != "alone":
+                    wall, cpu = (statistics.median(x[j] / a[j] for x, a in zip(v, got["alone"], strict=True))
+                                 for j in (0, 1))
+                    met = "met" if wall <= 1 + TARGET else "NOT met"
+                    line += f"  wall {100 * (wall - 1):+.1f}% ({met}), CPU {100 * (cpu - 1):+.1f}%"
+                print(line)
     return alone
 
 
