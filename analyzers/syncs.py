@@ -15,11 +15,11 @@ Two sources, each for what it sees best:
 What removing them saves depends on the device, and the report says which it assumed:
 
 - on a GPU a sync drains the queue; the device idles from when its queue ran dry until the
-  host, back from the sync, has launched the next kernel. Without the sync the host would have
-  queued that work ahead, so the saving is the device idle at the syncs: their share of the
-  traced host gaps, applied to the verdict's host gaps (the profiler dilates the traced ones).
-  It assumes the host keeps ahead of the device elsewhere; the step never drops below the
-  device's own work.
+  host, back from the sync, has launched the next kernel, and the host waits inside the sync for
+  the queue to drain. Without the syncs the host queues work ahead: a job the device limits gets
+  the device's idle time at the syncs back (their share of the traced host gaps, applied to the
+  verdict's host gaps, as the profiler dilates the traced ones), one the host limits only the
+  host's wait inside them; the prediction is the smaller of the two.
 - on a CPU nothing is queued: a sync costs only its host work. Removing the lines saves the
   calls and the operators computed only to feed them, as timed by the census at the job's own
   pace; without a census, the sync operators' traced time scaled to the verdict's step.
@@ -194,17 +194,26 @@ def sync_report(census: SyncCensus | None, trace: TraceSyncs | None, device_kind
 
 def _gpu_saving(trace: TraceSyncs | None, view: TimeBreakdown, traced: TimeBreakdown
                 ) -> tuple[float | None, float, str]:
+    """The smaller of two bounds. The device idles at each sync from when its queue runs dry
+    until the host, back, has launched the next kernel: a device-bound job (the host ahead of
+    it elsewhere) gets that idle time back. The host waits inside each sync for the queue to
+    drain: a host-bound job (the device ahead) gets only that wait back, its own work between
+    syncs stays. Which bound binds is the one that is smaller."""
     own_gaps = max(0.0, view.host_overhead - view.host_waiting)
     if trace is None or trace.device_idle_us is None or traced.host_overhead <= 0:
         return None, 0.0, "no traced device timeline to read the idle time at the syncs from"
     share = min(1.0, trace.device_idle_us / traced.host_overhead)
     idle = share * own_gaps
-    return idle, idle, (
+    saving = min(idle, trace.host_us)
+    which = ("the device's idle time at them" if idle <= trace.host_us
+             else "the host's wait inside them")
+    return idle, saving, (
         f"a GPU idles at each sync from when its queue runs dry until the host has launched the "
-        f"next kernel: {_ms(trace.device_idle_us)} per traced step, {100 * share:.0f}% of the traced "
-        f"host gaps, so that share of the step's own host gaps ({_ms(own_gaps)}) closes if the host, "
-        "no longer waiting, queues work ahead (it assumes the host keeps ahead of the device "
-        "between syncs; the device's own work and the input wait bound the step)")
+        f"next kernel ({_ms(trace.device_idle_us)} per traced step, {100 * share:.0f}% of the traced "
+        f"host gaps: {_ms(idle)} of the step's own host gaps, {_ms(own_gaps)}), and the host waits "
+        f"inside the syncs ({_ms(trace.host_us)} per traced step); without them the host queues work "
+        f"ahead, and the step gains the smaller of the two, here {which}: a job the device limits "
+        "gets the device's idle time back, one its host limits only the host's wait")
 
 
 def _cpu_saving(census: SyncCensus | None, host: float, feeding: float, trace: TraceSyncs | None,

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gpudiag.analyzers.breakdown import sum_breakdowns
 from gpudiag.analyzers.diagnose import analyze_rank
-from gpudiag.analyzers.syncs import DEVICE_WAITS, trace_syncs
+from gpudiag.analyzers.syncs import DEVICE_WAITS, sync_report, trace_syncs
 from gpudiag.analyzers.trace_loader import load_rank
 from gpudiag.diagnosis import Diagnosis
 from gpudiag.reports.html import render_report
@@ -137,4 +138,9 @@ def test_a_gpu_jobs_own_synchronize_calls_are_counted_with_the_device_idle_at_th
     assert got.steps == 5 and got.counts == {DEVICE_WAITS: 2.0}
     assert got.device_idle_us is not None and got.device_idle_us > 0
     rank = analyze_rank(rt, None).result
-    assert got.device_idle_us < rank.total.idle / len(rank.steps)  # a part of the traced idle time
+    traced = sum_breakdowns([s.breakdown for s in rank.steps], divide_by=len(rank.steps))
+    assert got.device_idle_us < traced.idle  # a part of the traced idle time
+    # the saving: bounded by the device's idle time at the syncs and by the host's wait in them
+    r = sync_report(None, got, "gpu", traced, traced)
+    assert r is not None and r.sites == [] and r.per_step == 2
+    assert 0 < r.saving_us <= min(r.device_idle_us, got.host_us) + 1e-9
