@@ -129,11 +129,15 @@ def collectors(alone: dict[str, float]) -> None:
     host = observer_parts.run("host-sampler")
     gpu = observer_parts.run("gpu-sampler")
     census = observer_parts.run("sync-census")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_addr", "127.0.0.1", "--master_port", _port(),
-                        str(WORKLOADS / "ddp_hook_cost.py")], capture_output=True, text=True, timeout=1800)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    hooks = json.loads(lines[-1]) if lines else None
+    hooks, err = _hook_cost({})
+    # the flight recorder's buffer (what gpudiag asked for before it did so for GPU builds only):
+    # the same two ranks with and without it, alternated
+    fr: dict[str, list[dict]] = {"off": [], "on": []}
+    for i in range(2):
+        for k in (("off", "on") if i == 0 else ("on", "off")):
+            got, _ = _hook_cost({"TORCH_FR_BUFFER_SIZE": "2000"} if k == "on" else {})
+            if got is not None:
+                fr[k].append(got)
     print("Per collector, measured apart:")
     print(f"  step timer: {st['us_per_step']:.1f} us of CPU per step")
     print(f"  host sampler: {100 * host['core_share']:.3f}% of one core at its {host['interval_s']:g} s "
@@ -145,8 +149,14 @@ def collectors(alone: dict[str, float]) -> None:
     print(f"  sync census: a {census['step_ms']:.2f} ms step of sync_heavy took "
           f"{census['census_step_ms']:.2f} ms with it on (+{extra:.2f} ms, once per trace window; "
           f"its record {census['stop_ms']:.2f} ms, written in the window's export step)")
+    if fr["on"] and fr["off"]:
+        fields = ("ddp_builtin_ms", "all_reduce_raw_us")
+        on, off = ({f: statistics.median(r[f] for r in fr[k]) for f in fields} for k in ("on", "off"))
+        print(f"  flight recorder buffer on gloo (TORCH_FR_BUFFER_SIZE=2000, no longer set for CPU builds): "
+              f"DDP step {on['ddp_builtin_ms']:.1f} vs {off['ddp_builtin_ms']:.1f} ms without, small "
+              f"all_reduce {on['all_reduce_raw_us']:.0f} vs {off['all_reduce_raw_us']:.0f} us")
     if hooks is None:
-        print(f"  collective hooks: not measured ({p.stderr[-500:]})")
+        print(f"  collective hooks: not measured ({err[-500:]})")
     else:
         print(f"  collective hooks (2 gloo ranks): a blocking all_reduce "
               f"{hooks['all_reduce_timed_us']:.0f} us timed vs {hooks['all_reduce_raw_us']:.0f} us "
@@ -163,6 +173,16 @@ def collectors(alone: dict[str, float]) -> None:
               ", ".join(f"{k} {100 * v:+.2f}%" for k, v in parts.items()))
 
 
+def _hook_cost(env: dict[str, str]) -> tuple[dict | None, str]:
+    """``workloads/ddp_hook_cost.py`` on two gloo ranks, with ``env`` added."""
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_addr", "127.0.0.1", "--master_port", _port(),
+                        str(WORKLOADS / "ddp_hook_cost.py")], capture_output=True, text=True,
+                       timeout=1800, env={**os.environ, **env}, cwd=tempfile.gettempdir())
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    return (json.loads(lines[-1]) if lines else None), p.stderr
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", default="tiny_ops,sync_heavy,ddp_big_grads")
@@ -172,10 +192,12 @@ def main() -> int:
     ap.add_argument("--before", default=None, metavar="PYTHONPATH",
                     help="also run the modes with the gpudiag importable from there")
     ap.add_argument("--no-parts", action="store_true", help="skip part 2 (each collector apart)")
+    ap.add_argument("--parts-only", action="store_true", help="part 2 only (each collector apart)")
     args = ap.parse_args()
     print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
     jobs = [j for j in args.jobs.split(",") if j]
-    alone = end_to_end(jobs, args.pairs, [m for m in args.modes.split(",") if m], args.before, args.steps)
+    alone = {} if args.parts_only else end_to_end(
+        jobs, args.pairs, [m for m in args.modes.split(",") if m], args.before, args.steps)
     if not args.no_parts:
         collectors(alone)
     print(f"load average at end: {os.getloadavg()}")
