@@ -6,7 +6,8 @@ beside the job (a busy machine blurs wall time far more than the few microsecond
 and alternated blocks with and without a collector where it runs inside the job's own steps.
 
 - ``step-timer``: the bootstrap's accounting at each step's end (``_on_step``: the row, the
-  thread's schedstat, the collectives drained), microseconds per step.
+  thread's schedstat, the collectives drained), microseconds per step; ``step-timer-in-job``: the
+  same inside tiny_ops's loop, blocks with and without it alternated, the ratio of CPU per step.
 - ``host-sampler``: gpudiag's host sampler (its default 1 s interval) on a job's process tree:
   its thread's CPU per second, and per sample.
 - ``gpu-sampler``: the NVML sampler at its default 100 ms, fed by the replay backend through the
@@ -51,6 +52,48 @@ def step_timer(calls: int = 20000) -> dict:
             blocks.append((time.thread_time() - c) / (calls // 5))
         tb._get_state().flush()
     return {"us_per_step": 1e6 * statistics.median(blocks)}
+
+
+def step_timer_in_job(blocks: int = 15, steps: int = 20) -> dict:
+    """The same in tiny_ops's own loop (thousands of small operators a step): blocks of steps
+    with the bootstrap's optimizer-step hook registered and without it, alternated in one process
+    (drift cancels), the thread's CPU time per step."""
+    sys.path.insert(0, str(WORKLOADS))
+    import tiny_ops as job
+    import torch
+    from torch import nn
+    from torch.optim import optimizer as opt_mod
+
+    from gpudiag.collectors import torch_bootstrap as tb
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(*[job.Block() for _ in range(job.DEPTH)], nn.Linear(job.WIDTH, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(job.BATCH, job.WIDTH), torch.randn(job.BATCH, 1)
+
+    def block() -> float:
+        c = time.thread_time()
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        return (time.thread_time() - c) / steps
+
+    block()
+    without = dict(opt_mod._global_optimizer_post_hooks)
+    with tempfile.TemporaryDirectory() as d:
+        os.environ.update(GPUDIAG_RUN_DIR=d, GPUDIAG_SKIP=str(10**9), GPUDIAG_STEPS="1")
+        tb.arm(torch)
+        armed = dict(opt_mod._global_optimizer_post_hooks)
+        off, on = [], []
+        for i in range(blocks):
+            for hooks, acc in ((without, off), (armed, on))[:: 1 if i % 2 == 0 else -1]:
+                opt_mod._global_optimizer_post_hooks.clear()
+                opt_mod._global_optimizer_post_hooks.update(hooks)
+                acc.append(block())
+    return {"step_ms": 1e3 * statistics.median(off), "ratio": statistics.median(
+        b / a for a, b in zip(off, on, strict=True))}
 
 
 def host_sampler(seconds: float = 10.0) -> dict:
@@ -141,8 +184,8 @@ def sync_census(pairs: int = 15) -> dict:
             "stop_ms": 1e3 * statistics.median(stops)}
 
 
-PARTS = {"step-timer": step_timer, "host-sampler": host_sampler, "gpu-sampler": gpu_sampler,
-         "sync-census": sync_census}
+PARTS = {"step-timer": step_timer, "step-timer-in-job": step_timer_in_job, "host-sampler": host_sampler,
+         "gpu-sampler": gpu_sampler, "sync-census": sync_census}
 
 
 def run(part: str) -> dict:

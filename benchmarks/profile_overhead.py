@@ -126,6 +126,7 @@ def end_to_end(jobs: list[str], pairs: int, modes: list[str], before: str | None
 def collectors(alone: dict[str, float]) -> None:
     """Part 2: each collector apart, and what it is of each job's step."""
     st = observer_parts.run("step-timer")
+    in_job = observer_parts.run("step-timer-in-job")
     host = observer_parts.run("host-sampler")
     gpu = observer_parts.run("gpu-sampler")
     census = observer_parts.run("sync-census")
@@ -139,7 +140,9 @@ def collectors(alone: dict[str, float]) -> None:
             if got is not None:
                 fr[k].append(got)
     print("Per collector, measured apart:")
-    print(f"  step timer: {st['us_per_step']:.1f} us of CPU per step")
+    print(f"  step timer: {st['us_per_step']:.1f} us of CPU per step; in tiny_ops's loop "
+          f"({in_job['step_ms']:.2f} ms of CPU a step) {100 * (in_job['ratio'] - 1):+.2f}% with it "
+          "(blocks with and without, alternated)")
     print(f"  host sampler: {100 * host['core_share']:.3f}% of one core at its {host['interval_s']:g} s "
           f"interval ({host['ms_per_tree_walk']:.2f} ms per walk of the process tree, "
           f"{host['processes']} processes on the machine)")
