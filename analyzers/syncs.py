@@ -161,19 +161,30 @@ def sync_report(census: SyncCensus | None, trace: TraceSyncs | None, device_kind
     trace_n = trace.per_step if trace is not None else None
     feeding_top: list[TopItem] = []
     if usable is not None:
+        # a GPU's sync waits for the device (wall time); a CPU's is host work, its CPU time (a
+        # busy machine's preemption inside a call is not the call's cost)
+        wall = device_kind == "gpu"
         by_kind: dict[str, float] = {}
         for s in usable.sites:
             by_kind[s.kind] = by_kind.get(s.kind, 0.0) + s.calls
         per_step = float(sum(by_kind.values()))
-        host = sum(s.seconds for s in usable.sites) * 1e6
-        feeding_ops, feeding = float(usable.feeding_ops), usable.feeding_s * 1e6
-        feeding_top = [TopItem(op, calls, t * 1e6, t * 1e6 / feeding if feeding > 0 else 0.0)
-                       for op, calls, t in usable.feeding_top]
-        sites = [SyncSite(f"{s.file}:{s.line}", s.function, s.kind, float(s.calls), s.seconds * 1e6)
-                 for s in sorted(usable.sites, key=lambda s: (-s.seconds, -s.calls))[:SITES_SHOWN]]
+
+        def t(s: object) -> float:
+            return s.seconds if wall else s.cpu_seconds
+
+        host = sum(t(s) for s in usable.sites) * 1e6
+        feeding_ops = float(usable.feeding_ops)
+        feeding = (usable.feeding_s if wall else usable.feeding_cpu_s) * 1e6
+        feeding_top = [TopItem(op, calls, (w if wall else c) * 1e6,
+                               (w if wall else c) * 1e6 / feeding if feeding > 0 else 0.0)
+                       for op, calls, w, c in usable.feeding_top]
+        sites = [SyncSite(f"{s.file}:{s.line}", s.function, s.kind, float(s.calls), t(s) * 1e6)
+                 for s in sorted(usable.sites, key=lambda s: (-t(s), -s.calls))[:SITES_SHOWN]]
+        timed = "wall time" if wall else "the thread's CPU time"
         source = (f"census of step {usable.step} (every torch call of the training thread, without "
-                  "the profiler's recording)" + (f"; the trace counts {trace_n:.3g} sync events per "
-                                                  "traced step" if trace_n is not None else ""))
+                  f"the profiler's recording; times: {timed})" +
+                  (f"; the trace counts {trace_n:.3g} sync events per traced step"
+                   if trace_n is not None else ""))
     else:
         by_kind = dict(trace.counts)
         per_step, host, feeding_ops, feeding, sites = trace.per_step, trace.host_us, 0.0, 0.0, []

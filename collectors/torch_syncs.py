@@ -15,8 +15,10 @@ warm-up step (already marked in the step rows and left out of every reference, s
 census's own cost never reaches a number; ``--skip`` large means no window and no census).
 It sees every torch call of that thread at the Python level: for each sync it records the
 kind, the call site in the job's code (the first frame outside torch) and the time inside the
-call; for every call it records which tensors it read and made, so that after the step the
-operators whose results fed only syncs are known, with their time. Jobs under
+call, as wall time and as the training thread's CPU time (on a busy machine the wall time of
+a call holds the time the OS ran other work; its CPU time does not); for every call it records
+which tensors it read and made, so that after the step the operators whose results fed only
+syncs are known, with their time. Jobs under
 ``torch.compile`` are left alone: a mode on the stack changes what dynamo's guards see and
 would recompile their graphs (the trace still counts their scalar reads).
 
@@ -78,11 +80,11 @@ class _Record:
 
     def __init__(self, torch_dir: str) -> None:
         self.torch_dir = torch_dir
-        self.sites: dict[tuple[str, int, str, str], list[float]] = {}  # -> [calls, seconds]
+        self.sites: dict[tuple[str, int, str, str], list[float]] = {}  # -> [calls, wall, cpu]
         self.dropped_sites = 0
         self.calls = 0  # torch calls seen
-        # per node: (name, seconds, is_sync, mutates); consumers per node
-        self.nodes: list[tuple[str, float, bool, bool]] = []
+        # per node: (name, wall seconds, thread CPU seconds, is_sync, mutates); consumers per node
+        self.nodes: list[tuple[str, float, float, bool, bool]] = []
         self.consumers: list[list[int]] = []
         self.made: dict[int, tuple[int, Any]] = {}  # id(tensor) -> (node, weakref to it)
 
@@ -101,7 +103,7 @@ class _Record:
             f = f.f_back
         return "<unknown>", 0, "", via
 
-    def add_sync(self, kind: str, seconds: float) -> None:
+    def add_sync(self, kind: str, seconds: float, cpu: float) -> None:
         fn, line, func, via = self.site()
         key = (fn, line, kind, func if not via else f"{func} via {via}")
         c = self.sites.get(key)
@@ -109,12 +111,13 @@ class _Record:
             if len(self.sites) >= MAX_SITES:
                 self.dropped_sites += 1
                 return
-            c = self.sites[key] = [0, 0.0]
+            c = self.sites[key] = [0, 0.0, 0.0]
         c[0] += 1
         c[1] += seconds
+        c[2] += cpu
 
-    def add_node(self, name: str, seconds: float, sync: bool, inputs: list[Any], outputs: list[Any]
-                 ) -> None:
+    def add_node(self, name: str, seconds: float, cpu: float, sync: bool, inputs: list[Any],
+                 outputs: list[Any]) -> None:
         n = len(self.nodes)
         mutates = name.endswith("_") and not name.endswith("__")
         for t in inputs:
@@ -123,7 +126,7 @@ class _Record:
                 self.consumers[got[0]].append(n)
                 if any(o is t for o in outputs):
                     mutates = True  # in place: the tensor it changes lives on
-        self.nodes.append((name, seconds, sync, mutates))
+        self.nodes.append((name, seconds, cpu, sync, mutates))
         self.consumers.append([])
         for t in outputs:
             try:
@@ -131,13 +134,14 @@ class _Record:
             except TypeError:
                 pass
 
-    def feeding(self) -> tuple[int, float, dict[str, list[float]]]:
-        """(ops, seconds, per op name [calls, seconds]) of the calls whose results were used
-        only by syncs or by other such calls: the work that goes when the syncs' lines go."""
+    def feeding(self) -> tuple[int, float, float, dict[str, list[float]]]:
+        """(ops, wall seconds, CPU seconds, per op name [calls, wall, CPU]) of the calls whose
+        results were used only by syncs or by other such calls: the work that goes when the
+        syncs' lines go."""
         only = [False] * len(self.nodes)
-        ops, seconds, names = 0, 0.0, {}
+        ops, seconds, cpu_s, names = 0, 0.0, 0.0, {}
         for n in range(len(self.nodes) - 1, -1, -1):
-            name, s, sync, mutates = self.nodes[n]
+            name, s, cs, sync, mutates = self.nodes[n]
             if sync:
                 only[n] = True
                 continue
@@ -147,10 +151,12 @@ class _Record:
             only[n] = True
             ops += 1
             seconds += s
-            c = names.setdefault(name, [0, 0.0])
+            cpu_s += cs
+            c = names.setdefault(name, [0, 0.0, 0.0])
             c[0] += 1
             c[1] += s
-        return ops, seconds, names
+            c[2] += cs
+        return ops, seconds, cpu_s, names
 
 
 _WRAPPERS = {"decorate_context", "wrapper", "inner", "fn", "wrapped", "_fn"}
@@ -190,7 +196,7 @@ def _to_host(torch: Any, args: tuple, kwargs: dict) -> bool:  # noqa: ANN401
 def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
     from torch.overrides import TorchFunctionMode
 
-    perf = time.perf_counter
+    perf, cpu = time.perf_counter, time.thread_time
 
     class SyncCensusMode(TorchFunctionMode):
         """Times every torch call of the thread, names the syncs, and keeps the dataflow."""
@@ -208,14 +214,14 @@ def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
                     kind = MASK_INDEX
                 elif name == "to" and _to_host(torch, args, kwargs):
                     kind = TO_HOST
-            t = perf()
+            t, c = perf(), cpu()
             out = func(*args, **kwargs)
-            s = perf() - t
+            s, cs = perf() - t, cpu() - c
             try:
                 rec.calls += 1
                 if kind is not None:
-                    rec.add_sync(kind, s)
-                rec.add_node(name, s, kind is not None, _tensors(torch, args, []),
+                    rec.add_sync(kind, s, cs)
+                rec.add_node(name, s, cs, kind is not None, _tensors(torch, args, []),
                              _tensors(torch, out, []))
             except Exception:  # noqa: BLE001, S110 - the census must never break the job
                 pass
@@ -253,12 +259,12 @@ class SyncCensus:
                 continue
 
             def wrapped(*a: Any, _orig: Any = orig, **k: Any) -> Any:  # noqa: ANN401
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.thread_time()
                 try:
                     return _orig(*a, **k)
                 finally:
                     if threading.get_ident() == self.thread:
-                        rec.add_sync(CUDA_SYNC, time.perf_counter() - t)
+                        rec.add_sync(CUDA_SYNC, time.perf_counter() - t, time.thread_time() - c)
 
             setattr(owner, attr, wrapped)
             self._sync_orig.append((owner, attr, orig))
@@ -283,17 +289,18 @@ class SyncCensus:
             note = f"census mode not removed: {type(e).__name__}: {e}"
         wall = time.perf_counter() - self.started
         rec = self.rec
-        ops, seconds, names = rec.feeding()
+        ops, seconds, cpu_s, names = rec.feeding()
         top = sorted(names.items(), key=lambda kv: -kv[1][1])[:10]
         out: dict[str, Any] = {
             "step": step, "wall_s": wall, "torch_calls": rec.calls,
             "device": "cuda" if self.torch.cuda.is_available() and self.torch.cuda.is_initialized()
             else "cpu",
             "sites": [{"file": f, "line": ln, "kind": k, "function": fn, "calls": int(c[0]),
-                       "seconds": c[1]} for (f, ln, k, fn), c in rec.sites.items()],
+                       "seconds": c[1], "cpu_seconds": c[2]} for (f, ln, k, fn), c in rec.sites.items()],
             "dropped_sites": rec.dropped_sites,
-            "feeding": {"ops": ops, "seconds": seconds,
-                        "top": [{"op": n, "calls": int(c[0]), "seconds": c[1]} for n, c in top]},
+            "feeding": {"ops": ops, "seconds": seconds, "cpu_seconds": cpu_s,
+                        "top": [{"op": n, "calls": int(c[0]), "seconds": c[1], "cpu_seconds": c[2]}
+                                for n, c in top]},
         }
         if note:
             out["note"] = note

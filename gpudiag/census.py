@@ -24,7 +24,8 @@ class CensusSite:
     function: str
     kind: str
     calls: int  # in the census step
-    seconds: float  # inside these calls in that step
+    seconds: float  # inside these calls in that step (wall)
+    cpu_seconds: float  # the same, the training thread's CPU time (no time the OS ran others)
 
 
 @dataclass
@@ -38,7 +39,9 @@ class SyncCensus:
     sites: list[CensusSite] = field(default_factory=list)
     feeding_ops: int = 0  # operators whose results fed only syncs
     feeding_s: float = 0.0
-    feeding_top: list[tuple[str, int, float]] = field(default_factory=list)  # (op, calls, s)
+    feeding_cpu_s: float = 0.0
+    # (op, calls, wall s, CPU s) of the busiest operators among them
+    feeding_top: list[tuple[str, int, float, float]] = field(default_factory=list)
     torch_calls: int = 0
     dropped_sites: int = 0
     skipped: str | None = None
@@ -62,18 +65,27 @@ def parse_census(data: Any, cwd: str | None) -> SyncCensus | None:  # noqa: ANN4
         path = str(r.get("file", "?"))
         if cwd and path.startswith(cwd.rstrip("/") + "/"):
             path = path[len(cwd.rstrip("/")) + 1:]
+        wall = max(0.0, float(r["seconds"]))
         sites.append(CensusSite(path, int(r.get("line") or 0), str(r.get("function", ""))[:200],
-                                str(r.get("kind", "?"))[:100], max(0, r["calls"]),
-                                max(0.0, float(r["seconds"]))))
+                                str(r.get("kind", "?"))[:100], max(0, r["calls"]), wall,
+                                _cpu(r, wall)))
     feed = data.get("feeding") if isinstance(data.get("feeding"), dict) else {}
-    top = [(str(t.get("op", "?"))[:100], int(t.get("calls", 0)), float(t.get("seconds", 0.0)))
+    top = [(str(t.get("op", "?"))[:100], int(t.get("calls", 0)), float(t["seconds"]),
+            _cpu(t, float(t["seconds"])))
            for t in (feed.get("top") or [])[:20] if isinstance(t, dict) and is_number(t.get("seconds"))]
+    feed_wall = max(0.0, float(feed["seconds"])) if is_number(feed.get("seconds")) else 0.0
     step = data.get("step")
     return SyncCensus(
         rank=data["rank"], step=step if isinstance(step, int) else None,
         device=str(data.get("device", "cpu")), sites=sites,
         feeding_ops=int(feed.get("ops", 0)) if isinstance(feed.get("ops"), int) else 0,
-        feeding_s=max(0.0, float(feed["seconds"])) if is_number(feed.get("seconds")) else 0.0,
+        feeding_s=feed_wall, feeding_cpu_s=_cpu(feed, feed_wall),
         feeding_top=top, torch_calls=int(data.get("torch_calls") or 0),
         dropped_sites=int(data.get("dropped_sites") or 0),
         note=str(data["note"])[:500] if isinstance(data.get("note"), str) else None)
+
+
+def _cpu(row: dict, wall: float) -> float:
+    """A row's CPU seconds, never above its wall time (a file without them: the wall time)."""
+    v = row.get("cpu_seconds")
+    return min(wall, max(0.0, float(v))) if is_number(v) else wall

@@ -66,7 +66,7 @@ def test_the_census_counts_each_sync_at_its_line_as_often_as_it_runs(synced):
     rows = {r.step: r for r in read_steps(run)[0]}
     assert rows[census.step].profiler == "warmup"
     # abs and max were computed for .item() alone, 3 times a step each
-    feeding = {op: calls for op, calls, _ in census.feeding_top}
+    feeding = {op: calls for op, calls, _, _ in census.feeding_top}
     assert feeding["abs"] == 3 and feeding["max"] == 3
 
 
