@@ -193,10 +193,26 @@ def _to_host(torch: Any, args: tuple, kwargs: dict) -> bool:  # noqa: ANN401
     return False
 
 
+def _clock_cost() -> tuple[float, float]:
+    """(wall, CPU) seconds that reading both clocks around a call adds to what it measures (the
+    thread's CPU clock is a system call: 0.7 us of a 2.6 us ``abs`` on this project's VM), the
+    median of back-to-back readings, taken from each call's time."""
+    perf, cpu = time.perf_counter, time.thread_time
+    walls, cpus = [], []
+    for _ in range(201):
+        t, c = perf(), cpu()
+        walls.append(perf() - t)
+        cpus.append(cpu() - c)
+    walls.sort()
+    cpus.sort()
+    return walls[100], cpus[100]
+
+
 def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
     from torch.overrides import TorchFunctionMode
 
     perf, cpu = time.perf_counter, time.thread_time
+    wall0, cpu0 = _clock_cost()
 
     class SyncCensusMode(TorchFunctionMode):
         """Times every torch call of the thread, names the syncs, and keeps the dataflow."""
@@ -216,7 +232,7 @@ def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
                     kind = TO_HOST
             t, c = perf(), cpu()
             out = func(*args, **kwargs)
-            s, cs = perf() - t, cpu() - c
+            s, cs = max(0.0, perf() - t - wall0), max(0.0, cpu() - c - cpu0)
             try:
                 rec.calls += 1
                 if kind is not None:
