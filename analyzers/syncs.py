@@ -250,8 +250,8 @@ def evidence(r: SyncReport) -> dict[str, float]:
 def advice_text(r: SyncReport) -> str:
     where = ", ".join(f"{s.site} {s.kind} x{s.per_step:.3g}" for s in r.sites[:3])
     kinds = ", ".join(f"{k} x{v:.3g}" for k, v in sorted(r.by_kind.items(), key=lambda kv: -kv[1])[:4])
-    return (f"The loop syncs with the device {r.per_step:.3g} times per step ({kinds}), "
-            f"{100 * r.share:.1f}% of step time" + (f"; busiest: {where}" if where else "") +
+    return (f"The loop reads tensor values back to Python (host syncs) {r.per_step:.3g} times per "
+            f"step ({kinds}), {100 * r.share:.1f}% of step time" + (f"; busiest: {where}" if where else "") +
             ": keep values on the device (accumulate losses and metrics as tensors, read them "
             "every N steps), drop checks of device values from the loop, and avoid "
             "data-dependent shapes (torch.where instead of boolean-mask indexing).")
