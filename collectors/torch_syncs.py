@@ -8,7 +8,9 @@ on the data (``nonzero``, ``masked_select``, ``unique``, boolean-mask indexing),
 read a count back before they can allocate. On a GPU each one drains the queue: the device
 then idles while the host catches up. On a CPU nothing is queued, so a sync costs only its
 host work: the call, and the operators computed only to feed it (``h.abs().max()`` in
-``h.abs().max().item()``), which go when the line goes.
+``h.abs().max().item()``), which go when the line goes. Not counted: such calls inside a
+DataLoader's fetch (a dataset making its samples is input work, inside the input wait), and on
+a GPU job the reads of tensors already on the host (they wait for nothing).
 
 How: a ``TorchFunctionMode`` pushed on the training thread for ONE step, the profiler's
 warm-up step (already marked in the step rows and left out of every reference, so the
@@ -80,6 +82,7 @@ class _Record:
 
     def __init__(self, torch_dir: str) -> None:
         self.torch_dir = torch_dir
+        self.data_dir = os.path.join(torch_dir, "utils", "data") + os.sep
         self.sites: dict[tuple[str, int, str, str], list[float]] = {}  # -> [calls, wall, cpu]
         self.dropped_sites = 0
         self.calls = 0  # torch calls seen
@@ -88,33 +91,44 @@ class _Record:
         self.consumers: list[list[int]] = []
         self.made: dict[int, tuple[int, Any]] = {}  # id(tensor) -> (node, weakref to it)
 
-    def site(self) -> tuple[str, int, str, str]:
+    def site(self) -> tuple[str, int, str, str] | None:
         """(file, line, function, via): the first frame outside torch and gpudiag; ``via`` the
-        torch function the job called that made the sync (``clip_grad_norm_``), if any."""
+        torch function the job called that made the sync (``clip_grad_norm_``), if any. None
+        inside a DataLoader's fetch (a dataset's ``__getitem__`` making a sample): that is input
+        work, in the input wait, not a read-back of the training step's values."""
         f = sys._getframe(3)
         via = ""
+        found = None
         while f is not None:
             fn = f.f_code.co_filename
-            if not (fn.startswith(self.torch_dir) or fn.startswith(_HERE)):
-                return fn, f.f_lineno, f.f_code.co_name, via
-            name = f.f_code.co_name
-            if fn.startswith(self.torch_dir) and (not via or _public(name)):
-                via = name  # the outermost public torch function: the one the job called
+            if found is None and not (fn.startswith(self.torch_dir) or fn.startswith(_HERE)):
+                found = (fn, f.f_lineno, f.f_code.co_name, via)
+            elif found is None:
+                name = f.f_code.co_name
+                if fn.startswith(self.torch_dir) and (not via or _public(name)):
+                    via = name  # the outermost public torch function: the one the job called
+            if fn.startswith(self.data_dir):
+                return None
             f = f.f_back
-        return "<unknown>", 0, "", via
+        return found or ("<unknown>", 0, "", via)
 
-    def add_sync(self, kind: str, seconds: float, cpu: float) -> None:
-        fn, line, func, via = self.site()
+    def add_sync(self, kind: str, seconds: float, cpu: float) -> bool:
+        """Count one sync at its call site; False where it is none (``site``)."""
+        where = self.site()
+        if where is None:
+            return False
+        fn, line, func, via = where
         key = (fn, line, kind, func if not via else f"{func} via {via}")
         c = self.sites.get(key)
         if c is None:
             if len(self.sites) >= MAX_SITES:
                 self.dropped_sites += 1
-                return
+                return True
             c = self.sites[key] = [0, 0.0, 0.0]
         c[0] += 1
         c[1] += seconds
         c[2] += cpu
+        return True
 
     def add_node(self, name: str, seconds: float, cpu: float, sync: bool, inputs: list[Any],
                  outputs: list[Any]) -> None:
@@ -213,6 +227,9 @@ def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
 
     perf, cpu = time.perf_counter, time.thread_time
     wall0, cpu0 = _clock_cost()
+    # on a GPU job, reading a tensor that is on the host already waits for nothing
+    gpu = bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+    host_side = set(SYNC_KINDS.values()) | {MASK_INDEX}
 
     class SyncCensusMode(TorchFunctionMode):
         """Times every torch call of the thread, names the syncs, and keeps the dataflow."""
@@ -230,14 +247,16 @@ def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
                     kind = MASK_INDEX
                 elif name == "to" and _to_host(torch, args, kwargs):
                     kind = TO_HOST
+            if (gpu and kind in host_side and args and isinstance(args[0], torch.Tensor)
+                    and args[0].device.type == "cpu"):
+                kind = None
             t, c = perf(), cpu()
             out = func(*args, **kwargs)
             s, cs = max(0.0, perf() - t - wall0), max(0.0, cpu() - c - cpu0)
             try:
                 rec.calls += 1
-                if kind is not None:
-                    rec.add_sync(kind, s, cs)
-                rec.add_node(name, s, cs, kind is not None, _tensors(torch, args, []),
+                sync = kind is not None and rec.add_sync(kind, s, cs)
+                rec.add_node(name, s, cs, sync, _tensors(torch, args, []),
                              _tensors(torch, out, []))
             except Exception:  # noqa: BLE001, S110 - the census must never break the job
                 pass

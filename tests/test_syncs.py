@@ -23,12 +23,12 @@ JOB = Path(__file__).parent / "jobs" / "sync_job.py"
 SHARED_RUNS = SHARED / "runs"
 
 
-def _marked_lines() -> dict[str, int]:
+def _marked_lines(marker: str = "  # sync: ") -> dict[str, int]:
     """Each ``# sync: NAME`` marker of the job, by name: its line number (1-based)."""
     out = {}
     for i, line in enumerate(JOB.read_text().splitlines(), 1):
-        if "# sync: " in line:
-            out[line.split("# sync: ")[1].strip()] = i
+        if marker in line:
+            out[line.split(marker)[1].strip()] = i
     return out
 
 
@@ -60,6 +60,8 @@ def test_the_census_counts_each_sync_at_its_line_as_often_as_it_runs(synced):
         (lines["clip"], "bool(tensor)"): 1,
         (lines["loss-item"], ".item()"): 1,
     }
+    # the dataset's .tolist() making each sample is input work, not counted
+    assert all(s.line != _marked_lines(" # not a sync: ")["dataset"] for s in census.sites)
     clip = next(s for s in census.sites if s.line == lines["clip"])
     assert "via clip_grad_norm_" in clip.function  # a sync inside torch, charged to the job's line
     # the census ran in the window's warm-up step, which the step rows mark (left out of references)
