@@ -166,7 +166,8 @@ def collectors(alone: dict[str, float]) -> None:
               "unwrapped; a DDP step with "
               f"{hooks['gradient_mb']:.0f} MB of gradients {hooks['ddp_hooked_ms']:.1f} ms with gpudiag's "
               f"hook vs {hooks['ddp_builtin_ms']:.1f} ms with DDP's built-in all-reduce "
-              f"({100 * (hooks['ddp_ratio'] - 1):+.1f}%)")
+              f"({100 * (hooks['ddp_ratio'] - 1):+.1f}%; CPU {hooks['ddp_hooked_cpu_ms']:.1f} vs "
+              f"{hooks['ddp_builtin_cpu_ms']:.1f} ms, {100 * (hooks['ddp_cpu_ratio'] - 1):+.1f}%)")
     for name, ms in alone.items():
         parts = {"step timer": st["us_per_step"] / 1e3 / ms,
                  "host sampler (if it shares the job's core)": host["core_share"]}
