@@ -46,6 +46,7 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpudiag import contract as c
 from gpudiag.agent.attribution import JobOwners
 from gpudiag.agent.signals import (
     MAX_FUTURE_S,
@@ -213,41 +214,41 @@ class JobTable(Collector):
         def gauge(name: str, help_: str, labels: tuple[str, ...] = JOB_LABELS) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, help_, labels=list(labels))
 
-        mfu = gauge("gpudiag_job_mfu_ratio", "Model FLOPs utilisation at the job's live untraced step time.")
-        step = gauge("gpudiag_job_step_seconds", "Median recent untraced training step time.")
-        wait = gauge("gpudiag_job_input_wait_ratio", "Fraction of step time waiting for input.")
-        label = gauge("gpudiag_job_bottleneck", "1 for the job's current bottleneck label.",
+        mfu = gauge(c.JOB_MFU, "Model FLOPs utilisation at the job's live untraced step time.")
+        step = gauge(c.JOB_STEP_SECONDS, "Median recent untraced training step time.")
+        wait = gauge(c.JOB_INPUT_WAIT, "Fraction of step time waiting for input.")
+        label = gauge(c.JOB_BOTTLENECK, "1 for the job's current bottleneck label.",
                       (*JOB_LABELS, "label"))
-        conf = gauge("gpudiag_job_signal_confidence", "Confidence (0-1) of the job's bottleneck label.")
-        age = gauge("gpudiag_job_signal_age_seconds",
+        conf = gauge(c.JOB_CONFIDENCE, "Confidence (0-1) of the job's bottleneck label.")
+        age = gauge(c.JOB_SIGNAL_AGE,
                     "Time since the trace behind the job's label and FLOPs was taken.")
-        dil = gauge("gpudiag_job_profiler_dilation_ratio",
+        dil = gauge(c.JOB_DILATION,
                     "Traced over untraced step time: how much profiling slowed the traced steps.")
-        traced = gauge("gpudiag_job_signal_traced_steps", "Steps in the trace behind the job's label.")
-        coll = CounterMetricFamily("gpudiag_job_collective_seconds",
+        traced = gauge(c.JOB_TRACED_STEPS, "Steps in the trace behind the job's label.")
+        coll = CounterMetricFamily(c.JOB_COLLECTIVE_SECONDS,
                                    "Time in collectives since the job started.",
                                    labels=[*JOB_LABELS, "collective"])
-        seen = gauge("gpudiag_job_last_signal_timestamp_seconds",
+        seen = gauge(c.JOB_LAST_SIGNAL,
                      "When the agent last took a signal from the job, by the agent's clock.")
-        run = gauge("gpudiag_job_run_info", "1, labelled with the job's run directory (its report.html).",
+        run = gauge(c.JOB_RUN_INFO, "1, labelled with the job's run directory (its report.html).",
                     (*JOB_LABELS, "run_dir"))
-        ended = gauge("gpudiag_job_ended_timestamp_seconds",
+        ended = gauge(c.JOB_ENDED,
                       "When the job reported that it ended (only jobs that have: their last values "
                       "stay exported a grace period, so scrapes see them, then they are dropped).")
-        rec = gauge("gpudiag_job_recommendation_info",
+        rec = gauge(c.JOB_RECOMMENDATION,
                     "1, labelled with the job's top recommendation (its action id).", (*JOB_LABELS, "action"))
-        pred = gauge("gpudiag_job_recommendation_predicted_step_seconds",
+        pred = gauge(c.JOB_PREDICTED_STEP,
                      "Step time the job's top recommendation predicts if it worked fully.")
-        team = gauge("gpudiag_job_team_info", "1, labelled with the job's team (Slurm account or "
+        team = gauge(c.JOB_TEAM, "1, labelled with the job's team (Slurm account or "
                      "the local scheduler's team), where the job knows it.", (*JOB_LABELS, "team"))
-        user = gauge("gpudiag_job_owner_info", "1, labelled with the login name of the job's owner_uid "
+        user = gauge(c.JOB_OWNER, "1, labelled with the login name of the job's owner_uid "
                      "on this node, where the node has an account for it.", (*JOB_LABELS, "user"))
-        stalled = gauge("gpudiag_job_stalled_seconds",
+        stalled = gauge(c.JOB_STALLED,
                         "Seconds since the job last finished a step, only while that exceeds its stall "
                         "limit (its MFU is then exported as 0); cause: hung, desync, mismatch, deadlock, "
                         "idle, busy, exited, unknown, or no-steps while it is being judged.",
                         (*JOB_LABELS, "cause"))
-        last_step = gauge("gpudiag_job_last_step_timestamp_seconds", "When the job last finished a step.")
+        last_step = gauge(c.JOB_LAST_STEP, "When the job last finished a step.")
         for j in self.jobs.values():
             lv = [j.job_id, "" if j.owner_uid is None else str(j.owner_uid)]
             # one action, one team and one user per job: these add at most 3 series per job
@@ -282,16 +283,16 @@ class JobTable(Collector):
                 run.add_metric([*lv, j.run_dir], 1.0)
             for name, secs in j.collective_seconds_total.items():
                 coll.add_metric([*lv, name], secs)
-        jobs = GaugeMetricFamily("gpudiag_agent_jobs", "Jobs currently reporting to this agent.")
+        jobs = GaugeMetricFamily(c.AGENT_JOBS, "Jobs currently reporting to this agent.")
         jobs.add_metric([], float(len(self.jobs)))
-        applied = CounterMetricFamily("gpudiag_agent_signals_applied",
+        applied = CounterMetricFamily(c.AGENT_SIGNALS_APPLIED,
                                       "Job signals applied to the job table.")
         applied.add_metric([], float(self.applied))
-        rej = CounterMetricFamily("gpudiag_agent_signals_rejected", "Job signals refused, by reason.",
+        rej = CounterMetricFamily(c.AGENT_SIGNALS_REJECTED, "Job signals refused, by reason.",
                                   labels=["reason"])
         for reason, n in sorted(self.rejected.items()):
             rej.add_metric([reason], float(n))
-        info = GaugeMetricFamily("gpudiag_agent_info",
+        info = GaugeMetricFamily(c.AGENT_INFO,
                                  "1; state_dir: the folder whose spool/ jobs report into and whose "
                                  "jobs.json a scheduler reads.", labels=["state_dir"])
         info.add_metric([os.path.abspath(self.state_dir)], 1.0)

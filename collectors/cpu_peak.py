@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpudiag.contract import ENV_CACHE_DIR
 from gpudiag.devices import DevicePeak
 
 CACHE_VERSION = 3  # 3: per dtype family, best of short runs, keyed by library versions
@@ -80,7 +81,7 @@ def _versions() -> dict[str, str]:
 
 
 def cache_path() -> Path:
-    base = os.environ.get("GPUDIAG_CACHE_DIR") or os.path.join(
+    base = os.environ.get(ENV_CACHE_DIR) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpudiag")
     return Path(base) / "cpu_peak.json"
 

@@ -20,6 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpudiag.collectors.torch_cupti import job_env_settings
+from gpudiag.contract import (
+    ENV_FR_BUFFER_SIZE,
+    ENV_RETRACE_S,
+    ENV_RUN_DIR,
+    ENV_SKIP,
+    ENV_STALL_WATCH,
+    ENV_STEPS,
+)
 from gpudiag.errors import BadInput
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -40,17 +48,17 @@ def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0,
     env = dict(os.environ)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + old if old else "")
-    env["GPUDIAG_RUN_DIR"] = str(run_dir.resolve())
-    env["GPUDIAG_SKIP"] = str(skip)
-    env["GPUDIAG_STEPS"] = str(steps)
-    env["GPUDIAG_RETRACE_S"] = str(retrace_s)
+    env[ENV_RUN_DIR] = str(run_dir.resolve())
+    env[ENV_SKIP] = str(skip)
+    env[ENV_STEPS] = str(steps)
+    env[ENV_RETRACE_S] = str(retrace_s)
     # the stall watch inside the job (collectors/stall_watch.py): black box, stacks on a signal
-    env["GPUDIAG_STALL_WATCH"] = "1" if stall_watch else "0"
+    env[ENV_STALL_WATCH] = "1" if stall_watch else "0"
     # NCCL collectives are timed by PyTorch's flight recorder (CUDA events per collective);
     # a job's own settings win. The buffer's variable is named for the job's torch, which only
     # the bootstrap sees (torch_collectives.set_flight_recorder_env): torch >= 2.8 reads
     # TORCH_FR_BUFFER_SIZE and warns on every rank when the older name is set.
-    env.setdefault("GPUDIAG_FR_BUFFER_SIZE", "2000")
+    env.setdefault(ENV_FR_BUFFER_SIZE, "2000")
     env.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
     # Kineto logs "USDT: ... profiler_start/stop" at every trace window, at a severity above
     # ERROR that torch's own default (ERROR) lets through: noise in the job's output that the

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 __all__ = ["__version__", "phase", "step"]
+
+
+def __getattr__(name: str) -> str:
+    """``__version__`` from the installed distribution's metadata, so ``pyproject.toml`` is its
+    one source. Looked up on first use, not at import: a job calling ``gpudiag.step()`` pays
+    nothing for it, and ``import gpudiag`` never fails over metadata."""
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("gpudiag")
+        except PackageNotFoundError:
+            raise ImportError("gpudiag's version comes from its installed metadata, and gpudiag is not "
+                              "installed here: pip install -e . (or the wheel)") from None
+    raise AttributeError(f"module 'gpudiag' has no attribute {name!r}")
 
 
 def step() -> None:

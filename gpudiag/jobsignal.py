@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpudiag.contract import ENV_AGENT_DIR, ENV_JOB, ENV_TEAM
+
 SIGNAL_SCHEMA_VERSION = 2
 # what the agent accepts: 1 is the format before confidence/age/dilation existed
 ACCEPTED_SIGNAL_VERSIONS = (1, 2)
@@ -57,7 +59,7 @@ def clean_job_id(raw: str) -> str:
 def default_state_dir() -> Path:
     """Where the agent keeps its state and spool: $GPUDIAG_AGENT_DIR, else /var/lib/gpudiag
     for root, else ~/.local/state/gpudiag."""
-    env = os.environ.get("GPUDIAG_AGENT_DIR")
+    env = os.environ.get(ENV_AGENT_DIR)
     if env:
         return Path(env)
     if os.geteuid() == 0:
@@ -66,7 +68,7 @@ def default_state_dir() -> Path:
 
 
 def job_id_from_env(fallback: str) -> str:
-    for var, prefix in (("GPUDIAG_JOB", ""), ("SLURM_JOB_ID", "slurm:"),
+    for var, prefix in ((ENV_JOB, ""), ("SLURM_JOB_ID", "slurm:"),
                         ("TORCHELASTIC_RUN_ID", "torchrun:")):
         v = os.environ.get(var)
         if v:
@@ -77,7 +79,7 @@ def job_id_from_env(fallback: str) -> str:
 def team_from_env() -> str | None:
     """The job's team where its environment names one: ``GPUDIAG_TEAM`` (a scheduler or the
     user sets it), else ``SLURM_JOB_ACCOUNT`` (Slurm's account). Cleaned as a label value."""
-    for var in ("GPUDIAG_TEAM", "SLURM_JOB_ACCOUNT"):
+    for var in (ENV_TEAM, "SLURM_JOB_ACCOUNT"):
         v = re.sub(r"[^A-Za-z0-9_.:@-]", "_", os.environ.get(var, "").strip())[:64]
         if v:
             return v

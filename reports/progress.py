@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from gpudiag.contract import ENV_PROGRESS_AFTER_S
+
 # An analysis shorter than this shows nothing.
 SHOW_AFTER_S = 1.0
 REFRESH_S = 0.1
@@ -114,7 +116,7 @@ class TraceProgress:
 
 
 # Seconds before the bar appears, if not SHOW_AFTER_S (tests set 0 to see it on small inputs).
-AFTER_ENV = "GPUDIAG_PROGRESS_AFTER_S"
+AFTER_ENV = ENV_PROGRESS_AFTER_S
 
 
 def for_stderr(quiet: bool = False, stream: TextIO | None = None) -> TraceProgress | None:

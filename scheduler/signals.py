@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpudiag.contract import JOB_BOTTLENECK, JOB_CONFIDENCE, JOB_LAST_SIGNAL, JOB_MFU, JOB_STALLED
 from gpudiag.scheduler.model import LABELS, Signal
 
 # A report dated further ahead of this clock than this comes from a clock that cannot be trusted
@@ -86,15 +87,15 @@ def parse_metrics(text: str, now: float, prefix: str = "") -> dict[JobKey, Signa
             if not job or not job.startswith(prefix):
                 continue
             key = (job, owner_of(s.labels.get("owner_uid")))
-            if s.name == "gpudiag_job_mfu_ratio":
+            if s.name == JOB_MFU:
                 mfu[key] = float(s.value)
-            elif s.name == "gpudiag_job_stalled_seconds":
+            elif s.name == JOB_STALLED:
                 stalled[key] = (float(s.value), s.labels.get("cause", ""))
-            elif s.name == "gpudiag_job_signal_confidence":
+            elif s.name == JOB_CONFIDENCE:
                 conf[key] = float(s.value)
-            elif s.name == "gpudiag_job_last_signal_timestamp_seconds":
+            elif s.name == JOB_LAST_SIGNAL:
                 last[key] = float(s.value)
-            elif s.name == "gpudiag_job_bottleneck" and s.value == 1 and s.labels.get("label") in LABELS:
+            elif s.name == JOB_BOTTLENECK and s.value == 1 and s.labels.get("label") in LABELS:
                 label[key] = s.labels["label"]
     return {k: Signal(mfu=min(1.0, max(0.0, m)), label=label.get(k, "unknown"), confidence=conf.get(k, 0.0),
                       age_s=age_of(last.get(k), now), stalled_s=stalled[k][0] if k in stalled else None,

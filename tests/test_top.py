@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpudiag import contract as c
 from gpudiag.agent.signals import prepare_spool
 from tests.conftest import SHARED
 from tests.test_agent import Agent
@@ -94,7 +95,7 @@ def job_value(m: dict, name: str, job: str) -> float | None:
 
 def job_label(m: dict, job: str) -> str | None:
     return next((dict(lb)["label"] for (n, lb), v in m.items()
-                 if n == "gpudiag_job_bottleneck" and ("job_id", job) in lb and v == 1), None)
+                 if n == c.JOB_BOTTLENECK and ("job_id", job) in lb and v == 1), None)
 
 
 class Tmux:
@@ -165,13 +166,13 @@ def waste_order(gpus: dict[str, int], mfu: dict[str, float]) -> list[str]:
     return sorted(mfu, key=lambda j: -gpus[j] * (1 - mfu[j] / med))
 
 
-GPU_FIELDS = {"gpudiag_gpu_sm_activity_ratio": "sm_active",
-              "gpudiag_gpu_tensor_activity_ratio": "tensor_active",
-              "gpudiag_gpu_dram_bandwidth_utilization_ratio": "dram_bw",
-              "gpudiag_gpu_memory_used_bytes": "mem_used_bytes", "gpudiag_gpu_power_watts": "power_watts"}
-JOB_FIELDS = {"gpudiag_job_mfu_ratio": "mfu", "gpudiag_job_step_seconds": "step_seconds",
-              "gpudiag_job_signal_confidence": "confidence",
-              "gpudiag_job_profiler_dilation_ratio": "dilation"}
+GPU_FIELDS = {c.GPU_SM_ACTIVITY: "sm_active",
+              c.GPU_TENSOR_ACTIVITY: "tensor_active",
+              c.GPU_DRAM_BANDWIDTH: "dram_bw",
+              c.GPU_MEMORY_USED: "mem_used_bytes", c.GPU_POWER: "power_watts"}
+JOB_FIELDS = {c.JOB_MFU: "mfu", c.JOB_STEP_SECONDS: "step_seconds",
+              c.JOB_CONFIDENCE: "confidence",
+              c.JOB_DILATION: "dilation"}
 
 
 def once_json_mismatches(doc: dict, jobs: list[str], nodes: dict[str, dict], port_a: int) -> list:
@@ -245,8 +246,8 @@ def test_top_in_a_terminal_over_replayed_gpus_and_real_jobs(tmp_path):
         deadline = time.monotonic() + WAIT_S
         while True:   # every job has reported an MFU and a label to its agent
             ma, mb = metrics(agent_a), metrics(agent_b)
-            mfu = {j: job_value(ma, "gpudiag_job_mfu_ratio", j) for j in (j_spot, j_od)}
-            mfu[j_slurm] = job_value(mb, "gpudiag_job_mfu_ratio", j_slurm)
+            mfu = {j: job_value(ma, c.JOB_MFU, j) for j in (j_spot, j_od)}
+            mfu[j_slurm] = job_value(mb, c.JOB_MFU, j_slurm)
             if all(mfu.values()) and job_label(ma, j_od) and job_label(mb, j_slurm):
                 break
             assert time.monotonic() < deadline, f"no MFU from every job: {mfu}"
@@ -256,7 +257,7 @@ def test_top_in_a_terminal_over_replayed_gpus_and_real_jobs(tmp_path):
         # half written stays a dot file, which the agent leaves alone)
         signal_groups(groups(), signal.SIGSTOP)
         ma, mb = metrics(agent_a), metrics(agent_b)
-        mfu = {j: job_value(ma if j != j_slurm else mb, "gpudiag_job_mfu_ratio", j) for j in jobs}
+        mfu = {j: job_value(ma if j != j_slurm else mb, c.JOB_MFU, j) for j in jobs}
         expected = waste_order({j_spot: 2, j_od: 1, j_slurm: 1}, mfu)
         assert expected == [j_spot, j_slurm, j_od]   # the scenario: 2 slow GPUs first, the fast job last
 
@@ -330,7 +331,7 @@ def test_top_in_a_terminal_over_replayed_gpus_and_real_jobs(tmp_path):
 
         # Enter shows the selected job's report path: the first row is the most wasteful job's
         run_dir = next(dict(lb)["run_dir"] for (n, lb), v in metrics(agent_a).items()
-                       if n == "gpudiag_job_run_info" and ("job_id", j_spot) in lb)
+                       if n == c.JOB_RUN_INFO and ("job_id", j_spot) in lb)
         assert run_dir == str(sched.state / "jobs" / str(spot) / "run-1")
         term.keys("s", "s", "s", "s", "s", "s")   # the sort cycle back to waste
         term.wait("waste order", lambda s: "sort: waste (reversed)" in s)
@@ -371,7 +372,7 @@ def test_top_marks_a_job_that_ended_then_drops_it(tmp_path):
         screen = term.wait("run:7 marked ended", lambda s: "run:7 (ended)" in s)
         assert "31.0%" in next(ln for ln in screen.splitlines() if "run:7 (ended)" in ln)  # last values
         term.wait("run:7 dropped, run:8 kept", lambda s: job_order(s, jobs) == ["run:8"])
-        assert "gpudiag_job_ended_timestamp_seconds" in agent.metrics()  # still there for Prometheus
+        assert c.JOB_ENDED in agent.metrics()  # still there for Prometheus
     finally:
         if term is not None:
             term.kill()

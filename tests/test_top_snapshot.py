@@ -11,6 +11,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpudiag import contract as c
 from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.collectors.nvml import ReplayBackend
 from gpudiag.jobsignal import write_signal
@@ -58,12 +59,12 @@ def test_a_gpu_two_mapped_jobs_share_is_one_gpu_with_its_traffic_counted_once(tm
 
 
 def job(job_id: str, mfu: float) -> list[Sample]:
-    return [Sample("gpudiag_job_mfu_ratio", {"job_id": job_id}, mfu),
-            Sample("gpudiag_job_last_signal_timestamp_seconds", {"job_id": job_id}, 90.0)]
+    return [Sample(c.JOB_MFU, {"job_id": job_id}, mfu),
+            Sample(c.JOB_LAST_SIGNAL, {"job_id": job_id}, 90.0)]
 
 
 def gpus(job_id: str, n: int) -> list[Sample]:
-    return [Sample("gpudiag_gpu_up", {"gpu": str(i), "job_id": job_id, "model": "m"}, 1.0) for i in range(n)]
+    return [Sample(c.GPU_UP, {"gpu": str(i), "job_id": job_id, "model": "m"}, 1.0) for i in range(n)]
 
 
 def test_jobs_come_in_wasted_gpu_time_order_against_their_class_median():
@@ -71,7 +72,7 @@ def test_jobs_come_in_wasted_gpu_time_order_against_their_class_median():
     # class, so it is held against the median of all four (12% and 20%: 16%)
     node = NodeRead("n1", [*job("a", 0.10), *gpus("a", 1)])
     other = NodeRead("n2", [*job("b", 0.20), *job("c", 0.40), *job("big", 0.12),
-                            *[Sample("gpudiag_gpu_up", {"gpu": str(g), "job_id": j, "model": "m"}, 1.0)
+                            *[Sample(c.GPU_UP, {"gpu": str(g), "job_id": j, "model": "m"}, 1.0)
                               for g, j in enumerate(["b", "c", *["big"] * 8])]])
     snap = build_snapshot([node, other], None, now=100.0)
     waste = {j.job_id: round(j.waste_gpus, 6) for j in snap.jobs}
@@ -91,8 +92,8 @@ def test_another_users_signals_naming_a_job_stay_in_a_row_of_their_own():
     # the agent's identity is (job_id, owner_uid): after root's job 7 ended, uid 54321 reported
     # MFU 0.1% under its id; the view must not show that MFU as root's job's
     def owned(mfu: float, uid: str) -> list[Sample]:
-        return [Sample("gpudiag_job_mfu_ratio", {"job_id": "gpudiag:7", "owner_uid": uid}, mfu),
-                Sample("gpudiag_job_last_signal_timestamp_seconds", {"job_id": "gpudiag:7", "owner_uid": uid},
+        return [Sample(c.JOB_MFU, {"job_id": "gpudiag:7", "owner_uid": uid}, mfu),
+                Sample(c.JOB_LAST_SIGNAL, {"job_id": "gpudiag:7", "owner_uid": uid},
                        90.0)]
     snap = build_snapshot([NodeRead("n1", [*owned(0.40, "0"), *owned(0.001, "54321")])], None, now=100.0)
     by_owner = {j.owner: j.mfu for j in snap.jobs}
@@ -136,7 +137,7 @@ def test_through_a_real_prometheus_top_sees_what_it_sees_from_the_agent(tmp_path
         write_signal(agent.state / "spool", full_signal("slurm:9"))
         with prometheus_server(tmp_path, agent.port) as prom:
             wait_series(prom, 'gpudiag_job_mfu_ratio{job_id="slurm:9"}')
-            wait_series(prom, "gpudiag_gpu_power_watts")
+            wait_series(prom, c.GPU_POWER)
             via = {}
             for how in (["--prometheus", prom], ["--agent", f"127.0.0.1:{agent.port}"]):
                 r = subprocess.run([sys.executable, "-m", "gpudiag", "top", "--once", "--json", *how],

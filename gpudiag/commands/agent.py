@@ -8,14 +8,16 @@ from pathlib import Path
 
 import click
 
+from gpudiag.contract import AGENT_LISTEN, AGENT_PORT, METRICS_PATH
 from gpudiag.errors import BadInput
 
 _LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]*):(\d{1,5})$")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--listen", default="127.0.0.1:9835", show_default=True, metavar="ADDR:PORT",
-              help="Where /metrics is served (0.0.0.0:9835 to let Prometheus scrape the node).")
+@click.option("--listen", default=AGENT_LISTEN, show_default=True, metavar="ADDR:PORT",
+              help=f"Where {METRICS_PATH} is served (0.0.0.0:{AGENT_PORT} to let Prometheus scrape "
+                   "the node).")
 @click.option("--backend", default="nvml", show_default=True, metavar="nvml|replay:FILE|none",
               help="GPU counters from NVML, replayed from a recorded samples file, or none "
                    "(a node without GPUs: host and job metrics only).")
@@ -53,7 +55,7 @@ def agent(listen: str, backend: str, state_dir: Path | None, hpc_job_mapping_dir
 
     m = _LISTEN.match(listen)
     if not m or not 0 < int(m.group(2)) < 65536:
-        raise BadInput(f"--listen {listen!r}: use ADDR:PORT, e.g. 127.0.0.1:9835")
+        raise BadInput(f"--listen {listen!r}: use ADDR:PORT, e.g. {AGENT_LISTEN}")
     try:
         check_backend_spec(backend)
     except ValueError as e:

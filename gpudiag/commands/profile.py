@@ -11,6 +11,7 @@ import click
 
 from gpudiag.commands.log import mlflow_option
 from gpudiag.commands.profile_signals import final_signal, signal_reporter
+from gpudiag.contract import ENV_CUPTI_TEARDOWN
 from gpudiag.durations import format_duration, parse_duration  # noqa: F401 - both importable from here as before
 from gpudiag.errors import BadInput, GpudiagError
 
@@ -193,7 +194,7 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     reporter = signal_reporter(run_dir, info, lambda: watch[0].current() if watch else None)
     env = job_env(run_dir, opts.skip, opts.steps, opts.retrace_s, opts.cupti_teardown, opts.stall_watch)
     info.cupti_teardown = {"asked": opts.cupti_teardown, "TEARDOWN_CUPTI": env.get("TEARDOWN_CUPTI"),
-                           "set_by": "the job's environment" if env.get("GPUDIAG_CUPTI_TEARDOWN")
+                           "set_by": "the job's environment" if env.get(ENV_CUPTI_TEARDOWN)
                            == "user" else "gpudiag"}
     try:
         result = run_job(command, env, on_start=started)

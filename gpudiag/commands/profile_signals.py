@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpudiag.contract import ENV_AGENT_DIR, ENV_SIGNAL_INTERVAL
+
 
 def _say(msg: str) -> None:
     import click
@@ -20,7 +22,7 @@ def signal_reporter(run_dir: Path, info: object, stall: object = None) -> object
     from gpudiag.collectors.job_signals import SignalReporter
     from gpudiag.jobsignal import default_state_dir, job_id_from_env
 
-    interval = float(os.environ.get("GPUDIAG_SIGNAL_INTERVAL", "15"))
+    interval = float(os.environ.get(ENV_SIGNAL_INTERVAL, "15"))
     job_id = job_id_from_env(f"{info.host}:{run_dir.name}")
     state = default_state_dir()
 
@@ -32,7 +34,7 @@ def signal_reporter(run_dir: Path, info: object, stall: object = None) -> object
 
     reporter = SignalReporter.for_node(state, job_id, run_dir, interval, estimator(run_dir), extra)
     if reporter is None:
-        if os.environ.get("GPUDIAG_AGENT_DIR"):  # named (a scheduler does): its absence is news
+        if os.environ.get(ENV_AGENT_DIR):  # named (a scheduler does): its absence is news
             info.notes.append(f"no signals sent: GPUDIAG_AGENT_DIR={state}, but {state / 'spool'} is "
                               "missing or not writable by this user (is `gpudiag agent` running there?)")
         return None

@@ -10,6 +10,7 @@ import click
 from gpudiag.commands.oneline import OneLine
 from gpudiag.commands.policy_options import policy_options, with_options
 from gpudiag.commands.scheduler_slurm import SLURM_PARAMS, check_options, serve_slurm, slurm_options
+from gpudiag.contract import AGENT_URL
 from gpudiag.durations import format_duration, parse_duration
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.model import Policy
@@ -65,7 +66,7 @@ def scheduler() -> None:
               help="The node agent's state folder: the daemon reads its jobs.json, and every job reports "
                    "into its spool (default: the agent's default, /var/lib/gpudiag as root).")
 @click.option("--agent-url", default=None, metavar="URL",
-              help="Read signals by scraping the agent instead, e.g. http://127.0.0.1:9835/metrics; the "
+              help=f"Read signals by scraping the agent instead, e.g. {AGENT_URL}; the "
                    "agent must be running (it is asked for its folder, so jobs report to it). Beside "
                    "--agent-dir, both must name the same agent.")
 @click.option("--monitor/--no-monitor", default=True, show_default=True,

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import click
 
+from gpudiag.contract import ENV_SLURM_STATE
 from gpudiag.errors import BadInput
 
-STATE_ENV = "GPUDIAG_SLURM_STATE"
+STATE_ENV = ENV_SLURM_STATE
 # Mirrors scheduler/slurm/loop.py MIN_INTERVAL_S (kept here so --help needs no import of it).
 MIN_INTERVAL = "5s"
 

@@ -9,6 +9,7 @@ import time
 
 import click
 
+from gpudiag.contract import AGENT_LISTEN
 from gpudiag.errors import BadInput, GpudiagError
 
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.2, 3600.0
@@ -17,7 +18,7 @@ MIN_INTERVAL_S, MAX_INTERVAL_S = 0.2, 3600.0
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--agent", "agents", multiple=True, metavar="URL",
               help="An agent to read (HOST:PORT or its /metrics URL); repeat for several nodes  "
-                   "[default: this node's, 127.0.0.1:9835].")
+                   f"[default: this node's, {AGENT_LISTEN}].")
 @click.option("--prometheus", metavar="URL",
               help="Read every node's agent through this Prometheus server instead (e.g. "
                    "http://prometheus:9090).")
@@ -102,6 +103,6 @@ def _fail_if_nothing_read(snap: object, urls: list[str], prometheus: str | None)
     if any(not s.get("error") for s in snap.sources):
         return
     where = prometheus or ", ".join(urls)
-    hint = "" if prometheus or len(urls) > 1 or "127.0.0.1:9835" not in where else \
+    hint = "" if prometheus or len(urls) > 1 or AGENT_LISTEN not in where else \
         " (is `gpudiag agent` running on this node?)"
     raise GpudiagError(f"nothing could be read from {where}{hint}")

@@ -23,6 +23,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpudiag import contract as c
 from gpudiag.live.sources import NodeRead, QueueRead
 
 SNAPSHOT_SCHEMA_VERSION = 1
@@ -33,28 +34,28 @@ ACTIVE_STATES = ("starting", "running", "stopping")  # scheduler jobs that hold 
 
 # per-GPU series -> DeviceRow field (agent/gpu_collector.py names them)
 _GPU_FIELDS = {
-    "gpudiag_gpu_sm_activity_ratio": "sm_active",
-    "gpudiag_gpu_tensor_activity_ratio": "tensor_active",
-    "gpudiag_gpu_dram_bandwidth_utilization_ratio": "dram_bw",
-    "gpudiag_gpu_memory_used_bytes": "mem_used_bytes",
-    "gpudiag_gpu_memory_total_bytes": "mem_total_bytes",
-    "gpudiag_gpu_power_watts": "power_watts",
-    "gpudiag_gpu_utilization_ratio": "util",
+    c.GPU_SM_ACTIVITY: "sm_active",
+    c.GPU_TENSOR_ACTIVITY: "tensor_active",
+    c.GPU_DRAM_BANDWIDTH: "dram_bw",
+    c.GPU_MEMORY_USED: "mem_used_bytes",
+    c.GPU_MEMORY_TOTAL: "mem_total_bytes",
+    c.GPU_POWER: "power_watts",
+    c.GPU_UTILIZATION: "util",
 }
 _GPU_PAIRS = {  # transmit + receive, summed
-    "gpudiag_gpu_nvlink_transmit_bytes_per_second": "nvlink_bytes_s",
-    "gpudiag_gpu_nvlink_receive_bytes_per_second": "nvlink_bytes_s",
-    "gpudiag_gpu_pcie_transmit_bytes_per_second": "pcie_bytes_s",
-    "gpudiag_gpu_pcie_receive_bytes_per_second": "pcie_bytes_s",
+    c.GPU_NVLINK_TX: "nvlink_bytes_s",
+    c.GPU_NVLINK_RX: "nvlink_bytes_s",
+    c.GPU_PCIE_TX: "pcie_bytes_s",
+    c.GPU_PCIE_RX: "pcie_bytes_s",
 }
 # per-job series -> JobRow field (agent/job_table.py names them)
 _JOB_FIELDS = {
-    "gpudiag_job_step_seconds": "step_seconds",
-    "gpudiag_job_mfu_ratio": "mfu",
-    "gpudiag_job_signal_confidence": "confidence",
-    "gpudiag_job_profiler_dilation_ratio": "dilation",
-    "gpudiag_job_signal_age_seconds": "signal_age_seconds",
-    "gpudiag_job_input_wait_ratio": "input_wait",
+    c.JOB_STEP_SECONDS: "step_seconds",
+    c.JOB_MFU: "mfu",
+    c.JOB_CONFIDENCE: "confidence",
+    c.JOB_DILATION: "dilation",
+    c.JOB_SIGNAL_AGE: "signal_age_seconds",
+    c.JOB_INPUT_WAIT: "input_wait",
 }
 
 
@@ -160,7 +161,7 @@ def _devices(read: NodeRead) -> tuple[list[DeviceRow], dict[str, set[tuple[str, 
     values: dict[str, dict[str, float]] = {}  # gpu -> series -> value (hpc_job copies carry one)
     jobs_on: dict[str, list[str]] = {}
     for s in read.samples:
-        if not s.name.startswith("gpudiag_gpu_") or "gpu" not in s.labels:
+        if not s.name.startswith(c.GPU_PREFIX) or "gpu" not in s.labels:
             continue
         gpu = s.labels["gpu"]
         if gpu not in rows:
@@ -172,7 +173,7 @@ def _devices(read: NodeRead) -> tuple[list[DeviceRow], dict[str, set[tuple[str, 
     by_job: dict[str, set[tuple[str, str]]] = {}
     for gpu, row in rows.items():
         v = values[gpu]
-        row.up = v.get("gpudiag_gpu_up") == 1
+        row.up = v.get(c.GPU_UP) == 1
         for name, attr in _GPU_FIELDS.items():
             setattr(row, attr, v.get(name))
         for name, attr in _GPU_PAIRS.items():
@@ -198,21 +199,21 @@ def _jobs_of(read: NodeRead, now: float) -> dict[tuple[str, str | None], JobRow]
     rows: dict[tuple[str, str | None], JobRow] = {}
     for s in read.samples:
         job = s.labels.get("job_id")
-        if not job or not s.name.startswith("gpudiag_job_"):
+        if not job or not s.name.startswith(c.JOB_PREFIX):
             continue
         owner = _owner_of(s.labels)
         row = rows.setdefault((job, owner), JobRow(job_id=job, nodes=read.node, owner=owner))
         if s.name in _JOB_FIELDS:
             setattr(row, _JOB_FIELDS[s.name], s.value)
-        elif s.name == "gpudiag_job_bottleneck" and s.value == 1:
+        elif s.name == c.JOB_BOTTLENECK and s.value == 1:
             row.label = s.labels.get("label")
-        elif s.name == "gpudiag_job_last_signal_timestamp_seconds":
+        elif s.name == c.JOB_LAST_SIGNAL:
             row.last_signal_seconds_ago = max(0.0, now - s.value)
-        elif s.name == "gpudiag_job_run_info" and s.labels.get("run_dir"):
+        elif s.name == c.JOB_RUN_INFO and s.labels.get("run_dir"):
             row.run_dir = s.labels["run_dir"]
-        elif s.name == "gpudiag_job_ended_timestamp_seconds":
+        elif s.name == c.JOB_ENDED:
             row.ended_seconds_ago = max(0.0, now - s.value)
-        elif s.name == "gpudiag_job_stalled_seconds":
+        elif s.name == c.JOB_STALLED:
             row.stalled_seconds, row.stall_cause = s.value, s.labels.get("cause") or None
     return rows
 

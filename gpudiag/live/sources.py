@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HTTP_TIMEOUT_S = 2.0  # a refresh must not hang on one wedged agent
-MAX_SCRAPE_BYTES = 32 * 1024 * 1024
+from gpudiag.contract import AGENT_URL, GPU_PREFIX, JOB_PREFIX, SCRAPE_TIMEOUT_S
+from gpudiag.scrape import fetch, fetch_text
+
+HTTP_TIMEOUT_S = SCRAPE_TIMEOUT_S  # a refresh must not hang on one wedged agent
 # every per-GPU and per-job series of every agent, in one Prometheus query
-PROMETHEUS_QUERY = '{__name__=~"gpudiag_(gpu|job)_.+"}'
-DEFAULT_AGENT = "http://127.0.0.1:9835/metrics"  # `gpudiag agent`'s default --listen
+PROMETHEUS_QUERY = f'{{__name__=~"({GPU_PREFIX}|{JOB_PREFIX}).+"}}'
+DEFAULT_AGENT = AGENT_URL  # `gpudiag agent`'s default --listen
 
 
 @dataclass
@@ -72,8 +73,7 @@ def parse_exposition(text: str) -> list[Sample]:
 def read_agent(url: str, timeout: float = HTTP_TIMEOUT_S) -> NodeRead:
     node = urllib.parse.urlsplit(url).netloc
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - the user's URL
-            text = r.read(MAX_SCRAPE_BYTES).decode("utf-8", "replace")
+        text = fetch_text(url, timeout)
     except (OSError, urllib.error.URLError, ValueError) as e:
         return NodeRead(node, error=f"not reachable: {getattr(e, 'reason', None) or e}")
     try:
@@ -105,10 +105,13 @@ def read_prometheus(base: str, timeout: float = HTTP_TIMEOUT_S * 2) -> tuple[lis
     """Every node's gpudiag series from Prometheus, and why not (None when it answered)."""
     url = f"{base.rstrip('/')}/api/v1/query?query={urllib.parse.quote(PROMETHEUS_QUERY)}"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - the user's URL
-            doc = json.loads(r.read(MAX_SCRAPE_BYTES))
+        body = fetch(url, timeout)
     except (OSError, urllib.error.URLError) as e:
         return [], f"Prometheus at {base} not reachable: {getattr(e, 'reason', None) or e}"
+    except ValueError as e:
+        return [], f"Prometheus at {base}: {e}"
+    try:
+        doc = json.loads(body)
     except ValueError as e:
         return [], f"Prometheus at {base}: not JSON: {e}"
     try:

@@ -11,6 +11,7 @@ import os
 import stat
 from pathlib import Path
 
+from gpudiag.contract import ENV_SCHEDULER_DIR
 from gpudiag.errors import BadInput
 
 SOCKET_NAME = "sock"
@@ -34,7 +35,7 @@ def default_state_dir(for_client: bool = False) -> Path:
     """$GPUDIAG_SCHEDULER_DIR, else /var/lib/gpudiag/scheduler for root (beside the agent's state),
     else ~/.local/state/gpudiag/scheduler. A client that is not root also looks for the
     machine's root daemon first: on a shared machine that is the one everybody submits to."""
-    env = os.environ.get("GPUDIAG_SCHEDULER_DIR")
+    env = os.environ.get(ENV_SCHEDULER_DIR)
     if env:
         return Path(env)
     system = Path("/var/lib/gpudiag/scheduler")

@@ -35,6 +35,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from gpudiag.contract import ENV_AGENT_DIR, ENV_CHECKPOINT_DIR, ENV_JOB, ENV_RESTART_COUNT, ENV_TEAM
 from gpudiag.scheduler.local import jobfiles, runner
 from gpudiag.scheduler.local.config import JOBS_DIR
 from gpudiag.scheduler.local.containment import Containment, Launch
@@ -126,12 +127,12 @@ class Jobs:
         env = {runner.LAUNCH_VAR: self.marker(row)}
         env.update({k: v for k, v in row.env.items() if not k.startswith("GPUDIAG_SCHEDULER")})
         env.update(self.machine.env(slots))
-        env.update({"GPUDIAG_JOB": f"{self.store.prefix}:{row.id}",
-                    "GPUDIAG_RESTART_COUNT": str(row.restarts),
-                    "GPUDIAG_CHECKPOINT_DIR": str(jdir / "checkpoint")})
+        env.update({ENV_JOB: f"{self.store.prefix}:{row.id}",
+                    ENV_RESTART_COUNT: str(row.restarts),
+                    ENV_CHECKPOINT_DIR: str(jdir / "checkpoint")})
         if self.agent_dir is not None:
-            env["GPUDIAG_AGENT_DIR"] = str(self.agent_dir)
-        env["GPUDIAG_TEAM"] = row.team   # the job's signals name its team (gpudiag fleet)
+            env[ENV_AGENT_DIR] = str(self.agent_dir)
+        env[ENV_TEAM] = row.team   # the job's signals name its team (gpudiag fleet)
         try:
             runner.prepare_job_dir(jdir, row.uid)
             with self.containment.born_in(self.marker(row)):

@@ -28,11 +28,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from gpudiag.contract import ENV_SCHEDULER_LAUNCH
 from gpudiag.rundir import RUN_SCHEMA_VERSION
 from gpudiag.scheduler.local import jobfiles, untrusted
 from gpudiag.scheduler.local.protocol import SHELL_NAME
 
-LAUNCH_VAR = "GPUDIAG_SCHEDULER_LAUNCH"
+LAUNCH_VAR = ENV_SCHEDULER_LAUNCH
 ENV_EXE = "/usr/bin/env"   # coreutils: sets any NAME=VALUE it is given, then runs the command
 # Can the shell run "$1"? The same test as the one it takes before it runs it: a name with a
 # slash must be an executable file; a bare name is looked up on PATH (dash's `command -v`

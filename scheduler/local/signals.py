@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import os
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 from gpudiag.agent.signals import JobTableError, closed_to_others, read_job_table
 from gpudiag.scheduler.model import Signal
 from gpudiag.scheduler.signals import SignalRead, SignalSource, parse_metrics
-
-SCRAPE_TIMEOUT_S = 2.0          # a scheduling tick must not hang on a wedged agent
-MAX_SCRAPE_BYTES = 32 * 1024 * 1024
+from gpudiag.scrape import fetch_text
 
 
 class JobTableSource:
@@ -55,16 +52,15 @@ class JobTableSource:
 
 
 class MetricsSource:
-    """Signals scraped from the agent's ``/metrics`` (``gpudiag_job_mfu_ratio``, ``_bottleneck``,
-    ``_signal_confidence``, ``_last_signal_timestamp_seconds``)."""
+    """Signals scraped from the agent's ``/metrics`` (its MFU, bottleneck, confidence and
+    last-signal series: ``parse_metrics``)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
 
     def fetch(self) -> str:
         """The agent's exposition; OSError (URLError included) or ValueError when unreachable."""
-        with urllib.request.urlopen(self.url, timeout=SCRAPE_TIMEOUT_S) as r:  # noqa: S310 - operator's URL
-            return r.read(MAX_SCRAPE_BYTES).decode("utf-8", "replace")
+        return fetch_text(self.url)
 
     def read(self, now: float) -> SignalRead:
         try:

@@ -21,14 +21,22 @@ import math
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
+from gpudiag.contract import (
+    JOB_BOTTLENECK,
+    JOB_CONFIDENCE,
+    JOB_LAST_SIGNAL,
+    JOB_MFU,
+    JOB_STALLED,
+    METRICS_PATH,
+)
 from gpudiag.scheduler.model import LABELS, Signal
 from gpudiag.scheduler.signals import JobKey, SignalRead, age_of, owner_of, parse_metrics
 from gpudiag.scheduler.slurm.squeue import SlurmJob
+from gpudiag.scrape import fetch, fetch_text
 
 JOB_PREFIX = "slurm:"
 HTTP_TIMEOUT_S = 5.0
@@ -41,11 +49,11 @@ MAX_PARALLEL = 64        # agents read at once (threads); more wait for a free o
 # one selector per series, all Slurm jobs at once: five HTTP queries per round, whatever the load
 _SEL = f'{{job_id=~"{JOB_PREFIX}[0-9]+"}}'
 QUERIES = {
-    "mfu": f"gpudiag_job_mfu_ratio{_SEL}",
-    "label": f"gpudiag_job_bottleneck{_SEL} == 1",
-    "confidence": f"gpudiag_job_signal_confidence{_SEL}",
-    "seen": f"gpudiag_job_last_signal_timestamp_seconds{_SEL}",
-    "stalled": f"gpudiag_job_stalled_seconds{_SEL}",
+    "mfu": f"{JOB_MFU}{_SEL}",
+    "label": f"{JOB_BOTTLENECK}{_SEL} == 1",
+    "confidence": f"{JOB_CONFIDENCE}{_SEL}",
+    "seen": f"{JOB_LAST_SIGNAL}{_SEL}",
+    "stalled": f"{JOB_STALLED}{_SEL}",
 }
 
 
@@ -118,8 +126,7 @@ class PrometheusSource:
                 left = min(self.timeout, end - time.monotonic())
                 if left <= 0:
                     raise TimeoutError(f"no answer within the round's {ROUND_DEADLINE_S:.0f} s")
-                with urllib.request.urlopen(url, timeout=left) as r:  # noqa: S310 - admin's URL
-                    answers[what] = json.loads(r.read())
+                answers[what] = json.loads(fetch(url, left))
             return SignalRead(parse_prometheus_answers(answers, now))
         except (OSError, urllib.error.URLError) as e:
             return SignalRead(available=False, why=f"Prometheus at {self.base} unreachable: {e}",
@@ -135,12 +142,11 @@ class AgentsSource:
     """
 
     def __init__(self, agents: list[str], timeout: float = HTTP_TIMEOUT_S) -> None:
-        self.urls = [a if "://" in a else f"http://{a}/metrics" for a in agents]
+        self.urls = [a if "://" in a else f"http://{a}{METRICS_PATH}" for a in agents]
         self.timeout = timeout
 
     def _scrape(self, url: str, now: float) -> dict[JobKey, Signal]:
-        with urllib.request.urlopen(url, timeout=min(self.timeout, ROUND_DEADLINE_S)) as r:  # noqa: S310
-            return parse_metrics(r.read().decode(), now, JOB_PREFIX)
+        return parse_metrics(fetch_text(url, min(self.timeout, ROUND_DEADLINE_S)), now, JOB_PREFIX)
 
     def read(self, now: float) -> SignalRead:
         """All agents at once, within ``ROUND_DEADLINE_S``: a dead agent costs the round that much
