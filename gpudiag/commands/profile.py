@@ -12,20 +12,14 @@ import click
 from gpudiag.commands.log import mlflow_option
 from gpudiag.commands.profile_signals import final_signal, signal_reporter
 from gpudiag.contract import ENV_CUPTI_TEARDOWN
-from gpudiag.durations import format_duration, parse_duration  # noqa: F401 - both importable from here as before
+from gpudiag.durations import parse_duration, parse_interval
 from gpudiag.errors import BadInput, GpudiagError
 
-_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.01, 3600.0  # NVML sampling period
 
 
-def parse_interval(text: str) -> float:
-    m = _INTERVAL.match(text)
-    if not m:
-        raise click.BadParameter(f"{text!r}: use e.g. 100ms, 0.5s or 1", param_hint="--interval")
-    value = float(m.group(1)) / (1000.0 if m.group(2) == "ms" else 1.0)
-    if not 0.01 <= value <= 3600:
-        raise click.BadParameter("must be between 10ms and 3600s", param_hint="--interval")
-    return value
+def _interval(text: str) -> float:
+    return parse_interval(text, "--interval", MIN_INTERVAL_S, MAX_INTERVAL_S)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"],
@@ -100,7 +94,7 @@ def profile(out: Path | None, interval: str, steps: int | None, skip: int, backe
         from gpudiag.tracking import require_mlflow
 
         require_mlflow()  # before the job runs, not after hours of it
-    opts = ProfileOptions(out=out or _default_out(command), interval=parse_interval(interval),
+    opts = ProfileOptions(out=out or _default_out(command), interval=_interval(interval),
                           steps=steps, skip=skip, backend=backend, as_json=as_json,
                           retrace_s=retrace_s, mlflow_uri=mlflow_uri,
                           cupti_teardown=cupti_teardown, stall_watch=stall_watch,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpudiag.durations import slurm_duration
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.model import Tier
 
@@ -159,18 +160,8 @@ def _tiresias(rows: list[dict], cols: set[str]) -> Trace:
     return trace
 
 
-_ELAPSED = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
 _GPU_TRES = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
 _GPU_GRES = re.compile(r"gpu(?::[^:,()]+)?:(\d+)")
-
-
-def slurm_duration(s: str) -> float:
-    """[D-]HH:MM:SS or MM:SS (sacct's Elapsed and Timelimit) in seconds."""
-    m = _ELAPSED.match(s.strip())
-    if not m:
-        raise ValueError(s)
-    d, h, mi, se = (int(x) if x else 0 for x in m.groups())
-    return float(((d * 24 + h) * 60 + mi) * 60 + se)
 
 
 def _sacct_tier(qos: str) -> Tier:

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from gpudiag.durations import slurm_duration
+
 # What squeue prints with the fixed format; "|" never occurs in the fields we ask for but %j,
 # and a job name is the last field so a "|" in it is still recoverable.
 FIXED_FORMAT = "%i|%u|%a|%P|%T|%r|%y|%Q|%V|%S|%l|%b|%D|%C|%N|%U|%j"
@@ -238,17 +240,14 @@ def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
 
 
 def limit_s(text: str) -> float | None:
-    """squeue's %l: UNLIMITED, [days-]hours:minutes:seconds, minutes:seconds."""
+    """squeue's %l: UNLIMITED (None), else Slurm's [days-]hours:minutes:seconds or
+    minutes:seconds (``gpudiag.durations.slurm_duration``)."""
     if text in ("UNLIMITED", "INVALID", "NOT_SET", "Partition_Limit"):
         return None
-    days, _, rest = text.rpartition("-")
-    parts = rest.split(":")
-    if not all(p.isdigit() for p in parts) or (days and not days.isdigit()) or len(parts) > 3:
-        raise BadSlurmOutput(f"time limit {text!r}")
-    secs = 0
-    for p in parts:   # h:m:s or m:s
-        secs = secs * 60 + int(p)
-    return secs + int(days or 0) * 86400.0
+    try:
+        return slurm_duration(text)
+    except ValueError:
+        raise BadSlurmOutput(f"time limit {text!r}") from None
 
 
 def _time(text: str) -> float:
