@@ -28,7 +28,6 @@ from gpudiag.analyzers.advice_inputs import (  # noqa: F401 - AdviceInputs and j
     _fastest_lower,
     _fp32_share,
     _gpu,
-    _ms,
     _slower_dtype,
     job_cpu,
 )
@@ -71,6 +70,7 @@ from gpudiag.diagnosis import (
     Bottleneck,
     Recommendation,
 )
+from gpudiag.units import ms
 
 
 @dataclass(frozen=True)
@@ -276,8 +276,8 @@ def recommend(a: AdviceInputs) -> Advised:
             continue
         if gain is not None and gain <= 0:
             refused.append(_not_helping(
-                rec, f"its predicted step ({_ms(pred * 1e6)}) is not faster than today's "
-                     f"({_ms(step_s * 1e6)})", keep_prediction=True))
+                rec, f"its predicted step ({ms(pred * 1e6)}) is not faster than today's "
+                     f"({ms(step_s * 1e6)})", keep_prediction=True))
             continue
         first = 0 if c.addresses in fits else 1
         key = (first, 0, -gain) if gain is not None else (

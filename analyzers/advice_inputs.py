@@ -62,14 +62,6 @@ class AdviceInputs:
     tie_with: Bottleneck | None = None
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%" if x >= 0.01 else f"{100 * x:.1f}%"
-
-
-def _ms(us: float) -> str:
-    return f"{us / 1e3:.3g} ms"
-
-
 
 def _gpu(a: AdviceInputs) -> bool:
     return a.device_kind == "gpu"

@@ -11,13 +11,12 @@ from gpudiag.analyzers.advice_inputs import (
     _faster,
     _fastest_lower,
     _gpu,
-    _ms,
-    _pct,
     _unit,
     job_cpu,
 )
 from gpudiag.analyzers.op_flops import MODEL_OPS
 from gpudiag.diagnosis import Bottleneck, Stragglers, TimeBreakdown
+from gpudiag.units import ms, pct_whole
 
 
 def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
@@ -28,7 +27,7 @@ def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
     if used >= whatif.CPU_LOADING:
         w = whatif.loader_work(a.view, cpu, _gpu(a))
         beside = "its main thread" if _gpu(a) else f"the model's {cpu.model_cores} thread(s)"
-        return (f" Loading is CPU work here ({_ms(w.batch_us)} per batch on the thread that makes "
+        return (f" Loading is CPU work here ({ms(w.batch_us)} per batch on the thread that makes "
                 f"it): workers share the {cpu.cpus} cores with {beside}, so the cores, not the "
                 "number of workers, bound the step once the wait is hidden; decoding faster or on "
                 "other machines goes further.")
@@ -43,7 +42,7 @@ def _input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     raise_to = f" to at least {need}" if need else ""
     pin = ", set pin_memory=True" if _gpu(a) else ""
     onto = " (or onto the GPU)" if _gpu(a) else ""
-    return (f"The DataLoader wait is {_pct(s[Bottleneck.INPUT])} of step time{workers}: raise "
+    return (f"The DataLoader wait is {pct_whole(s[Bottleneck.INPUT])} of step time{workers}: raise "
             f"num_workers{raise_to}{pin} and prefetch_factor, and move decoding/augmentation out "
             f"of the training process{onto}.{_loading(a, cpu)}")
 
@@ -57,8 +56,8 @@ def _cpu_loading(a: AdviceInputs) -> bool:
 
 def _cheaper_input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     w = whatif.loader_work(a.view, job_cpu(a.traits), _gpu(a))  # type: ignore[arg-type]
-    return (f"The DataLoader wait is {_pct(s[Bottleneck.INPUT])} of step time and it is CPU work "
-            f"({_ms(w.batch_us)} a batch on the thread that makes it): make each batch cheaper to "
+    return (f"The DataLoader wait is {pct_whole(s[Bottleneck.INPUT])} of step time and it is CPU work "
+            f"({ms(w.batch_us)} a batch on the thread that makes it): make each batch cheaper to "
             "produce - decode once and store the decoded (or smaller) samples, move augmentation "
             "to the accelerator, or load on other machines - since workers only move that work to "
             "other cores, and only where cores are free.")
@@ -70,11 +69,11 @@ def _comm_detail(a: AdviceInputs) -> str:
     c = a.collectives[0]
     out = f" ({c.collective}"
     if c.exposed_per_step_us is not None:
-        out += f": {_ms(c.exposed_per_step_us)} exposed per step"
+        out += f": {ms(c.exposed_per_step_us)} exposed per step"
     if c.busbw_gbps is not None:
         out += f", bus bandwidth {c.busbw_gbps:.3g} GB/s"
         if c.link_peak_gbps:
-            out += f" = {_pct(c.busbw_gbps / c.link_peak_gbps)} of the link's peak"
+            out += f" = {pct_whole(c.busbw_gbps / c.link_peak_gbps)} of the link's peak"
     return out + ")"
 
 
@@ -100,7 +99,7 @@ def _comm_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     else:
         how = "overlap it with compute (async_op=True, and wait only where the result is needed)"
     link = ", and check the interconnect" if _gpu(a) else ""
-    return (f"Communication not overlapped with compute is {_pct(_exposed(a))} of step time"
+    return (f"Communication not overlapped with compute is {pct_whole(_exposed(a))} of step time"
             f"{_comm_detail(a)}: {how}{link}.")
 
 
@@ -113,14 +112,14 @@ def _collectives_per_step(a: AdviceInputs) -> float | None:
 
 def _comm_cost_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     b = a.view
-    parts = [f"{_ms(b.comm_exposed)} exposed"]
+    parts = [f"{ms(b.comm_exposed)} exposed"]
     if b.comm_work > 0:
-        parts.append(f"{_ms(b.comm_work)} of the training thread's copies into and out of DDP's buckets")
+        parts.append(f"{ms(b.comm_work)} of the training thread's copies into and out of DDP's buckets")
     if b.comm_contention > 0:
-        parts.append(f"{_ms(b.comm_contention)} of compute slowed beside the collectives (the cores "
+        parts.append(f"{ms(b.comm_contention)} of compute slowed beside the collectives (the cores "
                      "and memory they took)")
     k = whatif.ACCUMULATE_STEPS
-    return (f"Communication costs {_pct(s[Bottleneck.COMMUNICATION])} of step time "
+    return (f"Communication costs {pct_whole(s[Bottleneck.COMMUNICATION])} of step time "
             f"({', '.join(parts)}): all-reduce less often - accumulate gradients over {k} micro-batches "
             "under DDP's no_sync() and all-reduce on the last (each step then moves the same bytes "
             f"for {k} times the samples, where the larger effective batch suits the training) - or send "
@@ -152,14 +151,14 @@ def _contention_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
              if a.host_wait is None or a.host_wait.own_share is not None else
              "(who held them the host sampler could not say: where it is the job's own workers and "
              "threads)")
-    return (f"The training thread waits for a core {_pct(contention_share(a.view))} of step time "
+    return (f"The training thread waits for a core {pct_whole(contention_share(a.view))} of step time "
             f"{whose}{free}: leave it a core - fewer "
             "intra-op threads (torch.set_num_threads), DataLoader workers sized to the cores left "
             "free, augmentation moved to the GPU (torchvision.transforms.v2 on CUDA tensors).")
 
 
 def _graphs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"The GPU is idle {_pct(own_launch_share(a.view))} of step time on the job's own host "
+    return (f"The GPU is idle {pct_whole(own_launch_share(a.view))} of step time on the job's own host "
             "work (launches, Python, syncs) with no input wait: capture "
             "the step with CUDA graphs or torch.compile(mode='reduce-overhead'), remove host syncs "
             "(.item(), .cpu(), print of tensors) from the loop, and grow the batch so each launch "
@@ -167,19 +166,19 @@ def _graphs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 
 def _syncs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"The GPU is idle {_pct(s[Bottleneck.HOST])} of step time with no input wait although "
+    return (f"The GPU is idle {pct_whole(s[Bottleneck.HOST])} of step time with no input wait although "
             "the step is compiled: remove host syncs (.item(), .cpu(), print of tensors) and graph "
             "breaks from the loop, and grow the batch so each launch does more work.")
 
 
 def _compile_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"{_pct(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
+    return (f"{pct_whole(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
             "operators (many tiny ops): fuse them with torch.compile, batch the work into fewer, "
             "larger tensor ops, and vectorise Python loops.")
 
 
 def _batch_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"{_pct(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
+    return (f"{pct_whole(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
             "operators although the step is compiled: batch the work into fewer, larger tensor "
             "ops, vectorise Python loops, and grow the batch.")
 
@@ -191,13 +190,13 @@ def _largest(a: AdviceInputs) -> str:
 def _fuse_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     fusable = [n for n in a.top_memory_ops if n not in MODEL_OPS]
     largest = f" (largest: {', '.join(fusable[:3])})" if fusable else ""
-    return (f"Memory-bound {_unit(a)} work is {_pct(s[Bottleneck.MEMORY])} of step time"
+    return (f"Memory-bound {_unit(a)} work is {pct_whole(s[Bottleneck.MEMORY])} of step time"
             f"{largest}: fuse chains of elementwise and normalisation ops with torch.compile, "
             "so each reads and writes its data once (it also closes the gaps between ops).")
 
 
 def _bf16_bytes_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"Memory-bound {_unit(a)} work is {_pct(s[Bottleneck.MEMORY])} of step time in fp32"
+    return (f"Memory-bound {_unit(a)} work is {pct_whole(s[Bottleneck.MEMORY])} of step time in fp32"
             f"{_largest(a)}: keep activations in bf16 (torch.autocast) to halve the bytes moved.")
 
 
@@ -208,13 +207,13 @@ def _fused_opt_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 def _copies_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     f = a.view.memcpy_exposed / a.view.step_time
-    return (f"Memory copies not hidden by compute are {_pct(f)} of step time: use pinned host "
+    return (f"Memory copies not hidden by compute are {pct_whole(f)} of step time: use pinned host "
             "memory with non_blocking=True copies and avoid per-step host<->device transfers.")
 
 
 def _precision_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     fam, ratio = _faster(a) or _fastest_lower(a) or ("bf16", 1.0)
-    mfu = f", MFU {_pct(a.mfu.value)}" if a.mfu.value is not None else ""
+    mfu = f", MFU {pct_whole(a.mfu.value)}" if a.mfu.value is not None else ""
     if _gpu(a):
         how = "run matmuls in bf16 (torch.autocast)" + (
             " or allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True)"
@@ -222,7 +221,7 @@ def _precision_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     else:
         how = ("run matmuls in bf16 (torch.autocast('cpu', dtype=torch.bfloat16)): this CPU's "
                f"measured {fam} GEMM peak is {1 / ratio:.2g}x its fp32 one")
-    return (f"Compute-bound {_unit(a)} work is {_pct(s[Bottleneck.COMPUTE])} of step time in fp32"
+    return (f"Compute-bound {_unit(a)} work is {pct_whole(s[Bottleneck.COMPUTE])} of step time in fp32"
             f"{mfu}: {how}.")
 
 
@@ -233,14 +232,14 @@ def _attention_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 
 def _shapes_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"MFU is {_pct(a.mfu.value or 0.0)} and the largest GEMMs have dimensions that are not "
+    return (f"MFU is {pct_whole(a.mfu.value or 0.0)} and the largest GEMMs have dimensions that are not "
             f"multiples of {TENSOR_CORE_MULTIPLE}: pad hidden sizes, vocabulary and batch to "
             "multiples of 64 so they run on tensor cores without padding.")
 
 
 def _near_peak_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"Compute-bound {_unit(a)} work is {_pct(s[Bottleneck.COMPUTE])} of step time at MFU "
-            f"{_pct(a.mfu.value or 0.0)}, near what the math allows: gains now come from doing "
+    return (f"Compute-bound {_unit(a)} work is {pct_whole(s[Bottleneck.COMPUTE])} of step time at MFU "
+            f"{pct_whole(a.mfu.value or 0.0)}, near what the math allows: gains now come from doing "
             "fewer FLOPs (a smaller model, less recomputation) or from more devices.")
 
 
@@ -249,7 +248,7 @@ def _straggler_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     assert st is not None
     worst = _worst(st)
     slow = st.per_rank_step_us.get(str(worst), 0) / st.median_step_us - 1
-    return (f"Rank {worst} is {_pct(slow)} slower per step than the median rank; every other rank "
+    return (f"Rank {worst} is {pct_whole(slow)} slower per step than the median rank; every other rank "
             "waits for it at each collective: check that node's clocks and thermals, its input "
             "shard, and CPU contention.")
 

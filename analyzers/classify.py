@@ -20,6 +20,7 @@ from gpudiag.diagnosis import (
     TimeBreakdown,
     Verdict,
 )
+from gpudiag.units import pct_whole
 
 # XProf (TensorFlow/JAX profiler) input-pipeline analysis: >= 20% of step time waiting for
 # input is "highly input-bound", 5-20% "moderately".
@@ -107,7 +108,7 @@ def lost_events(lost: int, total: int) -> list[Deduction]:
     share = lost / total if total > 0 else 0.0
     if share < LOST_NOTABLE:
         return []
-    return [Deduction(f"{_pct(share)} of the trace's timed events were unusable",
+    return [Deduction(f"{pct_whole(share)} of the trace's timed events were unusable",
                       round(LOST_PENALTY_PER_SHARE * share, 3))]
 
 
@@ -190,7 +191,7 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
         mine.append(Deduction("fewer than two profiler steps", PENALTY_ONE_STEP))
     stalled = b.fraction("host_stalled")
     if stalled >= STALLED_NOTED:
-        mine.append(Deduction(f"the OS ran other work for {_pct(stalled)} of the step (a busy machine): "
+        mine.append(Deduction(f"the OS ran other work for {pct_whole(stalled)} of the step (a busy machine): "
                               "the label rests on the rest", round(min(PENALTY_STALLED_MAX, stalled), 3)))
     tie = runner_up if (noise is not None and runner_up is not None and second_share > 0
                         and 0 <= margin < noise) else None
@@ -206,17 +207,13 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
     unit = "GPU" if device_kind == "gpu" else "CPU"
     summary = _summary(label, s, b, unit, mfu)
     if tie is not None:
-        summary = (f"a tie between {label.value} ({_pct(s[label])}) and {tie.value} "
-                   f"({_pct(s[tie])}): their margin is within the step-time noise "
-                   f"(\u00b1{_pct(noise)}). " + summary[0].upper() + summary[1:])
+        summary = (f"a tie between {label.value} ({pct_whole(s[label])}) and {tie.value} "
+                   f"({pct_whole(s[tie])}): their margin is within the step-time noise "
+                   f"(\u00b1{pct_whole(noise)}). " + summary[0].upper() + summary[1:])
     v = Verdict(label=label, confidence=round(confidence, 2), confidence_level=_level(confidence),
                 summary=summary, evidence=evidence, secondary=secondary, recommendations=[],
                 tie_with=tie, noise=noise)
     return with_deductions(v, [*mine, *(deductions or [])])
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%" if x >= 0.01 else f"{100 * x:.1f}%"
 
 
 def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, unit: str,
@@ -224,23 +221,23 @@ def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, un
     ms = (b.step_time - b.host_stalled) / 1e3  # the job's own step (``shares``)
     own = " at the job's own pace" if b.fraction("host_stalled") >= STALLED_NOTED else ""
     if label is Bottleneck.INPUT:
-        return (f"{_pct(s[label])} of each {ms:.3g} ms step{own} is spent waiting for the DataLoader "
+        return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is spent waiting for the DataLoader "
                 f"while the {unit} is idle")
     if label is Bottleneck.COMMUNICATION:
         inner = min(b.compute, b.comm_work + b.comm_contention)
         if inner <= 0:
-            return (f"{_pct(s[label])} of each {ms:.3g} ms step{own} is communication not overlapped "
+            return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is communication not overlapped "
                     f"with compute")
-        return (f"{_pct(s[label])} of each {ms:.3g} ms step{own} is communication's cost: "
-                f"{_pct(b.comm_exposed / (ms * 1e3))} not overlapped with compute, "
-                f"{_pct(inner / (ms * 1e3))} inside the compute (the collectives' copies on the training "
-                f"thread, and the compute slowed beside them: their threads on the ranks' cores)")
+        return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is communication's cost: "
+                f"{pct_whole(b.comm_exposed / (ms * 1e3))} not overlapped with compute, "
+                f"{pct_whole(inner / (ms * 1e3))} inside the compute (the collectives' copies on the "
+                f"training thread, and the compute slowed beside them: their threads on the ranks' cores)")
     if label is Bottleneck.HOST:
-        return (f"the {unit} is idle for {_pct(s[label])} of each {ms:.3g} ms step{own} without "
+        return (f"the {unit} is idle for {pct_whole(s[label])} of each {ms:.3g} ms step{own} without "
                 f"waiting for input: launch, Python and synchronisation overhead")
-    mfu_txt = f", MFU {_pct(mfu.value)}" if mfu.value is not None else ""
+    mfu_txt = f", MFU {pct_whole(mfu.value)}" if mfu.value is not None else ""
     if label is Bottleneck.COMPUTE:
-        return (f"{_pct(s[label])} of each {ms:.3g} ms step{own} is compute-bound {unit} work "
+        return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is compute-bound {unit} work "
                 f"(arithmetic intensity above the ridge point){mfu_txt}")
-    return (f"{_pct(s[label])} of each {ms:.3g} ms step{own} is memory-bound {unit} work "
+    return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is memory-bound {unit} work "
             f"(arithmetic intensity below the ridge point){mfu_txt}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gpudiag.analyzers.classify import _pct, classify, extreme_dilation, shares
+from gpudiag.analyzers.classify import classify, extreme_dilation, shares
 from gpudiag.analyzers.own_pace import own_events, reference_machine_us, with_machine, without_machine
 from gpudiag.analyzers.stats import iqr_over_median
 from gpudiag.analyzers.unprofiled import (
@@ -32,6 +32,7 @@ from gpudiag.diagnosis import (
     Verdict,
 )
 from gpudiag.rundir import WindowSteps
+from gpudiag.units import pct_whole
 
 PROFILED = "profiled-steps"
 UNPROFILED = "unprofiled-estimate"
@@ -144,11 +145,11 @@ def verdicts(view: StepView, traced: TimeBreakdown, *, device_kind: str, rooflin
             return v, None
         s, fs = shares(view.breakdown), shares(fast)
         return replace(v, tie_with=fv.label, summary=(
-            f"a tie between {v.label.value} ({_pct(s[v.label])}) and {fv.label.value}: the traced "
+            f"a tie between {v.label.value} ({pct_whole(s[v.label])}) and {fv.label.value}: the traced "
             f"steps read {v.label.value}, but the job ran {fast.step_time / 1e3:.3g} ms per step "
             f"unobserved on one side of the window (against {traced.step_time / 1e3:.3g} ms traced), "
             f"and at that step, the rest of the traced step taken as the profiler's, it reads "
-            f"{fv.label.value} ({_pct(fs[fv.label])}). " + v.summary[0].upper() + v.summary[1:])), None
+            f"{fv.label.value} ({pct_whole(fs[fv.label])}). " + v.summary[0].upper() + v.summary[1:])), None
     tv = classify(traced, device_kind=device_kind, roofline=roofline, mfu=traced_mfu,
                   n_steps=n_steps, noise=traced_noise_)
     return v, replace(tv, recommendations=[])

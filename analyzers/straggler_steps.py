@@ -15,15 +15,12 @@ import statistics
 
 from gpudiag.incident import STRAGGLER, Verdict
 from gpudiag.rundir import STARTUP_STEPS, StepRow
+from gpudiag.units import ms_of_seconds
 
 # 1.5x: a rank 50% slower costs every other rank a third of its step; below that, the other
 # ranks' collective waits are within what a shared machine's jitter gives them anyway.
 STRAGGLER_RATIO = 1.5
 MIN_STEPS = 5
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.0f} ms" if s >= 0.01 else f"{s * 1e3:.1f} ms"
 
 
 def _exposed(c: object) -> float:
@@ -61,9 +58,9 @@ def find_straggler(steps: dict[int, list[StepRow]]) -> Verdict | None:
     ratio = own[slow] / others
     step = statistics.median(r.dt for r in mine)
     waited = statistics.median(waits.values())
-    head = (f"straggler: rank {slow} slows every step: its own work takes {_ms(own[slow])} per step "
-            f"against {_ms(others)} on the other ranks ({ratio:.1f}x); they wait {_ms(waited)} per step "
-            f"in {where} for it")
+    head = (f"straggler: rank {slow} slows every step: its own work takes {ms_of_seconds(own[slow])} per "
+            f"step against {ms_of_seconds(others)} on the other ranks ({ratio:.1f}x); they wait "
+            f"{ms_of_seconds(waited)} per step in {where} for it")
     details = []
     numbers = {"own_s": round(own[slow], 6), "others_own_s": round(others, 6), "ratio": round(ratio, 3),
                "step_s": round(step, 6)}
@@ -74,9 +71,9 @@ def find_straggler(steps: dict[int, list[StepRow]]) -> Verdict | None:
                        blocked_s=round(blocked, 6))
         parts = sorted([(on_core, "on a core (compute)"), (for_core, "runnable, waiting for a core (other "
                         "work on its cores)"), (blocked, "blocked (I/O, a sleep or a lock)")], reverse=True)
-        details.append(f"where rank {slow}'s {_ms(own[slow])} go: "
-                       + ", ".join(f"{_ms(v)} {w}" for v, w in parts))
+        details.append(f"where rank {slow}'s {ms_of_seconds(own[slow])} go: "
+                       + ", ".join(f"{ms_of_seconds(v)} {w}" for v, w in parts))
     details.append("per rank, own work per step: "
-                   + ", ".join(f"rank {k} {_ms(v)}" for k, v in sorted(own.items())))
+                   + ", ".join(f"rank {k} {ms_of_seconds(v)}" for k, v in sorted(own.items())))
     return Verdict(kind=STRAGGLER, headline=head, details=details, culprits=[slow],
                    waiting=sorted(k for k in rows if k != slow), op=where, numbers=numbers)

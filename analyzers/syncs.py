@@ -37,6 +37,7 @@ from gpudiag.analyzers.breakdown import step_windows
 from gpudiag.analyzers.trace_columns import RankTrace
 from gpudiag.census import SyncCensus
 from gpudiag.diagnosis import SyncReport, SyncSite, TimeBreakdown, TopItem
+from gpudiag.units import ms
 
 # Below this share of the step, a fix is within a step timer's run-to-run noise (a few percent
 # on a shared machine: ``Verdict.noise`` is typically 1-4%): the syncs are reported, but not
@@ -139,10 +140,6 @@ def mean_trace_syncs(parts: list[TraceSyncs]) -> TraceSyncs | None:
                       device_idle_us=float(np.mean(idle)) if idle else None)
 
 
-def _ms(us: float) -> str:
-    return f"{us / 1e3:.3g} ms"
-
-
 def sync_report(census: SyncCensus | None, trace: TraceSyncs | None, device_kind: str,
                 view: TimeBreakdown, traced: TimeBreakdown) -> SyncReport | None:
     """The job's host syncs and their predicted cost in the verdict's view (``view``);
@@ -220,9 +217,9 @@ def _gpu_saving(trace: TraceSyncs | None, view: TimeBreakdown, traced: TimeBreak
              else "the host's wait inside them")
     return idle, saving, (
         f"a GPU idles at each sync from when its queue runs dry until the host has launched the "
-        f"next kernel ({_ms(trace.device_idle_us)} per traced step, {100 * share:.0f}% of the traced "
-        f"host gaps: {_ms(idle)} of the step's own host gaps, {_ms(own_gaps)}), and the host waits "
-        f"inside the syncs ({_ms(trace.host_us)} per traced step); without them the host queues work "
+        f"next kernel ({ms(trace.device_idle_us)} per traced step, {100 * share:.0f}% of the traced "
+        f"host gaps: {ms(idle)} of the step's own host gaps, {ms(own_gaps)}), and the host waits "
+        f"inside the syncs ({ms(trace.host_us)} per traced step); without them the host queues work "
         f"ahead, and the step gains the smaller of the two, here {which}: a job the device limits "
         "gets the device's idle time back, one its host limits only the host's wait")
 
@@ -232,13 +229,13 @@ def _cpu_saving(census: SyncCensus | None, host: float, feeding: float, trace: T
     if census is not None:
         return host + feeding, (
             f"on a CPU a sync waits for nothing: removing the lines saves the calls' host work "
-            f"({_ms(host)} per step) and that of the {census.feeding_ops} operators per step "
-            f"computed only to feed them ({_ms(feeding)}), as timed in step {census.step} at the "
+            f"({ms(host)} per step) and that of the {census.feeding_ops} operators per step "
+            f"computed only to feed them ({ms(feeding)}), as timed in step {census.step} at the "
             "job's own pace; the rest of the step keeps its time")
     scale = view.step_time / traced.step_time if traced.step_time > 0 else 1.0
     return host * min(1.0, scale), (
         f"on a CPU a sync waits for nothing: removing them saves the sync operators' own time "
-        f"({_ms(host)} per traced step, scaled by {min(1.0, scale):.2g} to the verdict's step); "
+        f"({ms(host)} per traced step, scaled by {min(1.0, scale):.2g} to the verdict's step); "
         "no census timed the operators computed only to feed them, so the saving may be larger")
 
 

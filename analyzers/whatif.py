@@ -32,16 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpudiag.diagnosis import TimeBreakdown
+from gpudiag.units import ms
 
 
 @dataclass
 class Prediction:
     step_us: float | None
     why: str
-
-
-def _ms(us: float) -> str:
-    return f"{us / 1e3:.3g} ms"
 
 
 @dataclass(frozen=True)
@@ -126,15 +123,15 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) 
     step = rest if w is None else max(rest, w.bound_us)
     bound = ""
     if w is not None and w.bound_us > rest:
-        bound = (f"; a batch is {_ms(w.batch_us)} of work on the thread that makes it and the "
-                 f"training process needs {_ms(w.main_us)} of core time per step beside it, which "
+        bound = (f"; a batch is {ms(w.batch_us)} of work on the thread that makes it and the "
+                 f"training process needs {ms(w.main_us)} of core time per step beside it, which "
                  f"the {w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves cannot do "
-                 f"in less than {_ms(step)}")
+                 f"in less than {ms(step)}")
     workers = workers_needed(b, cpu, gpu)
     need = (f"; needs at least {workers} DataLoader worker{'s' if workers > 1 else ''} producing a "
             "batch in that time") if workers else ""
-    return Prediction(step, f"input wait ({_ms(b.input_wait)}) hidden behind the rest of the step "
-                            f"({_ms(rest)} of compute, communication and gaps), which bounds it"
+    return Prediction(step, f"input wait ({ms(b.input_wait)}) hidden behind the rest of the step "
+                            f"({ms(rest)} of compute, communication and gaps), which bounds it"
                             f"{bound}{need}; assumes a worker makes a batch in the time the main "
                             "thread takes now")
 
@@ -169,9 +166,9 @@ def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True) 
     rest, w = _hidden_rest(b, cpu, gpu)
     if w is None or cpu is None or max(rest, w.bound_us) < b.step_time * cpu.unobserved(b):
         return None
-    return (f"the loading is CPU work ({_ms(w.batch_us)} a batch on the thread that makes it) and the "
+    return (f"the loading is CPU work ({ms(w.batch_us)} a batch on the thread that makes it) and the "
             f"{w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves are what the training "
-            f"process needs beside it ({_ms(w.main_us)} of core time per step): workers would have no "
+            f"process needs beside it ({ms(w.main_us)} of core time per step): workers would have no "
             "core of their own, and would take turns with the model as the main thread does now")
 
 
@@ -199,15 +196,15 @@ def communication_overlapped(b: TimeBreakdown, cpu: bool = False,
     capacity = max(0.0, behind - hiding)
     hidden = min(b.comm_exposed, capacity)
     bound = ("" if hidden >= b.comm_exposed else
-             f"; only {_ms(capacity)} of {what} is left to hide it behind (of {_ms(behind)}, "
-             f"{_ms(hiding)} already hides communication), so {_ms(b.comm_exposed - hidden)} stays "
+             f"; only {ms(capacity)} of {what} is left to hide it behind (of {ms(behind)}, "
+             f"{ms(hiding)} already hides communication), so {ms(b.comm_exposed - hidden)} stays "
              "exposed")
     rate = min(1.0, b.comm_contention / hiding) if cpu and hiding > 0 else 0.0
     slower = (f"; on the CPU the collectives' threads share the ranks' cores: each ms of them beside "
-              f"the compute slowed it {rate:.2g} ms (measured), so the {_ms(hidden)} hidden cost "
-              f"{_ms(hidden * rate)} of compute" if rate > 0 else "")
+              f"the compute slowed it {rate:.2g} ms (measured), so the {ms(hidden)} hidden cost "
+              f"{ms(hidden * rate)} of compute" if rate > 0 else "")
     return Prediction(b.step_time - hidden * (1 - rate),
-                      f"exposed communication ({_ms(b.comm_exposed)}) overlapped with {what}{bound}"
+                      f"exposed communication ({ms(b.comm_exposed)}) overlapped with {what}{bound}"
                       f"{slower}; assumes the collectives run as fast beside the compute as they do "
                       "now" + (", and slow the compute as they do now" if cpu else ""))
 
@@ -223,9 +220,9 @@ def accumulated(b: TimeBreakdown, comm_cost: float, k: int = ACCUMULATE_STEPS) -
     copies, the compute slowed beside it) plus a k-th of it."""
     saved = comm_cost * (1 - 1 / k)
     return Prediction(b.step_time - saved,
-                      f"per micro-batch: communication's cost ({_ms(comm_cost)} a step: exposed "
-                      f"{_ms(b.comm_exposed)}, the training thread's copies for it {_ms(b.comm_work)}, "
-                      f"compute slowed beside it {_ms(b.comm_contention)}) paid once every {k} "
+                      f"per micro-batch: communication's cost ({ms(comm_cost)} a step: exposed "
+                      f"{ms(b.comm_exposed)}, the training thread's copies for it {ms(b.comm_work)}, "
+                      f"compute slowed beside it {ms(b.comm_contention)}) paid once every {k} "
                       "micro-batches; assumes a micro-batch's compute is the step's and the "
                       "all-reduce of accumulated gradients costs what one step's does")
 
@@ -237,11 +234,11 @@ def _gaps(b: TimeBreakdown) -> tuple[float, str]:
     waiting = max(b.host_waiting, b.host_stalled)
     own = waiting - b.host_stalled
     if own > 0:
-        kept = (f" (the {_ms(waiting)} the training thread waited for a core in them stays: "
-                f"{_ms(own)} of it the job's own workers and threads held the cores"
-                + (f", {_ms(b.host_stalled)} other processes" if b.host_stalled > 0 else "") + ")")
+        kept = (f" (the {ms(waiting)} the training thread waited for a core in them stays: "
+                f"{ms(own)} of it the job's own workers and threads held the cores"
+                + (f", {ms(b.host_stalled)} other processes" if b.host_stalled > 0 else "") + ")")
     else:
-        kept = (f" (the {_ms(b.host_stalled)} the OS ran other work in them stays: a busy machine)"
+        kept = (f" (the {ms(b.host_stalled)} the OS ran other work in them stays: a busy machine)"
                 if b.host_stalled > 0 else "")
     return b.host_overhead - waiting, kept
 
@@ -251,18 +248,18 @@ def contention_removed(b: TimeBreakdown) -> Prediction:
     (``host_waiting - host_stalled``) removed, and nothing else: its own host work and the
     cores other processes hold stay."""
     own = max(0.0, b.host_waiting - b.host_stalled)
-    other = (f"; the {_ms(b.host_stalled)} other processes held the cores stays"
+    other = (f"; the {ms(b.host_stalled)} other processes held the cores stays"
              if b.host_stalled > 0 else "")
     return Prediction(b.step_time - own,
                       f"the training thread's wait for cores its own workers and threads held "
-                      f"({_ms(own)} per step) removed{other}; its own host work (Python, launches, "
+                      f"({ms(own)} per step) removed{other}; its own host work (Python, launches, "
                       "syncs) and the device's work keep their time")
 
 
 def host_gaps_closed(b: TimeBreakdown) -> Prediction:
     gaps, kept = _gaps(b)
     return Prediction(b.step_time - gaps,
-                      f"host gaps ({_ms(gaps)}) closed{kept}; the device's own work and the "
+                      f"host gaps ({ms(gaps)}) closed{kept}; the device's own work and the "
                       "input wait bound the step; assumes the device's work keeps its time")
 
 
@@ -272,8 +269,8 @@ def compiled(b: TimeBreakdown, saved_share: float | None) -> Prediction:
     fused = b.memory_bound * (saved_share or 0.0)
     gaps, kept = _gaps(b)
     return Prediction(b.step_time - gaps - fused,
-                      f"host gaps ({_ms(gaps)}) closed{kept} and each run of consecutive "
-                      f"memory-bound elementwise operators fused into one pass ({_ms(fused)} saved); "
+                      f"host gaps ({ms(gaps)}) closed{kept} and each run of consecutive "
+                      f"memory-bound elementwise operators fused into one pass ({ms(fused)} saved); "
                       "the operators compile does not fuse (GEMMs, convolutions) keep their time; "
                       "assumes the device runs behind the host (a GPU), so the gaps are launch "
                       "overhead, and a fused run costs its longest member")
@@ -320,19 +317,19 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
               "graph breaks)" if syncs >= 0.5 else "")
     return Prediction(
         view.step_time - saved,
-        f"the {calls:.0f} operator calls per step torch.compile would replace ({_ms(region)} with the "
+        f"the {calls:.0f} operator calls per step torch.compile would replace ({ms(region)} with the "
         f"Python between them: {per_call:.3g} us a call) become {kernels:.0f} calls of compiled "
         f"kernels (fused runs, and the GEMMs and convolutions it still calls) in {graphs:.0f} "
         f"graph{'s' if graphs >= 1.5 else ''}{breaks}; what compile leaves as it is keeps its time "
-        f"(the optimizer, AccumulateGrad, DDP's copies where there are: {_ms(kept)}; the GEMMs' own "
+        f"(the optimizer, AccumulateGrad, DDP's copies where there are: {ms(kept)}; the GEMMs' own "
         "operators: "
-        f"{_ms(extern)}); assumes a compiled kernel call costs {rho:g}x, and a graph {graph_calls:g}x, "
+        f"{ms(extern)}); assumes a compiled kernel call costs {rho:g}x, and a graph {graph_calls:g}x, "
         "an eager call of this job (on a CPU compile removes calls, not their work)")
 
 
 def copies_hidden(b: TimeBreakdown) -> Prediction:
     return Prediction(b.step_time - b.memcpy_exposed,
-                      f"copies ({_ms(b.memcpy_exposed)}) overlapped with compute; assumes they can "
+                      f"copies ({ms(b.memcpy_exposed)}) overlapped with compute; assumes they can "
                       "run while compute runs (pinned memory, their own stream)")
 
 
@@ -342,7 +339,7 @@ def faster_dtype(b: TimeBreakdown, fp32_share: float, ratio: float, family: str)
     part = b.compute_bound * fp32_share
     saved = part * (1 - ratio)
     return Prediction(b.step_time - saved,
-                      f"compute-bound fp32 work ({_ms(part)}) at the {family} peak, "
+                      f"compute-bound fp32 work ({ms(part)}) at the {family} peak, "
                       f"{1 / ratio:.2g}x the fp32 one; assumes the same efficiency (share of the "
                       "peak) in both dtypes")
 
@@ -366,9 +363,9 @@ def halved_bytes(b: TimeBreakdown, fp32_memory_share: float, fp32_bytes: float |
     if gemm_ratio > 1 and b.compute_bound > 0:
         lost = b.compute_bound * fp32_memory_share * (gemm_ratio - 1)
         saved -= lost
-        slower = (f"; the compute-bound fp32 work ({_ms(b.compute_bound * fp32_memory_share)}) would "
-                  f"run at the bf16 peak, {gemm_ratio:.2g}x slower than fp32 here (+{_ms(lost)})")
-    return Prediction(b.step_time - saved, f"memory-bound fp32 work ({_ms(part)}) moving half the "
+        slower = (f"; the compute-bound fp32 work ({ms(b.compute_bound * fp32_memory_share)}) would "
+                  f"run at the bf16 peak, {gemm_ratio:.2g}x slower than fp32 here (+{ms(lost)})")
+    return Prediction(b.step_time - saved, f"memory-bound fp32 work ({ms(part)}) moving half the "
                                            f"bytes{bound}{slower}; assumes the memory-bound work "
                                            "runs at the device's bandwidth in bf16 as in fp32")
 
@@ -377,8 +374,8 @@ def straggler_fixed(b: TimeBreakdown, median_us: float, worst_us: float) -> Pred
     if worst_us <= 0 or median_us <= 0:
         return Prediction(None, "per-rank step times unknown")
     return Prediction(b.step_time * median_us / worst_us,
-                      f"every rank at the median rank's pace ({_ms(median_us)} per traced step "
-                      f"instead of {_ms(worst_us)}); assumes the slow rank's extra time is its own "
+                      f"every rank at the median rank's pace ({ms(median_us)} per traced step "
+                      f"instead of {ms(worst_us)}); assumes the slow rank's extra time is its own "
                       "(its node, its shard), not the job's")
 
 

@@ -35,3 +35,44 @@ def pct(frac: float | None, signed: bool = False, digits: int = 1) -> str:
     if frac is None or frac != frac:
         return "n/a"
     return f"{100 * frac:+.{digits}f}%" if signed else f"{100 * frac:.{digits}f}%"
+
+
+def pct_whole(frac: float) -> str:
+    """A share in a sentence: whole percent, one decimal below 1% (so a small share never
+    reads '0%'): 0.234 -> '23%', 0.004 -> '0.4%'."""
+    return f"{100 * frac:.0f}%" if frac >= 0.01 else f"{100 * frac:.1f}%"
+
+
+def num(x: float | None) -> str:
+    """A readable number: three significant digits, thousands grouped, an exponent only below
+    0.001: 43412.3 -> '43,412', 78.94 -> '78.9', 0.7271 -> '0.727'; None or NaN -> 'n/a'."""
+    if x is None or x != x:
+        return "n/a"
+    a = abs(x)
+    if a == 0:
+        return "0"
+    if a >= 1000:
+        return f"{x:,.0f}"
+    if a >= 100:
+        return f"{x:.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    if a >= 0.001:
+        return f"{x:.3g}"
+    return f"{x:.2e}"
+
+
+def ms(us: float | None) -> str:
+    """A duration given in microseconds (the traces' unit), in milliseconds to three significant
+    digits: 78940.0 -> '78.9 ms', 23000.0 -> '23 ms'; from a second up, whole milliseconds
+    grouped: 4.3359e7 -> '43,359 ms' (not '4.34e+04 ms'); None or NaN -> 'n/a'."""
+    if us is None or us != us:
+        return "n/a"
+    v = us / 1e3
+    return f"{v:,.0f} ms" if abs(v) >= 1000 else f"{v:.{SIG_DIGITS}g} ms"
+
+
+def ms_of_seconds(s: float) -> str:
+    """A duration given in seconds, in whole milliseconds (one decimal below 10 ms):
+    0.2345 -> '234 ms', 0.0042 -> '4.2 ms'."""
+    return f"{s * 1e3:.0f} ms" if s >= 0.01 else f"{s * 1e3:.1f} ms"

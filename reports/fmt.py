@@ -1,9 +1,10 @@
 """Numbers, times and run states as a report shows them: the formatting half of rendering.
 
 Reports render numbers, they never compute them; this module is where "how a number reads"
-lives for every page (HTML report, diff page). SI prefixes and percentages come from the one
-formatter of the code base, ``gpudiag.units``, so a rate reads the same in a verdict written by
-the analyzers, in the terminal and here.
+lives for every page (HTML report, diff page). Numbers, milliseconds, SI prefixes and
+percentages come from the one formatter of the code base, ``gpudiag.units`` (re-exported here
+for the pages), so a time or a rate reads the same in a verdict written by the analyzers, in the
+terminal and here.
 """
 
 from __future__ import annotations
@@ -12,31 +13,9 @@ import re
 from datetime import datetime, timezone
 
 from gpudiag.diagnosis import RunSummary
-from gpudiag.units import pct, si
+from gpudiag.units import ms, num, pct, si
 
 __all__ = ["evidence_value", "gbps", "ms", "num", "pct", "run_status", "si", "si_text", "signed_ms", "when"]
-
-
-def num(x: float | None) -> str:
-    """A readable number: three significant digits, no exponent for everyday magnitudes."""
-    if x is None or x != x:
-        return "n/a"
-    a = abs(x)
-    if a == 0:
-        return "0"
-    if a >= 1000:
-        return f"{x:,.0f}"
-    if a >= 100:
-        return f"{x:.0f}"
-    if a >= 10:
-        return f"{x:.1f}"
-    if a >= 0.001:
-        return f"{x:.3g}"
-    return f"{x:.2e}"
-
-
-def ms(us: float | None) -> str:
-    return "n/a" if us is None or us != us else f"{num(us / 1e3)} ms"
 
 
 def gbps(v: float | None) -> str:

@@ -6,7 +6,7 @@ import textwrap
 
 from gpudiag.diagnosis import Diagnosis, DiagnosisDiff
 from gpudiag.reports import views
-from gpudiag.units import pct, si
+from gpudiag.units import ms, pct, si
 
 _BAR = 30
 
@@ -20,25 +20,21 @@ def _pct(x: float | None) -> str:
     return pct(x).rjust(6)
 
 
-def _ms(us: float | None) -> str:
-    return "n/a" if us is None else f"{us / 1e3:.3g} ms"
-
-
 def _breakdown(d: Diagnosis, unit: str) -> list[str]:
     """The mean step: one view (traced), or both side by side with the bar for the verdict's."""
     b = d.breakdown
     if not views.has_both_views(d):
-        out = [f"Step time {_ms(b.step_time)} (mean per step over ranks), {unit} view:"]
+        out = [f"Step time {ms(b.step_time)} (mean per step over ranks), {unit} view:"]
         for key, name in views.rows_of(b)[:-1]:
             frac = b.fraction(key)
-            out.append(f"  {name:<26}{_pct(frac)}  {_bar(frac)}  {_ms(getattr(b, key))}")
+            out.append(f"  {name:<26}{_pct(frac)}  {_bar(frac)}  {ms(getattr(b, key))}")
         return out
     out = [f"Step time, {unit} view (mean per step over ranks), as traced and unprofiled (estimated):",
            f"  {'':<26}{'as traced':>16}   {'unprofiled (est.)':>17}"]
     for r in views.view_rows(d):
         bar = "" if r.label == "step time" else "  " + _bar(r.unprofiled_share or 0.0)
-        out.append(f"  {r.label:<26}{_ms(r.traced_us):>9} {_pct(r.traced_share)}   "
-                   f"{_ms(r.unprofiled_us):>10} {_pct(r.unprofiled_share)}{bar}")
+        out.append(f"  {r.label:<26}{ms(r.traced_us):>9} {_pct(r.traced_share)}   "
+                   f"{ms(r.unprofiled_us):>10} {_pct(r.unprofiled_share)}{bar}")
     return out
 
 
@@ -60,8 +56,8 @@ def _spread(d: Diagnosis) -> list[str]:
     out = [f"  {'per step, over ' + str(d.rank_spread[0].ranks) + ' ranks':<32}{'min':>9}{'p10':>9}"
            f"{'median':>9}{'p90':>9}{'max':>9}   highest"]
     for sp in d.rank_spread:
-        top = ", ".join(f"{v.rank} ({_ms(v.value)})" for v in sp.highest[:3])
-        out.append(f"  {sp.label:<32}" + "".join(f"{_ms(x):>9}" for x in
+        top = ", ".join(f"{v.rank} ({ms(v.value)})" for v in sp.highest[:3])
+        out.append(f"  {sp.label:<32}" + "".join(f"{ms(x):>9}" for x in
                    (sp.minimum, sp.p10, sp.median, sp.p90, sp.maximum)) + f"   {top}")
     return out
 
@@ -146,9 +142,9 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
                    f"{'exposed':>12}{'busbw GB/s':>12}")
         for c in d.communication:
             bw = f"{c.busbw_gbps:.3g}" if c.busbw_gbps is not None else "n/a"
-            out.append(f"  {c.collective:<16}{c.count:>7}{_ms(c.total_time_us):>12}"
-                       f"{_ms(c.exposed_time_us):>12}{_ms(c.time_per_step_us):>12}"
-                       f"{_ms(c.exposed_per_step_us):>12}{bw:>12}")
+            out.append(f"  {c.collective:<16}{c.count:>7}{ms(c.total_time_us):>12}"
+                       f"{ms(c.exposed_time_us):>12}{ms(c.time_per_step_us):>12}"
+                       f"{ms(c.exposed_per_step_us):>12}{bw:>12}")
         out.append(f"  (time and exposed: all traced steps and ranks; per step: the verdict's view, "
                    f"{'unprofiled' if views.has_both_views(d) else 'as traced'}, as in the breakdown)")
     if d.syncs is not None:
@@ -156,7 +152,7 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
     if d.stragglers is not None:
         s = d.stragglers
         slow = _rank_list(s.ranks) or "none"
-        out.append(f"Ranks: median step {_ms(s.median_step_us)}, imbalance "
+        out.append(f"Ranks: median step {ms(s.median_step_us)}, imbalance "
                    f"{100 * s.imbalance:.1f}%, stragglers: {slow}")
     if len(d.ranks) > MAX_RANK_ROWS and d.rank_spread:
         out.extend(_spread(d))
@@ -166,7 +162,7 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
         out.append("Top kernels:" if top is d.top_kernels else "Top operators:")
         for t in top[:5]:
             name = t.name if len(t.name) <= 70 else t.name[:67] + "..."
-            out.append(f"  {_pct(t.share)}  {_ms(t.time_us):>10}  x{t.calls:<6} {name}")
+            out.append(f"  {_pct(t.share)}  {ms(t.time_us):>10}  x{t.calls:<6} {name}")
     if v.recommendations:
         out.append("")
         out.append("What to do:")
@@ -205,7 +201,7 @@ def render_diff_terminal(diff: DiagnosisDiff, width: int = 100, items: int = 3) 
             out.append(f"{title} that changed most (per traced step):")
             for r in rows[:items]:
                 name = r.name if len(r.name) <= 60 else r.name[:57] + "..."
-                out.append(f"  {r.delta_us / 1e3:+.3g} ms  {_ms(r.before_us)} -> {_ms(r.after_us)}  {name}")
+                out.append(f"  {r.delta_us / 1e3:+.3g} ms  {ms(r.before_us)} -> {ms(r.after_us)}  {name}")
     for n in diff.notes:
         out.extend(textwrap.wrap(n, width, initial_indent="Note: ", subsequent_indent="  "))
     return "\n".join(out)

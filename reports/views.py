@@ -22,7 +22,7 @@ from gpudiag.diagnosis import (
     TimeBreakdown,
     Verdict,
 )
-from gpudiag.units import pct
+from gpudiag.units import ms, pct
 
 UNPROFILED = "unprofiled-estimate"
 PROFILED = "profiled-steps"
@@ -62,10 +62,6 @@ def rows_of(*shown: TimeBreakdown | None) -> list[tuple[str, str]]:
             and (k not in (COMM_WORK, COMM_CORES) or k in some)]
 
 
-def _ms(us: float) -> str:
-    return f"{us / 1e3:.3g} ms"
-
-
 def has_both_views(d: Diagnosis) -> bool:
     return d.basis == UNPROFILED and d.unprofiled is not None and d.unprofiled.step_time > 0
 
@@ -94,15 +90,15 @@ def dilation_line(dil: Dilation) -> str:
     the window: 28.6 ms before, 29.0 ms after; noise ±1.2%)'."""
     sides = ""
     if dil.before_step_us is not None and dil.after_step_us is not None:
-        sides = f": {_ms(dil.before_step_us)} before, {_ms(dil.after_step_us)} after"
+        sides = f": {ms(dil.before_step_us)} before, {ms(dil.after_step_us)} after"
     verb = "slowed" if dil.trusted else "appears to have slowed"
     where = "around the window"
     if dil.left_out:  # one side slowed by the observer itself (CUPTI left attached)
         steps = dil.reference_steps
         span = f" (steps {steps[0]}-{steps[-1]})" if steps else ""
         where = f"before the window{span}; those after it left out, slowed by the observer"
-    return (f"profiler {verb} traced steps {dil.factor:.2g}\u00d7 ({_ms(dil.traced_step_us)} vs "
-            f"{_ms(dil.untraced_step_us)} untraced, {dil.untraced_steps} untraced step"
+    return (f"profiler {verb} traced steps {dil.factor:.2g}\u00d7 ({ms(dil.traced_step_us)} vs "
+            f"{ms(dil.untraced_step_us)} untraced, {dil.untraced_steps} untraced step"
             f"{'s' if dil.untraced_steps != 1 else ''} {where}{sides}; noise {noise(dil)} "
             "(half the interquartile range))")
 
@@ -116,7 +112,7 @@ def prediction_line(r: Recommendation) -> str:
     """'step 41 ms → ≈ 12 ms (−71%): input wait hidden …', or 'no prediction: why'."""
     if r.predicted_step_s is None or r.step_s is None:
         return f"no prediction: {r.why}" if r.why else "no prediction"
-    return (f"step {_ms(r.step_s * 1e6)} \u2192 \u2248 {_ms(r.predicted_step_s * 1e6)} "
+    return (f"step {ms(r.step_s * 1e6)} \u2192 \u2248 {ms(r.predicted_step_s * 1e6)} "
             f"({pct(-(r.gain or 0.0), signed=True, digits=0)}) if it worked fully: {r.why}")
 
 
@@ -125,7 +121,7 @@ def not_helping_line(r: Recommendation) -> str:
     not speed the job up (``Verdict.not_advised``): its reason, and the prediction if any."""
     if r.predicted_step_s is None or r.step_s is None:
         return r.why
-    return (f"step {_ms(r.step_s * 1e6)} \u2192 \u2248 {_ms(r.predicted_step_s * 1e6)} "
+    return (f"step {ms(r.step_s * 1e6)} \u2192 \u2248 {ms(r.predicted_step_s * 1e6)} "
             f"({pct(-(r.gain or 0.0), signed=True, digits=0)}); {r.why}")
 
 
@@ -169,10 +165,10 @@ def sync_headline(r: SyncReport) -> str:
     """'49 per step (.item() x25, .cpu() x24); removing them is predicted to save 1.06 ms per step
     (3.1%)'."""
     kinds = ", ".join(f"{k} x{v:.3g}" for k, v in sorted(r.by_kind.items(), key=lambda kv: -kv[1]))
-    cost = (f"removing them is predicted to save {_ms(r.saving_us)} per step ({pct(r.share)} of "
-            f"{_ms(r.step_us)})")
+    cost = (f"removing them is predicted to save {ms(r.saving_us)} per step ({pct(r.share)} of "
+            f"{ms(r.step_us)})")
     feed = (f"; {r.feeding_ops:.3g} operators per step were computed only to feed them "
-            f"({_ms(r.feeding_us)})" if r.feeding_ops else "")
+            f"({ms(r.feeding_us)})" if r.feeding_ops else "")
     return f"{r.per_step:.3g} per step" + (f" ({kinds})" if kinds else "") + f"; {cost}{feed}"
 
 
@@ -183,7 +179,7 @@ def sync_source(r: SyncReport) -> str:
 
 def sync_rows(r: SyncReport) -> list[tuple[str, str, str, str, str]]:
     """(site, function, kind, calls per step, time inside per step) per call site."""
-    return [(s.site, s.function, s.kind, f"{s.per_step:.3g}", _ms(s.host_us)) for s in r.sites]
+    return [(s.site, s.function, s.kind, f"{s.per_step:.3g}", ms(s.host_us)) for s in r.sites]
 
 
 def feeding_line(r: SyncReport) -> str:
@@ -191,7 +187,7 @@ def feeding_line(r: SyncReport) -> str:
     if not r.feeding_top:
         return ""
     return "computed only to feed them: " + ", ".join(
-        f"{t.name} x{t.calls} ({_ms(t.time_us)})" for t in r.feeding_top[:5])
+        f"{t.name} x{t.calls} ({ms(t.time_us)})" for t in r.feeding_top[:5])
 
 
 def syncs_ctx(r: SyncReport | None) -> dict | None:
