@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from gpudiag.diagnosis import RunSummary, Series, Timeline
-from gpudiag.rundir import PROFILER_TRACED, is_run_dir, read_jsonl, read_run, read_steps
+from gpudiag.rundir import PROFILER_TRACED, gpu_samples_path, is_run_dir, read_jsonl, read_run, read_steps
 
 MAX_POINTS = 400
 # (row key, series name, unit). GPM metrics first; the legacy utilisation is kept as the
@@ -63,7 +63,7 @@ def run_summary(run_dir: Path) -> RunSummary | None:
 
 def run_timeline(run_dir: Path, max_points: int = MAX_POINTS) -> Timeline | None:
     """Counters and per-step collective time over the whole run, downsampled."""
-    gpu_rows = [r for r in read_jsonl(run_dir / "samples" / "gpu.jsonl") if "gpu" in r and "t" in r]
+    gpu_rows = [r for r in read_jsonl(gpu_samples_path(run_dir)) if "gpu" in r and "t" in r]
     step_rows = {rank: [{"t": r.t, "dt": r.dt, "step": r.step, "collectives": r.collectives,
                          "profiler": r.profiler} for r in rows]
                  for rank, rows in read_steps(run_dir).items()}

@@ -31,7 +31,7 @@ from gpudiag.analyzers.trace_columns import (
 from gpudiag.analyzers.trace_fold import ColumnBuilder
 from gpudiag.analyzers.trace_stream import BATCH_BYTES, ByteSource, TraceStream
 from gpudiag.errors import TraceError
-from gpudiag.rundir import is_run_dir
+from gpudiag.rundir import DIAGNOSIS_JSON, RUN_JSON, is_run_dir, traces_dir
 
 __all__ = [
     "BATCH_BYTES", "COMM_KERNEL_RE", "DATALOADER_PREFIX", "DATALOADER_SUFFIX", "KCLASS_COMM",
@@ -72,10 +72,10 @@ def find_trace_files(target: Path) -> list[Path]:
     if target.is_file():
         return [target]
     if is_run_dir(target):
-        target = target / "traces"
+        target = traces_dir(target)
     files = sorted(p for p in target.iterdir()
                    if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
-                   and p.name not in ("run.json", "diagnosis.json"))
+                   and p.name not in (RUN_JSON, DIAGNOSIS_JSON))
     if not files:
         raise TraceError(f"{target}: no trace files (*.json, *.json.gz) in this folder")
     return files

@@ -30,7 +30,7 @@ from gpudiag.incident import (
     stacks_path,
     user_frame,
 )
-from gpudiag.rundir import read_host_cpu, read_jsonl, read_steps
+from gpudiag.rundir import gpu_samples_path, read_host_cpu, read_jsonl, read_steps
 
 TIMELINE_STEPS = 30
 # the CPU each thread used is read twice, this far apart at least: the kernel counts in 10 ms
@@ -155,7 +155,7 @@ def processes_of(rank: int, pid: int, snap0: dict, snap1: dict, stacks: dict[int
 
 
 def gpu_activity(run_dir: Path, since: float) -> list[GpuActivity]:
-    rows = [r for r in read_jsonl(run_dir / "samples" / "gpu.jsonl")
+    rows = [r for r in read_jsonl(gpu_samples_path(run_dir))
             if isinstance(r.get("gpu"), int) and isinstance(r.get("t"), (int, float)) and r["t"] >= since]
     out = []
     for g in sorted({r["gpu"] for r in rows}):

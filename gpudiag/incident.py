@@ -26,6 +26,7 @@ from typing import Any
 
 from gpudiag.codec import JsonValue, decode
 from gpudiag.errors import BadInput
+from gpudiag.rundir import samples_dir, stacks_dir
 
 INCIDENT_SCHEMA_VERSION = 1
 INCIDENT_KIND = "gpudiag-incident"
@@ -197,11 +198,11 @@ def incidents_dir(run_dir: Path) -> Path:
 
 
 def request_path(run_dir: Path) -> Path:
-    return run_dir / "samples" / "stall-request.json"
+    return samples_dir(run_dir) / "stall-request.json"
 
 
 def stacks_path(run_dir: Path, pid: int) -> Path:
-    return run_dir / "samples" / "stacks" / f"pid-{pid}.txt"
+    return stacks_dir(run_dir) / f"pid-{pid}.txt"
 
 
 def write_incident(folder: Path, inc: Incident) -> Path:

@@ -30,6 +30,59 @@ from gpudiag.errors import BadInput
 
 RUN_SCHEMA_VERSION = 1
 
+# The layout above, by name: every other module reaches these files through the functions below.
+# The job-side bootstrap (collectors/torch_bootstrap.py and the modules it loads, which run
+# without gpudiag installed) spells the names it writes itself; tests/test_contract_literals.py
+# checks that it spells them as here.
+RUN_JSON = "run.json"
+SAMPLES = "samples"
+TRACES = "traces"
+DIAGNOSIS_JSON = "diagnosis.json"
+REPORT_HTML = "report.html"
+GPU_SAMPLES = "gpu.jsonl"
+HOST_SAMPLES = "host.jsonl"
+STACKS = "stacks"
+TRACE_GLOB = "rank-*.json.gz"
+
+
+def samples_dir(run_dir: Path) -> Path:
+    return run_dir / SAMPLES
+
+
+def traces_dir(run_dir: Path) -> Path:
+    return run_dir / TRACES
+
+
+def trace_path(run_dir: Path, rank: int) -> Path:
+    """One rank's Kineto trace."""
+    return run_dir / TRACES / f"rank-{rank}.json.gz"
+
+
+def rank_traces(run_dir: Path) -> list[Path]:
+    """The run's traces, one per rank that wrote one, in name order."""
+    return sorted((run_dir / TRACES).glob(TRACE_GLOB))
+
+
+def diagnosis_path(run_dir: Path) -> Path:
+    return run_dir / DIAGNOSIS_JSON
+
+
+def report_path(run_dir: Path) -> Path:
+    return run_dir / REPORT_HTML
+
+
+def gpu_samples_path(run_dir: Path) -> Path:
+    return run_dir / SAMPLES / GPU_SAMPLES
+
+
+def host_samples_path(run_dir: Path) -> Path:
+    return run_dir / SAMPLES / HOST_SAMPLES
+
+
+def stacks_dir(run_dir: Path) -> Path:
+    """Where the stall watch leaves each process's stacks (``pid-N.txt``)."""
+    return run_dir / SAMPLES / STACKS
+
 
 @dataclass
 class RunInfo:
@@ -61,20 +114,20 @@ def is_run_dir(path: Path) -> bool:
     Any schema version counts: reading one this gpudiag does not know is then a clear error
     (``read_run``), not a silent fallback to "just traces"."""
     try:
-        data = json.loads((path / "run.json").read_text())
+        data = json.loads((path / RUN_JSON).read_text())
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and data.get("kind") == "gpudiag-run"
 
 
 def write_run(run_dir: Path, info: RunInfo) -> None:
-    tmp = run_dir / ".run.json.partial"
+    tmp = run_dir / f".{RUN_JSON}.partial"
     tmp.write_text(json.dumps(asdict(info), indent=1))
-    os.replace(tmp, run_dir / "run.json")
+    os.replace(tmp, run_dir / RUN_JSON)
 
 
 def read_run(run_dir: Path) -> RunInfo:
-    path = run_dir / "run.json"
+    path = run_dir / RUN_JSON
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -111,7 +164,7 @@ def read_host_cpu(run_dir: Path) -> list[HostSample]:
     out = [HostSample(num(r.get("t")), num(r.get("cpu_cores")), num(r.get("runq_cores")) or 0.0,
                       num(r.get("machine_cores_busy")), num(r.get("runq_threads_cores")),
                       num(r.get("machine_runnable")))
-           for r in read_jsonl(run_dir / "samples" / "host.jsonl")]
+           for r in read_jsonl(host_samples_path(run_dir))]
     return sorted((h for h in out if h.t is not None and h.cores is not None), key=lambda h: h.t)
 
 
@@ -141,7 +194,7 @@ def prepare_run_dir(path: Path) -> Path:
     if path.exists() and any(path.iterdir()):
         raise BadInput(f"--out {path}: folder exists and is not empty; choose a new one")
     try:
-        for sub in ("samples", "traces"):
+        for sub in (SAMPLES, TRACES):
             (path / sub).mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
         probe.write_text("")
@@ -189,7 +242,7 @@ def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:
     """Per rank, what its bootstrap recorded (ranks whose file is missing or torn are absent)."""
     out: dict[int, BootstrapMeta] = {}
     known = set(BootstrapMeta.__dataclass_fields__)
-    for f in sorted((run_dir / "samples").glob("bootstrap-rank-*.json")):
+    for f in sorted(samples_dir(run_dir).glob("bootstrap-rank-*.json")):
         try:
             data = json.loads(f.read_text())
         except (OSError, ValueError):
@@ -209,7 +262,7 @@ def read_syncs(run_dir: Path, cwd: str | None = None) -> dict[int, SyncCensus]:
     oversized or malformed files are left out, as missing ones). ``cwd``: the job's working
     directory; call sites under it are shown relative to it."""
     out: dict[int, SyncCensus] = {}
-    for f in sorted((run_dir / "samples").glob("syncs-rank-*.json")):
+    for f in sorted(samples_dir(run_dir).glob("syncs-rank-*.json")):
         try:
             if f.stat().st_size > MAX_CENSUS_BYTES:
                 continue
@@ -251,7 +304,7 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
     each marked with what the profiler did in that step."""
     boot = read_bootstrap(run_dir) if boot is None else boot
     out: dict[int, list[StepRow]] = {}
-    for f in sorted((run_dir / "samples").glob(f"steps-rank-{'*' if rank is None else rank}.jsonl")):
+    for f in sorted(samples_dir(run_dir).glob(f"steps-rank-{'*' if rank is None else rank}.jsonl")):
         try:
             rank = int(f.name[len("steps-rank-"):-len(".jsonl")])
         except ValueError:

@@ -23,11 +23,12 @@ from pathlib import Path
 
 from gpudiag.diagnosis import Diagnosis, summary_figures
 from gpudiag.errors import BadInput
+from gpudiag.rundir import DIAGNOSIS_JSON, REPORT_HTML
 
 INSTALL_HINT = "--mlflow needs MLflow: pip install 'gpudiag[mlflow]'"
 PREFIX = "gpudiag/"  # every key we write, so none collides with the job's own params
 ARTIFACT_DIR = "gpudiag"
-ARTIFACTS = ("report.html", "diagnosis.json")
+ARTIFACTS = (REPORT_HTML, DIAGNOSIS_JSON)
 # MLflow retries a failing HTTP call 7 times with exponential backoff (minutes): after a job
 # has run, one unreachable tracker should cost seconds, not minutes. The user's own settings win.
 # MLflow also writes "View run ... at URL" to stdout, which is a script's (gpudiag log prints the

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from gpudiag.errors import BadInput
+from gpudiag.rundir import diagnosis_path, report_path
 
 MLFLOW_HELP = ("Log to MLflow: the verdict, confidence, MFU, breakdown shares and step-time quantiles "
                "as params and metrics, report.html and diagnosis.json as artifacts, into $MLFLOW_RUN_ID "
@@ -51,9 +52,9 @@ def _complete(run_dir: Path, d: object) -> None:
     from gpudiag.reports.html import render_report
 
     try:
-        if not (run_dir / "diagnosis.json").is_file():
-            (run_dir / "diagnosis.json").write_text(d.to_json())
-        if not (run_dir / "report.html").is_file():
-            (run_dir / "report.html").write_text(render_report(d), encoding="utf-8")
+        if not diagnosis_path(run_dir).is_file():
+            diagnosis_path(run_dir).write_text(d.to_json())
+        if not report_path(run_dir).is_file():
+            report_path(run_dir).write_text(render_report(d), encoding="utf-8")
     except OSError as e:
         raise BadInput(f"cannot write into {run_dir}: {e.strerror or e}") from None

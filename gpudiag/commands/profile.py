@@ -14,6 +14,7 @@ from gpudiag.commands.profile_signals import final_signal, signal_reporter
 from gpudiag.contract import ENV_CUPTI_TEARDOWN
 from gpudiag.durations import parse_duration, parse_interval
 from gpudiag.errors import BadInput, GpudiagError
+from gpudiag.rundir import diagnosis_path, gpu_samples_path, host_samples_path, rank_traces, report_path
 
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.01, 3600.0  # NVML sampling period
 
@@ -166,7 +167,7 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
         backend = open_backend(opts.backend)
         info.gpus = backend.describe()
         info.gpu_counters = opts.backend
-        sampler = Sampler(backend, run_dir / "samples" / "gpu.jsonl", opts.interval,
+        sampler = Sampler(backend, gpu_samples_path(run_dir), opts.interval,
                           on_error=lambda m: info.notes.append(m)).start()
     except NvmlUnavailable as e:
         info.gpu_counters = f"not sampled: {e}"
@@ -181,7 +182,7 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     def started(pid: int) -> None:
         info.pid = pid
         write_run(run_dir, info)
-        host.append(HostSampler(pid, run_dir / "samples" / "host.jsonl").start())
+        host.append(HostSampler(pid, host_samples_path(run_dir)).start())
         if opts.stall_watch:
             watch.append(_stall_monitor(run_dir, pid, opts, lambda: reporter).start())
 
@@ -337,7 +338,7 @@ def _step_summary(run_dir: Path) -> dict:
 
 
 def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | None:
-    traces = sorted((run_dir / "traces").glob("rank-*.json.gz"))
+    traces = rank_traces(run_dir)
     if not traces:
         _say(f"no trace was written: the job ran {info.last_step or 0} optimizer steps and the "
              f"profiler window starts after --skip {opts.skip} (lower --skip, or call "
@@ -349,7 +350,7 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | Non
     from gpudiag.reports.terminal import render_terminal
 
     d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor), progress=for_stderr())
-    (run_dir / "diagnosis.json").write_text(d.to_json())
+    diagnosis_path(run_dir).write_text(d.to_json())
     _write_report(run_dir, d)
     click.echo(d.to_json() if opts.as_json else render_terminal(d))
     return d
@@ -361,7 +362,7 @@ def _write_report(run_dir: Path, d: object) -> None:
     try:
         from gpudiag.reports.html import render_report
 
-        (run_dir / "report.html").write_text(render_report(d), encoding="utf-8")
+        report_path(run_dir).write_text(render_report(d), encoding="utf-8")
     except Exception as e:  # noqa: BLE001 - the job's outcome and the verdict must not change
         msg = " ".join(f"{type(e).__name__}: {e}".split())
         _say(f"report.html not written: {msg}")

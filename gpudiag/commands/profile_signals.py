@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpudiag.contract import ENV_AGENT_DIR, ENV_SIGNAL_INTERVAL
+from gpudiag.rundir import trace_path
 
 
 def _say(msg: str) -> None:
@@ -53,7 +54,7 @@ def estimator(run_dir: Path):  # noqa: ANN202 - a closure
     held are not charged to it (``job_signals.own_step``).
     """
     cache: dict[str, object] = {}
-    trace = run_dir / "traces" / "rank-0.json.gz"
+    trace = trace_path(run_dir, 0)
 
     def estimate(live_step_s: float | None) -> dict:
         try:
@@ -117,7 +118,7 @@ def final_signal(reporter: object, d: object, run_dir: Path) -> None:
     fields = {}
     if d is not None:
         try:
-            traced_at = (run_dir / "traces" / "rank-0.json.gz").stat().st_mtime
+            traced_at = (trace_path(run_dir, 0)).stat().st_mtime
         except OSError:
             traced_at = None
         fields = signal_fields(d, own_step(run_dir), traced_at)

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from gpudiag.incident import Evidence, Incident, incidents_dir, read_incident, write_incident
+from gpudiag.rundir import stacks_dir
 
 
 def _say(msg: str) -> None:
@@ -124,7 +125,7 @@ def after_job(run_dir: Path, monitor: Any, status: str, how: str, stopped: bool)
         _say(render_text(inc, where=str(page)))
     for msg in monitor.errors if monitor is not None else []:
         _say(f"gpudiag: {msg}")
-    for f in (run_dir / "samples" / "stacks").glob("pid-*.txt"):   # processes never asked, never crashed
+    for f in (stacks_dir(run_dir)).glob("pid-*.txt"):   # processes never asked, never crashed
         try:
             if f.stat().st_size == 0:
                 f.unlink()

@@ -14,7 +14,7 @@ import click
 
 from gpudiag.diagnosis import DIAGNOSIS_SCHEMA_VERSION, Diagnosis
 from gpudiag.errors import BadInput
-from gpudiag.rundir import is_run_dir
+from gpudiag.rundir import diagnosis_path, is_run_dir, report_path
 
 
 def load_diagnosis(target: Path) -> Diagnosis:
@@ -23,7 +23,7 @@ def load_diagnosis(target: Path) -> Diagnosis:
         raise BadInput(f"{target}: no such file or directory")
     if is_run_dir(target):
         try:
-            d = Diagnosis.from_json((target / "diagnosis.json").read_text(encoding="utf-8"))
+            d = Diagnosis.from_json(diagnosis_path(target).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, BadInput):
             pass  # missing, torn or another version: analyse the traces again
         else:
@@ -67,6 +67,6 @@ def report(target: Path, output: Path | None, as_json: bool) -> None:
         return
     from gpudiag.reports.html import render_report
 
-    out = output or (target / "report.html" if is_run_dir(target) else Path("gpudiag-report.html"))
+    out = output or (report_path(target) if is_run_dir(target) else Path("gpudiag-report.html"))
     write_html(out, render_report(d))
     click.echo(str(out))

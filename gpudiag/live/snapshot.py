@@ -25,6 +25,7 @@ from typing import Any
 
 from gpudiag import contract as c
 from gpudiag.live.sources import NodeRead, QueueRead
+from gpudiag.rundir import REPORT_HTML
 
 SNAPSHOT_SCHEMA_VERSION = 1
 MIN_CLASS_JOBS = 3
@@ -110,7 +111,7 @@ class JobRow:
 
     @property
     def report_path(self) -> str | None:
-        return f"{self.run_dir.rstrip('/')}/report.html" if self.run_dir else None
+        return f"{self.run_dir.rstrip('/')}/{REPORT_HTML}" if self.run_dir else None
 
 
 @dataclass

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpudiag.contract import ENV_SCHEDULER_LAUNCH
-from gpudiag.rundir import RUN_SCHEMA_VERSION
+from gpudiag.rundir import RUN_JSON, RUN_SCHEMA_VERSION
 from gpudiag.scheduler.local import jobfiles, untrusted
 from gpudiag.scheduler.local.protocol import SHELL_NAME
 
@@ -203,10 +203,10 @@ def run_json_claim(dir_fd: int, attempt: int, uid: int) -> CommandEnded | None:
     so a claim: it makes ``queue`` say "finishing" and bounds the analysis (``POST_RUN_S``),
     never ends the job or frees a slot. ``BadJobFile`` when it is not a run.json gpudiag writes
     (a link, a FIFO, too large, nested, not JSON, the wrong fields)."""
-    where = f"run-{attempt}/run.json"
+    where = f"run-{attempt}/{RUN_JSON}"
     try:
         with jobfiles.open_dir(f"run-{attempt}", uid, dir_fd) as run_fd:
-            raw = jobfiles.read_file(run_fd, "run.json", uid, MAX_RUN_JSON + 1, what=where)
+            raw = jobfiles.read_file(run_fd, RUN_JSON, uid, MAX_RUN_JSON + 1, what=where)
     except OSError as e:
         if e.errno == errno.ENOENT:
             return None
