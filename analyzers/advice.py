@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from gpudiag.analyzers import syncs as host_syncs
 from gpudiag.analyzers import whatif
-from gpudiag.analyzers.advice_inputs import (  # noqa: F401 - AdviceInputs and job_cpu: the public face
+from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the public face
     TENSOR_CORE_MULTIPLE,
     AdviceInputs,
     _faster,

@@ -54,7 +54,7 @@ def comm_cpu(windows: list[WindowSteps] | None) -> CommCpu | None:
     if not windows:
         return None
 
-    def per_rank(rows: list[StepRow], stat) -> float | None:  # noqa: ANN001
+    def per_rank(rows: list[StepRow], stat) -> float | None:
         xs = [r.comm_cpu_s for r in rows if r.comm_cpu_s is not None]
         return stat(xs) * 1e6 if xs else None
 

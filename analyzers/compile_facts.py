@@ -109,7 +109,7 @@ def _forward_syncs(rt: RankTrace, region: np.ndarray, sync: np.ndarray, lo: np.n
         return 0.0
     bwd = region & _named(rt, _BACKWARD_RE)
 
-    def per_step(mask: np.ndarray, values: np.ndarray, fill: float, at) -> np.ndarray:  # noqa: ANN001
+    def per_step(mask: np.ndarray, values: np.ndarray, fill: float, at) -> np.ndarray:
         out = np.full(lo.size, fill)
         k = np.searchsorted(lo, rt.cpu_ts[mask], side="right") - 1
         ok = k >= 0

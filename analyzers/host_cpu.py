@@ -78,7 +78,7 @@ def host_cpu(samples: Sequence[HostSample], steps: Mapping[int, Sequence[StepRow
     if len(used) < min_samples or total <= 0:
         return None
 
-    def mean(f) -> float:  # noqa: ANN001 - a HostSample field getter
+    def mean(f) -> float:  # a HostSample field getter
         return sum(d * f(h) for d, h in used) / total
 
     job = mean(lambda h: h.cores)
@@ -95,7 +95,7 @@ def host_cpu(samples: Sequence[HostSample], steps: Mapping[int, Sequence[StepRow
            if r.profiler is None and r.step > STARTUP_STEPS and sampled(r.t)]
     meta = boot.get(min(steps))
 
-    def known(f) -> float | None:  # noqa: ANN001 - a HostSample field getter
+    def known(f) -> float | None:  # a HostSample field getter
         return round(mean(f), 3) if all(f(h) is not None for _, h in used) else None
 
     return HostCpu(round(job, 3), round(mean(lambda h: h.runq_cores), 3), other, len(used),

@@ -119,13 +119,13 @@ class _LooseDoc(msgspec.Struct):
 
 
 class _TailDoc(msgspec.Struct, gc=False):
-    traceEvents: list[Event] = []  # noqa: N815, RUF012 (msgspec copies defaults)
+    traceEvents: list[Event] = []  # noqa: N815 (msgspec copies defaults)
     deviceProperties: Union[list[_DeviceProp], None] = None  # noqa: N815
     distributedInfo: Union[_DistInfo, None] = None  # noqa: N815
 
 
 class _AnyCategoryTailDoc(_TailDoc, gc=False):
-    traceEvents: list[AnyCategoryEvent] = []  # noqa: N815, RUF012
+    traceEvents: list[AnyCategoryEvent] = []  # noqa: N815
 
 
 EVENT_LIST = msgspec.json.Decoder(list[Event])
@@ -143,7 +143,7 @@ class TypedDecoder:
     def __init__(self) -> None:
         self._first = 0
 
-    def _typed(self, decoders: tuple[msgspec.json.Decoder, ...], blob: bytes | memoryview) -> Any:  # noqa: ANN401
+    def _typed(self, decoders: tuple[msgspec.json.Decoder, ...], blob: bytes | memoryview) -> Any:
         """The first of ``decoders``, from the one that worked last, that reads ``blob``; the
         last one's ValidationError when none does."""
         last = len(decoders) - 1

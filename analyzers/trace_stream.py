@@ -78,7 +78,7 @@ class ByteSource:
         self._f = None
         if path is not None:
             try:
-                self._f = open(path, "rb")  # noqa: SIM115 (closed in close())
+                self._f = open(path, "rb")  # closed in close()
             except OSError as e:
                 raise TraceError(f"{path}: cannot read: {e.strerror or e}") from None
         head = self._raw(2)

@@ -356,7 +356,7 @@ def _loader_share(traced: TimeBreakdown, extra: float, events: CpuEvents | None)
 
 
 def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
-                   caveat) -> TimeBreakdown:  # noqa: ANN001
+                   caveat) -> TimeBreakdown:
     """The CPU as the device: the profiler pays a roughly fixed cost per event it records
     (``benchmarks/profile_dilation.py``), inside the operators' spans and in the gaps between
     them. So the extra wall time per step (less the time the OS did not run the job at all, and
@@ -482,7 +482,7 @@ def _window_pace(traced: TimeBreakdown, step: float, stalled: float, slowed: flo
     return s, (p - s * a) / n
 
 
-def _cpu_estimate(traced: TimeBreakdown, step: float, caveat) -> TimeBreakdown:  # noqa: ANN001
+def _cpu_estimate(traced: TimeBreakdown, step: float, caveat) -> TimeBreakdown:
     """The CPU as the device: the profiler's per-operator cost lands inside the operators' own
     spans as much as in the gaps between them, so both shrink by the same factor; the input
     wait (blocked on the DataLoader: I/O, decoding, a sleep) carries little of it and keeps

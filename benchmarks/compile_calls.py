@@ -48,7 +48,7 @@ class Chain(torch.nn.Module):
         return x
 
 
-def quartile_us(f, n: int = 80) -> float:  # noqa: ANN001
+def quartile_us(f, n: int = 80) -> float:
     for _ in range(5):
         f()
     ts = []
@@ -59,7 +59,7 @@ def quartile_us(f, n: int = 80) -> float:  # noqa: ANN001
     return sorted(ts)[len(ts) // 4] * 1e6
 
 
-def counts(f) -> tuple[int, int]:  # noqa: ANN001
+def counts(f) -> tuple[int, int]:
     """(top-level eager calls, calls compiled code makes) of one run of ``f``."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -80,7 +80,7 @@ def history(folder: Path, gpus: int, days: float, scrape: int,
     samples = 0
     files = 0
 
-    def ts(t0: float, t1: float):  # noqa: ANN202
+    def ts(t0: float, t1: float):
         k = max(0, int((t0 - start) // scrape) + 1)
         while start + k * scrape < t1:
             yield start + k * scrape

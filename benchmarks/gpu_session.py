@@ -81,7 +81,7 @@ class Session:
         self.runs: list[dict] = []
         self.info: dict = {}
         self.summary: dict = {}
-        self.log = open(out / "session.log", "a", buffering=1)  # noqa: SIM115 - the session's log
+        self.log = open(out / "session.log", "a", buffering=1)  # the session's log
 
     def say(self, text: str) -> None:
         line = f"[{time.monotonic() - self.t0:6.1f}s] {text}"

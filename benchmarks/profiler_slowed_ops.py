@@ -43,7 +43,7 @@ def main() -> None:
     compiled = torch.compile(forward)
     x = torch.randn(BATCH, WIDTH)
 
-    def median_ms(fn, n: int = 20, **kw) -> float:  # noqa: ANN001
+    def median_ms(fn, n: int = 20, **kw) -> float:
         out = []
         for _ in range(n):
             t = time.perf_counter()

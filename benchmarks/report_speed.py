@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from analyze_speed import (  # noqa: E402 - the sibling script, run from anywhere
+from analyze_speed import (  # the sibling script, run from anywhere
     DEFAULT_SOURCE,
     GIB,
     WORLD_SIZE,
@@ -43,10 +43,10 @@ from analyze_speed import (  # noqa: E402 - the sibling script, run from anywher
     prepare_trace_set,
 )
 
-from gpudiag.analyzers.diagnose import diagnose  # noqa: E402
-from gpudiag.analyzers.timeline import MAX_POINTS  # noqa: E402
-from gpudiag.diagnosis import Diagnosis, Dilation, RunSummary, Series, TimeBreakdown, Timeline  # noqa: E402
-from gpudiag.reports.html import render_report  # noqa: E402
+from gpudiag.analyzers.diagnose import diagnose
+from gpudiag.analyzers.timeline import MAX_POINTS
+from gpudiag.diagnosis import Diagnosis, Dilation, RunSummary, Series, TimeBreakdown, Timeline
+from gpudiag.reports.html import render_report
 
 TARGET = 0.20  # rendering may add at most this fraction of the analysis time
 GPU_SERIES = [("SM activity", "%", 100.0), ("tensor activity", "%", 100.0), ("DRAM bandwidth", "%", 100.0),

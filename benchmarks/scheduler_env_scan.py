@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpudiag.scheduler.local.runner import ENV_READ_CAP, LAUNCH_VAR, find_launches  # noqa: E402
+from gpudiag.scheduler.local.runner import ENV_READ_CAP, LAUNCH_VAR, find_launches
 
 
 def whole_scan(prefix: str) -> int:
@@ -41,7 +41,7 @@ def whole_scan(prefix: str) -> int:
     return found
 
 
-def timed(fn, repeat: int) -> float:  # noqa: ANN001 - any callable
+def timed(fn, repeat: int) -> float:  # any callable
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()

@@ -106,7 +106,7 @@ class ReplayIO(SlurmIO):
         self.modes = {"spot": "REQUEUE", "reserved": "REQUEUE", "ondemand": "OFF"}
         self.mark = False
 
-    def _spawn(self, argv):  # noqa: ANN001, ANN202 - SlurmIO's
+    def _spawn(self, argv):  # SlurmIO's
         out = subprocess.CompletedProcess(list(argv), 0, self._answer(*argv), "")
         self.calls += 1
         return out
@@ -174,7 +174,7 @@ def prometheus_answers(doc: dict, rng: random.Random) -> dict[str, bytes]:
 
 def serve_prometheus(answers: dict[str, bytes]) -> ThreadingHTTPServer:
     class H(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:  # http.server's name
             q = parse_qs(urlparse(self.path).query).get("query", [""])[0]
             body = answers.get(q, b'{"status":"success","data":{"resultType":"vector","result":[]}}')
             self.send_response(200)
@@ -262,7 +262,7 @@ class OnePerJobIO(SlurmIO):
         self.batch = True
         self.nice_calls = 0
 
-    def set_nice_many(self, job_ids, nice):  # noqa: ANN001, ANN201 - SlurmIO's
+    def set_nice_many(self, job_ids, nice):  # SlurmIO's
         if self.batch:
             self.nice_calls += -(-len(job_ids) // 500)
             return super().set_nice_many(job_ids, nice)
@@ -342,7 +342,7 @@ def real_answers(mfu: dict[int, float]) -> dict[str, bytes]:
     """Prometheus' answers for the real cluster's jobs (run by root: owner_uid 0)."""
     now = time.time()
 
-    def vec(metric: str, value) -> list:  # noqa: ANN001
+    def vec(metric: str, value) -> list:
         return [{"metric": {"__name__": metric, "job_id": f"slurm:{j}", "owner_uid": "0",
                             "instance": "n:9835"}, "value": [now, str(value(j))]} for j in mfu]
     out = {"mfu": vec("gpudiag_job_mfu_ratio", lambda j: mfu[j]),

@@ -36,7 +36,7 @@ _RANK = re.compile(r"^(.*?)(\d+)(\.json|\.pkl)?$")
 
 
 class _PlainValues(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:  # noqa: ANN401
+    def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"refers to {module}.{name}: a Flight Recorder dump holds plain values "
                                      "only, so this file is not one (not loaded)")
 

@@ -183,7 +183,7 @@ class NvmlBackend:
     def close(self) -> None:
         try:
             self.nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001, S110 - shutting down: nothing left to report to
+        except Exception:  # noqa: BLE001 - shutting down: nothing left to report to
             pass
 
 

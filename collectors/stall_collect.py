@@ -191,7 +191,7 @@ def timeline(run_dir: Path, boxes: dict[int, BlackBox]) -> dict[str, list[list[f
     return out
 
 
-def rank_state(box: BlackBox, limit: Any, answer: dict[str, Any] | None, now: float) -> RankState:  # noqa: ANN401
+def rank_state(box: BlackBox, limit: Any, answer: dict[str, Any] | None, now: float) -> RankState:
     """A rank's state from its black box, its stall limit and its watcher's answer."""
     rs = RankState(rank=box.rank, pid=box.pid, alive=stall_evidence.alive(box.pid), step=box.step,
                    last_step_t=box.last_step_t, phase=box.phase, phase_since=box.phase_since,

@@ -92,7 +92,7 @@ def _register(pid: int) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         if signal.getsignal(STACK_SIGNAL) not in (signal.SIG_DFL, None):
             return   # the job's own handler: left alone, and never signalled (SigCgt is Python's)
-        f = open(folder / f"pid-{pid}.txt", "a", buffering=1)  # noqa: SIM115 - held for faulthandler
+        f = open(folder / f"pid-{pid}.txt", "a", buffering=1)  # held for faulthandler
         _stack_files.append(f)
         faulthandler.register(STACK_SIGNAL, file=f, all_threads=True, chain=False)
         if _fatal[0] or not faulthandler.is_enabled():   # ours to (re)point, never the job's
@@ -121,7 +121,7 @@ def _after_fork() -> None:
 
 # -- the black box -----------------------------------------------------------------------------
 
-def _writer(st: Any) -> Any:  # noqa: ANN401 - the bootstrap's state
+def _writer(st: Any) -> Any:  # the bootstrap's state
     """This training process's black box, created with its first step or collective."""
     global _box, _box_pid
     if _box is not None and _box_pid == os.getpid():
@@ -135,7 +135,7 @@ def _writer(st: Any) -> Any:  # noqa: ANN401 - the bootstrap's state
     return _box
 
 
-def on_step(st: Any) -> None:  # noqa: ANN401
+def on_step(st: Any) -> None:
     global _last_step
     now = time.perf_counter()
     try:
@@ -180,7 +180,7 @@ def wrap_collectives(dist: Any, names: tuple[str, ...], state: Any, torch: Any) 
         setattr(dist, name, _recorded(dist, name, fn, state, group_at, tensor_type))
 
 
-def _pg_name(dist: Any, group: Any, cache: dict[int, bytes]) -> bytes:  # noqa: ANN401
+def _pg_name(dist: Any, group: Any, cache: dict[int, bytes]) -> bytes:
     key = id(group)
     name = cache.get(key)
     if name is None:
@@ -193,7 +193,7 @@ def _pg_name(dist: Any, group: Any, cache: dict[int, bytes]) -> bytes:  # noqa: 
     return name
 
 
-def _described(t: Any, cache: dict[tuple, tuple[bytes, bytes, int]]) -> tuple[bytes, bytes, int]:  # noqa: ANN401
+def _described(t: Any, cache: dict[tuple, tuple[bytes, bytes, int]]) -> tuple[bytes, bytes, int]:
     """(shape, dtype, numel) of a tensor argument, encoded once per shape and dtype seen."""
     key = (t.shape, t.dtype)
     got = cache.get(key)
@@ -247,7 +247,7 @@ def _recorded(dist: Any, name: str, fn: Any, state: Any, group_at: int | None,
 
 # -- the watcher: answers the parent's requests ------------------------------------------------
 
-def _start_watcher(st: Any) -> None:  # noqa: ANN401
+def _start_watcher(st: Any) -> None:
     global _watcher
     if _watcher is not None:
         return
@@ -317,7 +317,7 @@ def flight_recorder() -> tuple[dict[str, Any] | None, str | None]:
         if fn is None:
             return None, f"torch {torch.__version__} has no Flight Recorder dump"
         raw = fn(includeCollectives=True, includeStackTraces=True, onlyActive=False)
-        dump = pickle.loads(raw)  # noqa: S301 - this process's own Flight Recorder
+        dump = pickle.loads(raw)  # this process's own Flight Recorder
     except Exception as e:  # noqa: BLE001
         return None, f"Flight Recorder dump failed: {type(e).__name__}: {e}"
     return trim_dump(dump), None

@@ -303,7 +303,7 @@ def _cpus() -> int | None:
         return os.cpu_count()
 
 
-def _threads(torch: Any) -> int | None:  # noqa: ANN401 - torch, when the job imported it
+def _threads(torch: Any) -> int | None:  # torch, when the job imported it
     try:
         return int(torch.get_num_threads()) if torch is not None else None
     except Exception:  # noqa: BLE001 - a broken torch must not break the job's exit
@@ -415,7 +415,7 @@ def _arm_stall_watch(torch: Any, dist: Any, run_dir: Path) -> None:
     _STALL_WATCH = True
 
 
-def _gpu_build(torch: Any) -> bool:  # noqa: ANN401 - the job's torch
+def _gpu_build(torch: Any) -> bool:  # the job's torch
     """Whether this torch was built for CUDA or ROCm (without touching the device)."""
     version = getattr(torch, "version", None)
     return bool(getattr(version, "cuda", None) or getattr(version, "hip", None))

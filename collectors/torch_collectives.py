@@ -248,7 +248,7 @@ def _install(torch: Any, ddp: Any, register: Any, st: Any) -> None:
     group = ddp.process_group
 
     # no annotations: DDP's _check_comm_hook compares them with dist.GradBucket and Future[Tensor]
-    def gpudiag_timed_allreduce(_state, bucket):  # noqa: ANN001, ANN202
+    def gpudiag_timed_allreduce(_state, bucket):
         t = time.perf_counter()
         delegate = ddp._gpudiag_delegate
         if delegate is not None:

@@ -49,7 +49,7 @@ def job_env_settings(environ: dict[str, str], mode: str) -> dict[str, str]:
     return {MODE_ENV: mode, ENV: "1"}
 
 
-def watch_graphs(torch: Any) -> None:  # noqa: ANN401 - the job's torch
+def watch_graphs(torch: Any) -> None:  # the job's torch
     """Note the first CUDA graph the job captures (torch.cuda.graph, cudagraph trees, by hand)."""
     try:
         cls = torch.cuda.graphs.CUDAGraph
@@ -59,7 +59,7 @@ def watch_graphs(torch: Any) -> None:  # noqa: ANN401 - the job's torch
     if getattr(orig, "_gpudiag_watch", False):
         return
 
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _graphs_seen:
             _graphs_seen.append("the job captured a CUDA graph")
         return orig(self, *args, **kwargs)

@@ -59,14 +59,14 @@ _TORCH_DIR = None  # torch's package folder: frames inside it are not the job's 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _torch_dir(torch: Any) -> str:  # noqa: ANN401 - the job's torch
+def _torch_dir(torch: Any) -> str:  # the job's torch
     global _TORCH_DIR
     if _TORCH_DIR is None:
         _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     return _TORCH_DIR
 
 
-def compiled(torch: Any) -> bool:  # noqa: ANN401
+def compiled(torch: Any) -> bool:
     """Whether the job has compiled anything with torch.compile (dynamo loaded and used)."""
     dynamo = sys.modules.get("torch._dynamo.utils")
     if dynamo is None:
@@ -181,7 +181,7 @@ def _public(name: str) -> bool:
     return not name.startswith("_") and name not in _WRAPPERS and not name.startswith("<")
 
 
-def _tensors(torch: Any, value: Any, out: list[Any], depth: int = 0) -> list[Any]:  # noqa: ANN401
+def _tensors(torch: Any, value: Any, out: list[Any], depth: int = 0) -> list[Any]:
     if isinstance(value, torch.Tensor):
         out.append(value)
     elif depth < 2 and isinstance(value, (list, tuple)):
@@ -190,12 +190,12 @@ def _tensors(torch: Any, value: Any, out: list[Any], depth: int = 0) -> list[Any
     return out
 
 
-def _mask_index(torch: Any, index: Any) -> bool:  # noqa: ANN401
+def _mask_index(torch: Any, index: Any) -> bool:
     items = index if isinstance(index, tuple) else (index,)
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
 
 
-def _to_host(torch: Any, args: tuple, kwargs: dict) -> bool:  # noqa: ANN401
+def _to_host(torch: Any, args: tuple, kwargs: dict) -> bool:
     """``t.to(...)`` from a device to the host, waiting for it (not ``non_blocking=True``)."""
     if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type == "cpu":
         return False
@@ -222,7 +222,7 @@ def _clock_cost() -> tuple[float, float]:
     return walls[100], cpus[100]
 
 
-def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
+def _make_mode(torch: Any, rec: _Record) -> Any:
     from torch.overrides import TorchFunctionMode
 
     perf, cpu = time.perf_counter, time.thread_time
@@ -236,7 +236,7 @@ def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
 
         active = True
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if not self.active:
                 return func(*args, **kwargs)
@@ -258,7 +258,7 @@ def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
                 sync = kind is not None and rec.add_sync(kind, s, cs)
                 rec.add_node(name, s, cs, sync, _tensors(torch, args, []),
                              _tensors(torch, out, []))
-            except Exception:  # noqa: BLE001, S110 - the census must never break the job
+            except Exception:  # noqa: BLE001 - the census must never break the job
                 pass
             return out
 
@@ -268,7 +268,7 @@ def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
 class SyncCensus:
     """One step's census: ``start`` on the training thread, ``stop`` there a step later."""
 
-    def __init__(self, torch: Any) -> None:  # noqa: ANN401
+    def __init__(self, torch: Any) -> None:
         self.torch = torch
         self.rec = _Record(_torch_dir(torch))
         self.mode = _make_mode(torch, self.rec)
@@ -293,7 +293,7 @@ class SyncCensus:
             if orig is None:
                 continue
 
-            def wrapped(*a: Any, _orig: Any = orig, **k: Any) -> Any:  # noqa: ANN401
+            def wrapped(*a: Any, _orig: Any = orig, **k: Any) -> Any:
                 t, c = time.perf_counter(), time.thread_time()
                 try:
                     return _orig(*a, **k)
@@ -345,7 +345,7 @@ class SyncCensus:
 
 # -- the bootstrap's three calls (kept here so the bootstrap changes by three lines) -----------
 
-def begin(st: Any, torch: Any) -> None:  # noqa: ANN401 - the bootstrap's state, the job's torch
+def begin(st: Any, torch: Any) -> None:  # the bootstrap's state, the job's torch
     """When a trace window opens (its warm-up step starts): start the census, unless the job
     compiles (``compiled``) or a census is already running."""
     if getattr(st, "sync_census", None) is not None:
@@ -359,7 +359,7 @@ def begin(st: Any, torch: Any) -> None:  # noqa: ANN401 - the bootstrap's state,
     st.sync_census = census
 
 
-def end(st: Any) -> None:  # noqa: ANN401
+def end(st: Any) -> None:
     """At the warm-up step's end: pop the mode, keep the record (written after the window, in
     its export step, so the traced steps never pay for the analysis of the record)."""
     census = getattr(st, "sync_census", None)
@@ -369,7 +369,7 @@ def end(st: Any) -> None:  # noqa: ANN401
     st.sync_record = census.stop(st.step)
 
 
-def write(st: Any) -> None:  # noqa: ANN401
+def write(st: Any) -> None:
     """samples/syncs-rank-<RANK>.json, atomically (a reader sees the old census or the new)."""
     import json
 

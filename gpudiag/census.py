@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def is_number(v: Any) -> bool:  # noqa: ANN401 - a JSON value
+def is_number(v: Any) -> bool:  # a JSON value
     """A JSON number that is one (not a bool, not NaN): the run directory's readers share it."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
@@ -51,7 +51,7 @@ class SyncCensus:
 MAX_CENSUS_SITES = 1000  # sites read from one file (the bootstrap keeps at most 200)
 
 
-def parse_census(data: Any, cwd: str | None) -> SyncCensus | None:  # noqa: ANN401 - parsed JSON
+def parse_census(data: Any, cwd: str | None) -> SyncCensus | None:  # parsed JSON
     """A census from its parsed JSON (None: not one); values bounded and typed, as a job's own
     file is a claim."""
     if not isinstance(data, dict) or not isinstance(data.get("rank"), int):

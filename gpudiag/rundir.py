@@ -158,7 +158,7 @@ class HostSample:
 
 def read_host_cpu(run_dir: Path) -> list[HostSample]:
     """samples/host.jsonl in time order (the first row's figures mean nothing: no interval yet)."""
-    def num(v: Any) -> float | None:  # noqa: ANN401 - a JSON value
+    def num(v: Any) -> float | None:  # a JSON value
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     out = [HostSample(num(r.get("t")), num(r.get("cpu_cores")), num(r.get("runq_cores")) or 0.0,

@@ -134,7 +134,7 @@ def lane_of(nodeid: str) -> str:
     return LANE_OF.get(module, "cpu-b")
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's types
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # xdist's types
     """xdist's scope scheduling with a lane as the scope: one lane, one worker. (Its own
     ``xdist_group`` marks do not group under pytest 9, whose node ids no longer read the
     ``_nodeid`` that xdist 3.8 rewrites.)"""

@@ -69,13 +69,13 @@ class SlurmUnavailable(RuntimeError):
     pass
 
 
-def report(agent, jid: int, mfu: float, label: str = "compute-bound") -> None:  # noqa: ANN001 - an Agent
+def report(agent, jid: int, mfu: float, label: str = "compute-bound") -> None:  # an Agent
     """A signal for job ``jid`` dropped into the agent's spool, as a job under gpudiag profile does."""
     write_signal(agent.state / "spool", {"job_id": f"slurm:{jid}", "ts": time.time(), "mfu_ratio": mfu,
                                          "bottleneck": label, "confidence": 0.9, "step_seconds": 0.5})
 
 
-def wait_for(what: str, ok, timeout: float = 120.0, every: float = 0.5):  # noqa: ANN001, ANN201
+def wait_for(what: str, ok, timeout: float = 120.0, every: float = 0.5):
     """Poll ``ok()`` until it returns something true (returned), or fail naming ``what``."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -86,7 +86,7 @@ def wait_for(what: str, ok, timeout: float = 120.0, every: float = 0.5):  # noqa
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def wait_while_progressing(what: str, ok, progress, quiet_s: float = 120.0,  # noqa: ANN001, ANN201
+def wait_while_progressing(what: str, ok, progress, quiet_s: float = 120.0,
                            timeout: float = 600.0, every: float = 1.0):
     """Poll ``ok()`` until it returns something true (returned), for as long as the work it
     waits on goes on: fail naming ``what`` once ``progress()`` (anything that changes while
@@ -245,7 +245,7 @@ MessageTimeout=5
 {parts}""")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        out = open(self.log(f"{name}.stdout"), "ab")  # noqa: SIM115 - lives as long as the daemon
+        out = open(self.log(f"{name}.stdout"), "ab")  # lives as long as the daemon
         self.procs[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                             start_new_session=True)
         out.close()
@@ -431,7 +431,7 @@ if __name__ == "__main__":
 
 
 @contextmanager
-def slurm_running(folder: Path, **kw) -> Iterator[SlurmCluster]:  # noqa: ANN003 - SlurmCluster's options
+def slurm_running(folder: Path, **kw) -> Iterator[SlurmCluster]:  # SlurmCluster's options
     """A started cluster, stopped by pid however the tests that use it end."""
     missing = missing_binaries()
     assert not missing, f"not installed: {missing} (.ci/install-test-deps.sh installs slurm-wlm and munge)"

@@ -34,7 +34,7 @@ JOB = ROOT / "tests" / "jobs" / "loop_job.py"
 
 
 def http_get(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # loopback only
         return r.read().decode()
 
 

@@ -49,7 +49,7 @@ def profile(tmp: Path, name: str, *args: str) -> tuple[Diagnosis, Path]:
     return Diagnosis.from_json((run / "diagnosis.json").read_text()), run
 
 
-def facts(run: Path):  # noqa: ANN201
+def facts(run: Path):
     [trace] = find_trace_files(run)
     rt = load_rank(trace)
     return compile_facts(rt, cpu_work(rt), training=True)

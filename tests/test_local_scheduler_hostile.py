@@ -89,7 +89,7 @@ def script(base: Path, name: str, body: str) -> list[str]:
     return ["sh", str(path)]
 
 
-def until(what: str, pred, timeout: float = WAIT_S) -> None:  # noqa: ANN001 - any callable
+def until(what: str, pred, timeout: float = WAIT_S) -> None:  # any callable
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

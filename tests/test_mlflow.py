@@ -33,7 +33,7 @@ def mlflow_server(tmp_path_factory):
     assert exe, "mlflow is not installed (the test extra installs it)"
     d = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    log = open(d / "server.log", "wb")  # noqa: SIM115 - closed below
+    log = open(d / "server.log", "wb")  # closed below
     proc = subprocess.Popen([exe, "server", "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
                              "--artifacts-destination", str(d / "artifacts"), "--host", "127.0.0.1",
                              "--port", str(port), "--workers", "1"],
@@ -60,13 +60,13 @@ def api(base: str, path: str, body: dict | None = None) -> dict:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(f"{base}/api/2.0/mlflow/{path}", method="POST" if data else "GET", data=data,
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(req, timeout=30) as r:  # loopback only
         return json.loads(r.read())
 
 
 def artifact(base: str, run_id: str, path: str) -> bytes:
     q = urllib.parse.urlencode({"path": path, "run_uuid": run_id})
-    with urllib.request.urlopen(f"{base}/get-artifact?{q}", timeout=30) as r:  # noqa: S310
+    with urllib.request.urlopen(f"{base}/get-artifact?{q}", timeout=30) as r:
         return r.read()
 
 

@@ -18,7 +18,7 @@ from gpudiag.analyzers.trace_loader import find_trace_files, load_rank
 from gpudiag.devices import DevicePeak, match_device
 from tests.conftest import (
     GPU_TRACE_DIRS,
-    SHARED,  # noqa: E402  (one place decides where test data is)
+    SHARED,  # one place decides where test data is
     TRACES,
 )
 

@@ -106,7 +106,7 @@ class Controller:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpudiag", "scheduler", "serve", "--backend", "slurm", "--interval", "5s",
              "--min-change-interval", "0", "--state", str(self.ledger), *args],
-            env=cluster.env, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
+            env=cluster.env, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))
 
     def text(self) -> str:
         return self.log.read_text()

@@ -253,7 +253,7 @@ def test_penalties_are_lifted_once_the_signals_are_out_past_the_staleness_limit(
         restore(io, ctl.store)
 
 
-def in_process(cluster: SlurmCluster, agent: Agent, ledger: Path, io=None):  # noqa: ANN001, ANN201
+def in_process(cluster: SlurmCluster, agent: Agent, ledger: Path, io=None):
     """A controller whose rounds the test runs itself (``round``), on the real cluster and agent."""
     from gpudiag.scheduler.slurm.controller import Controller, Options
     from gpudiag.scheduler.slurm.slurmio import SlurmIO

@@ -71,7 +71,7 @@ def cpu_cluster(tmp_path_factory):
         yield c
 
 
-def _cpu_node_preemption(cluster, before=None) -> dict[str, tuple[str, int]]:  # noqa: ANN001 - cluster, hook
+def _cpu_node_preemption(cluster, before=None) -> dict[str, tuple[str, int]]:  # cluster, hook
     """The older spot job and a CANCEL job fill c1's CPUs; a top-tier CPU job arrives on c1: each
     job's (state, restarts) once the top-tier job runs. ``before`` runs ahead of the arrival."""
     spot_cpu = cluster.sbatch("spot-cpu", "spot", 0, "-w", "c1", cpus=4)

@@ -21,7 +21,7 @@ from gpudiag.scheduler.slurm.takeover import PARTITION_PRIO, ModeView
 
 
 def job(jid: int, prio: int, part: str = "top", state: str = "PENDING", nice: int = 0, account: str = "b",
-        nodes: tuple[str, ...] = (), cpus: int = 1):  # noqa: ANN201 - a SlurmJob
+        nodes: tuple[str, ...] = (), cpus: int = 1):  # a SlurmJob
     from gpudiag.scheduler.slurm.squeue import SlurmJob
 
     running = state == "RUNNING"

@@ -76,7 +76,7 @@ class Ctl:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpudiag", "scheduler", "serve", "--backend", "slurm", "--state",
              str(ledger), *args], env=cluster.env, stdout=subprocess.DEVNULL,
-            stderr=open(self.log, "w"))  # noqa: SIM115
+            stderr=open(self.log, "w"))
 
     def text(self) -> str:
         return self.log.read_text()
@@ -433,7 +433,7 @@ class Gate:
         gate = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:  # http.server's name
                 if gate.steps:
                     gate.steps.pop(0)()
                 elif gate.dead:

@@ -41,7 +41,7 @@ def unsafe(ps: dict[str, Partition], hold: set[str]) -> dict[str, str]:
     return unsafe_holds(ps, {n: p.preempt_mode for n, p in ps.items()}, NODES, hold)
 
 
-def serve_spot_held(jobs: list, m, ps, nodes) -> tuple:  # noqa: ANN001 - the model, partitions, nodes
+def serve_spot_held(jobs: list, m, ps, nodes) -> tuple:  # the model, partitions, nodes
     """One round's serving of the waiting jobs with spot held at OFF and job 1 at MFU 0.3:
     (requeues, handed to Slurm, partitions to give back)."""
     modes = ModeView({"spot": "REQUEUE", "ondemand": "OFF"}, {"spot"})
@@ -132,7 +132,7 @@ def test_exclusive_array_and_heterogeneous_jobs_are_read_as_slurm_shows_them():
     assert lic.unmodelled == "asks for licenses (matlab:1)"
 
 
-def job(jid: int, part_: str, state: str, gpus: int, **kw) -> SlurmJob:  # noqa: ANN003 - SlurmJob fields
+def job(jid: int, part_: str, state: str, gpus: int, **kw) -> SlurmJob:  # SlurmJob fields
     running = state == "RUNNING"
     return SlurmJob(jid, f"j{jid}", "u", "a", part_, state, "None" if running else "Resources", 0, 100 - jid,
                     10.0, 10.0 if running else 0.0, None, gpus, nodes=("n1",) if running else (),

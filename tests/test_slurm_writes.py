@@ -35,7 +35,7 @@ class CountingIO(SlurmIO):
         self.argv: list[tuple[str, ...]] = []
         self.before_update = None
 
-    def _spawn(self, argv):  # noqa: ANN001, ANN202 - SlurmIO's
+    def _spawn(self, argv):  # SlurmIO's
         if argv[:2] == ("scontrol", "update") and argv[2].startswith("JobId=") and self.before_update:
             hook, self.before_update = self.before_update, None
             hook()

@@ -12,7 +12,7 @@ from tests.test_agent import Agent
 from tests.test_local_scheduler import Sched, state_of
 
 
-def stalled_signal(agent_dir, job_id: str, last_step_at: float) -> None:  # noqa: ANN001 - a Path
+def stalled_signal(agent_dir, job_id: str, last_step_at: float) -> None:  # a Path
     """What a job under gpudiag profile sends once it has finished no step since ``last_step_at``
     for its limit (1 s here)."""
     write_signal(agent_dir / "spool", {"job_id": job_id, "ts": time.time(), "mfu_ratio": 0.4,

@@ -114,7 +114,7 @@ def test_a_rank_that_sleeps_before_a_collective_is_named_with_its_line_and_the_j
     assert page.charts, "no timeline of the last steps"
 
 
-def open_page(path: Path, tmp: Path):  # noqa: ANN201 - tests.browser.Page
+def open_page(path: Path, tmp: Path):  # tests.browser.Page
     """The page as headless Chromium shows it: nothing fetched, no script run, no error, no
     horizontal scroll."""
     try:

@@ -118,7 +118,7 @@ class Tmux:
         subprocess.run(["tmux", "-L", self.sock, "send-keys", "-t", "top", *flags, *keys],
                        check=True, timeout=30)
 
-    def wait(self, what: str, pred, timeout: float = 60.0) -> str:  # noqa: ANN001
+    def wait(self, what: str, pred, timeout: float = 60.0) -> str:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             text = self.screen()

@@ -64,7 +64,7 @@ small = torch.ones(4)
 raw = dist.all_reduce.__wrapped__
 
 
-def calls(fn, n: int = 200) -> float:  # noqa: ANN001
+def calls(fn, n: int = 200) -> float:
     t = time.perf_counter()
     for _ in range(n):
         fn(small)

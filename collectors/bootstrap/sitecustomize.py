@@ -53,7 +53,7 @@ class _TorchWatcher(importlib.abc.MetaPathFinder):
             real_exec(module)
             try:
                 _load_bootstrap().arm(module)
-            except Exception as e:  # never break the job
+            except Exception as e:  # noqa: BLE001 - never break the job
                 sys.stderr.write(f"gpudiag: bootstrap not armed: {e}\n")
 
         loader.exec_module = exec_module
@@ -71,7 +71,7 @@ def _chain_next_sitecustomize():
             if spec and spec.loader:
                 try:
                     spec.loader.exec_module(importlib.util.module_from_spec(spec))
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - the site's own file: any error, reported
                     sys.stderr.write(f"gpudiag: the site's sitecustomize failed: {e}\n")
             return
 

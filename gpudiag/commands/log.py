@@ -14,7 +14,7 @@ MLFLOW_HELP = ("Log to MLflow: the verdict, confidence, MFU, breakdown shares an
                "or a new run. URI: the tracking server (default: $MLFLOW_TRACKING_URI).")
 
 
-def mlflow_option(f):  # noqa: ANN001, ANN201 - a click decorator, shared with gpudiag profile
+def mlflow_option(f):  # a click decorator, shared with gpudiag profile
     return click.option("--mlflow", "mlflow_uri", is_flag=False, flag_value="", default=None,
                         metavar="[URI]", help=MLFLOW_HELP)(f)
 

@@ -43,7 +43,7 @@ def signal_reporter(run_dir: Path, info: object, stall: object = None) -> object
     return reporter.start()
 
 
-def estimator(run_dir: Path):  # noqa: ANN202 - a closure
+def estimator(run_dir: Path):  # a closure
     """MFU and label while the job runs, from the unprofiled estimate of the run directory.
 
     The run directory is analysed again whenever a trace window is written (the first, and

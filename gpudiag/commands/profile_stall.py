@@ -22,7 +22,7 @@ def _say(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def judge(rule: Any):  # noqa: ANN201, ANN401 - a closure over analyzers.stall.StallRule
+def judge(rule: Any):  # a closure over analyzers.stall.StallRule
     """(black boxes, now) -> each rank's limit, by the stall rule."""
     from gpudiag.analyzers.stall import Progress, assess
 
@@ -49,7 +49,7 @@ def save(inc: Incident, run_dir: Path, name: str) -> Path:
     return page
 
 
-def on_incident(run_dir: Path):  # noqa: ANN201 - a closure
+def on_incident(run_dir: Path):  # a closure
     """Evidence -> verdict, saved and printed; returns the cause for the agent."""
     def run(ev: Evidence) -> str:
         from gpudiag.analyzers.hang import verdict
@@ -63,7 +63,7 @@ def on_incident(run_dir: Path):  # noqa: ANN201 - a closure
     return run
 
 
-def on_resolved(run_dir: Path):  # noqa: ANN201 - a closure
+def on_resolved(run_dir: Path):  # a closure
     def run(ident: str, when: float, why: str) -> None:
         resolve(run_dir, ident, when, why)
         _say(f"gpudiag: incident {ident}: {why}")
@@ -82,7 +82,7 @@ def resolve(run_dir: Path, ident: str, when: float, why: str) -> None:
         save(inc, run_dir, ident)
 
 
-def stall_fields(state: Any) -> dict[str, Any]:  # noqa: ANN401 - collectors.stall_monitor.JobStall
+def stall_fields(state: Any) -> dict[str, Any]:  # collectors.stall_monitor.JobStall
     """The fields of a job signal that let the agent call the job stalled (gpudiag/jobsignal.py)."""
     out: dict[str, Any] = {}
     if state.last_step_at is not None:
@@ -94,7 +94,7 @@ def stall_fields(state: Any) -> dict[str, Any]:  # noqa: ANN401 - collectors.sta
     return out
 
 
-def after_job(run_dir: Path, monitor: Any, status: str, how: str, stopped: bool) -> None:  # noqa: ANN401
+def after_job(run_dir: Path, monitor: Any, status: str, how: str, stopped: bool) -> None:
     """When the job has ended: close an open incident; where it failed on its own (``stopped``: a
     signal was passed on to it), read what its ranks left behind; name a straggler."""
     from gpudiag.analyzers.hang import verdict

@@ -79,7 +79,7 @@ SLURM_HINTS = {"state_dir": "the controller's ledger is --state", "agent_url": "
                "stalled_after": "see --stalled"}
 
 
-def slurm_options(f):  # noqa: ANN001, ANN201 - a click decorator
+def slurm_options(f):  # a click decorator
     """The ``--backend`` switch and the Slurm controller's options, for ``gpudiag scheduler serve``."""
     for opt in reversed(_OPTIONS):
         f = opt(f)
@@ -122,7 +122,7 @@ def default_ledger() -> Path:
     return Path(os.path.expanduser("~/.local/state/gpudiag/slurm-controller.json"))
 
 
-def _policy(local: dict[str, object]):  # noqa: ANN202 - a scheduler Policy (imported lazily)
+def _policy(local: dict[str, object]):  # a scheduler Policy (imported lazily)
     from gpudiag.durations import parse_duration
     from gpudiag.scheduler.model import Policy
 

@@ -77,14 +77,14 @@ def top(agents: tuple[str, ...], prometheus: str | None, interval: str, once: bo
     TopApp(fetch, period).run()
 
 
-def _fetcher(urls: list[str], prometheus: str | None):  # noqa: ANN202 - a closure
+def _fetcher(urls: list[str], prometheus: str | None):  # a closure
     """The function each refresh calls: read every source, build the snapshot."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gpudiag.live.snapshot import build_snapshot
     from gpudiag.live.sources import read_agent, read_prometheus, read_queue
 
-    def fetch():  # noqa: ANN202
+    def fetch():
         errors = []
         if prometheus:
             reads, why = read_prometheus(prometheus)

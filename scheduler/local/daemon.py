@@ -67,7 +67,7 @@ class Daemon:
         self.dirty = True
         self.passes = 0   # scheduling passes begun (ping says: a test waits for the next one)
         prepare_daemon_dir(state_dir)
-        self._lock = open(state_dir / LOCK_NAME, "a")  # noqa: SIM115 - held for the daemon's life
+        self._lock = open(state_dir / LOCK_NAME, "a")  # held for the daemon's life
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -296,7 +296,7 @@ class _Tx:
     def __enter__(self) -> None:
         self.db.execute("BEGIN IMMEDIATE")
 
-    def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001 - the context-manager protocol
+    def __exit__(self, exc_type, exc, tb) -> None:  # the context-manager protocol
         if exc_type is None:
             try:
                 self.db.execute("COMMIT")

@@ -147,7 +147,7 @@ def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore
     return rc
 
 
-def _report(r, as_json: bool, emit: Callable[[str], None]) -> int:  # noqa: ANN001 - actions.Restored
+def _report(r, as_json: bool, emit: Callable[[str], None]) -> int:  # actions.Restored
     if as_json:
         emit(json.dumps({"restored": [{k: v for k, v in a.__dict__.items() if k != "ref"} for a in r.actions],
                          "failed": r.failed, "left": r.left, "notes": r.notes}))

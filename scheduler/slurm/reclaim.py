@@ -93,7 +93,7 @@ def lift(head: SlurmJob, freed: Sequence[SlurmJob], jobs: Sequence[SlurmJob],
     return nice, ""
 
 
-def reclaim_actions(head: SlurmJob, victims: Sequence[Decision], s, usable: set[str],  # noqa: ANN001 - a Serving
+def reclaim_actions(head: SlurmJob, victims: Sequence[Decision], s, usable: set[str],  # a Serving
                     quotas: Mapping[str, float]) -> tuple[list[Action], str]:
     """The head's lift and its victims' requeues, or why none (one line)."""
     vs = [s.by_id[d.job_id] for d in victims]

@@ -54,7 +54,7 @@ class Serving:
     cands: dict[str, list[SlurmJob]] = field(default_factory=dict)
     not_reclaimed: dict[int, str] = field(default_factory=dict)   # out: a reclaim not enacted, why
 
-    def node_names(self, placement) -> list[str]:  # noqa: ANN001 - a model Placement
+    def node_names(self, placement) -> list[str]:  # a model Placement
         names = {i: n for n, i in self.model.node_index.items()}
         return [names[n] for n in placement.nodes]
 

@@ -44,11 +44,11 @@ class Accelerator(torch.autograd.Function):
     """Identity forward; backward waits ``--device-ms`` (the host's cores stay free)."""
 
     @staticmethod
-    def forward(ctx, x):  # noqa: ANN001, ANN205
+    def forward(ctx, x):
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         time.sleep(args.device_ms / 1e3)
         return grad
 

@@ -90,7 +90,7 @@ opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 plan = schedule(args.phases, args.steps)
 
 
-def loader(workers: int):  # noqa: ANN201 - an endless iterator of batches
+def loader(workers: int):  # an endless iterator of batches
     while True:
         yield from DataLoader(Slow(), batch_size=None, num_workers=workers,
                               persistent_workers=workers > 0)

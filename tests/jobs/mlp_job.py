@@ -27,8 +27,8 @@ from pathlib import Path
 if "--spin" not in sys.argv:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-from _timer import OwnTimer  # noqa: E402
+import torch
+from _timer import OwnTimer
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=120)
