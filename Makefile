@@ -3,8 +3,9 @@
 #               script (a small CNN behind a slow DataLoader) under `gpudiag profile` and prints
 #               the verdict. No GPU needed.
 #   make test   builds .venv with the test extras, installs the system packages the tests
-#               drive (Debian's chromium and prometheus, when missing) and runs ruff, the wheel
-#               check below and pytest (pytest last, so its summaries close the output).
+#               drive (Debian's chromium and prometheus, when missing) and runs ruff, mypy
+#               (make typecheck), the wheel check below and pytest (pytest last, so its
+#               summaries close the output).
 #   make wheel  builds the sdist and, from it, a wheel with the C extension into dist/.
 #   make wheel-check  installs that wheel into a clean venv (dependencies from the index) and
 #               runs `gpudiag analyze` on a shared trace: what a user's `pip install` gets.
@@ -15,7 +16,7 @@ BIN := $(VENV)/bin
 # the test machines; an unpinned torch pulls a multi-GB CUDA build): the demo
 # installs the `torch` extra, the tests the `test` extra, which includes it.
 
-.PHONY: test-timing demo test lint clean system-deps wheel wheel-check
+.PHONY: test-timing demo test lint typecheck clean system-deps wheel wheel-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,11 +39,23 @@ lint: $(VENV)/.installed-test
 system-deps:
 	bash .ci/install-test-deps.sh
 
+# mypy --strict ([tool.mypy] in pyproject.toml) on the core and the analyzers. mypy cannot follow
+# setuptools' package-dir (analyzers/ installs as gpudiag.analyzers), so it reads a tree of links
+# laid out as the package installs, rebuilt each run so a new module is never missed.
+TYPECHECKED := -p gpudiag.analyzers -p gpudiag.commands -p gpudiag.live -m gpudiag \
+	$(patsubst gpudiag/%.py,-m gpudiag.%,$(filter-out gpudiag/__init__.py,$(wildcard gpudiag/*.py)))
+typecheck: $(VENV)/.installed-test
+	rm -rf .typecheck && mkdir -p .typecheck/gpudiag
+	for f in gpudiag/*; do ln -s ../../$$f .typecheck/gpudiag/; done
+	for d in collectors analyzers reports agent scheduler; do ln -s ../../$$d .typecheck/gpudiag/$$d; done
+	$(BIN)/mypy $(TYPECHECKED)
+
 # pytest in two passes: four lanes at once (tests/conftest.py, LANES: two mostly wait on real
 # daemons, two run CPU jobs), then the `solo` tests with nothing beside them. The second pass
 # runs whatever the first gave; make fails if either did.
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
+	$(MAKE) typecheck
 	$(MAKE) wheel-check
 	@rc=0; \
 	$(BIN)/python -m pytest -q -n 4 -m 'not timing and not solo' || rc=$$?; \
@@ -69,4 +82,4 @@ test-timing: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m timing
 
 clean:
-	rm -rf $(VENV) runs .bench .pytest_cache dist build .whl
+	rm -rf $(VENV) runs .bench .pytest_cache dist build .whl .typecheck .mypy_cache
