@@ -1,4 +1,5 @@
-"""The import direction DESIGN.md promises, read from the source: commands sit on top.
+"""The import direction DESIGN.md promises, read from the source: commands sit on top, and every
+package imports only what docs/layout.md's table allows it.
 
 A module below the command line (``reports``, ``scheduler``, ``gpudiag.live``, ...) that imports
 a command drags click options and a command's private helpers into code that is not a command,
@@ -10,6 +11,7 @@ read ages through ``commands/queue``'s ``_age``). Every import counts, those ins
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -85,3 +87,84 @@ def test_the_checks_see_an_import_inside_a_function(tmp_path):
     src = tmp_path / "view.py"
     src.write_text("def age(s):\n    from gpudiag.commands.queue import _age\n    return _age(s)\n")
     assert ("gpudiag.commands.queue", ["_age"]) in _imports("gpudiag.reports.view", src)
+
+
+# -- docs/layout.md's table, read as the rule ----------------------------------------------------
+LAYOUT = REPO / "docs" / "layout.md"
+# run inside the job by file, without gpudiag installed (docs/layout.md): standard library and torch
+JOB_SIDE = ("torch_bootstrap", "thread_waits", "torch_cupti", "torch_syncs", "torch_collectives",
+            "stall_watch", "blackbox", "bootstrap.sitecustomize")
+
+
+def _table_rows(text: str, first_header: str) -> list[list[str]]:
+    """The body rows of the markdown table whose header starts with ``first_header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def layout_rules(text: str) -> dict[str, set[str]]:
+    """package -> the packages its modules may import (docs/layout.md's first table); folders
+    without a package (benchmarks, tests) are not rules."""
+    rules = {}
+    for _folder, package, _job, may in _table_rows(text, "folder"):
+        if package == "–":
+            continue
+        rules[package.strip("`")] = set(re.findall(r"`(gpudiag[\w.]*)`", may))
+    return rules
+
+
+def _unit(module: str, units: set[str]) -> str:
+    """The most specific package of the table that holds ``module``."""
+    return max((u for u in units if _within(module, u)), key=len)
+
+
+def layering_violations(rules: dict[str, set[str]], mods: dict[str, Path]) -> list[str]:
+    wrong = []
+    for m, path in mods.items():
+        own = _unit(m, set(rules))
+        for name, _ in _imports(m, path):
+            if name not in mods or name == m:
+                continue   # a third-party module, or `from pkg import name` naming a function
+            theirs = _unit(name, set(rules))
+            if theirs != own and theirs not in rules[own]:
+                allowed = ", ".join(sorted(rules[own])) or "nothing"
+                wrong.append(f"{m} imports {name} ({own} may import: {allowed})")
+    return sorted(set(wrong))
+
+
+def test_every_import_follows_the_layout_table():
+    rules = layout_rules(LAYOUT.read_text())
+    assert {"gpudiag", "gpudiag.analyzers", "gpudiag.scheduler.slurm", "gpudiag.commands"} <= set(rules)
+    assert rules["gpudiag"] == set() and rules["gpudiag.analyzers"] == {"gpudiag"}
+    assert layering_violations(rules, _modules()) == []
+
+
+def test_the_layout_check_fails_on_a_planted_violation(tmp_path):
+    """An analyzer that imports a report (what DESIGN forbids) is named, with the rule it broke."""
+    rules = layout_rules(LAYOUT.read_text())
+    src = tmp_path / "planted.py"
+    src.write_text("def f():\n    from gpudiag.reports.terminal import render_terminal\n")
+    mods = {**_modules(), "gpudiag.analyzers.planted": src}
+    assert layering_violations(rules, mods) == [
+        "gpudiag.analyzers.planted imports gpudiag.reports.terminal (gpudiag.analyzers may import: gpudiag)"]
+
+
+def test_every_module_has_a_row_in_the_layout_and_every_row_a_module():
+    rows = {r[0].strip("`") for r in _table_rows(LAYOUT.read_text(), "module")}
+    files = {str(p.relative_to(REPO)) for p in _modules().values()}
+    assert sorted(files - rows) == [] and sorted(rows - files) == []
+
+
+def test_the_job_side_modules_import_no_gpudiag():
+    """They run in the job's Python, where gpudiag may not be installed."""
+    mods = _modules()
+    wrong = [f"{m} imports {name}" for stem in JOB_SIDE
+             for m in [f"gpudiag.collectors.{stem}"] for name, _ in _imports(m, mods[m])
+             if name.startswith("gpudiag")]
+    assert wrong == []
