@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from gpudiag.contract import AGENT_LISTEN, AGENT_PORT, METRICS_PATH
+from gpudiag.contract import AGENT_LISTEN, AGENT_PORT, ENV_AGENT_DIR, METRICS_PATH
 from gpudiag.errors import BadInput
 
 _LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]*):(\d{1,5})$")
@@ -23,7 +23,7 @@ _LISTEN = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]*):(\d{1,5})$")
                    "(a node without GPUs: host and job metrics only).")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="Job state and the spool jobs write signals into "
-                   "(default: $GPUDIAG_AGENT_DIR, /var/lib/gpudiag as root, else ~/.local/state/gpudiag).")
+                   f"(default: ${ENV_AGENT_DIR}, /var/lib/gpudiag as root, else ~/.local/state/gpudiag).")
 @click.option("--hpc-job-mapping-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               envvar="DCGM_HPC_JOB_MAPPING_DIR", show_envvar=True,
               help="dcgm-exporter's HPC job-mapping folder (files named by GPU index, each listing "

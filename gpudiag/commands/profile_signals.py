@@ -36,7 +36,7 @@ def signal_reporter(run_dir: Path, info: object, stall: object = None) -> object
     reporter = SignalReporter.for_node(state, job_id, run_dir, interval, estimator(run_dir), extra)
     if reporter is None:
         if os.environ.get(ENV_AGENT_DIR):  # named (a scheduler does): its absence is news
-            info.notes.append(f"no signals sent: GPUDIAG_AGENT_DIR={state}, but {state / 'spool'} is "
+            info.notes.append(f"no signals sent: {ENV_AGENT_DIR}={state}, but {state / 'spool'} is "
                               "missing or not writable by this user (is `gpudiag agent` running there?)")
         return None
     info.notes.append(f"reporting to the node agent as job_id {job_id}")

@@ -10,7 +10,7 @@ import click
 from gpudiag.commands.oneline import OneLine
 from gpudiag.commands.policy_options import policy_options, with_options
 from gpudiag.commands.scheduler_slurm import SLURM_PARAMS, check_options, serve_slurm, slurm_options
-from gpudiag.contract import AGENT_URL
+from gpudiag.contract import AGENT_URL, ENV_SCHEDULER_DIR, ENV_SLOTS
 from gpudiag.durations import format_duration, parse_duration
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.model import Policy
@@ -47,11 +47,11 @@ def scheduler() -> None:
 
 @scheduler.command(cls=OneLine)
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
-              help="Database, socket and job folders (default: $GPUDIAG_SCHEDULER_DIR, "
+              help=f"Database, socket and job folders (default: ${ENV_SCHEDULER_DIR}, "
                    "/var/lib/gpudiag/scheduler as root, else ~/.local/state/gpudiag/scheduler).")
 @click.option("--gpus", default=None, metavar="all|0,1,2,3", help="GPUs to schedule  [default: all].")
 @click.option("--slots", type=click.IntRange(1, 4096), default=None,
-              help="Schedule N CPU slots instead (a machine without GPUs): jobs get GPUDIAG_SLOTS.")
+              help=f"Schedule N CPU slots instead (a machine without GPUs): jobs get {ENV_SLOTS}.")
 @click.option("--quota", multiple=True, metavar="TEAM=N", help="A team's GPU quota (fair share); repeatable.")
 @click.option("--teams", "teams_source", default="groups", show_default=True, metavar="groups|FILE",
               help="Who is in which team (a user may submit only as one of theirs): their Unix groups, or "

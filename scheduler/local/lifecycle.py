@@ -35,7 +35,14 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from gpudiag.contract import ENV_AGENT_DIR, ENV_CHECKPOINT_DIR, ENV_JOB, ENV_RESTART_COUNT, ENV_TEAM
+from gpudiag.contract import (
+    ENV_AGENT_DIR,
+    ENV_CHECKPOINT_DIR,
+    ENV_JOB,
+    ENV_RESTART_COUNT,
+    ENV_SCHEDULER_PREFIX,
+    ENV_TEAM,
+)
 from gpudiag.scheduler.local import jobfiles, runner
 from gpudiag.scheduler.local.config import JOBS_DIR
 from gpudiag.scheduler.local.containment import Containment, Launch
@@ -125,7 +132,7 @@ class Jobs:
         jdir = self.job_dir(row)
         # the marker first: a process's environment is searched only so far (runner.ENV_READ_CAP)
         env = {runner.LAUNCH_VAR: self.marker(row)}
-        env.update({k: v for k, v in row.env.items() if not k.startswith("GPUDIAG_SCHEDULER")})
+        env.update({k: v for k, v in row.env.items() if not k.startswith(ENV_SCHEDULER_PREFIX)})
         env.update(self.machine.env(slots))
         env.update({ENV_JOB: f"{self.store.prefix}:{row.id}",
                     ENV_RESTART_COUNT: str(row.restarts),

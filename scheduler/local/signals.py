@@ -19,6 +19,7 @@ import urllib.error
 from pathlib import Path
 
 from gpudiag.agent.signals import JobTableError, closed_to_others, read_job_table
+from gpudiag.contract import AGENT_INFO
 from gpudiag.scheduler.model import Signal
 from gpudiag.scheduler.signals import SignalRead, SignalSource, parse_metrics
 from gpudiag.scrape import fetch_text
@@ -82,7 +83,7 @@ def agent_state_dir(text: str) -> Path | None:
     from prometheus_client.parser import text_string_to_metric_families
 
     for fam in text_string_to_metric_families(text):
-        if fam.name == "gpudiag_agent_info":
+        if fam.name == AGENT_INFO:
             for s in fam.samples:
                 if s.labels.get("state_dir"):
                     return Path(s.labels["state_dir"])
@@ -115,7 +116,7 @@ def choose_agent(agent_dir: Path | None, agent_url: str | None, default: Path
             said = None
         else:
             if said is None:
-                raise AgentChoiceError(f"--agent-url {agent_url}: no gpudiag_agent_info there (not a gpudiag "
+                raise AgentChoiceError(f"--agent-url {agent_url}: no {AGENT_INFO} there (not a gpudiag "
                                        "agent, or an older one): give --agent-dir instead")
         same = said is None or agent_dir is None or os.path.realpath(said) == os.path.realpath(agent_dir)
         if not same:
