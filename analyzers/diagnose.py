@@ -169,7 +169,7 @@ def _sum_by_name(acc: dict[str, float], name_ids: np.ndarray, dur: np.ndarray,
         acc[names[int(uniq[k])]] += float(sums[k])
 
 
-def _group(acc: dict, name_ids: np.ndarray, dur: np.ndarray, names: list[str]) -> None:
+def _group(acc: dict[str, list[float]], name_ids: np.ndarray, dur: np.ndarray, names: list[str]) -> None:
     if name_ids.size == 0:
         return
     uniq, inv = np.unique(name_ids, return_inverse=True)
@@ -212,7 +212,7 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     if explicit is None and choice.cpu_peak is not None and not all(f.has_device for f in files):
         cpu_device = choice.cpu_peak()
 
-    def args(f: RankFile) -> tuple:
+    def args(f: RankFile) -> tuple[object, ...]:
         return (str(f.path), f.hint, explicit, cpu_device, steps)
 
     partials = run_ranks(_load_and_analyze, files, args, jobs, progress)

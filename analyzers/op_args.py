@@ -77,7 +77,7 @@ def numel(d: list[int]) -> int:
 
 def dtype_at(types: Any, i: int) -> str:
     if isinstance(types, list) and i < len(types) and isinstance(types[i], str) and types[i]:
-        t = types[i].lower()
+        t: str = types[i].lower()
         if t not in ("scalar", "scalarlist", "tensorlist"):
             return t
     return DEFAULT_DTYPE

@@ -19,7 +19,7 @@ from gpudiag.analyzers.trace_decode import EventArgs, as_int
 
 # Category codes. GPU activities (current and PyTorch 1.8-1.9 spelling) are 1-3 (kind + 1:
 # kernel, memcpy, memset), runtime calls 4, CPU operators and annotations 5-7; 0 is skipped.
-class _Codes(dict):
+class _Codes(dict[Any, int]):
     """Category -> code; any other category (or none) is 0, remembered after its first lookup
     so that lookups stay in C."""
 

@@ -250,7 +250,7 @@ class TraceStream:
         finally:
             self.src.close()
 
-    def _candidates(self) -> Iterator[re.Match]:
+    def _candidates(self) -> Iterator[re.Match[bytes]]:
         """Boundary candidates from the end of the buffer backwards."""
         end = len(self._buf)
         window = _CUT_WINDOW

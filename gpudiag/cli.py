@@ -54,7 +54,8 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module, attr, _ = COMMANDS[name]
-        return getattr(importlib.import_module(module), attr)
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]

@@ -21,7 +21,8 @@ class JsonValue:
     """``to_dict`` / ``to_json`` for a dataclass that round-trips through ``decode``."""
 
     def to_dict(self) -> dict[str, Any]:
-        return encode(self)
+        out: dict[str, Any] = encode(self)
+        return out
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
@@ -90,7 +91,7 @@ def decode(tp: Any, v: Any) -> Any:
         for f in dataclasses.fields(tp):
             if f.name in v:
                 kwargs[f.name] = decode(hints[f.name], v[f.name])
-        return tp(**kwargs)
+        return tp(**kwargs)  # type: ignore[operator]  # a dataclass type (is_dataclass narrows to instances too)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(v)
     if origin is list:

@@ -470,7 +470,8 @@ class Diagnosis(JsonValue):
 
     @classmethod
     def from_dict(cls, data: Any) -> Diagnosis:
-        return load_versioned(cls, data, READABLE_DIAGNOSIS_VERSIONS)
+        d: Diagnosis = load_versioned(cls, data, READABLE_DIAGNOSIS_VERSIONS)
+        return d
 
 
 DIFF_SCHEMA_VERSION = 3  # 2: step_change, basis and step_time_verdict; 3: own_pace_change

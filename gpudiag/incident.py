@@ -224,7 +224,8 @@ def read_incident(path: Path) -> Incident:
         raise BadInput(f"{path}: incident schema version {data.get('schema_version')!r} is not "
                        f"supported (this gpudiag reads {INCIDENT_SCHEMA_VERSION})")
     try:
-        return decode(Incident, data)
+        incident: Incident = decode(Incident, data)
+        return incident
     except (TypeError, ValueError, KeyError) as e:
         raise BadInput(f"{path}: incident is malformed: {e}") from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -38,7 +39,7 @@ def cancel(job_ids: tuple[str, ...], user: str | None, state_dir: Path | None, a
     ids = parse_ids(job_ids, "cancel")
     if bool(ids) == (user is not None):
         raise BadInput("give job ids (gpudiag cancel 12 13) or --user NAME, one of the two")
-    req: dict = {"op": "cancel", **({"user": user} if user is not None else {"ids": ids})}
+    req: dict[str, Any] = {"op": "cancel", **({"user": user} if user is not None else {"ids": ids})}
     answer = ask(state_dir, req)
     jobs = answer["jobs"]
     refused = [j for j in jobs if "error" in j]

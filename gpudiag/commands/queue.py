@@ -20,6 +20,7 @@ import shutil
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -88,7 +89,7 @@ def _wrap(text: str, width: int, indent: str = INDENT) -> list[str]:
                          break_on_hyphens=False, break_long_words=True) or [indent.rstrip()]
 
 
-def render(answer: dict, now: float, width: int = MIN_WIDTH) -> list[str]:
+def render(answer: dict[str, Any], now: float, width: int = MIN_WIDTH) -> list[str]:
     """The listing as lines of at most ``width`` characters. Text a user chose (the command, user
     and team names, a reason that quotes them) is shown with bytes that are not UTF-8 as \\xNN."""
     from gpudiag.scheduler.local.protocol import printable
@@ -150,7 +151,7 @@ def queue(everything: bool, user: str | None, mine: bool, state_dir: Path | None
         if user is not None:
             raise BadInput("give --user NAME or --mine, not both")
         user = pwd.getpwuid(os.getuid()).pw_name
-    req: dict = {"op": "queue", "all": everything}
+    req: dict[str, Any] = {"op": "queue", "all": everything}
     if user is not None:
         req["user"] = user
     answer = ask(state_dir, req)

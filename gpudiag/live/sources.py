@@ -13,6 +13,7 @@ import urllib.error
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpudiag.contract import AGENT_URL, GPU_PREFIX, JOB_PREFIX, SCRAPE_TIMEOUT_S
 from gpudiag.scrape import fetch, fetch_text
@@ -46,7 +47,7 @@ class NodeRead:
 class QueueRead:
     """The local scheduler's queue (``gpudiag queue --json``'s jobs), or why there is none."""
 
-    jobs: list[dict] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
     prefix: str = ""  # a job's agent id is "<prefix>:<id>"
     state_dir: Path | None = None
     error: str | None = None
