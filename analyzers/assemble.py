@@ -50,7 +50,7 @@ from gpudiag.diagnosis import (
     TopItem,
     Verdict,
 )
-from gpudiag.rundir import WindowSteps
+from gpudiag.steps import WindowSteps
 
 
 @dataclass
@@ -98,7 +98,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
              host: HostCpu | None = None, wait: HostWait | None = None,
              census: dict[int, SyncCensus] | None = None) -> Diagnosis:
     """One Diagnosis from the ranks' partial results; ``windows`` are the job's own step timer
-    around the traced window when the input is a run directory (``rundir.window_steps``);
+    around the traced window when the input is a run directory (``steps.window_steps``);
     ``wait``: the training thread's wait for a core (``host_wait``), already charged to a GPU
     rank's traced steps, here to the unprofiled estimate; ``census``: per rank, the host syncs
     the bootstrap saw in one step (``syncs``)."""

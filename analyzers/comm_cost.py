@@ -33,7 +33,8 @@ from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import CpuWork, comm_work_spans, cpu_comm_ops, op_kinds, step_windows
 from gpudiag.analyzers.trace_loader import RankTrace
 from gpudiag.diagnosis import JobTraits, TimeBreakdown
-from gpudiag.rundir import StepRow, WindowSteps
+from gpudiag.rundir import StepRow
+from gpudiag.steps import WindowSteps
 
 # An operator class (name and input shapes) gives the pace the calls that ran beside a collective
 # are compared with where at least this many of its calls ran while none was in flight.

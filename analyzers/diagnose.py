@@ -43,15 +43,8 @@ from gpudiag.devices import DevicePeak, lookup_device, user_device
 from gpudiag.diagnosis import Diagnosis, RankResult
 from gpudiag.errors import BadInput, TraceError
 from gpudiag.pace import at_own_pace
-from gpudiag.rundir import (
-    is_run_dir,
-    read_bootstrap,
-    read_host_cpu,
-    read_run,
-    read_steps,
-    read_syncs,
-    window_steps,
-)
+from gpudiag.rundir import is_run_dir, read_bootstrap, read_host_cpu, read_run, read_steps, read_syncs
+from gpudiag.steps import window_steps
 
 
 @dataclass

@@ -32,13 +32,8 @@ from gpudiag.analyzers.host_cpu import HostCpu, host_cpu
 from gpudiag.analyzers.own_pace import charge
 from gpudiag.diagnosis import HostWait, RankResult, TimeBreakdown
 from gpudiag.pace import wait_shares, wall
-from gpudiag.rundir import (
-    STARTUP_STEPS,
-    BootstrapMeta,
-    HostSample,
-    StepRow,
-    WindowSteps,
-)
+from gpudiag.rundir import STARTUP_STEPS, BootstrapMeta, HostSample, StepRow
+from gpudiag.steps import WindowSteps
 
 NOT_RECORDED = ("the training thread's wait for a core was not recorded (a run directory written "
                 "before gpudiag's step timer read /proc schedstat, or not Linux): the host time is "

@@ -25,7 +25,8 @@ from dataclasses import replace
 from gpudiag.analyzers.unprofiled import CpuEvents
 from gpudiag.diagnosis import Mfu, TimeBreakdown
 from gpudiag.pace import wall
-from gpudiag.rundir import StepRow, WindowSteps
+from gpudiag.rundir import StepRow
+from gpudiag.steps import WindowSteps
 
 # The parts a CPU step's machine share is taken from (in proportion): every part the job's
 # threads spend time in. ``host_overhead`` stands for its gaps beyond what is stalled already.

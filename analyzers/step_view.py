@@ -31,7 +31,7 @@ from gpudiag.diagnosis import (
     TimeBreakdown,
     Verdict,
 )
-from gpudiag.rundir import WindowSteps
+from gpudiag.steps import WindowSteps
 from gpudiag.units import pct_whole
 
 PROFILED = "profiled-steps"

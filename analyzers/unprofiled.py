@@ -10,7 +10,7 @@ Around, not all: a busy machine is the normal machine. Another job that slowed t
 steps and then left, or a job that changes pace (a DataLoader warming up), makes a
 reference taken from the whole run compare the traced steps with another time of the run
 (seen: "slowed 13x" from load during the window, "0.22x" from load before it). So the
-reference is the untraced steps just before and just after the window (``rundir.window_steps``,
+reference is the untraced steps just before and just after the window (``steps.window_steps``,
 same phase), and it is not trusted when the two sides disagree (the load changed across the
 window), when it is itself unsteady, or when it is not faster than the traced steps: the
 verdict then falls back to the traced view (profiled steps, whose host time reads high) and
@@ -43,7 +43,7 @@ import numpy as np
 
 from gpudiag.analyzers.stats import iqr_over_median, mann_whitney_p
 from gpudiag.diagnosis import Deduction, Dilation, TimeBreakdown
-from gpudiag.rundir import REFERENCE_STEPS, WindowSteps
+from gpudiag.steps import REFERENCE_STEPS, WindowSteps
 
 # Fewer reference steps than this give no reference worth correcting by (a median of 2 is
 # one outlier away from anything); fewer than MIN_SIDE_STEPS on a side, and that side's median

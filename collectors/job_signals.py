@@ -17,7 +17,8 @@ from typing import Any
 
 from gpudiag.jobsignal import run_dir_field, team_from_env, write_signal
 from gpudiag.pace import own_step_seconds
-from gpudiag.rundir import StepRow, read_bootstrap, read_host_cpu, read_steps, split_step_rows
+from gpudiag.rundir import StepRow, read_bootstrap, read_host_cpu, read_steps
+from gpudiag.steps import split_step_rows
 
 RECENT_STEPS = 50
 

@@ -137,7 +137,7 @@ def log_record(rec: TrackerRecord, uri: str | None, run_name: str) -> tuple[str,
 
 def log_run_dir(d: Diagnosis, run_dir: Path, uri: str | None) -> tuple[str, str]:
     """Log a run directory's diagnosis (its step timer's quantiles, its files)."""
-    from gpudiag.rundir import step_times
+    from gpudiag.steps import step_times
 
     st = step_times(run_dir)
     return log_record(tracker_record(d, st.untraced if st else [], run_dir), uri, run_dir.name)

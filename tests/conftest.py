@@ -66,7 +66,7 @@ def view_steps(d: Diagnosis, run: Path) -> set[int]:
     """Job step numbers behind the step time of the diagnosis' view: the reference steps it
     names (around the window, or before it alone where the steps after it were left out), or
     the traced steps (the traced view)."""
-    from gpudiag.rundir import window_steps
+    from gpudiag.steps import window_steps
 
     if d.basis == "unprofiled-estimate":
         return set(d.dilation.reference_steps)

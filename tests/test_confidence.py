@@ -24,7 +24,8 @@ from gpudiag.analyzers.unprofiled import (
     measure_dilation,
 )
 from gpudiag.diagnosis import Bottleneck, Deduction, Mfu, Roofline, TimeBreakdown
-from gpudiag.rundir import StepRow, WindowSteps
+from gpudiag.rundir import StepRow
+from gpudiag.steps import WindowSteps
 
 ROOFLINE = Roofline("shapes", 1e12, 1e11, 10.0, "fp32", 0.0, 0.0, 0.0)
 MFU = Mfu(None, "n/a", None, "none", None, None, None)

@@ -172,7 +172,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def spread(run: Path) -> str:
     """The untraced steps' 5/25/50/75/95th percentiles (ms), for a failure message."""
-    from gpudiag.rundir import step_times
+    from gpudiag.steps import step_times
 
     st = step_times(run)
     return f"{run.name}: {np.percentile(np.array(st.untraced) * 1e3, [5, 25, 50, 75, 95]).round(2)} ms"
@@ -228,7 +228,7 @@ def test_real_h100_run_dirs_diff_from_their_step_timers():
     # the diff's "noise ±": half the IQR over the median of the run's untraced steps (the whole
     # run's, rank 0: the report's is of the steps around the traced window only)
     from gpudiag.analyzers.stats import iqr_over_median
-    from gpudiag.rundir import step_times
+    from gpudiag.steps import step_times
 
     spread = iqr_over_median(step_times(gpt).untraced)
     assert d["step_change"]["noise_floor"] == pytest.approx(max(0.02, spread / 2))

@@ -27,7 +27,8 @@ from gpudiag.diagnosis import Diagnosis
 from gpudiag.pace import at_own_pace
 from gpudiag.reports.html import render_report
 from gpudiag.reports.terminal import render_terminal
-from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps, window_steps
+from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps
+from gpudiag.steps import window_steps
 from tests.conftest import SHARED
 
 # Each test here makes its own competitor (spinners, CPU slices) and compares with its own quiet

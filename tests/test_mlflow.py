@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudiag.rundir import step_times
+from gpudiag.steps import step_times
 from tests.harness import free_port, wait_http
 
 pytest.importorskip("torch")

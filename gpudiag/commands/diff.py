@@ -56,7 +56,8 @@ def _untraced(target: Path) -> tuple[list[float] | None, list[float] | None]:
     One rank, not all pooled: the ranks of a synchronous job step together, so pooling would
     count each step several times and make the interval look tighter than the run is steady."""
     from gpudiag.pace import at_own_pace, recorded
-    from gpudiag.rundir import is_run_dir, read_bootstrap, read_host_cpu, read_steps, split_step_rows
+    from gpudiag.rundir import is_run_dir, read_bootstrap, read_host_cpu, read_steps
+    from gpudiag.steps import split_step_rows
 
     if not is_run_dir(target):
         return None, None
