@@ -24,37 +24,37 @@ from gpudiag.analyzers import whatif
 from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the public face
     TENSOR_CORE_MULTIPLE,
     AdviceInputs,
-    _faster,
-    _fastest_lower,
-    _fp32_share,
-    _gpu,
-    _slower_dtype,
+    faster_dtype,
+    fastest_lower,
+    fp32_share,
     job_cpu,
+    on_gpu,
+    slower_dtype,
 )
 from gpudiag.analyzers.advice_text import (
-    _attention_text,
-    _batch_small_text,
-    _bf16_bytes_text,
-    _cheaper_input_text,
-    _comm_cost_text,
-    _comm_text,
-    _compile_small_text,
-    _contention_text,
-    _copies_text,
-    _cpu_loading,
-    _exposed,
-    _fuse_text,
-    _fused_opt_text,
-    _graphs_text,
-    _input_text,
-    _near_peak_text,
-    _precision_text,
-    _shapes_text,
-    _straggler_text,
-    _syncs_text,
-    _worst,
+    attention_text,
+    batch_small_text,
+    bf16_bytes_text,
+    cheaper_input_text,
+    comm_cost_text,
+    comm_text,
+    compile_small_text,
     contention_share,
+    contention_text,
+    copies_text,
+    cpu_loading,
+    exposed_share,
+    fuse_text,
+    fused_opt_text,
+    graphs_text,
+    input_text,
+    near_peak_text,
     own_launch_share,
+    precision_text,
+    shapes_text,
+    straggler_text,
+    syncs_text,
+    worst_rank,
 )
 from gpudiag.analyzers.classify import (
     COMM_NOTABLE,
@@ -89,7 +89,7 @@ class Advice:
 def _syncs_apply(a: AdviceInputs) -> bool:
     if a.syncs is not None:
         return a.syncs.share >= host_syncs.SYNC_NOTABLE
-    return _gpu(a) and a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE
+    return on_gpu(a) and a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE
 
 
 # -- conditions --------------------------------------------------------------------------------
@@ -106,20 +106,20 @@ def _bad_gemm_shapes(a: AdviceInputs) -> bool:
 
 
 def _lower_precision_helps(a: AdviceInputs) -> bool:
-    return _fp32_share(a) >= 0.5 and _faster(a) is not None
+    return fp32_share(a) >= 0.5 and faster_dtype(a) is not None
 
 
 def _lower_precision_applies(a: AdviceInputs) -> bool:
     """Mostly fp32 work on a device whose lower-precision peak is worth the change, or slower
-    than fp32 (then it is listed as a fix that would not help, ``_slower_dtype``); a family a
+    than fp32 (then it is listed as a fix that would not help, ``slower_dtype``); a family a
     little faster (under FASTER_DTYPE_MIN_RATIO) is not worth the change and is not named."""
-    best = _fastest_lower(a)
-    return _fp32_share(a) >= 0.5 and best is not None and (best[1] >= 1 or _faster(a) is not None)
+    best = fastest_lower(a)
+    return fp32_share(a) >= 0.5 and best is not None and (best[1] >= 1 or faster_dtype(a) is not None)
 
 
 def _precision_predict(a: AdviceInputs) -> whatif.Prediction:
-    fam, ratio = _faster(a) or _fastest_lower(a) or ("fp32", 1.0)
-    return whatif.faster_dtype(a.view, _fp32_share(a), ratio, fam)
+    fam, ratio = faster_dtype(a) or fastest_lower(a) or ("fp32", 1.0)
+    return whatif.faster_dtype(a.view, fp32_share(a), ratio, fam)
 
 
 def _bf16_bytes_predict(a: AdviceInputs) -> whatif.Prediction:
@@ -127,7 +127,7 @@ def _bf16_bytes_predict(a: AdviceInputs) -> whatif.Prediction:
     where the device's bf16 peak is below fp32's their time grows by the peaks' ratio."""
     fp32, bf16 = a.device_peaks.get("fp32"), a.device_peaks.get("bf16")
     ratio = fp32 / bf16 if fp32 and bf16 else 1.0
-    return whatif.halved_bytes(a.view, _fp32_share(a), a.fp32_memory_bytes, a.bandwidth,
+    return whatif.halved_bytes(a.view, fp32_share(a), a.fp32_memory_bytes, a.bandwidth,
                                gemm_ratio=ratio)
 
 
@@ -135,7 +135,7 @@ def _compiled(a: AdviceInputs) -> whatif.Prediction:
     """torch.compile's step: on a GPU its launch gaps closed and elementwise runs fused; on a
     CPU, where the operators are the host's work, its calls counted (``whatif.compiled_cpu``)."""
     f = a.compile_facts
-    if _gpu(a) or f is None or f.calls <= 0 or a.traced is None:
+    if on_gpu(a) or f is None or f.calls <= 0 or a.traced is None:
         return whatif.compiled(a.view, a.fusion_saved_share)
     return whatif.compiled_cpu(a.view, a.traced, f.calls, f.kernels, f.graphs, f.extern_us, f.kept_us,
                                f.syncs)
@@ -144,7 +144,7 @@ def _compiled(a: AdviceInputs) -> whatif.Prediction:
 def _straggler(a: AdviceInputs) -> whatif.Prediction:
     st = a.stragglers
     assert st is not None
-    return whatif.straggler_fixed(a.view, st.median_step_us, st.per_rank_step_us.get(str(_worst(st)), 0))
+    return whatif.straggler_fixed(a.view, st.median_step_us, st.per_rank_step_us.get(str(worst_rank(st)), 0))
 
 
 def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
@@ -152,82 +152,82 @@ def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
 
 
 CATALOGUE: list[Advice] = [
-    Advice("dataloader-workers", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE, _input_text,
-           lambda a: whatif.input_hidden(a.view, job_cpu(a.traits), _gpu(a)), Bottleneck.INPUT,
-           blocked=lambda a: whatif.no_core_for_workers(a.view, job_cpu(a.traits), _gpu(a))),
-    Advice("cheaper-input", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE and _cpu_loading(a),
-           _cheaper_input_text,
+    Advice("dataloader-workers", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE, input_text,
+           lambda a: whatif.input_hidden(a.view, job_cpu(a.traits), on_gpu(a)), Bottleneck.INPUT,
+           blocked=lambda a: whatif.no_core_for_workers(a.view, job_cpu(a.traits), on_gpu(a))),
+    Advice("cheaper-input", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE and cpu_loading(a),
+           cheaper_input_text,
            _none("how much cheaper a batch gets is the job's choice: each ms of a batch's work "
                  "removed is a ms of the wait, while the main thread loads"), Bottleneck.INPUT),
-    Advice("overlap-communication", lambda a, s: _exposed(a) >= COMM_NOTABLE,
-           _comm_text,
-           lambda a: whatif.communication_overlapped(a.view, cpu=not _gpu(a), backward_us=a.backward_us),
+    Advice("overlap-communication", lambda a, s: exposed_share(a) >= COMM_NOTABLE,
+           comm_text,
+           lambda a: whatif.communication_overlapped(a.view, cpu=not on_gpu(a), backward_us=a.backward_us),
            Bottleneck.COMMUNICATION),
     Advice("all-reduce-less-often",
            lambda a, s: a.traits.training and s[Bottleneck.COMMUNICATION] >= COMM_NOTABLE,
-           _comm_cost_text, lambda a: whatif.accumulated(a.view, cost(a.view)),
+           comm_cost_text, lambda a: whatif.accumulated(a.view, cost(a.view)),
            Bottleneck.COMMUNICATION),
     # host advice on a GPU from the job's own launch overhead alone; the training thread's wait
     # for cores its own workers and threads hold has its own fix (``host_wait``)
     Advice("cuda-graphs-or-compile",
-           lambda a, s: _gpu(a) and not a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE,
-           _graphs_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share), Bottleneck.HOST),
+           lambda a, s: on_gpu(a) and not a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE,
+           graphs_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share), Bottleneck.HOST),
     # where the syncs were counted (``syncs``), on any device, by what removing them saves;
     # else (no count at all) a compiled GPU job's host gaps, as before
     Advice("remove-host-syncs", lambda a, s: _syncs_apply(a),
-           lambda a, s: host_syncs.advice_text(a.syncs) if a.syncs is not None else _syncs_text(a, s),
+           lambda a, s: host_syncs.advice_text(a.syncs) if a.syncs is not None else syncs_text(a, s),
            lambda a: (whatif.Prediction(*host_syncs.predicted_step_us(a.syncs)) if a.syncs is not None
                       else whatif.host_gaps_closed(a.view)), Bottleneck.HOST),
-    Advice("free-a-core", lambda a, s: contention_share(a.view) >= HOST_NOTABLE, _contention_text,
+    Advice("free-a-core", lambda a, s: contention_share(a.view) >= HOST_NOTABLE, contention_text,
            lambda a: whatif.contention_removed(a.view), Bottleneck.HOST),
     Advice("compile-small-ops",
-           lambda a, s: not _gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
-           _compile_small_text, _compiled, Bottleneck.HOST),
+           lambda a, s: not on_gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
+           compile_small_text, _compiled, Bottleneck.HOST),
     Advice("batch-small-ops",
-           lambda a, s: not _gpu(a) and a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
-           _batch_small_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
+           lambda a, s: not on_gpu(a) and a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
+           batch_small_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
     # torch.compile once: where the host advice above already names it, not again for memory
     Advice("fuse-memory-bound",
            lambda a, s: not a.traits.compiled and s[Bottleneck.MEMORY] >= DEVICE_NOTABLE
            and a.view.memory_bound > 0 and s[Bottleneck.HOST] < HOST_NOTABLE,
-           _fuse_text, _compiled, Bottleneck.MEMORY),
+           fuse_text, _compiled, Bottleneck.MEMORY),
     Advice("bf16-activations",
            lambda a, s: s[Bottleneck.MEMORY] >= DEVICE_NOTABLE and a.view.memory_bound > 0
-           and _fp32_share(a) >= 0.5 and "bf16" in a.device_peaks,
-           _bf16_bytes_text, _bf16_bytes_predict, Bottleneck.MEMORY,
-           blocked=lambda a: _slower_dtype(a, ("bf16",))),
+           and fp32_share(a) >= 0.5 and "bf16" in a.device_peaks,
+           bf16_bytes_text, _bf16_bytes_predict, Bottleneck.MEMORY,
+           blocked=lambda a: slower_dtype(a, ("bf16",))),
     Advice("fused-optimizer",
            lambda a, s: a.traits.optimizer and not a.traits.fused_optimizer
            and max(s[Bottleneck.MEMORY], s[Bottleneck.HOST]) >= DEVICE_NOTABLE,
-           _fused_opt_text,
+           fused_opt_text,
            _none("the optimizer's share of the step is not separated in the breakdown"),
            Bottleneck.MEMORY),
     Advice("pinned-async-copies",
-           lambda a, s: _gpu(a) and a.view.step_time > 0
+           lambda a, s: on_gpu(a) and a.view.step_time > 0
            and a.view.memcpy_exposed / a.view.step_time >= MEMCPY_NOTABLE,
-           _copies_text, lambda a: whatif.copies_hidden(a.view), Bottleneck.MEMORY),
+           copies_text, lambda a: whatif.copies_hidden(a.view), Bottleneck.MEMORY),
     Advice("lower-precision",
            lambda a, s: s[Bottleneck.COMPUTE] >= DEVICE_NOTABLE and _lower_precision_applies(a),
-           _precision_text, _precision_predict, Bottleneck.COMPUTE,
-           blocked=lambda a: _slower_dtype(a, ("bf16", "fp16", "tf32"))),
+           precision_text, _precision_predict, Bottleneck.COMPUTE,
+           blocked=lambda a: slower_dtype(a, ("bf16", "fp16", "tf32"))),
     Advice("fused-attention",
-           lambda a, s: _gpu(a) and a.traits.attention and not a.traits.sdpa
+           lambda a, s: on_gpu(a) and a.traits.attention and not a.traits.sdpa
            and s[Bottleneck.COMPUTE] + s[Bottleneck.MEMORY] >= DEVICE_NOTABLE,
-           _attention_text,
+           attention_text,
            _none("the trace does not show how much of the matmul and softmax time a fused kernel "
                  "would keep"), Bottleneck.COMPUTE),
     Advice("tensor-core-shapes",
-           lambda a, s: _gpu(a) and s[Bottleneck.COMPUTE] >= DEVICE_NOTABLE and a.mfu.value is not None
+           lambda a, s: on_gpu(a) and s[Bottleneck.COMPUTE] >= DEVICE_NOTABLE and a.mfu.value is not None
            and a.mfu.value < LOW_MFU and _bad_gemm_shapes(a),
-           _shapes_text, _none("the speed of a padded GEMM depends on the kernel chosen"),
+           shapes_text, _none("the speed of a padded GEMM depends on the kernel chosen"),
            Bottleneck.COMPUTE),
     Advice("fewer-flops",
            lambda a, s: s[Bottleneck.COMPUTE] >= DEVICE_NOTABLE and a.mfu.value is not None
            and a.mfu.value >= LOW_MFU and not _lower_precision_helps(a),
-           _near_peak_text, _none("a smaller model or more devices change the job, not its speed"),
+           near_peak_text, _none("a smaller model or more devices change the job, not its speed"),
            Bottleneck.COMPUTE),
     Advice("fix-straggler", lambda a, s: a.stragglers is not None and bool(a.stragglers.ranks),
-           _straggler_text, _straggler, None),
+           straggler_text, _straggler, None),
 ]
 ACTIONS = [c.action for c in CATALOGUE]
 

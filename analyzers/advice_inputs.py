@@ -63,20 +63,20 @@ class AdviceInputs:
 
 
 
-def _gpu(a: AdviceInputs) -> bool:
+def on_gpu(a: AdviceInputs) -> bool:
     return a.device_kind == "gpu"
 
 
-def _unit(a: AdviceInputs) -> str:
-    return "GPU" if _gpu(a) else "CPU"
+def device_unit(a: AdviceInputs) -> str:
+    return "GPU" if on_gpu(a) else "CPU"
 
 
-def _fp32_share(a: AdviceInputs) -> float:
+def fp32_share(a: AdviceInputs) -> float:
     return a.mfu.dtype_mix.get("fp32", 0.0) if a.mfu.dtype_mix else (
         1.0 if a.roofline.dtype_family == "fp32" else 0.0)
 
 
-def _fastest_lower(a: AdviceInputs) -> tuple[str, float] | None:
+def fastest_lower(a: AdviceInputs) -> tuple[str, float] | None:
     """(family, peak_fp32 / peak_family) of the fastest lower-precision family the device has
     a peak for, faster or not; None without an fp32 peak or any such family."""
     fp32 = a.device_peaks.get("fp32")
@@ -87,18 +87,18 @@ def _fastest_lower(a: AdviceInputs) -> tuple[str, float] | None:
     return None if best is None else (best[0], fp32 / best[1])
 
 
-def _faster(a: AdviceInputs) -> tuple[str, float] | None:
+def faster_dtype(a: AdviceInputs) -> tuple[str, float] | None:
     """(family, peak_fp32 / peak_family) of the fastest family the device has over fp32, where
     it is worth the change (FASTER_DTYPE_MIN_RATIO)."""
-    best = _fastest_lower(a)
+    best = fastest_lower(a)
     return best if best is not None and best[1] <= 1 / FASTER_DTYPE_MIN_RATIO else None
 
 
 def _peaks_source(a: AdviceInputs) -> str:
-    return "measured" if not _gpu(a) else "datasheet"
+    return "measured" if not on_gpu(a) else "datasheet"
 
 
-def _slower_dtype(a: AdviceInputs, families: tuple[str, ...]) -> str | None:
+def slower_dtype(a: AdviceInputs, families: tuple[str, ...]) -> str | None:
     """Why lower precision would not help on this device: its peak for every family in
     ``families`` (those the fix would use) is no faster than fp32's; None where one is. A CPU
     without bf16 units (AMX, AVX512_BF16) converts bf16 to fp32 and back around each operation:
@@ -108,7 +108,7 @@ def _slower_dtype(a: AdviceInputs, families: tuple[str, ...]) -> str | None:
     if not fp32 or not peaks or max(peaks.values()) > fp32:
         return None
     each = " and ".join(f"{f} {p / 1e9:.3g} GFLOP/s ({p / fp32:.2g}x)" for f, p in peaks.items())
-    return (f"this {_unit(a)}'s {_peaks_source(a)} GEMM peak{'s' if len(peaks) > 1 else ''}: {each}, "
+    return (f"this {device_unit(a)}'s {_peaks_source(a)} GEMM peak{'s' if len(peaks) > 1 else ''}: {each}, "
             f"against fp32 {fp32 / 1e9:.3g} GFLOP/s: under torch.autocast its matmuls would run "
             "slower, not faster")
 

@@ -29,17 +29,17 @@ from gpudiag.reports.svg_base import (
     TITLE_H,
     VERMILLION,
     YELLOW,
-    _esc,
-    _f,
-    _frame,
-    _legend,
-    _x_axis,
-    _y_axis,
+    esc,
     fit,
+    frame_svg,
+    legend_marks,
     line_style,
     nice_ticks,
+    pt,
     text_width,
     tick_label,
+    x_axis_marks,
+    y_axis_marks,
 )
 from gpudiag.units import si
 
@@ -72,7 +72,7 @@ def stacked_bars(title: str, bars: list[Bar], legend: list[tuple[str, str]], x_l
     """One row per bar, segments left to right; for step-time breakdowns."""
     right_w = 90
     plot_w = width - label_w - right_w
-    leg, leg_h = _legend(legend, label_w, TITLE_H, plot_w + right_w)
+    leg, leg_h = legend_marks(legend, label_w, TITLE_H, plot_w + right_w)
     top = TITLE_H + leg_h + 6
     row_h = 22
     x_max = max((sum(max(s.value, 0.0) for s in b.segments) for b in bars), default=0.0)
@@ -80,29 +80,29 @@ def stacked_bars(title: str, bars: list[Bar], legend: list[tuple[str, str]], x_l
     scale = plot_w / ticks[-1]
     body = leg
     y_axis = top + row_h * len(bars) + 4
-    body += _x_axis(ticks, lambda v: label_w + v * scale, y_axis, top, x_label, label_w + plot_w / 2)
+    body += x_axis_marks(ticks, lambda v: label_w + v * scale, y_axis, top, x_label, label_w + plot_w / 2)
     for i, b in enumerate(bars):
         y = top + i * row_h
         text = fit(b.label, label_w - 12, middle=False)
         weight = ' font-weight="700"' if b.marked else ""
-        tip = f"<title>{_esc(b.tip or b.label)}</title>"
-        body.append(f'<text x="{_f(label_w - 8)}" y="{_f(y + 15)}" text-anchor="end" fill="#222"'
-                    f"{weight}>{tip}{_esc(text)}</text>")
+        tip = f"<title>{esc(b.tip or b.label)}</title>"
+        body.append(f'<text x="{pt(label_w - 8)}" y="{pt(y + 15)}" text-anchor="end" fill="#222"'
+                    f"{weight}>{tip}{esc(text)}</text>")
         if b.marked:
-            body.append(f'<path d="M{_f(2)} {_f(y + 16)} l6 -11 l6 11 z" fill="{VERMILLION}">'
+            body.append(f'<path d="M{pt(2)} {pt(y + 16)} l6 -11 l6 11 z" fill="{VERMILLION}">'
                         f"{tip}</path>")
         x = label_w
         for s in b.segments:
             w = max(s.value, 0.0) * scale
             if w <= 0:
                 continue
-            body.append(f'<rect x="{_f(x)}" y="{_f(y + 3)}" width="{_f(max(w, 0.5))}" height="16" '
+            body.append(f'<rect x="{pt(x)}" y="{pt(y + 3)}" width="{pt(max(w, 0.5))}" height="16" '
                         f'fill="{s.colour}" stroke="#fff" stroke-width="0.5">'
-                        f"<title>{_esc(s.tip)}</title></rect>")
+                        f"<title>{esc(s.tip)}</title></rect>")
             x += w
         if b.note:
-            body.append(f'<text x="{_f(x + 5)}" y="{_f(y + 15)}" fill="#222">{_esc(b.note)}</text>')
-    return _frame(title, width, y_axis + 42, body, desc)
+            body.append(f'<text x="{pt(x + 5)}" y="{pt(y + 15)}" fill="#222">{esc(b.note)}</text>')
+    return frame_svg(title, width, y_axis + 42, body, desc)
 
 
 # --- plain horizontal bars (may be negative), with optional reference marks ------------------
@@ -138,8 +138,8 @@ def _value_label(text: str, x0: float, x1: float, negative: bool, lo: float, hi:
         else:
             x, anchor, fill = min(hi, lo + tw), "end", "#222"
     halo = HALO if fill == "#222" else ""
-    return (f'<text x="{_f(x)}" y="{_f(y)}" text-anchor="{anchor}" fill="{fill}" {halo} '
-            f'pointer-events="none">{_esc(text)}</text>')
+    return (f'<text x="{pt(x)}" y="{pt(y)}" text-anchor="{anchor}" fill="{fill}" {halo} '
+            f'pointer-events="none">{esc(text)}</text>')
 
 
 def bar_chart(title: str, bars: list[HBar], x_label: str, width: float = 960, label_w: float = 300,
@@ -149,7 +149,7 @@ def bar_chart(title: str, bars: list[HBar], x_label: str, width: float = 960, la
     bar has the same ref, ``ref_label`` names that line above the plot."""
     right_w = 24
     plot_w = width - label_w - right_w
-    leg, leg_h = _legend(legend or [], label_w, TITLE_H, plot_w)
+    leg, leg_h = legend_marks(legend or [], label_w, TITLE_H, plot_w)
     refs = {b.ref for b in bars if b.ref is not None}
     common_ref = refs.pop() if len(refs) == 1 and all(b.ref is not None for b in bars) else None
     ref_h = 16 if ref_label and common_ref is not None else 0
@@ -169,35 +169,35 @@ def bar_chart(title: str, bars: list[HBar], x_label: str, width: float = 960, la
         return label_w + (v - ticks[0]) * scale
 
     y_axis = top + row_h * len(bars) + 4
-    body = leg + _x_axis(ticks, sx, y_axis, top, x_label, label_w + plot_w / 2)
+    body = leg + x_axis_marks(ticks, sx, y_axis, top, x_label, label_w + plot_w / 2)
     zero = sx(0.0)
-    body.append(f'<line x1="{_f(zero)}" y1="{_f(top)}" x2="{_f(zero)}" y2="{_f(y_axis)}" stroke="#555"/>')
+    body.append(f'<line x1="{pt(zero)}" y1="{pt(top)}" x2="{pt(zero)}" y2="{pt(y_axis)}" stroke="#555"/>')
     if ref_h and common_ref is not None:
         rx = sx(common_ref)
         tw = text_width(ref_label)
         anchor, tx = ("end", rx + 1) if rx + tw / 2 > width - 2 else ("middle", rx)
-        body.append(f'<line x1="{_f(rx)}" y1="{_f(top - 4)}" x2="{_f(rx)}" y2="{_f(y_axis)}" '
+        body.append(f'<line x1="{pt(rx)}" y1="{pt(top - 4)}" x2="{pt(rx)}" y2="{pt(y_axis)}" '
                     f'stroke="{BLACK}" stroke-width="1" stroke-dasharray="3 3">'
-                    f"<title>{_esc(ref_label)}</title></line>")
-        body.append(f'<text x="{_f(tx)}" y="{_f(top - 6)}" text-anchor="{anchor}" fill="#222">'
-                    f"{_esc(ref_label)}</text>")
+                    f"<title>{esc(ref_label)}</title></line>")
+        body.append(f'<text x="{pt(tx)}" y="{pt(top - 6)}" text-anchor="{anchor}" fill="#222">'
+                    f"{esc(ref_label)}</text>")
     texts = []
     for i, b in enumerate(bars):
         y = top + i * row_h
-        tip = f"<title>{_esc(b.tip or b.label)}</title>"
-        body.append(f'<text x="{_f(label_w - 8)}" y="{_f(y + 14)}" text-anchor="end" fill="#222">'
-                    f"{tip}{_esc(fit(b.label, label_w - 12))}</text>")
+        tip = f"<title>{esc(b.tip or b.label)}</title>"
+        body.append(f'<text x="{pt(label_w - 8)}" y="{pt(y + 14)}" text-anchor="end" fill="#222">'
+                    f"{tip}{esc(fit(b.label, label_w - 12))}</text>")
         x0, x1 = sorted((zero, sx(b.value)))
-        body.append(f'<rect x="{_f(x0)}" y="{_f(y + 3)}" width="{_f(max(x1 - x0, 0.5))}" height="14" '
+        body.append(f'<rect x="{pt(x0)}" y="{pt(y + 3)}" width="{pt(max(x1 - x0, 0.5))}" height="14" '
                     f'fill="{b.colour}">{tip}</rect>')
         if b.ref is not None:
             rx = sx(b.ref)
-            body.append(f'<line x1="{_f(rx)}" y1="{_f(y + 1)}" x2="{_f(rx)}" y2="{_f(y + 19)}" '
-                        f'stroke="{BLACK}" stroke-width="2"><title>{_esc(b.ref_tip)}</title></line>')
+            body.append(f'<line x1="{pt(rx)}" y1="{pt(y + 1)}" x2="{pt(rx)}" y2="{pt(y + 19)}" '
+                        f'stroke="{BLACK}" stroke-width="2"><title>{esc(b.ref_tip)}</title></line>')
         if b.text:
             texts.append(_value_label(b.text, x0, x1, b.value < 0, label_w + 2, width - 2, y + 14))
     body += texts  # above the ref ticks, so a tick never strikes through a value
-    return _frame(title, width, y_axis + 42, body, desc)
+    return frame_svg(title, width, y_axis + 42, body, desc)
 
 
 # --- line chart with shaded spans -------------------------------------------------------------
@@ -217,7 +217,7 @@ def line_chart(title: str, lines: list[Line], x_label: str, y_label: str,
                width: float = 560, height: float = 230, desc: str = "") -> str:
     """Lines over time; spans (e.g. the traced steps) are shaded behind them."""
     left, right, bottom = 58, 14, 44
-    leg, leg_h = _legend([(ln.label, ln.colour) for ln in lines], left, TITLE_H, width - left - right,
+    leg, leg_h = legend_marks([(ln.label, ln.colour) for ln in lines], left, TITLE_H, width - left - right,
                          shape="line")
     top = TITLE_H + leg_h + 4
     plot_h = height - top - bottom
@@ -239,26 +239,26 @@ def line_chart(title: str, lines: list[Line], x_label: str, y_label: str,
     body = list(leg)
     for s0, s1 in spans or []:
         x0, x1 = sx(s0), sx(s1)
-        body.append(f'<rect x="{_f(x0)}" y="{_f(top)}" width="{_f(max(x1 - x0, MIN_SPAN_PX))}" '
-                    f'height="{_f(plot_h)}" fill="#000" fill-opacity="0.12">'
-                    f"<title>{_esc(span_label)}: {s0:g} s to {s1:g} s</title></rect>")
-    body += _x_axis(xt, sx, top + plot_h, top, x_label, left + (width - left - right) / 2, end=x_end)
-    body += _y_axis(yt, sy, left, width - right, y_label, top + plot_h / 2)
+        body.append(f'<rect x="{pt(x0)}" y="{pt(top)}" width="{pt(max(x1 - x0, MIN_SPAN_PX))}" '
+                    f'height="{pt(plot_h)}" fill="#000" fill-opacity="0.12">'
+                    f"<title>{esc(span_label)}: {s0:g} s to {s1:g} s</title></rect>")
+    body += x_axis_marks(xt, sx, top + plot_h, top, x_label, left + (width - left - right) / 2, end=x_end)
+    body += y_axis_marks(yt, sy, left, width - right, y_label, top + plot_h / 2)
     for ln in lines:
         pts = [(x, y) for x, y in zip(ln.xs, ln.ys, strict=False) if math.isfinite(y)]
         dash = f' stroke-dasharray="{ln.dash}"' if ln.dash else ""
-        tip = f"<title>{_esc(ln.label)}</title>"
+        tip = f"<title>{esc(ln.label)}</title>"
         if len(pts) == 1:
-            body.append(f'<circle cx="{_f(sx(pts[0][0]))}" cy="{_f(sy(pts[0][1]))}" r="3" '
+            body.append(f'<circle cx="{pt(sx(pts[0][0]))}" cy="{pt(sy(pts[0][1]))}" r="3" '
                         f'fill="{ln.colour}">{tip}</circle>')
         elif pts:
-            coords = " ".join(f"{_f(sx(x))},{_f(sy(y))}" for x, y in pts)
+            coords = " ".join(f"{pt(sx(x))},{pt(sy(y))}" for x, y in pts)
             body.append(f'<polyline points="{coords}" fill="none" stroke="{ln.colour}" '
                         f'stroke-width="1.5" stroke-linejoin="round"{dash}>{tip}</polyline>')
     for s0, _ in (spans or [])[:1]:
-        body.append(f'<text x="{_f(sx(s0) + 3)}" y="{_f(top + 12)}" fill="#222" stroke="#fff" '
-                    f'stroke-width="3" paint-order="stroke">{_esc(span_label)}</text>')
-    return _frame(title, width, height, body, desc)
+        body.append(f'<text x="{pt(sx(s0) + 3)}" y="{pt(top + 12)}" fill="#222" stroke="#fff" '
+                    f'stroke-width="3" paint-order="stroke">{esc(span_label)}</text>')
+    return frame_svg(title, width, height, body, desc)
 
 
 # --- log-log scatter with a compute and a bandwidth ceiling (roofline) -----------------------
@@ -295,7 +295,7 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
     roofline is a sentence, not a chart. The ceiling labels are drawn last, over the circles,
     with a white halo, so a cluster of points never hides them."""
     left, right, bottom = 72, 20, 46
-    leg, leg_h = _legend(legend, left, TITLE_H, width - left - right)
+    leg, leg_h = legend_marks(legend, left, TITLE_H, width - left - right)
     top = TITLE_H + leg_h + 6
     plot_w, plot_h = width - left - right, height - top - bottom
     pts = [p for p in points if p.x > 0 and p.y > 0 and math.isfinite(p.x) and math.isfinite(p.y)]
@@ -324,8 +324,8 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
     xt = [10.0 ** k for k in range(x0, x1 + 1)]
     yt = [10.0 ** k for k in range(y0, y1 + 1)]
     body = list(leg)
-    body += _x_axis(xt, sx, top + plot_h, top, x_label, left + plot_w / 2, fmt, corner=True)
-    body += _y_axis(yt, sy, left, left + plot_w, y_label, top + plot_h / 2, fmt, corner=True)
+    body += x_axis_marks(xt, sx, top + plot_h, top, x_label, left + plot_w / 2, fmt, corner=True)
+    body += y_axis_marks(yt, sy, left, left + plot_w, y_label, top + plot_h / 2, fmt, corner=True)
     xlo, xhi, ylo = 10.0 ** x0, 10.0 ** x1, 10.0 ** y0
     labels: list[str] = []  # drawn after the circles
     roof: list[tuple[float, float]] = []
@@ -335,9 +335,9 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
         if start < end:
             roof += [(start, ceil.bandwidth * start), (end, ceil.bandwidth * end)]
             bx, by = sx(start) + 6, sy(ceil.bandwidth * start) - 6
-            labels.append(f'<text x="{_f(bx)}" y="{_f(by)}" fill="#222" {HALO} pointer-events="none" '
-                          f'transform="rotate({_f(_slope_deg(sx, sy, start, end, ceil.bandwidth))} '
-                          f'{_f(bx)} {_f(by)})">{_esc(ceil.bandwidth_label)}</text>')
+            labels.append(f'<text x="{pt(bx)}" y="{pt(by)}" fill="#222" {HALO} pointer-events="none" '
+                          f'transform="rotate({pt(_slope_deg(sx, sy, start, end, ceil.bandwidth))} '
+                          f'{pt(bx)} {pt(by)})">{esc(ceil.bandwidth_label)}</text>')
     if ceil.peak and ceil.peak > 0:
         start = max(ceil.ridge if ceil.ridge and ceil.bandwidth else xlo, xlo)
         roof += [(start, ceil.peak), (xhi, ceil.peak)]
@@ -346,26 +346,26 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
         anchor = "start"
         if px + text_width(ceil.peak_label) > left + plot_w - 4:
             px, anchor = left + plot_w - 4, "end"
-        labels.append(f'<text x="{_f(px)}" y="{_f(py)}" text-anchor="{anchor}" fill="#222" {HALO} '
-                      f'pointer-events="none">{_esc(ceil.peak_label)}</text>')
+        labels.append(f'<text x="{pt(px)}" y="{pt(py)}" text-anchor="{anchor}" fill="#222" {HALO} '
+                      f'pointer-events="none">{esc(ceil.peak_label)}</text>')
     if roof:
-        coords = " ".join(f"{_f(sx(x))},{_f(sy(y))}" for x, y in roof)
+        coords = " ".join(f"{pt(sx(x))},{pt(sy(y))}" for x, y in roof)
         body.append(f'<polyline points="{coords}" fill="none" stroke="{BLACK}" stroke-width="2.5">'
-                    f"<title>{_esc(ceil.peak_label)}; {_esc(ceil.bandwidth_label)}</title></polyline>")
+                    f"<title>{esc(ceil.peak_label)}; {esc(ceil.bandwidth_label)}</title></polyline>")
     if ceil.ridge and ceil.peak and xlo <= ceil.ridge <= xhi:
         rx = sx(ceil.ridge)
-        body.append(f'<line x1="{_f(rx)}" y1="{_f(sy(ceil.peak))}" x2="{_f(rx)}" y2="{_f(top + plot_h)}" '
-                    f'stroke="#555" stroke-dasharray="4 3"><title>{_esc(ceil.ridge_label)}</title></line>')
-        labels.append(f'<text x="{_f(rx + 4)}" y="{_f(top + plot_h - 6)}" fill="#444" {HALO} '
-                      f'pointer-events="none">{_esc(ceil.ridge_label)}</text>')
+        body.append(f'<line x1="{pt(rx)}" y1="{pt(sy(ceil.peak))}" x2="{pt(rx)}" y2="{pt(top + plot_h)}" '
+                    f'stroke="#555" stroke-dasharray="4 3"><title>{esc(ceil.ridge_label)}</title></line>')
+        labels.append(f'<text x="{pt(rx + 4)}" y="{pt(top + plot_h - 6)}" fill="#444" {HALO} '
+                      f'pointer-events="none">{esc(ceil.ridge_label)}</text>')
     wmax = max((p.weight for p in pts), default=0.0)
     for p in sorted(pts, key=lambda p: -p.weight):
         r = 3 + 11 * math.sqrt(p.weight / wmax) if wmax > 0 else 4
-        body.append(f'<circle cx="{_f(sx(p.x))}" cy="{_f(sy(p.y))}" r="{_f(r)}" fill="{p.colour}" '
+        body.append(f'<circle cx="{pt(sx(p.x))}" cy="{pt(sy(p.y))}" r="{pt(r)}" fill="{p.colour}" '
                     'fill-opacity="0.75" stroke="#222" stroke-width="0.6">'
-                    f"<title>{_esc(p.tip)}</title></circle>")
+                    f"<title>{esc(p.tip)}</title></circle>")
     body += labels
-    return _frame(title, width, height, body, desc)
+    return frame_svg(title, width, height, body, desc)
 
 
 def _slope_deg(sx: Callable[[float], float], sy: Callable[[float], float], a: float, b: float,

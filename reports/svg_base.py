@@ -2,7 +2,7 @@
 
 Why separate from the charts (``svg.py``): these are the parts whose correctness is about
 markup and measurement, not about a chart's shape: every piece of text that reaches the
-markup goes through ``_esc`` (kernel and operator names come from traces and may contain
+markup goes through ``esc`` (kernel and operator names come from traces and may contain
 anything), and ``text_width`` lays text out for the widest common sans-serif font so labels
 never overrun. The charts import them; callers use them through ``svg``.
 
@@ -55,11 +55,11 @@ _W_OTHER = 1.0  # wide enough for CJK and symbols
 _W_SLACK = 1.06  # a little more than measured: font hinting and other fonts' wider glyphs
 
 
-def _esc(text: object) -> str:
+def esc(text: object) -> str:
     return escape(str(text), quote=True)
 
 
-def _f(v: float) -> str:
+def pt(v: float) -> str:
     """Pixel coordinate: one decimal is finer than any screen and keeps the file small."""
     s = f"{v:.1f}"
     return s[:-2] if s.endswith(".0") else s
@@ -133,17 +133,17 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return ticks
 
 
-def _frame(title: str, width: float, height: float, body: list[str], desc: str = "") -> str:
-    d = f"<desc>{_esc(desc)}</desc>" if desc else ""
+def frame_svg(title: str, width: float, height: float, body: list[str], desc: str = "") -> str:
+    d = f"<desc>{esc(desc)}</desc>" if desc else ""
     return (f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" role="img" '
-            f'viewBox="0 0 {_f(width)} {_f(height)}" width="{_f(width)}" height="{_f(height)}" '
+            f'viewBox="0 0 {pt(width)} {pt(height)}" width="{pt(width)}" height="{pt(height)}" '
             f'font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif" font-size="{FONT}">'
-            f"<title>{_esc(title)}</title>{d}"
-            f'<text x="0" y="16" font-size="14" font-weight="600" fill="#222">{_esc(title)}</text>'
+            f"<title>{esc(title)}</title>{d}"
+            f'<text x="0" y="16" font-size="14" font-weight="600" fill="#222">{esc(title)}</text>'
             + "".join(body) + "</svg>")
 
 
-def _legend(items: list[tuple[str, str]], x0: float, y0: float, width: float,
+def legend_marks(items: list[tuple[str, str]], x0: float, y0: float, width: float,
             shape: str = "rect") -> tuple[list[str], float]:
     """Legend swatches wrapped to the width; returns the markup and the height used."""
     out: list[str] = []
@@ -153,44 +153,44 @@ def _legend(items: list[tuple[str, str]], x0: float, y0: float, width: float,
         if x > x0 and x + w > x0 + width:
             x, y = x0, y + 18
         if shape == "line":
-            out.append(f'<line x1="{_f(x)}" y1="{_f(y + 6)}" x2="{_f(x + 14)}" y2="{_f(y + 6)}" '
+            out.append(f'<line x1="{pt(x)}" y1="{pt(y + 6)}" x2="{pt(x + 14)}" y2="{pt(y + 6)}" '
                        f'stroke="{colour}" stroke-width="2.5"/>')
         else:
-            out.append(f'<rect x="{_f(x)}" y="{_f(y)}" width="12" height="12" fill="{colour}" '
+            out.append(f'<rect x="{pt(x)}" y="{pt(y)}" width="12" height="12" fill="{colour}" '
                        'stroke="#333" stroke-width="0.5"/>')
-        out.append(f'<text x="{_f(x + 18)}" y="{_f(y + 10)}" fill="#222">{_esc(label)}</text>')
+        out.append(f'<text x="{pt(x + 18)}" y="{pt(y + 10)}" fill="#222">{esc(label)}</text>')
         x += w
     return out, (y - y0 + 18) if items else 0.0
 
 
-def _x_axis(ticks: list[float], sx: Callable[[float], float], y: float, top: float, label: str,
+def x_axis_marks(ticks: list[float], sx: Callable[[float], float], y: float, top: float, label: str,
             mid: float, fmt: Callable[[float], str] = tick_label, end: float | None = None,
             corner: bool = False) -> list[str]:
     """``corner``: a y axis has tick labels at this axis's start, so the first x label starts
     at its tick instead of centring on it (the two would touch)."""
     x_end = sx(ticks[-1] if end is None else max(end, ticks[-1]))
-    out = [f'<line x1="{_f(sx(ticks[0]))}" y1="{_f(y)}" x2="{_f(x_end)}" y2="{_f(y)}" stroke="#555"/>']
+    out = [f'<line x1="{pt(sx(ticks[0]))}" y1="{pt(y)}" x2="{pt(x_end)}" y2="{pt(y)}" stroke="#555"/>']
     for i, t in enumerate(ticks):
         x = sx(t)
         anchor, tx = ("start", x + 2) if corner and i == 0 else ("middle", x)
-        out.append(f'<line x1="{_f(x)}" y1="{_f(top)}" x2="{_f(x)}" y2="{_f(y)}" stroke="#e4e4e4"/>')
-        out.append(f'<text x="{_f(tx)}" y="{_f(y + 15)}" text-anchor="{anchor}" fill="#444">'
-                   f"{_esc(fmt(t))}</text>")
-    out.append(f'<text x="{_f(mid)}" y="{_f(y + 32)}" text-anchor="middle" fill="#222">{_esc(label)}</text>')
+        out.append(f'<line x1="{pt(x)}" y1="{pt(top)}" x2="{pt(x)}" y2="{pt(y)}" stroke="#e4e4e4"/>')
+        out.append(f'<text x="{pt(tx)}" y="{pt(y + 15)}" text-anchor="{anchor}" fill="#444">'
+                   f"{esc(fmt(t))}</text>")
+    out.append(f'<text x="{pt(mid)}" y="{pt(y + 32)}" text-anchor="middle" fill="#222">{esc(label)}</text>')
     return out
 
 
-def _y_axis(ticks: list[float], sy: Callable[[float], float], x: float, right: float, label: str,
+def y_axis_marks(ticks: list[float], sy: Callable[[float], float], x: float, right: float, label: str,
             mid: float, fmt: Callable[[float], str] = tick_label, corner: bool = False) -> list[str]:
     """``corner``: the first label sits above its tick, clear of the x axis's first label."""
-    out = [f'<line x1="{_f(x)}" y1="{_f(sy(ticks[0]))}" x2="{_f(x)}" y2="{_f(sy(ticks[-1]))}" '
+    out = [f'<line x1="{pt(x)}" y1="{pt(sy(ticks[0]))}" x2="{pt(x)}" y2="{pt(sy(ticks[-1]))}" '
            'stroke="#555"/>']
     for i, t in enumerate(ticks):
         y = sy(t)
         ty = y - 2 if corner and i == 0 else y + 4
-        out.append(f'<line x1="{_f(x)}" y1="{_f(y)}" x2="{_f(right)}" y2="{_f(y)}" stroke="#e4e4e4"/>')
-        out.append(f'<text x="{_f(x - 6)}" y="{_f(ty)}" text-anchor="end" fill="#444">'
-                   f"{_esc(fmt(t))}</text>")
-    out.append(f'<text transform="translate(14 {_f(mid)}) rotate(-90)" text-anchor="middle" '
-               f'fill="#222">{_esc(label)}</text>')
+        out.append(f'<line x1="{pt(x)}" y1="{pt(y)}" x2="{pt(right)}" y2="{pt(y)}" stroke="#e4e4e4"/>')
+        out.append(f'<text x="{pt(x - 6)}" y="{pt(ty)}" text-anchor="end" fill="#444">'
+                   f"{esc(fmt(t))}</text>")
+    out.append(f'<text transform="translate(14 {pt(mid)}) rotate(-90)" text-anchor="middle" '
+               f'fill="#222">{esc(label)}</text>')
     return out

@@ -28,7 +28,7 @@ from gpudiag.scheduler.local.config import (
 )
 from gpudiag.scheduler.local.containment import Containment
 from gpudiag.scheduler.local.engine import Engine, Layout, Machine, stored_signal
-from gpudiag.scheduler.local.lifecycle import Jobs, _log
+from gpudiag.scheduler.local.lifecycle import Jobs, log_line
 from gpudiag.scheduler.local.protocol import Peer, Refused
 from gpudiag.scheduler.local.room import StateFull
 from gpudiag.scheduler.local.store import ACTIVE, CANCELLED, FINAL, PENDING, RUNNING, JobRow, Store
@@ -77,7 +77,7 @@ class Daemon:
         except Exception as e:  # noqa: BLE001 - sqlite3/schema errors become one line
             raise BadInput(f"cannot open the scheduler database: {e}") from None
         for note in self.store.migrated:
-            _log(note)
+            log_line(note)
         book = MfuBook(policy.history_half_life_s)
         for key, cls, mfu, label, t in self.store.observations():
             book.observe(key, cls, mfu, label, t)
@@ -92,15 +92,15 @@ class Daemon:
         self.read_signals(time.time())
         try:
             for note in self.jobs.recover(time.time()):
-                _log(note)
+                log_line(note)
         except StateFull as e:   # what it could not record, the passes settle (reap) as they can
-            _log(f"recovery stopped: {e}; the scheduling passes take it up")
+            log_line(f"recovery stopped: {e}; the scheduling passes take it up")
         for row in self.jobs.active.values():   # restarted with another --gpus: one line per job
             gone = [i for i in row.slots or () if i not in machine.ids]
             if gone:
-                _log(f"job {row.id} of {row.user} holds {machine.unit} {','.join(gone)}, which this start "
-                     f"does not declare ({','.join(machine.ids)}): it keeps them until it ends, and no "
-                     "other job is given them")
+                log_line(f"job {row.id} of {row.user} holds {machine.unit} {','.join(gone)}, which this "
+                         f"start does not declare ({','.join(machine.ids)}): it keeps them until it ends, "
+                         "and no other job is given them")
 
     # -- signals ------------------------------------------------------------------------------
     def read_signals(self, now: float) -> None:
@@ -173,7 +173,7 @@ class Daemon:
                 except StateFull:
                     continue   # not while it could not be recorded: the next pass decides again
                 what = "reclaimed for its quota by" if d.numbers.get("reclaim") else "preempted for"
-                _log(f"job {victim.id} of {victim.user} (team {victim.team}, "
+                log_line(f"job {victim.id} of {victim.user} (team {victim.team}, "
                      f"{TIER_NAMES[Tier(victim.tier)]}) {what} job {d.numbers.get('for_job', '?')}: {why}")
 
     def act_on_stalled(self, now: float) -> None:
@@ -192,7 +192,7 @@ class Daemon:
                     self.jobs.stop(row, "preempt" if d.action == "requeue" else "cancel", d.reason, now)
                 except StateFull:
                     continue   # not while it could not be recorded: the next pass decides again
-                _log(f"job {row.id} ({row.user}): {d.reason}")
+                log_line(f"job {row.id} ({row.user}): {d.reason}")
                 self.dirty = True
 
     # -- requests -------------------------------------------------------------------------------
@@ -248,7 +248,7 @@ class Daemon:
             raise Refused(str(e)) from None
         finally:
             while self.teams.notes:
-                _log(self.teams.notes.pop(0))
+                log_line(self.teams.notes.pop(0))
         exe = runner.monitor_command(Path(), s.cmd)[0] if self.jobs.monitor else s.cmd[0]
         try:
             check = CommandCheck(peer.uid, user, s.cwd, s.cmd[0], exe, s.env)
@@ -370,7 +370,7 @@ class Daemon:
         except (Refused, StateFull) as e:
             return {"ok": False, "error": str(e)}
         except Exception as e:  # noqa: BLE001 - one bad request must not take the machine's queue down
-            _log(f"request failed: {type(e).__name__}: {e}")
+            log_line(f"request failed: {type(e).__name__}: {e}")
             return {"ok": False, "error": f"internal error: {type(e).__name__}: {e}", "internal": True}
 
 

@@ -77,7 +77,7 @@ FINISH_GRACE_S = 10.0    # SIGTERM to SIGKILL for an analysis past POST_RUN_S: g
 RECOVERY_SCAN_S = 60.0   # the one scan of every process at start: nothing is served before it
 
 
-def _log(msg: str) -> None:
+def log_line(msg: str) -> None:
     """One line to the daemon's log; a log that cannot be written (its disk full) loses the line,
     never the daemon."""
     try:
@@ -147,7 +147,7 @@ class Jobs:
                                                       jdir, self.monitor))
         except Exception as e:  # noqa: BLE001 - one job that cannot start fails alone, never the daemon
             if not isinstance(e, (OSError, subprocess.SubprocessError)):
-                _log(f"job {row.id}: unexpected error starting it:\n{traceback.format_exc()}")
+                log_line(f"job {row.id}: unexpected error starting it:\n{traceback.format_exc()}")
             self.containment.release(self.marker(row))
             if is_full(e):   # the state folder is full: load, not the job's fault; it waits
                 self.store.update(row, state=PENDING, slots=None,
@@ -157,7 +157,7 @@ class Jobs:
             self.store.update(row, state=FAILED, ended_t=now, slots=None, exit_code=None,
                               reason=f"could not start: {getattr(e, 'strerror', None) or e}")
             self.active.pop(row.id)
-            _log(f"job {row.id} {row.reason}")
+            log_line(f"job {row.id} {row.reason}")
             return
         self.children[row.id] = proc
         self._record_running(row)
@@ -204,7 +204,7 @@ class Jobs:
                   and now - row.started_t > row.time_limit_s):
                 self.stop(row, "timeout", f"time limit of {row.time_limit_s:.0f} s reached", now)
             elif row.state == FINISHING and now >= (row.stop_deadline or 0):
-                _log(f"job {row.id}: gpudiag profile's analysis ran past {POST_RUN_S:.0f} s after its "
+                log_line(f"job {row.id}: gpudiag profile's analysis ran past {POST_RUN_S:.0f} s after its "
                      "command ended; stopping it")
                 self.stop(row, "finish", f"{row.reason}; its analysis ran past {POST_RUN_S:.0f} s: stopped",
                           now, grace_s=FINISH_GRACE_S)
@@ -259,7 +259,7 @@ class Jobs:
             with jobfiles.open_dir(self.job_dir(row), row.uid) as fd:
                 claim = runner.run_json_claim(fd, row.attempt, row.uid)
         except runner.BadJobFile as e:
-            _log(f"job {row.id} of {row.user}: {e}; stopping it")
+            log_line(f"job {row.id} of {row.user}: {e}; stopping it")
             self.stop(row, "badfile", f"{e}: stopped (gpudiag profile writes that file; the job may not)",
                       now)
             return

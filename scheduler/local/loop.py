@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from gpudiag.scheduler.local.clients import SEND_TIMEOUT_S, Clients, Conn, Limits, raise_nofile_limit
 from gpudiag.scheduler.local.config import MAX_REQUEST_BYTES, SOCKET_NAME
-from gpudiag.scheduler.local.lifecycle import _log
+from gpudiag.scheduler.local.lifecycle import log_line
 from gpudiag.scheduler.local.protocol import encode
 from gpudiag.scheduler.local.room import StateFull
 
@@ -87,7 +87,7 @@ class Loop:
         except FileNotFoundError:
             pass
         soft, hard = raise_nofile_limit()
-        self.clients = Clients(Limits.for_nofile(soft), _log)
+        self.clients = Clients(Limits.for_nofile(soft), log_line)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(sock_path))
         os.chmod(sock_path, 0o666)  # everybody may connect; SO_PEERCRED says who they are
@@ -103,7 +103,7 @@ class Loop:
         self.sel = sel
         sel.register(listener, selectors.EVENT_READ, "listen")
         sel.register(rfd, selectors.EVENT_READ, "wake")
-        _log(f"serving {len(d.machine.ids)} {d.machine.unit} on {sock_path} (pid {os.getpid()}); "
+        log_line(f"serving {len(d.machine.ids)} {d.machine.unit} on {sock_path} (pid {os.getpid()}); "
              f"signals: {'available' if d.signals.available else d.signals.why}; "
              f"containment: {d.containment.describe()}; clients: {self.clients.limits.describe()} "
              f"(open files: {soft} of at most {hard}); listen queue: {backlog}")
@@ -139,7 +139,7 @@ class Loop:
                 self.clients.expire(now, sel)
                 self.pass_guarded()
                 next_tick = time.monotonic() + TICK_S
-        _log("stopped (running jobs keep running and are re-adopted at the next start)")
+        log_line("stopped (running jobs keep running and are re-adopted at the next start)")
         listener.close()
         sock_path.unlink(missing_ok=True)
         d.store.close()
@@ -150,7 +150,7 @@ class Loop:
         try:
             note = self.d.store.top_up()
             if note:
-                _log(note)
+                log_line(note)
             self.d.schedule(time.time())
             self.failing.clear()
         except StateFull as e:
@@ -162,7 +162,7 @@ class Loop:
     def _failed(self, cause: str, line: str) -> None:
         now = time.monotonic()
         if now - self.failing.get(cause, -math.inf) >= FAILURE_REPEAT_S:
-            _log(line)
+            log_line(line)
             self.failing[cause] = now
 
     def _io(self, c: Conn, mask: int) -> None:
@@ -194,7 +194,7 @@ class Loop:
             pass
         except OSError as e:
             if e.errno not in (errno.EPIPE, errno.ECONNRESET):
-                _log(f"client connection: {e}")
+                log_line(f"client connection: {e}")
             self.clients.close(c, sel)
 
     def _checked(self, waiting: tuple[Conn, Deferred]) -> None:
