@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,10 +12,9 @@ import click
 
 from gpudiag.commands.log import mlflow_option
 from gpudiag.commands.profile_signals import final_signal, signal_reporter
-from gpudiag.contract import ENV_CUPTI_TEARDOWN
 from gpudiag.durations import parse_duration, parse_interval
 from gpudiag.errors import BadInput, GpudiagError
-from gpudiag.rundir import diagnosis_path, gpu_samples_path, host_samples_path, rank_traces, report_path
+from gpudiag.rundir import diagnosis_path, rank_traces, report_path
 
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.01, 3600.0  # NVML sampling period
 
@@ -143,89 +143,29 @@ def _say(msg: str) -> None:
 
 
 def profile_job(command: list[str], opts: ProfileOptions) -> int:
-    """Run, observe, save, diagnose. Returns the job's exit code; collector failures never
-    change it (they are reported)."""
-    import platform
-    import socket
-
+    """Run and observe (``collectors/run.py``), then diagnose. Returns the job's exit code;
+    collector and analysis failures never change it (they are reported)."""
     from gpudiag import __version__
-    from gpudiag.collectors.host import HostSampler
-    from gpudiag.collectors.job import job_env, run_job
-    from gpudiag.collectors.nvml import NvmlUnavailable, Sampler, open_backend
-    from gpudiag.rundir import RunInfo, prepare_run_dir, write_run
+    from gpudiag.collectors.run import RunOptions, Watchers, collect_run
 
-    run_dir = prepare_run_dir(opts.out)
-    info = RunInfo(command=command, cwd=str(Path.cwd()), host=socket.gethostname(),
-                   start=time.time(), versions={"gpudiag": __version__,
-                                                "python": platform.python_version()},
-                   options={"interval_s": opts.interval, "steps": opts.steps, "skip": opts.skip,
-                            "backend": opts.backend, "retrace_s": opts.retrace_s,
-                            "cupti_teardown": opts.cupti_teardown, "stall_watch": opts.stall_watch,
-                            "stall_after_s": opts.stall_after_s})
-    sampler = None
-    try:
-        backend = open_backend(opts.backend)
-        info.gpus = backend.describe()
-        info.gpu_counters = opts.backend
-        sampler = Sampler(backend, gpu_samples_path(run_dir), opts.interval,
-                          on_error=lambda m: info.notes.append(m)).start()
-    except NvmlUnavailable as e:
-        info.gpu_counters = f"not sampled: {e}"
-        _say(f"GPU counters are not sampled: {e}")
-    except ValueError as e:
-        raise BadInput(str(e)) from None
-    write_run(run_dir, info)
-    host: list[HostSampler] = []
-    watch: list = []
-    reporter = None
+    how = RunOptions(out=opts.out, interval=opts.interval, steps=opts.steps, skip=opts.skip,
+                     backend=opts.backend, retrace_s=opts.retrace_s, cupti_teardown=opts.cupti_teardown,
+                     stall_watch=opts.stall_watch, stall_after_s=opts.stall_after_s)
 
-    def started(pid: int) -> None:
-        info.pid = pid
-        write_run(run_dir, info)
-        host.append(HostSampler(pid, host_samples_path(run_dir)).start())
-        if opts.stall_watch:
-            watch.append(_stall_monitor(run_dir, pid, opts, lambda: reporter).start())
+    def monitor(run_dir: Path, pid: int, reporter: Callable[[], object]) -> object:
+        return _stall_monitor(run_dir, pid, opts, reporter)
 
-    reporter = signal_reporter(run_dir, info, lambda: watch[0].current() if watch else None)
-    env = job_env(run_dir, opts.skip, opts.steps, opts.retrace_s, opts.cupti_teardown, opts.stall_watch)
-    info.cupti_teardown = {"asked": opts.cupti_teardown, "TEARDOWN_CUPTI": env.get("TEARDOWN_CUPTI"),
-                           "set_by": "the job's environment" if env.get(ENV_CUPTI_TEARDOWN)
-                           == "user" else "gpudiag"}
-    try:
-        result = run_job(command, env, on_start=started)
-    except BadInput:
-        info.status, info.end = "failed", time.time()
-        info.notes.append("the command could not be started")
-        _stop(sampler, host, info, watch)
-        write_run(run_dir, info)
-        raise
-    _stop(sampler, host, info, watch)
-    info.end = time.time()
-    info.exit_code = result.exit_code
-    info.signal = result.signal
-    if result.signal:
-        info.status = "interrupted" if result.signal in ("SIGINT", "SIGTERM", "SIGHUP") else "killed"
-    else:
-        info.status = "completed" if result.exit_code == 0 else "failed"
-    if result.forwarded:
-        info.notes.append(f"forwarded to the job: {', '.join(result.forwarded)}")
-    steps = _step_summary(run_dir)
-    info.last_step = steps.get("last_step")
-    if steps.get("torch"):
-        info.versions["torch"] = steps["torch"]
-    info.notes.extend(steps.get("notes", []))
-    if steps.get("cupti"):
-        info.cupti_teardown["ranks"] = steps["cupti"]
-    write_run(run_dir, info)
+    run = collect_run(command, how, Watchers(reporter=signal_reporter, monitor=monitor), _say, __version__)
+    run_dir, info, result = run.run_dir, run.info, run.result
     _leave_analysis_on_term(result.exit_code)
-    how = f"killed by {result.signal}" if result.signal else f"exited with {result.exit_code}"
     at = f" at step {info.last_step}" if info.last_step else ""
-    _say(f"job {how}{at}; run directory: {run_dir}")
+    _say(f"job {run.how}{at}; run directory: {run_dir}")
     if opts.stall_watch:
         from gpudiag.commands.profile_stall import after_job
 
         try:
-            after_job(run_dir, watch[0] if watch else None, info.status, how, bool(result.forwarded))
+            after_job(run_dir, run.monitors[0] if run.monitors else None, info.status, run.how,
+                      bool(result.forwarded))
         except Exception as e:  # noqa: BLE001 - the job's outcome must not change
             _say(f"stall report failed: {type(e).__name__}: {e}")
     d = None
@@ -233,8 +173,8 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
         d = _diagnose(run_dir, opts, info)
     except Exception as e:  # noqa: BLE001 - the job's outcome must not change
         _say(f"analysis failed: {type(e).__name__}: {e} (the run directory is complete)")
-    if reporter is not None:
-        final_signal(reporter, d, run_dir)
+    if run.reporter is not None:
+        final_signal(run.reporter, d, run_dir)
     if d is not None and opts.mlflow_uri is not None:
         _log_mlflow(d, run_dir, opts.mlflow_uri)
     _exit_past_busy_threads(result.exit_code)
@@ -306,35 +246,6 @@ def _stall_monitor(run_dir: Path, pid: int, opts: ProfileOptions, reporter: obje
 
     return StallMonitor(run_dir, pid, profile_stall.judge(rule), profile_stall.on_incident(run_dir),
                         profile_stall.on_resolved(run_dir), rule.describe(), on_change=changed)
-
-
-def _stop(sampler: object, host: list, info: object, watch: list) -> None:
-    for w in watch:
-        w.stop()
-    if sampler is not None:
-        st = sampler.stop()
-        info.sampler = {"samples": st.samples, "cpu_seconds": round(st.cpu_seconds, 4),
-                        "wall_seconds": round(st.wall_seconds, 3), "errors": st.errors}
-    for h in host:
-        h.stop()
-
-
-def _step_summary(run_dir: Path) -> dict:
-    from gpudiag.rundir import last_step, read_bootstrap
-
-    notes: list[str] = []
-    torch_version = None
-    cupti: dict[str, dict] = {}
-    for rank, meta in sorted(read_bootstrap(run_dir).items()):
-        notes.extend(f"rank {rank}: {n}" for n in meta.notes)
-        torch_version = torch_version or meta.torch
-        if meta.cupti_teardown:
-            cupti[str(rank)] = meta.cupti_teardown
-            if meta.cupti_teardown.get("skipped"):
-                notes.append(f"rank {rank}: CUPTI not torn down after the trace window: "
-                             f"{meta.cupti_teardown['skipped']}")
-    return {"last_step": last_step(run_dir), "notes": notes, "torch": torch_version,
-            "cupti": cupti}
 
 
 def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | None:
