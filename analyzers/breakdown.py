@@ -204,7 +204,8 @@ STALL_MIN_CALLS = 5
 
 def op_kinds(rt: RankTrace) -> np.ndarray:
     """Each CPU event's kind, an integer: its name and its input shapes (-1: none recorded)."""
-    return rt.cpu_name.astype(np.int64) * (len(rt.names) + 1) + (rt.cpu_shape + 1)
+    kinds: np.ndarray = rt.cpu_name.astype(np.int64) * (len(rt.names) + 1) + (rt.cpu_shape + 1)
+    return kinds
 
 
 def stalls(rt: RankTrace) -> iv.Intervals:

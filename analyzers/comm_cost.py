@@ -25,6 +25,7 @@ Communication's cost is the sum of three measured parts, each in the view's step
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -55,7 +56,7 @@ def comm_cpu(windows: list[WindowSteps] | None) -> CommCpu | None:
     if not windows:
         return None
 
-    def per_rank(rows: list[StepRow], stat) -> float | None:
+    def per_rank(rows: list[StepRow], stat: Callable[[list[float]], float]) -> float | None:
         xs = [r.comm_cpu_s for r in rows if r.comm_cpu_s is not None]
         return stat(xs) * 1e6 if xs else None
 

@@ -22,6 +22,7 @@ same model (``docs/diagnosis.md``), so the call count, not the kernels' work, de
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -109,7 +110,8 @@ def _forward_syncs(rt: RankTrace, region: np.ndarray, sync: np.ndarray, lo: np.n
         return 0.0
     bwd = region & _named(rt, _BACKWARD_RE)
 
-    def per_step(mask: np.ndarray, values: np.ndarray, fill: float, at) -> np.ndarray:
+    def per_step(mask: np.ndarray, values: np.ndarray, fill: float,
+                 at: Callable[..., None]) -> np.ndarray:
         out = np.full(lo.size, fill)
         k = np.searchsorted(lo, rt.cpu_ts[mask], side="right") - 1
         ok = k >= 0

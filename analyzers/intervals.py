@@ -61,7 +61,8 @@ def measure_in(iv: Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Length of the union inside each window [lo_k, hi_k]."""
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
-    return _covered_upto(iv, hi) - _covered_upto(iv, lo)
+    out: np.ndarray = _covered_upto(iv, hi) - _covered_upto(iv, lo)
+    return out
 
 
 def intersect(a: Intervals, b: Intervals) -> Intervals:

@@ -16,10 +16,14 @@ import shlex
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from gpudiag.errors import BadInput
+
+if TYPE_CHECKING:
+    from gpudiag.scheduler.model import Policy
 
 DEFAULT_LOADS = "0.5,0.6,0.7,0.8,0.9,1.0"
 
@@ -42,7 +46,7 @@ def _machine() -> str:
 
 
 def run(trace: str, out: str, loads_text: str, seeds: int, nodes: int, window_jobs: int, windows: int,
-        processes: int | None, base, quiet: bool) -> None:
+        processes: int | None, base: Policy, quiet: bool) -> None:
     from gpudiag.reports.sweep_page import render
     from gpudiag.scheduler.sim import sweep
     from gpudiag.scheduler.sim.sweep_table import METRICS, RATIOS, table, targets
