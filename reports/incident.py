@@ -73,35 +73,36 @@ def timeline_chart(ev: Evidence, width: float = 960) -> str:
     label_w, right_w, row_h = 70.0, 20.0, 22.0
     plot_w = width - label_w - right_w
     sx = lambda v: label_w + (v - ticks[0]) / (ticks[-1] - ticks[0]) * plot_w  # noqa: E731
-    leg, leg_h = sb._legend([("step", sb.BLUE), ("waiting in collectives", sb.SKY_BLUE),
+    leg, leg_h = sb.legend_marks([("step", sb.BLUE), ("waiting in collectives", sb.SKY_BLUE),
                              ("no step since", sb.VERMILLION)], label_w, sb.TITLE_H, plot_w)
     top = sb.TITLE_H + leg_h + 6
     body = list(leg)
     y_axis = top + row_h * len(rows) + 4
-    body += sb._x_axis(ticks, sx, y_axis, top, "seconds before the stall was noticed", label_w + plot_w / 2)
+    body += sb.x_axis_marks(ticks, sx, y_axis, top, "seconds before the stall was noticed",
+                            label_w + plot_w / 2)
     last = {str(r.rank): r.last_step_t for r in ev.ranks}
     for i, (rank, steps) in enumerate(rows):
         y = top + i * row_h
-        body.append(f'<text x="{sb._f(label_w - 8)}" y="{sb._f(y + 15)}" text-anchor="end" fill="#222">'
-                    f"rank {sb._esc(rank)}</text>")
+        body.append(f'<text x="{sb.pt(label_w - 8)}" y="{sb.pt(y + 15)}" text-anchor="end" fill="#222">'
+                    f"rank {sb.esc(rank)}</text>")
         for step, end, dt, waited in steps:
             x0, x1 = sx(end - dt - now), sx(end - now)
             if x1 < label_w:
                 continue
             x0 = max(x0, label_w)
             tip = f"<title>step {int(step)}: {dt * 1e3:.1f} ms, {waited * 1e3:.1f} ms in collectives</title>"
-            body.append(f'<rect x="{sb._f(x0)}" y="{sb._f(y + 3)}" width="{sb._f(max(x1 - x0, 0.5))}" '
+            body.append(f'<rect x="{sb.pt(x0)}" y="{sb.pt(y + 3)}" width="{sb.pt(max(x1 - x0, 0.5))}" '
                         f'height="16" fill="{sb.BLUE}" stroke="#fff" stroke-width="0.5">{tip}</rect>')
             if waited > 0 and dt > 0:
                 w = (x1 - x0) * min(1.0, waited / dt)
-                body.append(f'<rect x="{sb._f(x1 - w)}" y="{sb._f(y + 3)}" width="{sb._f(max(w, 0.3))}" '
+                body.append(f'<rect x="{sb.pt(x1 - w)}" y="{sb.pt(y + 3)}" width="{sb.pt(max(w, 0.3))}" '
                             f'height="16" fill="{sb.SKY_BLUE}">{tip}</rect>')
         t = last.get(rank)
         if t is not None and t < now:
             x0 = max(sx(t - now), label_w)
-            body.append(f'<rect x="{sb._f(x0)}" y="{sb._f(y + 8)}" width="{sb._f(sx(0) - x0)}" height="6" '
+            body.append(f'<rect x="{sb.pt(x0)}" y="{sb.pt(y + 8)}" width="{sb.pt(sx(0) - x0)}" height="6" '
                         f'fill="{sb.VERMILLION}"><title>no step for {now - t:.0f} s</title></rect>')
-    return sb._frame("The last steps of each rank, up to the stall", width, y_axis + 42, body,
+    return sb.frame_svg("The last steps of each rank, up to the stall", width, y_axis + 42, body,
                      "One row per rank: each step as a bar (its wait in collectives lighter), and the "
                      "time since its last step in red.")
 

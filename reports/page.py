@@ -2,7 +2,7 @@
 the parts of a step and how a step-time bar is split, the verdict and the two views of a step.
 
 Safety: every string from a trace or a command line is escaped, by Jinja's autoescape in the
-templates and by ``svg._esc`` in the charts; the JSON block is serialised so that no value can
+templates and by ``svg_base.esc`` in the charts; the JSON block is serialised so that no value can
 close its script element (``embed_json``).
 """
 

@@ -175,18 +175,40 @@ PRIVATE_PENDING = {"gpudiag.scheduler.policy imports gpudiag.scheduler.pending._
                    "gpudiag.scheduler.policy imports gpudiag.scheduler.pending._KIND"}
 
 
+def _private_attributes(module: str, path: Path, mods: dict[str, Path]) -> list[str]:
+    """``alias._name`` where ``alias`` is another of our modules imported under that name
+    (``from pkg import mod as alias``, ``import pkg.mod as alias``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                if f"{node.module}.{a.name}" in mods:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in mods and a.asname:
+                    aliases[a.asname] = a.name
+    return [f"{module} imports {aliases[node.value.id]}.{node.attr}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id in aliases and aliases[node.value.id] != module
+            and node.attr.startswith("_") and not node.attr.startswith("__")]
+
+
 def private_imports(mods: dict[str, Path]) -> list[str]:
-    """``from other_module import _name``: a module leaning on another's internals, which that
-    module may change without looking for callers."""
-    return sorted(f"{m} imports {name}.{n}" for m, path in mods.items()
-                  for name, names in _imports(m, path) if name in mods and name != m
-                  for n in names if n.startswith("_") and not n.startswith("__"))
+    """``from other_module import _name`` or ``other_module._name``: a module leaning on
+    another's internals, which that module may change without looking for callers."""
+    named = [f"{m} imports {name}.{n}" for m, path in mods.items()
+             for name, names in _imports(m, path) if name in mods and name != m
+             for n in names if n.startswith("_") and not n.startswith("__")]
+    used = [w for m, path in mods.items() for w in _private_attributes(m, path, mods)]
+    return sorted(set(named + used))
 
 
 def test_no_module_imports_another_modules_private_names(tmp_path):
     assert [w for w in private_imports(_modules()) if w not in PRIVATE_PENDING] == []
     assert PRIVATE_PENDING <= set(private_imports(_modules())), "cleaned: remove from PRIVATE_PENDING"
     src = tmp_path / "planted.py"
-    src.write_text("from gpudiag.units import _planted\n")
+    src.write_text("from gpudiag.units import _planted\nfrom gpudiag import units as u\nu._other(1)\n")
     assert private_imports({"gpudiag.units": REPO / "gpudiag" / "units.py", "gpudiag.planted": src}) == [
-        "gpudiag.planted imports gpudiag.units._planted"]
+        "gpudiag.planted imports gpudiag.units._other", "gpudiag.planted imports gpudiag.units._planted"]
