@@ -29,7 +29,7 @@ THROTTLE_REASONS = {
 }
 
 # A GPU below this SM activity (GPM), or NVML utilisation where the GPU has no GPM, is idle
-# (gpudiag_gpu_idle): what `gpudiag fleet` counts as GPU-hours held while idle.
+# (gpudiag_job_idle_gpus): what `gpudiag fleet` counts as GPU-hours held while idle.
 IDLE_ACTIVITY = 0.05
 
 # (row key, metric name, help, scale to base unit)
@@ -60,12 +60,12 @@ GAUGES: list[tuple[str, str, str, float]] = [
 ]
 
 
-def _idle(row: dict[str, Any]) -> float | None:
-    """1.0 idle, 0.0 busy, None where the GPU reports neither SM activity nor utilisation."""
+def _idle(row: dict[str, Any]) -> bool | None:
+    """Whether the GPU is idle; None where it reports neither SM activity nor utilisation."""
     for key in ("gpm_sm_activity", "util_gpu"):
         v = _num(row.get(key))
         if v is not None:
-            return 1.0 if v * 0.01 < IDLE_ACTIVITY else 0.0
+            return v * 0.01 < IDLE_ACTIVITY
     return None
 
 
@@ -118,9 +118,13 @@ class GpuCollector(Collector):
         labels = ["gpu", "uuid", "model", "job_id"] + (["hpc_job"] if mapping is not None else [])
         up = GaugeMetricFamily("gpudiag_gpu_up", "1 if the GPU answered this scrape.", labels=labels)
         gauges = {name: GaugeMetricFamily(name, help_, labels=labels) for _, name, help_, _ in GAUGES}
-        idle = GaugeMetricFamily("gpudiag_gpu_idle", "1 while the GPU is idle: SM activity (GPM) "
-                                 f"below {IDLE_ACTIVITY:.0%}, or NVML utilisation where it has no GPM.",
-                                 labels=labels)
+        # per job (not per GPU): what gpudiag fleet sums, with a job's GPUs in one series, so a
+        # week of 1,000 GPUs is read from ~8x fewer samples than gpudiag_gpu_up holds
+        held = GaugeMetricFamily("gpudiag_job_gpus", "GPUs each job holds on this node, as gpudiag_gpu_up "
+                                 "counts them (job_id \"\": GPUs no job holds).", labels=["job_id"])
+        idle = GaugeMetricFamily("gpudiag_job_idle_gpus", "Of a job's GPUs here, those idle: SM activity "
+                                 f"(GPM) below {IDLE_ACTIVITY:.0%}, or NVML utilisation where a GPU has "
+                                 "no GPM.", labels=["job_id"])
         held_by = GaugeMetricFamily("gpudiag_gpu_job_owner_info",
                                     "1, labelled with the uid running a job that holds GPUs here (its "
                                     "processes' owner, else its job-mapping file's non-root owner) and "
@@ -131,7 +135,8 @@ class GpuCollector(Collector):
                                      labels=[*labels, "reason"])
         errors = CounterMetricFamily("gpudiag_gpu_errors", "Failed reads of this GPU.",
                                      labels=["gpu", "uuid", "model"])
-        jobs: set[str] = set()
+        gpus_of: dict[str, int] = {}
+        idle_of: dict[str, int] = {}
         for i in range(self.backend.gpu_count()):
             meta = self.info[i] if i < len(self.info) else {}
             uuid, model = str(meta.get("uuid", "")), str(meta.get("name", ""))
@@ -150,15 +155,16 @@ class GpuCollector(Collector):
                 series = series or [[str(i), uuid, model, job, ""]]
             for lv in series:
                 up.add_metric(lv, 0.0 if row is None else 1.0)
-                jobs.add(lv[3])
+                gpus_of[lv[3]] = gpus_of.get(lv[3], 0) + 1
+                idle_of[lv[3]] = idle_of.get(lv[3], 0) + (row is not None and _idle(row) is True)
                 if row is not None:
                     self._add_row(row, lv, gauges, throttle)
-                    busy = _idle(row)
-                    if busy is not None:
-                        idle.add_metric(lv, busy)
             errors.add_metric([str(i), uuid, model], float(self.errors.get(str(i), 0)))
-        self._holders(jobs - {"", "multiple"}, held_by)
-        return [up_nvml, up, *gauges.values(), idle, held_by, throttle, errors]
+        for job, n in sorted(gpus_of.items()):
+            held.add_metric([job], float(n))
+            idle.add_metric([job], float(idle_of[job]))
+        self._holders(set(gpus_of) - {"", "multiple"}, held_by)
+        return [up_nvml, up, *gauges.values(), held, idle, held_by, throttle, errors]
 
     def _holders(self, jobs: set[str], family: GaugeMetricFamily) -> None:
         for job in sorted(jobs):

@@ -33,7 +33,8 @@ import pytest
 
 from gpudiag.jobsignal import write_signal
 from gpudiag.live.fleet import summarise
-from gpudiag.live.fleet_query import QUERIES, grid_for, read_fleet, spans
+from gpudiag.live.fleet_query import QUERIES, grid_for, read_series, spans
+from gpudiag.live.fleet_read import OLD_AGENT_QUERIES, _regex, read_fleet
 from gpudiag.live.prom_client import Prometheus
 from tests.browser import BrowserError, Chromium
 from tests.fleet_scene import BearerProxy, CounterExporter, web_config
@@ -259,6 +260,20 @@ def test_a_range_read_in_spans_sums_as_one_query_over_the_whole_range(scene):
     for name in QUERIES:
         assert keyed(cut.series[name]) == keyed(whole.series[name]), name
     assert summarise(cut).to_json() == summarise(whole).to_json()
+
+
+def test_an_older_agents_per_gpu_series_count_the_same_gpu_time_as_the_per_job_ones(scene):
+    """A node whose agent predates gpudiag_job_gpus is read from gpudiag_gpu_up: on the
+    scene's real scrapes (restart included) both give the same samples, window by window."""
+    def keyed(series: list) -> dict:
+        return {tuple(sorted(x.labels.items())): x.points for x in series}
+
+    prom, grid = Prometheus(scene["base"]), grid_for(scene["t0"], scene["t1"])
+    new = read_series(prom, grid, names=list(OLD_AGENT_QUERIES))
+    old = read_series(prom, grid, exprs={n: q.replace("{i}", _regex([scene["inst"]]))
+                                         for n, q in OLD_AGENT_QUERIES.items()})
+    for name in OLD_AGENT_QUERIES:
+        assert keyed(old[name]) == keyed(new[name]) and new[name], name
 
 
 def test_a_one_minute_job_in_a_seven_day_range_is_counted_within_two_percent(scene):

@@ -22,14 +22,13 @@ from gpudiag.live.fleet_query import (
     FleetData,
     Grid,
     Series,
-    UnknownInterval,
     _matrix,
     grid_for,
     join,
     left_open,
-    resolve_intervals,
     spans,
 )
+from gpudiag.live.fleet_read import UnknownInterval, _regex, fill, resolve_intervals
 from gpudiag.live.prom_client import PromAuth, read_secret, resolve_auth, split_url
 from gpudiag.reports.fleet_page import render_page
 from gpudiag.reports.fleet_text import gpu_h, jobs_csv, share
@@ -81,6 +80,17 @@ def test_each_instance_counts_at_its_scrape_interval_and_a_removed_one_is_named(
     assert resolve_intervals({"a:1"}, {}, 60.0)[0] == {"a:1": 60.0}
     with pytest.raises(UnknownInterval, match="--scrape-interval"):
         resolve_intervals({"a:1"}, {}, None)
+
+
+def test_an_older_agents_per_gpu_counts_fill_only_the_windows_its_node_has_no_job_series_for():
+    new = [Series({"instance": "a", "job_id": "j"}, [(2.0, 8.0), (3.0, 4.0)])]
+    old = [Series({"instance": "a", "job_id": "j"}, [(1.0, 8.0), (2.0, 99.0)]),
+           Series({"instance": "b", "job_id": "k"}, [(1.0, 2.0)])]
+    got, added = fill(new, old)
+    assert added == 2 and sorted((s.labels["instance"], s.points) for s in got) == [
+        ("a", [(1.0, 8.0), (2.0, 8.0), (3.0, 4.0)]), ("b", [(1.0, 2.0)])]
+    # a regex of exactly these instances, inside a PromQL string
+    assert _regex(["10.0.0.1:9835", 'x"y']) == '^(?:10\\\\.0\\\\.0\\\\.1:9835|x\\"y)$'
 
 
 # -- the sums -------------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ def test_a_mapped_job_is_named_by_its_mapping_files_owner_unless_root(tmp_path):
     assert owners == {"slurm:31": nobody, **mine}
 
 
-def test_gpus_export_whether_they_are_idle_and_who_runs_their_job(tmp_path):
+def test_each_job_exports_its_gpus_how_many_are_idle_and_who_runs_it(tmp_path):
     mapping = tmp_path / "dcgm-job-map"
     mapping.mkdir()
     rows = [json.loads(line) for line in REPLAY.read_text().splitlines() if '"gpu"' in line]
@@ -120,9 +120,11 @@ def test_gpus_export_whether_they_are_idle_and_who_runs_their_job(tmp_path):
         del os.environ["DCGM_HPC_JOB_MAPPING_DIR"]
     try:
         text = agent.metrics()
-        idle_of = {m.group(1): m.group(2)
-                   for m in re.finditer(r'^gpudiag_gpu_idle\{gpu="(\d)",[^}]*\} (\S+)$', text, re.M)}
-        assert idle_of == {"0": "0.0", "1": "1.0", "2": "1.0"}
+        per_job = {(m.group(1), m.group(2)): m.group(3) for m in re.finditer(
+            r'^gpudiag_job_(gpus|idle_gpus)\{job_id="([^"]*)"\} (\S+)$', text, re.M)}
+        # GPU 0 busy, mapped to slurm:51; GPUs 1 (idle) and 2 (3% utilisation, no GPM) no job's
+        assert per_job == {("gpus", "slurm:51"): "1.0", ("idle_gpus", "slurm:51"): "0.0",
+                           ("gpus", ""): "2.0", ("idle_gpus", ""): "2.0"}
         import pwd
 
         name = pwd.getpwuid(65534).pw_name

@@ -196,21 +196,31 @@ def read_and_sum(prom, start: float, end: float, req_end: float, explicit: float
                  slurm: bool):  # noqa: ANN201 - a FleetSummary
     """Read the range and the one before it, ask Slurm about the silent jobs, sum."""
     from gpudiag.live.fleet import slurm_ids, summarise
-    from gpudiag.live.fleet_query import QUERY_TIMEOUT_S, grid_for, left_open, read_fleet
-    from gpudiag.live.fleet_slurm import slurm_jobs
+    from gpudiag.live.fleet_query import QUERY_TIMEOUT_S, grid_for, left_open
+    from gpudiag.live.fleet_read import read_fleet
     from gpudiag.reports.fleet_text import utc
 
     version = prom.version(QUERY_TIMEOUT_S)
     grid = grid_for(start, end, left_open(version))
     targets = prom.scrape_intervals(QUERY_TIMEOUT_S)
-    data, notes = read_fleet(prom, grid, targets, explicit, requested=(start, req_end))
+    # the previous period first, summed and dropped before this one is read: one period's
+    # answers in memory at a time (Slurm is asked about each period's silent jobs in turn)
+    before, _ = read_fleet(prom, grid.previous(), targets, explicit)
+    before_sum, notes = None, []
+    if any(s.points for s in before.series.get("gpu_samples", [])):
+        who, notes = _who(slurm_ids(before), slurm)
+        before_sum = summarise(before, who)
+    del before
+    data, read_notes = read_fleet(prom, grid, targets, explicit, requested=(start, req_end))
     if not any(s.points for s in data.series.get("gpu_samples", [])):
         raise NoData(f"Prometheus at {prom.base} holds no gpudiag GPU series (gpudiag_gpu_up) from "
                      f"{utc(grid.start)} to {utc(grid.end)}: is it scraping `gpudiag agent`? "
                      "Try a wider --since.")
-    before, _ = read_fleet(prom, grid.previous(), targets, explicit)
-    has_before = any(s.points for s in before.series.get("gpu_samples", []))
-    who, slurm_notes = slurm_jobs(slurm_ids(data) | (slurm_ids(before) if has_before else set())) \
-        if slurm else ({}, ["Slurm not asked (--no-slurm)"])
-    previous = summarise(before, who) if has_before else None
-    return summarise(data, who, previous, notes + slurm_notes)
+    who, slurm_notes = _who(slurm_ids(data), slurm)
+    return summarise(data, who, before_sum, read_notes + list(dict.fromkeys(slurm_notes + notes)))
+
+
+def _who(ids: set[str], slurm: bool) -> tuple[dict, list[str]]:
+    from gpudiag.live.fleet_slurm import slurm_jobs
+
+    return slurm_jobs(ids) if slurm else ({}, ["Slurm not asked (--no-slurm)"])

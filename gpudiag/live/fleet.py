@@ -3,14 +3,15 @@ reads Prometheus, ``fleet_slurm`` asks Slurm).
 
 Definitions (docs/fleet.md says the same to the reader):
 
-- a **GPU-second** is a stored GPU sample (``gpudiag_gpu_up``) times its target's scrape
-  interval: exact at any range, since a sample is counted once, in the one window it is in;
+- a **GPU-second** is a GPU in a stored sample (``gpudiag_job_gpus``, or ``gpudiag_gpu_up`` from
+  older agents) times its target's scrape interval: exact at any range, since a sample is
+  counted once, in the one window it is in;
 - a job is **signalled** when it ran under gpudiag: it reported (any ``gpudiag_job_*`` signal)
   in the range, with or without an MFU. Its GPU-hours split into those with an MFU at the time
   (**useful** = those x the MFU) and those without one (**no MFU**: a job without matmuls, or
   before its first report). A job that never reported holds **no signal** GPU-hours, and is
   still attributed (its Slurm account and user, or the uid its node saw running it);
-- **idle**: samples of a job's GPUs the agent marked idle (``gpudiag_gpu_idle``);
+- **idle**: the job's GPUs the agent counted idle at each scrape (``gpudiag_job_idle_gpus``);
 - a job's **loss** per cause (``job_losses``) and its **fix** (``fix_gpu_hours``): what the
   page ranks. Every per-job number is made in ``_job_row``, the one place a new category
   (a stall) joins the accounting.

@@ -3,11 +3,13 @@ range, the only I/O of the sums (``fleet_slurm`` asks Slurm who ran the silent j
 
 **Windows, not instants.** The range (start, end] is cut into ``n`` windows of ``step`` that
 tile it exactly (``Grid``), at most MAX_POINTS of them, and every query counts the *samples* in
-each window: ``count_over_time(gpudiag_gpu_up[step])``. A GPU-second is a stored sample times
-its target's scrape interval. An instant query instead asks "was a sample within the 5-minute
-lookback?" at each step: at a week's 605 s step a 5-minute job falls between two instants or
-is counted for a whole step. Counted samples are exact at any step, a sample belongs to exactly
-one window, and an agent that restarts leaves fewer samples, never a second copy.
+each window: ``sum_over_time(gpudiag_job_gpus[step])`` (a job's GPUs on a node at each scrape,
+one series per job and node; per GPU, ``gpudiag_gpu_up``, for older agents: ``fleet_read``).
+A GPU-second is a GPU in a stored sample times its target's scrape interval. An instant
+query instead asks "was a sample within the 5-minute lookback?" at each step: at a week's
+605 s step a 5-minute job falls between two instants or is counted for a whole step.
+Counted samples are exact at any step, a sample belongs to exactly one window, and an agent
+that restarts leaves fewer samples, never a second copy.
 
 Prometheus 2.x selects a window's samples in [t - w, t], both ends included; 3.x in (t - w, t].
 So on 2.x the window is one millisecond short of the step (samples carry millisecond
@@ -15,14 +17,12 @@ timestamps): each millisecond of the range is in one window either way.
 
 **Spans.** Prometheus evaluates a range query window by window over every series the whole
 range selects, so its work is (series) x (windows). Jobs come and go and each brings new series
-(its GPUs carry its ``job_id``): one query over a month walks ~100,000 GPU series at each of
+(a GPU's series carry its ``job_id``): one query over a month walks all of them at each of
 1,000 windows. So each query is cut into spans of SPAN_POINTS windows on the one grid, run
 PARALLEL_QUERIES at a time, and the answers are joined series by series: the sums are those of
 one query (tests/test_fleet.py checks it against the real Prometheus).
 
-**Counters** (a scheduler's actions) are read as ``increase()`` per series, then summed:
-a counter that restarts from zero on one instance is a reset of that series, not a fall of
-the sum.
+What is asked in which order, and the scheduler's counters: ``fleet_read``.
 """
 
 from __future__ import annotations
@@ -45,12 +45,13 @@ SCHEDULER_COUNTERS = 'gpudiag_scheduler_.+_total'
 
 # name -> PromQL over one window ``{w}``. What each number on the page is a sum of.
 QUERIES: dict[str, str] = {
-    # GPU samples per node and job (job_id "" = a GPU no job holds): x the scrape interval = GPU-s
-    "gpu_samples": "sum by (instance, job_id) (count_over_time(gpudiag_gpu_up[{w}]))",
-    # the samples of the job's longest-present GPU there: how long the job held GPUs in the window
-    "gpu_presence": "max by (instance, job_id) (count_over_time(gpudiag_gpu_up[{w}]))",
-    # samples of those GPUs below the agent's idle threshold (gpudiag_gpu_idle is 1 or 0)
-    "idle_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_gpu_idle[{w}]))",
+    # GPU samples per node and job (job_id "" = GPUs no job holds): x the scrape interval = GPU-s.
+    # gpudiag_job_gpus is one series per job and node (its GPUs at each scrape), not one per GPU
+    "gpu_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_job_gpus[{w}]))",
+    # the scrapes in which the job held GPUs there: how long it held them in the window
+    "gpu_presence": "max by (instance, job_id) (count_over_time(gpudiag_job_gpus[{w}]))",
+    # GPU samples below the agent's idle threshold
+    "idle_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_job_idle_gpus[{w}]))",
     # any signal of the job: the job runs under gpudiag (with or without an MFU)
     "signal_samples": ("max by (instance, job_id, owner_uid) "
                        "(count_over_time(gpudiag_job_last_signal_timestamp_seconds[{w}]))"),
@@ -73,6 +74,15 @@ QUERIES: dict[str, str] = {
     "holder": ("max by (instance, job_id, owner_uid, user) "
                "(last_over_time(gpudiag_gpu_job_owner_info[{w}]))"),
 }
+
+# What the sums need of each query's answer (the rest is dropped as each span arrives, so a
+# month of 10,000 jobs holds per-window points only for these five): "windows" every point,
+# "last" each series' latest point, "sum" each series' total (one point, at its latest time).
+KEEP: dict[str, str] = {"gpu_samples": "windows", "gpu_presence": "windows", "idle_samples": "sum",
+                        "signal_samples": "last", "mfu_mean": "windows", "mfu_samples": "windows",
+                        "label_samples": "windows", "confidence": "last", "step": "last",
+                        "predicted": "last", "action": "last", "team": "last", "user": "last",
+                        "holder": "last"}
 
 Points = list[tuple[float, float]]
 
@@ -175,6 +185,17 @@ def join(parts: list[list[Series]]) -> list[Series]:
     return list(out.values())
 
 
+def keep(series: list[Series], how: str) -> list[Series]:
+    """``series`` reduced to what KEEP says the sums need (applied to each span's answer and
+    again to their join, which gives the same as to one answer of the whole range)."""
+    if how == "last":
+        return [Series(s.labels, s.points[-1:]) for s in series]
+    if how == "sum":
+        return [Series(s.labels, [(s.points[-1][0], sum(v for _, v in s.points))] if s.points else [])
+                for s in series]
+    return series
+
+
 def _matrix(data: object, base: str) -> list[Series]:
     if not isinstance(data, dict) or data.get("resultType") != "matrix":
         got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
@@ -190,12 +211,12 @@ def _matrix(data: object, base: str) -> list[Series]:
 
 
 def range_query(prom: Prometheus, expr: str, first: float, last: float, step_ms: int,
-                timeout: float = QUERY_TIMEOUT_S) -> list[Series]:
-    """One ``/api/v1/query_range`` from instant ``first`` to ``last``."""
+                timeout: float = QUERY_TIMEOUT_S, how: str = "windows") -> list[Series]:
+    """One ``/api/v1/query_range`` from instant ``first`` to ``last``, reduced as ``how`` says."""
     data = prom.get("/api/v1/query_range", {"query": expr, "start": f"{first:.3f}", "end": f"{last:.3f}",
                                             "step": f"{step_ms / 1000:.3f}", "timeout": f"{timeout:g}s"},
                     timeout + 5)
-    return _matrix(data, prom.base)
+    return keep(_matrix(data, prom.base), how)
 
 
 def instant_query(prom: Prometheus, expr: str, at: float, timeout: float = QUERY_TIMEOUT_S) -> list[dict]:
@@ -234,46 +255,26 @@ class FleetData:
 
 
 def read_series(prom: Prometheus, grid: Grid, span_points: int = SPAN_POINTS,
-                timeout: float = QUERY_TIMEOUT_S, names: list[str] | None = None) -> dict[str, list[Series]]:
-    """Every query of QUERIES (or ``names``) over the grid, cut into spans (the module's
-    docstring), PARALLEL_QUERIES at a time. The first failure is raised as its one line and the
-    queries not yet sent are not sent."""
+                timeout: float = QUERY_TIMEOUT_S, names: list[str] | None = None,
+                exprs: dict[str, str] | None = None) -> dict[str, list[Series]]:
+    """Every query of QUERIES (or ``names``, or ``exprs``: name -> PromQL) over the grid, cut
+    into spans (the module's docstring), PARALLEL_QUERIES at a time. The first failure is raised
+    as its one line and the queries not yet sent are not sent."""
     cut = spans(grid, span_points)
     out: dict[str, list[Series]] = {}
+    todo = exprs or {name: QUERIES[name] for name in (names or list(QUERIES))}
     with ThreadPoolExecutor(max_workers=PARALLEL_QUERIES) as pool:
-        futures = {name: [pool.submit(range_query, prom, QUERIES[name].replace("{w}", grid.window),
-                                      a, b, grid.step_ms, timeout) for a, b in cut]
-                   for name in (names or list(QUERIES))}
+        futures = {name: [pool.submit(range_query, prom, expr.replace("{w}", grid.window),
+                                      a, b, grid.step_ms, timeout, KEEP[name]) for a, b in cut]
+                   for name, expr in todo.items()}
         try:
             for name, futs in futures.items():
-                out[name] = join([f.result() for f in futs])
+                out[name] = keep(join([f.result() for f in futs]), KEEP[name])
+                futs.clear()
         except PrometheusUnavailable:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     return out
-
-
-def scheduler_counters(prom: Prometheus, start: float, end: float,
-                       timeout: float = QUERY_TIMEOUT_S) -> list[dict]:
-    """Each ``gpudiag_scheduler_*_total`` counter's ``increase`` over (start, end], per series
-    and then summed by action and tier: a reset on one instance is that series' reset."""
-    data = prom.get("/api/v1/label/__name__/values",
-                    {"match[]": f'{{__name__=~"{SCHEDULER_COUNTERS}"}}', "start": f"{start:.3f}",
-                     "end": f"{end:.3f}"}, timeout + 5)
-    names = sorted(str(n) for n in data) if isinstance(data, list) else []
-    width = f"{max(1, int(round((end - start) * 1000)))}ms"
-    out = []
-    for name in names:
-        for r in instant_query(prom, f"sum by (action, tier) (increase({name}[{width}]))", end, timeout):
-            try:
-                v = float(r.get("value", [0, "nan"])[1])
-            except (TypeError, ValueError, IndexError):
-                continue
-            if math.isfinite(v):
-                m = r.get("metric") or {}
-                out.append({"metric": name, "action": str(m.get("action", "")),
-                            "tier": str(m.get("tier", "")), "count": v})
-    return sorted(out, key=lambda d: (d["metric"], d["action"], d["tier"]))
 
 
 def job_series_url(base: str, start: float, end: float, job_id: str) -> str:
@@ -291,45 +292,3 @@ def _iso(t: float) -> str:
     import datetime as dt
 
     return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
-class UnknownInterval(PrometheusUnavailable):
-    """Samples of an instance whose scrape interval nothing states."""
-
-
-def resolve_intervals(instances: set[str], targets: dict[str, float],
-                      explicit: float | None) -> tuple[dict[str, float], list[str]]:
-    """instance -> seconds per sample, and notes for the page. ``explicit`` (--scrape-interval)
-    wins; else the interval Prometheus scrapes the instance at now; an instance it no longer
-    scrapes (an agent removed) takes the interval most of the others have, and the page says
-    so. UnknownInterval when nothing says."""
-    if explicit is not None:
-        return ({i: explicit for i in instances},
-                [f"every sample counted as {explicit:g} s (--scrape-interval)"])
-    known = {i: targets[i] for i in instances if i in targets}
-    pool = list(known.values()) or list(targets.values())
-    missing = sorted(instances - set(known))
-    if missing and not pool:
-        raise UnknownInterval(f"Prometheus does not say how often it scrapes {missing[0]} (no "
-                              "/api/v1/targets, or no active target): give --scrape-interval")
-    notes = []
-    if missing:
-        common = Counter(pool).most_common(1)[0][0]
-        known.update({i: common for i in missing})
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        notes.append(f"{shown}: no longer scraped; samples counted at {common:g} s, the interval of "
-                     "the other targets")
-    return known, notes
-
-
-def read_fleet(prom: Prometheus, grid: Grid, targets: dict[str, float], explicit: float | None = None,
-               span_points: int = SPAN_POINTS, timeout: float = QUERY_TIMEOUT_S,
-               requested: tuple[float, float] | None = None) -> tuple[FleetData, list[str]]:
-    """Every query over ``grid``, the scheduler's counters over it, and the intervals of the
-    instances found: (the data, notes on the intervals)."""
-    data = FleetData(prom.base, grid, read_series(prom, grid, span_points, timeout),
-                     requested=requested or (grid.start, grid.end))
-    instances = {s.labels.get("instance", "") for ss in data.series.values() for s in ss}
-    data.intervals, notes = resolve_intervals(instances, targets, explicit)
-    data.scheduler = scheduler_counters(prom, grid.start, grid.end, timeout)
-    return data, notes
