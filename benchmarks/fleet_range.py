@@ -126,6 +126,20 @@ def _write_block(f, live: list[dict], w0: float, w1: float, scrape: int,  # noqa
     return n
 
 
+def free_gpus(jobs: list[dict], gpus: int, start: float, end: float) -> list[dict]:
+    """A node's GPUs between its jobs, exported as an agent does: job_id "" (idle)."""
+    out = []
+    for node in range(max(1, gpus // GPUS_PER_NODE)):
+        t = start
+        for j in sorted((j for j in jobs if j["node"] == node), key=lambda j: j["t0"]):
+            if j["t0"] > t:
+                out.append({"node": node, "id": "", "t0": t, "t1": j["t0"], "signal": False, "idle": True})
+            t = max(t, j["t1"])
+        if t < end:
+            out.append({"node": node, "id": "", "t0": t, "t1": end, "signal": False, "idle": True})
+    return out
+
+
 def history(folder: Path, gpus: int, days: float, scrape: int, hours: tuple[float, float],
             written: Callable[[Path], None], old_every: int = 0) -> tuple[float, float, int, int, list[dict]]:
     """One OpenMetrics file per 2-hour block, each handed to ``written`` as it is done;
@@ -134,13 +148,14 @@ def history(folder: Path, gpus: int, days: float, scrape: int, hours: tuple[floa
     end = float(int(time.time()) // BLOCK * BLOCK - BLOCK)
     start = end - int(days * 86400) // BLOCK * BLOCK
     jobs = jobs_of(gpus, start, end, hours)
+    held = sorted(jobs + free_gpus(jobs, gpus, start, end), key=lambda j: (j["node"], j["t0"]))
     samples = files = 0
     w0 = start
     while w0 < end:
         w1 = w0 + BLOCK
         path = folder / f"h{int(w0)}.om"
         with path.open("w") as f:
-            live = [j for j in jobs if j["t0"] < w1 and j["t1"] > w0]
+            live = [j for j in held if j["t0"] < w1 and j["t1"] > w0]
             samples += _write_block(f, live, w0, w1, scrape, old_every)
             f.write("# EOF\n")
         written(path)
@@ -198,16 +213,18 @@ def command(base: str, start: float, end: float, scrape: int, out: Path) -> dict
     the page's and the CSV's size; then its --json for the accuracy check."""
     args = ["fleet", "--prometheus", base, "--from", f"{start:.0f}", "--to", f"{end:.0f}",
             "--scrape-interval", f"{scrape}s", "--no-slurm"]
+    prom_cpu = metric(base, "process_cpu_seconds_total")
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", CHILD, *args, "--out", str(out)], check=True, cwd=REPO,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t
+    prom_cpu = metric(base, "process_cpu_seconds_total") - prom_cpu
     tail = p.stderr.rsplit("MAXRSS_KB ", 1)[1].split()
     rss_kb, cpu_s = int(tail[0]), float(tail[2])
     doc = json.loads(subprocess.run([sys.executable, "-m", "gpudiag", *args, "--json"], check=True, cwd=REPO,
                                     capture_output=True, text=True).stdout)
-    return {"wall_s": wall, "cpu_s": cpu_s, "rss_mb": rss_kb / 1024, "page_bytes": out.stat().st_size,
-            "csv_bytes": out.with_suffix(".csv").stat().st_size, "doc": doc}
+    return {"wall_s": wall, "cpu_s": cpu_s, "prom_cpu_s": prom_cpu, "rss_mb": rss_kb / 1024,
+            "page_bytes": out.stat().st_size, "csv_bytes": out.with_suffix(".csv").stat().st_size, "doc": doc}
 
 
 def accuracy(doc: dict, jobs: list[dict], start: float, end: float, scrape: int) -> str:
@@ -215,6 +232,8 @@ def accuracy(doc: dict, jobs: list[dict], start: float, end: float, scrape: int)
     got = {j["job_id"]: j["gpu_hours"] for j in doc["jobs"]}
     worst, worst_short, missing = (0.0, ""), (0.0, ""), 0
     for j in jobs:
+        if not j["id"]:
+            continue
         ts = [t for t in samples_of(j["t0"], j["t1"], scrape) if start < t <= end]
         if not ts:
             continue
@@ -273,11 +292,13 @@ def report(base: str, start: float, end: float, scrape: int, jobs: list[dict], t
     doc = got["doc"]
     before = doc["previous"]["totals"]["jobs"] if doc["previous"] else 0
     print(f"{what}: gpudiag fleet over {(end - start) / 86400:g} days, {len(doc['jobs']):,} jobs "
-          f"(previous period: {before:,}): {got['wall_s']:.1f} s ({got['cpu_s']:.1f} s CPU in gpudiag), "
+          f"(previous period: {before:,}): {got['wall_s']:.1f} s (CPU: {got['cpu_s']:.1f} s gpudiag, "
+          f"{got['prom_cpu_s']:.1f} s Prometheus), "
           f"peak RSS {got['rss_mb']:.0f} MB, page {got['page_bytes'] / 2**20:.2f} MB, "
           f"CSV {got['csv_bytes'] / 2**20:.2f} MB (load average {os.getloadavg()[0]:.1f})")
     print(f"  accuracy: {accuracy(doc, jobs, doc['start'], doc['end'], scrape)}")
-    timed(base, start, end, scrape, what, points)
+    if points:
+        timed(base, start, end, scrape, what, points)
 
 
 def main() -> None:
@@ -291,7 +312,9 @@ def main() -> None:
                     help="every Nth node runs an agent from before gpudiag_job_gpus (0: none)")
     ap.add_argument("--short", action="store_true", help="16 GPUs, 2 days of a 4-day history")
     ap.add_argument("--workers", type=int, default=2, help="promtool runs at a time")
-    ap.add_argument("--spans", default="48", help="comma-separated windows per query to time (default: 48)")
+    ap.add_argument("--spans", default="48",
+                    help="comma-separated windows per query to time against one query a name (default: 48; "
+                         "'' times the command alone)")
     ap.add_argument("--keep", type=Path, metavar="DIR",
                     help="keep the history in DIR, and time an earlier run's again if DIR holds one")
     ap.add_argument("--compacted", action="store_true",
@@ -339,7 +362,7 @@ def main() -> None:
               f"{samples:,} samples in {files} block files, "
               + (f"written and backfilled in {backfill_s:.1f} s" if backfill_s
                  else f"kept in {tmp} by an earlier run"))
-        points = [int(x) for x in args.spans.split(",")]
+        points = [int(x) for x in args.spans.split(",") if x]
         how = "as kept" if backfill_s == 0 else "as backfilled"
         r0 = end - args.days * 86400
         report(base, r0, end, args.scrape, jobs, tmp, f"{how} ({blocks(base)} blocks)", points)

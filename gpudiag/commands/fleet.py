@@ -197,7 +197,7 @@ def read_and_sum(prom, start: float, end: float, req_end: float, explicit: float
     """Read the range and the one before it, ask Slurm about the silent jobs, sum."""
     from gpudiag.live.fleet import slurm_ids, summarise
     from gpudiag.live.fleet_query import QUERY_TIMEOUT_S, grid_for, left_open
-    from gpudiag.live.fleet_read import read_fleet
+    from gpudiag.live.fleet_read import PREVIOUS_QUERIES, read_fleet
     from gpudiag.reports.fleet_text import utc
 
     version = prom.version(QUERY_TIMEOUT_S)
@@ -205,7 +205,7 @@ def read_and_sum(prom, start: float, end: float, req_end: float, explicit: float
     targets = prom.scrape_intervals(QUERY_TIMEOUT_S)
     # the previous period first, summed and dropped before this one is read: one period's
     # answers in memory at a time (Slurm is asked about each period's silent jobs in turn)
-    before, _ = read_fleet(prom, grid.previous(), targets, explicit)
+    before, _ = read_fleet(prom, grid.previous(), targets, explicit, names=PREVIOUS_QUERIES)
     before_sum, notes = None, []
     if any(s.points for s in before.series.get("gpu_samples", [])):
         who, notes = _who(slurm_ids(before), slurm)

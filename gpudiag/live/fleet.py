@@ -55,11 +55,12 @@ class SlurmJob:
 
 @dataclass
 class _Held:
-    """One job's GPU time per window k, over all its nodes."""
+    """One job's GPU time per window (keyed by the window's end, as Prometheus gives it: every
+    query of one read answers on the same instants), over all its nodes."""
 
     nodes: set[str] = field(default_factory=set)
-    held: dict[int, float] = field(default_factory=lambda: defaultdict(float))      # GPU-seconds
-    presence: dict[int, float] = field(default_factory=lambda: defaultdict(float))  # seconds
+    held: dict[float, float] = field(default_factory=lambda: defaultdict(float))      # GPU-seconds
+    presence: dict[float, float] = field(default_factory=lambda: defaultdict(float))  # seconds
     idle_s: float = 0.0
 
 
@@ -76,22 +77,22 @@ class _Node:
     """One node's GPU time: per job ("" = no job), its GPUs at each window, its idle time."""
 
     held: dict[str, float] = field(default_factory=lambda: defaultdict(float))      # GPU-seconds
-    gpus_at: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    gpus_at: dict[float, float] = field(default_factory=lambda: defaultdict(float))
     idle_s: float = 0.0
 
 
 def held_time(data: FleetData) -> tuple[dict[str, _Held], dict[str, _Held], dict[str, _Node]]:
     """(job -> its GPU time, instance -> the GPU time no job held there, instance -> its node
     totals), in one pass over the GPU series."""
-    index, ivl = data.grid.indexer(), data.interval
+    ivl = data.interval
     jobs: dict[str, _Held] = defaultdict(_Held)
     free: dict[str, _Held] = defaultdict(_Held)
     nodes: dict[str, _Node] = defaultdict(_Node)
-    present: dict[tuple[str, str], dict[int, float]] = {}
+    present: dict[tuple[str, str], dict[float, float]] = {}
     for s in data.series.get("gpu_presence", []):
         inst, job = s.labels.get("instance", ""), s.labels.get("job_id", "")
         acc, sec = (jobs[job] if job else free[inst]), ivl(inst)
-        mine = present[(inst, job)] = {index(t): n for t, n in s.points}
+        mine = present[(inst, job)] = dict(s.points)
         pres = acc.presence
         for k, n in mine.items():
             if n * sec > pres[k]:
@@ -103,12 +104,11 @@ def held_time(data: FleetData) -> tuple[dict[str, _Held], dict[str, _Held], dict
         held, mine, gpus_at = acc.held, present.get((inst, job), {}), node.gpus_at
         total = 0.0
         for t, n in s.points:
-            k = index(t)
-            held[k] += n * sec
+            held[t] += n * sec
             total += n
-            p = mine.get(k, 0.0)
+            p = mine.get(t, 0.0)
             if p > 0:
-                gpus_at[k] += round(n / p)
+                gpus_at[t] += round(n / p)
         node.held[job] += total * sec
     for s in data.series.get("idle_samples", []):
         inst, job = s.labels.get("instance", ""), s.labels.get("job_id", "")
@@ -119,34 +119,31 @@ def held_time(data: FleetData) -> tuple[dict[str, _Held], dict[str, _Held], dict
     return dict(jobs), dict(free), dict(nodes)
 
 
-def job_mfu(data: FleetData) -> dict[str, dict[int, tuple[float, float]]]:
-    """job -> window k -> (its mean MFU in the window, seconds of the window it had one): the
+def job_mfu(data: FleetData) -> dict[str, dict[float, tuple[float, float]]]:
+    """job -> window -> (its mean MFU in the window, seconds of the window it had one): the
     one place the MFU series are read. A job's MFU is the job's, whichever node took its
     signals: it applies to its GPUs on every node. Several owners or nodes: the lowest."""
-    index = data.grid.indexer()
     seconds: dict[tuple, dict[float, float]] = {}
     for s in data.series.get("mfu_samples", []):
         seconds[tuple(sorted(s.labels.items()))] = dict(s.points)
-    out: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
+    out: dict[str, dict[float, tuple[float, float]]] = defaultdict(dict)
     for s in data.series.get("mfu_mean", []):
         inst, job = s.labels.get("instance", ""), s.labels.get("job_id", "")
         counts, sec, mine = seconds.get(tuple(sorted(s.labels.items())), {}), data.interval(inst), out[job]
         for t, v in s.points:
-            k = index(t)
-            cur = mine.get(k)
+            cur = mine.get(t)
             if cur is None or v < cur[0]:
-                mine[k] = (v, counts.get(t, 0.0) * sec)
+                mine[t] = (v, counts.get(t, 0.0) * sec)
     return out
 
 
-def _label_seconds(data: FleetData) -> dict[str, dict[int, dict[str, float]]]:
-    index = data.grid.indexer()
-    out: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+def _label_seconds(data: FleetData) -> dict[str, dict[float, dict[str, float]]]:
+    out: dict[str, dict[float, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for s in data.series.get("label_samples", []):
         inst, job, label = (s.labels.get(x, "") for x in ("instance", "job_id", "label"))
         sec, mine = data.interval(inst), out[job]
         for t, n in s.points:
-            cell = mine[index(t)]
+            cell = mine[t]
             cell[label] = max(cell.get(label, 0.0), n * sec)
     return out
 
@@ -215,8 +212,8 @@ def attribute(job: str, f: _Facts) -> tuple[str, str, str, str]:
     return user, src, team, tsrc
 
 
-def _job_row(job: str, h: _Held, mfu: dict[int, tuple[float, float]], labels: dict[int, dict[str, float]],
-             f: _Facts, mix: dict[int, dict[str, float]], grid: Grid) -> JobRow:
+def _job_row(job: str, h: _Held, mfu: dict[float, tuple[float, float]], labels: dict[float, dict[str, float]],
+             f: _Facts, mix: dict[float, dict[str, float]], grid: Grid) -> JobRow:
     """Every per-job number: its windows' GPU time split by MFU, signal and label (``mix``
     gets the label split per window)."""
     signalled = job in f.signalled
@@ -257,8 +254,8 @@ def _job_row(job: str, h: _Held, mfu: dict[int, tuple[float, float]], labels: di
                  no_signal_gpu_hours=no_signal / 3600, idle_gpu_hours=h.idle_s / 3600,
                  mfu=useful / with_mfu if with_mfu > 0 else None, label=text("label"),
                  confidence=val("confidence"), step_s=val("step"), action=text("action"),
-                 predicted_step_s=val("predicted"), first_seen=grid.first + ks[0] * grid.step if ks else 0.0,
-                 last_seen=grid.first + ks[-1] * grid.step if ks else 0.0)
+                 predicted_step_s=val("predicted"), first_seen=ks[0] if ks else 0.0,
+                 last_seen=ks[-1] if ks else 0.0)
     row.fix_gpu_hours = fix_gpu_hours(row)
     return row
 
@@ -296,7 +293,8 @@ def _rank_losses(rows: list[JobRow]) -> None:
 
 
 def coverage(data: FleetData) -> Coverage:
-    ks = sorted({data.grid.index(t) for s in data.series.get("gpu_samples", [])
+    index = data.grid.indexer()
+    ks = sorted({index(t) for s in data.series.get("gpu_samples", [])
                  for t, n in s.points if n > 0})
     g = data.grid
     at = [g.first + k * g.step for k in range(g.n)]
@@ -308,7 +306,7 @@ def summarise(data: FleetData, slurm: dict[str, SlurmJob] | None = None,
               previous: FleetSummary | None = None, notes: Iterable[str] = ()) -> FleetSummary:
     jobs, free, per_node = held_time(data)
     mfu, labels, f = job_mfu(data), _label_seconds(data), _facts(data, slurm or {})
-    mix: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    mix: dict[float, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     rows = [_job_row(j, h, mfu.get(j, {}), labels.get(j, {}), f, mix, data.grid) for j, h in jobs.items()]
     for h in free.values():
         for k, v in h.held.items():
@@ -347,7 +345,7 @@ def summarise(data: FleetData, slurm: dict[str, SlurmJob] | None = None,
 
 def _by_window(nodes: dict[str, _Node]) -> list[list[float]]:
     """Per window, each node's GPUs (held by a job or none)."""
-    at: dict[int, list[float]] = defaultdict(list)
+    at: dict[float, list[float]] = defaultdict(list)
     for n in nodes.values():
         for k, g in n.gpus_at.items():
             at[k].append(g)

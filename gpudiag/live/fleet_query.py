@@ -169,19 +169,18 @@ def spans(grid: Grid, points: int = SPAN_POINTS) -> list[tuple[float, float]]:
 
 
 def join(parts: list[list[Series]]) -> list[Series]:
-    """The answers of consecutive spans of one query, one Series per label set, its points in
-    time order (a series alive across a span's edge is one series again)."""
+    """The answers of consecutive spans of one query, in time order, one Series per label set
+    (a series alive across a span's edge is one series again); each span's points come after
+    the previous span's, so the joined points are in time order too."""
     out: dict[tuple, Series] = {}
     for part in parts:
         for s in part:
-            key = tuple(sorted(s.labels.items()))
+            key = tuple(s.labels.items())     # in name order (_matrix sorts them)
             have = out.get(key)
             if have is None:
-                out[key] = Series(s.labels, list(s.points))
+                out[key] = s        # the spans' answers are the join's own: extended in place
             else:
                 have.points.extend(s.points)
-    for s in out.values():
-        s.points.sort()
     return list(out.values())
 
 
@@ -196,16 +195,29 @@ def keep(series: list[Series], how: str) -> list[Series]:
     return series
 
 
-def _matrix(data: object, base: str) -> list[Series]:
+def _matrix(data: object, base: str, how: str = "windows") -> list[Series]:
+    """An answer's series, as ``keep(how)`` would leave them (a "last" or "sum" series converts
+    only what it keeps: most of an answer's points are dropped unread)."""
     if not isinstance(data, dict) or data.get("resultType") != "matrix":
         got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
         raise PrometheusUnavailable(f"Prometheus at {base}: result type {got!r}, expected a matrix")
     out = []
+    isfinite = math.isfinite
     for r in data.get("result", []):
-        labels = {str(k): str(v) for k, v in r.get("metric", {}).items()}
-        pts = [(float(t), float(v)) for t, v in r.get("values", [])]
-        if not all(math.isfinite(v) for _, v in pts):     # NaN, +-Inf: no number to sum
-            pts = [(t, v) for t, v in pts if math.isfinite(v)]
+        labels = {str(k): str(v) for k, v in sorted(r.get("metric", {}).items())}
+        values = r.get("values", [])
+        if how == "last":
+            pts = []
+            for t, v in reversed(values):      # the latest finite point
+                if isfinite(float(v)):
+                    pts = [(float(t), float(v))]
+                    break
+        else:
+            pts = [(float(t), float(v)) for t, v in values]
+            if not isfinite(sum(v for _, v in pts)):     # a NaN or an Inf among them: no number to sum
+                pts = [(t, v) for t, v in pts if isfinite(v)]
+            if how == "sum" and pts:
+                pts = [(pts[-1][0], sum(v for _, v in pts))]
         out.append(Series(labels, pts))
     return out
 
@@ -216,7 +228,7 @@ def range_query(prom: Prometheus, expr: str, first: float, last: float, step_ms:
     data = prom.get("/api/v1/query_range", {"query": expr, "start": f"{first:.3f}", "end": f"{last:.3f}",
                                             "step": f"{step_ms / 1000:.3f}", "timeout": f"{timeout:g}s"},
                     timeout + 5)
-    return keep(_matrix(data, prom.base), how)
+    return _matrix(data, prom.base, how)
 
 
 def instant_query(prom: Prometheus, expr: str, at: float, timeout: float = QUERY_TIMEOUT_S) -> list[dict]:

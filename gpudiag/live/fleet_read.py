@@ -10,6 +10,7 @@ import math
 from collections import Counter
 
 from gpudiag.live.fleet_query import (
+    QUERIES,
     QUERY_TIMEOUT_S,
     SCHEDULER_COUNTERS,
     SPAN_POINTS,
@@ -125,12 +126,19 @@ def fill(primary: list[Series], fallback: list[Series]) -> tuple[list[Series], i
     return list(out.values()), added
 
 
+# the previous period is compared by its totals and its teams' and users' hours: neither the
+# label mix nor the labels' confidence is shown for it
+PREVIOUS_QUERIES = [n for n in QUERIES if n not in ("label_samples", "confidence")]
+
+
 def read_fleet(prom: Prometheus, grid: Grid, targets: dict[str, float], explicit: float | None = None,
                span_points: int = SPAN_POINTS, timeout: float = QUERY_TIMEOUT_S,
-               requested: tuple[float, float] | None = None) -> tuple[FleetData, list[str]]:
-    """Every query over ``grid`` (and the per-GPU ones for nodes of older agents), the
-    scheduler's counters over it, and the intervals of the instances found: (the data, notes)."""
-    data = FleetData(prom.base, grid, read_series(prom, grid, span_points, timeout),
+               requested: tuple[float, float] | None = None,
+               names: list[str] | None = None) -> tuple[FleetData, list[str]]:
+    """Every query over ``grid`` (or ``names``; and the per-GPU ones for nodes of older
+    agents), the scheduler's counters over it, and the intervals of the instances found:
+    (the data, notes)."""
+    data = FleetData(prom.base, grid, read_series(prom, grid, span_points, timeout, names=names),
                      requested=requested or (grid.start, grid.end))
     notes = []
     old = old_agents(prom, grid, data.series["gpu_samples"], timeout)

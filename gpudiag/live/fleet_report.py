@@ -68,7 +68,7 @@ def bucket_for(grid: Grid) -> float:
     return float(BUCKETS_S[-1])
 
 
-def label_mix(mix: dict[int, dict[str, float]], grid: Grid) -> LabelMix:
+def label_mix(mix: dict[float, dict[str, float]], grid: Grid) -> LabelMix:
     """Held GPU-hours per label per bucket (UTC-aligned: a day starts at 00:00 UTC); a window
     counts in the bucket its end falls in (its last millisecond, as (t - step, t])."""
     b = bucket_for(grid)
@@ -76,8 +76,8 @@ def label_mix(mix: dict[int, dict[str, float]], grid: Grid) -> LabelMix:
     n = max(1, math.floor((grid.end - 1e-3 - first) / b) + 1)
     names = sorted({lab for cell in mix.values() for lab in cell})
     out = {lab: [0.0] * n for lab in names}
-    for k, cell in mix.items():
-        t = grid.first + k * grid.step - 1e-3
+    for end, cell in mix.items():
+        t = end - 1e-3
         i = min(n - 1, max(0, math.floor((t - first) / b)))
         for lab, v in cell.items():
             out[lab][i] += v / 3600
