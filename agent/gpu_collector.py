@@ -29,7 +29,7 @@ THROTTLE_REASONS = {
 }
 
 # A GPU below this SM activity (GPM), or NVML utilisation where the GPU has no GPM, is idle
-# (gpudiag_job_idle_gpus): what `gpudiag fleet` counts as GPU-hours held while idle.
+# (gpudiag_gpus_idle): what `gpudiag fleet` counts as GPU-hours held while idle.
 IDLE_ACTIVITY = 0.05
 
 # (row key, metric name, help, scale to base unit)
@@ -120,9 +120,9 @@ class GpuCollector(Collector):
         gauges = {name: GaugeMetricFamily(name, help_, labels=labels) for _, name, help_, _ in GAUGES}
         # per job (not per GPU): what gpudiag fleet sums, with a job's GPUs in one series, so a
         # week of 1,000 GPUs is read from ~8x fewer samples than gpudiag_gpu_up holds
-        held = GaugeMetricFamily("gpudiag_job_gpus", "GPUs each job holds on this node, as gpudiag_gpu_up "
+        held = GaugeMetricFamily("gpudiag_gpus_held", "GPUs each job holds on this node, as gpudiag_gpu_up "
                                  "counts them (job_id \"\": GPUs no job holds).", labels=["job_id"])
-        idle = GaugeMetricFamily("gpudiag_job_idle_gpus", "Of a job's GPUs here, those idle: SM activity "
+        idle = GaugeMetricFamily("gpudiag_gpus_idle", "Of a job's GPUs here, those idle: SM activity "
                                  f"(GPM) below {IDLE_ACTIVITY:.0%}, or NVML utilisation where a GPU has "
                                  "no GPM.", labels=["job_id"])
         held_by = GaugeMetricFamily("gpudiag_gpu_job_owner_info",

@@ -6,9 +6,9 @@ openmetrics``): NODES x 8 GPUs over HISTORY days, one sample per GPU per SCRAPE 
 JOB_HOURS holding whole nodes with gaps between them, one job in ten a 5-minute one; 80% of jobs
 under gpudiag (a signal, a label, a team and a user; most with an MFU and a recommendation,
 some without an MFU, as a job without matmuls), 20% silent. The series are the agents' own:
-``gpudiag_gpu_up`` per GPU, ``gpudiag_job_gpus`` and ``gpudiag_job_idle_gpus`` per job and node,
+``gpudiag_gpu_up`` per GPU, ``gpudiag_gpus_held`` and ``gpudiag_gpus_idle`` per job and node,
 ``gpudiag_job_*`` from the signals; ``--old-nodes`` of the nodes run an agent from before
-``gpudiag_job_gpus`` (per-GPU series only: fleet reads their GPU-hours from those).
+``gpudiag_gpus_held`` (per-GPU series only: fleet reads their GPU-hours from those).
 
 Printed, for ``gpudiag fleet`` over the last DAYS (the HISTORY before it is the previous
 period the page compares with):
@@ -99,9 +99,9 @@ def _write_block(f, live: list[dict], w0: float, w1: float, scrape: int,  # noqa
             n += len(ts)
         if not (old_every and j["node"] % old_every == 0):     # an agent with per-job GPU series
             jg = f'{node},job_id="{j["id"]}"'
-            fams.setdefault("gpudiag_job_gpus", []).extend(f"{{{jg}}} {GPUS_PER_NODE} {t:.0f}" for t in ts)
+            fams.setdefault("gpudiag_gpus_held", []).extend(f"{{{jg}}} {GPUS_PER_NODE} {t:.0f}" for t in ts)
             idle = GPUS_PER_NODE if j["idle"] else 0
-            fams.setdefault("gpudiag_job_idle_gpus", []).extend(f"{{{jg}}} {idle} {t:.0f}" for t in ts)
+            fams.setdefault("gpudiag_gpus_idle", []).extend(f"{{{jg}}} {idle} {t:.0f}" for t in ts)
             n += 2 * len(ts)
         if not j["signal"]:
             continue
@@ -309,7 +309,7 @@ def main() -> None:
     ap.add_argument("--scrape", type=int, default=120, help="seconds between samples")
     ap.add_argument("--job-hours", default="0.5,4", help="job lengths, min,max hours")
     ap.add_argument("--old-nodes", type=int, default=10, metavar="N",
-                    help="every Nth node runs an agent from before gpudiag_job_gpus (0: none)")
+                    help="every Nth node runs an agent from before gpudiag_gpus_held (0: none)")
     ap.add_argument("--short", action="store_true", help="16 GPUs, 2 days of a 4-day history")
     ap.add_argument("--workers", type=int, default=2, help="promtool runs at a time")
     ap.add_argument("--spans", default="48",

@@ -54,11 +54,13 @@ def own_step(run_dir: Path, rows: list[StepRow] | None = None) -> float | None:
 
 class SignalReporter:
     def __init__(self, spool: Path, job_id: str, run_dir: Path, interval: float = 15.0,
-                 estimate: Callable[[float | None], dict[str, Any]] | None = None) -> None:
+                 estimate: Callable[[float | None], dict[str, Any]] | None = None,
+                 extra: Callable[[], dict[str, Any]] | None = None) -> None:
         self.spool = spool
         # given the recent step time, the fields only an analysis can give (MFU, label):
         # supplied by the caller, which may use analyzers (collectors may not)
         self.estimate = estimate
+        self.extra = extra   # fields every signal carries besides (the stall watch's)
         self.job_id = job_id
         self.run_dir = run_dir
         self.interval = interval
@@ -69,12 +71,12 @@ class SignalReporter:
 
     @classmethod
     def for_node(cls, state_dir: Path, job_id: str, run_dir: Path, interval: float,
-                 estimate: Callable[[float | None], dict[str, Any]] | None = None
-                 ) -> SignalReporter | None:
+                 estimate: Callable[[float | None], dict[str, Any]] | None = None,
+                 extra: Callable[[], dict[str, Any]] | None = None) -> SignalReporter | None:
         spool = state_dir / "spool"
         if not spool.is_dir() or not os.access(spool, os.W_OK | os.X_OK):
             return None
-        return cls(spool, job_id, run_dir, interval, estimate)
+        return cls(spool, job_id, run_dir, interval, estimate, extra)
 
     def start(self) -> SignalReporter:
         self._thread.start()
@@ -89,6 +91,11 @@ class SignalReporter:
                 extra = self.estimate(own_step(self.run_dir, rows))
             except Exception as e:  # noqa: BLE001 - signals are best effort, the job goes on
                 self.error = f"MFU estimate failed: {e}"
+        if self.extra is not None:
+            try:
+                extra.update(self.extra())
+            except Exception as e:  # noqa: BLE001 - signals are best effort
+                self.error = f"stall fields failed: {e}"
         sig = {"job_id": self.job_id, "ts": time.time(), "step_seconds": step,
                "run_dir": run_dir_field(self.run_dir),
                "collective_seconds_total": colls, **extra, **fields}

@@ -317,10 +317,13 @@ def _on_step(explicit: bool) -> None:
     st = _get_state()
     if st is None:
         return
+    before = st.step
     try:
         st.on_step(explicit)
     except Exception as e:  # noqa: BLE001 - never break the job
         st.note(f"step accounting failed: {type(e).__name__}: {e}")
+    if st.step != before and _STALL_WATCH:
+        _sibling("stall_watch").on_step(st)
 
 
 def step() -> None:
@@ -371,11 +374,27 @@ def arm(torch: Any) -> None:
         colls = _collectives()
         colls.set_flight_recorder_env(str(torch.__version__))
         colls.wrap_collectives(dist, _armed_state)
+        _arm_stall_watch(torch, dist, Path(run_dir))
         if dist.is_available():
             colls.patch_ddp(torch, _armed_state)
         _patch_dataloader(torch)
     except Exception as e:  # noqa: BLE001 - the job must run even if we cannot observe it
         print(f"gpudiag: bootstrap failed, the job runs unobserved: {e}", file=sys.stderr)
+
+
+_STALL_WATCH = False
+
+
+def _arm_stall_watch(torch: Any, dist: Any, run_dir: Path) -> None:
+    """The stall watch (``stall_watch``, beside this file) where ``gpudiag profile`` asked for it:
+    stacks on a signal in every process, each collective and step in the rank's black box."""
+    global _STALL_WATCH
+    watch = _sibling("stall_watch")
+    if not watch.enabled():
+        return
+    watch.install_stack_dump(run_dir)
+    watch.wrap_collectives(dist, _collectives().COLLECTIVES, _armed_state, torch)
+    _STALL_WATCH = True
 
 
 def _patch_dataloader(torch: Any) -> None:

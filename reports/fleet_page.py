@@ -22,6 +22,7 @@ from gpudiag.live.fleet_model import (
     NO_JOB,
     NO_LABEL,
     NO_SIGNAL,
+    STALLED,
     UNATTRIBUTED,
     FleetSummary,
     Group,
@@ -29,7 +30,18 @@ from gpudiag.live.fleet_model import (
 )
 from gpudiag.live.fleet_query import job_series_url
 from gpudiag.reports import svg
-from gpudiag.reports.fleet_text import CAUSE_WORDS, axis, change, gpu_h, mfu_text, secs, share, utc, utc_s
+from gpudiag.reports.fleet_text import (
+    CAUSE_WORDS,
+    axis,
+    cause_text,
+    change,
+    gpu_h,
+    mfu_text,
+    secs,
+    share,
+    utc,
+    utc_s,
+)
 from gpudiag.reports.page import embed_json, env
 from gpudiag.reports.svg_columns import Stack, stacked_columns
 
@@ -38,12 +50,13 @@ GROUP_ROWS = 15      # teams / users in a table and a chart
 NODE_ROWS = 200
 LABEL_COLOURS = {"compute-bound": svg.BLUE, "memory-bound": svg.ORANGE, "communication-bound": svg.GREEN,
                  "input-bound": svg.VERMILLION, "host-bound": svg.YELLOW, NO_LABEL: svg.PURPLE,
-                 NO_SIGNAL: svg.GREY, "unknown": svg.BLACK}
-USE_PARTS = [("useful (x MFU)", svg.BLUE), ("held, not useful", svg.SKY_BLUE),
+                 NO_SIGNAL: svg.GREY, STALLED: svg.BLACK}
+USE_PARTS = [("useful (x MFU)", svg.BLUE), ("held, not useful", svg.SKY_BLUE), ("stalled", svg.BLACK),
              ("under gpudiag, no MFU", svg.ORANGE), ("no signal", svg.GREY)]
 COMPARE = [("held by jobs", "gpu_hours"), ("useful", "useful_gpu_hours"),
            ("no signal", "no_signal_gpu_hours"),
-           ("no MFU", "no_mfu_gpu_hours"), ("held while idle", "idle_gpu_hours"),
+           ("no MFU", "no_mfu_gpu_hours"), ("stalled", "stalled_gpu_hours"),
+           ("held while idle", "idle_gpu_hours"),
            ("held by no job", "unallocated_gpu_hours"), ("lost", "lost_gpu_hours")]
 
 
@@ -58,8 +71,9 @@ def listed_jobs(s: FleetSummary, limit: int = PAGE_JOBS) -> list[JobRow]:
 def _use_bars(title: str, groups: list[Group]) -> str:
     bars = []
     for g in groups[:GROUP_ROWS]:
-        rest = max(0.0, g.gpu_hours - g.useful_gpu_hours - g.no_mfu_gpu_hours - g.no_signal_gpu_hours)
-        parts = [g.useful_gpu_hours, rest, g.no_mfu_gpu_hours, g.no_signal_gpu_hours]
+        rest = max(0.0, g.gpu_hours - g.useful_gpu_hours - g.stalled_gpu_hours - g.no_mfu_gpu_hours
+                   - g.no_signal_gpu_hours)
+        parts = [g.useful_gpu_hours, rest, g.stalled_gpu_hours, g.no_mfu_gpu_hours, g.no_signal_gpu_hours]
         segs = [svg.Segment(v, c, f"{g.name}: {n} {gpu_h(v)} GPU-h")
                 for (n, c), v in zip(USE_PARTS, parts, strict=True)]
         useful = g.useful_gpu_hours / g.gpu_hours if g.gpu_hours > 0 else None
@@ -90,7 +104,7 @@ def _mix_chart(s: FleetSummary) -> str:
     names = [n for n in mix.labels if n != NO_JOB and any(v > 0 for v in mix.labels[n])]
     if not names:
         return ""
-    tail = [NO_LABEL, NO_SIGNAL]
+    tail = [STALLED, NO_LABEL, NO_SIGNAL]
     names = sorted((n for n in names if n not in tail), key=lambda n: -sum(mix.labels[n])) + \
         [n for n in tail if n in names]
     series = [(n, LABEL_COLOURS.get(n, svg.BLACK)) for n in names]
@@ -127,7 +141,7 @@ def render_page(s: FleetSummary, csv_href: str = "fleet.csv") -> str:
            "team_bars": svg_markup(_use_bars("Useful against held GPU-hours per team", s.teams)),
            "user_bars": svg_markup(_use_bars("Useful against held GPU-hours per user", s.users)),
            "mix_chart": svg_markup(_mix_chart(s)), "compare_rows": COMPARE, "group_rows": GROUP_ROWS,
-           "node_rows": NODE_ROWS, "causes": LOSS_CAUSES, "cause_words": CAUSE_WORDS,
+           "node_rows": NODE_ROWS, "causes": LOSS_CAUSES, "cause_words": CAUSE_WORDS, "cause": cause_text,
            "unattributed": UNATTRIBUTED, "csv_href": csv_href, "intervals": intervals,
            "windows": round((s.end - s.start) / s.step_s) if s.step_s else 0,
            "data": embed_json(page_data(s, listed)),

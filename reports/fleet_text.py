@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 from gpudiag.live.fleet_model import LOSS_CAUSES, Fix, FleetSummary, JobRow
 
-CAUSE_WORDS = {"idle": "idle", "below_peers": "below peers", "fixable": "fixable"}
+CAUSE_WORDS = {"stalled": "stalled", "idle": "idle", "below_peers": "below peers", "fixable": "fixable"}
 
 
 def utc(t: float) -> str:
@@ -91,6 +91,12 @@ def mfu_text(r: JobRow) -> str:
     return "no MFU" if r.signalled else "no signal"
 
 
+def cause_text(cause: str | None, r: JobRow) -> str:
+    """A job's main loss in words: "stalled (idle)" names the stall's own cause."""
+    words = CAUSE_WORDS.get(cause or "", cause or "")
+    return f"{words} ({r.stall_cause})" if cause == "stalled" and r.stall_cause else words
+
+
 def fix_line(i: int, f: Fix) -> str:
     return (f"{i}. {f.job_id} ({f.team}, {f.user}): {f.action}, step {secs(f.step_s)} -> "
             f"{secs(f.predicted_step_s)}: {gpu_h(f.win_gpu_hours_per_week)} GPU-h/week")
@@ -107,6 +113,7 @@ def terminal(s: FleetSummary, page: str | None = None, csv_path: str | None = No
            "jobs not run under gpudiag",
            f"  under gpudiag, no MFU  {gpu_h(t.no_mfu_gpu_hours):>9}   "
            f"held while idle {gpu_h(t.idle_gpu_hours):>9}",
+           f"  stalled (no step)      {gpu_h(t.stalled_gpu_hours):>9}   at MFU 0, all lost",
            f"  jobs {t.jobs} ({t.signalled_jobs} under gpudiag), teams {t.teams}, users {t.users}, "
            f"at most {t.gpus_max} GPUs; held by no job {gpu_h(t.unallocated_gpu_hours)}",
            f"  Prometheus held GPU samples for {share(s.coverage.share)} of the range"]
@@ -128,7 +135,7 @@ def terminal(s: FleetSummary, page: str | None = None, csv_path: str | None = No
         for m in s.most_lost[:8]:
             r = rows[m["job_id"]]
             out.append(f"  {r.job_id[:22]:<22} {gpu_h(m['lost_gpu_hours']):>8} "
-                       f"{CAUSE_WORDS.get(m['cause'], m['cause'])[:12]:<12} {mfu_text(r):>9}  "
+                       f"{cause_text(m['cause'], r)[:12]:<12} {mfu_text(r):>9}  "
                        f"{(r.label or '-')[:16]}")
     if page:
         out.append(f"  page: {page}" + (f"  jobs as CSV: {csv_path}" if csv_path else ""))

@@ -29,6 +29,7 @@ from gpudiag.live.fleet_query import (
     spans,
 )
 from gpudiag.live.fleet_read import UnknownInterval, _regex, fill, resolve_intervals
+from gpudiag.live.fleet_stalls import stall_spans
 from gpudiag.live.prom_client import PromAuth, read_secret, resolve_auth, split_url
 from gpudiag.reports.fleet_page import render_page
 from gpudiag.reports.fleet_text import gpu_h, jobs_csv, share
@@ -199,6 +200,29 @@ def test_users_and_teams_come_from_signals_then_slurm_then_the_node_and_unattrib
                    "k8s:pod": (UNATTRIBUTED, "", UNATTRIBUTED, "")}
     assert s.totals.teams == 2 and s.totals.users == 3
     assert s.attribution == {"slurm": 1, "node": 1, "none": 1}
+
+
+def test_a_stall_is_dated_back_to_the_last_step_counted_at_mfu_0_and_lost_with_its_cause():
+    """Windows 0-9 of 1 s, 2 GPUs; MFU 0.5 exported throughout (the agent keeps the last one until
+    it finds the stall); from window 6 on the stall series says 2, 3, 4, 5 s since the last step:
+    the job last stepped at the end of window 4 (t = 5), so windows 5-9 are stalled."""
+    lab = {"instance": "a", "job_id": "j", "owner_uid": "7"}
+    series = merge(job("j", gpus=2), {
+        "mfu_mean": [Series(lab, pts(range(10), 0.5))], "mfu_samples": [Series(lab, pts(range(10)))],
+        "stalled": [Series({**lab, "cause": "idle"}, [(at(k), float(k - 4)) for k in (6, 7, 8, 9)])]})
+    s = summarise(data(series))
+    r = s.jobs[0]
+    assert r.stalled_gpu_hours * 3600 == pytest.approx(10) and r.stall_cause == "idle"
+    assert r.useful_gpu_hours * 3600 == pytest.approx(0.5 * 10) and r.mfu == pytest.approx(0.5)
+    assert r.losses["stalled"] == pytest.approx(10 / 3600) and r.lost_cause == "stalled"
+    assert s.totals.stalled_gpu_hours == pytest.approx(r.stalled_gpu_hours)
+    assert sum(s.label_mix.labels["stalled"]) * 3600 == pytest.approx(10)
+    # each stalled sample was taken 0.4 s before its window's end: with the job's last step (at
+    # 4.6) the stretch is dated exactly, (4.6, 9.6], not from the windows' ends, (5, 10]
+    stalled = [Series({**lab, "cause": "idle"}, [(at(k), k - 4.0) for k in (6, 7, 8, 9)])]
+    steps = [Series(lab, [(at(k), 4.6) for k in range(5, 10)])]
+    assert stall_spans(stalled) == {"j": [(5.0, 10.0, "idle")]}
+    assert stall_spans(stalled, steps) == {"j": [(4.6, 9.6, "idle")]}
 
 
 def test_a_jobs_loss_is_its_largest_cause_and_its_fix_wins_its_hours_times_the_step_it_saves():

@@ -121,10 +121,10 @@ def test_each_job_exports_its_gpus_how_many_are_idle_and_who_runs_it(tmp_path):
     try:
         text = agent.metrics()
         per_job = {(m.group(1), m.group(2)): m.group(3) for m in re.finditer(
-            r'^gpudiag_job_(gpus|idle_gpus)\{job_id="([^"]*)"\} (\S+)$', text, re.M)}
+            r'^gpudiag_gpus_(held|idle)\{job_id="([^"]*)"\} (\S+)$', text, re.M)}
         # GPU 0 busy, mapped to slurm:51; GPUs 1 (idle) and 2 (3% utilisation, no GPM) no job's
-        assert per_job == {("gpus", "slurm:51"): "1.0", ("idle_gpus", "slurm:51"): "0.0",
-                           ("gpus", ""): "2.0", ("idle_gpus", ""): "2.0"}
+        assert per_job == {("held", "slurm:51"): "1.0", ("idle", "slurm:51"): "0.0",
+                           ("held", ""): "2.0", ("idle", ""): "2.0"}
         import pwd
 
         name = pwd.getpwuid(65534).pw_name

@@ -213,7 +213,7 @@ def read_and_sum(prom, start: float, end: float, req_end: float, explicit: float
     del before
     data, read_notes = read_fleet(prom, grid, targets, explicit, requested=(start, req_end))
     if not any(s.points for s in data.series.get("gpu_samples", [])):
-        raise NoData(f"Prometheus at {prom.base} holds no gpudiag GPU series (gpudiag_job_gpus, "
+        raise NoData(f"Prometheus at {prom.base} holds no gpudiag GPU series (gpudiag_gpus_held, "
                      f"gpudiag_gpu_up) from {utc(grid.start)} to {utc(grid.end)}: is it scraping "
                      "`gpudiag agent`? Try a wider --since.")
     who, slurm_notes = _who(slurm_ids(data), slurm)

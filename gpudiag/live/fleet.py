@@ -3,7 +3,7 @@ reads Prometheus, ``fleet_slurm`` asks Slurm).
 
 Definitions (docs/fleet.md says the same to the reader):
 
-- a **GPU-second** is a GPU in a stored sample (``gpudiag_job_gpus``, or ``gpudiag_gpu_up`` from
+- a **GPU-second** is a GPU in a stored sample (``gpudiag_gpus_held``, or ``gpudiag_gpu_up`` from
   older agents) times its target's scrape interval: exact at any range, since a sample is
   counted once, in the one window it is in;
 - a job is **signalled** when it ran under gpudiag: it reported (any ``gpudiag_job_*`` signal)
@@ -11,7 +11,12 @@ Definitions (docs/fleet.md says the same to the reader):
   (**useful** = those x the MFU) and those without one (**no MFU**: a job without matmuls, or
   before its first report). A job that never reported holds **no signal** GPU-hours, and is
   still attributed (its Slurm account and user, or the uid its node saw running it);
-- **idle**: the job's GPUs the agent counted idle at each scrape (``gpudiag_job_idle_gpus``);
+- **idle**: the job's GPUs the agent counted idle at each scrape (``gpudiag_gpus_idle``);
+- **stalled**: held by a job while it finished no step (``gpudiag_job_stalled_seconds``: a
+  sample of value s at t says the job has been stalled since t - s, so the stretch is dated back
+  to its last step, not to when its limit ran out). They count at MFU 0 whatever MFU series the
+  agent still had, are left out of the job's MFU (and so of its class' median), and are all lost,
+  with their cause;
 - a job's **loss** per cause (``job_losses``) and its **fix** (``fix_gpu_hours``): what the
   page ranks. Every per-job number is made in ``_job_row``, the one place a new category
   (a stall) joins the accounting.
@@ -31,6 +36,7 @@ from gpudiag.live.fleet_model import (
     NO_JOB,
     NO_LABEL,
     NO_SIGNAL,
+    STALLED,
     UNATTRIBUTED,
     WEEK_S,
     Coverage,
@@ -41,6 +47,7 @@ from gpudiag.live.fleet_model import (
 )
 from gpudiag.live.fleet_query import QUERIES, FleetData, Grid, Series
 from gpudiag.live.fleet_report import fixes_of, groups, label_mix, most_lost, nodes_of
+from gpudiag.live.fleet_stalls import Spans, stall_spans, stalled_in
 
 SLURM_PREFIX = "slurm:"
 
@@ -213,30 +220,41 @@ def attribute(job: str, f: _Facts) -> tuple[str, str, str, str]:
 
 
 def _job_row(job: str, h: _Held, mfu: dict[float, tuple[float, float]], labels: dict[float, dict[str, float]],
-             f: _Facts, mix: dict[float, dict[str, float]], grid: Grid) -> JobRow:
-    """Every per-job number: its windows' GPU time split by MFU, signal and label (``mix``
-    gets the label split per window)."""
+             f: _Facts, mix: dict[float, dict[str, float]], grid: Grid, stalls: Spans) -> JobRow:
+    """Every per-job number: its windows' GPU time split into stalled, with an MFU, without one
+    and without a signal, by label too (``mix`` gets the split per window). A new category is
+    one more share of a window here."""
     signalled = job in f.signalled
-    useful = with_mfu = no_mfu = no_signal = 0.0
+    useful = with_mfu = no_mfu = no_signal = stalled = 0.0
+    causes: dict[str, float] = defaultdict(float)
     gpus = 0
-    for k, held in h.held.items():
-        pres = h.presence.get(k, 0.0)
+    for t, held in h.held.items():
+        pres = h.presence.get(t, 0.0)
         if pres > 0:
             gpus = max(gpus, round(held / pres))
-        mean, secs = mfu.get(k, (0.0, 0.0))
+        mean, secs = mfu.get(t, (0.0, 0.0))
         cover = min(1.0, secs / pres) if pres > 0 else 0.0
-        useful += held * cover * mean
-        with_mfu += held * cover
+        stuck, cause = stalled_in(stalls, t - grid.step, t) if stalls else (0.0, None)
+        stuck = min(1.0, stuck / pres) if pres > 0 else 0.0
+        if stuck > 0:
+            stalled += held * stuck
+            causes[cause or "unknown"] += held * stuck
+        # the MFU counts where the job ran: not while stalled, whatever MFU it still exported (an
+        # agent keeps a job's last MFU until it finds the stall, dated back to the last step)
+        running = max(0.0, cover - stuck)
+        useful += held * running * mean
+        with_mfu += held * running
         if signalled:
-            no_mfu += held * (1 - cover)
+            no_mfu += held * (1 - max(cover, stuck))
         else:
             no_signal += held
-        labs = labels.get(k, {})
+        labs = labels.get(t, {})
         tot = sum(labs.values())
-        shown = min(1.0, tot / pres) if pres > 0 and tot > 0 else 0.0
+        shown = min(1.0 - stuck, tot / pres) if pres > 0 and tot > 0 else 0.0
         for lab, secs_l in labs.items():
-            mix[k][lab] += held * shown * secs_l / tot
-        mix[k][NO_LABEL if signalled else NO_SIGNAL] += held * (1 - shown)
+            mix[t][lab] += held * shown * secs_l / tot
+        mix[t][STALLED] += held * stuck
+        mix[t][NO_LABEL if signalled else NO_SIGNAL] += held * (1 - stuck - shown)
     user, usrc, team, tsrc = attribute(job, f)
     last = f.last
 
@@ -252,6 +270,8 @@ def _job_row(job: str, h: _Held, mfu: dict[float, tuple[float, float]], labels: 
                  gpu_hours=sum(h.held.values()) / 3600, useful_gpu_hours=useful / 3600,
                  mfu_gpu_hours=with_mfu / 3600, no_mfu_gpu_hours=no_mfu / 3600,
                  no_signal_gpu_hours=no_signal / 3600, idle_gpu_hours=h.idle_s / 3600,
+                 stalled_gpu_hours=stalled / 3600,
+                 stall_cause=max(causes, key=causes.__getitem__) if causes else None,
                  mfu=useful / with_mfu if with_mfu > 0 else None, label=text("label"),
                  confidence=val("confidence"), step_s=val("step"), action=text("action"),
                  predicted_step_s=val("predicted"), first_seen=ks[0] if ks else 0.0,
@@ -268,8 +288,10 @@ def fix_gpu_hours(r: JobRow) -> float:
 
 
 def job_losses(r: JobRow) -> dict[str, float]:
-    """GPU-hours a job lost, by cause (fleet_model.LOSS_CAUSES): overlapping estimates."""
+    """GPU-hours a job lost, by cause (fleet_model.LOSS_CAUSES); ``lost`` weighs them."""
     out = {}
+    if r.stalled_gpu_hours > 0:
+        out["stalled"] = r.stalled_gpu_hours
     if r.idle_gpu_hours > 0:
         out["idle"] = r.idle_gpu_hours
     if r.mfu is not None and r.class_median_mfu and r.mfu < r.class_median_mfu:
@@ -277,6 +299,17 @@ def job_losses(r: JobRow) -> dict[str, float]:
     if r.fix_gpu_hours > 0:
         out["fixable"] = r.fix_gpu_hours
     return out
+
+
+def lost(losses: dict[str, float]) -> tuple[float, str | None]:
+    """(GPU-hours lost, the cause of most of them): the stalled hours and those run below the
+    peers are disjoint and add up; idle hours and a fix's win overlap them, so the largest of
+    the three stands."""
+    ran = losses.get("stalled", 0.0) + losses.get("below_peers", 0.0)
+    ran_cause = max(("stalled", "below_peers"), key=lambda c: losses.get(c, 0.0))
+    best = max(((ran, ran_cause), (losses.get("idle", 0.0), "idle"), (losses.get("fixable", 0.0), "fixable")),
+               key=lambda x: x[0])
+    return (best[0], best[1]) if best[0] > 0 else (0.0, None)
 
 
 def _rank_losses(rows: list[JobRow]) -> None:
@@ -288,8 +321,7 @@ def _rank_losses(rows: list[JobRow]) -> None:
     for r in rows:
         r.class_median_mfu = medians.get(r.size_class) if r.mfu is not None else None
         r.losses = job_losses(r)
-        if r.losses:
-            r.lost_cause, r.lost_gpu_hours = max(r.losses.items(), key=lambda kv: kv[1])
+        r.lost_gpu_hours, r.lost_cause = lost(r.losses)
 
 
 def coverage(data: FleetData) -> Coverage:
@@ -306,8 +338,10 @@ def summarise(data: FleetData, slurm: dict[str, SlurmJob] | None = None,
               previous: FleetSummary | None = None, notes: Iterable[str] = ()) -> FleetSummary:
     jobs, free, per_node = held_time(data)
     mfu, labels, f = job_mfu(data), _label_seconds(data), _facts(data, slurm or {})
+    stalls = stall_spans(data.series.get("stalled", []), data.series.get("last_step", []))
     mix: dict[float, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    rows = [_job_row(j, h, mfu.get(j, {}), labels.get(j, {}), f, mix, data.grid) for j, h in jobs.items()]
+    rows = [_job_row(j, h, mfu.get(j, {}), labels.get(j, {}), f, mix, data.grid, stalls.get(j, []))
+            for j, h in jobs.items()]
     for h in free.values():
         for k, v in h.held.items():
             mix[k][NO_JOB] += v
@@ -321,6 +355,7 @@ def summarise(data: FleetData, slurm: dict[str, SlurmJob] | None = None,
         no_mfu_gpu_hours=sum(r.no_mfu_gpu_hours for r in rows),
         no_signal_gpu_hours=sum(r.no_signal_gpu_hours for r in rows),
         idle_gpu_hours=sum(r.idle_gpu_hours for r in rows),
+        stalled_gpu_hours=sum(r.stalled_gpu_hours for r in rows),
         unallocated_gpu_hours=sum(n.unallocated_gpu_hours for n in nodes),
         lost_gpu_hours=sum(r.lost_gpu_hours for r in rows), jobs=len(rows),
         signalled_jobs=sum(r.signalled for r in rows),

@@ -15,14 +15,17 @@ from dataclasses import asdict, dataclass, field
 SCHEMA_VERSION = 1
 
 NO_SIGNAL = "no signal"          # held by a job not run under gpudiag
+STALLED = "stalled"              # held by a job under gpudiag that finished no step (docs/stall.md)
 NO_LABEL = "no label"            # held by a job under gpudiag at a time it had reported no label
 NO_JOB = "no job"                # held by no job
 UNATTRIBUTED = "(unattributed)"  # no signal, no Slurm and no node named the job's user or team
 
-# How much a job lost, by cause (GPU-hours). The causes overlap (an idle GPU also lowers the
-# MFU, a fix may remove the idle time), so a job's loss is its largest, never their sum. A new
-# cause (a stall) is one more entry here and in ``fleet.job_losses``.
+# How much a job lost, by cause (GPU-hours). "stalled" and "below_peers" are disjoint hours (the
+# stalled ones, and the rest while it ran), so they add up; the others overlap them (a stalled or
+# slow GPU is often idle, a fix may remove the idle time), so a job's loss is the larger of that
+# sum, its idle hours and its fix's win (``fleet.job_losses``, ``fleet.lost``).
 LOSS_CAUSES = {
+    "stalled": "held while it finished no step: all lost, whatever MFU was still exported",
     "idle": "held while idle (under 5% SM activity)",
     "below_peers": "MFU below the median of its size class",
     "fixable": "what its top recommendation predicts it would save",
@@ -47,7 +50,9 @@ class JobRow:
     no_mfu_gpu_hours: float    # signalled, but no MFU at the time (no matmuls; before its first report)
     no_signal_gpu_hours: float  # all of gpu_hours for a job not run under gpudiag, else 0
     idle_gpu_hours: float
-    mfu: float | None          # useful / mfu_gpu_hours; None: no MFU in the range
+    stalled_gpu_hours: float   # held while it finished no step (docs/stall.md): at MFU 0, all lost
+    stall_cause: str | None    # the cause of most of those hours
+    mfu: float | None          # useful / mfu_gpu_hours (its MFU while it ran); None: no MFU
     label: str | None          # its latest bottleneck label
     confidence: float | None
     step_s: float | None       # its latest step time
@@ -71,6 +76,7 @@ class Group:
     no_mfu_gpu_hours: float = 0.0
     no_signal_gpu_hours: float = 0.0
     idle_gpu_hours: float = 0.0
+    stalled_gpu_hours: float = 0.0
     lost_gpu_hours: float = 0.0
     previous_gpu_hours: float | None = None          # the same name in the previous period
     previous_useful_gpu_hours: float | None = None
@@ -113,6 +119,7 @@ class Totals:
     no_mfu_gpu_hours: float = 0.0
     no_signal_gpu_hours: float = 0.0
     idle_gpu_hours: float = 0.0
+    stalled_gpu_hours: float = 0.0
     unallocated_gpu_hours: float = 0.0
     lost_gpu_hours: float = 0.0
     jobs: int = 0

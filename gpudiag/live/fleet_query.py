@@ -3,7 +3,7 @@ range, the only I/O of the sums (``fleet_slurm`` asks Slurm who ran the silent j
 
 **Windows, not instants.** The range (start, end] is cut into ``n`` windows of ``step`` that
 tile it exactly (``Grid``), at most MAX_POINTS of them, and every query counts the *samples* in
-each window: ``sum_over_time(gpudiag_job_gpus[step])`` (a job's GPUs on a node at each scrape,
+each window: ``sum_over_time(gpudiag_gpus_held[step])`` (a job's GPUs on a node at each scrape,
 one series per job and node; per GPU, ``gpudiag_gpu_up``, for older agents: ``fleet_read``).
 A GPU-second is a GPU in a stored sample times its target's scrape interval. An instant
 query instead asks "was a sample within the 5-minute lookback?" at each step: at a week's
@@ -46,12 +46,12 @@ SCHEDULER_COUNTERS = 'gpudiag_scheduler_.+_total'
 # name -> PromQL over one window ``{w}``. What each number on the page is a sum of.
 QUERIES: dict[str, str] = {
     # GPU samples per node and job (job_id "" = GPUs no job holds): x the scrape interval = GPU-s.
-    # gpudiag_job_gpus is one series per job and node (its GPUs at each scrape), not one per GPU
-    "gpu_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_job_gpus[{w}]))",
+    # gpudiag_gpus_held is one series per job and node (its GPUs at each scrape), not one per GPU
+    "gpu_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_gpus_held[{w}]))",
     # the scrapes in which the job held GPUs there: how long it held them in the window
-    "gpu_presence": "max by (instance, job_id) (count_over_time(gpudiag_job_gpus[{w}]))",
+    "gpu_presence": "max by (instance, job_id) (count_over_time(gpudiag_gpus_held[{w}]))",
     # GPU samples below the agent's idle threshold
-    "idle_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_job_idle_gpus[{w}]))",
+    "idle_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_gpus_idle[{w}]))",
     # any signal of the job: the job runs under gpudiag (with or without an MFU)
     "signal_samples": ("max by (instance, job_id, owner_uid) "
                        "(count_over_time(gpudiag_job_last_signal_timestamp_seconds[{w}]))"),
@@ -70,6 +70,13 @@ QUERIES: dict[str, str] = {
     "team": "max by (instance, job_id, owner_uid, team) (last_over_time(gpudiag_job_team_info[{w}]))",
     # the login name of the uid that wrote the job's signals, as its node resolved it
     "user": "max by (instance, job_id, owner_uid, user) (last_over_time(gpudiag_job_owner_info[{w}]))",
+    # seconds since a stalled job's last step, only while it is stalled, with the stall's cause
+    # (docs/stall.md): the largest in a window is its last sample there
+    "stalled": ("max by (instance, job_id, owner_uid, cause) "
+                "(max_over_time(gpudiag_job_stalled_seconds[{w}]))"),
+    # when the job last finished a step: dates a stall exactly, whatever the windows' edges
+    "last_step": ("max by (instance, job_id, owner_uid) "
+                  "(last_over_time(gpudiag_job_last_step_timestamp_seconds[{w}]))"),
     # the uid that runs a GPU's job (its processes, else its job-mapping file), for silent jobs
     "holder": ("max by (instance, job_id, owner_uid, user) "
                "(last_over_time(gpudiag_gpu_job_owner_info[{w}]))"),
@@ -82,7 +89,7 @@ KEEP: dict[str, str] = {"gpu_samples": "windows", "gpu_presence": "windows", "id
                         "signal_samples": "last", "mfu_mean": "windows", "mfu_samples": "windows",
                         "label_samples": "windows", "confidence": "last", "step": "last",
                         "predicted": "last", "action": "last", "team": "last", "user": "last",
-                        "holder": "last"}
+                        "holder": "last", "stalled": "windows", "last_step": "windows"}
 
 Points = list[tuple[float, float]]
 

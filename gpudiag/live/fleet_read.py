@@ -22,10 +22,10 @@ from gpudiag.live.fleet_query import (
 )
 from gpudiag.live.prom_client import Prometheus, PrometheusUnavailable
 
-# Agents from before gpudiag_job_gpus export only per-GPU series: for their nodes ({i}, a regex
+# Agents from before gpudiag_gpus_held export only per-GPU series: for their nodes ({i}, a regex
 # of instances) the same GPU time is counted from gpudiag_gpu_up, 8x the samples to read on
 # 8-GPU nodes (no idle: they did not mark it). Filled in window by window where a node has no
-# gpudiag_job_gpus (an agent upgraded within the range counts from gpudiag_gpu_up before).
+# gpudiag_gpus_held (an agent upgraded within the range counts from gpudiag_gpu_up before).
 OLD_AGENT_QUERIES: dict[str, str] = {
     "gpu_samples": 'sum by (instance, job_id) (count_over_time(gpudiag_gpu_up{instance=~"{i}"}[{w}]))',
     "gpu_presence": 'max by (instance, job_id) (count_over_time(gpudiag_gpu_up{instance=~"{i}"}[{w}]))',
@@ -91,7 +91,7 @@ def _regex(values: list[str]) -> str:
 
 
 def old_agents(prom: Prometheus, grid: Grid, samples: list[Series], timeout: float) -> list[str]:
-    """Nodes whose per-job GPU series do not cover the range: no gpudiag_job_gpus at all (an
+    """Nodes whose per-job GPU series do not cover the range: no gpudiag_gpus_held at all (an
     agent from before it), or only from a later window (upgraded, or started, within the range).
     From the index (label values), not the samples: cheap."""
     data = prom.get("/api/v1/label/instance/values",
@@ -152,7 +152,7 @@ def read_fleet(prom: Prometheus, grid: Grid, targets: dict[str, float], explicit
             added += n
         if added:
             shown = ", ".join(old[:3]) + (f" and {len(old) - 3} more" if len(old) > 3 else "")
-            notes.append(f"{shown}: GPU-hours (where the agent exported no gpudiag_job_gpus) counted from "
+            notes.append(f"{shown}: GPU-hours (where the agent exported no gpudiag_gpus_held) counted from "
                          "gpudiag_gpu_up, without idle GPU-hours (an agent from before this version)")
     instances = {s.labels.get("instance", "") for ss in data.series.values() for s in ss}
     data.intervals, interval_notes = resolve_intervals(instances, targets, explicit)

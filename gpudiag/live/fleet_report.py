@@ -34,6 +34,7 @@ def groups(rows: list[JobRow], attr: str, previous: FleetSummary | None = None) 
         g.no_mfu_gpu_hours += r.no_mfu_gpu_hours
         g.no_signal_gpu_hours += r.no_signal_gpu_hours
         g.idle_gpu_hours += r.idle_gpu_hours
+        g.stalled_gpu_hours += r.stalled_gpu_hours
         g.lost_gpu_hours += r.lost_gpu_hours
     if previous is not None:
         before = {g.name: g for g in (previous.teams if attr == "team" else previous.users)}
