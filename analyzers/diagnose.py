@@ -41,6 +41,7 @@ from gpudiag.analyzers.trace_select import select_steps
 from gpudiag.devices import DevicePeak, lookup_device, user_device
 from gpudiag.diagnosis import Diagnosis, RankResult
 from gpudiag.errors import BadInput, TraceError
+from gpudiag.pace import at_own_pace
 from gpudiag.rundir import is_run_dir, read_bootstrap, read_host_cpu, read_steps, window_steps
 
 
@@ -219,16 +220,18 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     if is_run_dir(run_dir):
         boot = read_bootstrap(run_dir)
         steps_read = read_steps(run_dir, boot)
-        windows = window_steps(run_dir, boot=boot, steps=steps_read)
-        workers = [w for m in boot.values() for w in m.dataloader_workers]
         samples = read_host_cpu(run_dir)
+        # the job's own pace: every step less the part other processes took (gpudiag.pace)
+        own = at_own_pace(steps_read, samples, boot)
+        windows = window_steps(run_dir, boot=boot, steps=own)
+        workers = [w for m in boot.values() for w in m.dataloader_workers]
         host = host_cpu(samples, steps_read, boot)
-        wait = host_wait(windows, steps_read, host, samples, boot)
-        if wait is not None:  # a GPU rank's host gaps hold its training thread's wait
+        wait = host_wait(windows, own, host, samples, boot)
+        if wait is not None:  # the traced steps hold the machine's part, a GPU's host gaps the wait
             traced = {w.rank: w.traced_rows for w in windows}
             for p in partials:
-                if p.has_gpu:
-                    p.result = with_waits(p.result, traced.get(p.result.rank, []), wait)
+                p.result = with_waits(p.result, traced.get(p.result.rank, []), wait,
+                                      "gpu" if p.has_gpu else "cpu")
     d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], windows,
                  workers, host, wait)
     if d.device.source.startswith("measured") and cpu_device is not None and choice.peak_floor:

@@ -107,7 +107,8 @@ DISPATCH_PER_EVENT_MIN = 2.0
 _PARTS = tuple(f for f in TimeBreakdown.__dataclass_fields__ if f != "step_time")
 
 MODEL = ("step = the median of the untraced steps just before and after the traced window "
-         f"(up to {REFERENCE_STEPS} a side, the job's own step timer); device work as traced; the "
+         f"(up to {REFERENCE_STEPS} a side, the job's own step timer, each at the job's own pace: less "
+         "the wait for a core other processes caused, gpudiag.pace); device work as traced; the "
          "profiler's extra wall time (traced mean minus that step) removed from the host gaps first, "
          "then from the input wait (a loader in the training process: from its wait by the share of "
          "recorded events inside it)")
@@ -320,7 +321,8 @@ def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: 
             compute_bound=traced.compute_bound * k, memory_bound=traced.memory_bound * k,
             comm_total=traced.comm_total * k, comm_exposed=traced.comm_exposed * k,
             memcpy_exposed=traced.memcpy_exposed * k, idle=0.0, input_wait=0.0,
-            host_overhead=0.0), out
+            host_overhead=0.0, comm_work=traced.comm_work * k,
+            comm_contention=traced.comm_contention * k), out
     extra = traced.step_time - step
     from_wait = _loader_share(traced, extra, events)
     if from_wait > 0:
@@ -418,7 +420,8 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
         compute_bound=traced.compute_bound * k, memory_bound=traced.memory_bound * k,
         comm_total=traced.comm_total, comm_exposed=traced.comm_exposed,
         memcpy_exposed=traced.memcpy_exposed, input_wait=input_wait, host_overhead=host,
-        host_stalled=min(host, traced.host_stalled - stalled))
+        host_stalled=min(host, traced.host_stalled - stalled), comm_work=traced.comm_work * k,
+        comm_contention=traced.comm_contention * k)
     out.idle = out.input_wait + out.host_overhead
     total = out.compute + out.comm_exposed + out.memcpy_exposed + out.idle
     if total > step > 0:  # nothing left to take from: scale everything to the step
@@ -482,7 +485,8 @@ def _cpu_estimate(traced: TimeBreakdown, step: float, caveat) -> TimeBreakdown: 
         comm_total=traced.comm_total * k, comm_exposed=traced.comm_exposed * k,
         memcpy_exposed=traced.memcpy_exposed * k, input_wait=input_wait,
         host_overhead=traced.host_overhead * k,
-        host_stalled=min(traced.host_stalled, traced.host_overhead * k))
+        host_stalled=min(traced.host_stalled, traced.host_overhead * k), comm_work=traced.comm_work * k,
+        comm_contention=traced.comm_contention * k)
     out.idle = out.input_wait + out.host_overhead
     # the parts add up to the untraced step; rounding and a traced input wait longer than the
     # whole untraced step (noise) are absorbed by scaling all of them to it

@@ -72,10 +72,43 @@ def _runq_s(pid: int) -> float:
         return 0.0
 
 
+def _threads_runq_s(pid: int) -> float:
+    """Seconds all threads of the process have waited runnable for a core (0 where unknown):
+    its intra-op threads too, which want a core each (``gpudiag.pace``: the job's demand)."""
+    total = 0.0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+# Reads of the machine's runnable tasks per host sample (/proc/loadavg holds an instant's count).
+RUNNABLE_READS = 10
+
+
+def _runnable() -> int | None:
+    """Tasks running or runnable on the whole machine now, less the one reading (this thread)."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return max(0, int(f.read().split()[3].split(b"/")[0]) - 1)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class HostSampler:
     """Every ``interval`` seconds: process count, CPU utilisation (cores) and RSS of the tree,
     and the cores the whole machine kept busy (the job's and everybody else's): a DataLoader's
-    workers, or a traced step, compete with the other work for what is left."""
+    workers, or a traced step, compete with the other work for what is left. Beside them, what
+    ``gpudiag.pace`` splits a wait for a core by: the cores' worth all the tree's threads waited
+    for one (``runq_threads_cores``), and the machine's runnable tasks, the mean of
+    ``RUNNABLE_READS`` reads over the interval (``machine_runnable``)."""
 
     def __init__(self, root_pid: int, out: Path, interval: float = 1.0) -> None:
         self.root = root_pid
@@ -99,12 +132,19 @@ class HostSampler:
         prev_q: dict[int, float] = {}
         prev_t = time.monotonic()
         prev_busy = _machine_busy()
+        prev_qt: dict[int, float] = {}
         with self.out.open("a") as f:
-            while not self._stop.wait(self.interval):
+            while True:
+                running = []
+                for _ in range(RUNNABLE_READS):
+                    if self._stop.wait(self.interval / RUNNABLE_READS):
+                        return
+                    running.append(_runnable())
                 now = time.monotonic()
-                cpu_total = rss_total = q_total = 0.0
+                cpu_total = rss_total = q_total = qt_total = 0.0
                 cur: dict[int, float] = {}
                 cur_q: dict[int, float] = {}
+                cur_qt: dict[int, float] = {}
                 pids = tree(self.root)
                 for pid in pids:
                     r = _cpu_and_rss(pid)
@@ -114,6 +154,8 @@ class HostSampler:
                     cpu_total += r[0] - prev.get(pid, r[0])
                     cur_q[pid] = _runq_s(pid)
                     q_total += cur_q[pid] - prev_q.get(pid, cur_q[pid])
+                    cur_qt[pid] = _threads_runq_s(pid)
+                    qt_total += max(0.0, cur_qt[pid] - prev_qt.get(pid, cur_qt[pid]))
                     rss_total += r[1]
                 util = cpu_total / (now - prev_t) if prev else 0.0
                 busy = _machine_busy()
@@ -122,6 +164,10 @@ class HostSampler:
                        "runq_cores": round(q_total / (now - prev_t), 3) if prev else 0.0}
                 if busy is not None and prev_busy is not None:
                     row["machine_cores_busy"] = round((busy - prev_busy) / (now - prev_t), 3)
-                prev, prev_q, prev_t, prev_busy = cur, cur_q, now, busy
+                if prev:
+                    row["runq_threads_cores"] = round(qt_total / (now - prev_t), 3)
+                if None not in running:
+                    row["machine_runnable"] = round(sum(running) / len(running), 2)
+                prev, prev_q, prev_qt, prev_t, prev_busy = cur, cur_q, cur_qt, now, busy
                 f.write(json.dumps(row) + "\n")
                 f.flush()

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag.jobsignal import run_dir_field, team_from_env, write_signal
-from gpudiag.rundir import StepRow, own_step_seconds, read_host_cpu, read_steps, split_step_rows
+from gpudiag.pace import own_step_seconds
+from gpudiag.rundir import StepRow, read_bootstrap, read_host_cpu, read_steps, split_step_rows
 
 RECENT_STEPS = 50
 
@@ -42,12 +43,13 @@ def step_stats(run_dir: Path, rows: list[StepRow] | None = None
 
 
 def own_step(run_dir: Path, rows: list[StepRow] | None = None) -> float | None:
-    """The median of the recent untraced steps of rank 0 at the job's own pace: each less its
-    training thread's wait for cores that processes outside the job held
-    (``rundir.own_step_seconds``). What MFU is exported from, so that another tenant's load
-    is not charged to the job (its own DataLoader workers and threads are its own)."""
+    """The median of the recent untraced steps of rank 0 at the job's own pace: each less the
+    wait for cores that processes outside the job caused, on its training thread or the
+    threads it waited for (``pace.own_step_seconds``). What MFU is exported from, so that
+    another tenant's load is not charged to the job (its own workers and threads are its own)."""
     rows = rank0_rows(run_dir) if rows is None else rows
-    own = own_step_seconds(rows, read_host_cpu(run_dir))
+    meta = read_bootstrap(run_dir).get(0)
+    own = own_step_seconds(rows, read_host_cpu(run_dir), meta.cpus if meta else None)
     rows = [replace(r, dt=o) for r, o in zip(rows, own, strict=True)]
     return split_step_rows(0, rows, last=RECENT_STEPS).median_untraced()
 

@@ -74,7 +74,9 @@ class _Bootstrap:
         self.t_step = time.perf_counter()
         self.sched_fds: dict[int, int] = {}  # thread id -> its open schedstat file
         self.sched = _thread_sched(self.sched_fds)  # the stepping thread's counters, last step
+        self.peers = _sibling("thread_waits").PeerWaits()  # the job's other threads' waits
         self.collectives = _collectives().StepCollectives()
+        self.comm_threads = _collectives().CommThreads()
         self.buffer: list[dict[str, Any]] = []
         self.backend: str | None = None  # default process group backend, once known
         self.fr_last_record = -1  # flight recorder entries already accounted for
@@ -106,12 +108,22 @@ class _Bootstrap:
         colls = self.collectives.drain()
         if colls:
             row["collectives"] = colls
+        comm_cpu = self.comm_threads.step_cpu_s()
+        if comm_cpu is not None:
+            row["comm_cpu_s"] = comm_cpu
         row["t0"] = time.time() - row["dt"]
         sched = _thread_sched(self.sched_fds)
         if sched is not None and self.sched is not None and sched[0] == self.sched[0]:
             row["run_s"] = (sched[1] - self.sched[1]) / 1e9
             row["wait_s"] = (sched[2] - self.sched[2]) / 1e9
         self.sched = sched
+        if sched is not None:
+            try:
+                if self.step == 1 or time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
+                    self.peers.discover(sched[0])
+                row.update(self.peers.on_step(row["dt"]))
+            except Exception as e:  # noqa: BLE001 - the step's row is written without them
+                self.note(f"the other threads' waits for a core were not read: {type(e).__name__}: {e}")
         self.t_step = now
         self.buffer.append(row)
         if time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
@@ -246,7 +258,7 @@ class _Bootstrap:
                 "dataloader_workers": sorted(self.dataloader_workers),
                 "explicit_steps": self.explicit, "traced_steps": self.traced_steps,
                 "windows": self.windows[-20:], "retrace_s": self.retrace_s,
-                "cupti_teardown": self.cupti,
+                "cupti_teardown": self.cupti, "thread_waits": self.peers.meta(),
                 # what the DataLoader advice weighs a wait's CPU use against (analyzers.host_cpu)
                 "cpus": _cpus(), "intra_op_threads": _threads(torch)}
         path = self.run_dir / "samples" / f"bootstrap-rank-{self.rank}.json"
@@ -336,8 +348,9 @@ def _collectives() -> Any:
 
 
 def _sibling(stem: str) -> Any:
-    """A module beside this one (``torch_collectives``, ``torch_cupti``), loaded under gpudiag's
-    name (the job's Python may not have gpudiag, and its sys.path is never extended)."""
+    """A module beside this one (``torch_collectives``, ``torch_cupti``, ``thread_waits``),
+    loaded under gpudiag's name (the job's Python may not have gpudiag, and its sys.path is
+    never extended)."""
     name = f"gpudiag.collectors.{stem}"
     mod = sys.modules.get(name)
     if mod is None:
@@ -406,7 +419,10 @@ def _patch_dataloader(torch: Any) -> None:
         st = _get_state()
         if st is not None:
             st.dataloader_workers.add(int(getattr(self, "num_workers", 0)))
-        return orig_iter(self)
+        out = orig_iter(self)
+        if st is not None:  # its workers' threads are the job's: their waits are read too
+            st.peers.add_workers(getattr(w, "pid", None) for w in getattr(out, "_workers", ()))
+        return out
 
     dl.__iter__ = it
 

@@ -16,6 +16,9 @@ for them, where that is known):
   job registers itself, which it then calls: the job's own hook still runs, timed;
 - NCCL: PyTorch's flight recorder measures each collective with CUDA events
   (``TORCH_NCCL_ENABLE_TIMING``), polled when the step rows are flushed.
+
+Each row also gets ``comm_cpu_s``: the CPU seconds the collectives' own threads ran over the
+step (gloo's, ``CommThreads``), what communication took from the cores beside its time.
 """
 
 from __future__ import annotations
@@ -70,6 +73,65 @@ class StepCollectives:
                 wait = max(0.0, max(e for _, _, e, _ in ddp) - max(s for _, s, _, _ in ddp))
                 c["exposed"] = c.get("exposed", 0.0) + wait
         return out
+
+
+class CommThreads:
+    """CPU time of the collectives' own threads (gloo's: ``pt_gloo_runloop`` runs the
+    algorithm, ``gloo_tcp_loop`` the transport), per step. On a CPU they run on the cores the
+    ranks compute on: where those are short, each second they run is a second the compute waits,
+    a cost of communication beyond its exposed time that no trace shows. Read from each thread's
+    ``/proc/self/task/<tid>/schedstat`` (Linux; nothing elsewhere), files kept open (a ``pread``
+    a step per thread, a few microseconds); the threads are looked for at most once per
+    ``LOOK_EVERY_S`` (a process group creates them when it is made)."""
+
+    LOOK_EVERY_S = 5.0
+    NAMES = ("gloo",)
+
+    def __init__(self) -> None:
+        self.fds: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self.looked = float("-inf")
+
+    def _look(self) -> None:
+        self.looked = time.monotonic()
+        try:
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return
+        for t in tids:
+            tid = int(t)
+            if tid in self.fds:
+                continue
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if not any(n in f.read() for n in self.NAMES):
+                        continue
+                self.fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            except (OSError, ValueError):
+                continue
+
+    def step_cpu_s(self) -> float | None:
+        """CPU seconds the collectives' threads ran since the last call; None before any exists
+        (or the first time they are read: no interval yet)."""
+        if time.monotonic() - self.looked >= self.LOOK_EVERY_S:
+            self._look()
+        if not self.fds:
+            return None
+        total, fresh = 0, False
+        for tid, fd in list(self.fds.items()):
+            try:
+                run = int(os.pread(fd, 128, 0).split()[0])
+            except (OSError, ValueError, IndexError):  # the thread ended
+                os.close(fd)
+                del self.fds[tid]
+                continue
+            prev = self.last.get(tid)
+            self.last[tid] = run
+            if prev is None:
+                fresh = True
+                continue
+            total += run - prev
+        return None if fresh and total == 0 else total / 1e9
 
 
 def _union(spans: list[tuple[float, float]]) -> float:

@@ -143,6 +143,13 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
     b = d.breakdown
     mean_rows = [(label, ms(getattr(b, key)), pct(b.fraction(key))) for key, label, _ in PARTS]
     mean_rows[2:2] = [("compute (total)", ms(b.compute), pct(b.fraction("compute")))]
+    if b.comm_work > 0:
+        mean_rows.append(("of the compute, the training thread's copies for the collectives (DDP's "
+                          "buckets): communication's cost", ms(b.comm_work), pct(b.fraction("comm_work"))))
+    if b.comm_contention > 0:
+        mean_rows.append(("of the compute, slowed beside the collectives (their threads on the ranks' "
+                          "cores): communication's cost", ms(b.comm_contention),
+                          pct(b.fraction("comm_contention"))))
     if b.host_waiting > b.host_stalled:
         mean_rows.append(("of the host overhead, the training thread waiting for a core (the job's "
                           "own workers and threads, or other processes)", ms(b.host_waiting),
@@ -345,6 +352,8 @@ def _tables(d: Diagnosis) -> dict[str, Any]:
     m = d.mfu
     reason = si_text(m.reason.removeprefix("not available: ") if m.value is None else m.reason)
     mfu = {"value": pct(m.value) if m.value is not None else "not available", "reason": reason,
+           "wall": pct(m.wall_value) if m.pace and m.wall_value is not None else None,
+           "pace": si_text(m.pace) if m.pace else None,
            "rows": [("FLOPs per step per rank",
                      si(m.flops_per_step, "FLOP") if m.flops_per_step else "n/a"),
                     ("FLOPs from", m.flops_source), ("dtype family", m.dtype_family or "n/a"),

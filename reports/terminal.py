@@ -111,6 +111,9 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
         out.append(f"MFU: {pct(m.value)}  ({m.reason})")
     else:
         out.append(f"MFU: {m.reason}")
+    if m.pace:  # the wall clock's beside it, or that no split was recorded
+        beside = f"MFU by wall clock: {pct(m.wall_value)} ({m.pace})" if m.wall_value is not None else m.pace
+        out.extend(textwrap.wrap(beside, **wrap))
     r = d.roofline
     if r.method != "none" and r.peak_flops > 0:
         out.append(f"Roofline ({r.method}): ridge {r.ridge_intensity:.3g} FLOP/byte at "
@@ -149,6 +152,12 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
                                      subsequent_indent="     "))
             out.extend(textwrap.wrap(views.prediction_line(rec), width, initial_indent="     ",
                                      subsequent_indent="       "))
+    if v.not_advised:
+        out.append("")
+        out.append("Would not help here:")
+        for rec in v.not_advised:
+            out.extend(textwrap.wrap(f"[{rec.action}] {views.not_helping_line(rec)}", width,
+                                     initial_indent="  - ", subsequent_indent="    "))
     if d.warnings:
         out.append("")
         out.append("Warnings:")
@@ -161,6 +170,8 @@ def render_diff_terminal(diff: DiagnosisDiff, width: int = 100, items: int = 3) 
     """``gpudiag diff`` on a terminal: the verdict on step time, label and MFU, and the items
     that changed most (the HTML page has the rest)."""
     out = textwrap.wrap("Step time: " + diff.step_time_verdict, width, subsequent_indent="  ")
+    for w in diff.warnings:
+        out.extend(textwrap.wrap(w, width, initial_indent="Warning: ", subsequent_indent="  "))
     view = "unprofiled estimate" if diff.basis == views.UNPROFILED else "profiled steps"
     label = (f"{diff.label_before.value} -> {diff.label_after.value}"
              if diff.label_before != diff.label_after else f"unchanged, {diff.label_after.value}")

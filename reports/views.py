@@ -22,11 +22,16 @@ PROFILED = "profiled-steps"
 
 STALLED = "host_stalled"
 WAITING = "host_waiting"
+# parts of compute that are communication's cost on a CPU (TimeBreakdown.comm_work, comm_contention)
+COMM_WORK = "comm_work"
+COMM_CORES = "comm_contention"
 # (TimeBreakdown field, row label) of the side-by-side table, in reading order.
 VIEW_ROWS = [
     ("compute", "compute"),
     ("compute_bound", "  compute-bound"),
     ("memory_bound", "  memory-bound"),
+    (COMM_WORK, "  collectives' copies"),
+    (COMM_CORES, "  collectives' cores"),
     ("comm_exposed", "exposed communication"),
     ("memcpy_exposed", "exposed memcpy/memset"),
     ("input_wait", "input wait (DataLoader)"),
@@ -44,8 +49,10 @@ def rows_of(*shown: TimeBreakdown | None) -> list[tuple[str, str]]:
     not padded with zeros, and a CPU job's (whose stalls are all its waiting) not with a copy."""
     stalled = any(b is not None and b.host_stalled > 0 for b in shown)
     waiting = any(b is not None and b.host_waiting > b.host_stalled for b in shown)
+    some = {k for k in (COMM_WORK, COMM_CORES) if any(b is not None and getattr(b, k) > 0 for b in shown)}
     return [(k, label) for k, label in VIEW_ROWS
-            if (k != STALLED or stalled) and (k != WAITING or waiting)]
+            if (k != STALLED or stalled) and (k != WAITING or waiting)
+            and (k not in (COMM_WORK, COMM_CORES) or k in some)]
 
 
 def _ms(us: float) -> str:
@@ -104,6 +111,15 @@ def prediction_line(r: Recommendation) -> str:
         return f"no prediction: {r.why}" if r.why else "no prediction"
     return (f"step {_ms(r.step_s * 1e6)} \u2192 \u2248 {_ms(r.predicted_step_s * 1e6)} "
             f"({pct(-(r.gain or 0.0), signed=True, digits=0)}) if it worked fully: {r.why}")
+
+
+def not_helping_line(r: Recommendation) -> str:
+    """'step 397 ms → ≈ 618 ms (+55%); would not help: …' for a fix listed as one that would
+    not speed the job up (``Verdict.not_advised``): its reason, and the prediction if any."""
+    if r.predicted_step_s is None or r.step_s is None:
+        return r.why
+    return (f"step {_ms(r.step_s * 1e6)} \u2192 \u2248 {_ms(r.predicted_step_s * 1e6)} "
+            f"({pct(-(r.gain or 0.0), signed=True, digits=0)}); {r.why}")
 
 
 def label_share(v: Verdict) -> float | None:
