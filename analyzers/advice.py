@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from gpudiag.analyzers import syncs as host_syncs
 from gpudiag.analyzers import whatif
 from gpudiag.analyzers.advice_inputs import (  # noqa: F401 - AdviceInputs and job_cpu: the public face
     TENSOR_CORE_MULTIPLE,
@@ -83,6 +84,12 @@ class Advice:
     # it holds, else why it fails (the fix is then listed as one that would not help)
     blocked: Callable[[AdviceInputs], str | None] = lambda _a: None
 
+
+
+def _syncs_apply(a: AdviceInputs) -> bool:
+    if a.syncs is not None:
+        return a.syncs.share >= host_syncs.SYNC_NOTABLE
+    return _gpu(a) and a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE
 
 
 # -- conditions --------------------------------------------------------------------------------
@@ -165,9 +172,12 @@ CATALOGUE: list[Advice] = [
     Advice("cuda-graphs-or-compile",
            lambda a, s: _gpu(a) and not a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE,
            _graphs_text, lambda a: whatif.compiled(a.view, a.fusion_saved_share), Bottleneck.HOST),
-    Advice("remove-host-syncs",
-           lambda a, s: _gpu(a) and a.traits.compiled and own_launch_share(a.view) >= HOST_NOTABLE,
-           _syncs_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
+    # where the syncs were counted (``syncs``), on any device, by what removing them saves;
+    # else (no count at all) a compiled GPU job's host gaps, as before
+    Advice("remove-host-syncs", lambda a, s: _syncs_apply(a),
+           lambda a, s: host_syncs.advice_text(a.syncs) if a.syncs is not None else _syncs_text(a, s),
+           lambda a: (whatif.Prediction(*host_syncs.predicted_step_us(a.syncs)) if a.syncs is not None
+                      else whatif.host_gaps_closed(a.view)), Bottleneck.HOST),
     Advice("free-a-core", lambda a, s: contention_share(a.view) >= HOST_NOTABLE, _contention_text,
            lambda a: whatif.contention_removed(a.view), Bottleneck.HOST),
     Advice("compile-small-ops",

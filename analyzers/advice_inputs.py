@@ -17,6 +17,7 @@ from gpudiag.diagnosis import (
     Mfu,
     Roofline,
     Stragglers,
+    SyncReport,
     TimeBreakdown,
 )
 
@@ -46,6 +47,7 @@ class AdviceInputs:
     fp32_memory_bytes: float | None = None  # bytes per step of memory-bound fp32 work
     bandwidth: float = 0.0  # the device's, bytes/s
     host_wait: HostWait | None = None  # the training thread's wait for a core, and who held them
+    syncs: SyncReport | None = None  # host syncs counted, with their predicted cost (``syncs``)
     # what torch.compile would change in a CPU step, as traced, and the traced breakdown they
     # were counted in (``compile_facts``): on a CPU compile's prediction counts calls
     compile_facts: CompileFacts | None = None

@@ -32,8 +32,11 @@ from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
 from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
 from gpudiag.analyzers.stragglers import find_stragglers, rank_spreads
+from gpudiag.analyzers.syncs import TraceSyncs, mean_trace_syncs, sync_report
+from gpudiag.analyzers.syncs import evidence as sync_evidence
 from gpudiag.analyzers.traits import job_traits
 from gpudiag.analyzers.unprofiled import CpuEvents
+from gpudiag.census import SyncCensus
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak, lookup_device, match_device
 from gpudiag.diagnosis import (
     DIAGNOSIS_SCHEMA_VERSION,
@@ -71,6 +74,7 @@ class RankPartial:
     events: tuple[int, int] = (0, 0)
     gpu_events: tuple[int, int] = (0, 0)
     facts: RankFacts = field(default_factory=RankFacts)
+    syncs: TraceSyncs = field(default_factory=TraceSyncs)  # the traced steps' sync events
 
 
 def _top(acc: dict[str, list[float]], busy: float, n: int = 100) -> list[TopItem]:
@@ -91,11 +95,13 @@ def trace_device(path_name: str | None, memory: int | None) -> DevicePeak | None
 def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explicit: DevicePeak | None,
              flops_per_step: float | None, sources: list[str],
              windows: list[WindowSteps] | None = None, workers: list[int] | None = None,
-             host: HostCpu | None = None, wait: HostWait | None = None) -> Diagnosis:
+             host: HostCpu | None = None, wait: HostWait | None = None,
+             census: dict[int, SyncCensus] | None = None) -> Diagnosis:
     """One Diagnosis from the ranks' partial results; ``windows`` are the job's own step timer
     around the traced window when the input is a run directory (``rundir.window_steps``);
     ``wait``: the training thread's wait for a core (``host_wait``), already charged to a GPU
-    rank's traced steps, here to the unprofiled estimate."""
+    rank's traced steps, here to the unprofiled estimate; ``census``: per rank, the host syncs
+    the bootstrap saw in one step (``syncs``)."""
     warnings: list[str] = []
     for p in partials:
         warnings.extend(p.warnings)
@@ -144,6 +150,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
                   for r in results) if results else 0
     view = None
     traced_verdict = None
+    syncs = None
     if breakdown.step_time > 0:
         facts = [p.facts for p in partials]
         events = CpuEvents.mean([f.cpu_events for f in facts])
@@ -176,6 +183,11 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         verdict, traced_verdict = verdicts(
             view, breakdown, device_kind=kind, roofline=roofline, mfu=mfu, traced_mfu=traced_mfu,
             n_steps=n_steps, traced_noise_=traced_noise(results, windows), events=events)
+        syncs = sync_report(min(census.items())[1] if census else None,
+                            mean_trace_syncs([p.syncs for p in partials]), kind, view.breakdown,
+                            breakdown)
+        if syncs is not None:
+            verdict = replace(verdict, evidence={**verdict.evidence, **sync_evidence(syncs)})
         steps_summed = sum(len(r.steps) for r in results)
         collectives = per_step(collectives, [p.collectives for p in partials], steps_summed,
                                view.breakdown.comm_total, view.breakdown.comm_exposed)
@@ -187,7 +199,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
             traits=traits, mfu=mfu, roofline=roofline, collectives=collectives, stragglers=stragglers,
             top_memory_ops=top_memory, fusion_saved_share=saved / mem if mem > 0 and saved > 0 else None,
             fp32_memory_bytes=_fp32_memory_bytes(roof_acc, device, sum(len(r.steps) for r in results)),
-            bandwidth=device.bandwidth if device else 0.0, host_wait=wait,
+            bandwidth=device.bandwidth if device else 0.0, host_wait=wait, syncs=syncs,
             compile_facts=CompileFacts.mean([f.compile for f in facts]), traced=breakdown,
             ranks=len(partials), steps_per_rank=steps_summed // max(len(results), 1),
             backward_us=_backward(facts, view.breakdown, breakdown),
@@ -244,7 +256,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         top_kernels=_top(kernels, busy), top_ops=_top(ops, busy), warnings=_dedupe(warnings),
         basis=view.basis if view else PROFILED, dilation=view.dilation if view else None,
         unprofiled=view.unprofiled if view else None, traced_verdict=traced_verdict, traits=traits,
-        rank_spread=rank_spreads(results), host_wait=wait,
+        rank_spread=rank_spreads(results), host_wait=wait, syncs=syncs,
     )
 
 

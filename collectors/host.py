@@ -12,32 +12,63 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(b")") + 2:].split()
-        kids.setdefault(int(rest[1]), []).append(int(entry.name))
-    return kids
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(b")") + 2:].split()[1])
+
+
+class ProcessTree:
+    """The processes under a root, found from /proc once a sample.
+
+    Why cached: finding children means reading the parent of every process on the machine; read
+    afresh each second that cost 3.3 ms of CPU per sample with 146 processes (this project's
+    2-core VM), taken from the cores the job runs on. A process's parent only changes when its
+    parent dies (it is re-parented away from the job's tree), so each pid's parent is read once,
+    when the pid first appears, and again only for the tree's own members (``refresh``), whose
+    stat files the sampler reads anyway."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.parent: dict[int, int] = {}
+
+    def pids(self) -> list[int]:
+        alive = set()
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                alive.add(int(entry.name))
+        for pid in list(self.parent):
+            if pid not in alive:
+                del self.parent[pid]
+        for pid in alive:
+            if pid not in self.parent:
+                pp = _ppid(pid)
+                if pp is not None:
+                    self.parent[pid] = pp
+        kids: dict[int, list[int]] = {}
+        for pid, pp in self.parent.items():
+            kids.setdefault(pp, []).append(pid)
+        out, todo = [], [self.root]
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            todo.extend(kids.get(p, []))
+        return out
+
+    def refresh(self, pid: int, ppid: int) -> None:
+        """A member's parent as its stat read says now (re-parented members leave the tree)."""
+        self.parent[pid] = ppid
 
 
 def tree(root: int) -> list[int]:
-    kids = _children_map()
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, []))
-    return out
+    return ProcessTree(root).pids()
 
 
-def _cpu_and_rss(pid: int) -> tuple[float, int] | None:
+def _cpu_and_rss(pid: int) -> tuple[float, int, int] | None:
+    """(CPU seconds, RSS bytes, parent pid) of a process, from its stat file."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             rest = f.read()
@@ -46,7 +77,7 @@ def _cpu_and_rss(pid: int) -> tuple[float, int] | None:
     fields = rest[rest.rfind(b")") + 2:].split()
     cpu = (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
     rss = int(fields[21]) * _PAGE
-    return cpu, rss
+    return cpu, rss, int(fields[1])
 
 
 def _machine_busy() -> float | None:
@@ -133,6 +164,7 @@ class HostSampler:
         prev_t = time.monotonic()
         prev_busy = _machine_busy()
         prev_qt: dict[int, float] = {}
+        procs = ProcessTree(self.root)
         with self.out.open("a") as f:
             while True:
                 running = []
@@ -145,11 +177,13 @@ class HostSampler:
                 cur: dict[int, float] = {}
                 cur_q: dict[int, float] = {}
                 cur_qt: dict[int, float] = {}
-                pids = tree(self.root)
+                pids = procs.pids()
                 for pid in pids:
                     r = _cpu_and_rss(pid)
                     if r is None:
                         continue
+                    if pid != self.root:
+                        procs.refresh(pid, r[2])
                     cur[pid] = r[0]
                     cpu_total += r[0] - prev.get(pid, r[0])
                     cur_q[pid] = _runq_s(pid)

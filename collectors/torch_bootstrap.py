@@ -9,6 +9,7 @@ What it does, cheaply, for the whole run:
   without an optimizer, which then takes over), and times each step;
 - times collectives per type per step, blocking, async and DDP's, and how long the step
   waited for them (``torch_collectives``, loaded from the file beside this one);
+- in the window's warm-up step only, takes a census of the job's host syncs (``torch_syncs``);
 - and for ``--steps`` steps after ``--skip`` steps only, runs ``torch.profiler`` with
   ``record_shapes=True`` and writes ``traces/rank-<RANK>.json.gz``; with a re-trace interval
   (``--monitor``), it opens a new window that often and replaces the trace, so a job that
@@ -170,7 +171,9 @@ class _Bootstrap:
                 self.cupti = _sibling("torch_cupti").before_window()
                 self.prof.start()
                 self.phase = _WARMUP
+                _sibling("torch_syncs").begin(self, torch)  # host syncs, in the warm-up step
                 return
+            _sibling("torch_syncs").end(self)
             self.prof.step()
             self.phase = _TRACED
             if self.prof_done:  # the window completed and was written (inside the next step)
@@ -213,6 +216,7 @@ class _Bootstrap:
         self.cupti = _sibling("torch_cupti").after_window(
             self.cupti, bool(torch.cuda.is_available()))
         self.prof = None
+        _sibling("torch_syncs").write(self)
         self.write_meta()
 
     def _end_window(self) -> None:
@@ -226,6 +230,7 @@ class _Bootstrap:
         if os.getpid() != self.pid:
             return
         try:
+            _sibling("torch_syncs").end(self)
             if self.prof is not None and not self.prof_done:
                 if self.windows:  # a re-trace cut short: the last complete trace stays
                     self.discard = True
@@ -385,7 +390,7 @@ def arm(torch: Any) -> None:
 
         _sibling("torch_cupti").watch_graphs(torch)
         colls = _collectives()
-        colls.set_flight_recorder_env(str(torch.__version__))
+        colls.set_flight_recorder_env(str(torch.__version__), _gpu_build(torch))
         colls.wrap_collectives(dist, _armed_state)
         _arm_stall_watch(torch, dist, Path(run_dir))
         if dist.is_available():
@@ -408,6 +413,12 @@ def _arm_stall_watch(torch: Any, dist: Any, run_dir: Path) -> None:
     watch.install_stack_dump(run_dir)
     watch.wrap_collectives(dist, _collectives().COLLECTIVES, _armed_state, torch)
     _STALL_WATCH = True
+
+
+def _gpu_build(torch: Any) -> bool:  # noqa: ANN401 - the job's torch
+    """Whether this torch was built for CUDA or ROCm (without touching the device)."""
+    version = getattr(torch, "version", None)
+    return bool(getattr(version, "cuda", None) or getattr(version, "hip", None))
 
 
 def _patch_dataloader(torch: Any) -> None:

@@ -49,6 +49,9 @@ class StepCollectives:
     def __init__(self) -> None:
         self.blocking: dict[str, list[float]] = {}
         self.done: list[tuple[str, float, float, bool]] = []  # (name, start, end, ddp), any thread
+        # inside gpudiag's DDP hook (which times the bucket itself): the collectives the hook, or
+        # a hook of the job's it calls, issues through torch.distributed are not timed twice
+        self.in_ddp_hook = False
 
     def record_blocking(self, name: str, seconds: float) -> None:
         c = self.blocking.setdefault(name, [0, 0.0])
@@ -59,6 +62,8 @@ class StepCollectives:
         self.done.append((name, start, end, ddp))  # list.append is atomic under the GIL
 
     def drain(self) -> dict[str, dict[str, float]]:
+        if not self.blocking and not self.done:
+            return {}
         out: dict[str, dict[str, float]] = {
             k: {"count": int(v[0]), "seconds": v[1], "exposed": v[1]} for k, v in self.blocking.items()}
         self.blocking = {}
@@ -158,7 +163,7 @@ def _timed(dist: Any, name: str, fn: Any, state: Any) -> Any:
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
         st = state()
-        if st is None:
+        if st is None or st.collectives.in_ddp_hook:
             return fn(*args, **kwargs)
         if st.backend is None and dist.is_initialized():
             st.backend = str(dist.get_backend())
@@ -237,32 +242,50 @@ def _install(torch: Any, ddp: Any, register: Any, st: Any) -> None:
         return
     if str(dist.get_backend(ddp.process_group)).startswith("nccl"):
         return  # the flight recorder times NCCL, DDP's collectives included
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
     ddp._gpudiag_delegate = None
+    colls = st.collectives
+    raw_all_reduce = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)  # not timed twice
+    group = ddp.process_group
 
     # no annotations: DDP's _check_comm_hook compares them with dist.GradBucket and Future[Tensor]
     def gpudiag_timed_allreduce(_state, bucket):  # noqa: ANN001, ANN202
         t = time.perf_counter()
         delegate = ddp._gpudiag_delegate
-        fut = (delegate[0](delegate[1], bucket) if delegate is not None
-               else default_hooks.allreduce_hook(ddp.process_group, bucket))
+        if delegate is not None:
+            colls.in_ddp_hook = True
+            try:
+                fut = delegate[0](delegate[1], bucket)
+            finally:
+                colls.in_ddp_hook = False
 
-        def done(f: Any) -> Any:
-            st.collectives.record_async("all_reduce", t, time.perf_counter(), True)
-            return f.value()
+            def done(f: Any) -> Any:
+                colls.record_async("all_reduce", t, time.perf_counter(), True)
+                return f.value()
 
-        return fut.then(done)
+            return fut.then(done)
+        # DDP's default (torch's allreduce_hook): divide by the world size, sum; one callback
+        # that times the bucket and hands DDP the reduced buffer
+        tensor = bucket.buffer()
+        tensor.div_(group.size())
+
+        def reduced(f: Any) -> Any:
+            colls.record_async("all_reduce", t, time.perf_counter(), True)
+            return f.value()[0]
+
+        return raw_all_reduce(tensor, group=group, async_op=True).get_future().then(reduced)
 
     register(ddp, None, gpudiag_timed_allreduce)
     ddp._gpudiag_timed = True
 
 
-def set_flight_recorder_env(torch_version: str) -> None:
+def set_flight_recorder_env(torch_version: str, gpu_build: bool = True) -> None:
     """Ask for the flight recorder's buffer under the name this torch reads, unless the job
-    set either name itself (``gpudiag profile`` passes the size in GPUDIAG_FR_BUFFER_SIZE)."""
+    set either name itself (``gpudiag profile`` passes the size in GPUDIAG_FR_BUFFER_SIZE).
+    Only for a torch built for a GPU: the recorder times NCCL, which a CPU build has not, and a
+    gloo job would pay for entries nobody reads."""
     size = os.environ.get("GPUDIAG_FR_BUFFER_SIZE")
-    if not size or "TORCH_FR_BUFFER_SIZE" in os.environ or "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ:
+    if (not size or not gpu_build or "TORCH_FR_BUFFER_SIZE" in os.environ
+            or "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ):
         return
     try:
         version = tuple(int(x) for x in torch_version.split("+")[0].split(".")[:2])

@@ -358,6 +358,50 @@ class HostWait:
 
 
 @dataclass
+class SyncSite:
+    """One line of the job's code that read device values back, as the census saw it."""
+
+    site: str  # "train.py:42" (relative to the job's working directory where it lies inside it)
+    function: str  # the job's function there ("main"; "step via clip_grad_norm_" through torch)
+    kind: str  # ".item()", ".cpu()", "bool(tensor)", "nonzero (data-dependent shape)", ...
+    per_step: float  # calls per step
+    host_us: float  # per step, time inside these calls (on a GPU: the wait for the device too)
+
+
+@dataclass
+class SyncReport:
+    """Host syncs (``analyzers.syncs``): calls that make the host wait for device values, counted
+    per step with their call sites, and what removing them is predicted to save.
+
+    On a GPU a sync drains the queue and the device idles while the host catches up; on a CPU
+    nothing is queued, so a sync costs its host work: the call and the operators computed only
+    to feed it. ``saving_us`` is that cost per step in the verdict's view; ``assumption`` says
+    how it was predicted."""
+
+    per_step: float  # sync calls per step (the census's step, else the traced steps' mean)
+    by_kind: dict[str, float]  # calls per step by kind
+    sites: list[SyncSite]  # busiest first (the census's; empty without one)
+    source: str  # where the counts come from, in words
+    trace_per_step: float | None  # sync events per traced step in the trace (scalar reads,
+    # data-dependent shapes, device waits): the count across every traced step
+    host_us: float  # per step: time inside the sync calls
+    feeding_ops: float  # per step: operators whose results fed only the syncs
+    feeding_us: float  # per step: their time
+    device_idle_us: float | None  # GPU: per step, device idle at the syncs (the verdict's view)
+    saving_us: float  # per step: predicted saving if the syncs' lines were removed
+    step_us: float  # the verdict's step the saving is taken from
+    assumption: str
+    census_step: int | None = None  # the job's step number the census observed
+    notes: list[str] = field(default_factory=list)
+    # the operators whose results fed only syncs, per step (calls, time; share: of feeding_us)
+    feeding_top: list[TopItem] = field(default_factory=list)
+
+    @property
+    def share(self) -> float:
+        return self.saving_us / self.step_us if self.step_us > 0 else 0.0
+
+
+@dataclass
 class JobTraits:
     """What the trace shows of the job, so that advice fits it (``analyzers.traits``)."""
 
@@ -413,6 +457,8 @@ class Diagnosis(JsonValue):
     rank_spread: list[RankSpread] = field(default_factory=list)
     # the training thread's wait for a core (run directories with a step timer; None otherwise)
     host_wait: HostWait | None = None
+    # host syncs per step, their call sites and cost (None: neither a census nor sync events)
+    syncs: SyncReport | None = None
 
     @classmethod
     def from_json(cls, text: str) -> Diagnosis:

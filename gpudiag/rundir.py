@@ -2,7 +2,8 @@
 
     run.json        what ran, where, when, how it ended (schema-versioned)
     samples/        append-only JSONL: gpu.jsonl, host.jsonl, steps-rank-N.jsonl; and
-                    bootstrap-rank-N.json, what the job's bootstrap did (incl. which steps it traced)
+                    bootstrap-rank-N.json, what the job's bootstrap did (incl. which steps it traced),
+                    syncs-rank-N.json, the host syncs it saw in the window's warm-up step
     traces/         rank-N.json.gz, written whole or not at all
     diagnosis.json  the Diagnosis of what was collected
 
@@ -23,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpudiag.census import SyncCensus, parse_census
+from gpudiag.census import is_number as _num
 from gpudiag.errors import BadInput
 
 RUN_SCHEMA_VERSION = 1
@@ -197,6 +200,27 @@ def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:
     return out
 
 
+# Bounds on what a job's census file may claim (a job's own file is a claim: bound every read).
+MAX_CENSUS_BYTES = 4 << 20
+
+
+def read_syncs(run_dir: Path, cwd: str | None = None) -> dict[int, SyncCensus]:
+    """Per rank, the sync census its bootstrap wrote (``samples/syncs-rank-N.json``; torn,
+    oversized or malformed files are left out, as missing ones). ``cwd``: the job's working
+    directory; call sites under it are shown relative to it."""
+    out: dict[int, SyncCensus] = {}
+    for f in sorted((run_dir / "samples").glob("syncs-rank-*.json")):
+        try:
+            if f.stat().st_size > MAX_CENSUS_BYTES:
+                continue
+            rec = parse_census(json.loads(f.read_text()), cwd)
+        except (OSError, ValueError, TypeError, KeyError, RecursionError):
+            continue
+        if rec is not None:
+            out[rec.rank] = rec
+    return out
+
+
 @dataclass
 class StepRow:
     step: int
@@ -265,10 +289,6 @@ def _spread_peer_wait(rows: list[StepRow], over: int) -> None:
     for r in rows[-over:-1]:
         if r.peer_wait_s is None:
             r.peer_wait_s = share
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 from markupsafe import Markup
 
 from gpudiag.diagnosis import Diagnosis, RankResult, TopItem
-from gpudiag.reports import svg
+from gpudiag.reports import svg, views
 from gpudiag.reports.diff_page import render_diff
 from gpudiag.reports.fmt import gbps, ms, num, pct, run_status, si, si_text, when
 from gpudiag.reports.names import display_names
@@ -361,7 +361,8 @@ def _tables(d: Diagnosis) -> dict[str, Any]:
                      or "n/a"),
                     ("peak", si(m.peak_flops, "FLOP/s") if m.peak_flops else "n/a"),
                     ("step time", ms(m.step_time_us)), ("step time from", m.step_time_basis)]}
-    return {"top_chart": Markup(top_chart), "top_chart_kernels": bool(d.top_kernels),
+    return {"syncs": views.syncs_ctx(d.syncs), "top_chart": Markup(top_chart),
+            "top_chart_kernels": bool(d.top_kernels),
             "comm_chart": Markup(comm_chart), "kernels": _item_rows(d.top_kernels),
             "n_kernels": len(d.top_kernels), "ops": _item_rows(d.top_ops), "n_ops": len(d.top_ops),
             "collectives": coll_rows, "mfu": mfu}

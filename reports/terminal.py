@@ -66,6 +66,27 @@ def _spread(d: Diagnosis) -> list[str]:
     return out
 
 
+def _syncs(d: Diagnosis, width: int) -> list[str]:
+    """Host syncs: the count, the predicted saving, the busiest call sites, how it was counted."""
+    r = d.syncs
+    wrap = {"width": width, "initial_indent": "  ", "subsequent_indent": "    "}
+    out = ["", *textwrap.wrap("Host syncs: " + views.sync_headline(r), width, subsequent_indent="  ")]
+    rows = views.sync_rows(r)
+    if rows:
+        w = min(48, max(len(site) for site, *_ in rows))
+        out.append(f"  {'call site':<{w}}  {'kind':<24}{'per step':>9}{'inside':>11}  function")
+        for site, func, kind, n, t in rows:
+            site = site if len(site) <= w else "..." + site[-(w - 3):]
+            out.append(f"  {site:<{w}}  {kind[:24]:<24}{n:>9}{t:>11}  {func}")
+    feed = views.feeding_line(r)
+    if feed:
+        out.extend(textwrap.wrap(feed[0].upper() + feed[1:] + ".", **wrap))
+    out.extend(textwrap.wrap(views.sync_source(r), **wrap))
+    for n in r.notes:
+        out.extend(textwrap.wrap("Note: " + n, **wrap))
+    return out
+
+
 def render_terminal(d: Diagnosis, width: int = 100) -> str:
     out: list[str] = []
     dev = d.device
@@ -130,6 +151,8 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
                        f"{_ms(c.exposed_per_step_us):>12}{bw:>12}")
         out.append(f"  (time and exposed: all traced steps and ranks; per step: the verdict's view, "
                    f"{'unprofiled' if views.has_both_views(d) else 'as traced'}, as in the breakdown)")
+    if d.syncs is not None:
+        out.extend(_syncs(d, width))
     if d.stragglers is not None:
         s = d.stragglers
         slow = _rank_list(s.ranks) or "none"
