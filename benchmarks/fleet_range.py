@@ -329,8 +329,17 @@ def main() -> None:
     saved = tmp / "range.json"
     proc = None
     try:
+        shape = {"gpus": args.gpus, "history": args.history, "scrape": args.scrape, "job_hours": list(hours),
+                 "old_nodes": args.old_nodes}
         if saved.exists():     # --keep of an earlier run: its history again, as it is now
-            start, end, samples, files = json.loads(saved.read_text())
+            kept = json.loads(saved.read_text())
+            if isinstance(kept, list) or kept["shape"] != shape:
+                # the truth is made again from the history's shape: another shape's jobs would be
+                # compared with these (every job 'missing' or thousands of percent off)
+                was = "not recorded" if isinstance(kept, list) else kept["shape"]
+                raise SystemExit(f"fleet_range: {tmp} holds a history of another shape ({was}; asked: "
+                                 f"{shape}): give its options again, or another --keep folder")
+            start, end, samples, files = kept["range"]
             jobs = jobs_of(args.gpus, start, end, hours)
             backfill_s = 0.0
         else:
@@ -349,7 +358,7 @@ def main() -> None:
             for f in futures:
                 f.result()   # a promtool failure ends the benchmark with its error
             backfill_s = time.perf_counter() - t
-            saved.write_text(json.dumps([start, end, samples, files]))
+            saved.write_text(json.dumps({"shape": shape, "range": [start, end, samples, files]}))
         port = free_port()
         (tmp / "prometheus.yml").write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
         proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
