@@ -22,7 +22,7 @@ PACKAGES = {"gpudiag": "gpudiag", "collectors": "gpudiag.collectors", "analyzers
 COMMANDS = "gpudiag.commands"
 
 
-def _modules() -> dict[str, Path]:
+def source_modules() -> dict[str, Path]:
     out = {}
     for folder, package in PACKAGES.items():
         for path in (REPO / folder).rglob("*.py"):
@@ -55,7 +55,7 @@ def _within(name: str, package: str) -> bool:
 
 
 def test_no_module_below_the_commands_imports_a_command():
-    mods = _modules()
+    mods = source_modules()
     assert len(mods) > 100 and "gpudiag.reports.top_view" in mods and "gpudiag.commands.queue" in mods
     wrong = [f"{m} imports {name}" for m, path in mods.items() if not _within(m, COMMANDS)
              for name, _ in _imports(m, path) if _within(name, COMMANDS)]
@@ -63,7 +63,7 @@ def test_no_module_below_the_commands_imports_a_command():
 
 
 def test_no_command_imports_another_commands_private_helpers_or_imports_in_a_cycle():
-    mods = {m: p for m, p in _modules().items() if _within(m, COMMANDS)}
+    mods = {m: p for m, p in source_modules().items() if _within(m, COMMANDS)}
     graph: dict[str, set[str]] = {}
     private = []
     for m, path in mods.items():
@@ -142,7 +142,7 @@ def test_every_import_follows_the_layout_table():
     rules = layout_rules(LAYOUT.read_text())
     assert {"gpudiag", "gpudiag.analyzers", "gpudiag.scheduler.slurm", "gpudiag.commands"} <= set(rules)
     assert rules["gpudiag"] == set() and rules["gpudiag.analyzers"] == {"gpudiag"}
-    assert layering_violations(rules, _modules()) == []
+    assert layering_violations(rules, source_modules()) == []
 
 
 def test_the_layout_check_fails_on_a_planted_violation(tmp_path):
@@ -150,20 +150,20 @@ def test_the_layout_check_fails_on_a_planted_violation(tmp_path):
     rules = layout_rules(LAYOUT.read_text())
     src = tmp_path / "planted.py"
     src.write_text("def f():\n    from gpudiag.reports.terminal import render_terminal\n")
-    mods = {**_modules(), "gpudiag.analyzers.planted": src}
+    mods = {**source_modules(), "gpudiag.analyzers.planted": src}
     assert layering_violations(rules, mods) == [
         "gpudiag.analyzers.planted imports gpudiag.reports.terminal (gpudiag.analyzers may import: gpudiag)"]
 
 
 def test_every_module_has_a_row_in_the_layout_and_every_row_a_module():
     rows = {r[0].strip("`") for r in _table_rows(LAYOUT.read_text(), "module")}
-    files = {str(p.relative_to(REPO)) for p in _modules().values()}
+    files = {str(p.relative_to(REPO)) for p in source_modules().values()}
     assert sorted(files - rows) == [] and sorted(rows - files) == []
 
 
 def test_the_job_side_modules_import_no_gpudiag():
     """They run in the job's Python, where gpudiag may not be installed."""
-    mods = _modules()
+    mods = source_modules()
     wrong = [f"{m} imports {name}" for stem in JOB_SIDE
              for m in [f"gpudiag.collectors.{stem}"] for name, _ in _imports(m, mods[m])
              if name.startswith("gpudiag")]
@@ -206,8 +206,8 @@ def private_imports(mods: dict[str, Path]) -> list[str]:
 
 
 def test_no_module_imports_another_modules_private_names(tmp_path):
-    assert [w for w in private_imports(_modules()) if w not in PRIVATE_PENDING] == []
-    assert PRIVATE_PENDING <= set(private_imports(_modules())), "cleaned: remove from PRIVATE_PENDING"
+    assert [w for w in private_imports(source_modules()) if w not in PRIVATE_PENDING] == []
+    assert PRIVATE_PENDING <= set(private_imports(source_modules())), "cleaned: remove from PRIVATE_PENDING"
     src = tmp_path / "planted.py"
     src.write_text("from gpudiag.units import _planted\nfrom gpudiag import units as u\nu._other(1)\n")
     assert private_imports({"gpudiag.units": REPO / "gpudiag" / "units.py", "gpudiag.planted": src}) == [
