@@ -62,11 +62,12 @@ def gather(out: Any, seq: Sequence[Any], idx: Any, attrs: tuple[str, ...], kind:
     if not all(isinstance(a, str) for a in attrs):
         raise TypeError("attribute names are str")
     items = seq if isinstance(seq, (list, tuple)) else list(seq)
+    pos: Sequence[int]
     if idx is not None:
-        pos = np.asarray(idx)
-        if pos.dtype.itemsize != 8 or pos.dtype.kind != "i":
+        arr = np.asarray(idx)
+        if arr.dtype.itemsize != 8 or arr.dtype.kind != "i":
             raise TypeError("idx must be an int64 array")
-        pos = pos.tolist()
+        pos = arr.tolist()
     else:
         pos = range(len(items))
     col = np.asarray(out)

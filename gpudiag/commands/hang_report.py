@@ -42,8 +42,8 @@ def hang_report(folder: Path, prefix: str | None, output: Path | None, as_json: 
 
     if not folder.is_dir():
         raise BadInput(f"{folder}: not a folder (give a run directory or a folder of Flight Recorder dumps)")
+    incidents: list[tuple[Incident, Path | None]] = []
     if is_run_dir(folder):
-        incidents = []
         for path in list_incidents(folder):
             inc = read_incident(path)
             if inc.evidence.source != "steps":   # a straggler's verdict is the step timer's, kept as is

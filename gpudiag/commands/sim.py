@@ -110,10 +110,10 @@ def sim(trace: str, nodes: int, gpus_per_node: int, node_sizes_: str | None, rac
     if given & sweep_only:
         raise BadInput(", ".join(sorted(_flag(p) for p in given & sweep_only)) + " only go with --sweep")
     if node_sizes_ is not None:
-        given = [f"--{p.replace('_', '-')}" for p in ("nodes", "gpus_per_node")
-                 if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE]
-        if given:
-            raise BadInput(f"--node-sizes describes every node: leave out {' and '.join(given)}")
+        also = [f"--{p.replace('_', '-')}" for p in ("nodes", "gpus_per_node")
+                if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE]
+        if also:
+            raise BadInput(f"--node-sizes describes every node: leave out {' and '.join(also)}")
         groups = node_sizes(node_sizes_)
     else:
         groups = [(nodes, gpus_per_node)]
