@@ -281,7 +281,7 @@ def recommend(a: AdviceInputs) -> Advised:
         if blocked is not None:
             refused.append(_not_helping(rec, blocked, keep_prediction=False))
             continue
-        if gain is not None and gain <= 0:
+        if pred is not None and gain is not None and gain <= 0:   # gain is None exactly when pred is
             refused.append(_not_helping(
                 rec, f"its predicted step ({ms(pred * 1e6)}) is not faster than today's "
                      f"({ms(step_s * 1e6)})", keep_prediction=True))

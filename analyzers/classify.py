@@ -206,7 +206,7 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
         evidence["step-time noise"] = round(noise, 4)
     unit = "GPU" if device_kind == "gpu" else "CPU"
     summary = _summary(label, s, b, unit, mfu)
-    if tie is not None:
+    if tie is not None and noise is not None:   # a tie is only called within the noise
         summary = (f"a tie between {label.value} ({pct_whole(s[label])}) and {tie.value} "
                    f"({pct_whole(s[tie])}): their margin is within the step-time noise "
                    f"(\u00b1{pct_whole(noise)}). " + summary[0].upper() + summary[1:])

@@ -105,9 +105,9 @@ def with_wall(own: Mfu, wall_mfu: Mfu, b: TimeBreakdown, recorded: bool | None) 
         return replace(own, pace=NOT_SPLIT)
     if own.value is None or wall_mfu.value is None or b.host_stalled <= 0:
         return own
+    shown = own.value > (1 + WALL_MFU_SHOWN) * wall_mfu.value
     own = replace(own, reason=own.reason + f", less the {b.host_stalled / 1e3:.3g} ms of each step other "
                   "processes took: the job's own pace")
-    shown = own.value > (1 + WALL_MFU_SHOWN) * wall_mfu.value
     why = (f"other processes took {b.host_stalled / 1e3:.3g} ms of each {b.step_time / 1e3:.3g} ms "
            "step: the OS ran their work while the job's threads waited for a core")
     return replace(own, wall_value=wall_mfu.value, wall_step_time_us=wall_mfu.step_time_us,

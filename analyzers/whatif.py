@@ -122,7 +122,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) 
     rest, w = _hidden_rest(b, cpu, gpu)
     step = rest if w is None else max(rest, w.bound_us)
     bound = ""
-    if w is not None and w.bound_us > rest:
+    if w is not None and cpu is not None and w.bound_us > rest:   # a bound needs the cores
         bound = (f"; a batch is {ms(w.batch_us)} of work on the thread that makes it and the "
                  f"training process needs {ms(w.main_us)} of core time per step beside it, which "
                  f"the {w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves cannot do "
