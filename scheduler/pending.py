@@ -45,6 +45,7 @@ class PendingQueue:
         self.why: dict[int, str] = {}
         # per team (GPUs in use, quota) when the order interleaved teams: for the reasons
         self.share: dict[str, tuple[float, float, float]] = {}   # team -> (use, quota, charged use)
+        self.overdue_s = float("inf")   # a job waited this long goes first (``Policy.team_overdue_s``)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -77,6 +78,16 @@ class PendingQueue:
         num = np.column_stack([gpus, est, kinds, keys, tags, neg_tier]).astype(float).reshape(len(jobs), 6)
         perm = np.lexsort((tags, keys, neg_tier))
         q.jobs, q.num = jobs[perm], num[perm]
+        q.why = dict(why or {})
+        return q
+
+    @classmethod
+    def ordered(cls, jobs: np.ndarray, gpus: np.ndarray, est: np.ndarray, kinds: np.ndarray, keys: np.ndarray,
+                tags: np.ndarray, neg_tier: np.ndarray, why: dict[int, str] | None = None) -> PendingQueue:
+        """From columns already in the order the pass walks (``ordering.Ordering.queue``)."""
+        q = cls()
+        q.jobs = jobs
+        q.num = np.column_stack([gpus, est, kinds, keys, tags, neg_tier]).astype(float).reshape(len(jobs), 6)
         q.why = dict(why or {})
         return q
 

@@ -42,28 +42,28 @@ def team_quotas(present: np.ndarray, quota: np.ndarray, total_gpus: int | None) 
     return np.where(quota > 0, quota, equal)
 
 
-def interleave(neg_tier: np.ndarray, team: np.ndarray, key: np.ndarray, tag: np.ndarray, gpus: np.ndarray,
-               submit: np.ndarray, use: np.ndarray, quota: np.ndarray, now: float,
-               overdue_s: float) -> np.ndarray:
+def interleave(tier: np.ndarray, team: np.ndarray, key: np.ndarray, gpus: np.ndarray, submit: np.ndarray,
+               use: np.ndarray, quota: np.ndarray, now: float, overdue_s: float) -> np.ndarray:
     """The permutation that puts queue rows in per-team fair-share order.
 
-    Rows are pending jobs: -tier, team index (into ``use``/``quota``, the team's GPUs in use now
-    and its quota), sort key (effective submit), tag (the last tie-breaker: arrival), GPUs and
-    submit time. Order: tier; then overdue jobs (waited ``overdue_s`` or more) by key; then the
-    rest by (team's ratio before the job, key, tag).
+    Rows are pending jobs in arrival order (the last tie-breaker): tier, team index (into
+    ``use``/``quota``, the team's GPUs in use now and its quota), sort key (effective submit),
+    GPUs (as charged) and submit time. Order: tier (highest first); then overdue jobs (waited
+    ``overdue_s`` or more) by key; then the rest by (team's ratio before the job, key).
     """
     n = len(key)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
+    arrival = np.arange(n)
     fresh = (now - submit < overdue_s).astype(np.int8)   # 0 = overdue: goes first
-    # each team's own queue: tier, overdue first, then key; GPUs given before each of its jobs
-    own = np.lexsort((tag, key, fresh, neg_tier, team))
+    # each team's own queue: tier, overdue first, key; GPUs given before each of its jobs
+    own = np.lexsort((arrival, key, fresh, -tier, team))
     g = gpus[own].astype(float)
     before = np.cumsum(g) - g
     t = team[own]
-    first = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
-    before -= np.repeat(before[first], np.diff(np.r_[first, n]))
+    first = np.flatnonzero(np.concatenate(([True], t[1:] != t[:-1])))
+    before -= np.repeat(before[first], np.diff(np.append(first, n)))
     ratio = np.empty(n)
     ratio[own] = (use[t] + before) / quota[t]
     ratio[fresh == 0] = 0.0   # overdue jobs: effective-submit order only
-    return np.lexsort((tag, key, ratio, fresh, neg_tier))
+    return np.lexsort((arrival, key, ratio, fresh, -tier))

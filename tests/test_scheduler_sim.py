@@ -176,7 +176,7 @@ def test_gpudiag_learns_a_keys_low_mfu_and_lets_others_go_first():
            3: (0.02, "input-bound"), 4: (0.4, "compute-bound")}
     cl = Cluster.uniform(1, 1, 1)
     easy = simulate(jobs, mfu, cl, Policy.easy())
-    gd = simulate(jobs, mfu, cl, Policy(fair_share=False))
+    gd = simulate(jobs, mfu, cl, Policy())
     assert easy.jobs[3].first_start < easy.jobs[4].first_start     # arrival order
     assert gd.jobs[4].first_start < gd.jobs[3].first_start         # the efficient key first
     assert gd.jobs[3].first_start - gd.jobs[3].job.submit <= Policy().aging_bound_s

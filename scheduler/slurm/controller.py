@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from gpudiag.scheduler.model import Policy, Signal, TeamShare
+from gpudiag.scheduler.model import Policy, Signal
 from gpudiag.scheduler.policy import schedule
 from gpudiag.scheduler.priority import job_class, signal_usable
 from gpudiag.scheduler.signals import SignalRead, SignalSource
@@ -262,7 +262,7 @@ class Controller:
         decisions = []
         if model.cluster.nodes:
             decisions = schedule(model.cluster, model.pending, model.running, signals, self.history.book, now,
-                                 policy, self._teams(model))
+                                 policy, self.opt.quotas or None)
             res.decisions = [{"kind": d.kind, "job_id": d.job_id, "reason": d.reason} for d in decisions]
         serving, requeues, handed_back, give_back = None, [], {}, set(modes.held)
         why_back = dict.fromkeys(modes.held, no_evidence or "takeover off (--no-takeover)")
@@ -314,15 +314,6 @@ class Controller:
         if not self.opt.dry_run:
             save_history(self.hist_path, self.history, now)
         return res
-
-    def _teams(self, model: Model) -> dict[str, TeamShare] | None:
-        """--quota TEAM=N: a Slurm account's quota; its use is the GPUs its running jobs hold now."""
-        if not self.opt.quotas:
-            return None
-        used: dict[str, float] = {}
-        for r in model.running:
-            used[r.job.team] = used.get(r.job.team, 0.0) + r.job.gpus
-        return {t: TeamShare(q, used.get(t, 0.0)) for t, q in self.opt.quotas.items()}
 
     def _observe(self, model: Model, by_id: dict[int, SlurmJob], signals: dict[int, Signal], now: float,
                  policy: Policy) -> None:
