@@ -114,6 +114,18 @@ class Ordering:
         self.idle = np.array([False])
         self.teams_ix: dict[str, int] = {}
         self.team_names: list[str] = []
+        # Each row's terms as last computed (``current``), kept until an input changes: its
+        # signal, its key's history, a class median, or the time one of them stops being usable.
+        self.key_rows: list[list[int]] = []      # key -> its rows
+        self.c_key = np.zeros(0)
+        self.c_kind = np.zeros(0, dtype=np.int8)
+        self.c_charge = np.zeros(0)
+        self.c_until = np.zeros(0)               # valid until then (an evidence's usable-until)
+        self.c_ok = np.zeros(0, dtype=bool)
+        self.c_med = np.full(len(CLASSES), np.nan)
+        self.by_key = np.zeros(0, dtype=np.int64)   # the last queue's rows by (key, row)
+        self.moved = np.zeros(0, dtype=bool)        # rows whose key changed since
+        self.mark = np.zeros(0, dtype=bool)         # scratch
 
     # --- registering -------------------------------------------------------------------------------
     def _label(self, label: str) -> int:
@@ -139,6 +151,7 @@ class Ordering:
             self.key_mfu = np.append(self.key_mfu, np.nan)
             self.key_label = np.append(self.key_label, 0)
             self.key_until = np.append(self.key_until, -np.inf)
+            self.key_rows.append([])
             self.learned(name)
         return k
 
@@ -164,6 +177,15 @@ class Ordering:
         self.own_conf = cat([self.own_conf, np.zeros(n)])
         self.own_until = cat([self.own_until, np.full(n, -np.inf)])
         self.oracle_mfu = cat([self.oracle_mfu, np.full(n, np.nan)])
+        for i, k in enumerate(self.key_i[n0:].tolist()):
+            self.key_rows[k].append(n0 + i)
+        self.c_key = cat([self.c_key, np.zeros(n)])
+        self.c_kind = cat([self.c_kind, np.zeros(n, dtype=np.int8)])
+        self.c_charge = cat([self.c_charge, np.ones(n)])
+        self.c_until = cat([self.c_until, np.full(n, -np.inf)])
+        self.c_ok = cat([self.c_ok, np.zeros(n, dtype=bool)])
+        self.moved = cat([self.moved, np.zeros(n, dtype=bool)])
+        self.mark = cat([self.mark, np.zeros(n, dtype=bool)])
         return np.arange(n0, n0 + n)
 
     # --- what the runtime learns -----------------------------------------------------------------
@@ -173,6 +195,7 @@ class Ordering:
         k = self.keys_ix.get(key)
         if k is None:
             return
+        self.c_ok[self.key_rows[k]] = False
         h = self.book.keys.get(key) if key else None
         p = self.policy
         if h is None or h.weight < p.min_history_weight:
@@ -186,6 +209,7 @@ class Ordering:
         """The job's own latest signal, last heard from at ``at``: usable while it is younger
         than ``Policy.max_signal_age_s`` and confident enough (``priority.signal_usable``)."""
         p = self.policy
+        self.c_ok[row] = False
         self.own_mfu[row], self.own_label[row], self.own_conf[row] = mfu, self._label(label), confidence
         self.own_at[row] = at
         self.own_until[row] = at + p.max_signal_age_s if confidence >= p.min_signal_confidence else -np.inf
@@ -200,6 +224,7 @@ class Ordering:
     def know_mfu(self, rows: np.ndarray, mfu: np.ndarray) -> None:
         """``Policy.order == "mfu"``: every job's MFU known up front (only a replay knows it)."""
         self.oracle_mfu[rows] = mfu
+        self.c_ok[rows] = False
 
     # --- the terms at ``now`` ----------------------------------------------------------------------
     def evidence(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -236,6 +261,54 @@ class Ordering:
 
     def rows(self, running: Sequence[Running]) -> np.ndarray:
         return np.fromiter((self.row_of[r.job.id] for r in running), np.int64, len(running))
+
+    def current(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``keys(rows, now)``, computed again only for rows whose inputs changed since they
+        were last computed (a replay asks for thousands of rows on each of its passes)."""
+        med = self._medians()
+        same = (med == self.c_med) | (np.isnan(med) & np.isnan(self.c_med))
+        if not same.all():   # a class median moved: every term of that class
+            self.c_ok &= same[self.cls]
+            self.c_med = med
+        stale = rows[~self.c_ok[rows] | (self.c_until[rows] < now)]
+        if len(stale):
+            key, kind, charge = self.keys(stale, now)
+            self.moved[stale[key != self.c_key[stale]]] = True
+            own, hist = self.own_until[stale], self.key_until[self.key_i[stale]]
+            self.c_until[stale] = np.minimum(np.where(own >= now, own, np.inf),
+                                             np.where(hist >= now, hist, np.inf))
+            self.c_key[stale], self.c_kind[stale], self.c_charge[stale] = key, kind, charge
+            self.c_ok[stale] = True
+        return self.c_key[rows], self.c_kind[rows], self.c_charge[rows]
+
+    def _by_key(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` (ascending) in (key, row) order: the last call's order, less the rows gone or
+        whose key moved, with the others put in their places; sorted afresh when many changed."""
+        keep = self.by_key
+        if len(keep):
+            self.mark[rows] = True
+            keep = keep[self.mark[keep] & ~self.moved[keep]]
+            self.mark[rows] = False
+        self.mark[keep] = True
+        add = rows[~self.mark[rows]]
+        self.mark[keep] = False
+        if len(add) > max(32, len(keep) // 8):
+            out = rows[np.argsort(self.c_key[rows], kind="stable")]
+        elif len(add):
+            ka = self.c_key[add]
+            o = np.lexsort((add, ka))
+            add, ka = add[o], ka[o]
+            ks = self.c_key[keep]
+            pos = np.searchsorted(ks, ka, "left")
+            hi = np.searchsorted(ks, ka, "right")
+            for i in np.flatnonzero(hi > pos).tolist():   # equal keys: by row
+                pos[i] += int(np.searchsorted(keep[pos[i]:hi[i]], add[i]))
+            out = np.insert(keep, pos, add)
+        else:
+            out = keep
+        self.moved[add] = False
+        self.by_key = out
+        return out
 
     def team_use(self, running: Sequence[Running], rows: np.ndarray, charge: np.ndarray | float = 1.0
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -308,15 +381,15 @@ class Ordering:
         """
         p = self.policy
         teams = p.order == "priority" and (p.team_queues or p.reclaim)
-        n = len(rows)
         if teams:
             run = self.rows(running) if running_rows is None else running_rows
-            keys, kinds, charge = self.keys(np.concatenate([rows, run]), now)
-            held, charged, live = self.team_use(running, run, charge[n:])
-            keys, kinds, charge = keys[:n], kinds[:n], charge[:n]
+            self.current(run, now)
+            held, charged, live = self.team_use(running, run, self.c_charge[run])
         else:
-            keys, kinds, charge = self.keys(rows, now)
             live = None
+        self.current(rows, now)
+        rows = self._by_key(rows)   # from here on in (key, row) order
+        keys, kinds, charge = self.c_key[rows], self.c_kind[rows], self.c_charge[rows]
         gpus = self.gpus[rows]
         tier = self.tier[rows]
         share: dict[str, tuple[float, float, float]] = {}
@@ -333,11 +406,9 @@ class Ordering:
             # each present team's (GPUs in use, quota, in use as charged): what reasons name
             share = {t: (float(held[i]), float(quota[i]), float(charged[i]))
                      for i, t in enumerate(self.team_names) if present[i]}
-            perm = interleave(tier, team, keys, gpus * charge, self.sub[rows], charged, quota, now,
-                              overdue_s)
+            perm = interleave(tier, team, gpus * charge, self.sub[rows], charged, quota, now, overdue_s)
         else:
-            perm = np.argsort(keys, kind="stable")
-            perm = perm[np.argsort(-tier[perm], kind="stable")]
+            perm = np.argsort((2 - tier).astype(np.int8), kind="stable")
         q = PendingQueue.ordered(self.job_arr[rows[perm]], gpus[perm], self.est[rows][perm], kinds[perm],
                                  keys[perm], rows[perm], -tier[perm], self.why(rows, now) if why else {})
         q.share = share

@@ -42,22 +42,24 @@ def team_quotas(present: np.ndarray, quota: np.ndarray, total_gpus: int | None) 
     return np.where(quota > 0, quota, equal)
 
 
-def interleave(tier: np.ndarray, team: np.ndarray, key: np.ndarray, gpus: np.ndarray, submit: np.ndarray,
-               use: np.ndarray, quota: np.ndarray, now: float, overdue_s: float) -> np.ndarray:
+def interleave(tier: np.ndarray, team: np.ndarray, gpus: np.ndarray, submit: np.ndarray, use: np.ndarray,
+               quota: np.ndarray, now: float, overdue_s: float) -> np.ndarray:
     """The permutation that puts queue rows in per-team fair-share order.
 
-    Rows are pending jobs in arrival order (the last tie-breaker): tier, team index (into
-    ``use``/``quota``, the team's GPUs in use now and its quota), sort key (effective submit),
-    GPUs (as charged) and submit time. Order: tier (highest first); then overdue jobs (waited
-    ``overdue_s`` or more) by key; then the rest by (team's ratio before the job, key).
+    Rows are pending jobs in (effective submit, arrival) order, which breaks every tie below:
+    tier, team index (into ``use``/``quota``, the team's GPUs in use now and its quota), GPUs
+    (as charged) and submit time. Order: tier (highest first); then overdue jobs (waited
+    ``overdue_s`` or more); then the rest by the team's ratio before the job. Stable sorts of
+    one column each (small integers by radix), not multi-column lexsorts: a replay orders its
+    queue before every pass.
     """
-    n = len(key)
+    n = len(tier)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    arrival = np.arange(n)
-    fresh = (now - submit < overdue_s).astype(np.int8)   # 0 = overdue: goes first
-    # each team's own queue: tier, overdue first, key; GPUs given before each of its jobs
-    own = np.lexsort((arrival, key, fresh, -tier, team))
+    fresh = (now - submit < overdue_s).astype(np.int64)   # 0 = overdue: goes first
+    small = np.int16 if len(use) < 5000 else np.int32
+    # each team's own queue: tier, overdue first, then the rows' order; GPUs given before each job
+    own = np.argsort(((team * 3 + (2 - tier)) * 2 + fresh).astype(small), kind="stable")
     g = gpus[own].astype(float)
     before = np.cumsum(g) - g
     t = team[own]
@@ -66,4 +68,5 @@ def interleave(tier: np.ndarray, team: np.ndarray, key: np.ndarray, gpus: np.nda
     ratio = np.empty(n)
     ratio[own] = (use[t] + before) / quota[t]
     ratio[fresh == 0] = 0.0   # overdue jobs: effective-submit order only
-    return np.lexsort((arrival, key, ratio, fresh, -tier))
+    order = np.argsort(ratio, kind="stable")
+    return order[np.argsort(((2 - tier) * 2 + fresh)[order].astype(np.int8), kind="stable")]

@@ -156,7 +156,7 @@ class Replay:
         if self.static:
             self.static_keys, self.static_kinds, _ = self.o.keys(np.arange(len(self.sims)), 0.0)
         self.queue = PendingQueue()
-        self.pending = np.zeros(len(self.sims), bool)   # which rows are pending (dynamic orders)
+        self.pending = np.zeros(0, dtype=np.int64)   # pending rows, ascending (dynamic orders)
         self.running: dict[int, Running] = {}
         self.by_end: list[tuple[float, int, Placement]] = []
         self.done: list[tuple[float, int, int]] = []      # (time, 0 finish / 1 kill, job)
@@ -172,7 +172,7 @@ class Replay:
         if self.static:
             self.queue.insert(float(self.static_keys[i]), self.sims[i].job, int(self.static_kinds[i]), tag=i)
         else:
-            self.pending[i] = True
+            self.pending = np.insert(self.pending, np.searchsorted(self.pending, i), i)
 
     def reported(self, now: float) -> None:
         """Agents' first reports of the runs that have run ``LEARN_AFTER_S``."""
@@ -274,21 +274,24 @@ class Replay:
         seen = self._inputs(now, running) if self.on_pass is not None else None
         p = decide(self.o, self.state, self.queue if self.static else rows, running, self.by_end, now,
                    self.quotas, running_rows=np.fromiter(self.running, np.int64, len(running)))
+        started = []
         for d in p.decisions:
             if d.kind == "start":
                 self.start(self.sims[d.job_id], d.placement, now)
-                self.pending[d.job_id] = False
+                started.append(d.job_id)
             elif d.kind == "preempt":
                 self.preempt(d, now)
         if seen is not None:
             self.on_pass(SimPass(now, list(p.queue.jobs), [int(k) for k in p.queue.kind], *seen, p.decisions))
         if self.static:
             self.queue.remove([int(d.numbers["position"]) for d in p.decisions if d.kind == "start"])
+        elif started:
+            self.pending = np.delete(self.pending, np.searchsorted(self.pending, started))
 
     def _inputs(self, now: float, running: list[Running]) -> tuple:
         """What a runtime would hold before the pass: copies of the running jobs, their ends,
         and every job's own latest signal with its age (``SimPass``)."""
-        ids = [*np.flatnonzero(self.pending).tolist(), *self.queue.tag.tolist(), *self.running]
+        ids = [*self.pending.tolist(), *self.queue.tag.tolist(), *self.running]
         sig = {i: Signal(float(self.o.own_mfu[i]), self.o.label_names[int(self.o.own_label[i])],
                          float(self.o.own_conf[i]), max(0.0, now - self.o.own_at[i]))
                for i in ids if i in self.o.own_at}
@@ -304,7 +307,7 @@ class Replay:
             while ai < n and self.sims[ai].job.submit <= now:
                 self.arrive(ai)
                 ai += 1
-            rows = self.queue.tag if self.static else np.flatnonzero(self.pending)
+            rows = self.queue.tag if self.static else self.pending
             if self._worth_a_pass(rows):
                 self.run_pass(now, rows)
 
