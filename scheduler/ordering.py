@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,14 +59,23 @@ def may_spread(policy: Policy, label: str) -> bool:
     return not (label == COMM_LABEL and policy.label_aware_placement)
 
 
-def drain_time(gpus: np.ndarray, est: np.ndarray, running: Sequence[Running], now: float,
+@dataclass(frozen=True)
+class RunningCols:
+    """The running jobs as columns: their rows, expected ends and whether they are stopping."""
+
+    rows: np.ndarray
+    ends: np.ndarray
+    stopping: np.ndarray
+
+
+def drain_time(gpus: np.ndarray, est: np.ndarray, run_gpus: np.ndarray, run_ends: np.ndarray, now: float,
                total_gpus: int | None) -> float:
     """How long the cluster needs to run what it holds and what waits, by estimate: (GPUs x time
     left of every running job, to its expected end + GPUs x estimate of every pending job) /
     the cluster's GPUs. A job that has waited this long has waited about what the arrival order
     would make a job submitted now wait: per-team queues stop passing it (``Policy.team_overdue_s``
     caps it). Jobs without a time limit count at ``Policy.default_estimate_s``, which leaves the cap."""
-    held = sum(r.job.gpus * max(0.0, r.expected_end - now) for r in running)
+    held = float(np.dot(run_gpus, np.maximum(run_ends - now, 0.0)))
     return (float(np.dot(gpus, est)) + held) / max(total_gpus or 1, 1)
 
 
@@ -123,6 +133,7 @@ class Ordering:
         self.c_until = np.zeros(0)               # valid until then (an evidence's usable-until)
         self.c_ok = np.zeros(0, dtype=bool)
         self.c_med = np.full(len(CLASSES), np.nan)
+        self.c_seen = -1                          # the medians' book's observations at c_med
         self.by_key = np.zeros(0, dtype=np.int64)   # the last queue's rows by (key, row)
         self.moved = np.zeros(0, dtype=bool)        # rows whose key changed since
         self.mark = np.zeros(0, dtype=bool)         # scratch
@@ -262,14 +273,21 @@ class Ordering:
     def rows(self, running: Sequence[Running]) -> np.ndarray:
         return np.fromiter((self.row_of[r.job.id] for r in running), np.int64, len(running))
 
+    def running_cols(self, running: Sequence[Running]) -> RunningCols:
+        n = len(running)
+        return RunningCols(self.rows(running), np.fromiter((r.expected_end for r in running), float, n),
+                           np.fromiter((r.terminating for r in running), bool, n))
+
     def current(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``keys(rows, now)``, computed again only for rows whose inputs changed since they
         were last computed (a replay asks for thousands of rows on each of its passes)."""
-        med = self._medians()
-        same = (med == self.c_med) | (np.isnan(med) & np.isnan(self.c_med))
-        if not same.all():   # a class median moved: every term of that class
-            self.c_ok &= same[self.cls]
-            self.c_med = med
+        if self.medians.observations != self.c_seen:
+            self.c_seen = self.medians.observations
+            med = self._medians()
+            same = (med == self.c_med) | (np.isnan(med) & np.isnan(self.c_med))
+            if not same.all():   # a class median moved: every term of that class
+                self.c_ok &= same[self.cls]
+                self.c_med = med
         stale = rows[~self.c_ok[rows] | (self.c_until[rows] < now)]
         if len(stale):
             key, kind, charge = self.keys(stale, now)
@@ -310,13 +328,13 @@ class Ordering:
         self.by_key = out
         return out
 
-    def team_use(self, running: Sequence[Running], rows: np.ndarray, charge: np.ndarray | float = 1.0
+    def team_use(self, run: RunningCols, charge: np.ndarray | float = 1.0
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Fair share's one input, by ``team_names`` index: the GPUs each team's running jobs hold
         now (``use``), the same counted at their waste charge (``charged``: ``charge`` per GPU of
-        each of ``rows``, the running jobs' rows), and without the jobs in their grace period
-        (``live``: what quota reclaim counts; their GPUs are leaving)."""
-        stopping = np.fromiter((r.terminating for r in running), bool, len(running))
+        each running job), and without the jobs in their grace period (``live``: what quota
+        reclaim counts; their GPUs are leaving)."""
+        rows, stopping = run.rows, run.stopping
         team, g = self.team_i[rows], self.gpus[rows].astype(float)
         n = len(self.team_names)
         return (np.bincount(team, g, n), np.bincount(team, g * charge, n),
@@ -367,7 +385,7 @@ class Ordering:
     # --- the order ---------------------------------------------------------------------------------
     def queue(self, rows: np.ndarray, now: float, running: Sequence[Running] = (),
               quotas: Mapping[str, float] | None = None, total_gpus: int | None = None,
-              why: bool = False, running_rows: np.ndarray | None = None
+              why: bool = False, cols: RunningCols | None = None
               ) -> tuple[PendingQueue, np.ndarray | None]:
         """``rows`` (pending jobs, ascending) as the ordered queue a pass walks, and each team's
         GPUs held by ``running`` jobs not in their grace period (by ``team_names`` index; None
@@ -377,40 +395,37 @@ class Ordering:
         submit order) interleaved by (GPUs its running jobs hold now, as charged, + GPUs given
         to it earlier in the order) / quota (``team_queues.interleave``; a team without a quota
         gets the equal share ``team_queues.team_quotas`` documents); else the effective submit
-        time. ``running_rows``: ``running``'s rows, when the caller has them.
+        time. ``cols``: ``running_cols(running)``, when the caller keeps them.
         """
         p = self.policy
         teams = p.order == "priority" and (p.team_queues or p.reclaim)
+        run = cols if cols is not None else self.running_cols(running) if teams else None
+        self.current(rows if run is None else np.concatenate([rows, run.rows]), now)
         if teams:
-            run = self.rows(running) if running_rows is None else running_rows
-            self.current(run, now)
-            held, charged, live = self.team_use(running, run, self.c_charge[run])
+            held, charged, live = self.team_use(run, self.c_charge[run.rows])
         else:
             live = None
-        self.current(rows, now)
         rows = self._by_key(rows)   # from here on in (key, row) order
         keys, kinds, charge = self.c_key[rows], self.c_kind[rows], self.c_charge[rows]
         gpus = self.gpus[rows]
         tier = self.tier[rows]
-        share: dict[str, tuple[float, float, float]] = {}
+        share = None
         overdue_s = math.inf
         if p.order == "priority" and p.team_queues:
-            overdue_s = min(p.team_overdue_s, drain_time(self.gpus[rows], self.est[rows], running, now,
-                                                         total_gpus))
+            overdue_s = min(p.team_overdue_s, drain_time(self.gpus[rows], self.est[rows], self.gpus[run.rows],
+                                                         run.ends, now, total_gpus))
             nt = len(self.team_names)
             team = self.team_i[rows]
             quota = np.array([(quotas or {}).get(t, 0.0) for t in self.team_names])
             present = (np.bincount(team, minlength=nt) > 0) | (held > 0)
             if not (quota > 0).all():   # who is present only sizes the equal share of teams without one
                 quota = team_quotas(present, quota, total_gpus)
-            # each present team's (GPUs in use, quota, in use as charged): what reasons name
-            share = {t: (float(held[i]), float(quota[i]), float(charged[i]))
-                     for i, t in enumerate(self.team_names) if present[i]}
+            share = (self.team_names, present, held, quota, charged)
             perm = interleave(tier, team, gpus * charge, self.sub[rows], charged, quota, now, overdue_s)
         else:
             perm = np.argsort((2 - tier).astype(np.int8), kind="stable")
         q = PendingQueue.ordered(self.job_arr[rows[perm]], gpus[perm], self.est[rows][perm], kinds[perm],
                                  keys[perm], rows[perm], -tier[perm], self.why(rows, now) if why else {})
-        q.share = share
+        q.teams = share
         q.overdue_s = overdue_s
         return q, live

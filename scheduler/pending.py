@@ -44,8 +44,18 @@ class PendingQueue:
         self.num = np.zeros((0, 6))
         self.why: dict[int, str] = {}
         # per team (GPUs in use, quota) when the order interleaved teams: for the reasons
-        self.share: dict[str, tuple[float, float, float]] = {}   # team -> (use, quota, charged use)
+        self.teams: tuple | None = None   # (names, present, held, quota, charged) of the interleave
         self.overdue_s = float("inf")   # a job waited this long goes first (``Policy.team_overdue_s``)
+
+    @property
+    def share(self) -> dict[str, tuple[float, float, float]]:
+        """Each team present in the interleave: (GPUs its running jobs hold, its quota, the same
+        held GPUs as charged) - what the reasons name when fair share decides."""
+        if self.teams is None:
+            return {}
+        names, present, held, quota, charged = self.teams
+        return {t: (float(held[i]), float(quota[i]), float(charged[i]))
+                for i, t in enumerate(names) if present[i]}
 
     def __len__(self) -> int:
         return len(self.jobs)

@@ -40,7 +40,7 @@ from gpudiag.scheduler.model import (
     Signal,
     n_gpus,
 )
-from gpudiag.scheduler.ordering import Ordering
+from gpudiag.scheduler.ordering import Ordering, RunningCols
 from gpudiag.scheduler.pending import _GPUS, _KIND, SPREAD, WHOLE, PendingQueue
 from gpudiag.scheduler.placement import Reservation, Rule, place, promise, reserve
 from gpudiag.scheduler.preempt import MfuOf, choose_victims, reclaim_victims
@@ -116,24 +116,22 @@ def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[flo
           now: float, policy: Policy, running: Sequence[Running] | None,
           mfu_of: MfuOf | None, quotas: Mapping[str, float] | None = None,
           started: Sequence[Job] = (), held: Mapping[str, float] | None = None,
-          queue_share: Mapping[str, tuple[float, float, float]] | None = None, overdue_s: float | None = None
-          ) -> tuple[list[Decision], Reservation | None]:
+          queue: PendingQueue | None = None) -> tuple[list[Decision], Reservation | None]:
     """Preemptions for the head, and its reservation: steps 1-3 of the module docstring."""
     stopping = [(r.expected_end, r.job.id, r.placement) for r in running or () if r.terminating]
     res = promise(state, rule, stopping, now) if stopping else None
     victims: list[Decision] = []
     reclaim = policy.reclaim and bool(quotas) and quotas.get(head.team, 0.0) > 0
-    queue_share = queue_share or {}
     if res is None and (policy.preemption or reclaim) and running is not None and mfu_of is not None:
         with state.released(p for _, _, p in stopping):
             if policy.preemption:
                 victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
             if not victims and reclaim:
                 use = _team_use(running, started, held)
-                share = queue_share.get(head.team)   # (use, quota, charged) of the team interleave
+                share = queue.share.get(head.team) if queue is not None else None   # (use, quota, charged)
                 charged = share[2] + sum(j.gpus for j in started if j.team == head.team) if share else None
                 victims = reclaim_victims(state, head, rule, running, now, policy, mfu_of, quotas, use,
-                                          charged, overdue_s)
+                                          charged, queue.overdue_s if queue is not None else None)
         if victims:
             stopping += [(now + d.grace_s, d.job_id, d.placement) for d in victims]
             res = promise(state, rule, stopping, now)
@@ -252,8 +250,7 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         started = [(now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement) for d in out]
         by_end = sorted([*by_end, *started], key=lambda x: x[0])
     victims, res = _head(state, head, rule, by_end, now, policy, running() if running is not None else None,
-                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out], held, queue.share,
-                         queue.overdue_s)
+                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out], held, queue)
     out.extend(victims)
     out.append(_hold(state, head, rule, i, victims, res, now, policy))
     if policy.backfill:
@@ -285,7 +282,7 @@ def _ordering(pending: Sequence[Job], running: Sequence[Running], signals: Mappi
 
 def decide(o: Ordering, state: ClusterState, queue: PendingQueue | np.ndarray, running: Sequence[Running],
            by_end: Sequence[tuple[float, int, Placement]], now: float, quotas: Mapping[str, float] | None,
-           why: bool = False, running_rows: np.ndarray | None = None) -> Pass:
+           why: bool = False, cols: RunningCols | None = None) -> Pass:
     """One pass over the jobs ``o`` knows: the one decision function every runtime calls.
 
     ``queue``: the pending rows of ``o`` (ascending), ordered here at ``now``
@@ -293,12 +290,12 @@ def decide(o: Ordering, state: ClusterState, queue: PendingQueue | np.ndarray, r
     time-invariant order does (arrival order: FIFO, EASY). ``state``: the cluster with
     ``running`` placed (starts are allocated in it); ``by_end``: ``running``'s (expected end,
     job id, placement) by end; ``quotas``: each team's quota in GPUs (per-team queues, reclaim);
-    ``running_rows``: ``running``'s rows in ``o``, when the caller has them.
+    ``cols``: ``running`` as ``o.running_cols`` gives it, when the caller keeps them.
     """
     policy = o.policy
     live = None
     if not isinstance(queue, PendingQueue):
-        queue, live = o.queue(queue, now, running, quotas, state.total_gpus, why, running_rows)
+        queue, live = o.queue(queue, now, running, quotas, state.total_gpus, why, cols)
     reclaim = {t: q for t, q in (quotas or {}).items() if q > 0} if policy.reclaim else {}
     held = {t: float(live[i]) for i, t in enumerate(o.team_names)} if live is not None else None
     decisions = plan_pass(state, queue, by_end, now, policy, lambda: running, o.victim_mfu(running, now),

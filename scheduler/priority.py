@@ -45,6 +45,7 @@ class MfuBook:
         self.hist: dict[str, list[int]] = {}
         self.counts: dict[str, int] = {}
         self._median: dict[str, float | None] = {}
+        self.observations = 0   # a class median can have moved only when this has
 
     def _decayed(self, h: KeyHistory, now: float) -> float:
         return h.weight * math.pow(2.0, -max(0.0, now - h.updated) / self.half_life_s)
@@ -61,6 +62,7 @@ class MfuBook:
         bins[min(_BINS - 1, max(0, int(mfu * _BINS)))] += 1
         self.counts[cls] = self.counts.get(cls, 0) + 1
         self._median.pop(cls, None)
+        self.observations += 1
 
     def lookup(self, key: str, now: float) -> KeyHistory | None:
         h = self.keys.get(key)

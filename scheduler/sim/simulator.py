@@ -45,7 +45,7 @@ import numpy as np
 
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Decision, Job, Placement, Policy, Running, Signal
-from gpudiag.scheduler.ordering import Ordering
+from gpudiag.scheduler.ordering import Ordering, RunningCols
 from gpudiag.scheduler.pending import PendingQueue
 from gpudiag.scheduler.policy import decide
 from gpudiag.scheduler.priority import MfuBook, job_class
@@ -166,6 +166,8 @@ class Replay:
         self.reclaiming = policy.reclaim and policy.order == "priority"
         self.quota_of = np.array([self.quotas.get(t, 0.0) for t in self.o.team_names])
         self.live = np.zeros(len(self.o.team_names))    # GPUs held by jobs not in their grace period
+        n = len(self.sims)   # the running jobs' columns, by row (``ordering.RunningCols``)
+        self.r_end, self.r_start, self.r_stop = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
 
     # --- events --------------------------------------------------------------------------------------
     def arrive(self, i: int) -> None:
@@ -214,6 +216,7 @@ class Replay:
             s.first_start = now
         end = now + job.estimate_s   # what backfill plans with: a limit holds for each run
         self.running[job.id] = Running(job, placement, now, end, now)
+        self.r_end[job.id], self.r_start[job.id], self.r_stop[job.id] = end, now, False
         insort(self.by_end, (end, job.id, placement))
         heapq.heappush(self.done, (now + wall, 0, job.id))
         if not s.learned:
@@ -229,6 +232,7 @@ class Replay:
         self.live[self.o.team_i[d.job_id]] -= r.job.gpus
         del self.by_end[bisect_left(self.by_end, (r.expected_end, d.job_id))]
         r.expected_end = now + d.grace_s
+        self.r_end[d.job_id], self.r_stop[d.job_id] = r.expected_end, True
         insort(self.by_end, (r.expected_end, d.job_id, r.placement))
         heapq.heappush(self.done, (now + d.grace_s, 1, d.job_id))
 
@@ -253,10 +257,12 @@ class Replay:
         self.arrive(s.job.id)
 
     # --- the pass ------------------------------------------------------------------------------------
-    def _worth_a_pass(self, rows: np.ndarray) -> bool:
+    def _worth_a_pass(self, rows: np.ndarray, run: np.ndarray, now: float) -> bool:
         """Whether a pass could start or preempt anything: a pending job no larger than the free
-        GPUs, a tier to preempt, or a pending job whose team could reclaim (it would stay within
-        its quota) from a team over its own. Necessary for any such decision."""
+        GPUs, a tier to preempt, or quota reclaim (``preempt.reclaim_victims``): a pending job
+        whose team stays within its quota with it, and a running job of another team that may
+        be its victim (not stopping, past the minimum runtime, of a team that stays at or over
+        its quota without it, of its tier or lower). Necessary for any such decision."""
         if not len(rows):
             return False
         gpus = self.o.gpus[rows]
@@ -266,14 +272,22 @@ class Replay:
             return True
         if not self.reclaiming or not (self.live > self.quota_of + 1e-9).any():
             return False
-        quota, live = self.quota_of[self.o.team_i[rows]], self.live[self.o.team_i[rows]]
-        return bool(((quota > 0) & (live + gpus <= quota + 1e-9)).any())
+        o, quota, live = self.o, self.quota_of, self.live
+        t = o.team_i[run]
+        victim = (~self.r_stop[run] & (now - self.r_start[run] >= self.policy.min_runtime_s)
+                  & (quota[t] > 0) & (o.gpus[run] <= live[t] - quota[t] + 1e-9))
+        if not victim.any():
+            return False
+        t = o.team_i[rows]
+        head = (quota[t] > 0) & (live[t] + gpus <= quota[t] + 1e-9)
+        return bool(head.any() and o.tier[run[victim]].min() <= o.tier[rows[head]].max())
 
     def run_pass(self, now: float, rows: np.ndarray) -> None:
         running = list(self.running.values())
         seen = self._inputs(now, running) if self.on_pass is not None else None
+        run = np.fromiter(self.running, np.int64, len(running))
         p = decide(self.o, self.state, self.queue if self.static else rows, running, self.by_end, now,
-                   self.quotas, running_rows=np.fromiter(self.running, np.int64, len(running)))
+                   self.quotas, cols=RunningCols(run, self.r_end[run], self.r_stop[run]))
         started = []
         for d in p.decisions:
             if d.kind == "start":
@@ -308,7 +322,7 @@ class Replay:
                 self.arrive(ai)
                 ai += 1
             rows = self.queue.tag if self.static else self.pending
-            if self._worth_a_pass(rows):
+            if self._worth_a_pass(rows, np.fromiter(self.running, np.int64, len(self.running)), now):
                 self.run_pass(now, rows)
 
 
