@@ -79,6 +79,18 @@ def drain_time(gpus: np.ndarray, est: np.ndarray, run_gpus: np.ndarray, run_ends
     return (float(np.dot(gpus, est)) + held) / max(total_gpus or 1, 1)
 
 
+def aging_violations(submit: np.ndarray, tier: np.ndarray, bound_s: float) -> int:
+    """How many jobs of a queue (``submit``, ``tier`` in the order a pass walks) stand behind a
+    job of their tier submitted more than ``bound_s`` after them: 0 is the aging bound
+    (``Policy.aging_bound_s``; with per-team queues ``max(efficiency cap, overdue time)`` at the
+    pass). A replay counts these on every pass."""
+    bad = 0
+    for t in np.unique(tier).tolist():
+        s = submit[tier == t]
+        bad += int(np.count_nonzero(np.maximum.accumulate(s) > s + bound_s + 1e-6))
+    return bad
+
+
 def _class_index(gpus: np.ndarray) -> np.ndarray:
     """``priority.job_class`` of each size, as an index into ``CLASSES``."""
     return np.where(gpus <= 1, 0, np.where(gpus <= 8, 1, 2)).astype(np.int8)

@@ -81,17 +81,6 @@ class PendingQueue:
         return self.num[:, _TAG].astype(np.int64)
 
     @classmethod
-    def of(cls, jobs: np.ndarray, gpus: np.ndarray, est: np.ndarray, kinds: np.ndarray, keys: np.ndarray,
-           tags: np.ndarray, neg_tier: np.ndarray, why: dict[int, str] | None = None) -> PendingQueue:
-        """From columns (``jobs`` an object array of Job); sorted by tier, key, then tag."""
-        q = cls()
-        num = np.column_stack([gpus, est, kinds, keys, tags, neg_tier]).astype(float).reshape(len(jobs), 6)
-        perm = np.lexsort((tags, keys, neg_tier))
-        q.jobs, q.num = jobs[perm], num[perm]
-        q.why = dict(why or {})
-        return q
-
-    @classmethod
     def ordered(cls, jobs: np.ndarray, gpus: np.ndarray, est: np.ndarray, kinds: np.ndarray, keys: np.ndarray,
                 tags: np.ndarray, neg_tier: np.ndarray, why: dict[int, str] | None = None) -> PendingQueue:
         """From columns already in the order the pass walks (``ordering.Ordering.queue``)."""
@@ -126,23 +115,6 @@ class PendingQueue:
         self.jobs = self.jobs[keep]
         self.num = self.num[keep]
 
-    def permute(self, perm: np.ndarray) -> None:
-        """Put the rows in the order ``perm`` (e.g. ``team_queues.interleave``'s). ``insert``
-        assumes (tier, key, tag) order: a runtime that permutes re-interleaves before its pass."""
-        self.jobs = self.jobs[perm]
-        self.num = self.num[perm]
-
     @property
     def neg_tier(self) -> np.ndarray:
         return self.num[:, _NEGTIER]
-
-    def reorder(self, keys: np.ndarray, kinds: np.ndarray, sort: bool = True) -> None:
-        """New keys/kinds for the jobs in their current order; re-sorts by (tier, key, tag) - not
-        with ``sort=False``, for a runtime that ``permute``s the whole queue before its pass."""
-        self.num[:, _KEY] = keys
-        self.num[:, _KIND] = kinds
-        if not sort:
-            return
-        perm = np.lexsort((self.num[:, _TAG], keys, self.num[:, _NEGTIER]))
-        self.jobs = self.jobs[perm]
-        self.num = self.num[perm]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -351,10 +350,9 @@ def test_explain_gives_the_reason_of_the_pass_that_preempts():
 
 
 def test_pending_queue_keeps_tier_key_tag_order_on_insert_and_remove():
-    jobs = np.empty(2, dtype=object)
-    jobs[:] = [Job(1, 1, 3.0, 1.0), Job(2, 1, 1.0, 1.0)]
-    one = np.ones(2)
-    q = PendingQueue.of(jobs, one, one, np.zeros(2), np.array([3.0, 1.0]), np.array([1, 2]), -one)
+    q = PendingQueue()
+    q.insert(3.0, Job(1, 1, 3.0, 1.0), 0, tag=1)
+    q.insert(1.0, Job(2, 1, 1.0, 1.0), 0, tag=2)
     q.insert(2.0, Job(3, 2, 2.0, 1.0), 0, tag=3)
     q.insert(1.0, Job(4, 1, 1.0, 1.0), 0, tag=4)   # a tie in key goes after a lower tag ...
     q.insert(1.0, Job(0, 1, 1.0, 1.0), 0, tag=0)   # ... and before a higher one

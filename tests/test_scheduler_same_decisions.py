@@ -54,7 +54,8 @@ def _replay_agrees(jobs, mfu, cluster, policy) -> tuple[int, int, int]:
         heard += bool(p.signals)
         preempted += any(d.kind == "preempt" for d in p.decisions)
 
-    simulate(jobs, mfu, cluster, policy, on_pass=check)
+    res = simulate(jobs, mfu, cluster, policy, on_pass=check)
+    assert res.aging_violations == 0   # the aging bound, checked on every pass's order
     return checked, heard, preempted
 
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Decision, Job, Placement, Policy, Running, Signal
-from gpudiag.scheduler.ordering import Ordering, RunningCols
+from gpudiag.scheduler.ordering import Ordering, RunningCols, aging_violations
 from gpudiag.scheduler.pending import PendingQueue
 from gpudiag.scheduler.policy import decide
 from gpudiag.scheduler.priority import MfuBook, job_class
@@ -85,6 +85,7 @@ class SimResult:
     total_gpus: int
     quotas: dict[str, float]
     wall_s: float
+    aging_violations: int = 0   # passes' queue orders that broke the aging bound (``aging_violations``)
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class Replay:
         self.reclaiming = policy.reclaim and policy.order == "priority"
         self.quota_of = np.array([self.quotas.get(t, 0.0) for t in self.o.team_names])
         self.live = np.zeros(len(self.o.team_names))    # GPUs held by jobs not in their grace period
+        self.aging_violations = 0
         n = len(self.sims)   # the running jobs' columns, by row (``ordering.RunningCols``)
         self.r_end, self.r_start, self.r_stop = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
 
@@ -299,7 +301,13 @@ class Replay:
             self.on_pass(SimPass(now, list(p.queue.jobs), [int(k) for k in p.queue.kind], *seen, p.decisions))
         if self.static:
             self.queue.remove([int(d.numbers["position"]) for d in p.decisions if d.kind == "start"])
-        elif started:
+            return
+        q, pol = p.queue, self.policy   # the aging bound, checked on the order this pass walked
+        cap = pol.max_efficiency_delay_s if pol.efficiency and pol.order == "priority" else 0.0
+        if pol.order != "mfu":
+            self.aging_violations += aging_violations(
+                self.o.sub[q.tag], q.neg_tier, max(cap, q.overdue_s if pol.uses_team_queues else 0.0))
+        if started:
             self.pending = np.delete(self.pending, np.searchsorted(self.pending, started))
 
     def _inputs(self, now: float, running: list[Running]) -> tuple:
@@ -339,4 +347,4 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
     r = Replay(trace_jobs, mfu, cluster, policy, oracle, on_pass)
     r.run()
     wall = time.perf_counter() - wall0
-    return SimResult(policy.name, r.sims, r.rejected, r.state.total_gpus, r.quotas, wall)
+    return SimResult(policy.name, r.sims, r.rejected, r.state.total_gpus, r.quotas, wall, r.aging_violations)
