@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpudiag.scheduler.model import COMM_LABEL, GPU_IDLE_LABELS, Job, KeyHistory, Policy, Running, Signal
+from gpudiag.scheduler.model import COMM_LABEL, GPU_IDLE_LABELS, Job, Policy, Running, Signal
 from gpudiag.scheduler.pending import ONE_NODE, SPREAD, WHOLE, PendingQueue
-from gpudiag.scheduler.priority import MfuBook, efficiency_factor, efficiency_factors, job_class
+from gpudiag.scheduler.priority import MfuBook, efficiency_factors, job_class, lowered
 from gpudiag.scheduler.team_queues import interleave, team_quotas
 
 _CLASS_GPUS = (1, 2, 9)                               # a job size of each class ...
@@ -167,16 +167,20 @@ class Ordering:
             self.team_names.append(name)
         return i
 
-    def _key(self, name: str) -> int:
-        k = self.keys_ix.get(name)
-        if k is None:
-            k = self.keys_ix[name] = len(self.key_mfu)
-            self.key_mfu = np.append(self.key_mfu, np.nan)
-            self.key_label = np.append(self.key_label, 0)
-            self.key_until = np.append(self.key_until, -np.inf)
-            self.key_rows.append([])
-            self.learned(name)
-        return k
+    def _keys(self, names: Sequence[str]) -> np.ndarray:
+        """Each name's key index, registering the new ones (their history read from the book)."""
+        new = [k for k in dict.fromkeys(names) if k not in self.keys_ix]
+        if new:
+            k0 = len(self.key_mfu)
+            self.keys_ix.update((k, k0 + i) for i, k in enumerate(new))
+            self.key_mfu = np.concatenate([self.key_mfu, np.full(len(new), np.nan)])
+            self.key_label = np.concatenate([self.key_label, np.zeros(len(new), dtype=np.int64)])
+            self.key_until = np.concatenate([self.key_until, np.full(len(new), -np.inf)])
+            self.key_rows.extend([] for _ in new)
+            for k in new:
+                if k in self.book.keys:
+                    self.learned(k)
+        return np.fromiter((self.keys_ix[k] for k in names), np.int64, len(names))
 
     def add(self, jobs: Sequence[Job]) -> np.ndarray:
         """Register jobs (once each; the order registered is the tie-break); returns their rows."""
@@ -193,7 +197,7 @@ class Ordering:
         self.est = cat([self.est, np.fromiter((j.estimate_s for j in jobs), float, n)])
         self.tier = cat([self.tier, np.fromiter((int(j.tier) for j in jobs), np.int64, n)])
         self.cls = cat([self.cls, _class_index(gpus)])
-        self.key_i = cat([self.key_i, np.fromiter((self._key(j.key) for j in jobs), np.int64, n)])
+        self.key_i = cat([self.key_i, self._keys([j.key for j in jobs])])
         self.team_i = cat([self.team_i, np.fromiter((self.team(j.team) for j in jobs), np.int64, n)])
         self.own_mfu = cat([self.own_mfu, np.full(n, np.nan)])
         self.own_label = cat([self.own_label, np.zeros(n, dtype=np.int64)])
@@ -371,27 +375,25 @@ class Ordering:
         return mfu_of
 
     def why(self, rows: np.ndarray, now: float) -> dict[int, str]:
-        """What lowered each job, in words (``priority.efficiency_factor``'s reason), and what its
-        GPUs cost its team (the waste charge). Only runtimes that show reasons ask."""
+        """What lowered each job, in words (``priority.lowered``: the reason
+        ``priority.efficiency_factor`` gives), and what its GPUs cost its team (the waste
+        charge). Only runtimes that show reasons ask."""
         out: dict[int, str] = {}
-        mfu, label, own, hist = self.evidence(rows, now)
+        mfu, label, own, _ = self.evidence(rows, now)
+        factor = self.factors(rows, now)[0]
+        charge = self.c_charge[rows]
         med = self._medians()
-        charge = self.keys(rows, now)[2]
-        for i, r in enumerate(rows.tolist()):
-            job, parts = self.jobs[r], []
-            if self.use_eff and (own[i] or hist[i]):
-                m = med[self.cls[r]]
-                lab = self.label_names[int(label[i])]
-                sig = Signal(float(mfu[i]), lab, 1.0, 0.0) if own[i] else None
-                h = None if own[i] else KeyHistory(float(mfu[i]), lab, 1.0, now)
-                f, text = efficiency_factor(job, sig, h, self.policy, None if np.isnan(m) else float(m))
-                if f < 1.0:
-                    parts.append(text)
+        for i in np.flatnonzero((factor < 1.0) & self.use_eff | (charge > 1.0 + 1e-9)).tolist():
+            job, parts = self.jobs[int(rows[i])], []
+            if self.use_eff and factor[i] < 1.0:
+                m = med[self.cls[rows[i]]]
+                src = "its signal" if own[i] else f"earlier jobs of key {job.key}"
+                parts.append(lowered(job, float(mfu[i]), self.label_names[int(label[i])], src,
+                                     None if np.isnan(m) else float(m), float(factor[i])))
             if charge[i] > 1.0 + 1e-9:
                 parts.append(f"waste charge: its GPUs count {charge[i]:.2f}x toward team "
                              f"{job.team or '(none)'}'s share for low MFU")
-            if parts:
-                out[job.id] = "; ".join(parts)
+            out[job.id] = "; ".join(parts)
         return out
 
     # --- the order ---------------------------------------------------------------------------------

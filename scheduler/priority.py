@@ -123,15 +123,20 @@ def efficiency_factor(job: Job, signal: Signal | None, history: KeyHistory | Non
                    else f"signal ignored (stale: {signal.age_s:.0f} s old)")
         return 1.0, f"{why}: neutral"
     factor = float(efficiency_factors(mfu, class_median or np.nan, label in GPU_IDLE_LABELS, policy))
+    return factor, lowered(job, mfu, label, src, class_median, factor)
+
+
+def lowered(job: Job, mfu: float, label: str, src: str, class_median: float | None, factor: float) -> str:
+    """The reason a job's efficiency ``factor`` (``efficiency_factors``) gives, in words."""
     parts = []
     if class_median and mfu < class_median:
         parts.append(f"MFU {fmt_mfu(mfu)} vs {fmt_mfu(class_median)} median of its class "
                      f"({job_class(job.gpus)})")
     if label in GPU_IDLE_LABELS:
         parts.append(f"{label}: its GPUs wait idle")
-    if not parts:
-        return 1.0, f"MFU {fmt_mfu(mfu)} from {src}: not lowered"
-    return factor, f"priority lowered: {'; '.join(parts)} (from {src})"
+    if factor >= 1.0:
+        return f"MFU {fmt_mfu(mfu)} from {src}: not lowered"
+    return f"priority lowered: {'; '.join(parts)} (from {src})"
 
 
 def efficiency_delay(factor: float, policy: Policy) -> float:
