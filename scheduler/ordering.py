@@ -85,8 +85,9 @@ def aging_violations(submit: np.ndarray, tier: np.ndarray, bound_s: float) -> in
     (``Policy.aging_bound_s``; with per-team queues ``max(efficiency cap, overdue time)`` at the
     pass). A replay counts these on every pass."""
     bad = 0
-    for t in np.unique(tier).tolist():
-        s = submit[tier == t]
+    cuts = [0, *(np.flatnonzero(tier[1:] != tier[:-1]) + 1).tolist(), len(tier)]   # tiers come in runs
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        s = submit[a:b]
         bad += int(np.count_nonzero(np.maximum.accumulate(s) > s + bound_s + 1e-6))
     return bad
 
