@@ -1,27 +1,22 @@
 """The queue order and the terms behind it: one implementation for every runtime and the replay.
 
-Why one object: a replay speaks for a runtime only if it decides as that runtime does. The
-stateless runtimes (the local daemon, the Slurm controller) build an ``Ordering`` for each pass
-from the jobs they hold (``policy.plan``); the simulator keeps one across passes and tells it
-what changed (a job arrived, an agent reported, a key learned). Either way every term is
-computed at the pass's ``now`` from columns, with numpy, so the two orders are the same
-function of the same inputs - no term is cached from an earlier pass:
+A replay speaks for a runtime only if it decides as that runtime does. The stateless runtimes
+(the local daemon, the Slurm controller) build an ``Ordering`` per pass from the jobs they hold
+(``policy.plan``); the replay keeps one and tells it what changed (a job arrived, an agent
+reported, a key learned). Every term is a function of the pass's ``now`` and of columns:
 
-- a job's efficiency factor (``priority.efficiency_factors``): its own latest signal while it
-  is usable (confident enough, younger than ``Policy.max_signal_age_s``), else its key's
-  history while that weighs at least ``Policy.min_history_weight``, else neutral; against the
-  current median of its size class;
-- its effective submit time: submit + ``priority.efficiency_delay`` of that factor;
-- its placement kind: whole nodes, one node, or (a known label that is not
-  communication-bound) one node that may spread (``may_spread``);
-- what its GPUs cost its team (``priority.waste_charge``), and each team's use: the GPUs its
-  running jobs hold now, as held and as charged (``team_use``): the one fair-share input;
+- a job's efficiency factor (``priority.efficiency_factors``): its own latest signal while
+  usable, else its key's history while it weighs enough, else neutral; against the current
+  median of its size class. Its effective submit time adds ``(1 - factor) x`` the delay cap;
+- its placement kind: whole nodes, one node, or one node that may spread (``may_spread``);
+- what its GPUs cost its team (``priority.waste_charge``), and each team's GPUs held now, as
+  held and as charged (``team_use``): fair share's one input;
 - the order: tier, then per-team queues interleaved by charged use against quota
-  (``team_queues.interleave``, ``Policy.team_queues``), or the effective submit time alone.
+  (``team_queues.interleave``), or the effective submit time alone.
 
-Rows are registered in job-id order by the stateless runtimes and in trace order by the
-replay; ties go to the row registered first, so the order is a function of the jobs, never of
-the order in which a runtime happened to hold them.
+``current`` keeps each row's terms until an input changes, so a replay recomputes a handful per
+pass; a fresh ``Ordering`` computes all - the same values. Ties go to the row registered first
+(job-id order in the runtimes, trace order in the replay).
 """
 
 from __future__ import annotations
@@ -35,7 +30,7 @@ import numpy as np
 from gpudiag.scheduler.model import COMM_LABEL, GPU_IDLE_LABELS, Job, Policy, Running, Signal
 from gpudiag.scheduler.pending import ONE_NODE, SPREAD, WHOLE, PendingQueue
 from gpudiag.scheduler.priority import MfuBook, efficiency_factors, job_class, lowered
-from gpudiag.scheduler.team_queues import interleave, team_quotas
+from gpudiag.scheduler.team_queues import drain_time, interleave, team_quotas
 
 _CLASS_GPUS = (1, 2, 9)                               # a job size of each class ...
 CLASSES = tuple(job_class(g) for g in _CLASS_GPUS)   # ... and priority.job_class's name for it
@@ -66,30 +61,6 @@ class RunningCols:
     rows: np.ndarray
     ends: np.ndarray
     stopping: np.ndarray
-
-
-def drain_time(gpus: np.ndarray, est: np.ndarray, run_gpus: np.ndarray, run_ends: np.ndarray, now: float,
-               total_gpus: int | None) -> float:
-    """How long the cluster needs to run what it holds and what waits, by estimate: (GPUs x time
-    left of every running job, to its expected end + GPUs x estimate of every pending job) /
-    the cluster's GPUs. A job that has waited this long has waited about what the arrival order
-    would make a job submitted now wait: per-team queues stop passing it (``Policy.team_overdue_s``
-    caps it). Jobs without a time limit count at ``Policy.default_estimate_s``, which leaves the cap."""
-    held = float(np.dot(run_gpus, np.maximum(run_ends - now, 0.0)))
-    return (float(np.dot(gpus, est)) + held) / max(total_gpus or 1, 1)
-
-
-def aging_violations(submit: np.ndarray, tier: np.ndarray, bound_s: float) -> int:
-    """How many jobs of a queue (``submit``, ``tier`` in the order a pass walks) stand behind a
-    job of their tier submitted more than ``bound_s`` after them: 0 is the aging bound
-    (``Policy.aging_bound_s``; with per-team queues ``max(efficiency cap, overdue time)`` at the
-    pass). A replay counts these on every pass."""
-    bad = 0
-    cuts = [0, *(np.flatnonzero(tier[1:] != tier[:-1]) + 1).tolist(), len(tier)]   # tiers come in runs
-    for a, b in zip(cuts, cuts[1:], strict=False):
-        s = submit[a:b]
-        bad += int(np.count_nonzero(np.maximum.accumulate(s) > s + bound_s + 1e-6))
-    return bad
 
 
 def _class_index(gpus: np.ndarray) -> np.ndarray:
@@ -358,9 +329,8 @@ class Ordering:
                 np.bincount(team[~stopping], g[~stopping], n))
 
     def victim_mfu(self, running: Sequence[Running], now: float) -> Callable[[Running], tuple[float, bool]]:
-        """A running job's MFU for the victim rule, and whether it was measured: its own signal,
-        else its key's history, else its class median (1 with none): neutral, as the order
-        treats unknown jobs. Computed for all of ``running`` when first asked."""
+        """A running job's (MFU, measured?) for the victim rule: its own signal, else its key's
+        history, else its class median (1 with none). Computed for all of ``running`` when asked."""
         got: dict[int, tuple[float, bool]] = {}
 
         def mfu_of(r: Running) -> tuple[float, bool]:

@@ -45,12 +45,13 @@ import numpy as np
 
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Decision, Job, Placement, Policy, Running, Signal
-from gpudiag.scheduler.ordering import Ordering, RunningCols, aging_violations
+from gpudiag.scheduler.ordering import Ordering, RunningCols
 from gpudiag.scheduler.pending import PendingQueue
 from gpudiag.scheduler.policy import decide
 from gpudiag.scheduler.priority import MfuBook, job_class
 from gpudiag.scheduler.sim.slowdown import slowdown
 from gpudiag.scheduler.sim.traces import TraceJob
+from gpudiag.scheduler.team_queues import aging_violations
 
 LEARN_AFTER_S = 600.0
 CHECKPOINT_INTERVAL_S = 1800.0
