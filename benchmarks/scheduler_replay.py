@@ -138,7 +138,7 @@ def case(a: argparse.Namespace) -> int:
     """The whole trace at each size and seed: EASY, then gpudiag, in this process."""
     tr = read_trace(a.trace)
     ratios = []
-    for nodes in (59, 80):
+    for nodes in a.case_nodes:
         for seed in (0, 1, 2):
             mfu = synthesise(tr.jobs, seed)
             cluster = Cluster.uniform(nodes, 8, a.rack_size)
@@ -165,6 +165,9 @@ def main() -> int:
     ap.add_argument("--case", action="store_true",
                     help="issue 44's case: 59 and 80 nodes x 3 seeds, EASY and gpudiag (the other options "
                          "but --trace and --rack-size are ignored)")
+    ap.add_argument("--case-nodes", type=lambda v: [int(x) for x in v.split(",")], default=[59, 80],
+                    help="with --case: the cluster sizes, comma-separated (default 59,80; one size per "
+                         "process runs the case on two cores)")
     a = ap.parse_args()
     if a.case:
         return case(a)
