@@ -23,7 +23,7 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpudiag.scheduler.local.engine import Engine, Machine
+from gpudiag.scheduler.local.engine import Engine, Layout, Machine
 from gpudiag.scheduler.local.store import PENDING, RUNNING, STOPPING, JobRow
 from gpudiag.scheduler.model import Cluster, Policy, Signal, Tier
 from gpudiag.scheduler.policy import plan
@@ -182,7 +182,7 @@ class FakeDaemon:
             row = self.rows[d.job_id]
             if d.kind == "start":
                 row.state, row.started_t = RUNNING, now
-                row.slots = [i for _, idx in d.placement.slots for i in idx]
+                row.slots = Layout.of(self.engine.machine, active).ids(d.placement)   # ids, as kept
                 heapq.heappush(self.ends, (now + self.left[row.id], 0, row.id))
                 if row.id not in self.learned:
                     heapq.heappush(self.reports, (now + LEARN_AFTER_S, row.id, now))

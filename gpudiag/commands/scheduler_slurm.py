@@ -72,7 +72,10 @@ SLURM_HINTS = {"state_dir": "the controller's ledger is --state", "agent_url": "
                "monitor": "a Slurm job runs `gpudiag profile --monitor` in its own script",
                "cgroups": "Slurm's own cgroup plugin contains its jobs",
                "teams_source": "Slurm's associations say which accounts a user may submit to",
-               "max_pending": "Slurm's own limit: sacctmgr modify user NAME set MaxSubmitJobs=N"}
+               "max_pending": "Slurm's own limit: sacctmgr modify user NAME set MaxSubmitJobs=N",
+               "stalled": "the controller counts a stalled job's MFU as 0, but requeues or cancels "
+                          "stalled jobs only in the local scheduler for now",
+               "stalled_after": "see --stalled"}
 
 
 def slurm_options(f):  # noqa: ANN001, ANN201 - a click decorator
