@@ -171,27 +171,32 @@ def gpudiag_job_id(hpc_job: str) -> str:
     return clean_job_id(hpc_job if ":" in hpc_job else SLURM_JOB_PREFIX + hpc_job)
 
 
-def _read_mapping_file(path: Path) -> list[str]:
+def _read_mapping_file(path: Path) -> tuple[list[str], int]:
     """The job ids of one mapping file (a regular file, opened without following links, at most
-    MAX_MAPPING_BYTES read), stripped, blank lines skipped. A line cut by that bound, or longer
-    than a job id may be, is skipped: a shortened id would name another job."""
+    MAX_MAPPING_BYTES read), stripped, blank lines skipped, and the file's owner. A line cut by
+    that bound, or longer than a job id may be, is skipped: a shortened id would name another job."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return []
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return [], ROOT_UID
         raw = os.read(fd, MAX_MAPPING_BYTES + 1)
     finally:
         os.close(fd)
     lines = raw[:MAX_MAPPING_BYTES].decode("utf-8", "replace").splitlines()
     if len(raw) > MAX_MAPPING_BYTES and lines:
         lines.pop()
-    return [line.strip() for line in lines if line.strip() and len(line.strip()) <= MAX_JOB_ID]
+    return [line.strip() for line in lines if line.strip() and len(line.strip()) <= MAX_JOB_ID], st.st_uid
 
 
-def read_job_mapping(folder: Path) -> dict[int, list[str]]:
+def read_job_mapping(folder: Path, owners: dict[str, int] | None = None) -> dict[int, list[str]]:
     """GPU index -> the job ids its mapping files list, in file order, each once (a MIG
     instance's file counts for its GPU: gpudiag exports whole GPUs). Files whose names are not
-    GPU ids are skipped, as dcgm-exporter skips them. OSError when the folder cannot be listed."""
+    GPU ids are skipped, as dcgm-exporter skips them. OSError when the folder cannot be listed.
+
+    ``owners`` (when given) gets each listed job's mapping-file owner where that is not root: a
+    prolog that writes the file as the job's user, or hands it to them, names who runs the job
+    (``gpudiag_gpu_job_owner_info``: how a fleet page attributes a job that sends no signal)."""
     out: dict[int, list[str]] = {}
     names = sorted(os.listdir(folder))[:MAX_MAPPING_FILES]
     for name in names:
@@ -199,7 +204,7 @@ def read_job_mapping(folder: Path) -> dict[int, list[str]]:
         if not m:
             continue
         try:
-            jobs = _read_mapping_file(folder / name)
+            jobs, uid = _read_mapping_file(folder / name)
         except OSError as e:
             if e.errno not in (errno.ENOENT, errno.ELOOP):  # removed by an epilog meanwhile; a link
                 log.warning("job mapping %s unreadable: %s", folder / name, e)
@@ -209,6 +214,8 @@ def read_job_mapping(folder: Path) -> dict[int, list[str]]:
             job = clean_job_id(job)
             if job and job not in listed and len(listed) < MAX_JOBS_PER_GPU:
                 listed.append(job)
+                if owners is not None and uid != ROOT_UID:
+                    owners.setdefault(gpudiag_job_id(job), uid)
     return {gpu: jobs for gpu, jobs in out.items() if jobs}
 
 
@@ -218,16 +225,20 @@ class HpcJobMapping:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self.owners: dict[str, int] = {}   # gpudiag job id -> its mapping file's (non-root) owner
         self._missing_logged = False
 
     def __call__(self) -> dict[int, list[str]]:
+        owners: dict[str, int] = {}
         try:
-            mapping = read_job_mapping(self.folder)
+            mapping = read_job_mapping(self.folder, owners)
         except OSError as e:
             if not self._missing_logged:
                 log.warning("HPC job mapping folder %s unreadable (%s): GPU series carry no hpc_job "
                             "until it exists", self.folder, e.strerror or e)
                 self._missing_logged = True
+            self.owners = {}
             return {}
         self._missing_logged = False
+        self.owners = owners
         return mapping

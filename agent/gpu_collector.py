@@ -28,6 +28,10 @@ THROTTLE_REASONS = {
     0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
 }
 
+# A GPU below this SM activity (GPM), or NVML utilisation where the GPU has no GPM, is idle
+# (gpudiag_gpus_idle): what `gpudiag fleet` counts as GPU-hours held while idle.
+IDLE_ACTIVITY = 0.05
+
 # (row key, metric name, help, scale to base unit)
 GAUGES: list[tuple[str, str, str, float]] = [
     ("gpm_sm_activity", "gpudiag_gpu_sm_activity_ratio", "Fraction of time SMs were busy (GPM).", 0.01),
@@ -56,6 +60,15 @@ GAUGES: list[tuple[str, str, str, float]] = [
 ]
 
 
+def _idle(row: dict[str, Any]) -> bool | None:
+    """Whether the GPU is idle; None where it reports neither SM activity nor utilisation."""
+    for key in ("gpm_sm_activity", "util_gpu"):
+        v = _num(row.get(key))
+        if v is not None:
+            return v * 0.01 < IDLE_ACTIVITY
+    return None
+
+
 def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -80,10 +93,14 @@ class GpuCollector(Collector):
     """
 
     def __init__(self, backend: GpuBackend | None, job_of: Callable[[list[int]], str],
-                 hpc_jobs: Callable[[], dict[int, list[str]]] | None = None) -> None:
+                 hpc_jobs: Callable[[], dict[int, list[str]]] | None = None,
+                 holder: Callable[[str], int | None] | None = None,
+                 names: Callable[[int], str | None] | None = None) -> None:
         self.backend = backend
         self.job_of = job_of
         self.hpc_jobs = hpc_jobs
+        self.holder = holder    # job id -> the uid running it (its processes, its mapping file)
+        self.names = names      # uid -> login name on this node
         self.errors: dict[str, int] = {}
         self.info = backend.describe() if backend is not None else []
         self._lock = threading.Lock()
@@ -101,11 +118,25 @@ class GpuCollector(Collector):
         labels = ["gpu", "uuid", "model", "job_id"] + (["hpc_job"] if mapping is not None else [])
         up = GaugeMetricFamily("gpudiag_gpu_up", "1 if the GPU answered this scrape.", labels=labels)
         gauges = {name: GaugeMetricFamily(name, help_, labels=labels) for _, name, help_, _ in GAUGES}
+        # per job (not per GPU): what gpudiag fleet sums, with a job's GPUs in one series, so a
+        # week of 1,000 GPUs is read from ~8x fewer samples than gpudiag_gpu_up holds
+        held = GaugeMetricFamily("gpudiag_gpus_held", "GPUs each job holds on this node, as gpudiag_gpu_up "
+                                 "counts them (job_id \"\": GPUs no job holds).", labels=["job_id"])
+        idle = GaugeMetricFamily("gpudiag_gpus_idle", "Of a job's GPUs here, those idle: SM activity "
+                                 f"(GPM) below {IDLE_ACTIVITY:.0%}, or NVML utilisation where a GPU has "
+                                 "no GPM.", labels=["job_id"])
+        held_by = GaugeMetricFamily("gpudiag_gpu_job_owner_info",
+                                    "1, labelled with the uid running a job that holds GPUs here (its "
+                                    "processes' owner, else its job-mapping file's non-root owner) and "
+                                    "that uid's login name on this node.",
+                                    labels=["job_id", "owner_uid", "user"])
         throttle = GaugeMetricFamily("gpudiag_gpu_clock_throttled",
                                      "1 while the clocks are held down for this reason.",
                                      labels=[*labels, "reason"])
         errors = CounterMetricFamily("gpudiag_gpu_errors", "Failed reads of this GPU.",
                                      labels=["gpu", "uuid", "model"])
+        gpus_of: dict[str, int] = {}
+        idle_of: dict[str, int] = {}
         for i in range(self.backend.gpu_count()):
             meta = self.info[i] if i < len(self.info) else {}
             uuid, model = str(meta.get("uuid", "")), str(meta.get("name", ""))
@@ -124,10 +155,24 @@ class GpuCollector(Collector):
                 series = series or [[str(i), uuid, model, job, ""]]
             for lv in series:
                 up.add_metric(lv, 0.0 if row is None else 1.0)
+                gpus_of[lv[3]] = gpus_of.get(lv[3], 0) + 1
+                idle_of[lv[3]] = idle_of.get(lv[3], 0) + (row is not None and _idle(row) is True)
                 if row is not None:
                     self._add_row(row, lv, gauges, throttle)
             errors.add_metric([str(i), uuid, model], float(self.errors.get(str(i), 0)))
-        return [up_nvml, up, *gauges.values(), throttle, errors]
+        for job, n in sorted(gpus_of.items()):
+            held.add_metric([job], float(n))
+            idle.add_metric([job], float(idle_of[job]))
+        self._holders(set(gpus_of) - {"", "multiple"}, held_by)
+        return [up_nvml, up, *gauges.values(), held, idle, held_by, throttle, errors]
+
+    def _holders(self, jobs: set[str], family: GaugeMetricFamily) -> None:
+        for job in sorted(jobs):
+            uid = self.holder(job) if self.holder is not None else None
+            if uid is None:
+                continue
+            name = self.names(uid) if self.names is not None else None
+            family.add_metric([job, str(uid), name or ""], 1.0)
 
     @staticmethod
     def _add_row(row: dict[str, Any], lv: list[str], gauges: dict[str, GaugeMetricFamily],

@@ -78,8 +78,14 @@ def build_registry(backend_spec: str, state_dir: Path, job_mapping_dir: Path | N
         backend, unavailable = None, str(e)
     owners = JobOwners()
     mapping = HpcJobMapping(job_mapping_dir) if job_mapping_dir is not None else None
-    table = JobTable(state_dir, owners, names=UserNames())
-    registry.register(GpuCollector(backend, JobAttribution(owners), mapping))
+    names = UserNames()
+    table = JobTable(state_dir, owners, names=names)
+
+    def holder(job: str) -> int | None:
+        uid = owners.uid_of(job)
+        return uid if uid is not None or mapping is None else mapping.owners.get(job)
+
+    registry.register(GpuCollector(backend, JobAttribution(owners), mapping, holder, names))
     registry.register(table)
     registry.register(HostCollector())
     registry.register(ProcessCollector(namespace="gpudiag_agent", registry=None))

@@ -40,6 +40,7 @@ from gpudiag.analyzers.advice_text import (
     _comm_cost_text,
     _comm_text,
     _compile_small_text,
+    _compiled_graphs_text,
     _contention_text,
     _copies_text,
     _cpu_loading,
@@ -178,6 +179,12 @@ CATALOGUE: list[Advice] = [
            lambda a, s: host_syncs.advice_text(a.syncs) if a.syncs is not None else _syncs_text(a, s),
            lambda a: (whatif.Prediction(*host_syncs.predicted_step_us(a.syncs)) if a.syncs is not None
                       else whatif.host_gaps_closed(a.view)), Bottleneck.HOST),
+    # a compiled GPU job whose host gaps are not its syncs (counted, and too few to be worth
+    # removing): what is left is launches, the fix CUDA graphs
+    Advice("cuda-graphs",
+           lambda a, s: _gpu(a) and a.traits.compiled and a.syncs is not None
+           and a.syncs.share < host_syncs.SYNC_NOTABLE and own_launch_share(a.view) >= HOST_NOTABLE,
+           _compiled_graphs_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
     Advice("free-a-core", lambda a, s: contention_share(a.view) >= HOST_NOTABLE, _contention_text,
            lambda a: whatif.contention_removed(a.view), Bottleneck.HOST),
     Advice("compile-small-ops",

@@ -79,7 +79,10 @@ def _comm_detail(a: AdviceInputs) -> str:
 
 
 def _exposed(a: AdviceInputs) -> float:
-    return a.view.comm_exposed / a.view.step_time if a.view.step_time > 0 else 0.0
+    """Exposed communication's share of the step at the job's own pace, as ``classify.shares``
+    reads it (a busy machine's part of the step left out, so the advice applies as on a quiet one)."""
+    own = a.view.step_time - a.view.host_stalled
+    return a.view.comm_exposed / own if own > 0 else 0.0
 
 
 def _comm_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
@@ -164,6 +167,15 @@ def _graphs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
             "the step with CUDA graphs or torch.compile(mode='reduce-overhead'), remove host syncs "
             "(.item(), .cpu(), print of tensors) from the loop, and grow the batch so each launch "
             "does more work.")
+
+
+def _compiled_graphs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    n = f"{a.syncs.per_step:.3g} host syncs a step" if a.syncs is not None else "few host syncs"
+    return (f"The step is compiled, yet the GPU is idle {_pct(own_launch_share(a.view))} of step "
+            f"time on the job's own host work with no input wait and {n}, too few to cost it: "
+            "capture the step with CUDA graphs (torch.compile(mode='reduce-overhead') or "
+            "torch.cuda.graphs), check for graph breaks (TORCH_LOGS=graph_breaks), and grow the "
+            "batch so each launch does more work.")
 
 
 def _syncs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:

@@ -71,6 +71,10 @@ def _syncs(d: Diagnosis, width: int) -> list[str]:
     r = d.syncs
     wrap = {"width": width, "initial_indent": "  ", "subsequent_indent": "    "}
     out = ["", *textwrap.wrap("Host syncs: " + views.sync_headline(r), width, subsequent_indent="  ")]
+    advised = [*d.verdict.recommendations, *d.verdict.not_advised]
+    if not r.notes and not any(x.action == "remove-host-syncs" for x in advised):
+        # too few to be worth advice: the headline says so; the HTML and JSON keep the details
+        return out
     rows = views.sync_rows(r)
     if rows:
         w = min(48, max(len(site) for site, *_ in rows))

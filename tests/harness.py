@@ -43,25 +43,55 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def prometheus_server(folder: Path, target_port: int) -> Iterator[str]:
-    """A real Prometheus scraping 127.0.0.1:``target_port`` every second; yields its base URL."""
+def prometheus_server(folder: Path, target_port: int | list[int], web_config: Path | None = None,
+                      scheme: str = "http") -> Iterator[str]:
+    """A real Prometheus scraping 127.0.0.1:``target_port`` (or each of several) every second;
+    yields its base URL. ``web_config``: Prometheus' ``--web.config.file`` (TLS, basic auth);
+    with ``scheme="https"`` the server speaks TLS. Ready once it answers at all (a 401 too)."""
     exe = shutil.which("prometheus")
     assert exe, "prometheus is not installed (.ci/run installs Debian's prometheus)"
     port = free_port()
+    ports = target_port if isinstance(target_port, list) else [target_port]
+    targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
     cfg = folder / "prometheus.yml"
     cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
                    "  - job_name: gpudiag\n    static_configs:\n"
-                   f"      - targets: ['127.0.0.1:{target_port}']\n")
-    proc = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.tsdb.path={folder / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
+                   f"      - targets: [{targets}]\n")
+    args = [exe, f"--config.file={cfg}", f"--storage.tsdb.path={folder / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}"]
+    if web_config is not None:
+        args.append(f"--web.config.file={web_config}")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"{scheme}://127.0.0.1:{port}"
     try:
-        wait_http(f"{base}/-/ready", timeout=60)
+        if web_config is None:
+            wait_http(f"{base}/-/ready", timeout=60)
+        else:
+            _wait_answering(f"{base}/-/ready", timeout=60)
         yield base
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _wait_answering(url: str, timeout: float) -> None:
+    """Until the server answers HTTP at all (its TLS certificate unchecked, a 401 counts)."""
+    import ssl
+    import urllib.error
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx):
+                return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"{url} not answering in {timeout} s")
 
 
 def _useradd(name: str) -> None:

@@ -9,8 +9,8 @@ time the step timer records, the second from the trace.
 
 A real 2-rank gloo DDP job (tests/jobs/ddp_grads_job.py, 57 MB of gradients) alternates steps
 as they are with steps under ``no_sync()`` (the step without its collectives), and gpudiag traces
-a window of the first kind: the communication share it gives is held to the share the job's own
-timer shows, 1 - (no_sync step / step), within COMM_SHARE_MARGIN.
+a window of the first kind: the communication cost it gives is held to the cost the job's own
+timer shows (its steps less its no_sync steps), within COMM_COST_MARGIN.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from gpudiag.rundir import read_steps
 from tests.harness import free_port
 
 JOBS = Path(__file__).parent / "jobs"
-# Absolute, on the share of the step: the two figures come from different steps of a machine
-# whose pace moves by a third within seconds (the no_sync steps are a fifth of the run), and the
-# cost's parts are each an estimate (the contention's share of the threads' CPU above all). On
-# this project's 2-core AMD EPYC at load average 20-28 (other engineers' suites beside it): 0.29
-# against 0.30 (exposed alone 0.14); with the threads' CPU not yet recorded, 0.22 against 0.36.
-COMM_SHARE_MARGIN = 0.2
+# Relative, on the collectives' cost per step (the step with them less the step under no_sync):
+# the two figures come from different steps of a machine whose pace moves by a third within
+# seconds (the no_sync steps are a fifth of the run), and the cost's parts are each an estimate
+# (the contention's share of the threads' CPU above all). On this project's 2-core AMD EPYC at
+# load average 8 (other engineers' work beside it): 69.8 ms against 64.5 ms; the exposed time
+# alone (29.2 ms) would be 55% short. Costs, not shares: a share's denominator on a busy machine
+# is the step at the job's own pace (``gpudiag.pace``), which the job's own timer cannot give.
+COMM_COST_MARGIN = 0.4
 SKIP_STEPS = 5  # the job's first steps: allocator and thread-pool warm-up
 
 
@@ -70,15 +72,18 @@ def test_the_collectives_threads_cpu_time_is_recorded_each_step(ddp):
 def test_communication_share_by_cost_is_close_to_what_no_sync_shows(ddp):
     d, own, run = ddp
     touched = {r.step for rs in read_steps(run).values() for r in rs if r.profiler}
-    truth = 1 - own_median(own, "a", touched) / own_median(own, "b", touched)
+    # what the collectives cost a step, by the job's own timer: its steps less its no_sync steps
+    truth = own_median(own, "b", touched) - own_median(own, "a", touched)
     view = d.unprofiled or d.breakdown
-    share = cost(view) / view.step_time
+    # the verdict's share is of the step at the job's own pace (the machine's part left out)
+    share = cost(view) / (view.step_time - view.host_stalled)
     assert d.verdict.evidence[f"{Bottleneck.COMMUNICATION.value} share"] == pytest.approx(share, abs=1e-3)
-    detail = (f"share {share:.2f} (exposed {view.fraction('comm_exposed'):.2f}, copies "
-              f"{view.fraction('comm_work'):.2f}, cores {view.fraction('comm_contention'):.2f}) against "
-              f"no_sync's {truth:.2f}; {d.verdict.summary}")
+    got = cost(view) / 1e6
+    detail = (f"cost {got * 1e3:.1f} ms (exposed {view.comm_exposed / 1e3:.1f}, copies "
+              f"{view.comm_work / 1e3:.1f}, cores {view.comm_contention / 1e3:.1f}) against no_sync's "
+              f"{truth * 1e3:.1f} ms; {d.verdict.summary}")
     assert view.comm_work > 0, detail  # DDP's copies into and out of its buckets, from the trace
-    assert abs(share - truth) <= COMM_SHARE_MARGIN, detail
+    assert abs(got - truth) <= COMM_COST_MARGIN * truth, detail
 
 
 def test_the_advice_fits_what_communication_costs(ddp):
@@ -92,7 +97,7 @@ def test_the_advice_fits_what_communication_costs(ddp):
     assert "no_sync()" in less.text and less.gain is not None and less.gain > 0, less
     view = d.unprofiled or d.breakdown
     overlap = advised.get("overlap-communication") or refused.get("overlap-communication")
-    if view.comm_exposed >= 0.1 * view.step_time:  # the share overlap-communication applies at
+    if view.comm_exposed >= 0.1 * (view.step_time - view.host_stalled):  # where overlap applies
         assert overlap is not None and "overlapped with backward" in overlap.why, overlap
         if view.comm_contention > 0:
             assert "slowed it" in overlap.why and "(measured)" in overlap.why, overlap.why

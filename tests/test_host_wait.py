@@ -116,8 +116,8 @@ def test_dataloader_workers_outnumbering_the_cores_are_the_jobs_own(tmp_path):
     the process's counters would add up its threads. (How much of its step the loop runs is the
     machine's: 0.72 quiet, 0.91 in a full run of the suite on this 2-core VM; no bound on it.)
     The share the job's own work takes of the wait depends on how busy the rest of the machine
-    is (10% at load 10 on this VM, where others held most of both cores): the test asks that
-    the workers are in it at all (a tree that missed them reads 0)."""
+    is (10% at load 10 on this VM, where others held most of both cores; 0% once in a full run
+    of the suite): the test asks that the workers are in the sampled tree at all."""
     run = tmp_path / "feed"
     d = profile(run, [str(JOBS / "feed_job.py"), "--steps", "70", "--workers", "4", "--read-ms", "0",
                       "--decode-mb", "16", "--report", str(tmp_path / "own.json")], "--skip", "30")
@@ -126,7 +126,12 @@ def test_dataloader_workers_outnumbering_the_cores_are_the_jobs_own(tmp_path):
     w = d.host_wait
     assert w is not None and w.recorded, w
     assert w.untraced_wait_us > 0
-    assert w.own_share is not None and w.own_share >= 0.03, w.note
+    # the host sampler's tree holds the four workers beside the main process; how much of the
+    # wait they caused is the machine's to say (0 where the rest of it holds both cores and the
+    # workers sit on a full prefetch queue, as a full run of the suite can make it)
+    procs = [json.loads(x)["processes"] for x in (run / "samples" / "host.jsonl").read_text().splitlines()]
+    assert max(procs) >= 5, procs
+    assert w.own_share is not None, w.note
     assert w.own_share + w.other_share == pytest.approx(1.0, abs=0.002)
     # the workers' threads are read at each step too (collectors.thread_waits), at a cost the job
     # measured on its own clock, under 1% of its step

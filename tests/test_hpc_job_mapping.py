@@ -84,3 +84,52 @@ def test_the_mapping_folder_is_read_as_dcgm_exporter_reads_it_and_no_further(tmp
     os.mkfifo(tmp_path / "6")                            # a FIFO cannot stall the scrape
     (tmp_path / "7").mkdir()
     assert read_job_mapping(tmp_path) == {0: ["17", "18"], 2: ["19"], 4: ["22"]}
+
+
+def test_a_mapped_job_is_named_by_its_mapping_files_owner_unless_root(tmp_path):
+    """A prolog that writes a job's mapping file as the job's user (or hands it to them) names
+    who runs a job that sends no signal: ``gpudiag fleet`` attributes its GPU-hours so."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody").pw_uid
+    (tmp_path / "0").write_text("31\n")
+    (tmp_path / "1").write_text("32\n")           # root's: a prolog's own file names nobody
+    os.chown(tmp_path / "0", nobody, -1)
+    owners: dict[str, int] = {}
+    assert read_job_mapping(tmp_path, owners) == {0: ["31"], 1: ["32"]}
+    mine = {} if os.geteuid() == 0 else {"slurm:32": os.getuid()}
+    assert owners == {"slurm:31": nobody, **mine}
+
+
+def test_each_job_exports_its_gpus_how_many_are_idle_and_who_runs_it(tmp_path):
+    mapping = tmp_path / "dcgm-job-map"
+    mapping.mkdir()
+    rows = [json.loads(line) for line in REPLAY.read_text().splitlines() if '"gpu"' in line]
+    busy = next(r for r in rows if r["gpm_sm_activity"] >= 50)
+    idle = next(r for r in rows if r["gpm_sm_activity"] < 5)
+    gpus = tmp_path / "gpus.jsonl"   # GPU 0 busy, GPU 1 idle, GPU 2 without GPM (utilisation 3%)
+    gpus.write_text("".join(json.dumps(r) + "\n" for r in (
+        {**busy, "gpu": 0, "pids": []}, {**idle, "gpu": 1, "pids": []},
+        {**busy, "gpu": 2, "pids": [], "gpm_sm_activity": None, "util_gpu": 3})))
+    (mapping / "0").write_text("51\n")
+    os.chown(mapping / "0", 65534, -1)
+    os.environ["DCGM_HPC_JOB_MAPPING_DIR"] = str(mapping)
+    try:
+        agent = Agent(tmp_path / "state", backend=f"replay:{gpus}")
+    finally:
+        del os.environ["DCGM_HPC_JOB_MAPPING_DIR"]
+    try:
+        text = agent.metrics()
+        per_job = {(m.group(1), m.group(2)): m.group(3) for m in re.finditer(
+            r'^gpudiag_gpus_(held|idle)\{job_id="([^"]*)"\} (\S+)$', text, re.M)}
+        # GPU 0 busy, mapped to slurm:51; GPUs 1 (idle) and 2 (3% utilisation, no GPM) no job's
+        assert per_job == {("held", "slurm:51"): "1.0", ("idle", "slurm:51"): "0.0",
+                           ("held", ""): "2.0", ("idle", ""): "2.0"}
+        import pwd
+
+        name = pwd.getpwuid(65534).pw_name
+        assert f'gpudiag_gpu_job_owner_info{{job_id="slurm:51",owner_uid="65534",user="{name}"}} 1.0' in text
+        check = promtool_check(text)
+        assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+    finally:
+        agent.stop()

@@ -18,13 +18,16 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from gpudiag.live.fleet import _stall_spans, _stalled_at
-from gpudiag.live.fleet_query import read_fleet
+from gpudiag.live.fleet_query import grid_for
+from gpudiag.live.fleet_read import read_fleet
+from gpudiag.live.fleet_stalls import stall_spans, stalled_at
+from gpudiag.live.prom_client import Prometheus
 from gpudiag.live.sources import parse_exposition
 from gpudiag.rundir import read_steps
 from gpudiag.scheduler.local.signals import JobTableSource
@@ -139,32 +142,49 @@ def test_top_marks_it_stalled_and_the_scheduler_reads_mfu_0_and_the_stall(scene)
     assert sig.mfu == 0.0 and sig.stalled_s >= CHECK_AT_S - 3 and sig.stall_cause == "idle"
 
 
+def raw_samples(scene: dict, expr: str) -> dict[float, float]:
+    """time -> the sum over the job's series of ``expr``'s samples stored in [t0, t1] (one scrape
+    each: the GPUs it held, its MFU)."""
+    width = int(scene["t1"] - scene["t0"]) + 2
+    q = urllib.parse.urlencode({"query": f'{expr}{{job_id="{JOB_ID}"}}[{width}s]',
+                                "time": f"{scene['t1']:.3f}"})
+    with urllib.request.urlopen(f"{scene['base']}/api/v1/query?{q}", timeout=30) as r:  # noqa: S310 - loopback
+        res = json.loads(r.read())["data"]["result"]
+    out: dict[float, float] = {}
+    for r in res:
+        for t, v in r["values"]:
+            if scene["t0"] <= float(t) <= scene["t1"]:
+                out[float(t)] = out.get(float(t), 0.0) + float(v)
+    return out
+
+
 def test_fleet_counts_only_the_trained_hours_as_useful_and_the_stall_as_lost(scene):
     p = subprocess.run([sys.executable, "-m", "gpudiag", "fleet", "--prometheus", scene["base"], "--from",
-                        f"{scene['t0']:.3f}", "--to", f"{scene['t1']:.3f}", "--json"],
+                        f"{scene['t0']:.3f}", "--to", f"{scene['t1']:.3f}", "--json", "--no-slurm"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     (job,) = [j for j in doc["jobs"] if j["job_id"] == JOB_ID]
-    # the truth: the MFU the job exported while it trained (up to its last step) x its GPUs, at the
-    # same instants the page sums over
-    data = read_fleet(scene["base"], scene["t0"], scene["t1"])
+    # the truth: the MFU the job exported while it trained (up to its last step) x its GPUs, scrape
+    # by scrape (a sample stands for the 1 s scrape interval)
     last = scene["at_45"]["last"]
-    gpus = {t: v for s in data.series["gpus"] if s.labels.get("job_id") == JOB_ID for t, v in s.points}
-    mfu = {t: v for s in data.series["mfu"] if s.labels.get("job_id") == JOB_ID for t, v in s.points}
-    truth = sum(gpus[t] * mfu[t] for t in gpus if t in mfu and t <= last) * data.step / 3600
+    gpus, mfu = raw_samples(scene, "gpudiag_gpus_held"), raw_samples(scene, "gpudiag_job_mfu_ratio")
+    truth = sum(n * mfu[t] for t, n in gpus.items() if t in mfu and t <= last) / 3600
     assert truth > 0
     assert job["useful_gpu_hours"] == pytest.approx(truth, rel=0.05)
     # stalled from its last step to the range's end, on both GPUs; all of it lost, with its cause
-    spans = _stall_spans([s for s in data.series["stalled"] if s.labels.get("job_id") == JOB_ID])
+    prom = Prometheus(scene["base"])
+    data, _ = read_fleet(prom, grid_for(scene["t0"], scene["t1"]), prom.scrape_intervals(10))
+    spans = stall_spans([s for s in data.series["stalled"] if s.labels.get("job_id") == JOB_ID],
+                        data.series["last_step"])
     assert spans[JOB_ID][0][0] == pytest.approx(last, abs=1.5)   # dated back to the last step
-    held_after = sum(v for t, v in gpus.items() if t > last and t in mfu) * data.step / 3600
-    assert job["stalled_gpu_hours"] == pytest.approx(held_after, abs=2 * 2 * data.step / 3600)
-    assert job["stall_cause"] == "idle" and _stalled_at(spans[JOB_ID], scene["t1"] - 1) == "idle"
-    assert doc["wasters"][0]["job_id"] == JOB_ID and job["lost_gpu_hours"] >= job["stalled_gpu_hours"]
-    assert doc["stalled_gpu_hours"] == pytest.approx(job["stalled_gpu_hours"])
+    held_after = sum(n for t, n in gpus.items() if t > last and t in mfu) / 3600
+    assert job["stalled_gpu_hours"] == pytest.approx(held_after, abs=2 * 2 * data.grid.step / 3600)
+    assert job["stall_cause"] == "idle" and stalled_at(spans[JOB_ID], scene["t1"] - 1) == "idle"
+    assert doc["most_lost"][0]["job_id"] == JOB_ID and job["lost_gpu_hours"] >= job["stalled_gpu_hours"]
+    assert doc["totals"]["stalled_gpu_hours"] == pytest.approx(job["stalled_gpu_hours"])
     # before the watch, the stale MFU made the idle stretch look useful: the old sum, for the record
-    stale = sum(gpus[t] * mfu_before(mfu, t, last) for t in gpus if t in mfu) * data.step / 3600
+    stale = sum(n * mfu_before(mfu, t, last) for t, n in gpus.items() if t in mfu) / 3600
     assert stale > 1.5 * truth
 
 

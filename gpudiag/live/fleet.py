@@ -1,112 +1,74 @@
-"""The fleet's GPU-hours from range-query answers: pure sums, no I/O (``fleet_query`` reads).
+"""The fleet's GPU-hours from the windows' sample counts: pure sums, no I/O (``fleet_query``
+reads Prometheus, ``fleet_slurm`` asks Slurm).
 
 Definitions (docs/fleet.md says the same to the reader):
 
-- a **GPU-second** is a GPU series (``gpudiag_gpu_up``) present at an evaluation instant, times
-  the step; Prometheus marks a target's series stale when a scrape fails or a series leaves the
-  exposition, so an agent that restarts leaves a gap, never a second copy, and no counter is
-  read, so no counter reset can double anything. The sum is within one step of the truth per
-  stretch of presence (a Riemann sum at the step).
-- **useful GPU-hours** = GPU-hours x the job's MFU at the same instant. Where the job had no MFU
-  series at that instant its GPU-hours are **no signal**: counted, never given a guessed MFU.
-  Several owners reporting one job id on one node (only a forged signal does that) count at the
-  lowest MFU: useful work is never overstated.
-- **idle** GPU-hours: held by a job while below ``IDLE_ACTIVITY`` SM activity.
-- **stalled** GPU-hours: held by a job while it finished no step (``gpudiag_job_stalled_seconds``:
-  at an instant t with value s, the job has been stalled since t - s, so the stretch is dated
-  back to its last step, not to when its limit ran out). They count at MFU 0 whatever MFU series
-  the agent still had, and all of them are lost, with their cause.
-- **lost** GPU-hours of a job: its stalled GPU-hours, plus its other signalled GPU-hours x
-  (1 - its MFU while not stalled / the median of that MFU over the jobs of its size class), when
-  below that median: the GPU-hours it would have saved running as well as its peers.
+- a **GPU-second** is a GPU in a stored sample (``gpudiag_gpus_held``, or ``gpudiag_gpu_up`` from
+  older agents) times its target's scrape interval: exact at any range, since a sample is
+  counted once, in the one window it is in;
+- a job is **signalled** when it ran under gpudiag: it reported (any ``gpudiag_job_*`` signal)
+  in the range, with or without an MFU. Its GPU-hours split into those with an MFU at the time
+  (**useful** = those x the MFU) and those without one (**no MFU**: a job without matmuls, or
+  before its first report). A job that never reported holds **no signal** GPU-hours, and is
+  still attributed (its Slurm account and user, or the uid its node saw running it);
+- **idle**: the job's GPUs the agent counted idle at each scrape (``gpudiag_gpus_idle``);
+- **stalled**: held by a job while it finished no step (``gpudiag_job_stalled_seconds``: a
+  sample of value s at t says the job has been stalled since t - s, so the stretch is dated back
+  to its last step, not to when its limit ran out). They count at MFU 0 whatever MFU series the
+  agent still had, are left out of the job's MFU (and so of its class' median), and are all lost,
+  with their cause;
+- a job's **loss** per cause (``job_losses``) and its **fix** (``fix_gpu_hours``): what the
+  page ranks. Every per-job number is made in ``_job_row``, the one place a new category
+  (a stall) joins the accounting.
+
+Several owners reporting one job id on one node (only a forged signal does that) count at the
+lowest MFU: useful work is never overstated.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
-from gpudiag.live.fleet_query import QUERIES, FleetData, Series
+from gpudiag.live.fleet_model import (
+    NO_JOB,
+    NO_LABEL,
+    NO_SIGNAL,
+    STALLED,
+    UNATTRIBUTED,
+    WEEK_S,
+    Coverage,
+    FleetSummary,
+    JobRow,
+    Period,
+    Totals,
+)
+from gpudiag.live.fleet_query import QUERIES, FleetData, Grid, Series
+from gpudiag.live.fleet_report import fixes_of, groups, label_mix, most_lost, nodes_of
+from gpudiag.live.fleet_stalls import Spans, stall_spans, stalled_in
 
-TOP_WASTERS = 20
-STALLED = "stalled"
-NO_SIGNAL = "no signal"
-NO_JOB = "no job"
-UNKNOWN = "(unknown)"
+SLURM_PREFIX = "slurm:"
 
 
-@dataclass
-class JobRow:
-    job_id: str
-    nodes: list[str]
-    owner: str             # the login name of the uid behind the job's signals, "uid N", or UNKNOWN
-    team: str              # the team its signals named, or UNKNOWN
-    gpus: int              # most GPUs held at once (all nodes)
-    size_class: str
-    gpu_hours: float
-    useful_gpu_hours: float
-    no_signal_gpu_hours: float
-    idle_gpu_hours: float
-    mfu: float | None      # GPU-hour weighted over the signalled hours; None: no signal at all
-    label: str | None      # the last label it reported
-    confidence: float | None
-    step_s: float | None
-    action: str | None     # its top recommendation's id
-    predicted_step_s: float | None
-    lost_gpu_hours: float = 0.0
-    class_median_mfu: float | None = None
-    stalled_gpu_hours: float = 0.0   # held while it finished no step (counted at MFU 0, all lost)
-    stall_cause: str | None = None   # the cause of its longest stall
-    running_mfu: float | None = None  # over its signalled hours while not stalled (the class median's)
+@dataclass(frozen=True)
+class SlurmJob:
+    """Who ran a Slurm job, as Slurm says (``fleet_slurm``)."""
+
+    user: str
+    account: str
 
 
 @dataclass
-class Group:
-    name: str
-    jobs: int
-    gpu_hours: float
-    useful_gpu_hours: float
-    no_signal_gpu_hours: float
-    idle_gpu_hours: float
+class _Held:
+    """One job's GPU time per window (keyed by the window's end, as Prometheus gives it: every
+    query of one read answers on the same instants), over all its nodes."""
 
-
-@dataclass
-class FleetSummary:
-    """Everything the page, the terminal and ``--json`` show: one source for all three."""
-
-    prometheus: str
-    start: float
-    end: float
-    step_s: float
-    gpu_hours: float          # GPU-hours held by jobs
-    useful_gpu_hours: float
-    no_signal_gpu_hours: float
-    idle_gpu_hours: float     # held by a job while idle
-    unallocated_gpu_hours: float  # GPUs no job held
-    gpus_max: int
-    jobs: list[JobRow]
-    teams: list[Group]
-    users: list[Group]
-    wasters: list[JobRow]
-    label_mix: dict[str, list[float]]   # label -> GPUs at each instant of ``times``
-    times: list[float]
-    scheduler: list[dict]
-    gaps: list[tuple[float, float]] = field(default_factory=list)  # no GPU series at all: no agent answered
-    stalled_gpu_hours: float = 0.0   # held by jobs that finished no step
-    queries: dict[str, str] = field(default_factory=dict)
-    query_urls: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def no_signal_share(self) -> float | None:
-        return self.no_signal_gpu_hours / self.gpu_hours if self.gpu_hours > 0 else None
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["no_signal_share"] = self.no_signal_share
-        return d
+    nodes: set[str] = field(default_factory=set)
+    held: dict[float, float] = field(default_factory=lambda: defaultdict(float))      # GPU-seconds
+    presence: dict[float, float] = field(default_factory=lambda: defaultdict(float))  # seconds
+    idle_s: float = 0.0
 
 
 def size_class(gpus: int) -> str:
@@ -117,222 +79,309 @@ def size_class(gpus: int) -> str:
     return f"{hi // 2 + 1}-{hi}"
 
 
-def _by(series: list[Series], *keys: str) -> dict[tuple, dict[float, float]]:
-    out: dict[tuple, dict[float, float]] = {}
-    for s in series:
-        k = tuple(s.labels.get(x, "") for x in keys)
-        pts = out.setdefault(k, {})
+@dataclass
+class _Node:
+    """One node's GPU time: per job ("" = no job), its GPUs at each window, its idle time."""
+
+    held: dict[str, float] = field(default_factory=lambda: defaultdict(float))      # GPU-seconds
+    gpus_at: dict[float, float] = field(default_factory=lambda: defaultdict(float))
+    idle_s: float = 0.0
+
+
+def held_time(data: FleetData) -> tuple[dict[str, _Held], dict[str, _Held], dict[str, _Node]]:
+    """(job -> its GPU time, instance -> the GPU time no job held there, instance -> its node
+    totals), in one pass over the GPU series."""
+    ivl = data.interval
+    jobs: dict[str, _Held] = defaultdict(_Held)
+    free: dict[str, _Held] = defaultdict(_Held)
+    nodes: dict[str, _Node] = defaultdict(_Node)
+    present: dict[tuple[str, str], dict[float, float]] = {}
+    for s in data.series.get("gpu_presence", []):
+        inst, job = s.labels.get("instance", ""), s.labels.get("job_id", "")
+        acc, sec = (jobs[job] if job else free[inst]), ivl(inst)
+        mine = present[(inst, job)] = dict(s.points)
+        pres = acc.presence
+        for k, n in mine.items():
+            if n * sec > pres[k]:
+                pres[k] = n * sec
+    for s in data.series.get("gpu_samples", []):
+        inst, job = s.labels.get("instance", ""), s.labels.get("job_id", "")
+        acc, sec, node = (jobs[job] if job else free[inst]), ivl(inst), nodes[inst]
+        acc.nodes.add(inst)
+        held, mine, gpus_at = acc.held, present.get((inst, job), {}), node.gpus_at
+        total = 0.0
+        for t, n in s.points:
+            held[t] += n * sec
+            total += n
+            p = mine.get(t, 0.0)
+            if p > 0:
+                gpus_at[t] += round(n / p)
+        node.held[job] += total * sec
+    for s in data.series.get("idle_samples", []):
+        inst, job = s.labels.get("instance", ""), s.labels.get("job_id", "")
+        if job:
+            idle = sum(v for _, v in s.points) * ivl(inst)
+            jobs[job].idle_s += idle
+            nodes[inst].idle_s += idle
+    return dict(jobs), dict(free), dict(nodes)
+
+
+def job_mfu(data: FleetData) -> dict[str, dict[float, tuple[float, float]]]:
+    """job -> window -> (its mean MFU in the window, seconds of the window it had one): the
+    one place the MFU series are read. A job's MFU is the job's, whichever node took its
+    signals: it applies to its GPUs on every node. Several owners or nodes: the lowest."""
+    seconds: dict[tuple, dict[float, float]] = {}
+    for s in data.series.get("mfu_samples", []):
+        seconds[tuple(sorted(s.labels.items()))] = dict(s.points)
+    out: dict[str, dict[float, tuple[float, float]]] = defaultdict(dict)
+    for s in data.series.get("mfu_mean", []):
+        inst, job = s.labels.get("instance", ""), s.labels.get("job_id", "")
+        counts, sec, mine = seconds.get(tuple(sorted(s.labels.items())), {}), data.interval(inst), out[job]
         for t, v in s.points:
-            pts[t] = v
+            cur = mine.get(t)
+            if cur is None or v < cur[0]:
+                mine[t] = (v, counts.get(t, 0.0) * sec)
     return out
 
 
-def _last_label(series: list[Series], label: str) -> dict[str, tuple[float, str, str]]:
-    """job_id -> (time, label value, owner) of the latest point of a labelled info series."""
-    out: dict[str, tuple[float, str, str]] = {}
+def _label_seconds(data: FleetData) -> dict[str, dict[float, dict[str, float]]]:
+    out: dict[str, dict[float, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    for s in data.series.get("label_samples", []):
+        inst, job, label = (s.labels.get(x, "") for x in ("instance", "job_id", "label"))
+        sec, mine = data.interval(inst), out[job]
+        for t, n in s.points:
+            cell = mine[t]
+            cell[label] = max(cell.get(label, 0.0), n * sec)
+    return out
+
+
+def latest(series: list[Series], label: str | None = None) -> dict[str, tuple[float, str | float, str]]:
+    """job -> (time, the label's value or the point's value, owner_uid) of its latest point."""
+    out: dict[str, tuple[float, str | float, str]] = {}
     for s in series:
         if not s.points:
             continue
-        k = s.labels.get("job_id", "")
-        t = s.points[-1][0]
-        if k not in out or t > out[k][0]:
-            out[k] = (t, s.labels.get(label, ""), s.labels.get("owner_uid", ""))
+        job = s.labels.get("job_id", "")
+        t, v = s.points[-1]
+        if job not in out or t > out[job][0]:
+            out[job] = (t, s.labels.get(label, "") if label else v, s.labels.get("owner_uid", ""))
     return out
 
 
-def _last_value(series: list[Series]) -> dict[str, tuple[float, float]]:
-    """job_id -> (time, value) of its latest point on any node."""
-    out: dict[str, tuple[float, float]] = {}
-    for s in series:
-        if s.points:
-            j = s.labels.get("job_id", "")
-            t, v = s.points[-1]
-            if j not in out or t > out[j][0]:
-                out[j] = (t, v)
+def slurm_ids(data: FleetData) -> set[str]:
+    """The Slurm job ids whose user or team the agents' series do not name (``fleet_slurm``
+    looks them up)."""
+    named = set(latest(data.series.get("user", []), "user")) & \
+        set(latest(data.series.get("team", []), "team"))
+    jobs = {s.labels.get("job_id", "") for s in data.series.get("gpu_samples", [])}
+    return {j[len(SLURM_PREFIX):] for j in jobs - named if j.startswith(SLURM_PREFIX)}
+
+
+@dataclass
+class _Facts:
+    """What the signals, Slurm and the nodes say about each job: looked up once per summary."""
+
+    signalled: set[str]
+    last: dict[str, dict[str, tuple[float, str | float, str]]]
+    slurm: dict[str, SlurmJob]
+
+
+def _facts(data: FleetData, slurm: dict[str, SlurmJob]) -> _Facts:
+    last = {name: latest(data.series.get(name, []), name if name in ("action", "team", "user") else None)
+            for name in ("confidence", "step", "predicted", "action", "team", "user")}
+    last["label"] = latest(data.series.get("label_samples", []), "label")
+    last["holder"] = latest(data.series.get("holder", []), "user")
+    last["signal"] = latest(data.series.get("signal_samples", []))
+    signalled = set(last["signal"]) | set(last["label"]) | {
+        s.labels.get("job_id", "") for s in data.series.get("mfu_samples", []) if s.points}
+    return _Facts(signalled, last, slurm)
+
+
+def attribute(job: str, f: _Facts) -> tuple[str, str, str, str]:
+    """(user, its source, team, its source): the job's signals first (the kernel's word on
+    who wrote them), then Slurm (``squeue``/``sacct``), then the uid its node saw running it."""
+    sj = f.slurm.get(job[len(SLURM_PREFIX):]) if job.startswith(SLURM_PREFIX) else None
+    user, src = UNATTRIBUTED, ""
+    sig_uid = f.last["signal"].get(job, (0, 0, ""))[2]
+    holder = f.last["holder"].get(job)
+    for name, source in ((f.last["user"].get(job, (0, "", ""))[1], "signal"),
+                         (sj.user if sj else "", "slurm"), (holder[1] if holder else "", "node"),
+                         (f"uid {sig_uid}" if sig_uid else "", "signal"),
+                         (f"uid {holder[2]}" if holder and holder[2] else "", "node")):
+        if name:
+            user, src = str(name), source
+            break
+    team, tsrc = UNATTRIBUTED, ""
+    if job in f.last["team"]:
+        team, tsrc = str(f.last["team"][job][1]), "signal"
+    elif sj is not None and sj.account:
+        team, tsrc = sj.account, "slurm"
+    return user, src, team, tsrc
+
+
+def _job_row(job: str, h: _Held, mfu: dict[float, tuple[float, float]], labels: dict[float, dict[str, float]],
+             f: _Facts, mix: dict[float, dict[str, float]], grid: Grid, stalls: Spans) -> JobRow:
+    """Every per-job number: its windows' GPU time split into stalled, with an MFU, without one
+    and without a signal, by label too (``mix`` gets the split per window). A new category is
+    one more share of a window here."""
+    signalled = job in f.signalled
+    useful = with_mfu = no_mfu = no_signal = stalled = 0.0
+    causes: dict[str, float] = defaultdict(float)
+    gpus = 0
+    for t, held in h.held.items():
+        pres = h.presence.get(t, 0.0)
+        if pres > 0:
+            gpus = max(gpus, round(held / pres))
+        mean, secs = mfu.get(t, (0.0, 0.0))
+        cover = min(1.0, secs / pres) if pres > 0 else 0.0
+        stuck, cause = stalled_in(stalls, t - grid.step, t) if stalls else (0.0, None)
+        stuck = min(1.0, stuck / pres) if pres > 0 else 0.0
+        if stuck > 0:
+            stalled += held * stuck
+            causes[cause or "unknown"] += held * stuck
+        # the MFU counts where the job ran: not while stalled, whatever MFU it still exported (an
+        # agent keeps a job's last MFU until it finds the stall, dated back to the last step)
+        running = max(0.0, cover - stuck)
+        useful += held * running * mean
+        with_mfu += held * running
+        if signalled:
+            no_mfu += held * (1 - max(cover, stuck))
+        else:
+            no_signal += held
+        labs = labels.get(t, {})
+        tot = sum(labs.values())
+        shown = min(1.0 - stuck, tot / pres) if pres > 0 and tot > 0 else 0.0
+        for lab, secs_l in labs.items():
+            mix[t][lab] += held * shown * secs_l / tot
+        mix[t][STALLED] += held * stuck
+        mix[t][NO_LABEL if signalled else NO_SIGNAL] += held * (1 - stuck - shown)
+    user, usrc, team, tsrc = attribute(job, f)
+    last = f.last
+
+    def val(name: str) -> float | None:
+        return float(last[name][job][1]) if job in last[name] else None
+
+    def text(name: str) -> str | None:
+        return str(last[name][job][1]) if job in last[name] else None
+
+    ks = sorted(h.held)
+    row = JobRow(job_id=job, user=user, user_source=usrc, team=team, team_source=tsrc,
+                 nodes=sorted(h.nodes), gpus=gpus, size_class=size_class(gpus), signalled=signalled,
+                 gpu_hours=sum(h.held.values()) / 3600, useful_gpu_hours=useful / 3600,
+                 mfu_gpu_hours=with_mfu / 3600, no_mfu_gpu_hours=no_mfu / 3600,
+                 no_signal_gpu_hours=no_signal / 3600, idle_gpu_hours=h.idle_s / 3600,
+                 stalled_gpu_hours=stalled / 3600,
+                 stall_cause=max(causes, key=causes.__getitem__) if causes else None,
+                 mfu=useful / with_mfu if with_mfu > 0 else None, label=text("label"),
+                 confidence=val("confidence"), step_s=val("step"), action=text("action"),
+                 predicted_step_s=val("predicted"), first_seen=ks[0] if ks else 0.0,
+                 last_seen=ks[-1] if ks else 0.0)
+    row.fix_gpu_hours = fix_gpu_hours(row)
+    return row
+
+
+def fix_gpu_hours(r: JobRow) -> float:
+    """The job's GPU-hours x the share of its step its top recommendation predicts saving."""
+    if r.step_s is None or r.predicted_step_s is None or r.step_s <= 0 or r.action is None:
+        return 0.0
+    return r.gpu_hours * max(0.0, 1.0 - max(r.predicted_step_s, 0.0) / r.step_s)
+
+
+def job_losses(r: JobRow) -> dict[str, float]:
+    """GPU-hours a job lost, by cause (fleet_model.LOSS_CAUSES); ``lost`` weighs them."""
+    out = {}
+    if r.stalled_gpu_hours > 0:
+        out["stalled"] = r.stalled_gpu_hours
+    if r.idle_gpu_hours > 0:
+        out["idle"] = r.idle_gpu_hours
+    if r.mfu is not None and r.class_median_mfu and r.mfu < r.class_median_mfu:
+        out["below_peers"] = r.mfu_gpu_hours * (1 - r.mfu / r.class_median_mfu)
+    if r.fix_gpu_hours > 0:
+        out["fixable"] = r.fix_gpu_hours
     return out
 
 
-def owner_name(uid: str, name: str) -> str:
-    """How a job's owner reads on the page: the login name the node's agent gave for the uid
-    that wrote the job's signals, else that uid, else UNKNOWN (a job that sent no signal)."""
-    if name:
-        return name
-    return f"uid {uid}" if uid else UNKNOWN
+def lost(losses: dict[str, float]) -> tuple[float, str | None]:
+    """(GPU-hours lost, the cause of most of them): the stalled hours and those run below the
+    peers are disjoint and add up; idle hours and a fix's win overlap them, so the largest of
+    the three stands."""
+    ran = losses.get("stalled", 0.0) + losses.get("below_peers", 0.0)
+    ran_cause = max(("stalled", "below_peers"), key=lambda c: losses.get(c, 0.0))
+    best = max(((ran, ran_cause), (losses.get("idle", 0.0), "idle"), (losses.get("fixable", 0.0), "fixable")),
+               key=lambda x: x[0])
+    return (best[0], best[1]) if best[0] > 0 else (0.0, None)
 
 
-def summarise(data: FleetData) -> FleetSummary:
-    step_h = data.step / 3600.0
-    gpus = _by(data.series.get("gpus", []), "instance", "job_id")
-    idle = _by(data.series.get("idle_gpus", []), "instance", "job_id")
-    mfu_owned = _by(data.series.get("mfu", []), "instance", "job_id", "owner_uid")
-    # a job's MFU and label are the job's, whichever node's agent took its signals (rank 0's):
-    # they apply to its GPUs on every node
-    mfu: dict[str, dict[float, float]] = defaultdict(dict)
-    for (_inst, job, _owner), pts in mfu_owned.items():
-        for t, v in pts.items():
-            cur = mfu[job].get(t)
-            mfu[job][t] = v if cur is None else min(cur, v)   # never overstate
-    labels_at: dict[tuple[str, float], str] = {}
-    for s in data.series.get("label", []):
-        for t, _ in s.points:
-            labels_at[(s.labels.get("job_id", ""), t)] = s.labels.get("label", "")
-    last_label = _last_label(data.series.get("label", []), "label")
-    last_action = _last_label(data.series.get("action", []), "action")
-    last_team = _last_label(data.series.get("team", []), "team")
-    last_user = _last_label(data.series.get("user", []), "user")
-    owners = {s.labels.get("job_id", ""): s.labels.get("owner_uid", "")
-              for s in data.series.get("mfu", []) + data.series.get("step", [])}
-    conf, step, pred = (_last_value(data.series.get(n, [])) for n in ("confidence", "step", "predicted"))
-    stalls = _stall_spans(data.series.get("stalled", []))
-
-    acc: dict[str, dict] = {}
-    per_t: dict[float, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    unallocated = 0.0
-    gpus_at: dict[float, float] = defaultdict(float)
-    for (inst, job), pts in gpus.items():
-        for t, n in pts.items():
-            gpus_at[t] += n
-        if job == "":
-            unallocated += sum(pts.values()) * step_h
-            for t, n in pts.items():
-                per_t[t][NO_JOB] += n
-            continue
-        a = acc.setdefault(job, {"nodes": set(), "gpu_h": 0.0, "useful_h": 0.0, "nosig_h": 0.0,
-                                 "idle_h": 0.0, "gpus_at": defaultdict(float), "stall_h": 0.0,
-                                 "causes": defaultdict(float)})
-        a["nodes"].add(inst)
-        m = mfu.get(job, {})
-        spans = stalls.get(job, [])
-        for t, n in pts.items():
-            a["gpu_h"] += n * step_h
-            a["gpus_at"][t] += n
-            cause = _stalled_at(spans, t)
-            if cause is not None and t in m:   # a stall: no model work, whatever MFU was still exported
-                a["stall_h"] += n * step_h
-                a["causes"][cause] += n * step_h
-                per_t[t][STALLED] += n
-            elif t in m:
-                a["useful_h"] += n * m[t] * step_h
-                per_t[t][labels_at.get((job, t), NO_SIGNAL)] += n
-            else:
-                a["nosig_h"] += n * step_h
-                per_t[t][NO_SIGNAL] += n
-        a["idle_h"] += sum(idle.get((inst, job), {}).values()) * step_h
-
-    rows = []
-    for job, a in acc.items():
-        signalled = a["gpu_h"] - a["nosig_h"]
-        n_max = int(round(max(a["gpus_at"].values(), default=0)))
-        lab, act, team, user = (t[job][1:] if job in t else None
-                                for t in (last_label, last_action, last_team, last_user))
-        rows.append(JobRow(
-            job_id=job, nodes=sorted(a["nodes"]),
-            owner=owner_name(owners.get(job, ""), user[0] if user else ""),
-            team=team[0] if team else UNKNOWN, gpus=n_max, size_class=size_class(n_max),
-            gpu_hours=a["gpu_h"], useful_gpu_hours=a["useful_h"], no_signal_gpu_hours=a["nosig_h"],
-            idle_gpu_hours=a["idle_h"], mfu=a["useful_h"] / signalled if signalled > 0 else None,
-            label=lab[0] if lab else None, confidence=conf[job][1] if job in conf else None,
-            step_s=step[job][1] if job in step else None, action=act[0] if act else None,
-            predicted_step_s=pred[job][1] if job in pred else None,
-            stalled_gpu_hours=a["stall_h"],
-            stall_cause=max(a["causes"], key=a["causes"].get) if a["causes"] else None,
-            running_mfu=a["useful_h"] / (signalled - a["stall_h"]) if signalled - a["stall_h"] > 0 else None))
-
+def _rank_losses(rows: list[JobRow]) -> None:
     by_class: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        if r.running_mfu is not None:
-            by_class[r.size_class].append(r.running_mfu)
+        if r.mfu is not None:
+            by_class[r.size_class].append(r.mfu)
     medians = {c: statistics.median(v) for c, v in by_class.items()}   # once a class: 13,000 jobs
     for r in rows:
-        r.lost_gpu_hours = r.stalled_gpu_hours
-        if r.running_mfu is None or r.size_class not in medians:
-            continue
-        r.class_median_mfu = medians[r.size_class]
-        if r.class_median_mfu > 0 and r.running_mfu < r.class_median_mfu:
-            running_h = r.gpu_hours - r.no_signal_gpu_hours - r.stalled_gpu_hours
-            r.lost_gpu_hours += running_h * (1 - r.running_mfu / r.class_median_mfu)
+        r.class_median_mfu = medians.get(r.size_class) if r.mfu is not None else None
+        r.losses = job_losses(r)
+        r.lost_gpu_hours, r.lost_cause = lost(r.losses)
+
+
+def coverage(data: FleetData) -> Coverage:
+    index = data.grid.indexer()
+    ks = sorted({index(t) for s in data.series.get("gpu_samples", [])
+                 for t, n in s.points if n > 0})
+    g = data.grid
+    at = [g.first + k * g.step for k in range(g.n)]
+    gaps = [(at[a + 1], at[b - 1]) for a, b in zip(ks, ks[1:], strict=False) if b - a > 1]
+    return Coverage(at[ks[0]] if ks else None, at[ks[-1]] if ks else None, len(ks), g.n, gaps)
+
+
+def summarise(data: FleetData, slurm: dict[str, SlurmJob] | None = None,
+              previous: FleetSummary | None = None, notes: Iterable[str] = ()) -> FleetSummary:
+    jobs, free, per_node = held_time(data)
+    mfu, labels, f = job_mfu(data), _label_seconds(data), _facts(data, slurm or {})
+    stalls = stall_spans(data.series.get("stalled", []), data.series.get("last_step", []))
+    mix: dict[float, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    rows = [_job_row(j, h, mfu.get(j, {}), labels.get(j, {}), f, mix, data.grid, stalls.get(j, []))
+            for j, h in jobs.items()]
+    for h in free.values():
+        for k, v in h.held.items():
+            mix[k][NO_JOB] += v
+    _rank_losses(rows)
     rows.sort(key=lambda r: (-r.gpu_hours, r.job_id))
-    wasters = sorted((r for r in rows if r.lost_gpu_hours > 0), key=lambda r: -r.lost_gpu_hours)[:TOP_WASTERS]
-
-    times = sorted(per_t)
-    mix_names = sorted({k for v in per_t.values() for k in v})
-    label_mix = {k: [per_t[t].get(k, 0.0) for t in times] for k in mix_names}
-    return FleetSummary(
-        prometheus=data.base, start=data.start, end=data.end, step_s=data.step,
+    g = data.grid
+    nodes = nodes_of(rows, per_node, data)
+    totals = Totals(
         gpu_hours=sum(r.gpu_hours for r in rows), useful_gpu_hours=sum(r.useful_gpu_hours for r in rows),
+        mfu_gpu_hours=sum(r.mfu_gpu_hours for r in rows),
+        no_mfu_gpu_hours=sum(r.no_mfu_gpu_hours for r in rows),
         no_signal_gpu_hours=sum(r.no_signal_gpu_hours for r in rows),
-        idle_gpu_hours=sum(r.idle_gpu_hours for r in rows), unallocated_gpu_hours=unallocated,
-        gpus_max=int(round(max(gpus_at.values(), default=0))), jobs=rows,
-        teams=_groups(rows, "team"), users=_groups(rows, "owner"), wasters=wasters,
-        label_mix=label_mix, times=times, scheduler=_scheduler(data.series.get("scheduler", [])),
-        gaps=_gaps(times, data.start, data.step), stalled_gpu_hours=sum(r.stalled_gpu_hours for r in rows),
-        queries=dict(QUERIES), query_urls={n: data.query_url(n) for n in QUERIES})
+        idle_gpu_hours=sum(r.idle_gpu_hours for r in rows),
+        stalled_gpu_hours=sum(r.stalled_gpu_hours for r in rows),
+        unallocated_gpu_hours=sum(n.unallocated_gpu_hours for n in nodes),
+        lost_gpu_hours=sum(r.lost_gpu_hours for r in rows), jobs=len(rows),
+        signalled_jobs=sum(r.signalled for r in rows),
+        teams=len({r.team for r in rows} - {UNATTRIBUTED}),
+        users=len({r.user for r in rows} - {UNATTRIBUTED}),
+        gpus_max=int(max((sum(x) for x in _by_window(per_node)), default=0)))
+    teams, users = groups(rows, "team", previous), groups(rows, "user", previous)
+    silent = [r for r in rows if not r.signalled]
+    attribution = {src or "none": sum(1 for r in silent if r.user_source == src)
+                   for src in ("slurm", "node", "")}
+    return FleetSummary(
+        prometheus=data.base, requested_start=data.requested[0], requested_end=data.requested[1],
+        start=g.start, end=g.end, step_s=g.step, clipped_to_now=data.requested[1] > g.end + 1e-3,
+        totals=totals, coverage=coverage(data), jobs=rows, teams=teams, users=users, nodes=nodes,
+        fixes=fixes_of(rows, (g.end - g.start) / WEEK_S), most_lost=most_lost(rows),
+        label_mix=label_mix(mix, g), scheduler=data.scheduler, scrape_intervals=dict(data.intervals),
+        queries={n: data.expr(n) for n in QUERIES}, notes=list(notes),
+        previous=(Period(previous.start, previous.end, previous.totals, previous.coverage)
+                  if previous else None),
+        attribution=attribution)
 
 
-Spans = list[tuple[float, float, str]]
-
-
-def _stall_spans(series: list[Series]) -> dict[str, Spans]:
-    """job_id -> its stalled stretches (since, until, cause), disjoint and in order: a point
-    (t, s) of the stalled series says the job had finished no step since t - s."""
-    raw: dict[str, Spans] = defaultdict(list)
-    for s in series:
-        for t, v in s.points:
-            raw[s.labels.get("job_id", "")].append((t - v, t, s.labels.get("cause", "") or "unknown"))
-    out: dict[str, Spans] = {}
-    for job, spans in raw.items():
-        merged: Spans = []
-        for lo, hi, cause in sorted(spans):
-            if merged and lo <= merged[-1][1]:
-                if hi > merged[-1][1]:   # the later point's cause: the verdict, once it was known
-                    merged[-1] = (merged[-1][0], hi, cause)
-            else:
-                merged.append((lo, hi, cause))
-        out[job] = merged
-    return out
-
-
-def _stalled_at(spans: Spans, t: float) -> str | None:
-    """The cause of a stall the job was in at ``t`` (None: it was not stalled then)."""
-    i = bisect.bisect_left(spans, (t,)) - 1
-    for lo, hi, cause in spans[max(0, i):i + 2]:
-        if lo < t <= hi:
-            return cause
-    return None
-
-
-def _gaps(times: list[float], start: float, step: float) -> list[tuple[float, float]]:
-    """Stretches between the first and last instant with no GPU series at all (every agent
-    down, or Prometheus not scraping): (first missing instant, last missing instant)."""
-    idx = sorted({round((t - start) / step) for t in times})
-    return [(start + (a + 1) * step, start + (b - 1) * step)
-            for a, b in zip(idx, idx[1:], strict=False) if b - a > 1]
-
-
-def _groups(rows: list[JobRow], attr: str) -> list[Group]:
-    out: dict[str, Group] = {}
-    for r in rows:
-        g = out.setdefault(getattr(r, attr), Group(getattr(r, attr), 0, 0.0, 0.0, 0.0, 0.0))
-        g.jobs += 1
-        g.gpu_hours += r.gpu_hours
-        g.useful_gpu_hours += r.useful_gpu_hours
-        g.no_signal_gpu_hours += r.no_signal_gpu_hours
-        g.idle_gpu_hours += r.idle_gpu_hours
-    return sorted(out.values(), key=lambda g: (-g.gpu_hours, g.name))
-
-
-def _scheduler(series: list[Series]) -> list[dict]:
-    """Each exported scheduler counter's increase over the range; a drop is a reset (the
-    scheduler restarted), after which its new value is all new counts."""
-    out = []
-    for s in series:
-        total, prev = 0.0, None
-        for _, v in s.points:
-            if prev is not None:
-                total += v - prev if v >= prev else v
-            prev = v
-        if not math.isfinite(total):
-            continue
-        out.append({"metric": s.labels.get("__name__", ""), "action": s.labels.get("action", ""),
-                    "tier": s.labels.get("tier", ""), "count": total})
-    return sorted(out, key=lambda d: (d["metric"], d["action"], d["tier"]))
+def _by_window(nodes: dict[str, _Node]) -> list[list[float]]:
+    """Per window, each node's GPUs (held by a job or none)."""
+    at: dict[float, list[float]] = defaultdict(list)
+    for n in nodes.values():
+        for k, g in n.gpus_at.items():
+            at[k].append(g)
+    return list(at.values())

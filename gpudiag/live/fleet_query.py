@@ -1,73 +1,95 @@
-"""What ``gpudiag fleet`` asks Prometheus: a handful of range queries, the only I/O of the command.
+"""What ``gpudiag fleet`` asks Prometheus: a handful of range queries over windows that tile the
+range, the only I/O of the sums (``fleet_slurm`` asks Slurm who ran the silent jobs).
 
-Why range queries on aggregated expressions: the agents already export one series per GPU and
-per job, so a month of 1,000 GPUs is millions of samples; Prometheus aggregates them where they
-live (``count by (instance, job_id)`` of the GPU series) and returns one series per (node, job)
-at ``step``. The step is sized to the range (at most ``MAX_POINTS`` points a series), so the
-answer's size depends on the jobs, not on the range or the scrape interval.
+**Windows, not instants.** The range (start, end] is cut into ``n`` windows of ``step`` that
+tile it exactly (``Grid``), at most MAX_POINTS of them, and every query counts the *samples* in
+each window: ``sum_over_time(gpudiag_gpus_held[step])`` (a job's GPUs on a node at each scrape,
+one series per job and node; per GPU, ``gpudiag_gpu_up``, for older agents: ``fleet_read``).
+A GPU-second is a GPU in a stored sample times its target's scrape interval. An instant
+query instead asks "was a sample within the 5-minute lookback?" at each step: at a week's
+605 s step a 5-minute job falls between two instants or is counted for a whole step.
+Counted samples are exact at any step, a sample belongs to exactly one window, and an agent
+that restarts leaves fewer samples, never a second copy.
 
-Why each query is cut into spans of at most SPAN_POINTS instants: Prometheus evaluates a range
-query step by step over every series the range selects, so its work is (series) x (steps). Jobs
-come and go, and each brings new series (its GPUs carry its ``job_id``): a month of 1,000 GPUs
-is about 100,000 GPU series, each alive for hours. One query over the month walks all of them
-at every step; a day's span selects only the series alive that day. The spans are on the one
-grid (``start + k * step``, each instant in exactly one span), run PARALLEL_QUERIES at a time,
-and their answers are joined series by series, so the sums are those of one query.
+Prometheus 2.x selects a window's samples in [t - w, t], both ends included; 3.x in (t - w, t].
+So on 2.x the window is one millisecond short of the step (samples carry millisecond
+timestamps): each millisecond of the range is in one window either way.
 
-Why instants and not ``increase()`` of counters: GPU-time is read as "this GPU series was present
-at this instant", and Prometheus marks every series of a target stale when a scrape fails or the
-series leaves the exposition. An agent restart is a gap, never a second copy, and there is no
-counter to reset. Sums over the instants are in ``gpudiag.live.fleet``.
+**Spans.** Prometheus evaluates a range query window by window over every series the whole
+range selects, so its work is (series) x (windows). Jobs come and go and each brings new series
+(a GPU's series carry its ``job_id``): one query over a month walks all of them at each of
+1,000 windows. So each query is cut into spans of SPAN_POINTS windows on the one grid, run
+PARALLEL_QUERIES at a time, and the answers are joined series by series: the sums are those of
+one query (tests/test_fleet.py checks it against the real Prometheus).
+
+What is asked in which order, and the scheduler's counters: ``fleet_read``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.error
 import urllib.parse
-import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from gpudiag.errors import GpudiagError
+from gpudiag.live.prom_client import Prometheus, PrometheusUnavailable
 
-MAX_POINTS = 1000          # points per series: a week at a 10-minute step, a month at 43 minutes
-MIN_STEP_S = 1.0           # finer than any sensible scrape interval
+MAX_POINTS = 1000          # windows per range: a week at 605 s, a month at 43 minutes
+MIN_STEP_MS = 1000         # no window shorter than a second
 QUERY_TIMEOUT_S = 30.0     # per query, passed to Prometheus too (`timeout=`)
-MAX_ANSWER_BYTES = 256 * 1024 * 1024
 PARALLEL_QUERIES = 4       # at once: a busy Prometheus is not flooded
-SPAN_POINTS = 48           # instants per query (docs/fleet.md: measured against other spans)
-IDLE_ACTIVITY = 0.05       # a GPU below 5 % SM activity (or NVML utilisation) is idle
+SPAN_POINTS = 48           # windows per query (docs/fleet.md: measured against other spans)
+SCHEDULER_COUNTERS = 'gpudiag_scheduler_.+_total'
 
-# name -> PromQL. Every number on the page names the query it came from (``QUERIES[name]``).
+# name -> PromQL over one window ``{w}``. What each number on the page is a sum of.
 QUERIES: dict[str, str] = {
-    # GPUs present per node and job (job_id "" = a GPU no job holds)
-    "gpus": "count by (instance, job_id) (gpudiag_gpu_up)",
-    # of those, GPUs below IDLE_ACTIVITY: SM activity where GPM exists, else NVML utilisation
-    "idle_gpus": ("count by (instance, job_id) ((gpudiag_gpu_sm_activity_ratio or "
-                  f"gpudiag_gpu_utilization_ratio) < {IDLE_ACTIVITY})"),
-    "mfu": "max by (instance, job_id, owner_uid) (gpudiag_job_mfu_ratio)",
-    "label": "max by (instance, job_id, owner_uid, label) (gpudiag_job_bottleneck == 1)",
-    "confidence": "max by (instance, job_id, owner_uid) (gpudiag_job_signal_confidence)",
-    "step": "max by (instance, job_id, owner_uid) (gpudiag_job_step_seconds)",
-    "action": "max by (instance, job_id, owner_uid, action) (gpudiag_job_recommendation_info == 1)",
+    # GPU samples per node and job (job_id "" = GPUs no job holds): x the scrape interval = GPU-s.
+    # gpudiag_gpus_held is one series per job and node (its GPUs at each scrape), not one per GPU
+    "gpu_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_gpus_held[{w}]))",
+    # the scrapes in which the job held GPUs there: how long it held them in the window
+    "gpu_presence": "max by (instance, job_id) (count_over_time(gpudiag_gpus_held[{w}]))",
+    # GPU samples below the agent's idle threshold
+    "idle_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_gpus_idle[{w}]))",
+    # any signal of the job: the job runs under gpudiag (with or without an MFU)
+    "signal_samples": ("max by (instance, job_id, owner_uid) "
+                       "(count_over_time(gpudiag_job_last_signal_timestamp_seconds[{w}]))"),
+    # the job's MFU (one place: fleet.job_mfu reads these two)
+    "mfu_mean": "max by (instance, job_id, owner_uid) (avg_over_time(gpudiag_job_mfu_ratio[{w}]))",
+    "mfu_samples": "max by (instance, job_id, owner_uid) (count_over_time(gpudiag_job_mfu_ratio[{w}]))",
+    "label_samples": ("max by (instance, job_id, owner_uid, label) "
+                      "(count_over_time(gpudiag_job_bottleneck[{w}]))"),
+    "confidence": ("max by (instance, job_id, owner_uid) "
+                   "(last_over_time(gpudiag_job_signal_confidence[{w}]))"),
+    "step": "max by (instance, job_id, owner_uid) (last_over_time(gpudiag_job_step_seconds[{w}]))",
     "predicted": ("max by (instance, job_id, owner_uid) "
-                  "(gpudiag_job_recommendation_predicted_step_seconds)"),
-    "team": "max by (instance, job_id, owner_uid, team) (gpudiag_job_team_info == 1)",
-    # the owner's login name, as the node that took the job's signals resolved its uid
-    "user": "max by (instance, job_id, owner_uid, user) (gpudiag_job_owner_info == 1)",
-    # seconds since a stalled job's last step (only while stalled), with the stall's cause
-    "stalled": "max by (instance, job_id, owner_uid, cause) (gpudiag_job_stalled_seconds)",
-    # a scheduler's actions, where one exports them as gpudiag_scheduler_*_total counters
-    "scheduler": 'sum by (__name__, action, tier) ({__name__=~"gpudiag_scheduler_.+_total"})',
+                  "(last_over_time(gpudiag_job_recommendation_predicted_step_seconds[{w}]))"),
+    "action": ("max by (instance, job_id, owner_uid, action) "
+               "(last_over_time(gpudiag_job_recommendation_info[{w}]))"),
+    "team": "max by (instance, job_id, owner_uid, team) (last_over_time(gpudiag_job_team_info[{w}]))",
+    # the login name of the uid that wrote the job's signals, as its node resolved it
+    "user": "max by (instance, job_id, owner_uid, user) (last_over_time(gpudiag_job_owner_info[{w}]))",
+    # seconds since a stalled job's last step, only while it is stalled, with the stall's cause
+    # (docs/stall.md): the largest in a window is its last sample there
+    "stalled": ("max by (instance, job_id, owner_uid, cause) "
+                "(max_over_time(gpudiag_job_stalled_seconds[{w}]))"),
+    # when the job last finished a step: dates a stall exactly, whatever the windows' edges
+    "last_step": ("max by (instance, job_id, owner_uid) "
+                  "(last_over_time(gpudiag_job_last_step_timestamp_seconds[{w}]))"),
+    # the uid that runs a GPU's job (its processes, else its job-mapping file), for silent jobs
+    "holder": ("max by (instance, job_id, owner_uid, user) "
+               "(last_over_time(gpudiag_gpu_job_owner_info[{w}]))"),
 }
 
-
-class PrometheusUnavailable(GpudiagError):
-    """Prometheus did not answer, or answered something that is not its API."""
-
-    exit_code = 1
-
+# What the sums need of each query's answer (the rest is dropped as each span arrives, so a
+# month of 10,000 jobs holds per-window points only for these five): "windows" every point,
+# "last" each series' latest point, "sum" each series' total (one point, at its latest time).
+KEEP: dict[str, str] = {"gpu_samples": "windows", "gpu_presence": "windows", "idle_samples": "sum",
+                        "signal_samples": "last", "mfu_mean": "windows", "mfu_samples": "windows",
+                        "label_samples": "windows", "confidence": "last", "step": "last",
+                        "predicted": "last", "action": "last", "team": "last", "user": "last",
+                        "holder": "last", "stalled": "windows", "last_step": "windows"}
 
 Points = list[tuple[float, float]]
 
@@ -78,117 +100,214 @@ class Series:
     points: Points
 
 
+@dataclass(frozen=True)
+class Grid:
+    """``n`` windows of ``step_ms`` ending at ``end_ms``: window k is (t_k - step, t_k] with
+    t_k = end - (n - 1 - k) x step; together they tile (start, end]."""
+
+    end_ms: int
+    step_ms: int
+    n: int
+    left_open: bool = False   # Prometheus >= 3 selects (t - w, t]; 2.x [t - w, t]
+
+    @property
+    def step(self) -> float:
+        return self.step_ms / 1000.0
+
+    @property
+    def end(self) -> float:
+        return self.end_ms / 1000.0
+
+    @property
+    def start(self) -> float:
+        return (self.end_ms - self.n * self.step_ms) / 1000.0
+
+    @property
+    def first(self) -> float:
+        """The first window's instant (its end)."""
+        return (self.end_ms - (self.n - 1) * self.step_ms) / 1000.0
+
+    @property
+    def window(self) -> str:
+        return f"{self.step_ms if self.left_open else self.step_ms - 1}ms"
+
+    def index(self, t: float) -> int:
+        return round((t * 1000.0 - (self.end_ms - (self.n - 1) * self.step_ms)) / self.step_ms)
+
+    def indexer(self) -> Callable[[float], int]:
+        """``index`` with its constants bound: called once per point of every answer."""
+        first, step = self.end_ms - (self.n - 1) * self.step_ms, float(self.step_ms)
+        return lambda t: round((t * 1000.0 - first) / step)
+
+    def previous(self) -> Grid:
+        """The same windows over the range just before this one."""
+        return Grid(self.end_ms - self.n * self.step_ms, self.step_ms, self.n, self.left_open)
+
+
+def grid_for(start: float, end: float, left_open: bool = False, max_points: int = MAX_POINTS) -> Grid:
+    """At most ``max_points`` windows of whole milliseconds, never under MIN_STEP_MS, ending
+    at ``end``. The windows start at most one step before ``start`` and, once the range is
+    over 1,000 s, less than a second before it (docs/fleet.md)."""
+    end_ms = int(round(end * 1000))
+    span = max(1, end_ms - int(round(start * 1000)))
+    step_ms = max(MIN_STEP_MS, math.ceil(span / max_points))
+    return Grid(end_ms, step_ms, math.ceil(span / step_ms), left_open)
+
+
+def left_open(version: str) -> bool:
+    """Whether this Prometheus selects (t - w, t] (3.0 and later) rather than [t - w, t]."""
+    try:
+        return int(version.split(".")[0]) >= 3
+    except ValueError:
+        return False
+
+
+def spans(grid: Grid, points: int = SPAN_POINTS) -> list[tuple[float, float]]:
+    """The grid's instants cut into (first, last) instants of at most ``points`` each, on the
+    grid: every window of the range in exactly one span."""
+    if points < 1:
+        raise ValueError(f"spans: points {points} must be positive")
+    out = []
+    for k in range(0, grid.n, points):
+        last = min(grid.n, k + points) - 1
+        out.append(((grid.end_ms - (grid.n - 1 - k) * grid.step_ms) / 1000.0,
+                    (grid.end_ms - (grid.n - 1 - last) * grid.step_ms) / 1000.0))
+    return out
+
+
+def join(parts: list[list[Series]]) -> list[Series]:
+    """The answers of consecutive spans of one query, in time order, one Series per label set
+    (a series alive across a span's edge is one series again); each span's points come after
+    the previous span's, so the joined points are in time order too."""
+    out: dict[tuple, Series] = {}
+    for part in parts:
+        for s in part:
+            key = tuple(s.labels.items())     # in name order (_matrix sorts them)
+            have = out.get(key)
+            if have is None:
+                out[key] = s        # the spans' answers are the join's own: extended in place
+            else:
+                have.points.extend(s.points)
+    return list(out.values())
+
+
+def keep(series: list[Series], how: str) -> list[Series]:
+    """``series`` reduced to what KEEP says the sums need (applied to each span's answer and
+    again to their join, which gives the same as to one answer of the whole range)."""
+    if how == "last":
+        return [Series(s.labels, s.points[-1:]) for s in series]
+    if how == "sum":
+        return [Series(s.labels, [(s.points[-1][0], sum(v for _, v in s.points))] if s.points else [])
+                for s in series]
+    return series
+
+
+def _matrix(data: object, base: str, how: str = "windows") -> list[Series]:
+    """An answer's series, as ``keep(how)`` would leave them (a "last" or "sum" series converts
+    only what it keeps: most of an answer's points are dropped unread)."""
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+        raise PrometheusUnavailable(f"Prometheus at {base}: result type {got!r}, expected a matrix")
+    out = []
+    isfinite = math.isfinite
+    for r in data.get("result", []):
+        labels = {str(k): str(v) for k, v in sorted(r.get("metric", {}).items())}
+        values = r.get("values", [])
+        if how == "last":
+            pts = []
+            for t, v in reversed(values):      # the latest finite point
+                if isfinite(float(v)):
+                    pts = [(float(t), float(v))]
+                    break
+        else:
+            pts = [(float(t), float(v)) for t, v in values]
+            if not isfinite(sum(v for _, v in pts)):     # a NaN or an Inf among them: no number to sum
+                pts = [(t, v) for t, v in pts if isfinite(v)]
+            if how == "sum" and pts:
+                pts = [(pts[-1][0], sum(v for _, v in pts))]
+        out.append(Series(labels, pts))
+    return out
+
+
+def range_query(prom: Prometheus, expr: str, first: float, last: float, step_ms: int,
+                timeout: float = QUERY_TIMEOUT_S, how: str = "windows") -> list[Series]:
+    """One ``/api/v1/query_range`` from instant ``first`` to ``last``, reduced as ``how`` says."""
+    data = prom.get("/api/v1/query_range", {"query": expr, "start": f"{first:.3f}", "end": f"{last:.3f}",
+                                            "step": f"{step_ms / 1000:.3f}", "timeout": f"{timeout:g}s"},
+                    timeout + 5)
+    return _matrix(data, prom.base, how)
+
+
+def instant_query(prom: Prometheus, expr: str, at: float, timeout: float = QUERY_TIMEOUT_S) -> list[dict]:
+    data = prom.get("/api/v1/query", {"query": expr, "time": f"{at:.3f}", "timeout": f"{timeout:g}s"},
+                    timeout + 5)
+    if not isinstance(data, dict) or data.get("resultType") != "vector":
+        raise PrometheusUnavailable(f"Prometheus at {prom.base}: expected a vector answer")
+    return [r for r in data.get("result", []) if isinstance(r, dict)]
+
+
 @dataclass
 class FleetData:
-    """Each query's series over [start, end] at ``step``, as Prometheus answered."""
+    """Each query's series over the grid's windows, as Prometheus answered, and what turns
+    samples into seconds: each instance's scrape interval."""
 
     base: str
-    start: float
-    end: float
-    step: float
+    grid: Grid
     series: dict[str, list[Series]] = field(default_factory=dict)
+    intervals: dict[str, float] = field(default_factory=dict)   # instance -> seconds per sample
+    scheduler: list[dict] = field(default_factory=list)         # counters' increase over the range
+    requested: tuple[float, float] = (0.0, 0.0)                 # the range asked for, before clipping
+    default_interval: float | None = None   # for an instance with signals but no GPU series
 
-    def query_url(self, name: str) -> str:
-        """The Prometheus graph page of one query over the same range: a link on every number."""
-        q = urllib.parse.urlencode({"g0.expr": QUERIES[name], "g0.tab": "0",
-                                    "g0.range_input": f"{int(self.end - self.start)}s",
-                                    "g0.end_input": _iso(self.end), "g0.step_input": f"{self.step:g}"})
-        return f"{self.base}/graph?{q}"
+    def interval(self, instance: str) -> float:
+        """Seconds one sample of ``instance`` stands for."""
+        got = self.intervals.get(instance)
+        if got is not None:
+            return got
+        if self.default_interval is None:
+            common = Counter(self.intervals.values()).most_common(1)
+            self.default_interval = common[0][0] if common else 0.0
+        return self.default_interval
+
+    def expr(self, name: str) -> str:
+        return QUERIES[name].replace("{w}", self.grid.window)
 
 
-def step_for(start: float, end: float) -> float:
-    """At most MAX_POINTS points a series, in whole seconds, never under MIN_STEP_S."""
-    return max(MIN_STEP_S, float(math.ceil((end - start) / MAX_POINTS)))
+def read_series(prom: Prometheus, grid: Grid, span_points: int = SPAN_POINTS,
+                timeout: float = QUERY_TIMEOUT_S, names: list[str] | None = None,
+                exprs: dict[str, str] | None = None) -> dict[str, list[Series]]:
+    """Every query of QUERIES (or ``names``, or ``exprs``: name -> PromQL) over the grid, cut
+    into spans (the module's docstring), PARALLEL_QUERIES at a time. The first failure is raised
+    as its one line and the queries not yet sent are not sent."""
+    cut = spans(grid, span_points)
+    out: dict[str, list[Series]] = {}
+    todo = exprs or {name: QUERIES[name] for name in (names or list(QUERIES))}
+    with ThreadPoolExecutor(max_workers=PARALLEL_QUERIES) as pool:
+        futures = {name: [pool.submit(range_query, prom, expr.replace("{w}", grid.window),
+                                      a, b, grid.step_ms, timeout, KEEP[name]) for a, b in cut]
+                   for name, expr in todo.items()}
+        try:
+            for name, futs in futures.items():
+                out[name] = keep(join([f.result() for f in futs]), KEEP[name])
+                futs.clear()
+        except PrometheusUnavailable:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return out
+
+
+def job_series_url(base: str, start: float, end: float, job_id: str) -> str:
+    """The Prometheus graph of one job's own series over the range (its GPUs' SM activity and
+    its MFU, one panel): the one template every job link on the page comes from."""
+    sel = job_id.replace("\\", "\\\\").replace('"', '\\"')
+    expr = (f'{{job_id="{sel}",__name__=~"gpudiag_gpu_sm_activity_ratio|gpudiag_job_mfu_ratio"}}')
+    q = urllib.parse.urlencode({"g0.expr": expr, "g0.tab": "0",
+                                "g0.range_input": f"{max(1, round(end - start))}s",
+                                "g0.end_input": _iso(end)})
+    return f"{base}/graph?{q}"
 
 
 def _iso(t: float) -> str:
     import datetime as dt
 
     return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def range_query(base: str, expr: str, start: float, end: float, step: float,
-                timeout: float = QUERY_TIMEOUT_S) -> list[Series]:
-    """One ``/api/v1/query_range``; PrometheusUnavailable with one line on anything else."""
-    q = urllib.parse.urlencode({"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                "step": f"{step:g}", "timeout": f"{timeout:g}s"})
-    url = f"{base.rstrip('/')}/api/v1/query_range?{q}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout + 5) as r:  # noqa: S310 - the user's URL
-            doc = json.loads(r.read(MAX_ANSWER_BYTES))
-    except urllib.error.HTTPError as e:
-        try:
-            detail = json.loads(e.read(65536)).get("error", "")
-        except (ValueError, AttributeError, OSError):
-            detail = ""
-        raise PrometheusUnavailable(f"Prometheus at {base} refused a query (HTTP {e.code}"
-                                    f"{': ' + detail if detail else ''}); is it a Prometheus "
-                                    "API base URL such as http://HOST:9090?") from None
-    except (OSError, urllib.error.URLError) as e:
-        raise PrometheusUnavailable(f"Prometheus at {base} did not answer: "
-                                    f"{getattr(e, 'reason', None) or e}; check --prometheus") from None
-    except ValueError:
-        raise PrometheusUnavailable(f"{base} answered, but not with Prometheus' JSON API; "
-                                    "check --prometheus (http://HOST:9090)") from None
-    if not isinstance(doc, dict) or doc.get("status") != "success":
-        err = doc.get("error", "") if isinstance(doc, dict) else ""
-        raise PrometheusUnavailable(f"Prometheus at {base} failed a query: {err or doc!r}")
-    data = doc.get("data") or {}
-    if data.get("resultType") != "matrix":
-        raise PrometheusUnavailable(f"Prometheus at {base}: result type {data.get('resultType')!r}, "
-                                    "expected a matrix")
-    out = []
-    for r in data.get("result", []):
-        labels = {str(k): str(v) for k, v in r.get("metric", {}).items()}
-        pts = [(float(t), float(v)) for t, v in r.get("values", [])]
-        out.append(Series(labels, [(t, v) for t, v in pts if math.isfinite(v)]))
-    return out
-
-
-def spans(start: float, end: float, step: float, points: int = SPAN_POINTS) -> list[tuple[float, float]]:
-    """[start, end] at ``step`` cut into (first, last) instants, at most ``points`` instants
-    each, all on the grid ``start + k * step``: every instant of the whole range in one span."""
-    if points < 1 or step <= 0:
-        raise ValueError(f"spans: points {points} and step {step} must be positive")
-    n = int((end - start) // step) + 1
-    return [(start + k * step, start + (min(n, k + points) - 1) * step) for k in range(0, n, points)]
-
-
-def join(parts: list[list[Series]]) -> list[Series]:
-    """The answers of consecutive spans of one query, one Series per label set, its points in
-    time order (a series alive across a span's edge is one series again)."""
-    out: dict[tuple, Series] = {}
-    for part in parts:
-        for s in part:
-            key = tuple(sorted(s.labels.items()))
-            have = out.get(key)
-            if have is None:
-                out[key] = Series(s.labels, list(s.points))
-            else:
-                have.points.extend(s.points)
-    for s in out.values():
-        s.points.sort()
-    return list(out.values())
-
-
-def read_fleet(base: str, start: float, end: float, step: float | None = None,
-               span_points: int = SPAN_POINTS, timeout: float = QUERY_TIMEOUT_S) -> FleetData:
-    """Every query of QUERIES over [start, end], cut into spans (see the module's docstring),
-    PARALLEL_QUERIES at a time. The first failure is raised as its one line, and the queries
-    not yet sent are not sent."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    step = step or step_for(start, end)
-    data = FleetData(base.rstrip("/"), start, end, step)
-    cut = spans(start, end, step, span_points)
-    with ThreadPoolExecutor(max_workers=PARALLEL_QUERIES) as pool:
-        futures = {name: [pool.submit(range_query, data.base, expr, a, b, step, timeout)
-                      for a, b in cut]
-                   for name, expr in QUERIES.items()}
-        try:
-            for name, futs in futures.items():
-                data.series[name] = join([f.result() for f in futs])
-        except PrometheusUnavailable:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-    return data
