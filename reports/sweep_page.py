@@ -49,6 +49,9 @@ def _chart(rows: list[dict], variants: list[str], key: str, title: str, div: flo
                       desc=f"{title} against offered load, one line per policy")
 
 
+WHOLE_TRACE = "whole-trace.md"
+
+
 def render(out: Path, tables: dict, targets: dict, metrics: tuple, ratios: tuple, meta: dict,
            ablation: dict, policies: tuple) -> list[Path]:
     """Write ``out/PAGE`` and its charts under ``out/ASSETS``; the paths written."""
@@ -71,6 +74,9 @@ def render(out: Path, tables: dict, targets: dict, metrics: tuple, ratios: tuple
           "Every number is a mean over seeds; a ratio is taken against EASY at the same load and seed, then "
           "averaged (EASY's row is 1). Times in hours. Definitions: `scheduler/sim/metrics.py` (JCT, waits, "
           "team shares) and `scheduler/sim/fairness.py` (finish-time fairness rho, quota attainment).", ""]
+    kept = assets / WHOLE_TRACE   # the whole-trace case, measured apart (scheduler_replay.py --case)
+    if kept.is_file():
+        md += [kept.read_text(encoding="utf-8").rstrip(), ""]
     for fam, rows in tables.items():
         md += [f"## {FAMILIES.get(fam, fam)}", ""]
         if fam in targets and targets[fam]:

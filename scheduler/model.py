@@ -162,14 +162,6 @@ class Decision:
     numbers: dict = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class TeamShare:
-    """A team's quota and its recent use, both in GPUs (use is a decayed average)."""
-
-    quota_gpus: float
-    used_gpus: float
-
-
 @dataclass(frozen=True)
 class Policy:
     """Every knob of the policy; the defaults are gpudiag's, ``fifo()``/``easy()`` the baselines.
@@ -184,7 +176,6 @@ class Policy:
     # calibration prototype's order by each job's MFU known up front)
     order: str = "priority"
     efficiency: bool = True               # low MFU / GPU-idle label lowers priority
-    fair_share: bool = True               # team use above quota lowers priority
     # Per-team queues (scheduler/team_queues.py): inside a tier the next job comes from the team
     # whose (GPUs in use + GPUs given earlier in the order) / quota is lowest. Only with
     # order="priority". A job that has waited team_overdue_s goes ahead of the interleave: the
@@ -196,7 +187,7 @@ class Policy:
     team_queues: bool = True
     team_overdue_s: float = 21 * 86400.0
     # Waste charge (priority.waste_charge): in the order across teams (the team interleave and
-    # the fair-share use) a GPU counts 1 + waste_weight x (1 - efficiency factor): Slurm's
+    # quota reclaim's view of the reclaimer) a GPU counts 1 + waste_weight x (1 - efficiency factor): Slurm's
     # TRES billing weights, applied to measured MFU and GPU-idle labels, so the team whose jobs
     # waste GPUs is the one whose jobs wait. Weight 1: a job at the floor factor counts 1.9x, a
     # GPU-idle one 1.5x; a team however wasteful still gets at least 1 / (1 + 0.9 x weight)
@@ -226,12 +217,6 @@ class Policy:
     max_efficiency_delay_s: float = 24 * 3600.0
     idle_label_factor: float = 0.5
     min_efficiency_factor: float = 0.1
-    # Fair share: a team using u GPUs against quota q waits (u/q - 1) * fair_share_scale_s
-    # longer, clamped to [-max_fair_share_bonus_s, max_fair_share_delay_s] (the wait bonus).
-    fair_share_scale_s: float = 3600.0
-    max_fair_share_delay_s: float = 2 * 3600.0
-    max_fair_share_bonus_s: float = 1800.0
-    fair_share_half_life_s: float = 86400.0
     # Preemption: no victim younger than this. The victim rule (least useful work lost) prefers
     # the jobs that ran least since their checkpoint, so without a floor a job just (re)started
     # is the cheapest victim again and again: thrashing. Ten minutes covers a typical restart
@@ -261,10 +246,10 @@ class Policy:
     def aging_bound_s(self) -> float:
         """A pending job is never ordered behind a job of its tier submitted more than this later.
 
-        Penalties shift a job's effective submit time by at most the delay caps above and
-        bonuses by at most the bonus cap, so two jobs submitted further apart than their sum
-        keep their arrival order: the set of jobs that can pass a given job is finite, and with
-        the head's reservation (EASY) every job starts in bounded time - no starvation.
+        The efficiency term shifts a job's effective submit time by at most
+        ``max_efficiency_delay_s``, so two jobs submitted further apart keep their arrival
+        order: the set of jobs that can pass a given job is finite, and with the head's
+        reservation (EASY) every job starts in bounded time - no starvation.
 
         Per-team queues (``team_queues``) may put a job behind a later job of a team further
         below its quota, but only while it has waited less than ``team_overdue_s``; then it goes
@@ -274,10 +259,8 @@ class Policy:
         """
         if self.order != "priority":
             return 0.0
-        pen = (self.max_efficiency_delay_s if self.efficiency else 0.0) + (
-            self.max_fair_share_delay_s if self.fair_share else 0.0)
-        bonus = self.max_fair_share_bonus_s if self.fair_share else 0.0
-        return max(pen + bonus, self.team_overdue_s) if self.uses_team_queues else pen + bonus
+        pen = self.max_efficiency_delay_s if self.efficiency else 0.0
+        return max(pen, self.team_overdue_s) if self.uses_team_queues else pen
 
     @property
     def uses_team_queues(self) -> bool:
@@ -285,12 +268,12 @@ class Policy:
 
     @classmethod
     def fifo(cls) -> Policy:
-        return cls(name="fifo", backfill=False, order="arrival", efficiency=False, fair_share=False,
+        return cls(name="fifo", backfill=False, order="arrival", efficiency=False,
                    team_queues=False, waste_charge=False, reclaim=False, label_aware_placement=False,
                    spread_small=False, preemption=False)
 
     @classmethod
     def easy(cls) -> Policy:
-        return cls(name="easy", backfill=True, order="arrival", efficiency=False, fair_share=False,
+        return cls(name="easy", backfill=True, order="arrival", efficiency=False,
                    team_queues=False, waste_charge=False, reclaim=False, label_aware_placement=False,
                    spread_small=False, preemption=False)

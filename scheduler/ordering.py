@@ -1,48 +1,36 @@
-"""The queue order - one implementation for the simulator, the local daemon and the Slurm controller.
+"""The queue order and the terms behind it: one implementation for every runtime and the replay.
 
-Why one object: a replay speaks for a runtime only if it orders the queue as that runtime does.
-The stateless runtimes build an ``Ordering`` for each pass (``policy.order_queue``); the
-simulator keeps one across passes and feeds it what changed (a key learned, a job heard from,
-the teams' use), because recomputing every term for thousands of queued jobs on each of ~80,000
-passes would take minutes. Both read the same cached terms through the same ``keys``:
+A replay speaks for a runtime only if it decides as that runtime does. The stateless runtimes
+(the local daemon, the Slurm controller) build an ``Ordering`` per pass from the jobs they hold
+(``policy.plan``); the replay keeps one and tells it what changed (a job arrived, an agent
+reported, a key learned). Every term is a function of the pass's ``now`` and of columns:
 
-- per key (and size class, whose median it is compared with): the efficiency delay of its
-  history and its label, valid while the key's decayed weight is at least
-  ``Policy.min_history_weight`` (the time that ends is computed once, not per pass);
-- per job: the same from its own signal (a requeued job's last report), valid while the signal
-  is younger than ``Policy.max_signal_age_s``;
-- per team: the fair-share delay, set when the runtime reads the teams' use;
-- per key and per job, the efficiency factor itself: what ``priority.waste_charge`` makes of it
-  is what a job's GPUs cost its team in the order across teams (``charge``, ``team_order``);
-- per label: whether a one-node job of that label may spread (``may_spread``).
+- a job's efficiency factor (``priority.efficiency_factors``): its own latest signal while
+  usable, else its key's history while it weighs enough, else neutral; against the current
+  median of its size class. Its effective submit time adds ``(1 - factor) x`` the delay cap;
+- its placement kind: whole nodes, one node, or one node that may spread (``may_spread``);
+- what its GPUs cost its team (``priority.waste_charge``), and each team's GPUs held now, as
+  held and as charged (``team_use``): fair share's one input;
+- the order: tier, then per-team queues interleaved by charged use against quota
+  (``team_queues.interleave``), or the effective submit time alone.
 
-Every value comes from ``priority.efficiency_factor`` / ``fair_share_delay`` - the semantics
-stay those of ``scheduler/priority.py``; this module only caches them and combines them with
-numpy. Ties within a tier go to the row registered first (runtimes register in job-id order),
-so the order is a function of the jobs, never of the order in which a runtime happened to hold
-them. A cached key term goes stale when a class median moves: ``refresh`` recomputes them all
-(the simulator does it once per priority period, as Slurm recomputes priorities every
-PriorityCalcPeriod).
+``current`` keeps each row's terms until an input changes, so a replay recomputes a handful per
+pass; a fresh ``Ordering`` computes all - the same values. Ties go to the row registered first
+(job-id order in the runtimes, trace order in the replay).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from gpudiag.scheduler.model import COMM_LABEL, Job, KeyHistory, Policy, Running, Signal, TeamShare
+from gpudiag.scheduler.model import COMM_LABEL, GPU_IDLE_LABELS, Job, Policy, Running, Signal
 from gpudiag.scheduler.pending import ONE_NODE, SPREAD, WHOLE, PendingQueue
-from gpudiag.scheduler.priority import (
-    MfuBook,
-    efficiency_delay,
-    efficiency_factor,
-    fair_share_delay,
-    job_class,
-    waste_charge,
-)
-from gpudiag.scheduler.team_queues import interleave, team_quotas
+from gpudiag.scheduler.priority import MfuBook, efficiency_factors, job_class, lowered
+from gpudiag.scheduler.team_queues import drain_time, interleave, team_quotas
 
 _CLASS_GPUS = (1, 2, 9)                               # a job size of each class ...
 CLASSES = tuple(job_class(g) for g in _CLASS_GPUS)   # ... and priority.job_class's name for it
@@ -66,14 +54,22 @@ def may_spread(policy: Policy, label: str) -> bool:
     return not (label == COMM_LABEL and policy.label_aware_placement)
 
 
+@dataclass(frozen=True)
+class RunningCols:
+    """The running jobs as columns: their rows, expected ends and whether they are stopping."""
+
+    rows: np.ndarray
+    ends: np.ndarray
+    stopping: np.ndarray
+
+
 def _class_index(gpus: np.ndarray) -> np.ndarray:
     """``priority.job_class`` of each size, as an index into ``CLASSES``."""
-    sizes, inverse = np.unique(gpus, return_inverse=True)
-    return np.array([CLASSES.index(job_class(int(g))) for g in sizes], dtype=np.int8)[inverse]
+    return np.where(gpus <= 1, 0, np.where(gpus <= 8, 1, 2)).astype(np.int8)
 
 
 class Ordering:
-    """Pending jobs' sort keys and placement kinds, from cached per-key, per-job and per-team terms.
+    """Every known job's columns, each key's history and each team's index; the terms at a time.
 
     ``book`` holds the key histories; ``medians`` the class medians efficiency compares with
     (default: the same book; a replay's oracle passes the whole trace's). ``per_node``: the
@@ -84,49 +80,56 @@ class Ordering:
         self.policy, self.book, self.per_node = policy, book, per_node
         self.medians = medians or book
         p = policy
-        self.prio = p.order == "priority"
-        self.use_eff = self.prio and p.efficiency
-        self.use_fair = self.prio and p.fair_share
-        self.use_waste = self.prio and p.waste_charge
+        self.use_eff = p.order == "priority" and p.efficiency
+        self.use_waste = p.order == "priority" and p.waste_charge
         self.jobs: list[Job] = []
+        self.job_arr = np.zeros(0, dtype=object)   # the same, for fancy indexing
+        self.row_of: dict[int, int] = {}        # job id -> row
         self.sub = np.zeros(0)
         self.gpus = np.zeros(0, dtype=np.int64)
         self.est = np.zeros(0)
-        self.neg_tier = np.zeros(0)
+        self.tier = np.zeros(0, dtype=np.int64)
         self.cls = np.zeros(0, dtype=np.int8)
         self.key_i = np.zeros(0, dtype=np.int64)
         self.team_i = np.zeros(0, dtype=np.int64)
-        self.own_delay = np.zeros(0)
-        self.own_factor = np.zeros(0)
+        self.own_mfu = np.zeros(0)              # a job's own latest signal ...
         self.own_label = np.zeros(0, dtype=np.int64)
-        self.own_until = np.zeros(0)            # a job's own signal is usable until then
-        self.own: dict[int, tuple[float, str, float, float]] = {}   # row -> (mfu, label, confidence, at)
-        self.own_why: dict[int, str] = {}
+        self.own_conf = np.zeros(0)
+        self.own_until = np.zeros(0)            # ... usable until then
+        self.own_at: dict[int, float] = {}      # row -> when it was heard (its age in a reason)
         self.oracle_mfu = np.zeros(0)           # Policy.order == "mfu" only
         self.keys_ix: dict[str, int] = {}
-        self.key_names: list[str] = []
-        self.key_delay = np.zeros((0, 3))
-        self.key_factor = np.zeros((0, 3))
+        self.key_mfu = np.zeros(0)              # a key's history ...
         self.key_label = np.zeros(0, dtype=np.int64)
-        self.key_until = np.zeros(0)            # the key's history is usable until then
-        self.key_cls: list[list[int]] = []      # the classes of a key's jobs (its delay is per class)
-        self.key_why: dict[tuple[int, int], str] = {}
+        self.key_until = np.zeros(0)            # ... usable until then
         self.labels: dict[str, int] = {UNKNOWN: 0}
+        self.label_names = [UNKNOWN]
         self.spread = np.array([may_spread(p, UNKNOWN)])
+        self.idle = np.array([False])
         self.teams_ix: dict[str, int] = {}
         self.team_names: list[str] = []
-        self.team_delay = np.zeros(0)
-        self.team_why: list[str] = []
-        self.fair_at = -math.inf
-        self.seen = [self.medians.class_median(c) for c in CLASSES]   # medians the terms use
-        self.moved: set[int] = set()   # classes whose median moved since the last refresh
+        # Each row's terms as last computed (``current``), kept until an input changes: its
+        # signal, its key's history, a class median, or the time one of them stops being usable.
+        self.key_rows: list[list[int]] = []      # key -> its rows
+        self.c_key = np.zeros(0)
+        self.c_kind = np.zeros(0, dtype=np.int8)
+        self.c_charge = np.zeros(0)
+        self.c_until = np.zeros(0)               # valid until then (an evidence's usable-until)
+        self.c_ok = np.zeros(0, dtype=bool)
+        self.c_med = np.full(len(CLASSES), np.nan)
+        self.c_seen = -1                          # the medians' book's observations at c_med
+        self.by_key = np.zeros(0, dtype=np.int64)   # the last queue's rows by (key, row)
+        self.moved = np.zeros(0, dtype=bool)        # rows whose key changed since
+        self.mark = np.zeros(0, dtype=bool)         # scratch
 
     # --- registering -------------------------------------------------------------------------------
     def _label(self, label: str) -> int:
         i = self.labels.get(label)
         if i is None:
-            i = self.labels[label] = len(self.labels)
+            i = self.labels[label] = len(self.label_names)
+            self.label_names.append(label)
             self.spread = np.append(self.spread, may_spread(self.policy, label))
+            self.idle = np.append(self.idle, label in GPU_IDLE_LABELS)
         return i
 
     def team(self, name: str) -> int:
@@ -134,247 +137,280 @@ class Ordering:
         if i is None:
             i = self.teams_ix[name] = len(self.team_names)
             self.team_names.append(name)
-            self.team_delay = np.append(self.team_delay, 0.0)
-            self.team_why.append("")
         return i
 
+    def _keys(self, names: Sequence[str]) -> np.ndarray:
+        """Each name's key index, registering the new ones (their history read from the book)."""
+        new = [k for k in dict.fromkeys(names) if k not in self.keys_ix]
+        if new:
+            k0 = len(self.key_mfu)
+            self.keys_ix.update((k, k0 + i) for i, k in enumerate(new))
+            self.key_mfu = np.concatenate([self.key_mfu, np.full(len(new), np.nan)])
+            self.key_label = np.concatenate([self.key_label, np.zeros(len(new), dtype=np.int64)])
+            self.key_until = np.concatenate([self.key_until, np.full(len(new), -np.inf)])
+            self.key_rows.extend([] for _ in new)
+            for k in new:
+                if k in self.book.keys:
+                    self.learned(k)
+        return np.fromiter((self.keys_ix[k] for k in names), np.int64, len(names))
+
     def add(self, jobs: Sequence[Job]) -> np.ndarray:
-        """Register jobs (once each, in job-id order: the tie-break); returns their rows."""
+        """Register jobs (once each; the order registered is the tie-break); returns their rows."""
         n0, n = len(self.jobs), len(jobs)
         self.jobs.extend(jobs)
+        arr = np.empty(n, dtype=object)
+        arr[:] = list(jobs)
+        self.job_arr = np.concatenate([self.job_arr, arr])
+        self.row_of.update((j.id, n0 + i) for i, j in enumerate(jobs))
         cat = np.concatenate
         gpus = np.fromiter((j.gpus for j in jobs), np.int64, n)
-        cls = _class_index(gpus)
         self.sub = cat([self.sub, np.fromiter((j.submit for j in jobs), float, n)])
         self.gpus = cat([self.gpus, gpus])
         self.est = cat([self.est, np.fromiter((j.estimate_s for j in jobs), float, n)])
-        self.neg_tier = cat([self.neg_tier, np.fromiter((-int(j.tier) for j in jobs), float, n)])
-        self.cls = cat([self.cls, cls])
-        key_i = np.fromiter((self._key_of(j.key) for j in jobs), np.int64, n)
-        self.key_i = cat([self.key_i, key_i])
-        self._grow_keys()
-        fresh = set()   # keys with a class they did not have: their terms for it
-        for k, c in set(zip(key_i.tolist(), cls.tolist(), strict=True)):
-            if c not in self.key_cls[k]:
-                self.key_cls[k].append(c)
-                fresh.add(k)
-        for k in sorted(fresh):
-            self._key_terms(k)
+        self.tier = cat([self.tier, np.fromiter((int(j.tier) for j in jobs), np.int64, n)])
+        self.cls = cat([self.cls, _class_index(gpus)])
+        self.key_i = cat([self.key_i, self._keys([j.key for j in jobs])])
         self.team_i = cat([self.team_i, np.fromiter((self.team(j.team) for j in jobs), np.int64, n)])
-        self.own_delay = cat([self.own_delay, np.zeros(n)])
-        self.own_factor = cat([self.own_factor, np.ones(n)])
+        self.own_mfu = cat([self.own_mfu, np.full(n, np.nan)])
         self.own_label = cat([self.own_label, np.zeros(n, dtype=np.int64)])
+        self.own_conf = cat([self.own_conf, np.zeros(n)])
         self.own_until = cat([self.own_until, np.full(n, -np.inf)])
         self.oracle_mfu = cat([self.oracle_mfu, np.full(n, np.nan)])
+        for i, k in enumerate(self.key_i[n0:].tolist()):
+            self.key_rows[k].append(n0 + i)
+        self.c_key = cat([self.c_key, np.zeros(n)])
+        self.c_kind = cat([self.c_kind, np.zeros(n, dtype=np.int8)])
+        self.c_charge = cat([self.c_charge, np.ones(n)])
+        self.c_until = cat([self.c_until, np.full(n, -np.inf)])
+        self.c_ok = cat([self.c_ok, np.zeros(n, dtype=bool)])
+        self.moved = cat([self.moved, np.zeros(n, dtype=bool)])
+        self.mark = cat([self.mark, np.zeros(n, dtype=bool)])
         return np.arange(n0, n0 + n)
 
-    def _key_of(self, name: str) -> int:
-        i = self.keys_ix.get(name)
-        if i is None:
-            i = self.keys_ix[name] = len(self.key_names)
-            self.key_names.append(name)
-        return i
-
-    def _grow_keys(self) -> None:
-        new = len(self.key_names) - len(self.key_until)
-        if new > 0:
-            self.key_delay = np.vstack([self.key_delay, np.zeros((new, 3))])
-            self.key_factor = np.vstack([self.key_factor, np.ones((new, 3))])
-            self.key_label = np.append(self.key_label, np.zeros(new, dtype=np.int64))
-            self.key_until = np.append(self.key_until, np.full(new, -np.inf))
-            self.key_cls.extend([] for _ in range(new))
-
     # --- what the runtime learns -----------------------------------------------------------------
-    def _key_terms(self, k: int, classes: set[int] | None = None) -> None:
-        """Key ``k``'s terms from the book: its delay per class, its label, how long it counts.
-        ``classes``: only the delays of these (a refresh: the rest does not depend on medians)."""
-        name = self.key_names[k]
-        h = self.book.keys.get(name) if name else None   # a job without a key has no history
-        if h is None:
+    def learned(self, key: str) -> None:
+        """The book has a new observation of ``key``: its history's columns (call after every
+        ``book.observe`` of a registered key). A job without a key has no history."""
+        k = self.keys_ix.get(key)
+        if k is None:
+            return
+        self.c_ok[self.key_rows[k]] = False
+        h = self.book.keys.get(key) if key else None
+        p = self.policy
+        if h is None or h.weight < p.min_history_weight:
             self.key_until[k] = -np.inf
             return
-        p = self.policy
-        hist = KeyHistory(h.mfu, h.label, max(h.weight, p.min_history_weight), h.updated)
-        for c in self.key_cls[k] if classes is None else set(self.key_cls[k]) & classes:
-            f, why = efficiency_factor(Job(0, _CLASS_GPUS[c], 0.0, 0.0, key=name), None, hist, p,
-                                       self.medians.class_median(CLASSES[c]))
-            self.key_delay[k, c] = efficiency_delay(f, p)
-            self.key_factor[k, c] = f
-            self.key_why[(k, c)] = why if f < 1.0 else ""
-        if classes is not None:
-            return
-        self.key_label[k] = self._label(h.label)
+        self.key_mfu[k], self.key_label[k] = h.mfu, self._label(h.label)
         # decayed weight w * 2^-(t - updated)/half-life stays >= min_history_weight until:
-        self.key_until[k] = (h.updated + self.book.half_life_s * math.log2(h.weight / p.min_history_weight)
-                             if h.weight >= p.min_history_weight else -np.inf)
-
-    def learned(self, key: str) -> None:
-        """The book has a new observation of ``key`` (call it after every ``book.observe``): its
-        terms now; every term of a class whose median the observation moved at ``refresh``."""
-        k = self.keys_ix.get(key)
-        if k is not None:
-            self._key_terms(k)
-        for i, c in enumerate(CLASSES):
-            m = self.medians.class_median(c)
-            if m != self.seen[i]:
-                self.seen[i] = m
-                self.moved.add(i)
-
-    def _own_terms(self, row: int) -> None:
-        mfu, label, conf, _ = self.own[row]
-        job = self.jobs[row]
-        f, why = efficiency_factor(job, Signal(mfu, label, conf, 0.0), None, self.policy,
-                                   self.medians.class_median(job_class(job.gpus)))
-        self.own_delay[row] = efficiency_delay(f, self.policy)
-        self.own_factor[row] = f
-        self.own_why[row] = why if f < 1.0 else ""
-        self.own_label[row] = self._label(label)
+        self.key_until[k] = h.updated + self.book.half_life_s * math.log2(h.weight / p.min_history_weight)
 
     def hear(self, row: int, mfu: float, label: str, confidence: float, at: float) -> None:
         """The job's own latest signal, last heard from at ``at``: usable while it is younger
         than ``Policy.max_signal_age_s`` and confident enough (``priority.signal_usable``)."""
         p = self.policy
-        self.own[row] = (mfu, label, confidence, at)
-        self._own_terms(row)
+        self.c_ok[row] = False
+        self.own_mfu[row], self.own_label[row], self.own_conf[row] = mfu, self._label(label), confidence
+        self.own_at[row] = at
         self.own_until[row] = at + p.max_signal_age_s if confidence >= p.min_signal_confidence else -np.inf
 
-    def signal_of(self, row: int, now: float) -> Signal | None:
-        """The job's own latest signal as a runtime hands it to ``policy.order_queue`` (heard at
-        ``inf``: a running job's, always fresh)."""
-        own = self.own.get(row)
-        return None if own is None else Signal(own[0], own[1], own[2], max(0.0, now - own[3]))
+    def hear_all(self, signals: Mapping[int, Signal], now: float) -> None:
+        """Each registered job's signal as a runtime holds it (its age at ``now``)."""
+        for jid, sig in signals.items():
+            row = self.row_of.get(jid)
+            if row is not None:
+                self.hear(row, sig.mfu, sig.label, sig.confidence, now - sig.age_s)
 
     def know_mfu(self, rows: np.ndarray, mfu: np.ndarray) -> None:
         """``Policy.order == "mfu"``: every job's MFU known up front (only a replay knows it)."""
         self.oracle_mfu[rows] = mfu
+        self.c_ok[rows] = False
 
-    def set_teams(self, shares: Mapping[str, TeamShare], now: float) -> None:
-        """Each team's fair-share delay from its decayed use against its quota; absent: none."""
-        for t in shares:
-            self.team(t)
-        for i, t in enumerate(self.team_names):
-            d, why = fair_share_delay(shares.get(t), self.policy) if self.use_fair else (0.0, "")
-            self.team_delay[i], self.team_why[i] = d, why
-        self.fair_at = now
-
-    def refresh(self) -> None:
-        """After class medians moved: the efficiency terms of those classes against the new ones."""
-        if not self.moved:
-            return
-        moved = self.moved
-        for key in self.book.keys:
-            k = self.keys_ix.get(key)
-            if k is not None and not moved.isdisjoint(self.key_cls[k]):
-                self._key_terms(k, moved)
-        for row in self.own:
-            if int(self.cls[row]) in self.moved:
-                self._own_terms(row)
-        self.moved.clear()
-
-    # --- the order -------------------------------------------------------------------------------
-    def _valid(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # --- the terms at ``now`` ----------------------------------------------------------------------
+    def evidence(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(MFU, label index, own signal usable, key history usable) of ``rows`` at ``now``: the
+        job's own signal first, its key's history next; NaN / unknown where neither is usable."""
         k = self.key_i[rows]
-        return k, self.own_until[rows] >= now, self.key_until[k] >= now
-
-    def keys(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
-        """(effective submit time, placement kind) of ``rows`` at ``now`` (``priority``'s terms)."""
-        k, own, hist = self._valid(rows, now)
-        eff = 0.0
-        if self.use_eff:
-            eff = np.where(own, self.own_delay[rows], np.where(hist, self.key_delay[k, self.cls[rows]], 0.0))
-        elif self.policy.order == "mfu":
-            eff = np.nan_to_num((1.0 - self.oracle_mfu[rows]) * ORACLE_SPAN_S)
-        fair = self.team_delay[self.team_i[rows]] if self.use_fair else 0.0
-        keys = self.sub[rows] + eff + fair
+        own = self.own_until[rows] >= now
+        hist = ~own & (self.key_until[k] >= now)
+        mfu = np.where(own, self.own_mfu[rows], np.where(hist, self.key_mfu[k], np.nan))
         label = np.where(own, self.own_label[rows], np.where(hist, self.key_label[k], 0))
+        return mfu, label, own, hist
+
+    def _medians(self) -> np.ndarray:
+        return np.array([self.medians.class_median(c) or np.nan for c in CLASSES])
+
+    def factors(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """(efficiency factor, label index) of ``rows``: 1 where nothing usable is known."""
+        mfu, label, _, _ = self.evidence(rows, now)
+        return efficiency_factors(mfu, self._medians()[self.cls[rows]], self.idle[label], self.policy), label
+
+    def keys(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(effective submit time, placement kind, waste charge per GPU) of ``rows`` at ``now``."""
+        p = self.policy
+        factor, label = self.factors(rows, now)
+        keys = self.sub[rows]
+        if self.use_eff:
+            keys = keys + (1.0 - factor) * p.max_efficiency_delay_s
+        elif p.order == "mfu":
+            keys = keys + np.nan_to_num((1.0 - self.oracle_mfu[rows]) * ORACLE_SPAN_S)
         kinds = np.where(self.gpus[rows] > self.per_node, WHOLE,
                          np.where(self.spread[label], SPREAD, ONE_NODE)).astype(np.int8)
-        return keys, kinds
+        charge = 1.0 + p.waste_weight * (1.0 - factor) if self.use_waste else np.ones(len(rows))
+        return keys, kinds, charge
 
-    def charge(self, rows: np.ndarray, now: float) -> np.ndarray:
-        """What each GPU of ``rows``' jobs costs its team in the order across teams:
-        ``priority.waste_charge`` of the job's efficiency factor (own signal, else key history,
-        else neutral), 1 with the charge off."""
-        if not self.use_waste:
-            return np.ones(len(rows))
-        k, own, hist = self._valid(rows, now)
-        f = np.where(own, self.own_factor[rows], np.where(hist, self.key_factor[k, self.cls[rows]], 1.0))
-        return 1.0 + self.policy.waste_weight * (1.0 - f)
+    def rows(self, running: Sequence[Running]) -> np.ndarray:
+        return np.fromiter((self.row_of[r.job.id] for r in running), np.int64, len(running))
 
-    def why(self, rows: np.ndarray, now: float) -> dict[int, str]:
-        """What lowered (or raised) each job, in words: its efficiency term, its team's term, the
-        waste charge its GPUs cost its team."""
-        out: dict[int, str] = {}
-        k, own, hist = self._valid(rows, now)
-        charge = self.charge(rows, now)
-        for r, kk, o, h, c in zip(rows.tolist(), k.tolist(), own.tolist(), hist.tolist(), charge.tolist(),
-                                  strict=True):
-            e = "" if not self.use_eff else self.own_why[r] if o else (
-                self.key_why.get((kk, int(self.cls[r])), "") if h else "")
-            f = self.team_why[self.team_i[r]] if self.use_fair else ""
-            team = self.jobs[r].team or "(none)"
-            w = (f"waste charge: its GPUs count {c:.2f}x toward team {team}'s share for low MFU"
-                 if c > 1.0 + 1e-9 else "")
-            text = "; ".join(x for x in (e, f, w) if x)
-            if text:
-                out[self.jobs[r].id] = text
+    def running_cols(self, running: Sequence[Running]) -> RunningCols:
+        n = len(running)
+        return RunningCols(self.rows(running), np.fromiter((r.expected_end for r in running), float, n),
+                           np.fromiter((r.terminating for r in running), bool, n))
+
+    def current(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``keys(rows, now)``, computed again only for rows whose inputs changed since they
+        were last computed (a replay asks for thousands of rows on each of its passes)."""
+        if self.medians.observations != self.c_seen:
+            self.c_seen = self.medians.observations
+            med = self._medians()
+            same = (med == self.c_med) | (np.isnan(med) & np.isnan(self.c_med))
+            if not same.all():   # a class median moved: every term of that class
+                self.c_ok &= same[self.cls]
+                self.c_med = med
+        stale = rows[~self.c_ok[rows] | (self.c_until[rows] < now)]
+        if len(stale):
+            key, kind, charge = self.keys(stale, now)
+            self.moved[stale[key != self.c_key[stale]]] = True
+            own, hist = self.own_until[stale], self.key_until[self.key_i[stale]]
+            self.c_until[stale] = np.minimum(np.where(own >= now, own, np.inf),
+                                             np.where(hist >= now, hist, np.inf))
+            self.c_key[stale], self.c_kind[stale], self.c_charge[stale] = key, kind, charge
+            self.c_ok[stale] = True
+        return self.c_key[rows], self.c_kind[rows], self.c_charge[rows]
+
+    def _by_key(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` (ascending) in (key, row) order: the last call's order, less the rows gone or
+        whose key moved, with the others put in their places; sorted afresh when many changed."""
+        keep = self.by_key
+        if len(keep):
+            self.mark[rows] = True
+            keep = keep[self.mark[keep] & ~self.moved[keep]]
+            self.mark[rows] = False
+        self.mark[keep] = True
+        add = rows[~self.mark[rows]]
+        self.mark[keep] = False
+        if len(add) > max(32, len(keep) // 8):
+            out = rows[np.argsort(self.c_key[rows], kind="stable")]
+        elif len(add):
+            ka = self.c_key[add]
+            o = np.lexsort((add, ka))
+            add, ka = add[o], ka[o]
+            ks = self.c_key[keep]
+            pos = np.searchsorted(ks, ka, "left")
+            hi = np.searchsorted(ks, ka, "right")
+            for i in np.flatnonzero(hi > pos).tolist():   # equal keys: by row
+                pos[i] += int(np.searchsorted(keep[pos[i]:hi[i]], add[i]))
+            out = np.insert(keep, pos, add)
+        else:
+            out = keep
+        self.moved[add] = False
+        self.by_key = out
         return out
 
-    def queue(self, rows: np.ndarray, now: float, why: bool = False) -> PendingQueue:
-        """``rows`` as the ordered ``PendingQueue`` the pass walks: tier, key, then row."""
-        keys, kinds = self.keys(rows, now)
-        jobs = np.empty(len(rows), dtype=object)
-        jobs[:] = [self.jobs[r] for r in rows.tolist()]
-        return PendingQueue.of(jobs, self.gpus[rows], self.est[rows], kinds, keys, rows, self.neg_tier[rows],
-                               self.why(rows, now) if why else {})
-
-    def team_order(self, q: PendingQueue, use: np.ndarray, quotas: Mapping[str, float],
-                   total_gpus: int | None, now: float, charged: np.ndarray | None = None) -> np.ndarray:
-        """``team_queues.interleave``'s permutation of ``q`` (rows of this ordering as tags).
-
-        ``use``: GPUs each team (by ``team_names`` index) holds now; ``charged``: the same
-        GPUs counted with the waste charge (``use_of``; default: ``use``); ``quotas`` the
-        runtime's map (a team without one gets the equal share ``team_queues.team_quotas``
-        documents). Pending jobs count at their own charge (``charge``) as they are given GPUs.
-        """
-        if not quotas.keys() <= self.teams_ix.keys():
-            for t in quotas:
-                self.team(t)
-        charged = use if charged is None else charged
-        if len(use) < len(self.team_names):
-            use = np.append(use, np.zeros(len(self.team_names) - len(use)))
-        if len(charged) < len(self.team_names):
-            charged = np.append(charged, np.zeros(len(self.team_names) - len(charged)))
-        tags = q.tag
-        team = self.team_i[tags]
+    def team_use(self, run: RunningCols, charge: np.ndarray | float = 1.0
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Fair share's one input, by ``team_names`` index: the GPUs each team's running jobs hold
+        now (``use``), the same counted at their waste charge (``charged``: ``charge`` per GPU of
+        each running job), and without the jobs in their grace period (``live``: what quota
+        reclaim counts; their GPUs are leaving)."""
+        rows, stopping = run.rows, run.stopping
+        team, g = self.team_i[rows], self.gpus[rows].astype(float)
         n = len(self.team_names)
-        quota = np.array([quotas.get(t, 0.0) for t in self.team_names])
-        present = (np.bincount(team, minlength=n) > 0) | (use > 0)
-        if not (quota > 0).all():   # who is present only sizes the equal share of teams without one
-            quota = team_quotas(present, quota, total_gpus)
-        # each present team's (GPUs in use, quota, in use as charged): what the reasons name when
-        # fair share decides
-        q.share = {t: (float(use[i]), float(quota[i]), float(charged[i]))
-                   for i, t in enumerate(self.team_names) if present[i]}
-        return interleave(q.neg_tier, team, q.key, tags, q.gpus * self.charge(tags, now), self.sub[tags],
-                          charged, quota, now, self.policy.team_overdue_s)
+        return (np.bincount(team, g, n), np.bincount(team, g * charge, n),
+                np.bincount(team[~stopping], g[~stopping], n))
 
-    def running_charge(self, job: Job, signal: Signal | None, now: float) -> float:
-        """``priority.waste_charge`` of a running job: its own signal, else its key's history."""
-        if not self.use_waste:
-            return 1.0
-        h = self.book.lookup(job.key, now) if job.key else None
-        f, _ = efficiency_factor(job, signal, h, self.policy, self.medians.class_median(job_class(job.gpus)))
-        return waste_charge(f, self.policy)
+    def victim_mfu(self, running: Sequence[Running], now: float) -> Callable[[Running], tuple[float, bool]]:
+        """A running job's (MFU, measured?) for the victim rule: its own signal, else its key's
+        history, else its class median (1 with none). Computed for all of ``running`` when asked."""
+        got: dict[int, tuple[float, bool]] = {}
 
-    def use_of(self, running: Sequence[Running], signals: Mapping[int, Signal] | None = None,
-               now: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-        """(GPUs each team holds in ``running``, the same with the waste charge), by
-        ``team_names`` index (registers new teams)."""
-        idx = np.array([self.team(r.job.team) for r in running], dtype=np.int64)
-        g = np.array([r.job.gpus for r in running], float)
-        c = np.array([self.running_charge(r.job, (signals or {}).get(r.job.id), now) for r in running], float)
-        use, charged = np.zeros(len(self.team_names)), np.zeros(len(self.team_names))
-        np.add.at(use, idx, g)
-        np.add.at(charged, idx, g * c)
-        return use, charged
+        def mfu_of(r: Running) -> tuple[float, bool]:
+            if not got:
+                rows = self.rows(running)
+                mfu, _, own, hist = self.evidence(rows, now)
+                med = np.nan_to_num(self._medians()[self.cls[rows]], nan=1.0)
+                known = own | hist
+                got.update((x.job.id, (float(m) if k else float(d), bool(k)))
+                           for x, m, d, k in zip(running, mfu, med, known, strict=True))
+            return got[r.job.id]
+
+        return mfu_of
+
+    def why(self, rows: np.ndarray, now: float) -> dict[int, str]:
+        """What lowered each job, in words (``priority.lowered``: the reason
+        ``priority.efficiency_factor`` gives), and what its GPUs cost its team (the waste
+        charge). Only runtimes that show reasons ask."""
+        out: dict[int, str] = {}
+        mfu, label, own, _ = self.evidence(rows, now)
+        factor = self.factors(rows, now)[0]
+        charge = self.c_charge[rows]
+        med = self._medians()
+        for i in np.flatnonzero((factor < 1.0) & self.use_eff | (charge > 1.0 + 1e-9)).tolist():
+            job, parts = self.jobs[int(rows[i])], []
+            if self.use_eff and factor[i] < 1.0:
+                m = med[self.cls[rows[i]]]
+                src = "its signal" if own[i] else f"earlier jobs of key {job.key}"
+                parts.append(lowered(job, float(mfu[i]), self.label_names[int(label[i])], src,
+                                     None if np.isnan(m) else float(m), float(factor[i])))
+            if charge[i] > 1.0 + 1e-9:
+                parts.append(f"waste charge: its GPUs count {charge[i]:.2f}x toward team "
+                             f"{job.team or '(none)'}'s share for low MFU")
+            out[job.id] = "; ".join(parts)
+        return out
+
+    # --- the order ---------------------------------------------------------------------------------
+    def queue(self, rows: np.ndarray, now: float, running: Sequence[Running] = (),
+              quotas: Mapping[str, float] | None = None, total_gpus: int | None = None,
+              why: bool = False, cols: RunningCols | None = None
+              ) -> tuple[PendingQueue, np.ndarray | None]:
+        """``rows`` (pending jobs, ascending) as the ordered queue a pass walks, and each team's
+        GPUs held by ``running`` jobs not in their grace period (by ``team_names`` index; None
+        when the policy has no per-team view).
+
+        Tier first; inside a tier, with ``Policy.team_queues`` each team's own queue (effective
+        submit order) interleaved by (GPUs its running jobs hold now, as charged, + GPUs given
+        to it earlier in the order) / quota (``team_queues.interleave``; a team without a quota
+        gets the equal share ``team_queues.team_quotas`` documents); else the effective submit
+        time. ``cols``: ``running_cols(running)``, when the caller keeps them.
+        """
+        p = self.policy
+        teams = p.order == "priority" and (p.team_queues or p.reclaim)
+        run = cols if cols is not None else self.running_cols(running) if teams else None
+        self.current(rows if run is None else np.concatenate([rows, run.rows]), now)
+        if teams:
+            held, charged, live = self.team_use(run, self.c_charge[run.rows])
+        else:
+            live = None
+        rows = self._by_key(rows)   # from here on in (key, row) order
+        keys, kinds, charge = self.c_key[rows], self.c_kind[rows], self.c_charge[rows]
+        gpus = self.gpus[rows]
+        tier = self.tier[rows]
+        share = None
+        overdue_s = math.inf
+        if p.order == "priority" and p.team_queues:
+            overdue_s = min(p.team_overdue_s, drain_time(self.gpus[rows], self.est[rows], self.gpus[run.rows],
+                                                         run.ends, now, total_gpus))
+            nt = len(self.team_names)
+            team = self.team_i[rows]
+            quota = np.array([(quotas or {}).get(t, 0.0) for t in self.team_names])
+            present = (np.bincount(team, minlength=nt) > 0) | (held > 0)
+            if not (quota > 0).all():   # who is present only sizes the equal share of teams without one
+                quota = team_quotas(present, quota, total_gpus)
+            share = (self.team_names, present, held, quota, charged)
+            perm = interleave(tier, team, gpus * charge, self.sub[rows], charged, quota, now, overdue_s)
+        else:
+            perm = np.argsort((2 - tier).astype(np.int8), kind="stable")
+        q = PendingQueue.ordered(self.job_arr[rows[perm]], gpus[perm], self.est[rows][perm], kinds[perm],
+                                 keys[perm], rows[perm], -tier[perm], self.why(rows, now) if why else {})
+        q.teams = share
+        q.overdue_s = overdue_s
+        return q, live

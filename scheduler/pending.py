@@ -44,7 +44,18 @@ class PendingQueue:
         self.num = np.zeros((0, 6))
         self.why: dict[int, str] = {}
         # per team (GPUs in use, quota) when the order interleaved teams: for the reasons
-        self.share: dict[str, tuple[float, float, float]] = {}   # team -> (use, quota, charged use)
+        self.teams: tuple | None = None   # (names, present, held, quota, charged) of the interleave
+        self.overdue_s = float("inf")   # a job waited this long goes first (``Policy.team_overdue_s``)
+
+    @property
+    def share(self) -> dict[str, tuple[float, float, float]]:
+        """Each team present in the interleave: (GPUs its running jobs hold, its quota, the same
+        held GPUs as charged) - what the reasons name when fair share decides."""
+        if self.teams is None:
+            return {}
+        names, present, held, quota, charged = self.teams
+        return {t: (float(held[i]), float(quota[i]), float(charged[i]))
+                for i, t in enumerate(names) if present[i]}
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -70,13 +81,12 @@ class PendingQueue:
         return self.num[:, _TAG].astype(np.int64)
 
     @classmethod
-    def of(cls, jobs: np.ndarray, gpus: np.ndarray, est: np.ndarray, kinds: np.ndarray, keys: np.ndarray,
-           tags: np.ndarray, neg_tier: np.ndarray, why: dict[int, str] | None = None) -> PendingQueue:
-        """From columns (``jobs`` an object array of Job); sorted by tier, key, then tag."""
+    def ordered(cls, jobs: np.ndarray, gpus: np.ndarray, est: np.ndarray, kinds: np.ndarray, keys: np.ndarray,
+                tags: np.ndarray, neg_tier: np.ndarray, why: dict[int, str] | None = None) -> PendingQueue:
+        """From columns already in the order the pass walks (``ordering.Ordering.queue``)."""
         q = cls()
-        num = np.column_stack([gpus, est, kinds, keys, tags, neg_tier]).astype(float).reshape(len(jobs), 6)
-        perm = np.lexsort((tags, keys, neg_tier))
-        q.jobs, q.num = jobs[perm], num[perm]
+        q.jobs = jobs
+        q.num = np.column_stack([gpus, est, kinds, keys, tags, neg_tier]).astype(float).reshape(len(jobs), 6)
         q.why = dict(why or {})
         return q
 
@@ -105,23 +115,6 @@ class PendingQueue:
         self.jobs = self.jobs[keep]
         self.num = self.num[keep]
 
-    def permute(self, perm: np.ndarray) -> None:
-        """Put the rows in the order ``perm`` (e.g. ``team_queues.interleave``'s). ``insert``
-        assumes (tier, key, tag) order: a runtime that permutes re-interleaves before its pass."""
-        self.jobs = self.jobs[perm]
-        self.num = self.num[perm]
-
     @property
     def neg_tier(self) -> np.ndarray:
         return self.num[:, _NEGTIER]
-
-    def reorder(self, keys: np.ndarray, kinds: np.ndarray, sort: bool = True) -> None:
-        """New keys/kinds for the jobs in their current order; re-sorts by (tier, key, tag) - not
-        with ``sort=False``, for a runtime that ``permute``s the whole queue before its pass."""
-        self.num[:, _KEY] = keys
-        self.num[:, _KIND] = kinds
-        if not sort:
-            return
-        perm = np.lexsort((self.num[:, _TAG], keys, self.num[:, _NEGTIER]))
-        self.jobs = self.jobs[perm]
-        self.num = self.num[perm]

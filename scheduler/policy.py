@@ -38,17 +38,16 @@ from gpudiag.scheduler.model import (
     Policy,
     Running,
     Signal,
-    TeamShare,
     n_gpus,
 )
-from gpudiag.scheduler.ordering import Ordering
+from gpudiag.scheduler.ordering import Ordering, RunningCols
 from gpudiag.scheduler.pending import _GPUS, _KIND, SPREAD, WHOLE, PendingQueue
 from gpudiag.scheduler.placement import Reservation, Rule, place, promise, reserve
 from gpudiag.scheduler.preempt import MfuOf, choose_victims, reclaim_victims
-from gpudiag.scheduler.priority import MfuBook, job_class, signal_usable
+from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.reasons import Pass, Why, wait_reasons
 
-__all__ = ["Pass", "Why", "explain", "order_queue", "plan", "plan_pass", "schedule", "wait_reasons"]
+__all__ = ["Pass", "Why", "decide", "explain", "order_queue", "plan", "plan_pass", "schedule", "wait_reasons"]
 
 
 def rule_at(q: PendingQueue, i: int, policy: Policy) -> Rule:
@@ -117,24 +116,22 @@ def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[flo
           now: float, policy: Policy, running: Sequence[Running] | None,
           mfu_of: MfuOf | None, quotas: Mapping[str, float] | None = None,
           started: Sequence[Job] = (), held: Mapping[str, float] | None = None,
-          queue_share: Mapping[str, tuple[float, float, float]] | None = None
-          ) -> tuple[list[Decision], Reservation | None]:
+          queue: PendingQueue | None = None) -> tuple[list[Decision], Reservation | None]:
     """Preemptions for the head, and its reservation: steps 1-3 of the module docstring."""
     stopping = [(r.expected_end, r.job.id, r.placement) for r in running or () if r.terminating]
     res = promise(state, rule, stopping, now) if stopping else None
     victims: list[Decision] = []
     reclaim = policy.reclaim and bool(quotas) and quotas.get(head.team, 0.0) > 0
-    queue_share = queue_share or {}
     if res is None and (policy.preemption or reclaim) and running is not None and mfu_of is not None:
         with state.released(p for _, _, p in stopping):
             if policy.preemption:
                 victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
             if not victims and reclaim:
                 use = _team_use(running, started, held)
-                share = queue_share.get(head.team)   # (use, quota, charged) of the team interleave
+                share = queue.share.get(head.team) if queue is not None else None   # (use, quota, charged)
                 charged = share[2] + sum(j.gpus for j in started if j.team == head.team) if share else None
                 victims = reclaim_victims(state, head, rule, running, now, policy, mfu_of, quotas, use,
-                                          charged)
+                                          charged, queue.overdue_s if queue is not None else None)
         if victims:
             stopping += [(now + d.grace_s, d.job_id, d.placement) for d in victims]
             res = promise(state, rule, stopping, now)
@@ -144,6 +141,90 @@ def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[flo
             by_end = sorted(((deadline.get(j, e), j, pl) for e, j, pl in by_end), key=lambda x: x[0])
         res = reserve(state, rule, by_end, now)
     return victims, res
+
+
+def _start_in_order(state: ClusterState, queue: PendingQueue, policy: Policy) -> list[Decision]:
+    """Start jobs in queue order while each fits (gang: all its GPUs or none)."""
+    out: list[Decision] = []
+    for i in range(len(queue)):
+        job, rule = queue.jobs[i], rule_at(queue, i, policy)
+        plan = place(state, rule)
+        if plan is None:
+            break
+        why = queue.why.get(job.id, "")
+        out.append(Decision("start", job.id, "next in order" + (f" ({why})" if why else ""),
+                            state.allocate(plan), numbers={"position": i}))
+    return out
+
+
+def _hold(state: ClusterState, head: Job, rule: Rule, i: int, victims: list[Decision],
+          res: Reservation | None, now: float, policy: Policy) -> Decision:
+    """The head's hold: what it needs, and when and why it will start."""
+    where = "" if rule.may_spread else " on whole nodes" if rule.whole else " on one node"
+    reclaimed = (f"reclaimed for team {head.team}'s quota from teams over theirs"
+                 if any(d.numbers.get("reclaim") for d in victims) else "")
+    if res is not None and res.firm:
+        s = "s" if len(res.waits_for) > 1 else ""
+        when = (f"; starts when job{s} {', '.join(str(j) for j in res.waits_for)} "
+                f"stop{'' if s else 's'} (grace ends {_fmt_t(res.shadow, now)})")
+        if reclaimed:
+            when += f" - {reclaimed}"
+    else:
+        when = f"; GPUs reserved for it, starting {_fmt_t(res.shadow, now, policy.default_estimate_s / 2)}" \
+            if res else ""
+    blocked = (f"needs {n_gpus(head.gpus)}{where}, {state.total_free} free, "
+               f"at most {state.max_free_on_a_node()} on one node")
+    return Decision("hold", head.id, f"head of the queue: {blocked}{when}",
+                    numbers={"free": state.total_free, "shadow": res.shadow if res else None,
+                             "reservation": res, "firm": bool(res and res.firm), "position": i,
+                             "need": blocked, "reclaim": reclaimed})
+
+
+def _backfill(state: ClusterState, queue: PendingQueue, i: int, res: Reservation | None, now: float,
+              policy: Policy) -> list[Decision]:
+    """Jobs behind the head (at ``i``) that start now without delaying it: under an EASY
+    reservation those that end before its start or use GPUs it does not need; under a promise
+    (``res.firm``) only the latter. Candidates are selected with numpy (``_limits``) and only
+    they are placed exactly."""
+    out: list[Decision] = []
+    head = queue.jobs[i]
+    n = len(queue)
+    rest = np.arange(i + 1, n)
+    gpus, kinds, est = queue.gpus[i + 1:], queue.kind[i + 1:], queue.est[i + 1:]
+    need_units = np.where(kinds == WHOLE, -(-gpus // max(state.max_gpus, 1)), gpus)
+    if res is None:
+        short_mask = np.ones(len(rest), bool)
+    elif res.firm:   # the jobs it waits for may stop any moment: no one ends "before" it
+        short_mask = np.zeros(len(rest), bool)
+    else:
+        short_mask = now + est <= res.shadow
+    while state.total_free > 0 and len(rest):
+        lim_s, lim_l = _limits(state, res)
+        cand = np.flatnonzero(np.where(short_mask, need_units <= lim_s[kinds], need_units <= lim_l[kinds]))
+        if not len(cand):
+            break
+        c = int(cand[0])
+        j = int(rest[c])
+        job, rule, short = queue.jobs[j], rule_at(queue, j, policy), bool(short_mask[c])
+        if short:
+            plan = place(state, rule)
+        else:
+            plan = place(state, rule, spare=res.spare or None,
+                         banned=res.nodes if (rule.whole or rule.may_spread) else frozenset())
+            if plan is not None and not res.allows(plan):
+                plan = None
+        c += 1
+        rest, need_units, short_mask, kinds = rest[c:], need_units[c:], short_mask[c:], kinds[c:]
+        if plan is None:
+            continue
+        if not short:
+            res.charge(plan)
+        why = (f"backfilled: ends {_fmt_t(now + job.estimate_s, now)}, before job {head.id}'s reservation "
+               f"starts {_fmt_t(res.shadow, now)}" if short and res is not None else
+               f"backfilled on GPUs job {head.id}'s reservation does not need")
+        out.append(Decision("start", job.id, why, state.allocate(plan),
+                            numbers={"position": j, "shadow": res.shadow if res else None}))
+    return out
 
 
 def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[float, int, Placement]],
@@ -160,166 +241,101 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
     (each team's quota in GPUs) reclaim; ``held``: each team's GPUs in running jobs not in their
     grace period, where the runtime keeps that count (else it is counted from ``running``).
     """
-    out: list[Decision] = []
-    n = len(queue)
-    i = 0
-    while i < n:   # in order, until one does not fit: that one is the head
-        job, rule = queue.jobs[i], rule_at(queue, i, policy)
-        plan = place(state, rule)
-        if plan is None:
-            break
-        why = queue.why.get(job.id, "")
-        out.append(Decision("start", job.id, "next in order" + (f" ({why})" if why else ""),
-                            state.allocate(plan), numbers={"position": i}))
-        i += 1
-    if i == n:
+    out = _start_in_order(state, queue, policy)
+    i = len(out)
+    if i == len(queue):
         return out
     head, rule = queue.jobs[i], rule_at(queue, i, policy)
     if out:   # what started in order ahead of the head ends (by its estimate) before it can start
         started = [(now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement) for d in out]
         by_end = sorted([*by_end, *started], key=lambda x: x[0])
     victims, res = _head(state, head, rule, by_end, now, policy, running() if running is not None else None,
-                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out], held, queue.share)
+                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out], held, queue)
     out.extend(victims)
-    where = "" if rule.may_spread else " on whole nodes" if rule.whole else " on one node"
-    need = n_gpus(head.gpus) + where
-    reclaimed = (f"reclaimed for team {head.team}'s quota from teams over theirs"
-                 if any(d.numbers.get("reclaim") for d in victims) else "")
-    if res is not None and res.firm:
-        stops = ", ".join(str(j) for j in res.waits_for)
-        when = (f"; starts when job{'s' if len(res.waits_for) > 1 else ''} {stops} "
-                f"stop{'' if len(res.waits_for) > 1 else 's'} (grace ends {_fmt_t(res.shadow, now)})")
-        if reclaimed:
-            when += f" - {reclaimed}"
-    else:
-        when = f"; GPUs reserved for it, starting {_fmt_t(res.shadow, now, policy.default_estimate_s / 2)}" \
-            if res else ""
-    blocked = f"needs {need}, {state.total_free} free, at most {state.max_free_on_a_node()} on one node"
-    out.append(Decision("hold", head.id, f"head of the queue: {blocked}{when}",
-                        numbers={"free": state.total_free, "shadow": res.shadow if res else None,
-                                 "reservation": res,
-                                 "firm": bool(res and res.firm), "position": i, "need": blocked,
-                                 "reclaim": reclaimed}))
-    if not policy.backfill:
-        return out
-    per = state.max_gpus
-    rest = np.arange(i + 1, n)
-    gpus, kinds, est = queue.gpus[i + 1:], queue.kind[i + 1:], queue.est[i + 1:]
-    need_units = np.where(kinds == WHOLE, -(-gpus // max(per, 1)), gpus)
-    if res is None:
-        short_mask = np.ones(len(rest), bool)
-    elif res.firm:   # the jobs it waits for may stop any moment: no one ends "before" it
-        short_mask = np.zeros(len(rest), bool)
-    else:
-        short_mask = now + est <= res.shadow
-    while state.total_free > 0 and len(rest):
-        lim_s, lim_l = _limits(state, res)
-        ok = np.where(short_mask, need_units <= lim_s[kinds], need_units <= lim_l[kinds])
-        cand = np.flatnonzero(ok)
-        if not len(cand):
-            break
-        c = int(cand[0])
-        j = int(rest[c])
-        job, rule, short = queue.jobs[j], rule_at(queue, j, policy), bool(short_mask[c])
-        if short:
-            plan = place(state, rule)
-        else:
-            plan = place(state, rule, spare=res.spare or None,
-                         banned=res.nodes if (rule.whole or rule.may_spread) else frozenset())
-            if plan is not None and not res.allows(plan):
-                plan = None
-        keep = np.ones(len(rest), bool)
-        keep[: c + 1] = False
-        rest, need_units, short_mask, kinds = rest[keep], need_units[keep], short_mask[keep], kinds[keep]
-        if plan is None:
-            continue
-        if not short:
-            res.charge(plan)
-        why = (f"backfilled: ends {_fmt_t(now + job.estimate_s, now)}, before job {head.id}'s reservation "
-               f"starts {_fmt_t(res.shadow, now)}" if short and res is not None else
-               f"backfilled on GPUs job {head.id}'s reservation does not need")
-        out.append(Decision("start", job.id, why, state.allocate(plan),
-                            numbers={"position": j, "shadow": res.shadow if res else None}))
+    out.append(_hold(state, head, rule, i, victims, res, now, policy))
+    if policy.backfill:
+        out.extend(_backfill(state, queue, i, res, now, policy))
     return out
 
 
 def order_queue(pending: Sequence[Job], running: Sequence[Running], signals: Mapping[int, Signal],
                 history: MfuBook, now: float, policy: Policy, per_node: int,
-                teams: Mapping[str, TeamShare] | None = None, total_gpus: int | None = None) -> PendingQueue:
-    """The pending jobs in the order the pass walks them, each with its placement kind and why.
+                quotas: Mapping[str, float] | None = None, total_gpus: int | None = None) -> PendingQueue:
+    """The pending jobs in the order the pass walks, each with its placement kind and why
+    (``ordering.Ordering.queue``). ``signals``: each job's own latest signal (a running job's;
+    a requeued job's last); ``quotas``: each team's quota in GPUs; ``total_gpus`` sizes the
+    equal share of a team without one."""
+    o, rows = _ordering(pending, running, signals, history, now, policy, per_node)
+    return o.queue(rows, now, running, quotas, total_gpus, why=True)[0]
 
-    A fresh ``ordering.Ordering`` for this pass (the simulator keeps one across passes; both
-    order alike). ``signals``: each job's own latest signal (a requeued job's; a running job's);
-    ``teams``: each team's quota and decayed use (fair share), to which the waste charge of its
-    running jobs is added (``Policy.waste_charge``). With ``Policy.uses_team_queues`` the teams are
-    interleaved by quota (``team_queues``): a team's use is the GPUs its running jobs hold now;
-    ``total_gpus`` sizes the equal share of a team without a quota.
-    """
+
+def _ordering(pending: Sequence[Job], running: Sequence[Running], signals: Mapping[int, Signal],
+              history: MfuBook, now: float, policy: Policy, per_node: int) -> tuple[Ordering, np.ndarray]:
+    """A fresh ``Ordering`` of the pending and running jobs, in job-id order; the pending rows."""
     o = Ordering(policy, history, per_node)
-    jobs = sorted(pending, key=lambda j: j.id)
+    pend = {j.id for j in pending}
+    jobs = sorted([*pending, *(r.job for r in running if r.job.id not in pend)], key=lambda j: j.id)
     rows = o.add(jobs)
-    for r, j in zip(rows.tolist(), jobs, strict=True):
-        sig = signals.get(j.id)
-        if sig is not None:
-            o.hear(r, sig.mfu, sig.label, sig.confidence, now - sig.age_s)
-    use, charged = o.use_of(running, signals, now)
-    shares = dict(teams or {})
-    if o.use_waste:   # the waste charge on top of the runtime's reading of each team's use
-        extra = {t: float(charged[i] - use[i]) for i, t in enumerate(o.team_names)}
-        shares = {t: TeamShare(s.quota_gpus, s.used_gpus + extra.get(t, 0.0)) for t, s in shares.items()}
-    o.set_teams(shares, now)
-    q = o.queue(rows, now, why=True)
-    if policy.uses_team_queues and len(q):
-        q.permute(o.team_order(q, use, {t: s.quota_gpus for t, s in (teams or {}).items()},
-                               total_gpus, now, charged))
-    return q
+    o.hear_all(signals, now)
+    return o, rows[np.fromiter((j.id in pend for j in jobs), bool, len(jobs))]
+
+
+def decide(o: Ordering, state: ClusterState, queue: PendingQueue | np.ndarray, running: Sequence[Running],
+           by_end: Sequence[tuple[float, int, Placement]], now: float, quotas: Mapping[str, float] | None,
+           why: bool = False, cols: RunningCols | None = None) -> Pass:
+    """One pass over the jobs ``o`` knows: the one decision function every runtime calls.
+
+    ``queue``: the pending rows of ``o`` (ascending), ordered here at ``now``
+    (``Ordering.queue``); or a queue the caller keeps ordered itself, which only a replay of a
+    time-invariant order does (arrival order: FIFO, EASY). ``state``: the cluster with
+    ``running`` placed (starts are allocated in it); ``by_end``: ``running``'s (expected end,
+    job id, placement) by end; ``quotas``: each team's quota in GPUs (per-team queues, reclaim);
+    ``cols``: ``running`` as ``o.running_cols`` gives it, when the caller keeps them.
+    """
+    policy = o.policy
+    live = None
+    if not isinstance(queue, PendingQueue):
+        queue, live = o.queue(queue, now, running, quotas, state.total_gpus, why, cols)
+    reclaim = {t: q for t, q in (quotas or {}).items() if q > 0} if policy.reclaim else {}
+    held = {t: float(live[i]) for i, t in enumerate(o.team_names)} if live is not None else None
+    decisions = plan_pass(state, queue, by_end, now, policy, lambda: running, o.victim_mfu(running, now),
+                          reclaim or None, held)
+    return Pass(decisions, state, queue, policy, now)
 
 
 def plan(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],
          signals: Mapping[int, Signal], history: MfuBook, now: float, policy: Policy,
-         teams: Mapping[str, TeamShare] | None = None) -> Pass:
-    """One stateless round, kept whole: its decisions, its order and (when asked) its reasons.
+         quotas: Mapping[str, float] | None = None) -> Pass:
+    """One stateless round, kept whole: its decisions, its order and its reasons (``decide`` on
+    a fresh ``Ordering``).
 
     ``running`` holds every job that holds GPUs, those told to stop marked ``terminating`` with
     their kill deadline as ``expected_end``. ``signals`` maps job id -> the agent's latest signal
     (running jobs, and pending jobs that ran before); ``history`` holds what earlier jobs of each
-    key reached.
+    key reached; ``quotas`` each team's quota in GPUs.
     """
     state = ClusterState(cluster)
     for r in running:
         state.occupy(r.placement)
-    queue = order_queue(pending, running, signals, history, now, policy, state.max_gpus, teams,
-                        state.total_gpus)
+    o, rows = _ordering(pending, running, signals, history, now, policy, state.max_gpus)
     by_end = sorted(((r.expected_end, r.job.id, r.placement) for r in running), key=lambda x: x[0])
-
-    def mfu_of(r: Running) -> tuple[float, bool]:
-        sig = signals.get(r.job.id)
-        if signal_usable(sig, policy):
-            return sig.mfu, True
-        h = history.lookup(r.job.key, now) if r.job.key else None
-        if h is not None and h.weight >= policy.min_history_weight:
-            return h.mfu, True
-        return history.class_median(job_class(r.job.gpus)) or 1.0, False
-
-    quotas = {t: s.quota_gpus for t, s in (teams or {}).items() if s.quota_gpus > 0}
-    decisions = plan_pass(state, queue, by_end, now, policy, lambda: running, mfu_of, quotas)
-    return Pass(decisions, state, queue, policy, now)
+    return decide(o, state, rows, running, by_end, now, quotas, why=True)
 
 
 def schedule(cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],
              signals: Mapping[int, Signal], history: MfuBook, now: float, policy: Policy,
-             teams: Mapping[str, TeamShare] | None = None) -> list[Decision]:
+             quotas: Mapping[str, float] | None = None) -> list[Decision]:
     """One stateless round: what to start, whom to preempt, and why the head waits (``plan``'s
     decisions)."""
-    return plan(cluster, pending, running, signals, history, now, policy, teams).decisions
+    return plan(cluster, pending, running, signals, history, now, policy, quotas).decisions
 
 
 def explain(job_id: int, cluster: Cluster, pending: Sequence[Job], running: Sequence[Running],
             signals: Mapping[int, Signal], history: MfuBook, now: float, policy: Policy,
-            teams: Mapping[str, TeamShare] | None = None) -> str:
+            quotas: Mapping[str, float] | None = None) -> str:
     """Why a pending job waits, in words: the reason of the pass ``schedule`` would run on the
     same inputs (preemption included), not of a second planning."""
-    why = plan(cluster, pending, running, signals, history, now, policy, teams).why.get(job_id)
+    why = plan(cluster, pending, running, signals, history, now, policy, quotas).why.get(job_id)
     if why is None:
         return f"job {job_id} is not pending"
     return f"job {job_id} starts now: {why.text}" if why.starts else f"job {job_id} waits: {why.text}"

@@ -151,7 +151,8 @@ def choose_victims(state: ClusterState, head: Job, rule: Rule, running: Sequence
 
 def reclaim_victims(state: ClusterState, head: Job, rule: Rule, running: Sequence[Running], now: float,
                     policy: Policy, mfu_of: MfuOf, quotas: Mapping[str, float],
-                    use: Mapping[str, float], head_use: float | None = None) -> list[Decision]:
+                    use: Mapping[str, float], head_use: float | None = None,
+                    overdue_s: float | None = None) -> list[Decision]:
     """Quota reclaim for ``head`` (module docstring); [] if its team may not or no cover exists.
 
     ``quotas``: each team's quota in GPUs (teams without one neither reclaim nor lose to a
@@ -163,7 +164,7 @@ def reclaim_victims(state: ClusterState, head: Job, rule: Rule, running: Sequenc
     held = use.get(head.team, 0.0)
     if mine <= 0 or max(held, head_use or 0.0) + head.gpus > mine + 1e-9:
         return []
-    overdue = policy.uses_team_queues and policy.team_overdue_s
+    overdue = (policy.team_overdue_s if overdue_s is None else overdue_s) if policy.uses_team_queues else None
 
     def spare(team: str) -> float:   # GPUs a team holds above its quota
         q = quotas.get(team, 0.0)
@@ -171,7 +172,7 @@ def reclaim_victims(state: ClusterState, head: Job, rule: Rule, running: Sequenc
 
     eligible = [r for r in running if r.job.tier <= head.tier and r.job.team != head.team
                 and _eligible(r, head, now, policy) and r.job.gpus <= spare(r.job.team) + 1e-9
-                and not (overdue and r.job.tier == head.tier and now - r.job.submit >= overdue)]
+                and not (overdue is not None and r.job.tier == head.tier and now - r.job.submit >= overdue)]
     mfu = {r.job.id: _mfu(mfu_of, r) for r in eligible}
     cost = {r.job.id: lost_work(r, mfu[r.job.id][0], now) for r in eligible}
     while eligible:

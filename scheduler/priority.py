@@ -1,23 +1,23 @@
-"""Queue order: tier first; inside a tier, age shifted by bounded efficiency and fair-share terms.
+"""The order's terms: tier first; inside a tier, age shifted by a bounded efficiency term.
 
-Every term is expressed as a shift of the job's *effective submit time*, so the order within a
-tier is "earliest effective submit first" and a job ages simply by waiting: a penalty delays a
-job by at most its cap, never forever (``Policy.aging_bound_s`` states the bound). It also makes
-the order independent of the current time, so runtimes may keep the queue sorted and recompute
-the terms only when their inputs change (Slurm recomputes priorities every PriorityCalcPeriod).
+The efficiency term is a shift of the job's *effective submit time*, so the order within a
+team's queue is "earliest effective submit first" and a job ages simply by waiting: a penalty
+delays a job by at most its cap, never forever (``Policy.aging_bound_s`` states the bound).
 
 - Efficiency (``efficiency_factor``): the job's unprofiled MFU - from a valid live signal, else
   from earlier jobs of its key - against the median of its class; a GPU-idle label (input- or
   host-bound) caps the factor. No signal, a weak one (confidence below
   ``Policy.min_signal_confidence``) or a stale one (older than ``Policy.max_signal_age_s``): neutral.
-- Fair share: a team's decayed GPU use against its quota; above quota waits longer, below gets a
-  bounded bonus. With ``Policy.waste_charge`` that use counts each GPU at ``waste_charge`` of
-  its job's efficiency factor, as the per-team interleave (``team_queues``) does.
+- Fair share is not a shift: per-team queues (``team_queues``) interleave the teams by the GPUs
+  their running jobs hold now against their quotas, each GPU counted at ``waste_charge`` of its
+  job's efficiency factor.
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from gpudiag.scheduler.model import (
     GPU_IDLE_LABELS,
@@ -26,7 +26,6 @@ from gpudiag.scheduler.model import (
     KeyHistory,
     Policy,
     Signal,
-    TeamShare,
 )
 
 _BINS = 200   # class-median resolution: 0.5 percentage points of MFU
@@ -46,6 +45,7 @@ class MfuBook:
         self.hist: dict[str, list[int]] = {}
         self.counts: dict[str, int] = {}
         self._median: dict[str, float | None] = {}
+        self.observations = 0   # a class median can have moved only when this has
 
     def _decayed(self, h: KeyHistory, now: float) -> float:
         return h.weight * math.pow(2.0, -max(0.0, now - h.updated) / self.half_life_s)
@@ -62,6 +62,7 @@ class MfuBook:
         bins[min(_BINS - 1, max(0, int(mfu * _BINS)))] += 1
         self.counts[cls] = self.counts.get(cls, 0) + 1
         self._median.pop(cls, None)
+        self.observations += 1
 
     def lookup(self, key: str, now: float) -> KeyHistory | None:
         h = self.keys.get(key)
@@ -95,6 +96,18 @@ def signal_usable(sig: Signal | None, policy: Policy) -> bool:
         and sig.age_s <= policy.max_signal_age_s
 
 
+def efficiency_factors(mfu, median, idle, policy: Policy):
+    """The efficiency factor's arithmetic, elementwise (numpy arrays or plain numbers): MFU over
+    its class median below it, floored at ``Policy.min_efficiency_factor``; at most
+    ``Policy.idle_label_factor`` for a GPU-idle label; 1 where the MFU is unknown (NaN) and
+    the label is not GPU-idle. ``efficiency_factor`` and every ``ordering.Ordering`` use it."""
+    mfu, median = np.asarray(mfu, float), np.asarray(median, float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        low = (median > 0) & (mfu < median)
+        f = np.where(low, np.maximum(policy.min_efficiency_factor, mfu / np.where(low, median, 1.0)), 1.0)
+    return np.where(idle, np.minimum(f, policy.idle_label_factor), f)
+
+
 def efficiency_factor(job: Job, signal: Signal | None, history: KeyHistory | None, policy: Policy,
                       class_median: float | None) -> tuple[float, str]:
     """(factor in (0, 1], reason): 1 is neutral; lower factors wait longer (never forever)."""
@@ -109,30 +122,21 @@ def efficiency_factor(job: Job, signal: Signal | None, history: KeyHistory | Non
                    if signal.confidence < policy.min_signal_confidence
                    else f"signal ignored (stale: {signal.age_s:.0f} s old)")
         return 1.0, f"{why}: neutral"
-    factor, parts = 1.0, []
+    factor = float(efficiency_factors(mfu, class_median or np.nan, label in GPU_IDLE_LABELS, policy))
+    return factor, lowered(job, mfu, label, src, class_median, factor)
+
+
+def lowered(job: Job, mfu: float, label: str, src: str, class_median: float | None, factor: float) -> str:
+    """The reason a job's efficiency ``factor`` (``efficiency_factors``) gives, in words."""
+    parts = []
     if class_median and mfu < class_median:
-        factor = max(policy.min_efficiency_factor, mfu / class_median)
         parts.append(f"MFU {fmt_mfu(mfu)} vs {fmt_mfu(class_median)} median of its class "
                      f"({job_class(job.gpus)})")
     if label in GPU_IDLE_LABELS:
-        factor = min(factor, policy.idle_label_factor)
         parts.append(f"{label}: its GPUs wait idle")
-    if not parts:
-        return 1.0, f"MFU {fmt_mfu(mfu)} from {src}: not lowered"
-    return factor, f"priority lowered: {'; '.join(parts)} (from {src})"
-
-
-def fair_share_delay(share: TeamShare | None, policy: Policy) -> tuple[float, str]:
-    """Seconds added to (or, below quota, taken from) the effective submit time."""
-    if share is None or share.quota_gpus <= 0:
-        return 0.0, ""
-    ratio = share.used_gpus / share.quota_gpus
-    d = min(policy.max_fair_share_delay_s,
-            max(-policy.max_fair_share_bonus_s, (ratio - 1.0) * policy.fair_share_scale_s))
-    if abs(d) < 1.0:
-        return 0.0, ""
-    verb = "waits" if d > 0 else "moves up"
-    return d, f"team uses {ratio:.0%} of its quota: {verb} {abs(d) / 60:.0f} min"
+    if factor >= 1.0:
+        return f"MFU {fmt_mfu(mfu)} from {src}: not lowered"
+    return f"priority lowered: {'; '.join(parts)} (from {src})"
 
 
 def efficiency_delay(factor: float, policy: Policy) -> float:

@@ -113,10 +113,13 @@ class Pass:
     def __init__(self, decisions: list[Decision], state: ClusterState, queue: PendingQueue,
                  policy: Policy, at: float) -> None:
         self.decisions = decisions
-        self.order = [j.id for j in queue.jobs]
         self.at = at
-        self._state, self._queue, self._policy = state, queue, policy
+        self.queue, self._state, self._policy = queue, state, policy
+
+    @cached_property
+    def order(self) -> list[int]:
+        return [j.id for j in self.queue.jobs]
 
     @cached_property
     def why(self) -> dict[int, Why]:
-        return wait_reasons(self._state, self._queue, {d.job_id: d for d in self.decisions}, self._policy)
+        return wait_reasons(self._state, self.queue, {d.job_id: d for d in self.decisions}, self._policy)

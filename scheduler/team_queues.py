@@ -1,24 +1,24 @@
 """Per-team queues: inside a tier, the next job comes from the team furthest below its quota.
 
-Why: fair share as a bounded shift of each job's effective submit time (``priority.fair_share_delay``)
-cannot allocate by quota when the backlog is days deep - a shift of hours barely reorders it,
-and on the Philly replay teams over quota got only 51-84% of their quota's GPU-time in
-contended periods. This is the proportion / fair-tree pick instead (Volcano's "proportion"
-plugin, Slurm's fair-tree): every team keeps its own queue in the existing order (efficiency
-factor, aging: the effective submit time), and the teams are interleaved so that the next job
+Why: fair share as a bounded shift of each job's effective submit time cannot allocate by quota
+when the backlog is days deep - a shift of hours barely reorders it, and on the Philly replay
+teams over quota got only 51-84% of their quota's GPU-time in contended periods. This is the
+proportion / fair-tree pick instead (Volcano's "proportion" plugin, Slurm's fair-tree): every team
+keeps its own queue in the existing order (efficiency factor, aging: the effective submit
+time), and the teams are interleaved so that the next job
 comes from the team with pending work whose
 
     (GPUs it uses now + GPUs already given to it earlier in this ordering) / quota
 
 is lowest; ties go to the earliest effective submit. Because a team's ratio only grows along
 its own queue, the greedy merge equals one global sort by (ratio before the job, effective
-submit), so a pass over thousands of jobs is two numpy lexsorts, not a Python merge.
+submit), so a pass over thousands of jobs is a few numpy sorts, not a Python merge.
 
-No starvation: a job that has waited ``Policy.team_overdue_s`` goes ahead of every job of its
-tier that has not, whatever its team's share; overdue jobs keep the effective-submit order
-among themselves. A job is therefore only ever passed by jobs submitted less than
-``max(team_overdue_s, the delay bound of the effective submit)`` after it - the bound
-``Policy.aging_bound_s`` states.
+No starvation: a job that has waited its overdue time - the ``drain_time`` of the pass, capped
+at ``Policy.team_overdue_s`` - goes ahead of every job of its tier that has not, whatever its
+team's share; overdue jobs keep the effective-submit order among themselves. A job is
+therefore only ever passed by jobs submitted less than max(overdue time, the efficiency
+delay cap) after it: the aging bound, which every replay checks (``aging_violations``).
 
 A team without a quota (absent from the runtime's map, or a quota <= 0) is treated as having an
 equal share: the cluster's GPUs over the number of teams seen (with a quota, pending or running);
@@ -42,28 +42,55 @@ def team_quotas(present: np.ndarray, quota: np.ndarray, total_gpus: int | None) 
     return np.where(quota > 0, quota, equal)
 
 
-def interleave(neg_tier: np.ndarray, team: np.ndarray, key: np.ndarray, tag: np.ndarray, gpus: np.ndarray,
-               submit: np.ndarray, use: np.ndarray, quota: np.ndarray, now: float,
-               overdue_s: float) -> np.ndarray:
+def interleave(tier: np.ndarray, team: np.ndarray, gpus: np.ndarray, submit: np.ndarray, use: np.ndarray,
+               quota: np.ndarray, now: float, overdue_s: float) -> np.ndarray:
     """The permutation that puts queue rows in per-team fair-share order.
 
-    Rows are pending jobs: -tier, team index (into ``use``/``quota``, the team's GPUs in use now
-    and its quota), sort key (effective submit), tag (the last tie-breaker: arrival), GPUs and
-    submit time. Order: tier; then overdue jobs (waited ``overdue_s`` or more) by key; then the
-    rest by (team's ratio before the job, key, tag).
+    Rows are pending jobs in (effective submit, arrival) order, which breaks every tie below:
+    tier, team index (into ``use``/``quota``, the team's GPUs in use now and its quota), GPUs
+    (as charged) and submit time. Order: tier (highest first); then overdue jobs (waited
+    ``overdue_s`` or more); then the rest by the team's ratio before the job. Stable sorts of
+    one column each (small integers by radix), not multi-column lexsorts: a replay orders its
+    queue before every pass.
     """
-    n = len(key)
+    n = len(tier)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    fresh = (now - submit < overdue_s).astype(np.int8)   # 0 = overdue: goes first
-    # each team's own queue: tier, overdue first, then key; GPUs given before each of its jobs
-    own = np.lexsort((tag, key, fresh, neg_tier, team))
+    fresh = (now - submit < overdue_s).astype(np.int64)   # 0 = overdue: goes first
+    small = np.int16 if len(use) < 5000 else np.int32
+    # each team's own queue: tier, overdue first, then the rows' order; GPUs given before each job
+    own = np.argsort(((team * 3 + (2 - tier)) * 2 + fresh).astype(small), kind="stable")
     g = gpus[own].astype(float)
     before = np.cumsum(g) - g
     t = team[own]
-    first = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
-    before -= np.repeat(before[first], np.diff(np.r_[first, n]))
+    first = np.flatnonzero(np.concatenate(([True], t[1:] != t[:-1])))
+    before -= np.repeat(before[first], np.diff(np.append(first, n)))
     ratio = np.empty(n)
     ratio[own] = (use[t] + before) / quota[t]
     ratio[fresh == 0] = 0.0   # overdue jobs: effective-submit order only
-    return np.lexsort((tag, key, ratio, fresh, neg_tier))
+    order = np.argsort(ratio, kind="stable")
+    return order[np.argsort(((2 - tier) * 2 + fresh)[order].astype(np.int8), kind="stable")]
+
+
+def drain_time(gpus: np.ndarray, est: np.ndarray, run_gpus: np.ndarray, run_ends: np.ndarray, now: float,
+               total_gpus: int | None) -> float:
+    """How long the cluster needs to run what it holds and what waits, by estimate: (GPUs x time
+    left of every running job, to its expected end + GPUs x estimate of every pending job) /
+    the cluster's GPUs. A job that has waited this long has waited about what the arrival order
+    would make a job submitted now wait: per-team queues stop passing it (``Policy.team_overdue_s``
+    caps it). Jobs without a time limit count at ``Policy.default_estimate_s``, which leaves the cap."""
+    held = float(np.dot(run_gpus, np.maximum(run_ends - now, 0.0)))
+    return (float(np.dot(gpus, est)) + held) / max(total_gpus or 1, 1)
+
+
+def aging_violations(submit: np.ndarray, tier: np.ndarray, bound_s: float) -> int:
+    """How many jobs of a queue (``submit``, ``tier`` in the order a pass walks) stand behind a
+    job of their tier submitted more than ``bound_s`` after them: 0 is the aging bound
+    (``Policy.aging_bound_s``; with per-team queues ``max(efficiency cap, overdue time)`` at the
+    pass). A replay counts these on every pass."""
+    bad = 0
+    cuts = [0, *(np.flatnonzero(tier[1:] != tier[:-1]) + 1).tolist(), len(tier)]   # tiers come in runs
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        s = submit[a:b]
+        bad += int(np.count_nonzero(np.maximum.accumulate(s) > s + bound_s + 1e-6))
+    return bad

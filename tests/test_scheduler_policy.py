@@ -12,16 +12,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudiag.scheduler.cluster_state import ClusterState
-from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Signal, TeamShare, Tier
+from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Signal, Tier
 from gpudiag.scheduler.pending import PendingQueue
 from gpudiag.scheduler.placement import Rule, place, reserve, whole_nodes
 from gpudiag.scheduler.policy import explain, order_queue, plan_pass, schedule
-from gpudiag.scheduler.priority import MfuBook, efficiency_factor, fair_share_delay, job_class
+from gpudiag.scheduler.priority import MfuBook, efficiency_factor, job_class
 
 NOW = 100_000.0
 LABELS = ["compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound", "unknown"]
@@ -71,7 +70,7 @@ def worlds(draw):
     cluster = Cluster(tuple(dataclasses.replace(n, available=n.index not in drained) for n in cluster.nodes))
     base = draw(st.sampled_from([Policy(), Policy.easy(), Policy.fifo()]))
     policy = dataclasses.replace(base, spread_small=draw(st.booleans()) and base.name == "gpudiag")
-    teams = {"a": TeamShare(4.0, draw(st.floats(0, 20))), "b": TeamShare(4.0, draw(st.floats(0, 20)))}
+    teams = {"a": 4.0, "b": 4.0}   # quotas in GPUs
     return cluster, running, pending, signals, book, policy, teams
 
 
@@ -113,12 +112,12 @@ def test_decisions_respect_gangs_gpus_tiers_and_reasons(world):
             assert victim.preemptible and NOW - run_by_id[d.job_id].start >= policy.min_runtime_s
             if d.numbers["reclaim"]:   # quota reclaim: the head's team stays within its quota
                 assert policy.reclaim and victim.tier <= head.tier and victim.team != head.team
-                assert held.get(head.team, 0) + head.gpus <= teams[head.team].quota_gpus
+                assert held.get(head.team, 0) + head.gpus <= teams[head.team]
                 taken[victim.team] = taken.get(victim.team, 0) + victim.gpus
             else:
                 assert victim.tier < head.tier
     for t, g in taken.items():   # ... and no victim's team falls below its own
-        assert held[t] - g >= teams[t].quota_gpus
+        assert held[t] - g >= teams[t]
     if policy.name == "fifo":   # strict order: a start never skips a waiting job
         q = order_queue(pending, running, signals, book, NOW, policy, max(size.values()), teams)
         started = {d.job_id for d in starts}
@@ -282,13 +281,6 @@ def test_efficiency_factor_neutral_weak_stale_low_and_idle():
     assert efficiency_factor(job, Signal(0.40, "compute-bound", 0.9, 5.0), None, p, 0.31)[0] == 1.0
 
 
-def test_fair_share_delay_is_bounded_both_ways():
-    p = Policy()
-    assert fair_share_delay(TeamShare(10, 10), p)[0] == 0.0
-    assert fair_share_delay(TeamShare(10, 1000), p)[0] == p.max_fair_share_delay_s
-    assert fair_share_delay(TeamShare(10, 0), p)[0] == -p.max_fair_share_bonus_s
-
-
 def _running(jid, node, gpus, tier, start, ckpt, state, preemptible=True):
     pl = state.allocate([(node, gpus)])
     return Running(Job(jid, gpus, start, 10_000.0, tier=tier, preemptible=preemptible), pl, start,
@@ -358,10 +350,9 @@ def test_explain_gives_the_reason_of_the_pass_that_preempts():
 
 
 def test_pending_queue_keeps_tier_key_tag_order_on_insert_and_remove():
-    jobs = np.empty(2, dtype=object)
-    jobs[:] = [Job(1, 1, 3.0, 1.0), Job(2, 1, 1.0, 1.0)]
-    one = np.ones(2)
-    q = PendingQueue.of(jobs, one, one, np.zeros(2), np.array([3.0, 1.0]), np.array([1, 2]), -one)
+    q = PendingQueue()
+    q.insert(3.0, Job(1, 1, 3.0, 1.0), 0, tag=1)
+    q.insert(1.0, Job(2, 1, 1.0, 1.0), 0, tag=2)
     q.insert(2.0, Job(3, 2, 2.0, 1.0), 0, tag=3)
     q.insert(1.0, Job(4, 1, 1.0, 1.0), 0, tag=4)   # a tie in key goes after a lower tag ...
     q.insert(1.0, Job(0, 1, 1.0, 1.0), 0, tag=0)   # ... and before a higher one
@@ -429,7 +420,7 @@ def test_team_queues_interleave_by_charged_quota_and_keep_the_starvation_bound(w
     q0 = order_queue(pending, running, signals, book, NOW, dataclasses.replace(policy, team_queues=False),
                      8, teams, total)
     seen = {"a", "b"} | {j.team for j in pending} | {r.job.team for r in running}
-    quota = {t: teams[t].quota_gpus if t in teams else total / len(seen) for t in seen}
+    quota = {t: teams[t] if t in teams else total / len(seen) for t in seen}
     assert [j.id for j in q.jobs] == _greedy_team_order(
         q0, running, quota, NOW, overdue_s, lambda j: _charge(j, signals, book, policy, NOW))
     jobs = list(q.jobs)
@@ -449,7 +440,7 @@ def test_team_under_quota_goes_first_until_an_overdue_job_of_any_team():
     old = Job(10, 1, NOW - p.team_overdue_s - 1, 100.0, team="a")
     a1, a2 = Job(11, 2, NOW - 5000, 100.0, team="a"), Job(12, 2, NOW - 4900, 100.0, team="a")
     b = [Job(20 + i, 2, NOW - 100 + i, 100.0, team="b") for i in range(3)]
-    teams = {"a": TeamShare(4.0, 4.0), "b": TeamShare(4.0, 0.0)}
+    teams = {"a": 4.0, "b": 4.0}
     args = ([old, a1, a2, *b], [busy], {}, MfuBook(1e6), NOW)
     off = order_queue(*args, dataclasses.replace(p, team_queues=False), 8, teams, 16)
     assert [j.id for j in off.jobs] == [10, 11, 12, 20, 21, 22]      # by (shifted) submit time

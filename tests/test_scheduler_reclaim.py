@@ -14,7 +14,7 @@ import dataclasses
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.local.engine import Engine, Machine
 from gpudiag.scheduler.local.store import PENDING, RUNNING, JobRow
-from gpudiag.scheduler.model import Cluster, Job, Policy, Running, Signal, TeamShare
+from gpudiag.scheduler.model import Cluster, Job, Policy, Running, Signal
 from gpudiag.scheduler.policy import explain, order_queue, schedule
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.sim.simulator import simulate
@@ -44,7 +44,7 @@ def _preempts(decisions):
 def test_reclaim_takes_the_least_useful_work_back_from_the_team_over_its_quota():
     cluster, running, signals = _two_nodes_of_team_b()
     head = Job(3, 8, NOW - 10, 100.0, team="a")
-    teams = {"a": TeamShare(8.0, 0.0), "b": TeamShare(8.0, 16.0)}
+    teams = {"a": 8.0, "b": 8.0}
     args = (cluster, [head], running, signals, MfuBook(1e6), NOW, Policy(), teams)
     pre = _preempts(schedule(*args))
     # lost work: job 1 0.5 x 8 x NOW, job 2 0.1 x 8 x NOW: job 2 goes; b keeps 8 of its 8
@@ -60,8 +60,7 @@ def test_reclaim_never_takes_a_team_below_its_quota_nor_past_the_reclaimers_nor_
     book = MfuBook(1e6)
 
     def victims(head, quotas, run=running, policy=None):
-        teams = {t: TeamShare(q, 0.0) for t, q in quotas.items()}
-        return _preempts(schedule(cluster, [head], run, signals, book, NOW, policy or Policy(), teams))
+        return _preempts(schedule(cluster, [head], run, signals, book, NOW, policy or Policy(), quotas))
 
     a8, a4 = Job(3, 8, NOW - 10, 100.0, team="a"), Job(3, 4, NOW - 10, 100.0, team="a")
     assert victims(a8, {"a": 8.0, "b": 8.0})                 # the case above fires ...
@@ -120,7 +119,7 @@ def test_waste_charge_puts_the_wasteful_teams_job_behind_another_teams():
     for k, m in (("x", 0.05), ("y", 0.4), ("z", 0.4)):
         book.observe(k, "2-8 GPUs", m, "compute-bound", NOW - 10)
     a_next, b_next = Job(3, 8, NOW - 2000, 100.0, team="a"), Job(4, 8, NOW - 1000, 100.0, team="b")
-    teams = {"a": TeamShare(8.0, 4.0), "b": TeamShare(8.0, 4.0)}
+    teams = {"a": 8.0, "b": 8.0}
 
     def order(policy):
         return [j.id for j in order_queue([a_next, b_next], running, signals, book, NOW, policy, 8, teams,

@@ -39,7 +39,7 @@ from gpudiag.scheduler.local.store import PENDING as ROW_PENDING
 from gpudiag.scheduler.local.store import RUNNING as ROW_RUNNING
 from gpudiag.scheduler.local.store import STOPPING as ROW_STOPPING
 from gpudiag.scheduler.local.store import JobRow
-from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, TeamShare, Tier
+from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Tier
 from gpudiag.scheduler.pending import ONE_NODE, WHOLE
 from gpudiag.scheduler.policy import plan
 from gpudiag.scheduler.priority import MfuBook
@@ -146,10 +146,8 @@ class ClusterRuntime(Runtime):
                            j.deadline if j.state == "stopping" else j.start + self.estimate(j), j.start,
                            terminating=j.state == "stopping")
                    for j in jobs.values() if j.state in ("running", "stopping")]
-        teams = {t: TeamShare(q, sum(r.job.gpus for r in running if r.job.team == t))
-                 for t, q in CLUSTER_QUOTA.items()}   # as the controller's --quota
         return plan(self.cluster, pending, running, {}, MfuBook(POLICY.history_half_life_s), now, POLICY,
-                    teams)
+                    CLUSTER_QUOTA)   # as the controller's --quota
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -329,38 +327,30 @@ def sim_cases(draw):
 @given(sim_cases())
 def test_simulator_passes_keep_the_invariants(case):
     """The simulator's own loop (arrivals, ends, preemptions whose victims stop at their deadline,
-    requeues), on mixed node sizes: each ``plan_pass`` it makes is checked on the spot."""
+    requeues), on mixed node sizes: each pass it makes is checked as it happens, on the inputs
+    it had just before it (``simulate(on_pass=...)``)."""
     cluster, jobs, mfu, policy = case
     checker = Checker(cluster, policy.aging_bound_s, simulator.quotas_from_load(jobs, cluster.total_gpus),
                       policy.min_runtime_s)
-    real = simulator.plan_pass
     seen: dict[int, None] = {}
     passes = []
 
-    def checked(state, queue, by_end, now, pol, running=None, mfu_of=None, quotas=None, live=None):
-        held_ids = {j for _, j, _ in by_end}
-        rs = {r.job.id: r for r in running()} if running is not None else {}
-        waiting = {j.id: Waiting(j.id, j.gpus, j.tier, j.submit, j.estimate_s, int(k), j.team)
-                   for j, k in zip(queue.jobs, queue.kind, strict=True)}
+    def checked(p: simulator.SimPass) -> None:
+        held_ids = {j for _, j, _ in p.by_end}
+        rs = {r.job.id: r for r in p.running}
+        waiting = {j.id: Waiting(j.id, j.gpus, j.tier, j.submit, j.estimate_s, k, j.team)
+                   for j, k in zip(p.order, p.kinds, strict=True)}
         for j in list(seen):
             if j not in held_ids:
                 del seen[j]
                 checker.ended(j, set(waiting))
         seen.update(dict.fromkeys(held_ids))
-        held = [Held(j, rs[j].job.tier if j in rs else Tier.ON_DEMAND, pl, end, j in rs and rs[j].terminating,
-                     rs[j].job.team if j in rs else "", rs[j].start if j in rs else math.nan)
-                for end, j, pl in by_end]
-        order = [j.id for j in queue.jobs]
-        decisions = real(state, queue, by_end, now, pol, running, mfu_of, quotas, live)
-        checker.check(now, held, waiting, order, decisions)
-        passes.append(now)
-        return decisions
+        held = [Held(j, rs[j].job.tier, pl, end, rs[j].terminating, rs[j].job.team, rs[j].start)
+                for end, j, pl in p.by_end]
+        checker.check(p.now, held, waiting, [j.id for j in p.order], p.decisions)
+        passes.append(p.now)
 
-    simulator.plan_pass = checked
-    try:
-        res = simulator.simulate(jobs, mfu, cluster, policy)
-    finally:
-        simulator.plan_pass = real
+    res = simulator.simulate(jobs, mfu, cluster, policy, on_pass=checked)
     assert passes or not res.jobs
     for s in res.jobs:   # every job that fits the cluster ran to its end
         assert s.remaining == 0.0 and s.end >= s.job.submit

@@ -78,6 +78,9 @@ def test_cli_sweep_writes_the_page_charts_and_tables_with_easy_as_its_own_unit(t
     if not SHARED.is_dir():
         pytest.fail(f"test data missing: {SHARED} (CI lays ../shared beside the repository)")
     out = tmp_path / "docs"
+    kept = out / "scheduler-evaluation" / "whole-trace.md"   # measured apart, by the replay benchmark
+    kept.parent.mkdir(parents=True)
+    kept.write_text("## The whole trace\n\nmeasured apart: 0.731\n", encoding="utf-8")
     p = subprocess.run([sys.executable, "-m", "gpudiag", "sim", str(SHARED / "tiresias_60job.csv"), "--sweep",
                         "--out", str(out), "--loads", "0.6,1", "--seeds", "1", "--nodes", "2",
                         "--window-jobs", "60", "--windows", "1", "--processes", "2"],
@@ -103,6 +106,8 @@ def test_cli_sweep_writes_the_page_charts_and_tables_with_easy_as_its_own_unit(t
             assert f"ablation gpudiag -{field}: {NOT_IN_BUILD}" in p.stderr
     # the 60-job trace has no 8-hour span of 160 submissions: said, not silently empty
     assert "no 8-hour span" in page
+    # the whole-trace section kept beside the charts survives the page's regeneration
+    assert "## The whole trace\n\nmeasured apart: 0.731" in page
 
 
 def test_sweep_scenarios_hit_the_load_asked_and_pollux_windows_hold_160_jobs_in_8_hours():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpudiag.scheduler.model import Policy, Signal, TeamShare
+from gpudiag.scheduler.model import Policy, Signal
 from gpudiag.scheduler.policy import schedule
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.slurm.actions import Action, confirm, record_intents
@@ -104,11 +104,10 @@ def serve(jobs: list, evidence: set[int], nodes: dict | None = None) -> tuple[li
     model = model_of(jobs, nodes, PARTS, quiet, 5.0, NOW)
     signals = {j.id: Signal(m, "compute-bound", 0.9, 10.0) for j, m in zip(jobs[:4], (0.4, 0.05, 0.4, 0.3),
                                                                                  strict=True)}
-    use = {t: sum(r.job.gpus for r in model.running if r.job.team == t) for t in QUOTAS}
     policy = replace(Policy(), min_runtime_s=600.0)
     book = MfuBook(policy.history_half_life_s)
     decisions = schedule(model.cluster, model.pending, model.running, signals, book, NOW, policy,
-                         {t: TeamShare(q, use[t]) for t, q in QUOTAS.items()})
+                         dict(QUOTAS))
     by_id = {j.id: j for j in jobs}
     s = Serving(jobs, by_id, model, modes, PARTS, nodes, decisions, set(), lambda j: j.id in evidence, {},
                 set(), {}, False, policy.min_runtime_s, NOW, quiet, QUOTAS)

@@ -28,7 +28,6 @@ from gpudiag.scheduler.model import (
     Policy,
     Running,
     Signal,
-    TeamShare,
     Tier,
 )
 from gpudiag.scheduler.policy import plan
@@ -135,14 +134,6 @@ def stored_signal(row: JobRow, now: float) -> Signal | None:
     return Signal(row.sig_mfu, row.sig_label or "unknown", row.sig_conf or 0.0, max(0.0, now - row.sig_t))
 
 
-def teams_of(quota: Mapping[str, int], active: Sequence[JobRow]) -> dict[str, TeamShare]:
-    """Quota against the GPUs the team holds now (a point reading, not a decayed average)."""
-    used: dict[str, float] = {}
-    for r in active:
-        used[r.team] = used.get(r.team, 0.0) + r.gpus
-    return {t: TeamShare(float(q), used.get(t, 0.0)) for t, q in quota.items()}
-
-
 class Engine:
     def __init__(self, machine: Machine, policy: Policy, book: MfuBook, quota: Mapping[str, int]) -> None:
         self.machine = machine
@@ -163,7 +154,7 @@ class Engine:
         layout = layout or Layout.of(self.machine, active)
         running = [running_of(r, ckpt.get(r.id), layout, est) for r in active]
         return plan(layout.cluster, [job_of(r, est) for r in pending], running, signals, self.book,
-                    now, self._policy(signals_available), teams_of(self.quota, active))
+                    now, self._policy(signals_available), self.quota)
 
     def decide(self, pending: Sequence[JobRow], active: Sequence[JobRow], signals: Mapping[int, Signal],
                ckpt: Mapping[int, float | None], now: float, signals_available: bool) -> list[Decision]:

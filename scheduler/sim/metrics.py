@@ -18,6 +18,8 @@ Definitions (t = 0 at the first submission):
   the measure behind "a team above quota gets >= 90% of its quota"; null if that never happened.
 - ``worst_rho``, ``share_rho_above_1``: finish-time fairness (Themis, Sia), defined and computed
   in ``fairness.py``.
+- ``aging_violations``: passes' orders in which a job stood behind a job of its tier submitted
+  more than the aging bound after it (``ordering.aging_violations``): 0 in every replay.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ KEYS = ("jobs", "rejected", "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_de
         "max_queue_delay_s", "makespan_s", "gpu_utilisation", "useful_work_weighted_jct_s",
         "useful_work_weighted_wait_s", "high_mfu_avg_jct_s", "contended_cluster_mfu", "useful_work_by_time",
         "preemptions", "lost_gpu_seconds", "placement_slowdown_gpu_seconds", "team_share",
-        "max_wait_low_mfu_s", "worst_rho", "share_rho_above_1", "sim_wall_s")
+        "max_wait_low_mfu_s", "worst_rho", "share_rho_above_1", "aging_violations", "sim_wall_s")
 
 
 def _grid(times: np.ndarray, deltas: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -124,6 +126,7 @@ def summarise(res: SimResult) -> dict:
         "team_share": team_share,
         "max_wait_low_mfu_s": r(wait[~hi].max()) if (~hi).any() else 0.0,
         **fairness_summary(finish_time_fairness(sub, end, g, dur, res.total_gpus)),
+        "aging_violations": res.aging_violations,
         "sim_wall_s": round(res.wall_s, 3),
     }
     assert tuple(out) == KEYS

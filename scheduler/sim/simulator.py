@@ -1,29 +1,35 @@
-"""Trace replay: the policy core driven by simulated time (FIFO, EASY and gpudiag; Tiresias: tiresias.py).
+"""Trace replay: the policy core's one decision function driven by simulated time (Tiresias: tiresias.py).
 
-Event semantics (those of published simulators, so numbers compare): at one instant all
-completions are handled before all arrivals, then one scheduling pass. Durations are the
-trace's, except that a job of at most one node's GPUs that gpudiag spreads over several nodes
-runs longer by the ``slowdown`` model - the one placement the baselines never make. A job
-of more GPUs than a node replays its recorded duration under every policy (as the baselines'
-semantics require); what spanning more racks than needed would cost it under the model is
-recorded for every policy in ``rack_cost_gpu_s`` and printed by the benchmark, not applied.
+Event semantics (those of published simulators, so numbers compare): at one instant the
+agents' first reports, then all completions, then all arrivals, then one scheduling pass.
+Durations are the trace's, except that a job of at most one node's GPUs that gpudiag spreads
+over several nodes runs longer by the ``slowdown`` model - the one placement the baselines
+never make. A job of more GPUs than a node replays its recorded duration under every policy (as
+the baselines' semantics require); what spanning more racks than needed would cost it under the
+model is recorded for every policy in ``rack_cost_gpu_s`` and printed by the benchmark.
 
-The queue order is the policy core's (``gpudiag.scheduler.ordering``), the one the local
-daemon and the Slurm controller use. The policy sees a job's MFU and label only once it has run
-``LEARN_AFTER_S`` (the agent's first estimate needs a traced step; ten minutes is a
-conservative stand-in), through earlier jobs of its key, or - a requeued job - through its own
-last report for ``Policy.max_signal_age_s`` after it stopped, as a runtime would
-(``Policy.order == "mfu"``, the calibration prototype's oracle, orders by each job's own MFU
-known at submission instead). Sort keys are recomputed every ``PRIORITY_CALC_PERIOD_S``
-(Slurm's PriorityCalcPeriod default) and for each arrival; the per-team interleave before
-every pass.
+Every pass is ``policy.decide`` - the function the local daemon and the Slurm controller call
+through ``policy.plan`` - on the same inputs a runtime holds: the pending and running jobs, each
+job's own latest signal, the key history, the teams' quotas; every term is computed at the
+pass's ``now`` (tests/test_scheduler_same_decisions.py replays a trace window through this and
+through the local daemon's engine and compares every decision). What the replay adds is a model
+of what happens between passes:
 
-Preemption (tiers from an sacct export; Philly and Tiresias traces have one tier) and quota
-reclaim (``Policy.reclaim``, quotas from ``quotas_from_load``): a victim gets SIGTERM and its
-grace period, then its GPUs are free; work since its last periodic checkpoint (every
-``CHECKPOINT_INTERVAL_S`` of run time) is lost and it is requeued with the rest. The waste charge
-(``Policy.waste_charge``) of a running job comes from its own signal once learned (its agent
-reports while it runs), else its key's history; recomputed each priority period.
+- an agent's first report comes ``LEARN_AFTER_S`` after a job (re)starts (its first estimate
+  needs a traced step; ten minutes is a conservative stand-in): from then on the running job's
+  own signal is fresh, and its key's history learns it (as the Slurm controller learns from a
+  run's first usable signal); a requeued job keeps its last report for
+  ``Policy.max_signal_age_s``. ``oracle``: every job's MFU and label known at submission.
+- a job ends at its (slowed) duration; a preempted one gets its grace period, then its GPUs are
+  free, the work since its last periodic checkpoint (every ``CHECKPOINT_INTERVAL_S`` of run
+  time) is lost, and it is requeued with the rest.
+- a pass runs at an instant where it could decide something (``_worth_a_pass``): a pending job
+  that could fit the free GPUs, or a victim someone may take. The condition is necessary for
+  any start or preemption, so a pass skipped decides nothing a pass run would have.
+
+Quotas (``quotas_from_load``): each team's share of the offered load. Preemption needs tiers
+(sacct exports; Philly and Tiresias traces have one tier); quota reclaim (``Policy.reclaim``)
+needs only quotas.
 """
 
 from __future__ import annotations
@@ -33,32 +39,21 @@ import math
 import time
 from bisect import bisect_left, insort
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from gpudiag.scheduler.cluster_state import ClusterState
-from gpudiag.scheduler.model import (
-    Cluster,
-    Job,
-    Placement,
-    Policy,
-    Running,
-    Signal,
-    TeamShare,
-)
-from gpudiag.scheduler.ordering import Ordering
+from gpudiag.scheduler.model import Cluster, Decision, Job, Placement, Policy, Running, Signal
+from gpudiag.scheduler.ordering import Ordering, RunningCols
 from gpudiag.scheduler.pending import PendingQueue
-from gpudiag.scheduler.policy import plan_pass
-from gpudiag.scheduler.priority import (
-    MfuBook,
-    job_class,
-)
+from gpudiag.scheduler.policy import decide
+from gpudiag.scheduler.priority import MfuBook, job_class
 from gpudiag.scheduler.sim.slowdown import slowdown
 from gpudiag.scheduler.sim.traces import TraceJob
+from gpudiag.scheduler.team_queues import aging_violations
 
 LEARN_AFTER_S = 600.0
-PRIORITY_CALC_PERIOD_S = 300.0
 CHECKPOINT_INTERVAL_S = 1800.0
 
 
@@ -91,6 +86,25 @@ class SimResult:
     total_gpus: int
     quotas: dict[str, float]
     wall_s: float
+    aging_violations: int = 0   # passes' queue orders that broke the aging bound (``aging_violations``)
+
+
+@dataclass(frozen=True)
+class SimPass:
+    """One pass of a replay, for a watcher (``simulate(on_pass=...)``): the inputs as a runtime
+    would hold them just before it, and what it decided. ``order``: the queue as the pass
+    walked it; ``signals``: each pending or running job's own latest signal (age at ``now``);
+    ``book``: the key history (the replay's own: read it before the replay goes on)."""
+
+    now: float
+    order: list[Job]
+    kinds: list[int]
+    running: list[Running]
+    by_end: list[tuple[float, int, Placement]]
+    signals: dict[int, Signal]
+    book: MfuBook
+    quotas: dict[str, float]
+    decisions: list[Decision]
 
 
 def admissible(trace_jobs: list[TraceJob], total_gpus: int) -> tuple[list[TraceJob], int]:
@@ -109,53 +123,216 @@ def quotas_from_load(jobs: list[TraceJob], total_gpus: int) -> dict[str, float]:
     return {t: total_gpus * v / tot for t, v in load.items()}
 
 
-class _Teams:
-    """Per team: GPUs held (``gpus``; ``live``: less the jobs in their grace period, what reclaim
-    counts), the same with the waste charge (``charged``), and the decayed average of the GPUs
-    held (exponential, half-life from the policy), to which fair share adds the charge."""
+class Replay:
+    """One replay's state: the cluster, the jobs' lives, the policy's ``Ordering``, the events."""
 
-    def __init__(self, quotas: dict[str, float], half_life_s: float) -> None:
-        self.quota = quotas
-        self.lam = math.log(2.0) / half_life_s
-        self.avg = dict.fromkeys(quotas, 0.0)
-        self.gpus = dict.fromkeys(quotas, 0)
-        self.live = dict.fromkeys(quotas, 0.0)
-        self.charged = dict.fromkeys(quotas, 0.0)
-        self.at = dict.fromkeys(quotas, 0.0)
+    def __init__(self, trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], cluster: Cluster,
+                 policy: Policy, oracle: bool, on_pass: Callable[[SimPass], None] | None) -> None:
+        self.policy, self.oracle, self.on_pass = policy, oracle, on_pass
+        self.state = ClusterState(cluster)
+        self.per, self.rack_size = self.state.max_gpus, max(len(r) for r in self.state.rack_nodes)
+        self.quotas = quotas_from_load(trace_jobs, self.state.total_gpus)
+        self.book = MfuBook(policy.history_half_life_s)
+        fit, self.rejected = admissible(trace_jobs, self.state.total_gpus)
+        self.sims: list[SimJob] = []
+        for t in fit:
+            m, label = mfu[t.id]
+            job = Job(len(self.sims), t.gpus, t.submit, t.estimate or t.duration, t.user, t.team, t.key,
+                      t.tier, grace_s=policy.default_grace_s)
+            self.sims.append(SimJob(job, t.duration, m, label, t.duration, trace_id=t.id))
+        medians = None
+        if oracle:   # class medians of the whole trace, kept apart from what the policy learns
+            medians = MfuBook(policy.history_half_life_s)
+            for s in self.sims:
+                medians.observe("", job_class(s.job.gpus), s.mfu, s.label, 0.0)
+        self.o = Ordering(policy, self.book, self.per, medians)
+        self.o.add([s.job for s in self.sims])   # row i is job i
+        if oracle:
+            for i, s in enumerate(self.sims):
+                self.o.hear(i, s.mfu, s.label, 1.0, math.inf)
+        if policy.order == "mfu":   # the calibration's order: every job's own MFU, known at submission
+            self.o.know_mfu(np.arange(len(self.sims)), np.array([s.mfu for s in self.sims]))
+        # arrival order without spreading: keys and kinds never change, so the queue is kept
+        # sorted as jobs come and go instead of ordered before every pass
+        self.static = policy.order == "arrival" and not policy.spread_small
+        if self.static:
+            self.static_keys, self.static_kinds, _ = self.o.keys(np.arange(len(self.sims)), 0.0)
+        self.queue = PendingQueue()
+        self.pending = np.zeros(0, dtype=np.int64)   # pending rows, ascending (dynamic orders)
+        self.running: dict[int, Running] = {}
+        self.by_end: list[tuple[float, int, Placement]] = []
+        self.done: list[tuple[float, int, int]] = []      # (time, 0 finish / 1 kill, job)
+        self.learn: list[tuple[float, int, float]] = []   # (time, job, its start)
+        tiers = {s.job.tier for s in self.sims}
+        self.preemptive = policy.preemption and len(tiers) > 1
+        self.reclaiming = policy.reclaim and policy.order == "priority"
+        self.quota_of = np.array([self.quotas.get(t, 0.0) for t in self.o.team_names])
+        self.live = np.zeros(len(self.o.team_names))    # GPUs held by jobs not in their grace period
+        self.aging_violations = 0
+        n = len(self.sims)   # the running jobs' columns, by row (``ordering.RunningCols``)
+        self.r_end, self.r_start, self.r_stop = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
 
-    def _roll(self, team: str, now: float) -> None:
-        a = math.exp(-self.lam * max(0.0, now - self.at[team]))
-        self.avg[team] = self.avg[team] * a + self.gpus[team] * (1.0 - a)
-        self.at[team] = now
+    # --- events --------------------------------------------------------------------------------------
+    def arrive(self, i: int) -> None:
+        if self.static:
+            self.queue.insert(float(self.static_keys[i]), self.sims[i].job, int(self.static_kinds[i]), tag=i)
+        else:
+            self.pending = np.insert(self.pending, np.searchsorted(self.pending, i), i)
 
-    def change(self, team: str, delta: int, now: float, charged: float) -> None:
-        """``delta`` GPUs held (``charged``: as the waste charge counts them) from ``now``."""
-        self._roll(team, now)
-        self.gpus[team] += delta
-        self.charged[team] += charged
+    def reported(self, now: float) -> None:
+        """Agents' first reports of the runs that have run ``LEARN_AFTER_S``."""
+        while self.learn and self.learn[0][0] <= now:
+            _, i, st = heapq.heappop(self.learn)
+            r = self.running.get(i)
+            if r is None or r.start != st:
+                continue
+            s = self.sims[i]
+            s.learned = True
+            seg = s.segments[-1]
+            s.seen_mfu = s.mfu / max((seg[1] - seg[0]) / max(seg[2], 1e-9), 1.0)   # slowed: lower MFU
+            self.book.observe(s.job.key, job_class(s.job.gpus), s.seen_mfu, s.label, now)
+            self.o.learned(s.job.key)
+            if not self.oracle:   # its agent's signal, while it runs
+                self.o.hear(i, s.seen_mfu, s.label, 1.0, math.inf)
 
-    def share(self, team: str, now: float) -> TeamShare:
-        self._roll(team, now)
-        return TeamShare(self.quota.get(team, 0.0), self.avg[team])
+    def ended(self, now: float) -> None:
+        """Runs that finished, and victims whose grace period is over."""
+        while self.done and self.done[0][0] <= now:
+            _, kind, i = heapq.heappop(self.done)
+            if i not in self.running:
+                continue
+            s = self.sims[i]
+            if kind == 1:
+                self.stop(s, now, finished=False)
+            elif abs(s.segments[-1][1] - now) < 1e-6:
+                self.stop(s, now, finished=True)
 
+    def start(self, s: SimJob, placement: Placement, now: float) -> None:
+        job = s.job
+        f = slowdown(s.label, job.gpus, list(placement.nodes), self.state.rack, self.per, self.rack_size)
+        if job.gpus > self.per:   # whole nodes: the baselines' semantics replay these as recorded
+            s.rack_cost_gpu_s += job.gpus * s.remaining * (f - 1.0)
+            f = 1.0
+        wall = s.remaining * f
+        s.slow_gpu_s += job.gpus * (wall - s.remaining)
+        if math.isnan(s.first_start):
+            s.first_start = now
+        end = now + job.estimate_s   # what backfill plans with: a limit holds for each run
+        self.running[job.id] = Running(job, placement, now, end, now)
+        self.r_end[job.id], self.r_start[job.id], self.r_stop[job.id] = end, now, False
+        insort(self.by_end, (end, job.id, placement))
+        heapq.heappush(self.done, (now + wall, 0, job.id))
+        if not s.learned:
+            heapq.heappush(self.learn, (now + LEARN_AFTER_S, job.id, now))
+        elif not self.oracle:   # its agent reports again
+            self.o.hear(job.id, s.seen_mfu, s.label, 1.0, math.inf)
+        self.live[self.o.team_i[job.id]] += job.gpus
+        s.segments.append([now, now + wall, s.remaining])
 
-@dataclass(frozen=True)
-class SimPass:
-    """What one pass of a replay saw, for a watcher (``simulate(on_pass=...)``): the queue in the
-    order the pass walks, and the inputs a stateless runtime would hand ``policy.order_queue``
-    for the same jobs. ``current``: every sort key and kind is as of now (recomputed for this
-    pass, or constant in time: arrival order); otherwise they may be up to
-    ``PRIORITY_CALC_PERIOD_S`` old, as Slurm's priorities are."""
+    def preempt(self, d: Decision, now: float) -> None:
+        r = self.running[d.job_id]
+        r.terminating = True
+        self.live[self.o.team_i[d.job_id]] -= r.job.gpus
+        del self.by_end[bisect_left(self.by_end, (r.expected_end, d.job_id))]
+        r.expected_end = now + d.grace_s
+        self.r_end[d.job_id], self.r_stop[d.job_id] = r.expected_end, True
+        insort(self.by_end, (r.expected_end, d.job_id, r.placement))
+        heapq.heappush(self.done, (now + d.grace_s, 1, d.job_id))
 
-    now: float
-    queue: PendingQueue
-    running: list[Running]
-    signals: dict[int, Signal]
-    book: MfuBook
-    teams: dict[str, TeamShare]
-    total_gpus: int
-    per_node: int
-    current: bool
+    def stop(self, s: SimJob, now: float, finished: bool) -> None:
+        r = self.running.pop(s.job.id)
+        del self.by_end[bisect_left(self.by_end, (r.expected_end, s.job.id))]
+        self.state.release(r.placement)
+        if not r.terminating:
+            self.live[self.o.team_i[s.job.id]] -= s.job.gpus
+        if finished:
+            s.end, s.remaining = now, 0.0
+            return
+        seg = s.segments[-1]
+        progress = seg[2] * ((now - seg[0]) / (seg[1] - seg[0]) if seg[1] > seg[0] else 1.0)
+        kept = math.floor(progress / CHECKPOINT_INTERVAL_S) * CHECKPOINT_INTERVAL_S
+        s.lost_gpu_s += s.job.gpus * (progress - kept)
+        seg[1], seg[2] = now, kept
+        s.remaining -= kept
+        s.preemptions += 1
+        if s.learned and not self.oracle:   # its last report: usable for Policy.max_signal_age_s
+            self.o.hear(s.job.id, s.seen_mfu, s.label, 1.0, now)
+        self.arrive(s.job.id)
+
+    # --- the pass ------------------------------------------------------------------------------------
+    def _worth_a_pass(self, rows: np.ndarray, run: np.ndarray, now: float) -> bool:
+        """Whether a pass could start or preempt anything: a pending job no larger than the free
+        GPUs, a tier to preempt, or quota reclaim (``preempt.reclaim_victims``): a pending job
+        whose team stays within its quota with it, and a running job of another team that may
+        be its victim (not stopping, past the minimum runtime, of a team that stays at or over
+        its quota without it, of its tier or lower). Necessary for any such decision."""
+        if not len(rows):
+            return False
+        gpus = self.o.gpus[rows]
+        if self.state.total_free and gpus.min() <= self.state.total_free:
+            return True
+        if self.preemptive:
+            return True
+        if not self.reclaiming or not (self.live > self.quota_of + 1e-9).any():
+            return False
+        o, quota, live = self.o, self.quota_of, self.live
+        t = o.team_i[run]
+        victim = (~self.r_stop[run] & (now - self.r_start[run] >= self.policy.min_runtime_s)
+                  & (quota[t] > 0) & (o.gpus[run] <= live[t] - quota[t] + 1e-9))
+        if not victim.any():
+            return False
+        t = o.team_i[rows]
+        head = (quota[t] > 0) & (live[t] + gpus <= quota[t] + 1e-9)
+        return bool(head.any() and o.tier[run[victim]].min() <= o.tier[rows[head]].max())
+
+    def run_pass(self, now: float, rows: np.ndarray) -> None:
+        running = list(self.running.values())
+        seen = self._inputs(now, running) if self.on_pass is not None else None
+        run = np.fromiter(self.running, np.int64, len(running))
+        p = decide(self.o, self.state, self.queue if self.static else rows, running, self.by_end, now,
+                   self.quotas, cols=RunningCols(run, self.r_end[run], self.r_stop[run]))
+        started = []
+        for d in p.decisions:
+            if d.kind == "start":
+                self.start(self.sims[d.job_id], d.placement, now)
+                started.append(d.job_id)
+            elif d.kind == "preempt":
+                self.preempt(d, now)
+        if seen is not None:
+            self.on_pass(SimPass(now, list(p.queue.jobs), [int(k) for k in p.queue.kind], *seen, p.decisions))
+        if self.static:
+            self.queue.remove([int(d.numbers["position"]) for d in p.decisions if d.kind == "start"])
+            return
+        q, pol = p.queue, self.policy   # the aging bound, checked on the order this pass walked
+        cap = pol.max_efficiency_delay_s if pol.efficiency and pol.order == "priority" else 0.0
+        if pol.order != "mfu":
+            self.aging_violations += aging_violations(
+                self.o.sub[q.tag], q.neg_tier, max(cap, q.overdue_s if pol.uses_team_queues else 0.0))
+        if started:
+            self.pending = np.delete(self.pending, np.searchsorted(self.pending, started))
+
+    def _inputs(self, now: float, running: list[Running]) -> tuple:
+        """What a runtime would hold before the pass: copies of the running jobs, their ends,
+        and every job's own latest signal with its age (``SimPass``)."""
+        ids = [*self.pending.tolist(), *self.queue.tag.tolist(), *self.running]
+        sig = {i: Signal(float(self.o.own_mfu[i]), self.o.label_names[int(self.o.own_label[i])],
+                         float(self.o.own_conf[i]), max(0.0, now - self.o.own_at[i]))
+               for i in ids if i in self.o.own_at}
+        return [replace(r) for r in running], list(self.by_end), sig, self.book, self.quotas
+
+    def run(self) -> None:
+        ai, n = 0, len(self.sims)
+        while ai < n or self.done:
+            now = min(self.sims[ai].job.submit if ai < n else math.inf,
+                      self.done[0][0] if self.done else math.inf)
+            self.reported(now)
+            self.ended(now)
+            while ai < n and self.sims[ai].job.submit <= now:
+                self.arrive(ai)
+                ai += 1
+            rows = self.queue.tag if self.static else self.pending
+            if self._worth_a_pass(rows, np.fromiter(self.running, np.int64, len(self.running)), now):
+                self.run_pass(now, rows)
 
 
 def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], cluster: Cluster,
@@ -163,203 +340,12 @@ def simulate(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]], clus
              ) -> SimResult:
     """Replay submit-sorted ``trace_jobs`` under ``policy``; jobs that can never fit are rejected.
 
-    The queue order is the policy core's (``ordering.Ordering``, kept across passes and fed what
-    changed). ``oracle``: the policy knows every job's MFU and label at submission (a signal
-    heard at every instant, against class medians of the whole trace) instead of learning them -
-    what learning costs, for the benchmark. ``on_pass`` sees every pass (tests, tracing).
+    ``oracle``: the policy knows every job's MFU and label at submission (a signal heard at
+    every instant, against class medians of the whole trace) instead of learning them - what
+    learning costs, for the benchmark. ``on_pass`` sees every pass (tests, tracing).
     """
     wall0 = time.perf_counter()
-    state = ClusterState(cluster)
-    per, rack_size = state.max_gpus, max(len(r) for r in state.rack_nodes)
-    quotas = quotas_from_load(trace_jobs, state.total_gpus)
-    teams = _Teams(quotas, policy.fair_share_half_life_s)
-    book = MfuBook(policy.history_half_life_s)
-    fit, rejected = admissible(trace_jobs, state.total_gpus)
-    sims: list[SimJob] = []
-    for t in fit:
-        m, label = mfu[t.id]
-        job = Job(len(sims), t.gpus, t.submit, t.estimate or t.duration, t.user, t.team, t.key, t.tier,
-                  grace_s=policy.default_grace_s)
-        sims.append(SimJob(job, t.duration, m, label, t.duration, trace_id=t.id))
-    # victims exist only below the top tier: with one tier in the trace there is nothing to preempt
-    preemptive = policy.preemption and len({s.job.tier for s in sims}) > 1
-    # reclaim needs quotas, which a replay always has (``quotas_from_load``)
-    reclaiming = policy.reclaim and policy.order == "priority"
-    victims_possible = preemptive or reclaiming
-    # On a full cluster without tiers to preempt a pass can only reclaim, and only for a job
-    # whose team is under quota: passes run there on the arrival of such a job (and, as
-    # always, when GPUs free up) - not on every arrival, which took a 59-node Philly replay
-    # from 2 to 11 minutes.
-    charge = np.ones(len(sims))   # a running job's waste charge per GPU
-    whole = None
-    if oracle:   # class medians of the whole trace, kept apart from what the policy learns
-        whole = MfuBook(policy.history_half_life_s)
-        for s in sims:
-            whole.observe("", job_class(s.job.gpus), s.mfu, s.label, 0.0)
-    order = Ordering(policy, book, per, whole)
-    order.add([s.job for s in sims])   # row i is job i
-    if oracle:
-        for i, s in enumerate(sims):
-            order.hear(i, s.mfu, s.label, 1.0, math.inf)
-    if policy.order == "mfu":   # the calibration's order: every job's own MFU, known at submission
-        order.know_mfu(np.arange(len(sims)), np.array([s.mfu for s in sims]))
-    # keys change with time only through the priority terms, kinds only through learned labels
-    rekeys = policy.order != "arrival" or policy.spread_small
-    shares: dict[str, TeamShare] = {}
-    queue = PendingQueue()
-    running: dict[int, Running] = {}
-    by_end: list[tuple[float, int, Placement]] = []
-    done: list[tuple[float, int, int]] = []         # (time, kind 0=finish 1=kill, job index)
-    learn: list[tuple[float, int, float]] = []      # (time, job index, start)
-    ai, n = 0, len(sims)
-    next_calc = 0.0
-
-    def read_teams(now: float) -> None:
-        nonlocal shares
-        shares = {t: teams.share(t, now) for t in order.team_names}
-        if order.use_waste:   # as order_queue: the running jobs' waste charge on top of the use
-            order.set_teams({t: TeamShare(v.quota_gpus, v.used_gpus + teams.charged[t] - teams.gpus[t])
-                             for t, v in shares.items()}, now)
-        else:
-            order.set_teams(shares, now)
-
-    def recharge(now: float) -> None:
-        """Every running job's waste charge afresh (each priority period, as the keys)."""
-        if not order.use_waste:
-            return
-        rows = np.fromiter(running.keys(), np.int64, len(running))
-        charge[rows] = order.charge(rows, now)
-        per = np.bincount(order.team_i[rows], weights=order.gpus[rows] * charge[rows],
-                          minlength=len(order.team_names))
-        for t in teams.charged:   # (the incremental sums' rounding goes too)
-            teams.charged[t] = 0.0
-        for ti, t in enumerate(order.team_names):
-            teams.charged[t] = float(per[ti])
-
-    def enqueue(i: int, now: float) -> None:
-        if order.use_fair and not now - order.fair_at < PRIORITY_CALC_PERIOD_S:
-            read_teams(now)
-        k, kind = order.keys(np.array([i]), now)
-        queue.insert(float(k[0]), sims[i].job, int(kind[0]), tag=i)
-
-    def start(s: SimJob, placement: Placement, now: float) -> None:
-        job = s.job
-        f = slowdown(s.label, job.gpus, list(placement.nodes), state.rack, per, rack_size)
-        if job.gpus > per:   # whole nodes: the baselines' semantics replay these as recorded
-            s.rack_cost_gpu_s += job.gpus * s.remaining * (f - 1.0)
-            f = 1.0
-        wall = s.remaining * f
-        s.slow_gpu_s += job.gpus * (wall - s.remaining)
-        if math.isnan(s.first_start):
-            s.first_start = now
-        est = now + min(job.estimate_s, s.remaining)
-        running[job.id] = Running(job, placement, now, est, now)
-        insort(by_end, (est, job.id, placement))
-        heapq.heappush(done, (now + wall, 0, job.id))
-        if not s.learned:
-            heapq.heappush(learn, (now + LEARN_AFTER_S, job.id, now))
-        if s.learned and order.use_waste and not oracle:   # its agent reports again
-            order.hear(job.id, s.seen_mfu, s.label, 1.0, math.inf)
-        charge[job.id] = order.charge(np.array([job.id]), now)[0]
-        teams.change(job.team, job.gpus, now, job.gpus * float(charge[job.id]))
-        teams.live[job.team] += job.gpus
-        s.segments.append([now, now + wall, s.remaining])
-
-    def stop(s: SimJob, now: float, finished: bool) -> None:
-        r = running.pop(s.job.id)
-        del by_end[bisect_left(by_end, (r.expected_end, s.job.id))]
-        state.release(r.placement)
-        teams.change(s.job.team, -s.job.gpus, now, -s.job.gpus * float(charge[s.job.id]))
-        if not teams.gpus[s.job.team]:
-            teams.charged[s.job.team] = 0.0
-        if not r.terminating:
-            teams.live[s.job.team] -= s.job.gpus
-        if finished:
-            s.end, s.remaining = now, 0.0
-            return
-        seg = s.segments[-1]
-        frac = (now - seg[0]) / (seg[1] - seg[0]) if seg[1] > seg[0] else 1.0
-        progress = seg[2] * frac
-        kept = math.floor(progress / CHECKPOINT_INTERVAL_S) * CHECKPOINT_INTERVAL_S
-        s.lost_gpu_s += s.job.gpus * (progress - kept)
-        seg[1], seg[2] = now, kept
-        s.remaining -= kept
-        s.preemptions += 1
-        if s.learned and not oracle:   # its last report: usable for Policy.max_signal_age_s
-            order.hear(s.job.id, s.seen_mfu, s.label, 1.0, now)
-        enqueue(s.job.id, now)
-
-    def mfu_of(r: Running) -> float:
-        s = sims[r.job.id]
-        return s.mfu if s.learned else (book.class_median(job_class(r.job.gpus)) or 1.0)
-
-    while ai < n or done:
-        now = min(sims[ai].job.submit if ai < n else math.inf, done[0][0] if done else math.inf)
-        while learn and learn[0][0] <= now:
-            _, i, st = heapq.heappop(learn)
-            r = running.get(i)
-            if r is not None and r.start == st:
-                s = sims[i]
-                s.learned = True
-                seg = s.segments[-1]
-                f = (seg[1] - seg[0]) / max(seg[2], 1e-9)
-                s.seen_mfu = s.mfu / max(f, 1.0)   # a spread job's MFU falls with its slowdown
-                book.observe(s.job.key, job_class(s.job.gpus), s.seen_mfu, s.label, now)
-                order.learned(s.job.key)
-                if order.use_waste and not oracle:   # its agent's signal, while it runs
-                    order.hear(i, s.seen_mfu, s.label, 1.0, math.inf)
-                    c = order.charge(np.array([i]), now)[0]
-                    teams.change(s.job.team, 0, now, s.job.gpus * float(c - charge[i]))
-                    charge[i] = c
-        while done and done[0][0] <= now:
-            _, kind, i = heapq.heappop(done)
-            if i not in running:
-                continue
-            s = sims[i]
-            if kind == 1:
-                stop(s, now, finished=False)
-            elif abs(s.segments[-1][1] - now) < 1e-6:
-                stop(s, now, finished=True)
-        may_reclaim = False   # a full cluster changes for reclaim only by a job that could reclaim
-        while ai < n and sims[ai].job.submit <= now:
-            enqueue(ai, now)
-            j = sims[ai].job
-            may_reclaim |= reclaiming and teams.live[j.team] + j.gpus <= quotas[j.team]
-            ai += 1
-        if not len(queue) or (state.total_free == 0 and not preemptive and not may_reclaim):
-            continue
-        rekeyed = rekeys and now >= next_calc
-        if rekeyed:
-            order.refresh()
-            recharge(now)
-            if order.use_fair:
-                read_teams(now)
-            k, kinds = order.keys(queue.tag, now)
-            queue.reorder(k, kinds, sort=not policy.uses_team_queues)   # the interleave sorts
-            next_calc = now + PRIORITY_CALC_PERIOD_S
-        if policy.uses_team_queues:   # team use changes with every start and end: before every pass
-            use = np.array([teams.gpus[t] for t in order.team_names], float)
-            charged = np.array([teams.charged[t] for t in order.team_names], float)
-            queue.permute(order.team_order(queue, use, quotas, state.total_gpus, now, charged))
-        if on_pass is not None:
-            own = {j: order.signal_of(j, now) for j in [*queue.tag.tolist(), *running]}
-            on_pass(SimPass(now, queue, list(running.values()), {i: g for i, g in own.items() if g},
-                            book, shares, state.total_gpus, per, rekeyed or not rekeys))
-        decisions = plan_pass(state, queue, by_end, now, policy,
-                              (lambda: list(running.values())) if victims_possible else None, mfu_of,
-                              quotas if reclaiming else None, teams.live)
-        started = []
-        for d in decisions:
-            if d.kind == "start":
-                start(sims[d.job_id], d.placement, now)
-                started.append(d.numbers["position"])
-            elif d.kind == "preempt":
-                r = running[d.job_id]
-                r.terminating = True
-                teams.live[r.job.team] -= r.job.gpus
-                del by_end[bisect_left(by_end, (r.expected_end, d.job_id))]
-                r.expected_end = now + d.grace_s
-                insort(by_end, (r.expected_end, d.job_id, r.placement))
-                heapq.heappush(done, (now + d.grace_s, 1, d.job_id))
-        queue.remove(started)
-    return SimResult(policy.name, sims, rejected, state.total_gpus, quotas, time.perf_counter() - wall0)
+    r = Replay(trace_jobs, mfu, cluster, policy, oracle, on_pass)
+    r.run()
+    wall = time.perf_counter() - wall0
+    return SimResult(policy.name, r.sims, r.rejected, r.state.total_gpus, r.quotas, wall, r.aging_violations)

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from gpudiag.scheduler.model import Policy, Signal, TeamShare
+from gpudiag.scheduler.model import Policy, Signal
 from gpudiag.scheduler.policy import schedule
 from gpudiag.scheduler.priority import job_class, signal_usable
 from gpudiag.scheduler.signals import SignalRead, SignalSource
@@ -121,6 +121,42 @@ class Options:
     partitions: frozenset[str] | None = None    # --partitions: the only ones managed (None: all)
 
 
+@dataclass
+class _Round:
+    """What one round read and derived, step by step (``Controller.round``)."""
+
+    res: RoundResult
+    now: float
+    jobs: list[SlurmJob]
+    nodes: dict
+    parts: dict
+    cfg: dict[str, str]
+    marked: bool | None
+    conf: object
+    qos: object
+    by_id: dict[int, SlurmJob]
+    snapshot: Ledger | None = None
+    reloaded: bool = False
+    modes: ModeView | None = None
+    requeued: dict = field(default_factory=dict)
+    in_flight: set = field(default_factory=set)
+    sig: SignalRead | None = None
+    signals: dict = field(default_factory=dict)
+    policy: Policy | None = None
+    quiet: set = field(default_factory=set)
+    model: Model | None = None
+    no_evidence: str = ""
+    takeover: bool = False
+    want: set = field(default_factory=set)
+    busy_why: dict = field(default_factory=dict)
+    decisions: list = field(default_factory=list)
+    serving: Serving | None = None
+    requeues: list = field(default_factory=list)
+    handed_back: dict = field(default_factory=dict)
+    give_back: set = field(default_factory=set)
+    why_back: dict = field(default_factory=dict)
+
+
 class Refused(ValueError):
     """An option this cluster's Slurm cannot honour (the CLI exits 2 with this line)."""
 
@@ -181,8 +217,28 @@ class Controller:
 
     def round(self, now: float) -> RoundResult:
         """One round; raises SlurmUnreachable (the loop backs off) and LedgerError (the ledger is
-        not ours to use); skips the round on malformed output."""
+        not ours to use); skips the round on malformed output. The steps, in order: read Slurm,
+        reconcile the ledger with it, read the signals and model the cluster, choose the
+        partitions to hold, decide (the policy core's pass), serve the waiting jobs, turn all of
+        it into actions, write them."""
         res = RoundResult(at=now)
+        r = self._read(res, now)
+        if r is None:
+            return res
+        self._reconcile(r)
+        self._model(r)
+        self._holds(r)
+        if r.model.cluster.nodes:
+            r.decisions = schedule(r.model.cluster, r.model.pending, r.model.running, r.signals,
+                                   self.history.book, now, r.policy, self.opt.quotas or None)
+            res.decisions = [{"kind": d.kind, "job_id": d.job_id, "reason": d.reason} for d in r.decisions]
+        self._serve(r)
+        self._actions(r)
+        self._write(r)
+        return res
+
+    def _read(self, res: RoundResult, now: float) -> _Round | None:
+        """Slurm's four answers at once, and the options this Slurm cannot honour refused."""
         try:
             with ThreadPoolExecutor(4) as pool:   # four answers from slurmctld at once, not in a row
                 reads = [pool.submit(f) for f in (self.io.jobs, self.io.nodes, self.io.partitions,
@@ -197,7 +253,7 @@ class Controller:
         except (BadSlurmOutput, SlurmError) as e:
             res.skipped = f"round skipped, nothing changed: {e}"
             log.error("%s", res.skipped)
-            return res
+            return None
         if self.opt.need_multifactor and cfg.get("PriorityType") != MULTIFACTOR:
             raise Refused(f"--efficiency-delay: this Slurm uses {cfg.get('PriorityType', '?')}, whose Nice "
                           "counts submissions, not seconds; give --nice-max N (the least efficient job's "
@@ -206,123 +262,140 @@ class Controller:
         if managed is not None and managed - set(parts):
             raise Refused(f"--partitions: this Slurm has no {', '.join(sorted(managed - set(parts)))} "
                           f"(it has {', '.join(sorted(parts))})")
-        by_id = {j.id: j for j in jobs}
-        snapshot = self.store.read()    # decided on; written back (with the lease) before any change
-        self._bind(snapshot, cfg)
+        return _Round(res, now, jobs, nodes, parts, cfg, marked, conf, qos, {j.id: j for j in jobs})
+
+    def _reconcile(self, r: _Round) -> None:
+        """The ledger as decided on (written back, with the lease, before any change), reconciled
+        with what Slurm shows: jobs gone, split array tasks, partitions' modes after a reload."""
+        r.snapshot = snapshot = self.store.read()
+        self._bind(snapshot, r.cfg)
         if not self.opt.dry_run:        # one controller per cluster: before any value is read as an original
-            self.tenancy.renew(snapshot, now)
-        reloaded = conf_reloaded(snapshot, cfg.get("BOOT_TIME"), marked)
-        reconcile(snapshot, by_id, res.notes)
-        adopt_split_tasks(snapshot, jobs)
-        for n in res.notes:
+            self.tenancy.renew(snapshot, r.now)
+        r.reloaded = conf_reloaded(snapshot, r.cfg.get("BOOT_TIME"), r.marked)
+        reconcile(snapshot, r.by_id, r.res.notes)
+        adopt_split_tasks(snapshot, r.jobs)
+        for n in r.res.notes:
             log.info("%s", n)
-        modes = reconcile_modes(snapshot, parts, reloaded, conf)
-        res.notes += modes.notes
-        for n in modes.notes:
+        r.modes = reconcile_modes(snapshot, r.parts, r.reloaded, r.conf)
+        r.res.notes += r.modes.notes
+        for n in r.modes.notes:
             log.warning("%s", n)
-        requeued = {jid: r.at for jid, r in snapshot.requeued.items()
-                    if r.done and jid in by_id and by_id[jid].holds}
-        in_flight = {snapshot.requeued[jid].for_job for jid in requeued}
-        sig = self._read_signals(now)
+        r.requeued = {jid: q.at for jid, q in snapshot.requeued.items()
+                      if q.done and jid in r.by_id and r.by_id[jid].holds}
+        r.in_flight = {snapshot.requeued[jid].for_job for jid in r.requeued}
+
+    def _model(self, r: _Round) -> None:
+        """Signals (each job's own user's), the policy as this cluster runs it, the model of its
+        jobs and nodes, what the key history learns, and whether there is evidence to act on."""
+        res, now = r.res, r.now
+        r.sig = sig = self._read_signals(now)
         self._outages.update(sig.down)
-        signals = slurm_signals(sig, jobs) if sig.available else {}   # each job's own user's only
-        res.signals = {"available": sig.available, "why": sig.why, "jobs": len(signals)}
-        res.jobs = {"pending": sum(j.state == "PENDING" for j in jobs), "running": sum(j.holds for j in jobs)}
-        kill_wait = duration_s(cfg.get("KillWait", "30 sec"))
+        r.signals = slurm_signals(sig, r.jobs) if sig.available else {}
+        res.signals = {"available": sig.available, "why": sig.why, "jobs": len(r.signals)}
+        res.jobs = {"pending": sum(j.state == "PENDING" for j in r.jobs),
+                    "running": sum(j.holds for j in r.jobs)}
+        kill_wait = duration_s(r.cfg.get("KillWait", "30 sec"))
         min_runtime = self.opt.min_runtime_s if self.opt.min_runtime_s is not None else \
-            duration_s(cfg.get("PreemptExemptTime", "0"))
-        policy = replace(self.policy, min_runtime_s=min_runtime)
-        quiet = quiet_partitions(parts, modes, nodes, cfg.get("PreemptType", "")) \
+            duration_s(r.cfg.get("PreemptExemptTime", "0"))
+        r.policy = replace(self.policy, min_runtime_s=min_runtime)
+        managed = self.opt.partitions
+        quiet = quiet_partitions(r.parts, r.modes, r.nodes, r.cfg.get("PreemptType", "")) \
             if self.opt.takeover and self.io.json_ok is True and self.opt.quotas else set()
-        quiet &= managed if managed is not None else quiet
-        model = model_of(jobs, nodes, parts, modes.held | quiet, kill_wait, now, requeued)
-        self._observe(model, by_id, signals, now, policy)
-        no_evidence = self._evidence(sig, signals, model, policy)
-        res.notes += [no_evidence] if no_evidence else []
-        takeover = self.opt.takeover and not no_evidence and self.io.json_ok is True
+        r.quiet = quiet & managed if managed is not None else quiet
+        r.model = model_of(r.jobs, r.nodes, r.parts, r.modes.held | r.quiet, kill_wait, now, r.requeued)
+        self._observe(r.model, r.by_id, r.signals, now, r.policy)
+        r.no_evidence = self._evidence(sig, r.signals, r.model, r.policy)
+        res.notes += [r.no_evidence] if r.no_evidence else []
+
+    def _holds(self, r: _Round) -> None:
+        """The partitions gpudiag would hold (``takeover``), less those Slurm is busy preempting in
+        and those whose hold would let Slurm preempt another partition's jobs instead."""
+        res, parts, nodes, modes = r.res, r.parts, r.nodes, r.modes
+        r.takeover = self.opt.takeover and not r.no_evidence and self.io.json_ok is True
         if self.opt.takeover and self.io.json_ok is False:
             res.notes.append("this squeue has no --json (no requeue flag, no preempt_time): Slurm chooses "
                              "preemption victims; gpudiag only changes Nice")
-        want = eligible(parts, modes, nodes, cfg.get("PreemptType", "")) if takeover else set()
-        want &= managed if managed is not None else want
+        want = eligible(parts, modes, nodes, r.cfg.get("PreemptType", "")) if r.takeover else set()
+        want &= self.opt.partitions if self.opt.partitions is not None else want
         # the layout's answer, said once: from every partition gpudiag may hold, not from this
         # round's (a partition Slurm is preempting in sits a round out, and said it again)
         unsafe = unsafe_holds(parts, modes.original, nodes, want)
-        if takeover:
+        if r.takeover:
             self.said.layout(res, unsafe)
-        if not no_evidence:
-            self.said.steering(mode_line(takeover, want - set(unsafe), qos, unsafe))
-        busy_why = busy_partitions(jobs, want)
-        want -= set(busy_why)
-        res.notes += [f"partition {p}: {w}" for p, w in busy_why.items()]
-        busy_why.update(self._safe(parts, modes, nodes, want))
+        if not r.no_evidence:
+            self.said.steering(mode_line(r.takeover, want - set(unsafe), r.qos, unsafe))
+        r.busy_why = busy_partitions(r.jobs, want)
+        want -= set(r.busy_why)
+        res.notes += [f"partition {p}: {w}" for p, w in r.busy_why.items()]
+        r.busy_why.update(self._safe(parts, modes, nodes, want))
+        r.want = want
         if self.opt.dry_run:   # decide as a real run would once it holds what it would take
-            for r in model.running:
-                r.job.preemptible = by_id[r.job.id].partition in want | quiet and by_id[r.job.id].requeue
-        decisions = []
-        if model.cluster.nodes:
-            decisions = schedule(model.cluster, model.pending, model.running, signals, self.history.book, now,
-                                 policy, self._teams(model))
-            res.decisions = [{"kind": d.kind, "job_id": d.job_id, "reason": d.reason} for d in decisions]
-        serving, requeues, handed_back, give_back = None, [], {}, set(modes.held)
-        why_back = dict.fromkeys(modes.held, no_evidence or "takeover off (--no-takeover)")
-        if takeover:
-            serving = Serving(jobs, by_id, model, modes, parts, nodes, decisions, want,
-                              lambda j: self._has_evidence(j, signals, policy, now), requeued, in_flight,
-                              dict(snapshot.handed_back), memory_is_consumable(cfg), policy.min_runtime_s,
-                              now, quiet, self.opt.quotas)
-            blocked = self._victims_blocked(jobs, modes, want)
-            requeues, handed_back, give_back = serve_waiting(serving, allow_victims=not blocked)
+            for x in r.model.running:
+                j = r.by_id[x.job.id]
+                x.job.preemptible = j.partition in want | r.quiet and j.requeue
+
+    def _serve(self, r: _Round) -> None:
+        """Victims requeued for the waiting jobs gpudiag serves; the others handed to Slurm."""
+        res, modes = r.res, r.modes
+        r.serving, r.requeues, r.handed_back, r.give_back = None, [], {}, set(modes.held)
+        r.why_back = dict.fromkeys(modes.held, r.no_evidence or "takeover off (--no-takeover)")
+        if r.takeover:
+            r.serving = Serving(r.jobs, r.by_id, r.model, modes, r.parts, r.nodes, r.decisions, r.want,
+                                lambda j: self._has_evidence(j, r.signals, r.policy, r.now), r.requeued,
+                                r.in_flight, dict(r.snapshot.handed_back), memory_is_consumable(r.cfg),
+                                r.policy.min_runtime_s, r.now, r.quiet, self.opt.quotas)
+            blocked = self._victims_blocked(r.jobs, modes, r.want)
+            r.requeues, r.handed_back, r.give_back = serve_waiting(r.serving, allow_victims=not blocked)
             res.notes += [blocked] if blocked else []
-            why_back = {p: "a waiting job is Slurm's to serve (see handed_back)" for p in give_back}
-        why_back.update(busy_why)
-        why_back.update(self._safe(parts, modes, nodes, want - give_back))
-        res.handed_back = handed_back
-        self.said.reclaims(res, serving, requeues)
-        for jid in set(handed_back) - set(snapshot.handed_back):
-            log.info("job %d: left to Slurm's preemption: %s", jid, handed_back[jid])
-        res.actions += mode_actions(parts, modes, want - give_back - set(why_back), why_back)
-        res.actions += requeues
-        res.actions += lift_ends(by_id, snapshot.nice)
-        if not no_evidence and policy.efficiency and (qos is None or qos.nice_ok):
-            scale = self.opt.nice_max if self.opt.nice_max is not None else nice_scale(cfg, policy)
-            lifted = lifted_jobs(snapshot.nice) | {int(a.target) for a in requeues if a.kind == "lift"}
-            top_qos = qos.top if qos is not None else frozenset()
-            res.actions += nice_actions(jobs, parts, snapshot.nice, set(snapshot.theirs) | lifted, signals,
-                                        self.history.book, now, policy, scale, self.opt.min_change_interval_s,
-                                        self.opt.max_changes, neutral_jobs(jobs, parts, managed, top_qos))
-        self._sig_down_since = None if sig.available else self._sig_down_since or now
+            r.why_back = {p: "a waiting job is Slurm's to serve (see handed_back)" for p in r.give_back}
+        r.why_back.update(r.busy_why)
+        r.why_back.update(self._safe(r.parts, modes, r.nodes, r.want - r.give_back))
+        res.handed_back = r.handed_back
+        self.said.reclaims(res, r.serving, r.requeues)
+        for jid in set(r.handed_back) - set(r.snapshot.handed_back):
+            log.info("job %d: left to Slurm's preemption: %s", jid, r.handed_back[jid])
+
+    def _actions(self, r: _Round) -> None:
+        """Partition modes, requeues, Nice lifts ended, efficiency Nice, and every Nice lifted when
+        the signals have been out longer than a signal lives."""
+        res, policy, snapshot, now = r.res, r.policy, r.snapshot, r.now
+        res.actions += mode_actions(r.parts, r.modes, r.want - r.give_back - set(r.why_back), r.why_back)
+        res.actions += r.requeues
+        res.actions += lift_ends(r.by_id, snapshot.nice)
+        if not r.no_evidence and policy.efficiency and (r.qos is None or r.qos.nice_ok):
+            scale = self.opt.nice_max if self.opt.nice_max is not None else nice_scale(r.cfg, policy)
+            lifted = lifted_jobs(snapshot.nice) | {int(a.target) for a in r.requeues if a.kind == "lift"}
+            top_qos = r.qos.top if r.qos is not None else frozenset()
+            res.actions += nice_actions(r.jobs, r.parts, snapshot.nice, set(snapshot.theirs) | lifted,
+                                        r.signals, self.history.book, now, policy, scale,
+                                        self.opt.min_change_interval_s, self.opt.max_changes,
+                                        neutral_jobs(r.jobs, r.parts, self.opt.partitions, top_qos))
+        self._sig_down_since = None if r.sig.available else self._sig_down_since or now
         out_s = now - (self._sig_down_since or now)
         if out_s > policy.max_signal_age_s:
-            res.actions += lift_all(jobs, snapshot.nice, f"signals unavailable for {out_s:.0f} s, longer "
+            res.actions += lift_all(r.jobs, snapshot.nice, f"signals unavailable for {out_s:.0f} s, longer "
                                     f"than the {policy.max_signal_age_s:.0f} s staleness limit")
 
-        marked = self._mark(cfg, marked)
+    def _write(self, r: _Round) -> None:
+        """The reload mark, then the actions (``writes``), then what the round leaves held."""
+        res, cfg, now = r.res, r.cfg, r.now
+        marked = self._mark(cfg, r.marked)
 
         def prepare(ledger: Ledger) -> None:
             self._bind(ledger, cfg)
             self.renew(ledger, now)
-            reconcile(ledger, by_id, [])
-            adopt_split_tasks(ledger, jobs)
-            reconcile_modes(ledger, parts, reloaded, conf)
+            reconcile(ledger, r.by_id, [])
+            adopt_split_tasks(ledger, r.jobs)
+            reconcile_modes(ledger, r.parts, r.reloaded, r.conf)
             ledger.boot, ledger.marked = cfg.get("BOOT_TIME"), bool(marked)
-            ledger.handed_back = dict(handed_back)
+            ledger.handed_back = dict(r.handed_back)
 
-        self._apply(res, now, serving, by_id, prepare)
+        self._apply(res, now, r.serving, r.by_id, prepare)
         changed = {a.target: a.new for a in res.actions if a.kind == "preempt_mode" and a.applied}
-        res.held = sorted(p for p in modes.held | set(changed) if changed.get(p, PREEMPT_OFF) == PREEMPT_OFF)
+        res.held = sorted(p for p in r.modes.held | set(changed)
+                          if changed.get(p, PREEMPT_OFF) == PREEMPT_OFF)
         if not self.opt.dry_run:
             save_history(self.hist_path, self.history, now)
-        return res
-
-    def _teams(self, model: Model) -> dict[str, TeamShare] | None:
-        """--quota TEAM=N: a Slurm account's quota; its use is the GPUs its running jobs hold now."""
-        if not self.opt.quotas:
-            return None
-        used: dict[str, float] = {}
-        for r in model.running:
-            used[r.job.team] = used.get(r.job.team, 0.0) + r.job.gpus
-        return {t: TeamShare(q, used.get(t, 0.0)) for t, q in self.opt.quotas.items()}
 
     def _observe(self, model: Model, by_id: dict[int, SlurmJob], signals: dict[int, Signal], now: float,
                  policy: Policy) -> None:
