@@ -4,8 +4,6 @@ phases, patterns), the black box's format round trip, the agent's stalled export
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from gpudiag.agent.signals import JobSignal, parse_signal
@@ -22,8 +20,6 @@ from gpudiag.analyzers.stall import (
     rank_limit,
 )
 from gpudiag.collectors import blackbox
-from gpudiag.live.fleet import summarise
-from gpudiag.live.fleet_query import FleetData, Series
 from gpudiag.live.snapshot import JobRow
 from gpudiag.reports.top_view import job_cells
 from gpudiag.scheduler.model import Policy, Signal
@@ -114,24 +110,7 @@ def test_top_marks_a_stalled_job_and_its_cause():
     assert cells[5] == "STALLED 2m05s idle" and cells[4] == "0.0%"
 
 
-def test_fleet_dates_a_stall_back_to_the_last_step_and_counts_it_lost_at_mfu_zero():
-    """The job trained 0-40 s at MFU 0.5 on 2 GPUs, then slept; its limit was 20 s, so the agent
-    exported MFU 0.5 until 60 s and the stall series from 61 s (s = t - 40). Useful work ends at
-    the last step, not at the limit."""
-    gpus = [Series({"instance": "n", "job_id": "j"}, [(t, 2.0) for t in range(100)])]
-    mfu = [Series({"instance": "n", "job_id": "j", "owner_uid": "1"},
-                  [(t, 0.5 if t <= 60 else 0.0) for t in range(100)])]
-    stalled = [Series({"instance": "n", "job_id": "j", "owner_uid": "1", "cause": "idle"},
-                      [(t, t - 40.0) for t in range(61, 100)])]
-    other = [Series({"instance": "n", "job_id": "k"}, [(t, 2.0) for t in range(100)])]
-    s = summarise(FleetData("http://p", 0, 99, 1.0, {"gpus": gpus + other, "stalled": stalled, "mfu": mfu + [
-        Series({"instance": "n", "job_id": "k", "owner_uid": "2"}, [(t, 0.3) for t in range(100)])]}))
-    j = next(r for r in s.jobs if r.job_id == "j")
-    assert j.useful_gpu_hours * 3600 == pytest.approx(41 * 2 * 0.5)   # t = 0..40
-    assert j.stalled_gpu_hours * 3600 == pytest.approx(59 * 2) and j.stall_cause == "idle"
-    assert j.running_mfu == pytest.approx(0.5) and s.stalled_gpu_hours == j.stalled_gpu_hours
-    assert s.wasters[0].job_id == "j" and j.lost_gpu_hours >= j.stalled_gpu_hours
-    assert math.isclose(sum(s.label_mix["stalled"]), 59 * 2)
+# the fleet's side of the stall rule: test_fleet_sums.py (a stall dated back to the last step)
 
 
 def test_the_scheduler_acts_on_a_stalled_job_only_where_the_admin_enabled_it():
