@@ -197,7 +197,7 @@ def sync_report(census: SyncCensus | None, trace: TraceSyncs | None, device_kind
                       feeding_us=feeding, device_idle_us=idle, saving_us=max(0.0, min(saving, step)),
                       step_us=step, assumption=assumption,
                       census_step=usable.step if usable is not None else None, notes=notes,
-                      feeding_top=feeding_top)
+                      feeding_top=feeding_top, own_step_us=step - view.host_stalled)
 
 
 def _gpu_saving(trace: TraceSyncs | None, view: TimeBreakdown, traced: TimeBreakdown
@@ -248,7 +248,8 @@ def advice_text(r: SyncReport) -> str:
     where = ", ".join(f"{s.site} {s.kind} x{s.per_step:.3g}" for s in r.sites[:3])
     kinds = ", ".join(f"{k} x{v:.3g}" for k, v in sorted(r.by_kind.items(), key=lambda kv: -kv[1])[:4])
     return (f"The loop reads tensor values back to Python (host syncs) {r.per_step:.3g} times per "
-            f"step ({kinds}), {100 * r.share:.1f}% of step time" + (f"; busiest: {where}" if where else "") +
+            f"step ({kinds}), {100 * r.share:.1f}% of the step at its own pace"
+            + (f"; busiest: {where}" if where else "") +
             ": keep values on the device (accumulate losses and metrics as tensors, read them "
             "every N steps), drop checks of device values from the loop, and avoid "
             "data-dependent shapes (torch.where instead of boolean-mask indexing).")

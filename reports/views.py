@@ -165,8 +165,9 @@ def sync_headline(r: SyncReport) -> str:
     """'49 per step (.item() x25, .cpu() x24); removing them is predicted to save 1.06 ms per step
     (3.1%)'."""
     kinds = ", ".join(f"{k} x{v:.3g}" for k, v in sorted(r.by_kind.items(), key=lambda kv: -kv[1]))
-    cost = (f"removing them is predicted to save {ms(r.saving_us)} per step ({pct(r.share)} of "
-            f"{ms(r.step_us)})")
+    own = r.own_step_us if r.own_step_us and r.own_step_us < 0.99 * r.step_us else None
+    of = f"the {ms(own)} step at the job's own pace" if own else ms(r.step_us)
+    cost = f"removing them is predicted to save {ms(r.saving_us)} per step ({pct(r.share)} of {of})"
     feed = (f"; {r.feeding_ops:.3g} operators per step were computed only to feed them "
             f"({ms(r.feeding_us)})" if r.feeding_ops else "")
     return f"{r.per_step:.3g} per step" + (f" ({kinds})" if kinds else "") + f"; {cost}{feed}"

@@ -118,6 +118,11 @@ def _copy_gpudiag(site: Path) -> None:
         spec = importlib.util.find_spec(f"gpudiag.{folder.name}")
         if spec is not None and spec.origin and Path(spec.origin).parent == folder:
             shutil.copytree(folder, site / "gpudiag" / folder.name, ignore=ignore)
+    # its metadata too, as an install leaves it: gpudiag's version is read from it
+    version = md.version("gpudiag")
+    info = site / f"gpudiag-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gpudiag\nVersion: {version}\n")
 
 
 def interpreter() -> Path:
