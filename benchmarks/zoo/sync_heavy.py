@@ -15,7 +15,7 @@ import torch.nn as nn
 
 
 def main() -> None:
-    p = _zoo.parser(__doc__, steps=600, warmup=20)
+    p = _zoo.parser(__doc__, steps=1000, warmup=20)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--blocks", type=int, default=24)

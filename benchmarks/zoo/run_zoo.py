@@ -1,0 +1,247 @@
+"""Run the held-out zoo: each job's truth by its own timer, gpudiag's verdict on it, and each fix
+gpudiag recommends applied through the job's knob and measured alone.
+
+Per job: one run under ``gpudiag profile`` (defaults), then the job alone as it is, in each truth
+variant and with each recommended fix, in a palindrome (A B C C B A) so a linear drift of the
+machine's pace cancels; each variant's step is the mean of its two runs. Prints a markdown
+table and writes everything as JSON (``--out``).
+
+    .venv/bin/python benchmarks/zoo/run_zoo.py [--jobs a,b] [--rounds N] [--quick] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from zoo_jobs import JOBS, Job, fix_args  # noqa: E402
+from zoo_table import markdown  # noqa: E402
+from zoo_truth import expected_label, machine_peaks, truth_of  # noqa: E402
+
+BIN = Path(sys.executable).parent
+MAX_SECONDS = 150  # an alone run stops after this long (a fix that slows the job 50x)
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def command(job: Job, extra: list[str], quick: bool) -> list[str]:
+    script = str(HERE / job.script)
+    args = list(job.args) + (list(job.quick) if quick else []) + extra
+    if job.ranks > 1:
+        return [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={job.ranks}",
+                script, *args]
+    return [sys.executable, script, *args]
+
+
+def run_alone(job: Job, extra: list[str], quick: bool, work: Path, tag: str) -> dict:
+    """The job alone; its own report, with the load before and after and its wall time."""
+    rep = work / f"{tag}.json"
+    log = work / f"{tag}.log"
+    la0, t0 = load(), time.time()
+    with open(log, "w") as f:
+        guard = [] if job.ranks > 1 else ["--max-seconds", str(MAX_SECONDS)]
+        rc = subprocess.run(command(job, extra + guard + ["--report", str(rep)], quick), stdout=f,
+                            stderr=subprocess.STDOUT, timeout=900).returncode
+    out = {"tag": tag, "args": extra, "rc": rc, "wall_s": time.time() - t0,
+           "load_before": la0, "load_after": load()}
+    if rc != 0 or not rep.exists():
+        out["error"] = f"exit {rc}; see {log}"
+        return out
+    out["report"] = json.loads(rep.read_text())
+    return out
+
+
+def step_of(job: Job, run: dict) -> float | None:
+    r = run.get("report")
+    if not r:
+        return None
+    return r["mean_ms"] if job.stat == "mean" else r["median_ms"]
+
+
+def run_gpudiag(job: Job, quick: bool, work: Path) -> dict:
+    """The job under ``gpudiag profile`` with its defaults; the diagnosis as written."""
+    out_dir = work / "gpudiag"
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    rep = work / "profiled.json"
+    cmd = [str(BIN / "gpudiag"), "profile", "--out", str(out_dir), "--",
+           *command(job, ["--report", str(rep)], quick)]
+    la0, t0 = load(), time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    (work / "gpudiag.out").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    res: dict = {"rc": proc.returncode, "wall_s": time.time() - t0, "load_before": la0,
+                 "load_after": load(), "terminal": proc.stdout[proc.stdout.find("VERDICT"):]}
+    if rep.exists():
+        res["report"] = json.loads(rep.read_text())
+    diag = out_dir / "diagnosis.json"
+    if not diag.exists():
+        res["error"] = f"no diagnosis.json (exit {proc.returncode}); see {work / 'gpudiag.out'}"
+        return res
+    res["diagnosis"] = summarise(json.loads(diag.read_text()))
+    return res
+
+
+def summarise(d: dict) -> dict:
+    """What the zoo reads from diagnosis.json: the verdict (label, tie_with, confidence, its
+    recommendations: action, text, predicted_step_s, why, step_s, gain) and mfu.value."""
+    v = d.get("verdict") or {}
+    mfu = d.get("mfu") or {}
+    recs = []
+    for r in v.get("recommendations") or d.get("recommendations") or []:
+        if isinstance(r, str):
+            r = {"action": "unknown", "text": r}
+        recs.append({k: r.get(k) for k in ("action", "text", "predicted_step_s", "why",
+                                           "step_s", "gain")})
+    return {"label": v.get("label"), "tie_with": v.get("tie_with"),
+            "confidence": v.get("confidence"), "summary": v.get("summary"),
+            "evidence": v.get("evidence"), "noise": v.get("noise"),
+            "deductions": v.get("deductions"), "basis": d.get("basis"),
+            "mfu": mfu.get("value"), "mfu_reason": mfu.get("reason"),
+            "mfu_step_time_us": mfu.get("step_time_us"),
+            "mfu_basis": mfu.get("step_time_basis"), "warnings": d.get("warnings"),
+            "recommendations": recs}
+
+
+def palindrome(job: Job, variants: dict[str, list[str]], rounds: int, quick: bool,
+               work: Path) -> dict[str, list[dict]]:
+    """base, v1..vn, vn..v1, base; repeated ``rounds`` times."""
+    names = ["base", *variants]
+    order = names + names[::-1]
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(rounds):
+        for i, n in enumerate(order):
+            tag = f"r{r}-{i:02d}-{n}"
+            res = run_alone(job, [] if n == "base" else variants[n], quick, work, tag)
+            s = step_of(job, res)
+            shown = f"{s:.2f} ms" if s else res.get("error")
+            print(f"  {tag}: {shown} "
+                  f"(load {res['load_before'][0]})", flush=True)
+            runs[n].append(res)
+    return runs
+
+
+def run_job(job: Job, rounds: int, quick: bool, work: Path, peaks: dict) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"== {job.name}: {job.what}", flush=True)
+    g = run_gpudiag(job, quick, work)
+    diag = g.get("diagnosis") or {}
+    print(f"  gpudiag: {diag.get('label')} tie={diag.get('tie_with')} "
+          f"conf={diag.get('confidence')} ({g['wall_s']:.0f} s) {g.get('error', '')}",
+          flush=True)
+    variants: dict[str, list[str]] = {k: list(v) for k, v in job.truth_variants.items()}
+    fixes = []
+    for i, rec in enumerate(diag.get("recommendations", [])):
+        args, note = fix_args(job, rec)
+        fx = {"rank": i + 1, "rec": rec, "knob": note, "args": args, "variant": None}
+        if args is not None:
+            same = [k for k, v in variants.items() if v == args]
+            fx["variant"] = same[0] if same else f"fix{i + 1}"
+            if not same:
+                variants[fx["variant"]] = args
+        fixes.append(fx)
+    runs = palindrome(job, variants, rounds, quick, work)
+    steps = {n: [s for s in (step_of(job, r) for r in rs) if s] for n, rs in runs.items()}
+    truth = truth_of(job, runs, steps, peaks)
+    exp = expected_label(truth)
+    base = _mean(steps["base"])
+    for fx in fixes:
+        if fx["variant"] is None:
+            continue
+        after = _mean(steps.get(fx["variant"], []))
+        fx["measured_before_ms"], fx["measured_after_ms"] = base, after
+        fx["measured_runs_ms"] = steps.get(fx["variant"], [])
+        rec = fx["rec"]
+        if rec.get("predicted_step_s") and rec.get("step_s") and base and after:
+            pb, pa = rec["step_s"] * 1e3, rec["predicted_step_s"] * 1e3
+            fx["predicted_before_ms"], fx["predicted_after_ms"] = pb, pa
+            fx["ratio_raw"] = pa / after
+            fx["ratio_scaled"] = (pa / pb) / (after / base)
+            fx["within_25"] = abs(fx["ratio_scaled"] - 1) <= 0.25
+            # gpudiag states its prediction as the fix done fully (docs/diagnosis.md): an upper
+            # bound on the gain, so the stated range of the fixed step is [predicted, today's].
+            fx["in_stated_range"] = pa / pb <= after / base <= 1.0
+        runs_b, runs_a = steps["base"], steps.get(fx["variant"], [])
+        # Slower beyond noise: 5% on the mean, and every run with the fix slower than every
+        # run without it.
+        fx["slows_job"] = bool(base and after and after > base * 1.05
+                               and min(runs_a) > max(runs_b))
+        fx["predicted_slower"] = bool(rec.get("predicted_step_s") and rec.get("step_s")
+                                      and rec["predicted_step_s"] > rec["step_s"])
+    prof = g.get("report")
+    observer = None
+    if prof and base:
+        observer = (prof["mean_ms"] if job.stat == "mean" else prof["median_ms"]) / base
+    return {"job": job.name, "what": job.what, "stat": job.stat, "gpudiag": g,
+            "runs": runs, "steps_ms": steps, "truth": truth, "expected": exp, "fixes": fixes,
+            "observer_ratio": observer}
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", default="", help="comma-separated job names (default: all)")
+    p.add_argument("--rounds", type=int, default=1, help="palindromes of alone runs per job")
+    p.add_argument("--quick", action="store_true", help="fewer steps per run")
+    p.add_argument("--out", default="", help="results JSON (default: WORK/zoo.json)")
+    p.add_argument("--work", default="", help="run folder (default: runs/zoo-<time>)")
+    p.add_argument("--table", default="", metavar="FILE",
+                   help="print the markdown table of an earlier --out FILE, run nothing")
+    args = p.parse_args()
+    if args.table:
+        saved = json.loads(Path(args.table).read_text())
+        print(markdown(saved["meta"], saved["jobs"]))
+        return
+    names = [n for n in args.jobs.split(",") if n]
+    unknown = set(names) - {j.name for j in JOBS}
+    if unknown:
+        p.error(f"unknown job(s) {sorted(unknown)}; known: {[j.name for j in JOBS]}")
+    jobs = [j for j in JOBS if not names or j.name in names]
+    work = Path(args.work or f"runs/zoo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    up0 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"uptime at start: {up0}", flush=True)
+    peaks = machine_peaks(work)
+    print(f"machine peaks (own measurement): {peaks}", flush=True)
+    results = []
+    for job in jobs:
+        results.append(run_job(job, args.rounds, args.quick, work / job.name, peaks))
+        (work / "partial.json").write_text(json.dumps(results, indent=1, default=str))
+    up1 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    meta = {"uptime_start": up0, "uptime_end": up1, "wall_s": time.time() - t0,
+            "peaks": peaks, "rounds": args.rounds, "quick": args.quick,
+            "cpu": _cpu_model(), "cores": os.cpu_count()}
+    out = Path(args.out) if args.out else work / "zoo.json"
+    out.write_text(json.dumps({"meta": meta, "jobs": results}, indent=1, default=str))
+    print()
+    print(markdown(meta, results))
+    print(f"\nresults: {out}")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    main()
