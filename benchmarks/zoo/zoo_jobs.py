@@ -57,7 +57,7 @@ def _comm(rec: dict) -> tuple[list[str] | None, str]:
     if "accumulat" in text or "no_sync" in text:
         return ["--accumulate", "4"], "--accumulate 4 (the advice names accumulation)"
     if "compress" in text:
-        return ["--compress", "bf16"], "--compress bf16 (the advice names compression)"
+        return ["--compress", "fp16"], "--compress fp16 (the advice names compression)"
     if m:
         return ["--bucket-cap-mb", m.group(1)], f"--bucket-cap-mb {m.group(1)}"
     if "bucket" in text:
