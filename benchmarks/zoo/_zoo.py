@@ -32,6 +32,8 @@ def parser(description: str, steps: int, warmup: int = 5) -> argparse.ArgumentPa
     p.add_argument("--max-seconds", type=float, default=0.0,
                    help="stop after this long (at least --warmup + 3 steps): a guard for a "
                         "variant that runs far slower; 0: run every step")
+    p.add_argument("--min-steps", type=int, default=0,
+                   help="with --max-seconds: time at least this many steps (default: --warmup + 3)")
     p.add_argument("--foreach", action="store_true",
                    help="the optimizer's multi-tensor (foreach) implementation")
     return p
@@ -68,7 +70,7 @@ class Timer:
 
     def over(self, args: argparse.Namespace) -> bool:
         """True once --max-seconds have passed and enough steps are timed to summarise."""
-        if not args.max_seconds or len(self.steps_ms) < args.warmup + 3:
+        if not args.max_seconds or len(self.steps_ms) < max(args.warmup + 3, args.min_steps):
             return False
         return sum(self.steps_ms) / 1e3 > args.max_seconds
 

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from zoo_truth import expected_label, machine_peaks, truth_of  # noqa: E402
 
 BIN = Path(sys.executable).parent
 MAX_SECONDS = 150  # an alone run stops after this long (a fix that slows the job 50x)
+CALM = [0.0, 0.0]  # --max-load, --max-wait: wait for the load average before each run
 
 
 def load() -> list[float]:
@@ -44,19 +46,39 @@ def command(job: Job, extra: list[str], quick: bool) -> list[str]:
     return [sys.executable, script, *args]
 
 
+def _run(cmd: list[str], log: Path, timeout: float) -> tuple[int | None, str]:
+    """Run a command in its own session, output to ``log``; on timeout kill its whole group
+    (gpudiag's job and torchrun's ranks included) and say so."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout), ""
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None, f"timed out after {timeout:.0f} s"
+
+
+def wait_for_calm(max_load: float, max_wait: float) -> float:
+    """Wait until the 1-minute load average is under ``max_load`` (at most ``max_wait`` s)."""
+    t0 = time.time()
+    while max_load and os.getloadavg()[0] > max_load and time.time() - t0 < max_wait:
+        time.sleep(10)
+    return time.time() - t0
+
+
 def run_alone(job: Job, extra: list[str], quick: bool, work: Path, tag: str) -> dict:
     """The job alone; its own report, with the load before and after and its wall time."""
     rep = work / f"{tag}.json"
     log = work / f"{tag}.log"
+    waited = wait_for_calm(CALM[0], CALM[1])
     la0, t0 = load(), time.time()
-    with open(log, "w") as f:
-        guard = [] if job.ranks > 1 else ["--max-seconds", str(MAX_SECONDS)]
-        rc = subprocess.run(command(job, extra + guard + ["--report", str(rep)], quick), stdout=f,
-                            stderr=subprocess.STDOUT, timeout=900).returncode
-    out = {"tag": tag, "args": extra, "rc": rc, "wall_s": time.time() - t0,
+    guard = [] if job.ranks > 1 else ["--max-seconds", str(MAX_SECONDS)]
+    rc, err = _run(command(job, extra + guard + ["--report", str(rep)], quick), log, 900)
+    out = {"tag": tag, "args": extra, "rc": rc, "wall_s": time.time() - t0, "waited_s": waited,
            "load_before": la0, "load_after": load()}
     if rc != 0 or not rep.exists():
-        out["error"] = f"exit {rc}; see {log}"
+        out["error"] = err or f"exit {rc}; see {log}"
         return out
     out["report"] = json.loads(rep.read_text())
     return out
@@ -75,18 +97,22 @@ def run_gpudiag(job: Job, quick: bool, work: Path) -> dict:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     rep = work / "profiled.json"
+    # Enough steps for gpudiag's window (--skip 10, a warm-up and 5 traced, 10 after), then
+    # the same time guard as alone.
+    guard = [] if job.ranks > 1 else ["--max-seconds", str(MAX_SECONDS), "--min-steps", "40"]
     cmd = [str(BIN / "gpudiag"), "profile", "--out", str(out_dir), "--",
-           *command(job, ["--report", str(rep)], quick)]
+           *command(job, guard + ["--report", str(rep)], quick)]
+    waited = wait_for_calm(CALM[0], CALM[1])
     la0, t0 = load(), time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    (work / "gpudiag.out").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    res: dict = {"rc": proc.returncode, "wall_s": time.time() - t0, "load_before": la0,
-                 "load_after": load(), "terminal": proc.stdout[proc.stdout.find("VERDICT"):]}
+    rc, err = _run(cmd, work / "gpudiag.out", 1800)
+    text = (work / "gpudiag.out").read_text(errors="replace")
+    res: dict = {"rc": rc, "wall_s": time.time() - t0, "load_before": la0, "waited_s": waited,
+                 "load_after": load(), "terminal": text[text.find("VERDICT"):]}
     if rep.exists():
         res["report"] = json.loads(rep.read_text())
     diag = out_dir / "diagnosis.json"
     if not diag.exists():
-        res["error"] = f"no diagnosis.json (exit {proc.returncode}); see {work / 'gpudiag.out'}"
+        res["error"] = f"no diagnosis.json ({err or f'exit {rc}'}); see {work / 'gpudiag.out'}"
         return res
     res["diagnosis"] = summarise(json.loads(diag.read_text()))
     return res
@@ -133,6 +159,7 @@ def palindrome(job: Job, variants: dict[str, list[str]], rounds: int, quick: boo
 
 def run_job(job: Job, rounds: int, quick: bool, work: Path, peaks: dict) -> dict:
     work.mkdir(parents=True, exist_ok=True)
+    t_job = time.time()
     print(f"== {job.name}: {job.what}", flush=True)
     g = run_gpudiag(job, quick, work)
     diag = g.get("diagnosis") or {}
@@ -184,7 +211,17 @@ def run_job(job: Job, rounds: int, quick: bool, work: Path, peaks: dict) -> dict
         observer = (prof["mean_ms"] if job.stat == "mean" else prof["median_ms"]) / base
     return {"job": job.name, "what": job.what, "stat": job.stat, "gpudiag": g,
             "runs": runs, "steps_ms": steps, "truth": truth, "expected": exp, "fixes": fixes,
-            "observer_ratio": observer}
+            "observer_ratio": observer, "wall_s": time.time() - t_job,
+            "load_range": _load_range(g, runs)}
+
+
+def _load_range(g: dict, runs: dict[str, list[dict]]) -> list[float]:
+    """The lowest and highest 1-minute load average seen before or after any of the job's runs."""
+    seen = [g["load_before"][0], g["load_after"][0]]
+    for rs in runs.values():
+        for r in rs:
+            seen += [r["load_before"][0], r["load_after"][0]]
+    return [min(seen), max(seen)]
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -199,6 +236,13 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="fewer steps per run")
     p.add_argument("--out", default="", help="results JSON (default: WORK/zoo.json)")
     p.add_argument("--work", default="", help="run folder (default: runs/zoo-<time>)")
+    p.add_argument("--max-load", type=float, default=0.0,
+                   help="before each run, wait until the 1-min load average is under this "
+                        "(0: never wait); the load is recorded either way")
+    p.add_argument("--max-wait", type=float, default=600.0,
+                   help="the longest wait for --max-load, in seconds, then run anyway")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the jobs already in WORK/partial.json, run the others")
     p.add_argument("--table", default="", metavar="FILE",
                    help="print the markdown table of an earlier --out FILE, run nothing")
     args = p.parse_args()
@@ -213,17 +257,26 @@ def main() -> None:
     jobs = [j for j in JOBS if not names or j.name in names]
     work = Path(args.work or f"runs/zoo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     work.mkdir(parents=True, exist_ok=True)
+    CALM[:] = [args.max_load, args.max_wait]
     t0 = time.time()
     up0 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"uptime at start: {up0}", flush=True)
     peaks = machine_peaks(work)
     print(f"machine peaks (own measurement): {peaks}", flush=True)
     results = []
+    if args.resume and (work / "partial.json").exists():
+        results = json.loads((work / "partial.json").read_text())
+        print(f"resumed: {[r['job'] for r in results]}", flush=True)
+    done = {r["job"] for r in results}
     for job in jobs:
+        if job.name in done:
+            continue
         results.append(run_job(job, args.rounds, args.quick, work / job.name, peaks))
         (work / "partial.json").write_text(json.dumps(results, indent=1, default=str))
+    results.sort(key=lambda r: [j.name for j in JOBS].index(r["job"]))
     up1 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     meta = {"uptime_start": up0, "uptime_end": up1, "wall_s": time.time() - t0,
+            "jobs_wall_s": sum(r.get("wall_s", 0) for r in results),
             "peaks": peaks, "rounds": args.rounds, "quick": args.quick,
             "cpu": _cpu_model(), "cores": os.cpu_count()}
     out = Path(args.out) if args.out else work / "zoo.json"

@@ -69,6 +69,7 @@ COMPILE = _flag("--compile")
 FOREACH = _flag("--foreach")
 COMMON: dict[str, FixMap] = {
     "fused-optimizer": FOREACH,
+    "free-a-core": _flag("--threads", "1", note="--threads 1 (one intra-op thread: a core freed)"),
     "fewer-flops": _no_knob("no knob: the model is the job"),
     "fix-straggler": _no_knob("no knob: one machine, no straggler to fix"),
 }
@@ -112,6 +113,7 @@ JOBS: list[Job] = [
     Job("ddp_comm", "ddp_comm.py", ranks=2, quick=("--steps", "40"), stat="mean",
         truth_variants={"no_sync_all": ("--no-sync-all",)}, rest="compute", peak_threads=1,
         knobs={"overlap-communication": _comm, "compile-small-ops": COMPILE,
+               "free-a-core": _no_knob("no knob: the ranks already run one thread each"),
                "fuse-memory-bound": _no_knob("no knob: no elementwise chain to fuse")},
         what="DDP, 2 ranks over gloo, 25M params (100 MB fp32 gradients), batch 16, 1 thread"),
     Job("compile_chain", "compile_chain.py", quick=("--steps", "100"),

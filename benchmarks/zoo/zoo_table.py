@@ -44,14 +44,15 @@ def markdown(meta: dict, results: list[dict]) -> str:
         f"Machine: {meta['cpu']}, {meta['cores']} cores; peaks measured here: "
         + ", ".join(f"{k} {v}" for k, v in meta["peaks"].items()),
         f"Load: start `{meta['uptime_start']}`; end `{meta['uptime_end']}`; "
-        f"zoo wall time {meta['wall_s'] / 60:.1f} min, rounds {meta['rounds']}"
+        f"zoo wall time {meta.get('jobs_wall_s', meta['wall_s']) / 60:.1f} min (jobs), "
+        f"rounds {meta['rounds']}"
         + (", quick" if meta["quick"] else ""),
         "",
         "Ratio = (predicted after/before) / (measured after/before); raw = predicted after / "
         "measured after. ✓ within ±25%. In range: the measured after/before lies between "
         "gpudiag's predicted after/before (the fix done fully, its stated bound) and 1.",
         "",
-        "| job | truth (own timer) | expected | gpudiag (conf, MFU) | label | observer | "
+        "| job | truth (own timer) | expected | gpudiag (conf, MFU) | label | observer, load | "
         "fixes: predicted vs measured (ms) |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -69,6 +70,8 @@ def markdown(meta: dict, results: list[dict]) -> str:
             got = f"error: {g['error']}"
         right = label_right(r["expected"], d) if d else "n/a"
         obs = f"{r['observer_ratio']:.2f}x" if r.get("observer_ratio") else "–"
+        if r.get("load_range"):
+            obs += f"<br>load {r['load_range'][0]:.1f}–{r['load_range'][1]:.1f}"
         fixes = "<br>".join(fix_line(fx) for fx in r["fixes"]) or "none"
         lines.append(f"| {r['job']} | {facts} | {exp} | {got} | {right} | {obs} | {fixes} |")
     return "\n".join(lines)
