@@ -188,9 +188,12 @@ class JobTable(Collector):
         if old is not None:
             for k, v in old.collective_seconds_total.items():
                 sig.collective_seconds_total[k] = max(v, sig.collective_seconds_total.get(k, 0.0))
+            same_stall = sig.last_step_at is None or sig.last_step_at == old.last_step_at
             for attr in OPTIONAL_FIELDS:
                 if getattr(sig, attr) is None:
                     setattr(sig, attr, getattr(old, attr))
+            if sig.stall_cause is None and same_stall:   # still the stall the cause was given for
+                sig.stall_cause = old.stall_cause
             sig.signals_applied = old.signals_applied
         sig.signals_applied += 1
         sig.received_at = now
@@ -239,6 +242,12 @@ class JobTable(Collector):
                      "the local scheduler's team), where the job knows it.", (*JOB_LABELS, "team"))
         user = gauge("gpudiag_job_owner_info", "1, labelled with the login name of the job's owner_uid "
                      "on this node, where the node has an account for it.", (*JOB_LABELS, "user"))
+        stalled = gauge("gpudiag_job_stalled_seconds",
+                        "Seconds since the job last finished a step, only while that exceeds its stall "
+                        "limit (its MFU is then exported as 0); cause: hung, desync, mismatch, deadlock, "
+                        "idle, busy, exited, unknown, or no-steps while it is being judged.",
+                        (*JOB_LABELS, "cause"))
+        last_step = gauge("gpudiag_job_last_step_timestamp_seconds", "When the job last finished a step.")
         for j in self.jobs.values():
             lv = [j.job_id, "" if j.owner_uid is None else str(j.owner_uid)]
             # one action, one team and one user per job: these add at most 3 series per job
@@ -256,7 +265,12 @@ class JobTable(Collector):
             seen.add_metric(lv, j.received_at if j.received_at is not None else j.ts)
             if j.ended:
                 ended.add_metric(lv, j.ts)
-            for fam, v in ((mfu, j.mfu_ratio), (step, j.step_seconds), (wait, j.input_wait_ratio),
+            idle = j.stalled_for(now)
+            if idle is not None:
+                stalled.add_metric([*lv, j.stall_cause or "no-steps"], idle)
+            if j.last_step_at is not None:
+                last_step.add_metric(lv, j.last_step_at)
+            for fam, v in ((mfu, j.mfu_at(now)), (step, j.step_seconds), (wait, j.input_wait_ratio),
                            (conf, j.confidence), (dil, j.dilation), (traced, j.traced_steps)):
                 if v is not None:
                     fam.add_metric(lv, float(v))
@@ -282,7 +296,7 @@ class JobTable(Collector):
                                  "jobs.json a scheduler reads.", labels=["state_dir"])
         info.add_metric([os.path.abspath(self.state_dir)], 1.0)
         return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, run, ended, rec, pred, team,
-                user, jobs, applied, rej, info]
+                user, stalled, last_step, jobs, applied, rej, info]
 
 
 def _read_spool_file(path: Path) -> tuple[JobSignal, int]:

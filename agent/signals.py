@@ -20,7 +20,8 @@ process — the embedded scheduler's ``SignalSource`` — can read it at any mom
      "jobs": [{"job_id", "owner_uid", "ts", "received_at", "signals_applied",
                "step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at",
                "dilation", "traced_steps", "input_wait_ratio",
-               "run_dir", "collective_seconds_total", "ended"}, ...]}
+               "run_dir", "collective_seconds_total", "ended", "last_step_at", "stall_after_s",
+               "stall_cause"}, ...]}
 
 ``owner_uid`` is the uid that wrote the job's signals (a job id appears once per owner), ``ts``
 the job's own time of its last applied signal, ``received_at`` the agent's time when it
@@ -70,6 +71,7 @@ MAX_FUTURE_S = 5.0
 ROOT_UID = 0
 MAX_ACTION = 64  # a recommendation's stable id ("dataloader-workers", ...)
 MAX_TEAM = 64    # as the local scheduler's --team
+MAX_CAUSE = 16   # a stall's cause: one of gpudiag.incident.CAUSES, or "no-steps" while it is judged
 _WORD = re.compile(r"[A-Za-z0-9_.:@-]+")
 
 
@@ -107,16 +109,38 @@ class JobSignal:
     team: str | None = None
     collective_seconds_total: dict[str, float] = field(default_factory=dict)
     ended: bool = False
+    # the stall watch's: when the job last finished a step, the limit after which no step is a
+    # stall, and the cause of the stall that began then (see ``stalled_for``)
+    last_step_at: float | None = None
+    stall_after_s: float | None = None
+    stall_cause: str | None = None
     # kept by the agent, not sent by jobs: the uid that wrote the signals (None: a schema-1 table's)
     owner_uid: int | None = None
     received_at: float | None = None
     signals_applied: int = 0
 
 
-# fields a signal may omit, so that the previous signal's value stands
+    def stalled_for(self, now: float) -> float | None:
+        """Seconds since the job's last step while that is longer than its stall limit, else None.
+
+        A signal's MFU describes steps that happened: once none has for the limit, the job is
+        stalled, on this clock, whether or not it has said so yet (its signals come every 15 s,
+        the stall is measured here at every scrape). An ended job is not stalled."""
+        if self.ended or self.last_step_at is None or self.stall_after_s is None:
+            return None
+        idle = now - self.last_step_at
+        return idle if idle > self.stall_after_s else None
+
+    def mfu_at(self, now: float) -> float | None:
+        """The MFU to export and schedule by: 0 while stalled (the GPUs do no model work)."""
+        return 0.0 if self.mfu_ratio is not None and self.stalled_for(now) is not None else self.mfu_ratio
+
+
+# fields a signal may omit, so that the previous signal's value stands (``stall_cause`` is not
+# one: it belongs to the stall that began at its signal's ``last_step_at``, see JobTable._apply)
 OPTIONAL_FIELDS = ("step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at", "dilation",
                    "traced_steps", "input_wait_ratio", "run_dir", "action", "predicted_step_seconds",
-                   "team")
+                   "team", "last_step_at", "stall_after_s")
 
 
 def _opt_float(d: dict[str, Any], key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
@@ -198,6 +222,9 @@ def _signal_from_dict(d: dict[str, Any]) -> JobSignal:
         predicted_step_seconds=_opt_float(d, "predicted_step_seconds", 0, MAX_STEP_SECONDS),
         team=_opt_word(d, "team", MAX_TEAM),
         collective_seconds_total=clean_colls, ended=ended,
+        last_step_at=_opt_float(d, "last_step_at", 0, MAX_UNIX_TIME),
+        stall_after_s=_opt_float(d, "stall_after_s", 0, MAX_STEP_SECONDS, lo_open=True),
+        stall_cause=_opt_word(d, "stall_cause", MAX_CAUSE),
     )
 
 

@@ -21,16 +21,22 @@ from gpudiag.analyzers.classify import (
     refuse_for_lost_gpu_events,
     with_deductions,
 )
+from gpudiag.analyzers.comm_cost import comm_cpu, with_contention
 from gpudiag.analyzers.communication import finish_collectives, per_step
+from gpudiag.analyzers.compile_facts import CompileFacts
 from gpudiag.analyzers.host_cpu import HostCpu
 from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
+from gpudiag.analyzers.own_pace import with_wall
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
 from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
 from gpudiag.analyzers.stragglers import find_stragglers, rank_spreads
+from gpudiag.analyzers.syncs import TraceSyncs, mean_trace_syncs, sync_report
+from gpudiag.analyzers.syncs import evidence as sync_evidence
 from gpudiag.analyzers.traits import job_traits
 from gpudiag.analyzers.unprofiled import CpuEvents
+from gpudiag.census import SyncCensus
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak, lookup_device, match_device
 from gpudiag.diagnosis import (
     DIAGNOSIS_SCHEMA_VERSION,
@@ -68,6 +74,7 @@ class RankPartial:
     events: tuple[int, int] = (0, 0)
     gpu_events: tuple[int, int] = (0, 0)
     facts: RankFacts = field(default_factory=RankFacts)
+    syncs: TraceSyncs = field(default_factory=TraceSyncs)  # the traced steps' sync events
 
 
 def _top(acc: dict[str, list[float]], busy: float, n: int = 100) -> list[TopItem]:
@@ -88,11 +95,13 @@ def trace_device(path_name: str | None, memory: int | None) -> DevicePeak | None
 def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explicit: DevicePeak | None,
              flops_per_step: float | None, sources: list[str],
              windows: list[WindowSteps] | None = None, workers: list[int] | None = None,
-             host: HostCpu | None = None, wait: HostWait | None = None) -> Diagnosis:
+             host: HostCpu | None = None, wait: HostWait | None = None,
+             census: dict[int, SyncCensus] | None = None) -> Diagnosis:
     """One Diagnosis from the ranks' partial results; ``windows`` are the job's own step timer
     around the traced window when the input is a run directory (``rundir.window_steps``);
     ``wait``: the training thread's wait for a core (``host_wait``), already charged to a GPU
-    rank's traced steps, here to the unprofiled estimate."""
+    rank's traced steps, here to the unprofiled estimate; ``census``: per rank, the host syncs
+    the bootstrap saw in one step (``syncs``)."""
     warnings: list[str] = []
     for p in partials:
         warnings.extend(p.warnings)
@@ -141,39 +150,62 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
                   for r in results) if results else 0
     view = None
     traced_verdict = None
+    syncs = None
     if breakdown.step_time > 0:
         facts = [p.facts for p in partials]
         events = CpuEvents.mean([f.cpu_events for f in facts])
         view = choose_view(breakdown, results, windows, kind, events)
         if view.unprofiled is not None:
             # a GPU's from the reference steps' own wait; the CPU's are its stalls
-            est = (unprofiled_waits(view.unprofiled, wait) if kind == "gpu"
-                   else replace(view.unprofiled, host_waiting=view.unprofiled.host_stalled))
+            est = unprofiled_waits(view.unprofiled, wait, kind)
             view = replace(view, unprofiled=est,
                            breakdown=est if view.breakdown is view.unprofiled else view.breakdown)
+        cc = comm_cpu(windows) if kind == "cpu" else None
+        slowed = (sum(f.comm_slowed_us for f in facts) / len(facts),
+                  sum(f.comm_slowed_calls for f in facts) / len(facts))
+        if kind == "cpu" and (cc is not None or slowed[1] > 0):
+            # gloo's threads share the ranks' cores: what they took is communication's
+            breakdown = with_contention(breakdown, cc and cc.traced_us, traits, len(partials), *slowed)
+            if view.unprofiled is not None:
+                est = with_contention(view.unprofiled, cc and cc.untraced_us, traits, len(partials),
+                                      *slowed, traced=breakdown)
+                view = replace(view, unprofiled=est,
+                               breakdown=est if view.breakdown is view.unprofiled else view.breakdown)
+            else:
+                view = replace(view, breakdown=breakdown)
         warnings.extend(view.warnings)
-        mfu = compute_mfu(results, device, mix, flops_per_step, shapes, view.breakdown.step_time,
-                          view.mfu_basis)
+        mfu = _mfu_at_own_pace(results, device, mix, flops_per_step, shapes, view, wait)
         if not trace_dev_name:
-            device, mfu, more = _job_floor(device, mfu, mix, results, flops_per_step, shapes, view)
+            device, mfu, more = _job_floor(device, mfu, mix, results, flops_per_step, shapes, view, wait)
             raised.update(more)
         roofline = build_roofline(roof_acc, device)
         traced_mfu = compute_mfu(results, device, mix, flops_per_step, shapes)
         verdict, traced_verdict = verdicts(
             view, breakdown, device_kind=kind, roofline=roofline, mfu=mfu, traced_mfu=traced_mfu,
             n_steps=n_steps, traced_noise_=traced_noise(results, windows), events=events)
+        syncs = sync_report(min(census.items())[1] if census else None,
+                            mean_trace_syncs([p.syncs for p in partials]), kind, view.breakdown,
+                            breakdown)
+        if syncs is not None:
+            verdict = replace(verdict, evidence={**verdict.evidence, **sync_evidence(syncs)})
         steps_summed = sum(len(r.steps) for r in results)
         collectives = per_step(collectives, [p.collectives for p in partials], steps_summed,
                                view.breakdown.comm_total, view.breakdown.comm_exposed)
         top_memory = [k for k, _ in sorted(memory_ops.items(), key=lambda kv: -kv[1])]
         mem = sum(f.memory_bound_us for f in facts)
         saved = sum(f.fusion_saves_us for f in facts)
-        verdict = replace(verdict, recommendations=recommend(AdviceInputs(
+        advised = recommend(AdviceInputs(
             view=view.breakdown, device_kind=kind, device_peaks=dict(device.flops) if device else {},
             traits=traits, mfu=mfu, roofline=roofline, collectives=collectives, stragglers=stragglers,
             top_memory_ops=top_memory, fusion_saved_share=saved / mem if mem > 0 and saved > 0 else None,
             fp32_memory_bytes=_fp32_memory_bytes(roof_acc, device, sum(len(r.steps) for r in results)),
-            bandwidth=device.bandwidth if device else 0.0, host_wait=wait)))
+            bandwidth=device.bandwidth if device else 0.0, host_wait=wait, syncs=syncs,
+            compile_facts=CompileFacts.mean([f.compile for f in facts]), traced=breakdown,
+            ranks=len(partials), steps_per_rank=steps_summed // max(len(results), 1),
+            backward_us=_backward(facts, view.breakdown, breakdown),
+            label=verdict.label,
+            tie_with=verdict.tie_with))
+        verdict = replace(verdict, recommendations=advised.advised, not_advised=advised.not_advised)
     else:
         roofline = build_roofline(roof_acc, device)
         verdict = Verdict(label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
@@ -224,8 +256,18 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         top_kernels=_top(kernels, busy), top_ops=_top(ops, busy), warnings=_dedupe(warnings),
         basis=view.basis if view else PROFILED, dilation=view.dilation if view else None,
         unprofiled=view.unprofiled if view else None, traced_verdict=traced_verdict, traits=traits,
-        rank_spread=rank_spreads(results), host_wait=wait,
+        rank_spread=rank_spreads(results), host_wait=wait, syncs=syncs,
     )
+
+
+def _backward(facts: list[RankFacts], view: TimeBreakdown, traced: TimeBreakdown) -> float | None:
+    """The backward's time per step in the view (the ranks' mean, brought to the view's pace by
+    the compute's ratio); None where a rank's trace does not tell it apart."""
+    times = [f.backward_us for f in facts]
+    if not times or any(t is None for t in times):
+        return None
+    k = view.compute / traced.compute if traced.compute > 0 else 1.0
+    return sum(times) / len(times) * k
 
 
 def _fp32_memory_bytes(acc: RooflineAcc, device: DevicePeak | None, steps: int) -> float | None:
@@ -271,8 +313,20 @@ def _pick_device(partials: list[RankPartial], cpu_device: DevicePeak | None,
     return cpu_device, "cpu"
 
 
+def _mfu_at_own_pace(results: list[RankResult], device: DevicePeak | None, mix: dict[str, float],
+                     flops_per_step: float | None, shapes: bool, view: StepView,
+                     wait: HostWait | None) -> Mfu:
+    """MFU over the view's step at the job's own pace (less ``host_stalled``: what other
+    processes took), with the wall-clock MFU beside it (``own_pace.with_wall``)."""
+    b = view.breakdown
+    own = compute_mfu(results, device, mix, flops_per_step, shapes, b.step_time - b.host_stalled,
+                      view.mfu_basis)
+    wall = compute_mfu(results, device, mix, flops_per_step, shapes, b.step_time, view.mfu_basis)
+    return with_wall(own, wall, b, wait.recorded if wait is not None else None)
+
+
 def _job_floor(device: DevicePeak | None, mfu: Mfu, mix: dict[str, float], results: list[RankResult],
-               flops_per_step: float | None, shapes: bool, view: StepView
+               flops_per_step: float | None, shapes: bool, view: StepView, wait: HostWait | None
                ) -> tuple[DevicePeak | None, Mfu, dict[str, float]]:
     """A job whose model FLOPs per step over its step time exceed a measured peak (one dtype
     family) proves the machine does at least that: the peak is raised and MFU recomputed."""
@@ -284,8 +338,7 @@ def _job_floor(device: DevicePeak | None, mfu: Mfu, mix: dict[str, float], resul
         device, {family: mfu.flops_per_step / (mfu.step_time_us * 1e-6)})
     if not raised:
         return device, mfu, {}
-    return device, compute_mfu(results, device, mix, flops_per_step, shapes,
-                               view.breakdown.step_time, view.mfu_basis), raised
+    return device, _mfu_at_own_pace(results, device, mix, flops_per_step, shapes, view, wait), raised
 
 
 def _dedupe(items: list[str]) -> list[str]:

@@ -17,6 +17,7 @@ than ``TINY_CPU_OP_US`` are counted as host overhead: their cost is dispatch, no
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +98,7 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> list[St
         comm_exposed = iv.measure_in(iv.subtract(comm, comp), lo, hi)
         memcpy_exposed = iv.measure_in(iv.subtract(other, iv.union(comp, comm)), lo, hi)
         input_wait = iv.measure_in(iv.subtract(dl, allg), lo, hi)
+        comm_work = np.zeros(lo.size)
         work = cls == KCLASS_COMPUTE
         cb = _split(rt.gpu_dur[work & (wb.bound == BOUND_COMPUTE)],
                     rt.gpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
@@ -118,8 +120,12 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> list[St
         memcpy_exposed = np.zeros(lo.size)
         input_wait = iv.measure_in(dl, lo, hi)
         busy = compute + comm_exposed
+        # the training thread's own work for the collectives (DDP's bucket copies and division):
+        # communication's cost inside the compute blocks, outside the compute/memory split
+        for_comm = comm_work_spans(rt)
+        comm_work = iv.measure_in(iv.subtract(real, iv.subtract(real, for_comm)), lo, hi)
         # compute-bound share from the innermost costed ops (or top-level ops by name)
-        work = is_cpu_work(rt, wb) & (cw.dur >= TINY_CPU_OP_US)
+        work = is_cpu_work(rt, wb) & (cw.dur >= TINY_CPU_OP_US) & ~iv.contains(for_comm, rt.cpu_ts)
         cb = _split(cw.dur[work & (wb.bound == BOUND_COMPUTE)],
                     rt.cpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
         mb = _split(cw.dur[work & (wb.bound == BOUND_MEMORY)],
@@ -138,9 +144,11 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> list[St
     flops = _model_flops(rt, wb, lo, hi)
     out = []
     for i in range(lo.size):
+        split = compute[i] - min(comm_work[i], compute[i])  # what the compute/memory split covers
         tb = TimeBreakdown(
             step_time=float(step[i]), gpu_busy=float(busy[i]), compute=float(compute[i]),
-            compute_bound=float(compute[i] * cb_frac[i]), memory_bound=float(compute[i] * mb_frac[i]),
+            compute_bound=float(split * cb_frac[i]), memory_bound=float(split * mb_frac[i]),
+            comm_work=float(compute[i] - split),
             comm_total=float(comm_total[i]), comm_exposed=float(comm_exposed[i]),
             memcpy_exposed=float(memcpy_exposed[i]), idle=float(idle[i]),
             input_wait=float(input_wait[i]), host_overhead=float(idle[i] - input_wait[i]),
@@ -152,6 +160,30 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> list[St
         out.append(StepBreakdown(step=numbers[i], start=float(lo[i]), breakdown=tb,
                                  model_flops=None if flops is None else float(flops[i])))
     return out
+
+
+# DDP's reducer names its own work (``torch::distributed::reducer::copy_`` into a bucket,
+# ``torch.distributed.ddp.reducer::copy_bucket_to_grad`` back); its autograd hook runs inside
+# ``AccumulateGrad``'s evaluation, where the comm hook also divides the bucket by the world size.
+_REDUCER_RE = re.compile(r"reducer::")
+_ACCUMULATE_EVAL = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+_ACCUMULATE_OP = "torch::autograd::AccumulateGrad"
+
+
+def comm_work_spans(rt: RankTrace) -> iv.Intervals:
+    """When the training thread worked for the collectives: DDP's reducer's own spans, and its
+    hooks (an AccumulateGrad evaluation less the accumulation itself) in a rank where the
+    reducer ran. Empty for a job without DDP's reducer (user hooks are not the reducer's)."""
+    names = rt.names
+    red = np.array([bool(_REDUCER_RE.search(n)) for n in names] or [False], dtype=bool)
+    if not rt.cpu_name.size or not red[rt.cpu_name].any():
+        return iv.EMPTY
+    end = rt.cpu_ts + rt.cpu_dur
+    mask = red[rt.cpu_name]
+    ev = np.array([n == _ACCUMULATE_EVAL for n in names], dtype=bool)[rt.cpu_name]
+    op = np.array([n == _ACCUMULATE_OP for n in names], dtype=bool)[rt.cpu_name]
+    hooks = iv.subtract(iv.merge(rt.cpu_ts[ev], end[ev]), iv.merge(rt.cpu_ts[op], end[op]))
+    return iv.union(iv.merge(rt.cpu_ts[mask], end[mask]), hooks)
 
 
 def cpu_comm_ops(rt: RankTrace) -> np.ndarray:

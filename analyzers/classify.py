@@ -60,6 +60,8 @@ PENALTY_ONE_STEP = 0.1
 # the rest of it, and what the machine's load did to that rest no trace shows. A point per
 # point of the step, at most this.
 PENALTY_STALLED_MAX = 0.5
+# ...and from this share of the step on, the summary says its step is the job's own.
+STALLED_NOTED = 0.01
 # The floor after penalties: a label is always the best guess there is, never 0.
 CONFIDENCE_MIN = 0.05
 # Levels shown beside the number: "high" above three in four, "low" below a coin toss.
@@ -113,7 +115,7 @@ def refuse_for_lost_gpu_events(v: Verdict, gpu_lost: int, gpu_total: int) -> Ver
     """No verdict when most of the GPU's own events are unusable."""
     if gpu_total > 0 and gpu_lost / gpu_total >= LOST_REFUSE:
         return replace(v, label=Bottleneck.UNKNOWN, confidence=0.0, confidence_level="none",
-                       secondary=None, recommendations=[], tie_with=None,
+                       secondary=None, recommendations=[], not_advised=[], tie_with=None,
                        summary=(f"no verdict: {gpu_lost} of {gpu_total} GPU events (kernels, copies) were "
                                 "unusable (negative, missing or implausible durations), so the GPU's time "
                                 "is mostly unknown; re-record the trace"))
@@ -135,21 +137,26 @@ def _level(conf: float) -> str:
 
 
 def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
-    """Fraction of step time each bottleneck accounts for; they sum to 1 less the time the OS
-    ran other work (``host_stalled``: the machine's load is no bottleneck of the job's)."""
-    if b.step_time <= 0:
+    """Fraction of the step at the job's own pace each bottleneck accounts for: of the step less
+    the time the OS ran other work (``host_stalled``: the machine's load is no bottleneck of the
+    job's, ``gpudiag.pace``), so they sum to 1 however busy the machine was."""
+    if b.step_time - b.host_stalled <= 0:
         return {k: 0.0 for k in _NOTABLE}
     known = b.compute_bound + b.memory_bound
+    # communication's cost inside the compute (``comm_cost``): the training thread's work for
+    # the collectives, and compute slowed by their threads; the rest is split by the roofline
+    for_comm = min(b.compute, b.comm_work + b.comm_contention)
+    rest = b.compute - for_comm
     if known > 0:
-        cb = b.compute * b.compute_bound / known
-        mb = b.compute * b.memory_bound / known
+        cb = rest * b.compute_bound / known
+        mb = rest * b.memory_bound / known
     else:
-        cb, mb = b.compute, 0.0  # unknown split: counted as compute, confidence lowered
-    st = b.step_time
+        cb, mb = rest, 0.0  # unknown split: counted as compute, confidence lowered
+    st = b.step_time - b.host_stalled
     return {
         Bottleneck.COMPUTE: cb / st,
         Bottleneck.MEMORY: (mb + b.memcpy_exposed) / st,
-        Bottleneck.COMMUNICATION: b.comm_exposed / st,
+        Bottleneck.COMMUNICATION: (b.comm_exposed + for_comm) / st,
         Bottleneck.INPUT: b.input_wait / st,
         Bottleneck.HOST: (b.host_overhead - b.host_stalled) / st,
     }
@@ -182,7 +189,7 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
     if n_steps <= 1:
         mine.append(Deduction("fewer than two profiler steps", PENALTY_ONE_STEP))
     stalled = b.fraction("host_stalled")
-    if stalled >= 0.01:
+    if stalled >= STALLED_NOTED:
         mine.append(Deduction(f"the OS ran other work for {_pct(stalled)} of the step (a busy machine): "
                               "the label rests on the rest", round(min(PENALTY_STALLED_MAX, stalled), 3)))
     tie = runner_up if (noise is not None and runner_up is not None and second_share > 0
@@ -190,6 +197,8 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
 
     evidence = {f"{k.value} share": round(v, 4) for k, v in s.items()}
     evidence["step time ms"] = round(b.step_time / 1e3, 3)
+    if b.host_stalled > 0:
+        evidence["own step ms"] = round((b.step_time - b.host_stalled) / 1e3, 3)
     if mfu.value is not None:
         evidence["mfu"] = round(mfu.value, 4)
     if noise is not None:
@@ -212,19 +221,26 @@ def _pct(x: float) -> str:
 
 def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, unit: str,
              mfu: Mfu) -> str:
-    ms = b.step_time / 1e3
+    ms = (b.step_time - b.host_stalled) / 1e3  # the job's own step (``shares``)
+    own = " at the job's own pace" if b.fraction("host_stalled") >= STALLED_NOTED else ""
     if label is Bottleneck.INPUT:
-        return (f"{_pct(s[label])} of each {ms:.3g} ms step is spent waiting for the DataLoader "
+        return (f"{_pct(s[label])} of each {ms:.3g} ms step{own} is spent waiting for the DataLoader "
                 f"while the {unit} is idle")
     if label is Bottleneck.COMMUNICATION:
-        return (f"{_pct(s[label])} of each {ms:.3g} ms step is communication not overlapped "
-                f"with compute")
+        inner = min(b.compute, b.comm_work + b.comm_contention)
+        if inner <= 0:
+            return (f"{_pct(s[label])} of each {ms:.3g} ms step{own} is communication not overlapped "
+                    f"with compute")
+        return (f"{_pct(s[label])} of each {ms:.3g} ms step{own} is communication's cost: "
+                f"{_pct(b.comm_exposed / (ms * 1e3))} not overlapped with compute, "
+                f"{_pct(inner / (ms * 1e3))} inside the compute (the collectives' copies on the training "
+                f"thread, and the compute slowed beside them: their threads on the ranks' cores)")
     if label is Bottleneck.HOST:
-        return (f"the {unit} is idle for {_pct(s[label])} of each {ms:.3g} ms step without "
+        return (f"the {unit} is idle for {_pct(s[label])} of each {ms:.3g} ms step{own} without "
                 f"waiting for input: launch, Python and synchronisation overhead")
     mfu_txt = f", MFU {_pct(mfu.value)}" if mfu.value is not None else ""
     if label is Bottleneck.COMPUTE:
-        return (f"{_pct(s[label])} of each {ms:.3g} ms step is compute-bound {unit} work "
+        return (f"{_pct(s[label])} of each {ms:.3g} ms step{own} is compute-bound {unit} work "
                 f"(arithmetic intensity above the ridge point){mfu_txt}")
-    return (f"{_pct(s[label])} of each {ms:.3g} ms step is memory-bound {unit} work "
+    return (f"{_pct(s[label])} of each {ms:.3g} ms step{own} is memory-bound {unit} work "
             f"(arithmetic intensity below the ridge point){mfu_txt}")

@@ -16,6 +16,7 @@ number of steps or ranks still compare like for like.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -118,6 +119,56 @@ def describe(sc: StepChange) -> str:
             f"\u00b1{pct(sc.noise_floor)}; {sc.before_steps} and {sc.after_steps} untraced steps): {what}")
 
 
+NOT_SPLIT = ("recorded no split of its steps (a run directory written before gpudiag's step timer read "
+             "/proc schedstat, or not Linux): the step time is compared by wall clock, which counts "
+             "other processes' hold on the cores as the job's")
+
+
+@dataclass
+class OwnPace:
+    """The step-time comparison at the job's own pace, and what the machine took of each run."""
+
+    change: StepChange | None  # None: a side recorded no split (``warnings`` says which)
+    machine: str = ""  # one line: other processes' part of each run's typical step
+    warnings: list[str] = field(default_factory=list)
+
+    def verdict(self, wall: StepChange) -> str:
+        """The verdict sentence: by the job's own pace where recorded, the wall clock's beside
+        it where the two disagree, with the machine's part; else the wall clock's."""
+        if self.change is None:
+            return describe(wall) + ". Compared by wall clock only: " + "; ".join(self.warnings)
+        own = "At the job's own pace: " + describe(self.change)
+        if self.change.direction == wall.direction:
+            return own + ". By wall clock the same: " + describe(wall)
+        return own + ". By wall clock: " + describe(wall) + ": " + self.machine
+
+
+def _machine(wall_s: Sequence[float], own_s: Sequence[float]) -> tuple[float, float]:
+    """(other processes' part of the median step, the median wall step), seconds."""
+    w = float(np.median(wall_s))
+    return max(0.0, w - float(np.median(own_s))), w
+
+
+def own_pace(before_s: Sequence[float], after_s: Sequence[float], before_own: Sequence[float] | None,
+             after_own: Sequence[float] | None, floor: float) -> OwnPace:
+    """``step_change`` of the steps at the job's own pace (each less the wait other processes
+    caused: ``gpudiag.pace``), and the machine's part of each run in one line."""
+    missing = [side for side, own in (("BEFORE", before_own), ("AFTER", after_own)) if not own]
+    if missing:
+        return OwnPace(None, warnings=[f"{side} {NOT_SPLIT}" for side in missing])
+    assert before_own is not None and after_own is not None
+    change = step_change(before_own, after_own, floor=floor)
+    if change is None:
+        return OwnPace(None, warnings=[f"fewer than {MIN_STEPS} untraced steps at the job's own pace"])
+    (mb, wb), (ma, wa) = _machine(before_s, before_own), _machine(after_s, after_own)
+    busier = "AFTER" if ma / wa > mb / wb else "BEFORE"
+    (m1, w1), (m0, w0) = ((ma, wa), (mb, wb)) if busier == "AFTER" else ((mb, wb), (ma, wa))
+    machine = (f"the machine was busier in {busier}: other processes took {m1 * 1e3:.3g} ms of each "
+               f"{w1 * 1e3:.3g} ms step ({m0 * 1e3:.3g} of {w0 * 1e3:.3g} ms in "
+               f"{'BEFORE' if busier == 'AFTER' else 'AFTER'})")
+    return OwnPace(change, machine)
+
+
 def _steps(d: Diagnosis) -> int:
     return max(1, sum(len(r.steps) for r in d.ranks))
 
@@ -146,7 +197,7 @@ def _traced_view(d: Diagnosis) -> tuple[TimeBreakdown, Bottleneck, float | None]
     if not _has_estimate(d):
         return d.breakdown, d.verdict.label, d.mfu.value
     label = (d.traced_verdict or d.verdict).label
-    m, st = d.mfu, d.breakdown.step_time
+    m, st = d.mfu, d.breakdown.step_time - d.breakdown.host_stalled  # the job's own pace, as its MFU
     mfu = m.flops_per_step / (st * 1e-6) / m.peak_flops if m.flops_per_step and m.peak_flops and st > 0 \
         else None
     return d.breakdown, label, mfu
@@ -158,9 +209,12 @@ STALLED_NOTABLE = 0.01
 
 
 def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] | None = None,
-            after_steps: Sequence[float] | None = None) -> DiagnosisDiff:
+            after_steps: Sequence[float] | None = None, *, before_own: Sequence[float] | None = None,
+            after_own: Sequence[float] | None = None) -> DiagnosisDiff:
     """``before_steps`` / ``after_steps``: untraced step times (seconds) from each run's step
-    timer, when the input was a run directory; with both, the step time is judged against noise."""
+    timer, when the input was a run directory; with both, the step time is judged against noise.
+    ``before_own`` / ``after_own``: the same steps at the job's own pace (``gpudiag.pace``), None
+    where that run recorded no split: with both, the verdict is the job's own (``own_pace``)."""
     nb, na = _steps(before), _steps(after)
     notes = []
     if before.device.name != after.device.name:
@@ -191,8 +245,13 @@ def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] |
                          "MFU here may differ from that run's own report")
     floor = CPU_RUN_TO_RUN_FLOOR if "cpu" in (before.device.kind, after.device.kind) else RUN_TO_RUN_FLOOR
     sc = step_change(before_steps, after_steps, floor=floor) if before_steps and after_steps else None
-    if sc is not None:
-        change: float | None = sc.change
+    pace = (own_pace(before_steps, after_steps, before_own, after_own, floor)
+            if sc is not None else None)
+    if pace is not None:
+        change: float | None = pace.change.change if pace.change is not None else sc.change
+        verdict = pace.verdict(sc)
+    elif sc is not None:
+        change = sc.change
         verdict = describe(sc)
     else:
         bst, ast = bb.step_time, ab.step_time
@@ -215,4 +274,7 @@ def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] |
             f: getattr(ab, f) - getattr(bb, f) for f in TimeBreakdown.__dataclass_fields__}),
         basis="unprofiled-estimate" if unprofiled else "profiled-steps",
         step_change=sc, step_time_verdict=verdict,
+        own_pace_change=pace.change if pace is not None else None,
+        machine_note=pace.machine if pace is not None else "",
+        warnings=pace.warnings if pace is not None else [],
     )

@@ -30,6 +30,7 @@ from gpudiag.analyzers.host_wait import host_wait, with_waits
 from gpudiag.analyzers.rank_facts import rank_facts
 from gpudiag.analyzers.rank_pool import ProgressSink, RankFile, peek, run_ranks, select
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, work_bounds
+from gpudiag.analyzers.syncs import trace_syncs
 from gpudiag.analyzers.trace_loader import (
     KCLASS_COMPUTE,
     RankTrace,
@@ -41,7 +42,16 @@ from gpudiag.analyzers.trace_select import select_steps
 from gpudiag.devices import DevicePeak, lookup_device, user_device
 from gpudiag.diagnosis import Diagnosis, RankResult
 from gpudiag.errors import BadInput, TraceError
-from gpudiag.rundir import is_run_dir, read_bootstrap, read_host_cpu, read_steps, window_steps
+from gpudiag.pace import at_own_pace
+from gpudiag.rundir import (
+    is_run_dir,
+    read_bootstrap,
+    read_host_cpu,
+    read_run,
+    read_steps,
+    read_syncs,
+    window_steps,
+)
 
 
 @dataclass
@@ -114,6 +124,7 @@ def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
         dataloader_iters=rt.dataloader_iters, warnings=warnings,
         events=(rt.kept_events, rt.dropped_events),
         gpu_events=(rt.kept_gpu_events, rt.dropped_gpu_events), facts=rank_facts(rt, wb, cw),
+        syncs=trace_syncs(rt),
     )
 
 
@@ -215,22 +226,25 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     check_unique_ranks([(p.result.rank, p.result.trace) for p in partials])
     partials.sort(key=lambda p: p.result.rank)
     run_dir = Path(target)
-    windows = workers = host = wait = None
+    windows = workers = host = wait = census = None
     if is_run_dir(run_dir):
+        census = read_syncs(run_dir, _cwd(run_dir))
         boot = read_bootstrap(run_dir)
         steps_read = read_steps(run_dir, boot)
-        windows = window_steps(run_dir, boot=boot, steps=steps_read)
-        workers = [w for m in boot.values() for w in m.dataloader_workers]
         samples = read_host_cpu(run_dir)
+        # the job's own pace: every step less the part other processes took (gpudiag.pace)
+        own = at_own_pace(steps_read, samples, boot)
+        windows = window_steps(run_dir, boot=boot, steps=own)
+        workers = [w for m in boot.values() for w in m.dataloader_workers]
         host = host_cpu(samples, steps_read, boot)
-        wait = host_wait(windows, steps_read, host, samples, boot)
-        if wait is not None:  # a GPU rank's host gaps hold its training thread's wait
+        wait = host_wait(windows, own, host, samples, boot)
+        if wait is not None:  # the traced steps hold the machine's part, a GPU's host gaps the wait
             traced = {w.rank: w.traced_rows for w in windows}
             for p in partials:
-                if p.has_gpu:
-                    p.result = with_waits(p.result, traced.get(p.result.rank, []), wait)
+                p.result = with_waits(p.result, traced.get(p.result.rank, []), wait,
+                                      "gpu" if p.has_gpu else "cpu")
     d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], windows,
-                 workers, host, wait)
+                 workers, host, wait, census)
     if d.device.source.startswith("measured") and cpu_device is not None and choice.peak_floor:
         raised = {f: v for f, v in d.device.peak_flops.items() if v > cpu_device.flops.get(f, 0.0)}
         if raised:
@@ -241,6 +255,14 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
         d.run = run_summary(run_dir)
         d.timeline = run_timeline(run_dir)
     return d
+
+
+def _cwd(run_dir: Path) -> str | None:
+    """The job's working directory (run.json), against which call sites are shown."""
+    try:
+        return read_run(run_dir).cwd
+    except BadInput:
+        return None
 
 
 __all__ = ["DeviceChoice", "diagnose", "TraceError"]

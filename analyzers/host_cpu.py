@@ -38,6 +38,10 @@ class HostCpu:
     # the mean untraced step over the same samples (s): cores_used x step_s is the CPU a step
     # costs the job unobserved, whatever step the diagnosis' view has (a traced one is longer)
     step_s: float | None = None
+    # all the job's threads' wait for a core (cores' worth) and the machine's runnable tasks
+    # (``gpudiag.pace.wait_shares``); None where the samples did not record them
+    runq_threads: float | None = None
+    runnable: float | None = None
 
 
 def untraced_spans(rows: Sequence[StepRow]) -> list[tuple[float, float]]:
@@ -90,6 +94,11 @@ def host_cpu(samples: Sequence[HostSample], steps: Mapping[int, Sequence[StepRow
     dts = [r.dt for r in steps[min(steps)]
            if r.profiler is None and r.step > STARTUP_STEPS and sampled(r.t)]
     meta = boot.get(min(steps))
+
+    def known(f) -> float | None:  # noqa: ANN001 - a HostSample field getter
+        return round(mean(f), 3) if all(f(h) is not None for _, h in used) else None
+
     return HostCpu(round(job, 3), round(mean(lambda h: h.runq_cores), 3), other, len(used),
                    meta.cpus if meta else None, meta.intra_op_threads if meta else None,
-                   sum(dts) / len(dts) if dts else None)
+                   sum(dts) / len(dts) if dts else None, known(lambda h: h.runq_threads),
+                   known(lambda h: h.runnable))

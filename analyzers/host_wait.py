@@ -7,15 +7,18 @@ intra-op threads or another job hold. The fixes differ (fewer threads, workers s
 free cores, augmentation on the GPU), and a trace cannot tell the two apart: the gap looks the
 same. The kernel can: ``/proc/<pid>/task/<tid>/schedstat`` counts the nanoseconds a thread
 waited on a run queue. The step timer reads it for the thread that ends each step (the
-training loop's, ``StepRow.wait_s``), so each step says how long that thread waited.
+training loop's, ``StepRow.wait_s``), so each step says how long that thread waited, and for
+every other thread of the job (``StepRow.peer_wait_s``, the largest: ``collectors.thread_waits``).
 
 Where in the step the wait fell, a per-step count cannot say: it is taken as host gap time up
 to the step's host gaps (a host-bound step's GPU waits for every launch the thread could not
 make; a GPU-bound step has few gaps, so little is charged). Whose work held the cores comes
-from the host sampler over the untraced steps (``host_cpu``): the CPU the job's processes used
-beyond the training thread (its own) against the CPU the rest of the machine used (others),
-the wait split in proportion. That is the scheduler's fair share assumed, at the sampler's 1 s
-grain; it cannot name a process outside the job, nor tell a worker from an intra-op thread.
+from the host sampler (``gpudiag.pace.wait_shares``: the scheduler's fair share, at the
+sampler's 1 s grain): what the job alone would have waited, against what it waited beside the
+rest of the machine. It cannot name a process outside the job, nor tell a worker from an
+intra-op thread. The part other processes caused, per step, is the machine's
+(``StepRow.machine_s``, ``gpudiag.pace``): ``own_pace.charge`` puts it in the traced steps'
+``host_stalled``.
 """
 
 from __future__ import annotations
@@ -26,14 +29,15 @@ from dataclasses import replace
 
 from gpudiag.analyzers.breakdown import sum_breakdowns
 from gpudiag.analyzers.host_cpu import HostCpu, host_cpu
+from gpudiag.analyzers.own_pace import charge
 from gpudiag.diagnosis import HostWait, RankResult, TimeBreakdown
+from gpudiag.pace import wait_shares, wall
 from gpudiag.rundir import (
     STARTUP_STEPS,
     BootstrapMeta,
     HostSample,
     StepRow,
     WindowSteps,
-    wait_shares,
 )
 
 NOT_RECORDED = ("the training thread's wait for a core was not recorded (a run directory written "
@@ -52,20 +56,22 @@ def _reference(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]
 
 
 def shares(host: HostCpu | None, thread_cores: float | None) -> tuple[float, float] | None:
-    """(own, other) over the untraced steps (``rundir.wait_shares``); None where the sampler
+    """(own, other) over the untraced steps (``pace.wait_shares``); None where the sampler
     has no machine figure or nothing competed."""
     if host is None or thread_cores is None:
         return None
-    return wait_shares(host.cores_used, thread_cores, host.other_cores)
+    return wait_shares(host.cores_used, thread_cores, host.other_cores, host.runq_threads,
+                       host.cpus, host.runnable)
 
 
 def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]],
               host: HostCpu | None, samples: Sequence[HostSample] = (),
               boot: Mapping[int, BootstrapMeta] | None = None) -> HostWait | None:
-    """The run's ``HostWait``; None where there are no step rows at all. Who held the cores
-    comes from ``host`` (the untraced steps); where those are too short for the 1 s sampler (a
-    40-step GPU job: 2 s), from every step after start-up, traced ones included (the profiler's
-    own work then counts as the job's)."""
+    """The run's ``HostWait``; None where there are no step rows at all. ``windows`` and
+    ``steps`` at the job's own pace (``pace.at_own_pace``). Who held the cores comes from
+    ``host`` (the untraced steps); where those are too short for the 1 s sampler (a 40-step GPU
+    job: 2 s), from every step after start-up, traced ones included (the profiler's own work
+    then counts as the job's)."""
     if not steps:
         return None
     rows = [r for rs in steps.values() for r in rs]
@@ -76,10 +82,14 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
     ran = [r for r in ref if r.run_s is not None]  # a torn row may lack one of the two
     wait = statistics.median(r.wait_s for r in ref) * 1e6 if ref else None
     run = statistics.median(r.run_s for r in ran) * 1e6 if ran else None
-    cores = statistics.median(r.run_s / r.dt for r in ran) if ran else None
+    cores = statistics.median(r.run_s / (r.dt + r.machine_s) for r in ran) if ran else None
+    peers = [r.peer_wait_s for r in ref if r.peer_wait_s is not None]
+    peer = statistics.median(peers) * 1e6 if peers else None
+    machine = (statistics.median(wall(ref)) - statistics.median(r.dt for r in ref)) * 1e6 if ref else None
+    traced_machine = sum(r.machine_s for r in traced) / len(traced) * 1e6 if traced else None
     over = "untraced steps"
     if host is None and samples:
-        every = {k: [replace(r, profiler=None) for r in rs] for k, rs in steps.items()}
+        every = {k: [replace(r, profiler=None, dt=r.dt + r.machine_s) for r in rs] for k, rs in steps.items()}
         host = host_cpu(samples, every, boot or {}, min_samples=1)
         over = "every step, traced ones included: the untraced ones were too short for it"
     split = shares(host, cores)
@@ -93,38 +103,47 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
              f"and threads, {100 * split[1]:.0f}% other processes (host sampler, {over})"
              if split else "; who held the cores is unknown (too few host samples, or none of the "
              "machine's)")
+    if peer is not None:
+        parts.append(f"its other threads (intra-op, DataLoader workers) up to {peer / 1e3:.3g} ms "
+                     "per untraced step (median of the largest)")
+    if machine is not None and ref:
+        parts.append(f"other processes' part of its untraced steps {machine / 1e3:.3g} ms of each "
+                     f"{statistics.median(wall(ref)) * 1e3:.3g} ms (the job's own pace: the rest)")
     note = ("the training thread waited for a core " + (", ".join(parts) or "(no step to say)")
             + whose)
     return HostWait(recorded=True, note=note, traced_wait_us=tw, untraced_wait_us=wait,
                     untraced_run_us=run, own_share=split[0] if split else None,
-                    other_share=split[1] if split else None)
+                    other_share=split[1] if split else None, untraced_peer_wait_us=peer,
+                    untraced_machine_us=machine, traced_machine_us=traced_machine)
 
 
-def charge(b: TimeBreakdown, wait_us: float, other_share: float | None) -> TimeBreakdown:
-    """``b`` with ``wait_us`` of the training thread's wait charged to its host gaps (at most
-    all of them), and the part other processes held as ``host_stalled``; without a split, none
-    is the machine's (the job's own threads may have held every core)."""
-    w = max(b.host_waiting, min(max(0.0, wait_us), b.host_overhead))
-    return replace(b, host_waiting=w, host_stalled=max(b.host_stalled, w * (other_share or 0.0)))
-
-
-def with_waits(result: RankResult, rows: list[StepRow], wait: HostWait) -> RankResult:
-    """A GPU rank's traced steps with their step rows' waits charged, step by step where the
-    trace's steps and the step timer's traced rows pair up one to one, else each at their mean."""
-    waits = [r.wait_s * 1e6 for r in rows if r.wait_s is not None]
-    if not wait.recorded or not waits or not result.steps or result.steps[0].step is None:
+def with_waits(result: RankResult, rows: list[StepRow], wait: HostWait | None,
+               device_kind: str) -> RankResult:
+    """A rank's traced steps with their step rows' machine part (``StepRow.machine_s``: rows at
+    the job's own pace) as ``host_stalled`` and, on a GPU, the training thread's wait as
+    ``host_waiting`` (``own_pace.charge``): step by step where the trace's steps and the step
+    timer's traced rows pair up one to one, else each at their mean. The machine's part is
+    taken as its share of the timer's step, applied to the trace's step."""
+    rows = [r for r in rows if r.wait_s is not None and r.dt + r.machine_s > 0]
+    if wait is None or not wait.recorded or not rows or not result.steps or result.steps[0].step is None:
         return result
-    pair = len(waits) == len(result.steps)
-    mean = sum(waits) / len(waits)
-    steps = [replace(s, breakdown=charge(s.breakdown, waits[i] if pair else mean, wait.other_share))
+    share = [r.machine_s / (r.dt + r.machine_s) for r in rows]
+    waits = [r.wait_s * 1e6 for r in rows]
+    pair = len(rows) == len(result.steps)
+
+    def at(xs: list[float], i: int) -> float:
+        return xs[i] if pair else sum(xs) / len(xs)
+
+    steps = [replace(s, breakdown=charge(s.breakdown, device_kind, at(share, i) * s.breakdown.step_time,
+                                         at(waits, i)))
              for i, s in enumerate(result.steps)]
     return replace(result, steps=steps, total=sum_breakdowns([s.breakdown for s in steps]))
 
 
-def unprofiled_waits(b: TimeBreakdown, wait: HostWait | None) -> TimeBreakdown:
-    """The estimate of the unobserved step with the reference steps' own wait (not the traced
-    steps', which the profiler's extra host work changed)."""
-    if wait is None or wait.untraced_wait_us is None:
-        return b
-    out = replace(b, host_waiting=0.0, host_stalled=0.0)
-    return charge(out, wait.untraced_wait_us, wait.other_share)
+def unprofiled_waits(b: TimeBreakdown, wait: HostWait | None, device_kind: str) -> TimeBreakdown:
+    """The estimate of the unobserved step (its machine part already ``host_stalled``:
+    ``own_pace.with_machine``) with the reference steps' own wait: on a GPU the training
+    thread's, within its host gaps; the CPU's waiting is its stalls."""
+    if device_kind != "gpu" or wait is None or wait.untraced_wait_us is None:
+        return replace(b, host_waiting=b.host_stalled)
+    return replace(b, host_waiting=max(b.host_stalled, min(wait.untraced_wait_us, b.host_overhead)))

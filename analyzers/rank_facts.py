@@ -12,6 +12,8 @@ import numpy as np
 
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import TINY_CPU_OP_US, CpuWork, cpu_comm_ops, op_kinds, step_windows
+from gpudiag.analyzers.comm_cost import backward_time, slowed_beside
+from gpudiag.analyzers.compile_facts import CompileFacts, compile_facts
 from gpudiag.analyzers.op_args import KIND_ELEMENTWISE
 from gpudiag.analyzers.roofline import BOUND_MEMORY, WorkBounds, is_cpu_work
 from gpudiag.analyzers.stats import class_quantile
@@ -29,6 +31,15 @@ class RankFacts:
     memory_bound_us: float = 0.0  # all memory-bound work (the denominator of the saving)
     # what the traced steps hold that tells the profiler's cost from the job's (per step)
     cpu_events: CpuEvents = field(default_factory=lambda: CpuEvents(0.0, 0.0))
+    # what torch.compile would change in a CPU step (``compile_facts``; empty on a GPU)
+    compile: CompileFacts = field(default_factory=CompileFacts)
+    # the training thread's operators slower beside a collective than alone, per step, and the
+    # calls compared (``comm_cost.slowed_beside``; 0 on a GPU)
+    comm_slowed_us: float = 0.0
+    comm_slowed_calls: int = 0
+    # the backward's time per step (autograd's node evaluations, less DDP's work for the
+    # collectives inside them): what a step's gradients' collectives can hide behind (CPU only)
+    backward_us: float | None = None
 
 
 def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
@@ -63,9 +74,13 @@ def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
     # process (num_workers=0): the profiler's cost per event lands there too
     waits = cw.waits if cw is not None else iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
     in_waits = float((inside & iv.contains(waits, rt.cpu_ts)).sum()) / n_steps
+    beside = slowed_beside(rt, cw)
     return RankFacts(traits=traits, fusable_us=total, fusion_saves_us=saved, memory_bound_us=mem,
                      cpu_events=CpuEvents(float(inside.sum()) / n_steps, float(in_compute.sum()) / n_steps,
-                                          slowed, dispatched, in_waits))
+                                          slowed, dispatched, in_waits),
+                     compile=compile_facts(rt, cw, traits["training"]),
+                     comm_slowed_us=beside[0], comm_slowed_calls=beside[1],
+                     backward_us=backward_time(rt, lo, hi) if cw is not None and traits["training"] else None)
 
 
 # A class of operators (same name, same input shapes) with at least SLOW_MIN_CALLS calls in the

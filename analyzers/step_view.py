@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from gpudiag.analyzers.classify import _pct, classify, extreme_dilation, shares
+from gpudiag.analyzers.own_pace import own_events, reference_machine_us, with_machine, without_machine
 from gpudiag.analyzers.stats import iqr_over_median
 from gpudiag.analyzers.unprofiled import (
     NOISE_FLOOR,
@@ -34,6 +35,9 @@ from gpudiag.rundir import WindowSteps
 
 PROFILED = "profiled-steps"
 UNPROFILED = "unprofiled-estimate"
+# From this share of a step, the machine's part (``host_stalled``) is named in the dilation's
+# caveats: the steps it compares are the job's own, not what the clock read.
+MACHINE_NOTED = 0.01
 
 
 @dataclass
@@ -62,12 +66,19 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
                 device_kind: str, events: CpuEvents | None = None) -> StepView:
     """The unprofiled estimate where the reference around the traced window can be trusted;
     otherwise the traced steps, saying why. ``events``: what a CPU trace's steps hold that tells
-    the profiler's cost from the job's (``unprofiled.CpuEvents``, ``unprofiled._cpu_per_event``)."""
+    the profiler's cost from the job's (``unprofiled.CpuEvents``, ``unprofiled._cpu_per_event``).
+
+    At the job's own pace: ``windows`` are its step rows less the part other processes took
+    (``gpudiag.pace.at_own_pace``), and the traced steps are taken without theirs
+    (``host_stalled``), so the profiler's dilation and the estimate are the job's, whatever the
+    machine did around the window; the estimate then gets the reference steps' own machine
+    part back as ``host_stalled``, so its step is the wall clock with that part a row apart."""
     noise = traced_noise(results, windows)
     traced_cost = noise_deduction(noise, "the traced steps")
     if windows is None:
         return StepView(PROFILED, traced, noise, deductions=traced_cost)
-    measured = measure_dilation(traced.step_time, windows, device_kind)
+    own = without_machine(traced)
+    measured = measure_dilation(own.step_time, windows, device_kind)
     if measured is None:
         n = sum(len(w.before) + len(w.after) for w in windows)
         return StepView(PROFILED, traced, noise, deductions=traced_cost, warnings=[
@@ -75,9 +86,18 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
             "the profiler's slowdown; the breakdown, verdict and MFU describe the profiled steps "
             "(run more steps before and after the window)"])
     dil, deductions = measured
+    machine = reference_machine_us(windows, dil.reference_steps)
+    if (traced.host_stalled >= MACHINE_NOTED * traced.step_time
+            or machine >= MACHINE_NOTED * dil.untraced_step_us):
+        dil.caveats.append(
+            f"traced and untraced steps compared at the job's own pace: other processes took "
+            f"{traced.host_stalled / 1e3:.3g} ms of each traced step ({traced.step_time / 1e3:.3g} ms "
+            f"by wall clock) and {machine / 1e3:.3g} ms of each untraced one "
+            f"({(dil.untraced_step_us + machine) / 1e3:.3g} ms), shown apart as the OS running other work")
     if not dil.trusted:
         return StepView(PROFILED, traced, noise, dilation=dil, deductions=deductions + traced_cost)
-    unprofiled, repairs = estimate_unprofiled(traced, dil, device_kind, events)
+    unprofiled, repairs = estimate_unprofiled(own, dil, device_kind, own_events(events, traced))
+    unprofiled = with_machine(unprofiled, machine)
     noise = dil.untraced_spread / 2
     deductions += (repairs + extreme_dilation(dil.factor)
                    + noise_deduction(noise, "the untraced steps around the window"))
@@ -97,6 +117,8 @@ def at_faster_side(view: StepView, traced: TimeBreakdown, device_kind: str,
     dil = view.dilation
     if view.basis == UNPROFILED or dil is None:
         return None
+    events = own_events(events, traced)
+    traced = without_machine(traced)  # the sides are at the job's own pace
     sides = [x for x in (dil.before_step_us, dil.after_step_us) if x]
     fastest = min(sides) if sides else dil.untraced_step_us
     if fastest <= 0 or fastest >= traced.step_time * (1 - NOISE_FLOOR):

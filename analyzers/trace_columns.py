@@ -104,6 +104,11 @@ class RankTrace:
     kept_events: int = 0
     dropped_gpu_events: int = 0
     kept_gpu_events: int = 0
+    # runtime calls that blocked the host until the device was done (cudaStreamSynchronize,
+    # cudaDeviceSynchronize, a blocking cudaMemcpy, ...: ``trace_fold.HOST_SYNC_CALLS``)
+    sync_ts: np.ndarray = field(default_factory=lambda: np.empty(0))
+    sync_dur: np.ndarray = field(default_factory=lambda: np.empty(0))
+    sync_tid: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
     # nesting depth among cpu ops on the same thread (0 = top level): see ``cpu_depth``
     _depth: np.ndarray | None = field(default=None, repr=False)
 

@@ -49,7 +49,14 @@ except ImportError:  # installed without a C compiler (the extension is optional
           "present", file=sys.stderr)
 
 # Per-name flags, computed once per distinct name.
-_F_DATALOADER, _F_COMM, _F_ANNOT_COMM = 1, 2, 4
+_F_DATALOADER, _F_COMM, _F_ANNOT_COMM, _F_HOST_SYNC = 1, 2, 4, 8
+# Runtime and driver calls that block the host until the device is done (CUDA and HIP): the
+# host syncs ``analyzers.syncs`` counts on a GPU beside the operators that cause them.
+HOST_SYNC_CALLS = frozenset(
+    f"{p}{c}" for p in ("cuda", "hip") for c in
+    ("DeviceSynchronize", "StreamSynchronize", "EventSynchronize", "Memcpy", "Memcpy2D",
+     "MemcpyFromSymbol", "StreamQuery_blocking")) | {"cuCtxSynchronize", "cuStreamSynchronize",
+                                                     "cuEventSynchronize", "cuMemcpyDtoH_v2"}
 
 
 def column(events: Sequence[Event], idx: np.ndarray | None, attrs: tuple[str, ...], kind: str,
@@ -116,6 +123,8 @@ class ColumnBuilder:
         f = 0
         if name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX):
             f |= _F_DATALOADER
+        if name in HOST_SYNC_CALLS:
+            f |= _F_HOST_SYNC
         if CPU_COMM_RE.match(name):
             f |= _F_COMM
             if name.startswith(("gloo:", "nccl:")):
@@ -162,6 +171,11 @@ class ColumnBuilder:
         r = np.flatnonzero(keep & (code == CODE_RUNTIME))
         if r.size:
             self._add_runtime(events, sel[r], ts[r], tids[r])
+            sync = r[(np.asarray(self._flags, dtype=np.int8)[names[r]] & _F_HOST_SYNC) != 0]
+            if sync.size:
+                self.parts["s_ts"].append(ts[sync])
+                self.parts["s_dur"].append(dur[sync])
+                self.parts["s_tid"].append(tids[sync])
         c = np.flatnonzero(keep & (code > CODE_RUNTIME))
         if c.size:
             self._add_cpu(events, sel[c], code[c], names[c], ts[c], dur[c], tids[c])
@@ -331,6 +345,8 @@ class ColumnBuilder:
             dropped_events=self.dropped_neg + self.dropped_missing + self.dropped_long,
             kept_events=self.kept, dropped_gpu_events=self.dropped_gpu,
             kept_gpu_events=int(gpu_ts.size),
+            sync_ts=self._col("s_ts", np.float64), sync_dur=self._col("s_dur", np.float64),
+            sync_tid=self._col("s_tid", np.int32),
         )
 
     def _warnings(self, rank: int, salvage_dropped: int | None) -> list[str]:

@@ -107,7 +107,8 @@ DISPATCH_PER_EVENT_MIN = 2.0
 _PARTS = tuple(f for f in TimeBreakdown.__dataclass_fields__ if f != "step_time")
 
 MODEL = ("step = the median of the untraced steps just before and after the traced window "
-         f"(up to {REFERENCE_STEPS} a side, the job's own step timer); device work as traced; the "
+         f"(up to {REFERENCE_STEPS} a side, the job's own step timer, each at the job's own pace: less "
+         "the wait for a core other processes caused, gpudiag.pace); device work as traced; the "
          "profiler's extra wall time (traced mean minus that step) removed from the host gaps first, "
          "then from the input wait (a loader in the training process: from its wait by the share of "
          "recorded events inside it)")
@@ -320,7 +321,8 @@ def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: 
             compute_bound=traced.compute_bound * k, memory_bound=traced.memory_bound * k,
             comm_total=traced.comm_total * k, comm_exposed=traced.comm_exposed * k,
             memcpy_exposed=traced.memcpy_exposed * k, idle=0.0, input_wait=0.0,
-            host_overhead=0.0), out
+            host_overhead=0.0, comm_work=traced.comm_work * k,
+            comm_contention=traced.comm_contention * k), out
     extra = traced.step_time - step
     from_wait = _loader_share(traced, extra, events)
     if from_wait > 0:
@@ -406,19 +408,15 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
         host = 0.0
         caveat("the profiler's extra time per step exceeded what its recorded events account for "
                "in the gaps: the rest was taken from operator time", PENALTY_ESTIMATE_REPAIR)
-    slow = (f"; long operators' time beyond their fastest calls ({slowed / 1e3:.3g} ms per step) "
-            "was taken from operator time first" if slowed > 0 else "")
-    caveat(f"the device is the CPU: the profiler's cost was taken per recorded event "
-           f"({n_all:.0f} per step, {per_event:.3g} us each), from operator time for "
-           f"{n_compute:.0f} events inside operators and from the gaps for the rest; the input wait "
-           f"keeps its length{slow}", PENALTY_CPU_MODEL)
+    caveat(_cpu_split_text(traced.step_time, step, stalled, slowed, per_event, events), PENALTY_CPU_MODEL)
     k = compute / traced.compute if traced.compute > 0 else 1.0
     out = TimeBreakdown(
         step_time=step, gpu_busy=compute + traced.comm_exposed, compute=compute,
         compute_bound=traced.compute_bound * k, memory_bound=traced.memory_bound * k,
         comm_total=traced.comm_total, comm_exposed=traced.comm_exposed,
         memcpy_exposed=traced.memcpy_exposed, input_wait=input_wait, host_overhead=host,
-        host_stalled=min(host, traced.host_stalled - stalled))
+        host_stalled=min(host, traced.host_stalled - stalled), comm_work=traced.comm_work * k,
+        comm_contention=traced.comm_contention * k)
     out.idle = out.input_wait + out.host_overhead
     total = out.compute + out.comm_exposed + out.memcpy_exposed + out.idle
     if total > step > 0:  # nothing left to take from: scale everything to the step
@@ -426,6 +424,34 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
         for name in _PARTS:
             setattr(out, name, getattr(out, name) * f)
     return out
+
+
+def _cpu_split_text(traced_step: float, step: float, stalled: float, slowed: float, per_event: float,
+                    events: CpuEvents) -> str:
+    """Where the traced steps' extra time went, in parts that add up to it: a dilation of 11x
+    beside "0 us per event" reads as a contradiction unless the rest of the 11x is named."""
+    total = traced_step - step
+    n_all, n_compute = events.recorded, events.in_compute
+    per = per_event * n_all
+    parts = []
+    if stalled > 0:
+        parts.append(f"{stalled / 1e3:.3g} ms per step the OS ran other work (kept apart, host time)")
+    if slowed > 0:
+        parts.append(f"{slowed / 1e3:.3g} ms per step long operators ran beyond their own fastest "
+                     "calls (taken from operator time first)")
+    if per >= 0.01 * total:
+        parts.append(f"{per / 1e3:.3g} ms per step the profiler's cost per recorded event "
+                     f"({n_all:.0f} per step, {per_event:.3g} us each: from operator time for "
+                     f"{n_compute:.0f} events inside operators, from the gaps for the rest)")
+    else:
+        parts.append(f"nothing was left to charge per recorded event ({n_all:.0f} per step, "
+                     f"{per_event:.3g} us each)")
+    rest = total - stalled - slowed - per
+    if rest >= 0.01 * total:
+        parts.append(f"{rest / 1e3:.3g} ms per step the window's slower pace (above)")
+    return (f"the device is the CPU: the traced steps took {total / 1e3:.3g} ms per step more than "
+            f"the untraced ones ({traced_step / step:.2g}x): " + "; ".join(parts) +
+            "; the input wait keeps its length")
 
 
 def _window_pace(traced: TimeBreakdown, step: float, stalled: float, slowed: float,
@@ -482,7 +508,8 @@ def _cpu_estimate(traced: TimeBreakdown, step: float, caveat) -> TimeBreakdown: 
         comm_total=traced.comm_total * k, comm_exposed=traced.comm_exposed * k,
         memcpy_exposed=traced.memcpy_exposed * k, input_wait=input_wait,
         host_overhead=traced.host_overhead * k,
-        host_stalled=min(traced.host_stalled, traced.host_overhead * k))
+        host_stalled=min(traced.host_stalled, traced.host_overhead * k), comm_work=traced.comm_work * k,
+        comm_contention=traced.comm_contention * k)
     out.idle = out.input_wait + out.host_overhead
     # the parts add up to the untraced step; rounding and a traced input wait longer than the
     # whole untraced step (noise) are absorbed by scaling all of them to it

@@ -135,7 +135,8 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) 
             "batch in that time") if workers else ""
     return Prediction(step, f"input wait ({_ms(b.input_wait)}) hidden behind the rest of the step "
                             f"({_ms(rest)} of compute, communication and gaps), which bounds it"
-                            f"{bound}{need}")
+                            f"{bound}{need}; assumes a worker makes a batch in the time the main "
+                            "thread takes now")
 
 
 def workers_needed(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> int | None:
@@ -160,6 +161,20 @@ def _hidden_rest(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool) -> tuple[float
     return rest * cpu.unobserved(b), loader_work(b, cpu, gpu)
 
 
+def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True) -> str | None:
+    """Why DataLoader workers would not help, or None: the loading is CPU work and the cores the
+    machine's other work leaves are no more than the training process keeps busy beside it, so
+    a worker would run on a core the model needs, and the step at which workers keep up
+    (``LoaderWork.bound_us``) is no shorter than today's, where the main thread loads in turn."""
+    rest, w = _hidden_rest(b, cpu, gpu)
+    if w is None or cpu is None or max(rest, w.bound_us) < b.step_time * cpu.unobserved(b):
+        return None
+    return (f"the loading is CPU work ({_ms(w.batch_us)} a batch on the thread that makes it) and the "
+            f"{w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves are what the training "
+            f"process needs beside it ({_ms(w.main_us)} of core time per step): workers would have no "
+            "core of their own, and would take turns with the model as the main thread does now")
+
+
 def input_hidden_step(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> float:
     """The step with its input wait hidden: the rest of it; and where the loading is CPU work,
     no less than the step at which the cores left to workers make a batch per step
@@ -168,19 +183,51 @@ def input_hidden_step(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = T
     return rest if w is None else max(rest, w.bound_us)
 
 
-def communication_overlapped(b: TimeBreakdown, cpu: bool = False) -> Prediction:
+def communication_overlapped(b: TimeBreakdown, cpu: bool = False,
+                             backward_us: float | None = None) -> Prediction:
+    """Exposed communication hidden behind compute, as far as compute not already hiding some
+    reaches. A training step's gradients can hide only behind the backward still running after
+    they are ready (``backward_us``, where the trace tells the backward apart: not behind the
+    forward, nor the optimizer step that needs them). On a CPU the collectives' threads share the
+    ranks' cores: each ms of compute they ran beside already cost ``comm_contention /
+    (comm_total - comm_exposed)`` ms of compute (measured, ``comm_cost``), and each ms more
+    hidden costs as much, so where that is a whole ms, overlapping gains nothing (issue 37:
+    smaller DDP buckets on 2 ranks of a 2-core machine, predicted 367 -> 262 ms, measured no
+    gain)."""
     hiding = b.comm_total - b.comm_exposed  # communication already hidden by compute
-    capacity = max(0.0, b.compute - hiding)
+    behind, what = ((backward_us, "backward") if backward_us is not None else (b.compute, "compute"))
+    capacity = max(0.0, behind - hiding)
     hidden = min(b.comm_exposed, capacity)
     bound = ("" if hidden >= b.comm_exposed else
-             f"; only {_ms(capacity)} of compute is left to hide it behind, so "
-             f"{_ms(b.comm_exposed - hidden)} stays exposed")
-    # gloo's work needs a core: ranks that keep every core busy leave it none (measured on this
-    # project's 2-core VM: 1 MB buckets made a 2-rank DDP step slower, 225 -> 334 ms)
-    cores = ("; on the CPU, only where cores are free for the communication beside the compute"
-             if cpu else "")
-    return Prediction(b.step_time - hidden, f"exposed communication ({_ms(b.comm_exposed)}) "
-                      f"overlapped with compute{bound}{cores}")
+             f"; only {_ms(capacity)} of {what} is left to hide it behind (of {_ms(behind)}, "
+             f"{_ms(hiding)} already hides communication), so {_ms(b.comm_exposed - hidden)} stays "
+             "exposed")
+    rate = min(1.0, b.comm_contention / hiding) if cpu and hiding > 0 else 0.0
+    slower = (f"; on the CPU the collectives' threads share the ranks' cores: each ms of them beside "
+              f"the compute slowed it {rate:.2g} ms (measured), so the {_ms(hidden)} hidden cost "
+              f"{_ms(hidden * rate)} of compute" if rate > 0 else "")
+    return Prediction(b.step_time - hidden * (1 - rate),
+                      f"exposed communication ({_ms(b.comm_exposed)}) overlapped with {what}{bound}"
+                      f"{slower}; assumes the collectives run as fast beside the compute as they do "
+                      "now" + (", and slow the compute as they do now" if cpu else ""))
+
+
+# Micro-batches per all-reduce that the gradient-accumulation advice predicts for: a common
+# choice (it quarters communication's cost per sample), stated in the advice's text.
+ACCUMULATE_STEPS = 4
+
+
+def accumulated(b: TimeBreakdown, comm_cost: float, k: int = ACCUMULATE_STEPS) -> Prediction:
+    """Gradient accumulation over ``k`` micro-batches, all-reducing on the last: per micro-batch,
+    the step without communication's cost (``comm_cost.cost``: exposed, the training thread's
+    copies, the compute slowed beside it) plus a k-th of it."""
+    saved = comm_cost * (1 - 1 / k)
+    return Prediction(b.step_time - saved,
+                      f"per micro-batch: communication's cost ({_ms(comm_cost)} a step: exposed "
+                      f"{_ms(b.comm_exposed)}, the training thread's copies for it {_ms(b.comm_work)}, "
+                      f"compute slowed beside it {_ms(b.comm_contention)}) paid once every {k} "
+                      "micro-batches; assumes a micro-batch's compute is the step's and the "
+                      "all-reduce of accumulated gradients costs what one step's does")
 
 
 def _gaps(b: TimeBreakdown) -> tuple[float, str]:
@@ -216,7 +263,7 @@ def host_gaps_closed(b: TimeBreakdown) -> Prediction:
     gaps, kept = _gaps(b)
     return Prediction(b.step_time - gaps,
                       f"host gaps ({_ms(gaps)}) closed{kept}; the device's own work and the "
-                      "input wait bound the step")
+                      "input wait bound the step; assumes the device's work keeps its time")
 
 
 def compiled(b: TimeBreakdown, saved_share: float | None) -> Prediction:
@@ -227,12 +274,66 @@ def compiled(b: TimeBreakdown, saved_share: float | None) -> Prediction:
     return Prediction(b.step_time - gaps - fused,
                       f"host gaps ({_ms(gaps)}) closed{kept} and each run of consecutive "
                       f"memory-bound elementwise operators fused into one pass ({_ms(fused)} saved); "
-                      "the operators compile does not fuse (GEMMs, convolutions) keep their time")
+                      "the operators compile does not fuse (GEMMs, convolutions) keep their time; "
+                      "assumes the device runs behind the host (a GPU), so the gaps are launch "
+                      "overhead, and a fused run costs its longest member")
+
+
+# What a compiled graph costs, in calls of the job's own eager operators (the per-call cost the
+# job's trace shows): a kernel call of the compiled graph RHO of one, each graph (guards, runtime
+# wrappers, the autograd function of a training graph) GRAPH_CALLS. Measured on this project's
+# 2-core AMD EPYC with torch 2.13 (benchmarks/compile_calls.py, tiny tensors, four models: Linear-
+# LayerNorm-GELU blocks trained and run, chains of 8 and 32 elementwise ops between GEMMs; two
+# runs at load average 10 and 14): a compiled kernel call 0.22-0.91x an eager call of the same
+# model, a graph 4-15 calls. RHO is taken at 1 (no call of compiled code assumed cheaper than an
+# eager one: the prediction errs on the side of less gain), GRAPH_CALLS inside the range measured.
+# The training job of 48 blocks (benchmarks/predicted_vs_applied.py, compile-training) gained
+# 27-58% in four runs at load average 10-24, predicted 34-37%: the load moved the truth more
+# than RHO between 0.5 and 1 would move the prediction.
+RHO = 1.0
+GRAPH_CALLS = 8.0
+
+
+def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kernels: float,
+                 graphs: float, extern_us: float, kept_us: float, syncs: float = 0.0,
+                 rho: float = RHO, graph_calls: float = GRAPH_CALLS) -> Prediction:
+    """``torch.compile`` on a CPU: it removes calls, not work (``compile_facts``). The step's
+    time outside what compile keeps (the optimizer, AccumulateGrad, DataLoader waits,
+    collectives, the OS running other work) and outside the GEMMs' and convolutions' own
+    operators is the cost of ``calls`` operator calls with the Python between them, at the
+    view's pace; compiled, the same region makes ``kernels`` calls and ``graphs`` graph calls,
+    each at the cost per call the job's own trace shows (``rho``, ``graph_calls``). Traced
+    counts and times are brought to the view's pace: the kept work by the step's ratio, the
+    GEMMs by the compute's."""
+    if calls <= 0 or traced.step_time <= 0:
+        return Prediction(None, "no operator calls that torch.compile would replace were found")
+    k_step = view.step_time / traced.step_time
+    k_work = view.compute / traced.compute if traced.compute > 0 else k_step
+    kept = kept_us * k_step
+    extern = extern_us * k_work
+    region = max(0.0, view.step_time - kept - extern - view.input_wait - view.comm_exposed
+                 - view.memcpy_exposed - view.host_stalled)
+    per_call = region / calls
+    compiled = per_call * (rho * kernels + graph_calls * graphs)
+    saved = region - compiled
+    breaks = (f", {syncs:.0f} of them split by values read back into Python (.item() and the like: "
+              "graph breaks)" if syncs >= 0.5 else "")
+    return Prediction(
+        view.step_time - saved,
+        f"the {calls:.0f} operator calls per step torch.compile would replace ({_ms(region)} with the "
+        f"Python between them: {per_call:.3g} us a call) become {kernels:.0f} calls of compiled "
+        f"kernels (fused runs, and the GEMMs and convolutions it still calls) in {graphs:.0f} "
+        f"graph{'s' if graphs >= 1.5 else ''}{breaks}; what compile leaves as it is keeps its time "
+        f"(the optimizer, AccumulateGrad, DDP's copies where there are: {_ms(kept)}; the GEMMs' own "
+        "operators: "
+        f"{_ms(extern)}); assumes a compiled kernel call costs {rho:g}x, and a graph {graph_calls:g}x, "
+        "an eager call of this job (on a CPU compile removes calls, not their work)")
 
 
 def copies_hidden(b: TimeBreakdown) -> Prediction:
     return Prediction(b.step_time - b.memcpy_exposed,
-                      f"copies ({_ms(b.memcpy_exposed)}) overlapped with compute")
+                      f"copies ({_ms(b.memcpy_exposed)}) overlapped with compute; assumes they can "
+                      "run while compute runs (pinned memory, their own stream)")
 
 
 def faster_dtype(b: TimeBreakdown, fp32_share: float, ratio: float, family: str) -> Prediction:
@@ -242,14 +343,17 @@ def faster_dtype(b: TimeBreakdown, fp32_share: float, ratio: float, family: str)
     saved = part * (1 - ratio)
     return Prediction(b.step_time - saved,
                       f"compute-bound fp32 work ({_ms(part)}) at the {family} peak, "
-                      f"{1 / ratio:.2g}x the fp32 one, at the same efficiency")
+                      f"{1 / ratio:.2g}x the fp32 one; assumes the same efficiency (share of the "
+                      "peak) in both dtypes")
 
 
 def halved_bytes(b: TimeBreakdown, fp32_memory_share: float, fp32_bytes: float | None,
-                 bandwidth: float) -> Prediction:
+                 bandwidth: float, gemm_ratio: float = 1.0) -> Prediction:
     """Memory-bound fp32 work in bf16 moves half its bytes: at most half its time, and no more
     than half its bytes take at the device's bandwidth (an op bound by dispatch rather than
-    bytes gains little)."""
+    bytes gains little). torch.autocast, which does it, also runs the matmuls in bf16: where
+    ``gemm_ratio`` = peak_fp32 / peak_bf16 is above 1 (a CPU without bf16 units), the
+    compute-bound fp32 work takes that much longer, at the efficiency it had."""
     part = b.memory_bound * fp32_memory_share
     saved = part / 2
     bound = ""
@@ -258,8 +362,15 @@ def halved_bytes(b: TimeBreakdown, fp32_memory_share: float, fp32_bytes: float |
         if by_bytes < saved:
             saved, bound = by_bytes, (f"; half of its {fp32_bytes / 1e6:.3g} MB per step at "
                                       f"{bandwidth / 1e9:.3g} GB/s bounds the saving")
+    slower = ""
+    if gemm_ratio > 1 and b.compute_bound > 0:
+        lost = b.compute_bound * fp32_memory_share * (gemm_ratio - 1)
+        saved -= lost
+        slower = (f"; the compute-bound fp32 work ({_ms(b.compute_bound * fp32_memory_share)}) would "
+                  f"run at the bf16 peak, {gemm_ratio:.2g}x slower than fp32 here (+{_ms(lost)})")
     return Prediction(b.step_time - saved, f"memory-bound fp32 work ({_ms(part)}) moving half the "
-                                           f"bytes{bound}")
+                                           f"bytes{bound}{slower}; assumes the memory-bound work "
+                                           "runs at the device's bandwidth in bf16 as in fp32")
 
 
 def straggler_fixed(b: TimeBreakdown, median_us: float, worst_us: float) -> Prediction:
@@ -267,7 +378,8 @@ def straggler_fixed(b: TimeBreakdown, median_us: float, worst_us: float) -> Pred
         return Prediction(None, "per-rank step times unknown")
     return Prediction(b.step_time * median_us / worst_us,
                       f"every rank at the median rank's pace ({_ms(median_us)} per traced step "
-                      f"instead of {_ms(worst_us)})")
+                      f"instead of {_ms(worst_us)}); assumes the slow rank's extra time is its own "
+                      "(its node, its shard), not the job's")
 
 
 def fusion_runs(ts: np.ndarray, dur: np.ndarray, group: np.ndarray, fusable: np.ndarray,

@@ -24,6 +24,22 @@ Cases (held out: none of them is a workload the labels were tuned on):
 - ddp-buckets: 2-rank DDP over gloo, one bucket bigger than the model -> 4 MB buckets
   (``overlap-communication``); each layer's backward also waits as an accelerator's kernels
   would, leaving the host's cores to gloo (tests/jobs/ddp_bucket_job.py says why).
+
+Issue 37's cases (tests/jobs; each prediction from the device's own numbers):
+- compile-training: training of 48 tiny Linear-LayerNorm-GELU blocks at batch 4 (~7,000
+  operators a step), eager -> the model under torch.compile, the optimizer eager
+  (``compile-small-ops``: on a CPU, calls removed, not their work);
+- compile-syncs: the same with a ``.item()`` every 3 blocks (graph breaks);
+- bf16-autocast: a compute-bound fp32 MLP of 1024-wide GEMMs, fp32 -> torch.autocast bf16
+  (``lower-precision``: advised only where the CPU's measured bf16 peak beats fp32's);
+- ddp-no-sync: 2-rank DDP over gloo, 100 MB of gradients: communication's cost (exposed, the
+  reducer's copies, the cores gloo's threads took) against the step under ``no_sync()``;
+- ddp-accumulate: the same, gradients accumulated over 4 micro-batches, all-reduced on the last
+  (``all-reduce-less-often``), time per micro-batch;
+- ddp-small-buckets: the same, 25 MB -> 4 MB buckets (``overlap-communication``; on 2 ranks of a
+  2-core machine no core is free for gloo beside the compute).
+A fix gpudiag lists as one that would not help (``Verdict.not_advised``) prints "not advised"
+with its prediction where it has one: there the check is that the fix did not help.
 """
 
 from __future__ import annotations
@@ -39,7 +55,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpudiag.diagnosis import Diagnosis
+from gpudiag.diagnosis import Diagnosis, Recommendation
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "tests" / "jobs"
@@ -66,6 +82,10 @@ class Case:
     # steps at the start of each "a" phase left out of its median: prefetched batches, a compile
     settle: int = 3
 
+
+# Not a recommendation: communication's cost as the diagnosis gives it (``comm_cost.cost``),
+# "predicting" the step without it, which the job's steps under ``no_sync()`` measure.
+COMM_COST = "communication-cost"
 
 # torch.compile is advised for host gaps, or for memory-bound elementwise work where those are
 # small: either prediction is of the compiled step
@@ -104,6 +124,21 @@ CASES = {
                         ["--bucket-mb", "512", "--fixed-bucket-mb", "4", "--device-ms", "20",
                          "--width", "1536", "--batch", "32"],
                         "b30,a15", steps=135, skip=55, ranks=2, settle=3),
+    "compile-training": Case("compile-training", ("compile-small-ops", "fuse-memory-bound"),
+                             "many_ops_job.py", [], "b120,a40", steps=320, skip=50, settle=5),
+    "compile-syncs": Case("compile-syncs", ("compile-small-ops", "fuse-memory-bound"),
+                          "many_ops_job.py", ["--sync-every", "3"], "b120,a40", steps=320, skip=50,
+                          settle=5),
+    "bf16-autocast": Case("bf16-autocast", ("lower-precision", "bf16-activations"), "autocast_job.py",
+                          ["--width", "1024", "--batch", "128"], "b30,a6", steps=72, skip=10, settle=1),
+    "ddp-no-sync": Case("ddp-no-sync", (COMM_COST,), "ddp_grads_job.py", ["--fix", "no-sync"],
+                        "b40,a10", steps=100, skip=12, ranks=2, settle=1),
+    "ddp-accumulate": Case("ddp-accumulate", ("all-reduce-less-often",), "ddp_grads_job.py",
+                           ["--fix", "accumulate", "--accumulate", "4"], "b40,a5", steps=90,
+                           skip=12, ranks=2, settle=1),
+    "ddp-small-buckets": Case("ddp-small-buckets", ("overlap-communication",), "ddp_grads_job.py",
+                              ["--fix", "bucket", "--fixed-bucket-mb", "4"], "b40,a10", steps=100,
+                              skip=12, ranks=2, settle=2),
 }
 
 
@@ -186,7 +221,7 @@ def paced_fixed_median(report: Path, settle: int, exclude: set[int], before_s: f
 class Result:
     case: str
     action: str
-    predicted_s: float
+    predicted_s: float | None  # None: not advised, with no prediction (a precondition failed)
     measured_s: float  # the fixed ("a") steps, the job's own timer
     paced_s: float  # the same, each phase brought to the run's median unfixed pace (paced_fixed_median)
     before_s: float  # the job as it is ("b"), its own timer, untraced steps
@@ -195,10 +230,11 @@ class Result:
     basis: str
     why: str
     diagnosis: Diagnosis
+    advised: bool = True  # False: listed as a fix that would not help (Verdict.not_advised)
 
     @property
     def ratio(self) -> float:
-        return self.predicted_s / self.measured_s
+        return self.predicted_s / self.measured_s if self.predicted_s is not None else float("nan")
 
     @property
     def scaled_predicted_s(self) -> float:
@@ -208,6 +244,8 @@ class Result:
         machine, they were taken; for the traced view (the reference around the window was not
         trusted), the step timer's mean over the traced steps themselves: the view's step is the
         profiled step, and scaling it to an unprofiled one would count the profiler twice."""
+        if self.predicted_s is None:
+            return float("nan")
         return self.predicted_s * self.view_own_s / self.view_step_s
 
     @property
@@ -227,12 +265,26 @@ def run_case(case: Case, work: Path, timeout: float = 1200) -> Result:
     d = Diagnosis.from_json((run / "diagnosis.json").read_text())
     rows = read_steps(run)[0]
     touched = {r.step for r in rows if r.profiler}
-    rec = next((r for r in d.verdict.recommendations if r.action in case.actions), None)
-    if rec is None or rec.predicted_step_s is None:
-        raise AssertionError(f"{case.name}: no {case.actions} prediction (label {d.verdict.label.value}, "
-                             f"actions {[r.action for r in d.verdict.recommendations]}, basis {d.basis}"
-                             f"{': ' + rec.why if rec else ''})")
     view = d.unprofiled if d.unprofiled is not None else d.breakdown
+    advised = True
+    if case.actions == (COMM_COST,):
+        from gpudiag.analyzers.comm_cost import cost
+
+        c = cost(view)
+        rec = Recommendation(COMM_COST, "", (view.step_time - c) * 1e-6,
+                             f"communication's cost {c / 1e3:.3g} ms a step (exposed "
+                             f"{view.comm_exposed / 1e3:.3g}, copies {view.comm_work / 1e3:.3g}, cores "
+                             f"{view.comm_contention / 1e3:.3g}), label {d.verdict.label.value}")
+    else:
+        rec = next((r for r in d.verdict.recommendations if r.action in case.actions), None)
+        if rec is None:
+            rec = next((r for r in d.verdict.not_advised if r.action in case.actions), None)
+            advised = False
+    if rec is None or (advised and rec.predicted_step_s is None):
+        raise AssertionError(f"{case.name}: no {case.actions} prediction (label {d.verdict.label.value}, "
+                             f"actions {[r.action for r in d.verdict.recommendations]}, not advised "
+                             f"{[r.action for r in d.verdict.not_advised]}, basis {d.basis}"
+                             f"{': ' + rec.why if rec else ''})")
     before = phase_median(own, "b", 0, touched)
     # the traced view: the step timer over the traced steps (gpudiag's rows, whose step
     # boundaries are the trace's; the job's own laps put the trace export in the last of them)
@@ -240,7 +292,7 @@ def run_case(case: Case, work: Path, timeout: float = 1200) -> Result:
         r.dt for r in rows if r.profiler == PROFILER_TRACED)
     return Result(case.name, rec.action, rec.predicted_step_s, phase_median(own, "a", case.settle, touched),
                   paced_fixed_median(own, case.settle, touched, before), before, view.step_time * 1e-6,
-                  view_own, d.basis, rec.why, d)
+                  view_own, d.basis, rec.why, d, advised)
 
 
 def machine() -> str:
@@ -266,10 +318,13 @@ def main() -> None:
                 work.mkdir(parents=True)
                 r = run_case(case, work)
                 view = "unprofiled" if r.basis == "unprofiled-estimate" else "traced"
+                pred = f"{r.predicted_s * 1e3:>9.1f}ms" if r.predicted_s is not None else f"{'none':>11}"
                 print(f"{r.case:<21}{r.action:<23}{view:<11}{r.before_s * 1e3:>7.1f}ms"
-                      f"{r.predicted_s * 1e3:>9.1f}ms{r.measured_s * 1e3:>8.1f}ms{r.paced_s * 1e3:>7.1f}ms"
-                      f"{r.ratio:>7.2f}{r.scaled_ratio:>8.2f}", flush=True)
-                print(f"    view step {r.view_step_s * 1e3:.1f} ms; {r.why}", flush=True)
+                      f"{pred}{r.measured_s * 1e3:>8.1f}ms{r.paced_s * 1e3:>7.1f}ms"
+                      f"{r.ratio:>7.2f}{r.scaled_ratio:>8.2f}"
+                      + ("" if r.advised else "  not advised"), flush=True)
+                print(f"    view step {r.view_step_s * 1e3:.1f} ms; label {r.diagnosis.verdict.label.value}"
+                      f"; {r.why}", flush=True)
     print(f"machine after: {machine()}")
 
 

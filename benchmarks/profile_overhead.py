@@ -1,142 +1,210 @@
-"""What does ``gpudiag profile`` cost a job? Plain vs profiled runs, alternated in one run.
+"""What does ``gpudiag profile`` cost a job? By the job's own timer, and per collector apart.
 
-Why alternate: machines drift (thermals, neighbours), so A and B runs interleave and we take
-the median of per-pair ratios rather than comparing two averages taken minutes apart.
+Part 1, end to end. Each job (``--jobs``) runs alone and under ``gpudiag profile`` in each mode
+(``--modes``): ``skip`` (``--skip 100000``: it never traces, so only what is always on: the host
+sampler, the step timer, the collective hooks), ``default`` (a 5-step trace window after 10
+steps, the sync census in its warm-up step, the analysis after the job) and ``monitor``. The
+runs of a pair go alone-first, the next pair's last (ABBA): machines drift (neighbours,
+thermals), so the figure is the median of per-pair ratios of the job's OWN median step time
+(each workload prints ``own_step_ms``), never gpudiag's. Target: at most 3% (issue 37). Beside
+it, the same ratio of the CPU the job's process spent per step (``cpu_step_ms``): on a machine
+other work keeps busy, wall time swings by tens of percent between runs and CPU time far less;
+what a collector adds inside the job shows in both.
+``--before PYTHONPATH`` adds the same modes run by another gpudiag (say, an older checkout laid
+out as an installed package), for a before/after in one alternation.
 
-Two figures:
-- job wall-time overhead: the job's own wall time under ``gpudiag profile`` (start of the
-  child to its exit, from run.json) over its plain wall time. Target: at most 3% (median).
-  The post-run analysis gpudiag does after the job has ended is printed separately.
-- sampler CPU cost: the NVML sampler's own CPU time over wall time at the default 100 ms
-  interval, fed by the replay backend (this machine has no GPU) through the same code path.
-  Target: under 1% of one core.
+Part 2, per collector, measured apart (``observer_parts.py``; CPU time, robust to a busy
+machine): the step timer's microseconds per step, the host and GPU samplers' share of a core,
+the sync census's extra time in the one step per window it runs in, and on two gloo ranks the
+timed all_reduce against the unwrapped one and a DDP step with gpudiag's timing hook against
+DDP's built-in all-reduce (``workloads/ddp_hook_cost.py``). Each is put against each job's step.
 
-    python benchmarks/profile_overhead.py [--seconds 20] [--pairs 3]
+    python benchmarks/profile_overhead.py [--jobs tiny_ops,sync_heavy,ddp_big_grads] [--pairs 3]
+        [--modes skip,default] [--before DIR] [--no-parts]
+
+Print the machine's load average beside the numbers (it is printed at the start and the end).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from gpudiag.rundir import read_run, read_steps
-
 REPO = Path(__file__).resolve().parents[1]
-WORKLOAD = REPO / "benchmarks" / "workloads" / "steady_train.py"
-REPLAY = REPO / "tests" / "fixtures" / "h200" / "nvml_samples.jsonl"
+WORKLOADS = REPO / "benchmarks" / "workloads"
+sys.path.insert(0, str(REPO / "benchmarks"))
+import observer_parts  # noqa: E402 - beside this script
+
+OWN = re.compile(r"own_step_ms ([0-9.]+) cpu_step_ms ([0-9.]+)")
+MODES = {"skip": ["--skip", "100000"], "default": [], "monitor": ["--monitor"]}
+TARGET = 0.03
 
 
-def timed(cmd: list[str]) -> float:
-    t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t
+def _port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
 
 
-def calibrate(seconds: float) -> int:
-    """Steps for a run of about ``seconds``: the slope between a short and a longer run
-    (interpreter and torch start-up cancel out)."""
-    steps = 200
-    t = timed([sys.executable, str(WORKLOAD), "--steps", str(steps)])
-    t2 = timed([sys.executable, str(WORKLOAD), "--steps", str(steps * 4)])
-    per_step = max((t2 - t) / (3 * steps), 1e-4)
-    return max(50, int(seconds / per_step))
+def job_command(name: str, steps: int | None) -> list[str]:
+    py = sys.executable
+    if name == "ddp_big_grads":
+        return [py, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", _port(), str(WORKLOADS / "ddp_big_grads.py"),
+                "--steps", str(steps or 40)]
+    default = {"tiny_ops": 400, "sync_heavy": 300, "steady_train": 300}[name]
+    return [py, str(WORKLOADS / f"{name}.py"), "--steps", str(steps or default)]
 
 
-def sampler_cost(seconds: float) -> tuple[float, int]:
-    from gpudiag.collectors.nvml import ReplayBackend, Sampler
-
-    with tempfile.TemporaryDirectory() as d:
-        s = Sampler(ReplayBackend(REPLAY), Path(d) / "gpu.jsonl", interval=0.1).start()
-        time.sleep(seconds)
-        st = s.stop()
-    return st.cpu_seconds / st.wall_seconds, st.samples
-
-
-def hook_cost_us(calls: int = 20000) -> float:
-    """In-process cost of the bootstrap's per-step accounting (what every step pays)."""
-    import os
-
-    import torch
-
-    from gpudiag.collectors import torch_bootstrap as tb
-
-    with tempfile.TemporaryDirectory() as d:
-        os.environ.update(GPUDIAG_RUN_DIR=d, GPUDIAG_SKIP=str(10**9), GPUDIAG_STEPS="1")
-        tb.arm(torch)
-        tb._on_step(False)  # creates the state
-        t = time.perf_counter()
-        for _ in range(calls):
-            tb._on_step(False)
-        cost = (time.perf_counter() - t) / calls
-        tb._get_state().flush()
-    return cost * 1e6
+def own_ms(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """One run; the job's own median step (ms): wall time, and the CPU its process spent (rank
+    0's, all its threads), from its output. Run from a scratch folder: ``python -m gpudiag``
+    from the repository's root would import the checkout's gpudiag before the one ``--before``
+    names."""
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800,
+                       cwd=tempfile.gettempdir())
+    m = OWN.search(p.stdout)
+    if p.returncode != 0 or m is None:
+        raise SystemExit(f"run failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
+    return float(m.group(1)), float(m.group(2))
 
 
-def window_extra_s(run: Path) -> tuple[float, float]:
-    """Extra seconds the profiler window cost in this run, from the run's own step timer:
-    the steps the bootstrap marked (warm-up, traced, the export after them) minus the median
-    untraced step."""
-    rows = read_steps(run)[0]
-    med = statistics.median(r.dt for r in rows if r.profiler is None)
-    return sum(r.dt - med for r in rows if r.profiler is not None), med
+def variants(name: str, steps: int | None, modes: list[str], before: str | None, tmp: Path
+             ) -> dict[str, callable]:
+    """Variant -> a function running it once (a fresh command each time: new port, new run dir)."""
+    base = dict(os.environ)
+    out: dict[str, callable] = {"alone": lambda: own_ms(job_command(name, steps), base)}
+    for who, env in (("", base), ("before:", {**base, "PYTHONPATH": before or ""})):
+        if who and not before:
+            continue
+        for mode in modes:
+            def run(mode: str = mode, env: dict = env, who: str = who) -> float:
+                out_dir = Path(tempfile.mkdtemp(dir=tmp))
+                return own_ms([sys.executable, "-m", "gpudiag", "profile", "--out",
+                               str(out_dir / "run"), *MODES[mode], "--",
+                               *job_command(name, steps)], env)
+            out[f"{who}{mode}"] = run
+    return out
+
+
+def end_to_end(jobs: list[str], pairs: int, modes: list[str], before: str | None,
+               steps: int | None) -> dict[str, float]:
+    """Per job: ABBA pairs of every variant; prints the table; returns each job's alone median."""
+    alone: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in jobs:
+            runs = variants(name, steps, modes, before, Path(tmp))
+            got: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
+            for i in range(pairs):
+                order = list(runs) if i % 2 == 0 else list(runs)[::-1]
+                for k in order:
+                    got[k].append(runs[k]())
+                print(f"  {name} pair {i + 1}: " + ", ".join(
+                    f"{k} {got[k][-1][0]:.2f} ({got[k][-1][1]:.2f} CPU)" for k in runs), flush=True)
+            alone[name] = statistics.median(w for w, _ in got["alone"])
+            print(f"{name}: the job's own median step per run, ms (wall / CPU); ratio to alone "
+                  f"(median of {pairs} per-pair ratios), wall and CPU")
+            for k, v in got.items():
+                line = f"  {k:<16}" + " ".join(f"{w:7.2f}/{c:<7.2f}" for w, c in v)
+                if k != "alone":
+                    wall, cpu = (statistics.median(x[j] / a[j] for x, a in zip(v, got["alone"], strict=True))
+                                 for j in (0, 1))
+                    met = "met" if wall <= 1 + TARGET else "NOT met"
+                    line += f"  wall {100 * (wall - 1):+.1f}% ({met}), CPU {100 * (cpu - 1):+.1f}%"
+                print(line)
+    return alone
+
+
+def collectors(alone: dict[str, float]) -> None:
+    """Part 2: each collector apart, and what it is of each job's step."""
+    st = observer_parts.run("step-timer")
+    in_job = observer_parts.run("step-timer-in-job")
+    host = observer_parts.run("host-sampler")
+    gpu = observer_parts.run("gpu-sampler")
+    census = observer_parts.run("sync-census")
+    hooks, err = _hook_cost({})
+    # the flight recorder's buffer (what gpudiag asked for before it did so for GPU builds only):
+    # the same two ranks with and without it, alternated
+    fr: dict[str, list[dict]] = {"off": [], "on": []}
+    for i in range(2):
+        for k in (("off", "on") if i == 0 else ("on", "off")):
+            got, _ = _hook_cost({"TORCH_FR_BUFFER_SIZE": "2000"} if k == "on" else {})
+            if got is not None:
+                fr[k].append(got)
+    print("Per collector, measured apart:")
+    print(f"  step timer: {st['us_per_step']:.1f} us of CPU per step; in tiny_ops's loop "
+          f"({in_job['step_ms']:.2f} ms of CPU a step) {100 * (in_job['ratio'] - 1):+.2f}% with it "
+          "(blocks with and without, alternated)")
+    print(f"  host sampler: {100 * host['core_share']:.3f}% of one core at its {host['interval_s']:g} s "
+          f"interval ({host['ms_per_tree_walk']:.2f} ms per walk of the process tree, "
+          f"{host['processes']} processes on the machine)")
+    print(f"  GPU sampler (replay, {gpu['interval_s'] * 1e3:.0f} ms): "
+          f"{100 * gpu['core_share']:.3f}% of one core")
+    extra = census["census_step_ms"] - census["step_ms"]
+    print(f"  sync census: a {census['step_ms']:.2f} ms step of sync_heavy took "
+          f"{census['census_step_ms']:.2f} ms with it on (+{extra:.2f} ms, once per trace window; "
+          f"its record {census['stop_ms']:.2f} ms, written in the window's export step)")
+    if fr["on"] and fr["off"]:
+        fields = ("ddp_builtin_ms", "all_reduce_raw_us")
+        on, off = ({f: statistics.median(r[f] for r in fr[k]) for f in fields} for k in ("on", "off"))
+        print(f"  flight recorder buffer on gloo (TORCH_FR_BUFFER_SIZE=2000, no longer set for CPU builds): "
+              f"DDP step {on['ddp_builtin_ms']:.1f} vs {off['ddp_builtin_ms']:.1f} ms without, small "
+              f"all_reduce {on['all_reduce_raw_us']:.0f} vs {off['all_reduce_raw_us']:.0f} us")
+    if hooks is None:
+        print(f"  collective hooks: not measured ({err[-500:]})")
+    else:
+        print(f"  collective hooks (2 gloo ranks): a blocking all_reduce "
+              f"{hooks['all_reduce_timed_us']:.0f} us timed vs {hooks['all_reduce_raw_us']:.0f} us "
+              "unwrapped; a DDP step with "
+              f"{hooks['gradient_mb']:.0f} MB of gradients {hooks['ddp_hooked_ms']:.1f} ms with gpudiag's "
+              f"hook vs {hooks['ddp_builtin_ms']:.1f} ms with DDP's built-in all-reduce "
+              f"({100 * (hooks['ddp_ratio'] - 1):+.1f}%; CPU {hooks['ddp_hooked_cpu_ms']:.1f} vs "
+              f"{hooks['ddp_builtin_cpu_ms']:.1f} ms, {100 * (hooks['ddp_cpu_ratio'] - 1):+.1f}%)")
+    for name, ms in alone.items():
+        parts = {"step timer": st["us_per_step"] / 1e3 / ms,
+                 "host sampler (if it shares the job's core)": host["core_share"]}
+        if name == "ddp_big_grads" and hooks is not None:
+            parts["DDP timing hook"] = hooks["ddp_ratio"] - 1
+        print(f"  {name} ({ms:.2f} ms a step): " +
+              ", ".join(f"{k} {100 * v:+.2f}%" for k, v in parts.items()))
+
+
+def _hook_cost(env: dict[str, str]) -> tuple[dict | None, str]:
+    """``workloads/ddp_hook_cost.py`` on two gloo ranks, with ``env`` added."""
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_addr", "127.0.0.1", "--master_port", _port(),
+                        str(WORKLOADS / "ddp_hook_cost.py")], capture_output=True, text=True,
+                       timeout=1800, env={**os.environ, **env}, cwd=tempfile.gettempdir())
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    return (json.loads(lines[-1]) if lines else None), p.stderr
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=20.0, help="target length of one plain run")
-    ap.add_argument("--pairs", type=int, default=4)
-    ap.add_argument("--monitor", action="store_true",
-                    help="measure the always-on mode (gpudiag profile --monitor; target < 1%%)")
-    ap.add_argument("--sampler-seconds", type=float, default=10.0)
+    ap.add_argument("--jobs", default="tiny_ops,sync_heavy,ddp_big_grads")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--modes", default="skip,default")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: per job)")
+    ap.add_argument("--before", default=None, metavar="PYTHONPATH",
+                    help="also run the modes with the gpudiag importable from there")
+    ap.add_argument("--no-parts", action="store_true", help="skip part 2 (each collector apart)")
+    ap.add_argument("--parts-only", action="store_true", help="part 2 only (each collector apart)")
     args = ap.parse_args()
-
-    steps = calibrate(args.seconds)
-    print(f"workload: {WORKLOAD.name} --steps {steps} (about {args.seconds:.0f} s plain)")
-    plain, job, total, analysis = [], [], [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.pairs):
-            out = Path(tmp) / f"run{i}"
-            plain_cmd = [sys.executable, str(WORKLOAD), "--steps", str(steps)]
-            mode = ["--monitor"] if args.monitor else []
-            prof_cmd = [sys.executable, "-m", "gpudiag", "profile", *mode, "--out", str(out), "--",
-                        *plain_cmd]
-            # ABBA order: neither variant always runs first (warm caches, turbo budgets)
-            if i % 2 == 0:
-                plain.append(timed(plain_cmd))
-                total.append(timed(prof_cmd))
-            else:
-                total.append(timed(prof_cmd))
-                plain.append(timed(plain_cmd))
-            info = read_run(out)
-            job.append(info.end - info.start)
-            analysis.append(total[-1] - job[-1])
-            print(f"  pair {i + 1}: plain {plain[-1]:.2f} s, profiled job {job[-1]:.2f} s, "
-                  f"gpudiag total {total[-1]:.2f} s")
-        extra, med = window_extra_s(out)
-    job_ratio = statistics.median(j / p for j, p in zip(job, plain, strict=True))
-    total_ratio = statistics.median(t / p for t, p in zip(total, plain, strict=True))
-    target = 1.01 if args.monitor else 1.03
-    print(f"job wall-time overhead{' (--monitor)' if args.monitor else ''} (median of {args.pairs} "
-          f"pairs): {100 * (job_ratio - 1):+.2f}% (target <= {100 * (target - 1):.0f}%: "
-          f"{'met' if job_ratio <= target else 'NOT met'})")
-    print(f"including gpudiag start-up and post-run analysis: {100 * (total_ratio - 1):+.2f}% "
-          f"(analysis and start-up {statistics.median(analysis):.2f} s per run)")
-    # Component estimate: per-step accounting x steps + the window's own extra time, measured
-    # inside the last profiled run, over the job's wall time. Unlike the A/B ratio it does
-    # not depend on run-to-run noise, which on a shared 2-core VM is larger than 3%.
-    per_step_us = hook_cost_us()
-    est = (per_step_us * 1e-6 * steps + max(extra, 0.0)) / (med * steps)
-    print(f"component estimate: {per_step_us:.1f} us per step of accounting (step {med * 1e3:.1f} ms) "
-          f"+ {max(extra, 0.0):.3f} s for the profiler window = {100 * est:.2f}% of the job "
-          f"(target <= {100 * (target - 1):.0f}%: {'met' if est <= target - 1 else 'NOT met'})")
-    share, n = sampler_cost(args.sampler_seconds)
-    print(f"sampler CPU at 100 ms (replay of 1 H200, {n} samples): {100 * share:.3f}% of one core "
-          f"(target < 1%: {'met' if share < 0.01 else 'NOT met'})")
+    print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
+    jobs = [j for j in args.jobs.split(",") if j]
+    alone = {} if args.parts_only else end_to_end(
+        jobs, args.pairs, [m for m in args.modes.split(",") if m], args.before, args.steps)
+    if not args.no_parts:
+        collectors(alone)
+    print(f"load average at end: {os.getloadavg()}")
     return 0
 
 

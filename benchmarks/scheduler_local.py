@@ -93,7 +93,7 @@ def pass_times(queued: int, policy: Policy, reps: int = 50) -> tuple[list[float]
     def row(i: int, gpus: int, state: str) -> JobRow:
         return JobRow(id=i, uid=0, user="u", team=f"t{i % 4}", name="", key=f"u/k{i % 50}", tier=1, gpus=gpus,
                       grace_s=30, time_limit_s=None, cmd=["true"], env={}, cwd="/", submit_t=now - queued + i,
-                      state=state, slots=[0, 1, 2, 3] if state == RUNNING else None,
+                      state=state, slots=["0", "1", "2", "3"] if state == RUNNING else None,
                       started_t=now - 10 if state == RUNNING else None)
 
     active = [row(0, 4, RUNNING)]

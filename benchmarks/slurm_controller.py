@@ -1,24 +1,38 @@
-"""One Slurm controller round at scale: 5,000 pending + 2,000 running jobs (target < 2 s).
+"""One Slurm controller round at scale: 5,000 pending + 2,000 running jobs (target < 2 s); and
+with ``--real``, rounds with 200 Nice writes against a real slurmctld, as a ratio to a round
+without writes (target: the round with writes < 2 s).
 
-Slurm's side is replayed: an ``squeue --json`` document in Slurm 22.05's v0.0.38 shape (the
-fields ``tests/test_slurm.py`` reads from a real slurmctld), ``scontrol show node`` for 1,000
-nodes (600 of 8 GPUs, 400 of 4), partitions and config as ``scontrol`` prints them; the changes
-the round makes are counted instead of run. Prometheus' side is a real HTTP server answering
-``/api/v1/query`` with recorded vectors for every running job. Everything else - parsing, the
-signal source, the policy core, the write-ahead ledger (a real file, fsynced) - is the code the
-controller runs. Prints the round times, the squeue reads per round (target: one, plus one
-before each PreemptMode or requeue write and one after a round's takes: ``fresh``), the scontrol
-calls per changed job (target: at most one) and the ledger writes per round.
+Replayed (the default): Slurm's side is an ``squeue --json`` document in Slurm 22.05's v0.0.38
+shape (the fields ``tests/test_slurm.py`` reads from a real slurmctld), ``scontrol show node``
+for 1,000 nodes (600 of 8 GPUs, 400 of 4), partitions and config as ``scontrol`` prints them; the
+changes the round makes are counted instead of run. Prometheus' side is a real HTTP server
+answering ``/api/v1/query`` with recorded vectors for every running job. Everything else -
+parsing, the signal source, the policy core, the write-ahead ledger (a real file, fsynced) - is
+the code the controller runs. Prints the round times, the squeue reads per round (target: one,
+plus one before each PreemptMode or requeue write and one after a round's takes: ``fresh``), the
+scontrol calls per changed job (target: at most one) and the ledger writes per round.
+
+``--real``: a real munged, slurmctld and slurmd (``tests/slurm_cluster.py``: one node, 4 GPUs),
+``--pending`` jobs waiting behind a full node, each with a replayed signal. Rounds alternate: no
+writes, 200 Nice writes batched (one ``scontrol update JobId=a,b,c Nice=V`` per value, four calls
+at a time), no writes, 200 Nice writes one ``scontrol`` per job in a row (how the controller wrote
+before issue 41), each write round's Nice put back before the next round (the partitions stay
+held, as in a steady state). Prints each kind's median and its ratio to the rounds without
+writes measured in the same run, and the scontrol calls of each.
 
     python benchmarks/slurm_controller.py [--pending 5000] [--running 2000] [--rounds 5]
+    python benchmarks/slurm_controller.py --real [--pending 500] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -27,8 +41,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+from gpudiag.scheduler.slurm.actions import restore
 from gpudiag.scheduler.slurm.controller import Controller, Options
-from gpudiag.scheduler.slurm.slurmio import SlurmIO
+from gpudiag.scheduler.slurm.slurmio import RELOAD_MARK, SlurmIO
 from gpudiag.scheduler.slurm.sources import QUERIES, PrometheusSource
 
 NODES, GPUS_PER_NODE = 1000, 8   # 600 x 8 + 400 x 4 = 6,400 GPUs: room for 2,000 running jobs of 1-4
@@ -38,7 +53,7 @@ PARTITIONS = "\n".join(
     for n, t, m in (("spot", 1, "REQUEUE"), ("reserved", 2, "REQUEUE"), ("ondemand", 3, "OFF")))
 CONFIG = ("KillWait = 30 sec\nPreemptExemptTime = 00:00:00\nPriorityType = priority/basic\n"
           "PreemptType = preempt/partition_prio\nClusterName = bench\nSlurmctldHost[0] = ctl(10.0.0.1)\n"
-          "StateSaveLocation = /var/spool/slurmctld\nSelectTypeParameters = CR_CORE\n")
+          "StateSaveLocation = {state}\nSelectTypeParameters = CR_CORE\nBOOT_TIME = 2026-11-28T00:00:00\n")
 
 
 def size(n: int) -> int:
@@ -83,33 +98,45 @@ def _job(jid: int, state: str, rng: random.Random, now: float, gpus: int, nodes:
 class ReplayIO(SlurmIO):
     """Recorded Slurm output through the real parsers; writes are counted, not run."""
 
-    def __init__(self, squeue: str, nodes: str) -> None:
+    def __init__(self, squeue: str, nodes: str, state: str) -> None:
         super().__init__()
-        self.squeue, self.node_text = squeue, nodes
+        self.squeue, self.node_text, self.state = squeue, nodes, state
         self.writes: Counter = Counter()
         self.reads: Counter = Counter()
         self.modes = {"spot": "REQUEUE", "reserved": "REQUEUE", "ondemand": "OFF"}
+        self.mark = False
 
-    def _run(self, *argv: str) -> str:
+    def _spawn(self, argv):  # noqa: ANN001, ANN202 - SlurmIO's
+        out = subprocess.CompletedProcess(list(argv), 0, self._answer(*argv), "")
         self.calls += 1
+        return out
+
+    def _answer(self, *argv: str) -> str:
         self.reads[" ".join(argv[:3])] += 1
         if argv[0] == "squeue":
             return self.squeue
-        if argv[0] == "sdiag":      # no reconfigure in a replay
-            return "Data since      Fri Nov 27 00:00:00 2026 (1795737600)\n"
         if argv[:3] == ("scontrol", "show", "node"):
             return self.node_text
-        if argv[:3] == ("scontrol", "show", "partition"):
+        if argv[:4] == ("scontrol", "-a", "show", "partition"):
             first = (("spot", "REQUEUE"), ("reserved", "REQUEUE"), ("ondemand", "OFF"))
+            mark = f"\nPartitionName={RELOAD_MARK} PriorityTier=0 State=INACTIVE" if self.mark else ""
             return "\n".join(line.replace(f"PreemptMode={m0}", f"PreemptMode={self.modes[n]}")
-                             for line, (n, m0) in zip(PARTITIONS.splitlines(), first, strict=True))
+                             for line, (n, m0) in zip(PARTITIONS.splitlines(), first, strict=True)) + mark
         if argv[:3] == ("scontrol", "show", "config"):
-            return CONFIG
+            return CONFIG.format(state=self.state)
         if argv[:3] == ("scontrol", "show", "job"):
             return f"JobId={argv[-1]} JobState=PENDING"
-        self.writes[argv[2] if argv[1] == "update" else f"JobId={argv[2]}"] += 1
+        if argv[:2] == ("scontrol", "create"):
+            self.mark = True
+            return ""
         if argv[2].startswith("PartitionName="):
+            self.writes[argv[2]] += 1
             self.modes[argv[2].split("=", 1)[1]] = argv[3].split("=", 1)[1]
+        elif argv[2].startswith("JobId="):        # one call for a list of jobs: counted per job
+            for jid in argv[2].split("=", 1)[1].split(","):
+                self.writes[f"JobId={jid}"] += 1
+        else:                                     # scontrol requeue N
+            self.writes[f"JobId={argv[2]}"] += 1
         return ""
 
 
@@ -165,23 +192,33 @@ def serve_prometheus(answers: dict[str, bytes]) -> ThreadingHTTPServer:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pending", type=int, default=5000)
+    ap.add_argument("--pending", type=int, default=None, help="5000 replayed, 500 with --real")
     ap.add_argument("--running", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="5 replayed; with --real, the rounds of each kind (3)")
+    ap.add_argument("--real", action="store_true",
+                    help="rounds with 200 Nice writes against a real slurmctld")
     args = ap.parse_args()
+    if args.real:
+        real(args.pending or 500, args.rounds or 3)
+        return
+    replay(args.pending or 5000, args.running, args.rounds or 5)
+
+
+def replay(pending: int, running: int, rounds: int) -> None:
     rng = random.Random(12)
     now = time.time()
-    doc = squeue_doc(args.pending, args.running, rng, now)
+    doc = squeue_doc(pending, running, rng, now)
     raw = json.dumps(doc)
     srv = serve_prometheus(prometheus_answers(doc, rng))
-    io = ReplayIO(raw, node_text(doc))
     with tempfile.TemporaryDirectory() as d:
+        io = ReplayIO(raw, node_text(doc), d)
         ctl = Controller(io, PrometheusSource(f"http://127.0.0.1:{srv.server_address[1]}"),
                          options=Options(min_change_interval_s=0, lease_s=180.0),
                          ledger_path=Path(d) / "ledger.json")
         times, cpu, per_job_max, changed, squeues, ledger_writes, requeues = [], [], 0, 0, 0, 0, 0
         extra = 0     # squeue reads beyond the round's own one: the fresh view of its writes
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             io.writes.clear()
             io.reads.clear()
             before = ctl.store.writes
@@ -198,9 +235,9 @@ def main() -> None:
             extra = max(extra, io.reads["squeue --json"] - 1 - writes - takes)
             ledger_writes = max(ledger_writes, ctl.store.writes - before)
     srv.shutdown()
-    print(f"squeue --json: {len(raw) / 1e6:.1f} MB, {args.pending} pending + {args.running} running, "
+    print(f"squeue --json: {len(raw) / 1e6:.1f} MB, {pending} pending + {running} running, "
           f"{SMALL_FROM} nodes x {GPUS_PER_NODE} GPUs + {NODES - SMALL_FROM} x 4")
-    print(f"round: median {statistics.median(times):.3f} s, max {max(times):.3f} s over {args.rounds} rounds "
+    print(f"round: median {statistics.median(times):.3f} s, max {max(times):.3f} s over {rounds} rounds "
           f"(target < 2 s): {'ok' if max(times) < 2 else 'OVER'}; CPU time per round: median "
           f"{statistics.median(cpu):.3f} s (the load-robust number on a shared machine)")
     print(f"requeues: {requeues} over the rounds; partitions held: {', '.join(res.held) or 'none'}")
@@ -208,6 +245,114 @@ def main() -> None:
           f"{per_job_max} (target <= 1); squeue reads per round: {squeues} (target 1 + one per PreemptMode "
           f"or requeue write + one after takes: {'ok' if extra <= 0 else 'OVER'}); "
           f"ledger writes per round: at most {ledger_writes}")
+
+
+# Slurm runs a scheduling pass after job updates (sched_interval 2 s in the test cluster): a round
+# read right after 200 Nice writes waits for it. The controller's rounds are --interval (60 s)
+# apart, so each measured round starts with slurmctld idle.
+SETTLE_S = 3.0
+
+
+class OnePerJobIO(SlurmIO):
+    """Nice written one ``scontrol`` per job, as the controller did before issue 41 (``batch``
+    False), or batched (True); every command counted."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        super().__init__(env=env)
+        self.batch = True
+        self.nice_calls = 0
+
+    def set_nice_many(self, job_ids, nice):  # noqa: ANN001, ANN201 - SlurmIO's
+        if self.batch:
+            self.nice_calls += -(-len(job_ids) // 500)
+            return super().set_nice_many(job_ids, nice)
+        for jid in job_ids:
+            self.nice_calls += 1
+            self.set_nice(jid, nice)
+        return {}
+
+
+def real(pending: int, rounds: int) -> None:
+    """Rounds with and without 200 Nice writes against a real slurmctld, batched and one per job."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.slurm_cluster import SlurmCluster
+
+    with tempfile.TemporaryDirectory(prefix="gpudiag-bench-") as d:
+        cluster = SlurmCluster(Path(d) / "slurm")
+        (Path(d) / "slurm").mkdir()
+        cluster.start()
+        try:
+            blockers = [cluster.sbatch("blocker", "reserved", 3), cluster.sbatch("one", "reserved", 1)]
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(8) as pool:
+                waiting = list(pool.map(lambda i: cluster.sbatch(f"w{i % 50}", "reserved", 1),
+                                        range(pending)))
+            print(f"{pending} jobs submitted in {time.perf_counter() - t0:.0f} s behind {len(blockers)} "
+                  "running")
+            rng = random.Random(12)
+            mfu = {j: 0.4 for j in blockers} | {j: round(rng.uniform(0.01, 0.39), 3) for j in waiting}
+            srv = serve_prometheus(real_answers(mfu))
+            io = OnePerJobIO(cluster.env)
+            ctl = Controller(io, PrometheusSource(f"http://127.0.0.1:{srv.server_address[1]}"),
+                             options=Options(min_change_interval_s=0, lease_s=180.0),
+                             ledger_path=Path(d) / "ledger.json")
+            ctl.opt.max_changes = 0
+            ctl.round(time.time())          # takes the partitions, makes the reload mark: not measured
+            times: dict[str, list[float]] = {"no writes": [], "200 writes, batched": [],
+                                             "200 writes, one scontrol per job": []}
+            calls: dict[str, list[int]] = {k: [] for k in times}
+            order = ("no writes", "200 writes, batched", "no writes", "200 writes, one scontrol per job")
+            for _ in range(rounds):
+                for kind in order:
+                    ctl.opt.max_changes = 0 if kind == "no writes" else 200
+                    io.batch = kind != "200 writes, one scontrol per job"
+                    io.nice_calls = 0
+                    time.sleep(SETTLE_S)     # slurmctld's own pass after the last writes is not this round's
+                    t = time.perf_counter()
+                    res = ctl.round(time.time())
+                    times[kind].append(time.perf_counter() - t)
+                    calls[kind].append(io.nice_calls)
+                    done = sum(a.applied for a in res.actions if a.kind == "nice")
+                    assert done == ctl.opt.max_changes, (kind, done)
+                    assert not [a for a in res.actions if a.kind != "nice"], res.actions   # Nice only
+                    if done:                         # every Nice back (the partitions stay held):
+                        with ctl.store.update() as ledger:   # the next write round has 200 to do
+                            back = sorted(ledger.nice)
+                            ledger.nice.clear()
+                        io.batch = True
+                        io.set_nice_many(back, 0)
+            restore(io, ctl.store)
+            srv.shutdown()
+            base = statistics.median(times["no writes"])
+            print(f"round, {pending} pending, real slurmctld (medians; load average "
+                  f"{os.getloadavg()[0]:.1f} at the end):")
+            for kind, ts in times.items():
+                print(f"  {kind:34s} {statistics.median(ts):.3f} s (max {max(ts):.3f}), "
+                      f"{statistics.median(ts) / base:.2f}x the round without writes; Nice scontrol calls "
+                      f"{statistics.median(calls[kind]):.0f}")
+            worst = max(times["200 writes, batched"])
+            print(f"target: a round with 200 writes < 2 s: {'ok' if worst < 2 else 'OVER'} ({worst:.3f} s)")
+        finally:
+            cluster.stop()
+
+
+def real_answers(mfu: dict[int, float]) -> dict[str, bytes]:
+    """Prometheus' answers for the real cluster's jobs (run by root: owner_uid 0)."""
+    now = time.time()
+
+    def vec(metric: str, value) -> list:  # noqa: ANN001
+        return [{"metric": {"__name__": metric, "job_id": f"slurm:{j}", "owner_uid": "0",
+                            "instance": "n:9835"}, "value": [now, str(value(j))]} for j in mfu]
+    out = {"mfu": vec("gpudiag_job_mfu_ratio", lambda j: mfu[j]),
+           "confidence": vec("gpudiag_job_signal_confidence", lambda j: 0.9),
+           "seen": vec("gpudiag_job_last_signal_timestamp_seconds", lambda j: round(now, 3)),
+           "label": [{"metric": {"job_id": f"slurm:{j}", "owner_uid": "0", "instance": "n:9835",
+                                 "label": "compute-bound"}, "value": [now, "1"]} for j in mfu]}
+    return {QUERIES[k]: json.dumps({"status": "success", "data": {"resultType": "vector",
+                                                                  "result": v}}).encode()
+            for k, v in out.items()}
 
 
 if __name__ == "__main__":

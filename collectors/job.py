@@ -36,7 +36,7 @@ class JobResult:
 
 
 def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0,
-            cupti_teardown: str = "auto") -> dict[str, str]:
+            cupti_teardown: str = "auto", stall_watch: bool = True) -> dict[str, str]:
     env = dict(os.environ)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + old if old else "")
@@ -44,6 +44,8 @@ def job_env(run_dir: Path, skip: int, steps: int, retrace_s: float = 0.0,
     env["GPUDIAG_SKIP"] = str(skip)
     env["GPUDIAG_STEPS"] = str(steps)
     env["GPUDIAG_RETRACE_S"] = str(retrace_s)
+    # the stall watch inside the job (collectors/stall_watch.py): black box, stacks on a signal
+    env["GPUDIAG_STALL_WATCH"] = "1" if stall_watch else "0"
     # NCCL collectives are timed by PyTorch's flight recorder (CUDA events per collective);
     # a job's own settings win. The buffer's variable is named for the job's torch, which only
     # the bootstrap sees (torch_collectives.set_flight_recorder_env): torch >= 2.8 reads

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag.jobsignal import run_dir_field, team_from_env, write_signal
-from gpudiag.rundir import StepRow, own_step_seconds, read_host_cpu, read_steps, split_step_rows
+from gpudiag.pace import own_step_seconds
+from gpudiag.rundir import StepRow, read_bootstrap, read_host_cpu, read_steps, split_step_rows
 
 RECENT_STEPS = 50
 
@@ -42,23 +43,26 @@ def step_stats(run_dir: Path, rows: list[StepRow] | None = None
 
 
 def own_step(run_dir: Path, rows: list[StepRow] | None = None) -> float | None:
-    """The median of the recent untraced steps of rank 0 at the job's own pace: each less its
-    training thread's wait for cores that processes outside the job held
-    (``rundir.own_step_seconds``). What MFU is exported from, so that another tenant's load
-    is not charged to the job (its own DataLoader workers and threads are its own)."""
+    """The median of the recent untraced steps of rank 0 at the job's own pace: each less the
+    wait for cores that processes outside the job caused, on its training thread or the
+    threads it waited for (``pace.own_step_seconds``). What MFU is exported from, so that
+    another tenant's load is not charged to the job (its own workers and threads are its own)."""
     rows = rank0_rows(run_dir) if rows is None else rows
-    own = own_step_seconds(rows, read_host_cpu(run_dir))
+    meta = read_bootstrap(run_dir).get(0)
+    own = own_step_seconds(rows, read_host_cpu(run_dir), meta.cpus if meta else None)
     rows = [replace(r, dt=o) for r, o in zip(rows, own, strict=True)]
     return split_step_rows(0, rows, last=RECENT_STEPS).median_untraced()
 
 
 class SignalReporter:
     def __init__(self, spool: Path, job_id: str, run_dir: Path, interval: float = 15.0,
-                 estimate: Callable[[float | None], dict[str, Any]] | None = None) -> None:
+                 estimate: Callable[[float | None], dict[str, Any]] | None = None,
+                 extra: Callable[[], dict[str, Any]] | None = None) -> None:
         self.spool = spool
         # given the recent step time, the fields only an analysis can give (MFU, label):
         # supplied by the caller, which may use analyzers (collectors may not)
         self.estimate = estimate
+        self.extra = extra   # fields every signal carries besides (the stall watch's)
         self.job_id = job_id
         self.run_dir = run_dir
         self.interval = interval
@@ -69,12 +73,12 @@ class SignalReporter:
 
     @classmethod
     def for_node(cls, state_dir: Path, job_id: str, run_dir: Path, interval: float,
-                 estimate: Callable[[float | None], dict[str, Any]] | None = None
-                 ) -> SignalReporter | None:
+                 estimate: Callable[[float | None], dict[str, Any]] | None = None,
+                 extra: Callable[[], dict[str, Any]] | None = None) -> SignalReporter | None:
         spool = state_dir / "spool"
         if not spool.is_dir() or not os.access(spool, os.W_OK | os.X_OK):
             return None
-        return cls(spool, job_id, run_dir, interval, estimate)
+        return cls(spool, job_id, run_dir, interval, estimate, extra)
 
     def start(self) -> SignalReporter:
         self._thread.start()
@@ -89,6 +93,11 @@ class SignalReporter:
                 extra = self.estimate(own_step(self.run_dir, rows))
             except Exception as e:  # noqa: BLE001 - signals are best effort, the job goes on
                 self.error = f"MFU estimate failed: {e}"
+        if self.extra is not None:
+            try:
+                extra.update(self.extra())
+            except Exception as e:  # noqa: BLE001 - signals are best effort
+                self.error = f"stall fields failed: {e}"
         sig = {"job_id": self.job_id, "ts": time.time(), "step_seconds": step,
                "run_dir": run_dir_field(self.run_dir),
                "collective_seconds_total": colls, **extra, **fields}

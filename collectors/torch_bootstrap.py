@@ -9,6 +9,7 @@ What it does, cheaply, for the whole run:
   without an optimizer, which then takes over), and times each step;
 - times collectives per type per step, blocking, async and DDP's, and how long the step
   waited for them (``torch_collectives``, loaded from the file beside this one);
+- in the window's warm-up step only, takes a census of the job's host syncs (``torch_syncs``);
 - and for ``--steps`` steps after ``--skip`` steps only, runs ``torch.profiler`` with
   ``record_shapes=True`` and writes ``traces/rank-<RANK>.json.gz``; with a re-trace interval
   (``--monitor``), it opens a new window that often and replaces the trace, so a job that
@@ -74,7 +75,9 @@ class _Bootstrap:
         self.t_step = time.perf_counter()
         self.sched_fds: dict[int, int] = {}  # thread id -> its open schedstat file
         self.sched = _thread_sched(self.sched_fds)  # the stepping thread's counters, last step
+        self.peers = _sibling("thread_waits").PeerWaits()  # the job's other threads' waits
         self.collectives = _collectives().StepCollectives()
+        self.comm_threads = _collectives().CommThreads()
         self.buffer: list[dict[str, Any]] = []
         self.backend: str | None = None  # default process group backend, once known
         self.fr_last_record = -1  # flight recorder entries already accounted for
@@ -106,12 +109,22 @@ class _Bootstrap:
         colls = self.collectives.drain()
         if colls:
             row["collectives"] = colls
+        comm_cpu = self.comm_threads.step_cpu_s()
+        if comm_cpu is not None:
+            row["comm_cpu_s"] = comm_cpu
         row["t0"] = time.time() - row["dt"]
         sched = _thread_sched(self.sched_fds)
         if sched is not None and self.sched is not None and sched[0] == self.sched[0]:
             row["run_s"] = (sched[1] - self.sched[1]) / 1e9
             row["wait_s"] = (sched[2] - self.sched[2]) / 1e9
         self.sched = sched
+        if sched is not None:
+            try:
+                if self.step == 1 or time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
+                    self.peers.discover(sched[0])
+                row.update(self.peers.on_step(row["dt"]))
+            except Exception as e:  # noqa: BLE001 - the step's row is written without them
+                self.note(f"the other threads' waits for a core were not read: {type(e).__name__}: {e}")
         self.t_step = now
         self.buffer.append(row)
         if time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
@@ -158,7 +171,9 @@ class _Bootstrap:
                 self.cupti = _sibling("torch_cupti").before_window()
                 self.prof.start()
                 self.phase = _WARMUP
+                _sibling("torch_syncs").begin(self, torch)  # host syncs, in the warm-up step
                 return
+            _sibling("torch_syncs").end(self)
             self.prof.step()
             self.phase = _TRACED
             if self.prof_done:  # the window completed and was written (inside the next step)
@@ -201,6 +216,7 @@ class _Bootstrap:
         self.cupti = _sibling("torch_cupti").after_window(
             self.cupti, bool(torch.cuda.is_available()))
         self.prof = None
+        _sibling("torch_syncs").write(self)
         self.write_meta()
 
     def _end_window(self) -> None:
@@ -214,6 +230,7 @@ class _Bootstrap:
         if os.getpid() != self.pid:
             return
         try:
+            _sibling("torch_syncs").end(self)
             if self.prof is not None and not self.prof_done:
                 if self.windows:  # a re-trace cut short: the last complete trace stays
                     self.discard = True
@@ -246,7 +263,7 @@ class _Bootstrap:
                 "dataloader_workers": sorted(self.dataloader_workers),
                 "explicit_steps": self.explicit, "traced_steps": self.traced_steps,
                 "windows": self.windows[-20:], "retrace_s": self.retrace_s,
-                "cupti_teardown": self.cupti,
+                "cupti_teardown": self.cupti, "thread_waits": self.peers.meta(),
                 # what the DataLoader advice weighs a wait's CPU use against (analyzers.host_cpu)
                 "cpus": _cpus(), "intra_op_threads": _threads(torch)}
         path = self.run_dir / "samples" / f"bootstrap-rank-{self.rank}.json"
@@ -317,10 +334,13 @@ def _on_step(explicit: bool) -> None:
     st = _get_state()
     if st is None:
         return
+    before = st.step
     try:
         st.on_step(explicit)
     except Exception as e:  # noqa: BLE001 - never break the job
         st.note(f"step accounting failed: {type(e).__name__}: {e}")
+    if st.step != before and _STALL_WATCH:
+        _sibling("stall_watch").on_step(st)
 
 
 def step() -> None:
@@ -333,8 +353,9 @@ def _collectives() -> Any:
 
 
 def _sibling(stem: str) -> Any:
-    """A module beside this one (``torch_collectives``, ``torch_cupti``), loaded under gpudiag's
-    name (the job's Python may not have gpudiag, and its sys.path is never extended)."""
+    """A module beside this one (``torch_collectives``, ``torch_cupti``, ``thread_waits``),
+    loaded under gpudiag's name (the job's Python may not have gpudiag, and its sys.path is
+    never extended)."""
     name = f"gpudiag.collectors.{stem}"
     mod = sys.modules.get(name)
     if mod is None:
@@ -369,13 +390,35 @@ def arm(torch: Any) -> None:
 
         _sibling("torch_cupti").watch_graphs(torch)
         colls = _collectives()
-        colls.set_flight_recorder_env(str(torch.__version__))
+        colls.set_flight_recorder_env(str(torch.__version__), _gpu_build(torch))
         colls.wrap_collectives(dist, _armed_state)
+        _arm_stall_watch(torch, dist, Path(run_dir))
         if dist.is_available():
             colls.patch_ddp(torch, _armed_state)
         _patch_dataloader(torch)
     except Exception as e:  # noqa: BLE001 - the job must run even if we cannot observe it
         print(f"gpudiag: bootstrap failed, the job runs unobserved: {e}", file=sys.stderr)
+
+
+_STALL_WATCH = False
+
+
+def _arm_stall_watch(torch: Any, dist: Any, run_dir: Path) -> None:
+    """The stall watch (``stall_watch``, beside this file) where ``gpudiag profile`` asked for it:
+    stacks on a signal in every process, each collective and step in the rank's black box."""
+    global _STALL_WATCH
+    watch = _sibling("stall_watch")
+    if not watch.enabled():
+        return
+    watch.install_stack_dump(run_dir)
+    watch.wrap_collectives(dist, _collectives().COLLECTIVES, _armed_state, torch)
+    _STALL_WATCH = True
+
+
+def _gpu_build(torch: Any) -> bool:  # noqa: ANN401 - the job's torch
+    """Whether this torch was built for CUDA or ROCm (without touching the device)."""
+    version = getattr(torch, "version", None)
+    return bool(getattr(version, "cuda", None) or getattr(version, "hip", None))
 
 
 def _patch_dataloader(torch: Any) -> None:
@@ -387,7 +430,10 @@ def _patch_dataloader(torch: Any) -> None:
         st = _get_state()
         if st is not None:
             st.dataloader_workers.add(int(getattr(self, "num_workers", 0)))
-        return orig_iter(self)
+        out = orig_iter(self)
+        if st is not None:  # its workers' threads are the job's: their waits are read too
+            st.peers.add_workers(getattr(w, "pid", None) for w in getattr(out, "_workers", ()))
+        return out
 
     dl.__iter__ = it
 

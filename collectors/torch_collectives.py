@@ -16,6 +16,9 @@ for them, where that is known):
   job registers itself, which it then calls: the job's own hook still runs, timed;
 - NCCL: PyTorch's flight recorder measures each collective with CUDA events
   (``TORCH_NCCL_ENABLE_TIMING``), polled when the step rows are flushed.
+
+Each row also gets ``comm_cpu_s``: the CPU seconds the collectives' own threads ran over the
+step (gloo's, ``CommThreads``), what communication took from the cores beside its time.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class StepCollectives:
     def __init__(self) -> None:
         self.blocking: dict[str, list[float]] = {}
         self.done: list[tuple[str, float, float, bool]] = []  # (name, start, end, ddp), any thread
+        # inside gpudiag's DDP hook (which times the bucket itself): the collectives the hook, or
+        # a hook of the job's it calls, issues through torch.distributed are not timed twice
+        self.in_ddp_hook = False
 
     def record_blocking(self, name: str, seconds: float) -> None:
         c = self.blocking.setdefault(name, [0, 0.0])
@@ -56,6 +62,8 @@ class StepCollectives:
         self.done.append((name, start, end, ddp))  # list.append is atomic under the GIL
 
     def drain(self) -> dict[str, dict[str, float]]:
+        if not self.blocking and not self.done:
+            return {}
         out: dict[str, dict[str, float]] = {
             k: {"count": int(v[0]), "seconds": v[1], "exposed": v[1]} for k, v in self.blocking.items()}
         self.blocking = {}
@@ -70,6 +78,65 @@ class StepCollectives:
                 wait = max(0.0, max(e for _, _, e, _ in ddp) - max(s for _, s, _, _ in ddp))
                 c["exposed"] = c.get("exposed", 0.0) + wait
         return out
+
+
+class CommThreads:
+    """CPU time of the collectives' own threads (gloo's: ``pt_gloo_runloop`` runs the
+    algorithm, ``gloo_tcp_loop`` the transport), per step. On a CPU they run on the cores the
+    ranks compute on: where those are short, each second they run is a second the compute waits,
+    a cost of communication beyond its exposed time that no trace shows. Read from each thread's
+    ``/proc/self/task/<tid>/schedstat`` (Linux; nothing elsewhere), files kept open (a ``pread``
+    a step per thread, a few microseconds); the threads are looked for at most once per
+    ``LOOK_EVERY_S`` (a process group creates them when it is made)."""
+
+    LOOK_EVERY_S = 5.0
+    NAMES = ("gloo",)
+
+    def __init__(self) -> None:
+        self.fds: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self.looked = float("-inf")
+
+    def _look(self) -> None:
+        self.looked = time.monotonic()
+        try:
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return
+        for t in tids:
+            tid = int(t)
+            if tid in self.fds:
+                continue
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if not any(n in f.read() for n in self.NAMES):
+                        continue
+                self.fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            except (OSError, ValueError):
+                continue
+
+    def step_cpu_s(self) -> float | None:
+        """CPU seconds the collectives' threads ran since the last call; None before any exists
+        (or the first time they are read: no interval yet)."""
+        if time.monotonic() - self.looked >= self.LOOK_EVERY_S:
+            self._look()
+        if not self.fds:
+            return None
+        total, fresh = 0, False
+        for tid, fd in list(self.fds.items()):
+            try:
+                run = int(os.pread(fd, 128, 0).split()[0])
+            except (OSError, ValueError, IndexError):  # the thread ended
+                os.close(fd)
+                del self.fds[tid]
+                continue
+            prev = self.last.get(tid)
+            self.last[tid] = run
+            if prev is None:
+                fresh = True
+                continue
+            total += run - prev
+        return None if fresh and total == 0 else total / 1e9
 
 
 def _union(spans: list[tuple[float, float]]) -> float:
@@ -96,7 +163,7 @@ def _timed(dist: Any, name: str, fn: Any, state: Any) -> Any:
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
         st = state()
-        if st is None:
+        if st is None or st.collectives.in_ddp_hook:
             return fn(*args, **kwargs)
         if st.backend is None and dist.is_initialized():
             st.backend = str(dist.get_backend())
@@ -175,32 +242,50 @@ def _install(torch: Any, ddp: Any, register: Any, st: Any) -> None:
         return
     if str(dist.get_backend(ddp.process_group)).startswith("nccl"):
         return  # the flight recorder times NCCL, DDP's collectives included
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
     ddp._gpudiag_delegate = None
+    colls = st.collectives
+    raw_all_reduce = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)  # not timed twice
+    group = ddp.process_group
 
     # no annotations: DDP's _check_comm_hook compares them with dist.GradBucket and Future[Tensor]
     def gpudiag_timed_allreduce(_state, bucket):  # noqa: ANN001, ANN202
         t = time.perf_counter()
         delegate = ddp._gpudiag_delegate
-        fut = (delegate[0](delegate[1], bucket) if delegate is not None
-               else default_hooks.allreduce_hook(ddp.process_group, bucket))
+        if delegate is not None:
+            colls.in_ddp_hook = True
+            try:
+                fut = delegate[0](delegate[1], bucket)
+            finally:
+                colls.in_ddp_hook = False
 
-        def done(f: Any) -> Any:
-            st.collectives.record_async("all_reduce", t, time.perf_counter(), True)
-            return f.value()
+            def done(f: Any) -> Any:
+                colls.record_async("all_reduce", t, time.perf_counter(), True)
+                return f.value()
 
-        return fut.then(done)
+            return fut.then(done)
+        # DDP's default (torch's allreduce_hook): divide by the world size, sum; one callback
+        # that times the bucket and hands DDP the reduced buffer
+        tensor = bucket.buffer()
+        tensor.div_(group.size())
+
+        def reduced(f: Any) -> Any:
+            colls.record_async("all_reduce", t, time.perf_counter(), True)
+            return f.value()[0]
+
+        return raw_all_reduce(tensor, group=group, async_op=True).get_future().then(reduced)
 
     register(ddp, None, gpudiag_timed_allreduce)
     ddp._gpudiag_timed = True
 
 
-def set_flight_recorder_env(torch_version: str) -> None:
+def set_flight_recorder_env(torch_version: str, gpu_build: bool = True) -> None:
     """Ask for the flight recorder's buffer under the name this torch reads, unless the job
-    set either name itself (``gpudiag profile`` passes the size in GPUDIAG_FR_BUFFER_SIZE)."""
+    set either name itself (``gpudiag profile`` passes the size in GPUDIAG_FR_BUFFER_SIZE).
+    Only for a torch built for a GPU: the recorder times NCCL, which a CPU build has not, and a
+    gloo job would pay for entries nobody reads."""
     size = os.environ.get("GPUDIAG_FR_BUFFER_SIZE")
-    if not size or "TORCH_FR_BUFFER_SIZE" in os.environ or "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ:
+    if (not size or not gpu_build or "TORCH_FR_BUFFER_SIZE" in os.environ
+            or "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ):
         return
     try:
         version = tuple(int(x) for x in torch_version.split("+")[0].split(".")[:2])

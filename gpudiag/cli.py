@@ -41,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "fleet": ("gpudiag.commands.fleet", "fleet",
               "A range's GPU-hours per team, user and job, and what would win them back (Prometheus)."),
     "log": ("gpudiag.commands.log", "log", "Log a run's diagnosis to an experiment tracker (MLflow)."),
+    "hang-report": ("gpudiag.commands.hang_report", "hang_report",
+                    "Say what holds a stuck job, from a run's incidents or Flight Recorder dumps."),
 }
 
 
@@ -71,6 +73,7 @@ def main() -> None:
       gpudiag analyze ./traces            # verdict for a folder of Kineto traces
       gpudiag analyze rank-0.json.gz --json > diagnosis.json
       gpudiag report runs/my-run          # runs/my-run/report.html
+      gpudiag hang-report runs/my-run     # what held a stuck job (or: a folder of FR dumps)
       gpudiag diff runs/before runs/after # ./gpudiag-diff.html
       gpudiag agent                       # node daemon for Prometheus
       gpudiag top                         # live view of this node's GPUs and jobs

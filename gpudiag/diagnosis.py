@@ -61,6 +61,14 @@ class TimeBreakdown:
     host_overhead: float = 0.0
     host_stalled: float = 0.0  # part of host_overhead: the OS running other processes
     host_waiting: float = 0.0  # part of host_overhead: runnable, waiting for a core (any owner)
+    # What the collectives cost beyond their exposed time, both parts of ``compute`` (a CPU job
+    # over gloo; 0 elsewhere): ``comm_work`` the training thread's own work for them (DDP's
+    # copies into and out of its buckets, the comm hook's division), outside ``compute_bound``
+    # and ``memory_bound`` (they add up to ``compute - comm_work``); ``comm_contention`` the
+    # compute time the collectives' own threads took from the job's compute where the cores
+    # were short (``analyzers.comm_cost``). Optional: older files read them as 0.
+    comm_work: float = 0.0
+    comm_contention: float = 0.0
 
     def fraction(self, part: str) -> float:
         return getattr(self, part) / self.step_time if self.step_time > 0 else 0.0
@@ -158,6 +166,12 @@ class Mfu:
     # more than one, ``peak_flops`` is the mix's peak: the FLOPs over the time they would take,
     # each family at its own peak
     dtype_mix: dict[str, float] = field(default_factory=dict)
+    # ``value`` is at the job's own pace: ``step_time_us`` is the view's step less the part other
+    # processes took (``host_stalled``, ``gpudiag.pace``). The same FLOPs over the wall-clock step,
+    # and why the two differ (or that no split was recorded); empty where they are the same
+    wall_value: float | None = None
+    wall_step_time_us: float | None = None
+    pace: str = ""
 
 
 @dataclass
@@ -243,6 +257,11 @@ class Verdict:
     # the runner-up, when the label's margin over it is within the step-time noise: a tie
     tie_with: Bottleneck | None = None
     noise: float | None = None  # step-time noise (half the interquartile range over the median)
+    # fixes that apply to the job's bottleneck but would not speed it up here: a prediction not
+    # faster than today's step, or a precondition the device or the machine fails (bf16 slower
+    # than fp32, no core for DataLoader workers); each ``why`` says which (``advice.recommend``).
+    # Optional: a diagnosis written before it reads an empty list.
+    not_advised: list[Recommendation] = field(default_factory=list)
 
 
 @dataclass
@@ -329,6 +348,57 @@ class HostWait:
     # (its DataLoader workers, intra-op threads) and processes outside it; None: not sampled
     own_share: float | None = None
     other_share: float | None = None
+    # the largest wait of the job's other threads (intra-op, DataLoader workers), median per
+    # reference step; None: not recorded (``collectors.thread_waits``)
+    untraced_peer_wait_us: float | None = None
+    # the part of the step other processes took (``gpudiag.pace``): per reference step (median
+    # wall step less median own step) and mean per traced step
+    untraced_machine_us: float | None = None
+    traced_machine_us: float | None = None
+
+
+@dataclass
+class SyncSite:
+    """One line of the job's code that read device values back, as the census saw it."""
+
+    site: str  # "train.py:42" (relative to the job's working directory where it lies inside it)
+    function: str  # the job's function there ("main"; "step via clip_grad_norm_" through torch)
+    kind: str  # ".item()", ".cpu()", "bool(tensor)", "nonzero (data-dependent shape)", ...
+    per_step: float  # calls per step
+    host_us: float  # per step, time inside these calls (on a GPU: the wait for the device too)
+
+
+@dataclass
+class SyncReport:
+    """Host syncs (``analyzers.syncs``): calls that make the host wait for device values, counted
+    per step with their call sites, and what removing them is predicted to save.
+
+    On a GPU a sync drains the queue and the device idles while the host catches up; on a CPU
+    nothing is queued, so a sync costs its host work: the call and the operators computed only
+    to feed it. ``saving_us`` is that cost per step in the verdict's view; ``assumption`` says
+    how it was predicted."""
+
+    per_step: float  # sync calls per step (the census's step, else the traced steps' mean)
+    by_kind: dict[str, float]  # calls per step by kind
+    sites: list[SyncSite]  # busiest first (the census's; empty without one)
+    source: str  # where the counts come from, in words
+    trace_per_step: float | None  # sync events per traced step in the trace (scalar reads,
+    # data-dependent shapes, device waits): the count across every traced step
+    host_us: float  # per step: time inside the sync calls
+    feeding_ops: float  # per step: operators whose results fed only the syncs
+    feeding_us: float  # per step: their time
+    device_idle_us: float | None  # GPU: per step, device idle at the syncs (the verdict's view)
+    saving_us: float  # per step: predicted saving if the syncs' lines were removed
+    step_us: float  # the verdict's step the saving is taken from
+    assumption: str
+    census_step: int | None = None  # the job's step number the census observed
+    notes: list[str] = field(default_factory=list)
+    # the operators whose results fed only syncs, per step (calls, time; share: of feeding_us)
+    feeding_top: list[TopItem] = field(default_factory=list)
+
+    @property
+    def share(self) -> float:
+        return self.saving_us / self.step_us if self.step_us > 0 else 0.0
 
 
 @dataclass
@@ -387,6 +457,8 @@ class Diagnosis(JsonValue):
     rank_spread: list[RankSpread] = field(default_factory=list)
     # the training thread's wait for a core (run directories with a step timer; None otherwise)
     host_wait: HostWait | None = None
+    # host syncs per step, their call sites and cost (None: neither a census nor sync events)
+    syncs: SyncReport | None = None
 
     @classmethod
     def from_json(cls, text: str) -> Diagnosis:
@@ -401,7 +473,7 @@ class Diagnosis(JsonValue):
         return load_versioned(cls, data, READABLE_DIAGNOSIS_VERSIONS)
 
 
-DIFF_SCHEMA_VERSION = 2  # 2: step_change, basis and step_time_verdict
+DIFF_SCHEMA_VERSION = 3  # 2: step_change, basis and step_time_verdict; 3: own_pace_change
 
 
 @dataclass
@@ -462,6 +534,13 @@ class DiagnosisDiff(JsonValue):
     basis: str = "profiled-steps"
     step_change: StepChange | None = None  # from the step timers; None for trace-only inputs
     step_time_verdict: str = ""  # one sentence: the change and whether it is more than noise
+    # the same at the job's own pace: each step less the wait other processes caused
+    # (``gpudiag.pace``); None where a side recorded no split (compared by wall clock only) or
+    # for trace-only inputs. Where it and ``step_change`` disagree the verdict leads with it.
+    own_pace_change: StepChange | None = None
+    # one line: the machine's part of each run's step, where it differs between the runs
+    machine_note: str = ""
+    warnings: list[str] = field(default_factory=list)
 
 
 # --- accessors: what readers outside gpudiag (an experiment tracker, a live view) take from a
@@ -474,7 +553,8 @@ def verdict_breakdown(d: Diagnosis) -> TimeBreakdown:
 
 
 SHARE_PARTS = ("compute", "compute_bound", "memory_bound", "comm_exposed", "memcpy_exposed",
-               "input_wait", "host_overhead", "host_stalled", "host_waiting", "idle")
+               "input_wait", "host_overhead", "host_stalled", "host_waiting", "idle", "comm_work",
+               "comm_contention")
 
 
 def summary_figures(d: Diagnosis) -> dict[str, float | str | None]:

@@ -25,6 +25,11 @@ value the job's previous signal gave it.
 | ``team`` | (v2, optional) the job's team: ``$GPUDIAG_TEAM``, else the Slurm account |
 | ``collective_seconds_total`` | time in each collective since the job started |
 | ``ended`` | true in the job's last signal |
+| ``last_step_at`` | (v2, optional) unix time the job last finished a step (its slowest rank's last step) |
+| ``stall_after_s`` | (v2, optional) no step for this long is a stall: the agent then exports the |
+| | job as stalled, and its MFU as 0, on its own clock between signals |
+| ``stall_cause`` | (v2, optional) why the stall that began at ``last_step_at`` holds the job |
+| | (``gpudiag.incident.CAUSES``); a signal with a later ``last_step_at`` clears it |
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
     run.json        what ran, where, when, how it ended (schema-versioned)
     samples/        append-only JSONL: gpu.jsonl, host.jsonl, steps-rank-N.jsonl; and
-                    bootstrap-rank-N.json, what the job's bootstrap did (incl. which steps it traced)
+                    bootstrap-rank-N.json, what the job's bootstrap did (incl. which steps it traced),
+                    syncs-rank-N.json, the host syncs it saw in the window's warm-up step
     traces/         rank-N.json.gz, written whole or not at all
     diagnosis.json  the Diagnosis of what was collected
 
@@ -16,7 +17,6 @@ old or the new version, never half of one.
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import statistics
@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpudiag.census import SyncCensus, parse_census
+from gpudiag.census import is_number as _num
 from gpudiag.errors import BadInput
 
 RUN_SCHEMA_VERSION = 1
@@ -94,41 +96,11 @@ class HostSample:
     cores: float  # CPU cores the job's process tree used
     runq_cores: float  # cores' worth of time its processes waited runnable for a core
     machine_busy: float | None  # cores the whole machine kept busy (None: not recorded)
-
-
-def wait_shares(job_cores: float, thread_cores: float, other_cores: float | None
-                ) -> tuple[float, float] | None:
-    """(own, other): of the CPU that competed with a job's training thread, the share the job's
-    own processes and threads used (``job_cores`` less the thread's) and the share the rest of
-    the machine used (``other_cores``); the thread's wait for a core is split in this
-    proportion (the scheduler's fair share assumed). None where unknown or nothing competed."""
-    if other_cores is None:
-        return None
-    own = max(0.0, job_cores - thread_cores)
-    other = max(0.0, other_cores)
-    if own + other <= 0:
-        return None
-    return round(own / (own + other), 3), round(other / (own + other), 3)
-
-
-def own_step_seconds(rows: list[StepRow], samples: list[HostSample]) -> list[float]:
-    """Each step's wall time less its training thread's wait for a core while processes outside
-    the job held the cores (``wait_shares`` of the host sample covering the step's end): the
-    job's own pace, which another tenant's load does not change. A step without a recorded wait,
-    or with no sample to split it by, keeps its wall time (the job is charged, not excused)."""
-    ends = [h.t for h in samples]
-    out = []
-    for r in rows:
-        own = r.dt
-        k = bisect.bisect_left(ends, r.t)
-        if r.wait_s is not None and r.run_s is not None and r.dt > 0 and 0 < k < len(samples):
-            h = samples[k]
-            other = h.machine_busy - h.cores if h.machine_busy is not None else None
-            split = wait_shares(h.cores, min(1.0, r.run_s / r.dt), other)
-            if split is not None:
-                own = max(r.run_s, r.dt - r.wait_s * split[1])
-        out.append(own)
-    return out
+    # cores' worth all threads of the job's processes waited runnable for a core, and the
+    # machine's runnable tasks (mean of instants): ``gpudiag.pace`` splits a wait by them (None:
+    # recorded before the sampler read them)
+    runq_threads: float | None = None
+    runnable: float | None = None
 
 
 def read_host_cpu(run_dir: Path) -> list[HostSample]:
@@ -137,7 +109,8 @@ def read_host_cpu(run_dir: Path) -> list[HostSample]:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     out = [HostSample(num(r.get("t")), num(r.get("cpu_cores")), num(r.get("runq_cores")) or 0.0,
-                      num(r.get("machine_cores_busy")))
+                      num(r.get("machine_cores_busy")), num(r.get("runq_threads_cores")),
+                      num(r.get("machine_runnable")))
            for r in read_jsonl(run_dir / "samples" / "host.jsonl")]
     return sorted((h for h in out if h.t is not None and h.cores is not None), key=lambda h: h.t)
 
@@ -208,6 +181,8 @@ class BootstrapMeta:
     cpus: int | None = None  # cores the job's process could run on
     intra_op_threads: int | None = None  # torch's intra-op threads as the job left them
     cupti_teardown: dict[str, Any] = field(default_factory=dict)  # the last window's (torch_cupti)
+    # what reading the other threads' waits cost the job (collectors.thread_waits.PeerWaits.meta)
+    thread_waits: dict[str, Any] = field(default_factory=dict)
 
 
 def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:
@@ -225,6 +200,27 @@ def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:
     return out
 
 
+# Bounds on what a job's census file may claim (a job's own file is a claim: bound every read).
+MAX_CENSUS_BYTES = 4 << 20
+
+
+def read_syncs(run_dir: Path, cwd: str | None = None) -> dict[int, SyncCensus]:
+    """Per rank, the sync census its bootstrap wrote (``samples/syncs-rank-N.json``; torn,
+    oversized or malformed files are left out, as missing ones). ``cwd``: the job's working
+    directory; call sites under it are shown relative to it."""
+    out: dict[int, SyncCensus] = {}
+    for f in sorted((run_dir / "samples").glob("syncs-rank-*.json")):
+        try:
+            if f.stat().st_size > MAX_CENSUS_BYTES:
+                continue
+            rec = parse_census(json.loads(f.read_text()), cwd)
+        except (OSError, ValueError, TypeError, KeyError, RecursionError):
+            continue
+        if rec is not None:
+            out[rec.rank] = rec
+    return out
+
+
 @dataclass
 class StepRow:
     step: int
@@ -237,6 +233,16 @@ class StepRow:
     # run directories written before the step timer read them)
     run_s: float | None = None
     wait_s: float | None = None
+    # CPU seconds the collectives' own threads (gloo's) ran over the step; None: none ran, or
+    # not recorded (``collectors.torch_collectives.CommThreads``)
+    comm_cpu_s: float | None = None
+    # the largest wait for a core of the job's other threads over the step (intra-op threads,
+    # DataLoader workers: ``collectors.thread_waits``; a read that covered several steps is
+    # spread over them); None: not recorded
+    peer_wait_s: float | None = None
+    # at the job's own pace (``gpudiag.pace.at_own_pace``): the part of the wall step other
+    # processes took, ``dt`` then being the rest; 0 in rows as the step timer wrote them
+    machine_s: float = 0.0
 
 
 def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
@@ -257,20 +263,32 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
                 continue
             prof = r.get("profiler")
             colls = r.get("collectives")
-            run_s, wait_s = r.get("run_s"), r.get("wait_s")
+            run_s, wait_s, peer = r.get("run_s"), r.get("wait_s"), r.get("peer_wait_s")
+            comm_cpu = r.get("comm_cpu_s")
             rows.append(StepRow(step=step, t=float(t), dt=float(dt),
                                 profiler=prof if isinstance(prof, str) else None,
                                 collectives=colls if isinstance(colls, dict) else {},
                                 run_s=float(run_s) if _num(run_s) and run_s >= 0 else None,
-                                wait_s=float(wait_s) if _num(wait_s) and wait_s >= 0 else None))
+                                wait_s=float(wait_s) if _num(wait_s) and wait_s >= 0 else None,
+                                comm_cpu_s=float(comm_cpu) if _num(comm_cpu) and comm_cpu >= 0 else None,
+                                peer_wait_s=float(peer) if _num(peer) and peer >= 0 else None))
+            over = r.get("peer_steps")
+            if rows[-1].peer_wait_s is not None and isinstance(over, int) and over > 1:
+                _spread_peer_wait(rows, over)
         if rank in boot and not any(r.profiler for r in rows):
             _mark_legacy_window(rows, boot[rank])
         out[rank] = rows
     return out
 
 
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+def _spread_peer_wait(rows: list[StepRow], over: int) -> None:
+    """The last row's other threads' wait was read over ``over`` steps (the reads' budget): each
+    of them, the last and the rows before it that have none, gets an even part."""
+    share = rows[-1].peer_wait_s / over
+    rows[-1].peer_wait_s = share
+    for r in rows[-over:-1]:
+        if r.peer_wait_s is None:
+            r.peer_wait_s = share
 
 
 @dataclass

@@ -73,13 +73,16 @@ def render_diff(diff: DiagnosisDiff, before: Diagnosis, after: Diagnosis) -> str
                      "after_share": pct(diff.after.fraction(key)), "change": signed_ms(change),
                      "dir": "" if not change else "delta-up" if change > 0 else "delta-down"})
     label_changed = diff.label_before != diff.label_after
-    sc = diff.step_change
+    sc = diff.own_pace_change or diff.step_change  # the verdict's: the job's own pace where recorded
     steps = ((ms(sc.before_median_us), ms(sc.after_median_us)) if sc is not None
              else (ms(diff.before.step_time), ms(diff.after.step_time)))
     ctx = {
         "title": f"gpudiag diff: {diff.label_before.value} \u2192 {diff.label_after.value}",
         "diff": diff, "label_changed": label_changed, "view": view, "unprofiled": unprofiled,
-        "step_source": ("median untraced step (each job's own step timer, profiler off)" if sc is not None
+        "step_source": ("median untraced step at the job's own pace (each job's own step timer, profiler "
+                        "off, less the wait for a core other processes caused)"
+                        if diff.own_pace_change is not None else
+                        "median untraced step (each job's own step timer, profiler off)" if sc is not None
                         else "mean traced step (under the profiler)"),
         "step_verdict": diff.step_time_verdict or pct(diff.step_time_change, signed=True),
         "step_class": ("" if sc is None or not sc.significant

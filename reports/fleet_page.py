@@ -10,14 +10,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from gpudiag import __version__
-from gpudiag.live.fleet import NO_JOB, NO_SIGNAL, FleetSummary, JobRow
+from gpudiag.live.fleet import NO_JOB, NO_SIGNAL, STALLED, FleetSummary, JobRow
 from gpudiag.reports import svg
 from gpudiag.reports.fmt import num, pct
 from gpudiag.reports.page import embed_json, env
 
 LABEL_COLOURS = {"compute-bound": svg.BLUE, "memory-bound": svg.ORANGE, "communication-bound": svg.GREEN,
                  "input-bound": svg.VERMILLION, "host-bound": svg.YELLOW, NO_SIGNAL: svg.GREY,
-                 NO_JOB: svg.SKY_BLUE, "unknown": svg.PURPLE}
+                 NO_JOB: svg.SKY_BLUE, "unknown": svg.PURPLE, STALLED: svg.BLACK}
 
 
 def utc(t: float) -> str:
@@ -72,6 +72,7 @@ def terminal(s: FleetSummary, page: str | None = None) -> str:
            f"= {pct(share) if share is not None else 'n/a'} of GPU-hours (no MFU guessed)",
            f"  held while idle        {hours(s.idle_gpu_hours):>10}   "
            f"held by no job {hours(s.unallocated_gpu_hours):>10}",
+           f"  stalled (no step)      {hours(s.stalled_gpu_hours):>10}   counted at MFU 0, all lost",
            f"  jobs {len(s.jobs)}, teams {len(s.teams)}, users {len(s.users)}, at most {s.gpus_max} GPUs",
            ""]
     if s.wasters:
@@ -79,7 +80,8 @@ def terminal(s: FleetSummary, page: str | None = None) -> str:
         for r in s.wasters[:10]:
             out.append(f"  {r.job_id[:22]:<22} {num(r.lost_gpu_hours):>8} {_mfu(r):>6} "
                        f"{pct(r.class_median_mfu) if r.class_median_mfu is not None else '':>6}  "
-                       f"{(r.label or NO_SIGNAL)[:14]} / {(r.action or '-')[:15]}")
+                       + (f"STALLED {r.stall_cause} / {(r.action or '-')[:15]}" if r.stalled_gpu_hours
+                          else f"{(r.label or NO_SIGNAL)[:14]} / {(r.action or '-')[:15]}"))
     else:
         out.append("  no job lost GPU-hours against its size class's median MFU")
     out.append("")

@@ -22,7 +22,7 @@ from typing import Any
 from markupsafe import Markup
 
 from gpudiag.diagnosis import Diagnosis, RankResult, TopItem
-from gpudiag.reports import svg
+from gpudiag.reports import svg, views
 from gpudiag.reports.diff_page import render_diff
 from gpudiag.reports.fmt import gbps, ms, num, pct, run_status, si, si_text, when
 from gpudiag.reports.names import display_names
@@ -143,6 +143,13 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
     b = d.breakdown
     mean_rows = [(label, ms(getattr(b, key)), pct(b.fraction(key))) for key, label, _ in PARTS]
     mean_rows[2:2] = [("compute (total)", ms(b.compute), pct(b.fraction("compute")))]
+    if b.comm_work > 0:
+        mean_rows.append(("of the compute, the training thread's copies for the collectives (DDP's "
+                          "buckets): communication's cost", ms(b.comm_work), pct(b.fraction("comm_work"))))
+    if b.comm_contention > 0:
+        mean_rows.append(("of the compute, slowed beside the collectives (their threads on the ranks' "
+                          "cores): communication's cost", ms(b.comm_contention),
+                          pct(b.fraction("comm_contention"))))
     if b.host_waiting > b.host_stalled:
         mean_rows.append(("of the host overhead, the training thread waiting for a core (the job's "
                           "own workers and threads, or other processes)", ms(b.host_waiting),
@@ -345,6 +352,8 @@ def _tables(d: Diagnosis) -> dict[str, Any]:
     m = d.mfu
     reason = si_text(m.reason.removeprefix("not available: ") if m.value is None else m.reason)
     mfu = {"value": pct(m.value) if m.value is not None else "not available", "reason": reason,
+           "wall": pct(m.wall_value) if m.pace and m.wall_value is not None else None,
+           "pace": si_text(m.pace) if m.pace else None,
            "rows": [("FLOPs per step per rank",
                      si(m.flops_per_step, "FLOP") if m.flops_per_step else "n/a"),
                     ("FLOPs from", m.flops_source), ("dtype family", m.dtype_family or "n/a"),
@@ -352,7 +361,8 @@ def _tables(d: Diagnosis) -> dict[str, Any]:
                      or "n/a"),
                     ("peak", si(m.peak_flops, "FLOP/s") if m.peak_flops else "n/a"),
                     ("step time", ms(m.step_time_us)), ("step time from", m.step_time_basis)]}
-    return {"top_chart": Markup(top_chart), "top_chart_kernels": bool(d.top_kernels),
+    return {"syncs": views.syncs_ctx(d.syncs), "top_chart": Markup(top_chart),
+            "top_chart_kernels": bool(d.top_kernels),
             "comm_chart": Markup(comm_chart), "kernels": _item_rows(d.top_kernels),
             "n_kernels": len(d.top_kernels), "ops": _item_rows(d.top_ops), "n_ops": len(d.top_ops),
             "collectives": coll_rows, "mfu": mfu}

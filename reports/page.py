@@ -36,6 +36,8 @@ SHORT_LABELS = ["compute-bound", "memory-bound", "exposed comm", "exposed memcpy
                 "host overhead"]  # table headers
 UNSPLIT = ("compute not split by roofline", svg.SKY_BLUE)
 STALLED = ("OS ran other work (of host overhead)", svg.GREY)  # TimeBreakdown.host_stalled
+# TimeBreakdown.comm_work: the training thread's copies for the collectives, communication's cost
+COMM_WORK = ("copies for the collectives (of compute)", svg.GREEN)
 BOUND_COLOURS = {"compute": svg.BLUE, "memory": svg.ORANGE}
 SLOWER, FASTER = svg.VERMILLION, svg.BLUE
 
@@ -77,7 +79,11 @@ def part_segments(b: TimeBreakdown, length: float, unit_tip: bool) -> list[svg.S
         f = b.fraction(key)
         segs.append(svg.Segment(f * length, colour, f"{label}: {pct(f)}"
                                 + (f", {ms(getattr(b, key))}" if unit_tip else "")))
-    unsplit = b.fraction("compute") - b.fraction("compute_bound") - b.fraction("memory_bound")
+    comm_work = b.fraction("comm_work")  # DDP's copies on the training thread: communication's
+    if comm_work * length > 1e-9:
+        segs.append(svg.Segment(comm_work * length, COMM_WORK[1], f"{COMM_WORK[0]}: {pct(comm_work)}"
+                                + (f", {ms(b.comm_work)}" if unit_tip else "")))
+    unsplit = b.fraction("compute") - b.fraction("compute_bound") - b.fraction("memory_bound") - comm_work
     if unsplit * length > 1e-9:
         segs.append(svg.Segment(unsplit * length, UNSPLIT[1], f"{UNSPLIT[0]} (part of compute "
                                 f"{pct(b.fraction('compute'))})"))
@@ -97,6 +103,7 @@ def part_segments(b: TimeBreakdown, length: float, unit_tip: bool) -> list[svg.S
 def legend_parts(*shown: TimeBreakdown | None) -> list[tuple[str, str]]:
     """The chart's legend; the OS's part only where one of the ``shown`` breakdowns has it."""
     stalled = [STALLED] if any(b is not None and b.host_stalled > 0 for b in shown) else []
+    stalled += [COMM_WORK] if any(b is not None and b.comm_work > 0 for b in shown) else []
     return [(label, colour) for _, label, colour in PARTS[:2]] + [UNSPLIT] + \
         [(label, colour) for _, label, colour in PARTS[2:]] + stalled
 
@@ -109,6 +116,8 @@ def verdict_ctx(d: Diagnosis) -> dict[str, Any]:
             "recommendations": [{"text": si_text(r.text), "action": r.action,
                                  "prediction": si_text(views.prediction_line(r))}
                                 for r in v.recommendations],
+            "not_advised": [{"action": r.action, "why": si_text(views.not_helping_line(r))}
+                            for r in v.not_advised],
             "deductions": views.confidence_lines(v),
             "evidence": [(k, evidence_value(k, x)) for k, x in v.evidence.items()]}
 

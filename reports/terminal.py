@@ -66,6 +66,27 @@ def _spread(d: Diagnosis) -> list[str]:
     return out
 
 
+def _syncs(d: Diagnosis, width: int) -> list[str]:
+    """Host syncs: the count, the predicted saving, the busiest call sites, how it was counted."""
+    r = d.syncs
+    wrap = {"width": width, "initial_indent": "  ", "subsequent_indent": "    "}
+    out = ["", *textwrap.wrap("Host syncs: " + views.sync_headline(r), width, subsequent_indent="  ")]
+    rows = views.sync_rows(r)
+    if rows:
+        w = min(48, max(len(site) for site, *_ in rows))
+        out.append(f"  {'call site':<{w}}  {'kind':<24}{'per step':>9}{'inside':>11}  function")
+        for site, func, kind, n, t in rows:
+            site = site if len(site) <= w else "..." + site[-(w - 3):]
+            out.append(f"  {site:<{w}}  {kind[:24]:<24}{n:>9}{t:>11}  {func}")
+    feed = views.feeding_line(r)
+    if feed:
+        out.extend(textwrap.wrap(feed[0].upper() + feed[1:] + ".", **wrap))
+    out.extend(textwrap.wrap(views.sync_source(r), **wrap))
+    for n in r.notes:
+        out.extend(textwrap.wrap("Note: " + n, **wrap))
+    return out
+
+
 def render_terminal(d: Diagnosis, width: int = 100) -> str:
     out: list[str] = []
     dev = d.device
@@ -111,6 +132,9 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
         out.append(f"MFU: {pct(m.value)}  ({m.reason})")
     else:
         out.append(f"MFU: {m.reason}")
+    if m.pace:  # the wall clock's beside it, or that no split was recorded
+        beside = f"MFU by wall clock: {pct(m.wall_value)} ({m.pace})" if m.wall_value is not None else m.pace
+        out.extend(textwrap.wrap(beside, **wrap))
     r = d.roofline
     if r.method != "none" and r.peak_flops > 0:
         out.append(f"Roofline ({r.method}): ridge {r.ridge_intensity:.3g} FLOP/byte at "
@@ -127,6 +151,8 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
                        f"{_ms(c.exposed_per_step_us):>12}{bw:>12}")
         out.append(f"  (time and exposed: all traced steps and ranks; per step: the verdict's view, "
                    f"{'unprofiled' if views.has_both_views(d) else 'as traced'}, as in the breakdown)")
+    if d.syncs is not None:
+        out.extend(_syncs(d, width))
     if d.stragglers is not None:
         s = d.stragglers
         slow = _rank_list(s.ranks) or "none"
@@ -149,6 +175,12 @@ def render_terminal(d: Diagnosis, width: int = 100) -> str:
                                      subsequent_indent="     "))
             out.extend(textwrap.wrap(views.prediction_line(rec), width, initial_indent="     ",
                                      subsequent_indent="       "))
+    if v.not_advised:
+        out.append("")
+        out.append("Would not help here:")
+        for rec in v.not_advised:
+            out.extend(textwrap.wrap(f"[{rec.action}] {views.not_helping_line(rec)}", width,
+                                     initial_indent="  - ", subsequent_indent="    "))
     if d.warnings:
         out.append("")
         out.append("Warnings:")
@@ -161,6 +193,8 @@ def render_diff_terminal(diff: DiagnosisDiff, width: int = 100, items: int = 3) 
     """``gpudiag diff`` on a terminal: the verdict on step time, label and MFU, and the items
     that changed most (the HTML page has the rest)."""
     out = textwrap.wrap("Step time: " + diff.step_time_verdict, width, subsequent_indent="  ")
+    for w in diff.warnings:
+        out.extend(textwrap.wrap(w, width, initial_indent="Warning: ", subsequent_indent="  "))
     view = "unprofiled estimate" if diff.basis == views.UNPROFILED else "profiled steps"
     label = (f"{diff.label_before.value} -> {diff.label_after.value}"
              if diff.label_before != diff.label_after else f"unchanged, {diff.label_after.value}")

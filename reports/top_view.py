@@ -53,6 +53,8 @@ def device_cells(d: DeviceRow) -> tuple[str, ...]:
 
 def job_cells(j: JobRow) -> tuple[str, ...]:
     label = NA if j.label is None else (j.label if j.confidence is None else f"{j.label} {j.confidence:.0%}")
+    if j.stalled_seconds is not None:   # no step for this long: its MFU reads 0, its label is history
+        label = f"STALLED {_age(j.stalled_seconds)} {j.stall_cause or ''}".rstrip()
     job = f"{j.job_id} (ended)" if j.ended else j.job_id  # its last values, shown this once
     return (job, j.owner or "?", NA if j.gpus is None else str(j.gpus),
             ms(None if j.step_seconds is None else j.step_seconds * 1e6), pct(j.mfu), label,

@@ -105,6 +105,10 @@ class Signal:
     label: str          # one of LABELS
     confidence: float   # 0..1, the analyzer's confidence in the label
     age_s: float        # seconds since the agent last heard from the job
+    # seconds since the job last finished a step, while past its stall limit (None: not stalled;
+    # the agent then exports MFU 0), and the stall's cause (gpudiag.incident.CAUSES)
+    stalled_s: float | None = None
+    stall_cause: str | None = None
 
 
 @dataclass(slots=True)
@@ -234,6 +238,12 @@ class Policy:
     # (framework start-up, data loader warm-up, compilation) and the agent's first MFU estimate,
     # which needs a traced step. Slurm's equivalent, PreemptExemptTime, defaults to 0 (none).
     min_runtime_s: float = 600.0
+    # A stalled job (no step for its stall limit: the agent's gpudiag_job_stalled_seconds) holds
+    # its GPUs for nothing; its MFU is 0 for ordering and victims either way. Where the admin
+    # enables it, a job stalled for stalled_after_s is requeued or cancelled (scheduler/stalled.py):
+    # off by default, because only the admin knows whether a job's pauses may be legitimate.
+    stalled_action: str = "off"             # "requeue", "cancel" or "off"
+    stalled_after_s: float = 1800.0
     # SIGTERM, then this long to checkpoint before SIGKILL, for a job that does not ask its own.
     default_grace_s: float = DEFAULT_GRACE_S
     # What backfill and reservations assume of a job without a time limit: as long as the

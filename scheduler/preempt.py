@@ -194,6 +194,21 @@ def reclaim_victims(state: ClusterState, head: Job, rule: Rule, running: Sequenc
     return []
 
 
+def _span(seconds: float) -> str:
+    """A time since checkpoint in the unit that keeps it readable: a job that ran 25 s is not
+    "0 min" (issue 41)."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _gpu_time(gpu_s: float) -> str:
+    """Useful GPU time lost, in the unit that keeps its digits: 2.5 GPU-s, not 0.0 GPU-h."""
+    if gpu_s < 120:
+        return f"{gpu_s:.3g} GPU-s"
+    return f"{gpu_s / 60:.3g} GPU-min" if gpu_s < 7200 else f"{gpu_s / 3600:.3g} GPU-h"
+
+
 def _decisions(chosen: Sequence[Running], head: Job, mfu: dict[int, tuple[float, bool]],
                cost: dict[int, float], now: float, note: str) -> list[Decision]:
     out = []
@@ -201,9 +216,9 @@ def _decisions(chosen: Sequence[Running], head: Job, mfu: dict[int, tuple[float,
         grace = r.job.grace_s
         value, measured = mfu[r.job.id]
         since = max(0.0, now - r.last_checkpoint)
-        work = (f"MFU {fmt_mfu(value)} x {n_gpus(r.job.gpus)} x {since / 60:.0f} min since checkpoint "
-                f"= {cost[r.job.id] / 3600:.1f} GPU-h" if measured else
-                f"{n_gpus(r.job.gpus)} x {since / 60:.0f} min since checkpoint, MFU not measured")
+        work = (f"MFU {fmt_mfu(value)} x {n_gpus(r.job.gpus)} x {_span(since)} since checkpoint "
+                f"= {_gpu_time(cost[r.job.id])}" if measured else
+                f"{n_gpus(r.job.gpus)} x {_span(since)} since checkpoint, MFU not measured")
         out.append(Decision(
             "preempt", r.job.id,
             f"{note}victim: lowest useful work lost ({work}) so that job {head.id} "

@@ -76,6 +76,7 @@ def parse_metrics(text: str, now: float, prefix: str = "") -> dict[JobKey, Signa
     from prometheus_client.parser import text_string_to_metric_families
 
     mfu: dict[JobKey, float] = {}
+    stalled: dict[JobKey, tuple[float, str]] = {}
     conf: dict[JobKey, float] = {}
     last: dict[JobKey, float] = {}
     label: dict[JobKey, str] = {}
@@ -87,6 +88,8 @@ def parse_metrics(text: str, now: float, prefix: str = "") -> dict[JobKey, Signa
             key = (job, owner_of(s.labels.get("owner_uid")))
             if s.name == "gpudiag_job_mfu_ratio":
                 mfu[key] = float(s.value)
+            elif s.name == "gpudiag_job_stalled_seconds":
+                stalled[key] = (float(s.value), s.labels.get("cause", ""))
             elif s.name == "gpudiag_job_signal_confidence":
                 conf[key] = float(s.value)
             elif s.name == "gpudiag_job_last_signal_timestamp_seconds":
@@ -94,7 +97,8 @@ def parse_metrics(text: str, now: float, prefix: str = "") -> dict[JobKey, Signa
             elif s.name == "gpudiag_job_bottleneck" and s.value == 1 and s.labels.get("label") in LABELS:
                 label[key] = s.labels["label"]
     return {k: Signal(mfu=min(1.0, max(0.0, m)), label=label.get(k, "unknown"), confidence=conf.get(k, 0.0),
-                      age_s=age_of(last.get(k), now))
+                      age_s=age_of(last.get(k), now), stalled_s=stalled[k][0] if k in stalled else None,
+                      stall_cause=(stalled[k][1] or None) if k in stalled else None)
             for k, m in mfu.items() if math.isfinite(m)}
 
 

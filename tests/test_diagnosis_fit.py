@@ -29,7 +29,8 @@ from gpudiag.analyzers.classify import HOST_NOTABLE
 from gpudiag.analyzers.classify import shares as view_shares
 from gpudiag.analyzers.trace_loader import load_rank
 from gpudiag.diagnosis import Bottleneck, Diagnosis
-from gpudiag.rundir import read_steps
+from gpudiag.pace import at_own_pace
+from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps
 from tests.conftest import labels_of, view_mfu
 from tests.harness import free_port
 
@@ -57,10 +58,13 @@ def profile(tmp: Path, name: str, job: str, *args: str, opts: tuple[str, ...] = 
     return Diagnosis.from_json((run / "diagnosis.json").read_text()), json.loads(own.read_text()), run
 
 
-def own_mfu(d: Diagnosis, own: dict, steps: set[int], statistic=statistics.median) -> float:
-    """Analytic FLOPs over ``statistic`` of the job's own timings of ``steps`` (1-based), at the
-    peak the diagnosis used."""
-    times = [t for i, t in enumerate(own["step_seconds"]) if i + 1 in steps]
+def own_mfu(d: Diagnosis, own: dict, steps: set[int], run: Path, statistic=statistics.median) -> float:
+    """Analytic FLOPs over ``statistic`` of the job's own timings of ``steps`` (1-based), each less
+    the part other processes took of it (gpudiag's step timer: the job's own pace, as
+    ``Mfu.value``), at the peak the diagnosis used."""
+    boot = read_bootstrap(run)
+    machine = {r.step: r.machine_s for r in at_own_pace(read_steps(run, boot), read_host_cpu(run), boot)[0]}
+    times = [t - machine.get(i + 1, 0.0) for i, t in enumerate(own["step_seconds"]) if i + 1 in steps]
     return own["flops_per_step"] / statistic(times) / d.mfu.peak_flops
 
 
@@ -103,7 +107,7 @@ def test_a_job_slowed_by_a_competitor_in_its_first_steps_keeps_its_label_and_its
     assert statistics.median(slowed) > 1.3 * statistics.median(after), "the competitor slowed nothing"
     assert same_label(d, quiet), (d.verdict.summary, quiet.verdict.summary)
     touched = {r.step for r in read_steps(run)[0] if r.profiler}
-    truth = own_mfu(d, own, set(range(41, 81)) - touched)
+    truth = own_mfu(d, own, set(range(41, 81)) - touched, run)
     assert d.mfu.value is not None and abs(d.mfu.value / truth - 1) <= MFU_TOLERANCE, (
         d.mfu.value, truth, d.basis, d.dilation)
 
@@ -126,8 +130,13 @@ def test_a_window_the_machine_slowed_keeps_the_gaps_torch_compile_would_remove(t
     times = own["step_seconds"]
     assert statistics.median(times[61:66]) > 1.5 * statistics.median(times[45:60]), "nothing slowed it"
     assert d.basis == "unprofiled-estimate", d.dilation.caveats
+    # the window's slow-down is found: as the machine's part of its steps where other processes
+    # held the cores (the job's own pace, issue 38: on a busy machine most of it), else through
+    # the gaps (the competitor is the job's own child, so its part stays in the window)
     paces = [float(m) for c in d.dilation.caveats for m in re.findall(r"ran ([\d.]+)x slower", c)]
-    assert paces and paces[0] > 1.3, d.dilation.caveats
+    own_pace = d.host_wait.traced_machine_us or 0.0
+    assert (paces and paces[0] > 1.3) or own_pace >= 0.3 * d.breakdown.step_time, (
+        d.dilation.caveats, own_pace)
     # (the quiet run's own reference can be unsteady on this VM: 1 run in 7; then its traced
     # gaps brought to its untraced step stand for it)
     ref = (quiet.unprofiled.host_overhead if quiet.unprofiled is not None
@@ -150,7 +159,7 @@ def test_time_the_os_ran_another_process_is_not_read_as_the_jobs_host_overhead(t
     but it is the machine's load: the verdict's host share and the advice leave it out
     (a traced view on a busy machine read it as dispatch overhead torch.compile would remove),
     and the estimate of the job unobserved drops it with the profiler's cost."""
-    d, own, _ = profile(tmp_path, "os-chain", "chain_job.py", "--steps", "90", "--compete", "61:66",
+    d, own, run = profile(tmp_path, "os-chain", "chain_job.py", "--steps", "90", "--compete", "61:66",
                         "--compete-kind", "cpu", opts=("--skip", "60"))
     times = own["step_seconds"]
     assert statistics.median(times[61:66]) > 1.5 * statistics.median(times[45:60]), "nothing slowed it"
@@ -158,13 +167,18 @@ def test_time_the_os_ran_another_process_is_not_read_as_the_jobs_host_overhead(t
     assert 1e3 <= b.host_stalled <= b.host_overhead, (b.host_stalled, b.host_overhead)
     assert any("the OS ran other work" in w for w in d.warnings), d.warnings
     traced = d.traced_verdict or d.verdict
-    assert traced.evidence["host-bound share"] == pytest.approx(
-        (b.host_overhead - b.host_stalled) / b.step_time, abs=1e-4), traced.evidence
+    assert traced.evidence["host-bound share"] == pytest.approx(  # of the job's own step (issue 38)
+        (b.host_overhead - b.host_stalled) / (b.step_time - b.host_stalled), abs=1e-4), traced.evidence
     # and the label of the traced steps rests on the rest of them: it costs confidence
     assert any(x.reason.startswith("the OS ran other work") and x.amount >= 0.01
                for x in traced.deductions), traced.deductions
-    if d.unprofiled is not None:  # the steps around the window ran without the competitor
-        assert d.unprofiled.host_stalled < 0.1 * b.host_stalled, d.unprofiled
+    if d.unprofiled is not None:  # the steps around the window ran without the competitor:
+        # the estimate holds no stall but what other processes took of those steps themselves
+        rows = at_own_pace(read_steps(run), read_host_cpu(run), read_bootstrap(run))[0]
+        ref = [r for r in rows if r.step in set(d.dilation.reference_steps)]
+        machine = 1e6 * (statistics.median(r.dt + r.machine_s for r in ref)
+                         - statistics.median(r.dt for r in ref))
+        assert d.unprofiled.host_stalled <= 0.1 * b.host_stalled + machine + 1e-6, (d.unprofiled, machine)
 
 
 def test_a_weights_gradient_is_work_though_the_biases_adds_share_its_name(tmp_path):
@@ -237,7 +251,10 @@ def test_ddp_over_gloo_has_collectives_in_every_step_row_and_one_exposed_figure(
     assert table == pytest.approx(view.comm_exposed, rel=1e-6)
     assert all(c.exposed_time_us <= c.total_time_us for c in d.communication)
     figure = f"{view.comm_exposed / 1e3:.3g} ms exposed per step"
-    [comm] = [r for r in d.verdict.recommendations if r.action == "overlap-communication"]
+    # advised where overlapping is predicted to help; where what gloo's threads cost the compute
+    # beside it (measured) eats the gain, listed as a fix that would not help (issue 37)
+    [comm] = [r for r in [*d.verdict.recommendations, *d.verdict.not_advised]
+              if r.action == "overlap-communication"]
     assert figure in comm.text and "bucket_cap_mb" in comm.text, comm.text
     assert d.traits.ddp and d.traits.training
 
@@ -283,8 +300,8 @@ def test_every_recommendation_in_the_catalogue_has_a_job_it_must_not_be_given_to
     # (diagnosis, actions that must not appear, why)
     cases = [
         # an inference loop has no optimizer, and a single-process job nothing to all-reduce
-        (chain, {"fused-optimizer", "overlap-communication", "fix-straggler", "dataloader-workers"},
-         "inference, one rank, no DataLoader"),
+        (chain, {"fused-optimizer", "overlap-communication", "all-reduce-less-often", "fix-straggler",
+                 "dataloader-workers", "cheaper-input"}, "inference, one rank, no DataLoader"),
         (gpu["a100-alexnet"], {"fused-optimizer"}, "inference on a GPU"),
         # a CPU job is not told about CUDA graphs, pinned copies, tensor cores, fused attention
         (chain, {"cuda-graphs-or-compile", "remove-host-syncs", "pinned-async-copies",
@@ -329,19 +346,29 @@ def test_cpu_advice_names_no_gpu_feature(quiet_gemm, bf16_gemm, eager_chain):
 
 
 def test_the_advice_that_applies_is_given_ranked_by_predicted_gain(gpu, eager_chain):
-    """Where the fix applies it is there, with a prediction, and the list is ranked by it."""
+    """Where the fix applies it is there, with a prediction; the fixes for the verdict's label
+    come first, and each group is ranked by predicted gain (issue 37: the first fix fits the
+    verdict); none listed predicts a step that is not faster."""
+    from gpudiag.analyzers.advice import CATALOGUE
+
     assert "remove-host-syncs" in actions(gpu["a100-triton"])  # compiled, host-bound
     assert "cuda-graphs-or-compile" in actions(gpu["a100-nccl-2rank"])
+    addresses = {c.action: c.addresses for c in CATALOGUE}
     for d in (*gpu.values(), eager_chain[0]):
+        labels = {d.verdict.label, d.verdict.tie_with}
         recs = d.verdict.recommendations
-        gains = [r.gain for r in recs if r.gain is not None]
-        assert gains == sorted(gains, reverse=True), [(r.action, r.gain) for r in recs]
-        first_none = next((i for i, r in enumerate(recs) if r.gain is None), len(recs))
-        assert all(r.gain is None for r in recs[first_none:])  # no prediction: after the others
+        fits = [addresses[r.action] in labels for r in recs]
+        assert fits == sorted(fits, reverse=True), [(r.action, f) for r, f in zip(recs, fits, strict=True)]
+        for group in ([r for r, f in zip(recs, fits, strict=True) if f],
+                      [r for r, f in zip(recs, fits, strict=True) if not f]):
+            gains = [r.gain for r in group if r.gain is not None]
+            assert gains == sorted(gains, reverse=True), [(r.action, r.gain) for r in recs]
+            first_none = next((i for i, r in enumerate(group) if r.gain is None), len(group))
+            assert all(r.gain is None for r in group[first_none:])  # no prediction: after the others
         for r in recs:
             assert r.why, r
             if r.predicted_step_s is not None:
-                assert 0 <= r.predicted_step_s <= r.step_s + 1e-12, r
+                assert 0 <= r.predicted_step_s < r.step_s, r
 
 
 def test_workers_advice_tells_a_wait_on_storage_from_decoding(tmp_path):
@@ -355,6 +382,15 @@ def test_workers_advice_tells_a_wait_on_storage_from_decoding(tmp_path):
     for d in (storage, decoding):
         assert d.traits.single_process_loader and d.traits.cores_used is not None, d.traits
     [s] = [r for r in storage.verdict.recommendations if r.action == "dataloader-workers"]
-    [c] = [r for r in decoding.verdict.recommendations if r.action == "dataloader-workers"]
+    # decoding: workers are advised where the cores let them shorten the step; on a machine whose
+    # other work leaves the job no core for them they would not help, and say so (issue 37)
+    [c] = [r for r in [*decoding.verdict.recommendations, *decoding.verdict.not_advised]
+           if r.action == "dataloader-workers"]
     assert "The wait is not CPU work" in s.text and "cannot do in less" not in s.why, (s, storage.traits)
-    assert "Loading is CPU work here" in c.text and "cannot do in less" in c.why, (c, decoding.traits)
+    assert "Loading is CPU work here" in c.text, (c, decoding.traits)
+    if c in decoding.verdict.not_advised:
+        assert "no core of their own" in c.why, (c, decoding.traits)
+        if decoding.verdict.label is Bottleneck.INPUT:  # the input advice that can help leads
+            assert decoding.verdict.recommendations[0].action == "cheaper-input", decoding.verdict
+    else:
+        assert "cannot do in less" in c.why, (c, decoding.traits)

@@ -185,18 +185,24 @@ def test_same_job_twice_reads_no_significant_change(runs):
     trusted = all(Diagnosis.from_json((runs[n] / "diagnosis.json").read_text()).basis
                   == "unprofiled-estimate" for n in ("base", "again"))
     assert d["basis"] == ("unprofiled-estimate" if trusted else "profiled-steps")
-    sc = d["step_change"]
-    assert sc is not None and sc["before_steps"] >= 40 and sc["after_steps"] >= 40, sc
+    # judged at each run's own pace (issue 38): the other lanes of `make test` and whatever else
+    # runs on the machine load the two runs differently, which the wall clock would count
+    sc = d["own_pace_change"]
+    assert sc is not None and sc["before_steps"] >= 40 and sc["after_steps"] >= 40, d["step_time_verdict"]
     assert sc["significant"] is False and sc["direction"] == NO_CHANGE, \
         f"{d['step_time_verdict']}; {spread(runs['base'])}; {spread(runs['again'])}"
-    assert NO_CHANGE in d["step_time_verdict"]
+    assert d["step_time_verdict"].startswith("At the job's own pace: ")
+    assert NO_CHANGE in d["step_time_verdict"].split(". By wall clock")[0]
+    assert d["step_change"] is not None and not d["warnings"]  # the wall clock's, beside it
 
 
 def test_job_with_injected_sleep_reads_significantly_slower(runs):
     d = gpudiag_diff(runs["base"], runs["slower"])
-    sc = d["step_change"]
+    sc = d["own_pace_change"]
     assert sc["significant"] is True and sc["direction"] == "slower", d["step_time_verdict"]
     assert sc["ci_low"] > 0.3  # 10 ms on top of an ~11 ms step
+    # by wall clock too, unless the machine's load hid it (seen at load 20: +14.5%, noise ±40%)
+    assert d["step_change"]["direction"] != "faster", d["step_time_verdict"]
     assert "significantly slower" in d["step_time_verdict"]
 
 
@@ -212,6 +218,10 @@ def test_real_h100_run_dirs_diff_from_their_step_timers():
         pytest.fail(f"test data missing: {gpt} (CI lays ../shared beside the repository)")
     d = gpudiag_diff(gpt, gpt)
     assert d["basis"] == "unprofiled-estimate" and d["step_change"]["change"] == 0.0
+    # recorded before the step timer read schedstat: by wall clock, and the diff says so
+    assert d["own_pace_change"] is None and len(d["warnings"]) == 2
+    assert all("recorded no split of its steps" in w for w in d["warnings"])
+    assert "Compared by wall clock only" in d["step_time_verdict"]
     assert d["step_change"]["significant"] is False and d["label_before"] == d["label_after"]
     # the untraced median of each job, not its dilated traced step (README: 28.8 ms alone)
     assert d["step_change"]["before_median_us"] == pytest.approx(28_800, rel=0.01)

@@ -174,6 +174,8 @@ def test_on_demand_preempts_spot_which_checkpoints_is_requeued_and_resumes(sched
     assert rows[spot]["attempt"] == 2 and rows[spot]["exit_code"] == 0
     assert rows[od]["started_t"] < rows[spot]["started_t"]    # the spot job's second start came after
     assert "on-demand ran" in s.cli("logs", str(od)).stdout
+    # the daemon's log says who was preempted, for whom, and the pass's reason
+    assert f"job {spot} of root (team root, spot) preempted for job {od}: victim: " in s.log.read_text()
 
 
 # --- 5. bad input and permissions ---------------------------------------------------------------------
@@ -199,6 +201,12 @@ def test_bad_requests_are_one_line_exit_2_and_change_nothing(sched_factory):
     one_line_refusal(r, "environment too large")
     one_line_refusal(s.cli("cancel", "99", check=False), "no job 99")
     one_line_refusal(s.cli("logs", "99", check=False), "no job 99")
+    # what click once answered in three lines (usage, hint, error): one line too
+    one_line_refusal(s.cli("cancel", "-5", check=False), "cancel -5: job ids are positive whole numbers")
+    one_line_refusal(s.cli("logs", "abc", check=False), "logs abc: not a job id")
+    one_line_refusal(s.cli("submit", "--gpus", "abc", "--", "true", check=False),
+                     "--gpus must be a positive whole number, not 'abc'")
+    one_line_refusal(s.cli("queue", "--bogus", check=False), "(see gpudiag queue --help)")
     # what another client could send over the socket, bypassing the CLI's own checks
     base = {"op": "submit", "cmd": ["true"], "gpus": 1, "tier": "spot", "grace_s": 1, "env": {}, "cwd": "/"}
     for bad, words in [({"tier": "gold"}, "unknown tier"), ({"cmd": []}, "empty command"),
@@ -206,7 +214,8 @@ def test_bad_requests_are_one_line_exit_2_and_change_nothing(sched_factory):
                        ({"cmd": ["x" * 70_000]}, "command too large"), ({"cwd": "relative"}, "absolute"),
                        ({"env": {"A": "b" * 300_000}}, "environment too large"),
                        ({"grace_s": -1}, "--grace must be between 0s and 1h"),
-                       ({"name": "../../etc"}, "name must be"), ({"op": "rm"}, "unknown request")]:
+                       ({"name": "../../etc"}, "name must be"), ({"op": "rm"}, "unknown request"),
+                       ({"cmd": [[[[["true"]]]]]}, "request is nested deeper than 4 levels")]:
         answer = s.ask({**base, **bad})
         assert not answer["ok"] and words in answer["error"], (bad, answer)
     assert [dict(r) for r in s.db()] == before == []

@@ -21,7 +21,8 @@ DELAY_S = 6.0   # --efficiency-delay: the bound on how long a low MFU may delay 
 
 def test_the_efficient_key_goes_first_and_the_other_within_its_aging_bound(tmp_path):
     agent = Agent(tmp_path / "agent", backend="none")
-    s = Sched(tmp_path, "--slots", "4", "--min-runtime", "0", "--agent-url", agent.url,
+    # 6 slots: the three history jobs run at once (each keeps its slots through its analysis)
+    s = Sched(tmp_path, "--slots", "6", "--min-runtime", "0", "--agent-url", agent.url,
               "--efficiency-delay", f"{DELAY_S}s",
               env={"GPUDIAG_AGENT_DIR": str(tmp_path / "agent"), "GPUDIAG_SIGNAL_INTERVAL": "1"})
     try:
@@ -35,11 +36,11 @@ def test_the_efficient_key_goes_first_and_the_other_within_its_aging_bound(tmp_p
         assert jobs[slow]["sig_mfu"] < 0.01 < jobs[fast[0]]["sig_mfu"], (jobs[slow], jobs[fast[0]])
 
         gate = tmp_path / "gate"
-        block = s.submit("--gpus", "4", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+        block = s.submit("--gpus", "6", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
         s.wait("blocker running", lambda j: state_of(j, block) == "running")
-        low = s.submit("--gpus", "3", "--name", "slow", "--", "sleep", "1")
+        low = s.submit("--gpus", "4", "--name", "slow", "--", "sleep", "1")
         t_low = time.time()
-        high = s.submit("--gpus", "3", "--name", "fast", "--", "sleep", "10")
+        high = s.submit("--gpus", "4", "--name", "fast", "--", "sleep", "10")
         q = s.cli("queue").stdout
         line = job_block(q, low)
         # a sub-1% MFU is shown with the digits that tell it apart ("0.12%"), never as "0%"
@@ -51,7 +52,7 @@ def test_the_efficient_key_goes_first_and_the_other_within_its_aging_bound(tmp_p
         assert state_of(s.jobs(), low) == "pending"   # submitted first, still behind the efficient key
         time.sleep(max(0.0, t_low + DELAY_S + 0.5 - time.time()))
         assert state_of(s.jobs(), high) == "running"
-        late = s.submit("--gpus", "3", "--name", "fast", "--", "true")   # past low's aging bound
+        late = s.submit("--gpus", "4", "--name", "fast", "--", "true")   # past low's aging bound
         jobs = s.wait("all done", lambda j: all(state_of(j, i) == "done" for i in (low, high, late)))
         rows = {r["id"]: r for r in s.db()}
         assert rows[high]["started_t"] < rows[low]["started_t"] < rows[late]["started_t"]

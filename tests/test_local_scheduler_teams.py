@@ -216,7 +216,11 @@ def test_queue_fits_80_columns_with_team_and_a_long_reason():
                           "`gpudiag agent` running on this machine?)", "jobs": 0}}
     lines = render(answer, now, 80)
     assert all(len(x) <= 80 for x in lines), "\n".join(lines)
-    assert lines[-5].split()[:3] == ["123456", "a-very-…", "a-very-…"], lines
+    user, team = lines[-5].split()[1:3]   # narrowed to leave the command room: cut, and marked
+    assert user.endswith("…") and job["user"].startswith(user[:-1]), lines
+    assert team.endswith("…") and job["team"].startswith(team[:-1]), lines
+    wide = next(x for x in render(answer, now, 160) if x.lstrip().startswith("123456 "))   # room: in full
+    assert wide.split()[:3] == ["123456", "a-very-long-user-name", "a-very-long-team"], wide
     assert flat("\n".join(lines)).endswith(job["why"])   # the whole reason, wrapped, none cut
     assert "TEAM" in lines[-6] and "GPUS" in lines[-6]
     assert not any("--epochs 90" in x for x in lines)   # the command is cut to fit ...

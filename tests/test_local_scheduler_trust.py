@@ -130,6 +130,7 @@ def test_a_fifo_or_link_in_a_users_job_folder_is_refused_and_stalls_nobody(open_
     assert jobs[jid]["restarts"] == 1
     assert jobs[jid]["why"] == "could not start: checkpoint is a symbolic link, not a folder: refused", \
         jobs[jid]
+    assert jobs[jid]["exit_code"] is None, jobs[jid]   # not the preempted attempt's (it said 143)
     for path in (vault, secret):   # never chowned through the link
         st = os.stat(path)
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700 if path == vault else 0o600)

@@ -106,8 +106,9 @@ def test_a_second_users_monitored_job_reports_to_the_daemon_and_a_forgery_does_n
         write_as(mallory, agent.state / "spool", full_signal(agent_job, mfu_ratio=0.001, confidence=1.0,
                                                              bottleneck="input-bound", ts=time.time() + 3))
         jobs = daemon.wait("alice's MFU at the daemon",
-                           lambda j: state_of(j, job) != "running" and j[job].get("sig_mfu") is not None
-                           or state_of(j, job) == "failed", timeout=WAIT_S * 3)
+                           lambda j: state_of(j, job) not in ("running", "finishing")  # ended: analysis too
+                           and j[job].get("sig_mfu") is not None or state_of(j, job) == "failed",
+                           timeout=WAIT_S * 3)
         assert state_of(jobs, job) == "done", job_output(daemon, job)
         table = read_job_table(agent.state / "jobs.json")
         mine, forged = table[(agent_job, alice.pw_uid)], table.get((agent_job, mallory.pw_uid))

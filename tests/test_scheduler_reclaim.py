@@ -142,7 +142,7 @@ def test_the_local_daemons_engine_reclaims_by_its_quota_and_says_so():
                       time_limit_s=None, cmd=["true"], env={}, cwd="/", submit_t=0.0, state=state,
                       slots=slots, started_t=0.0 if slots else None)
 
-    active = [row(1, "b", RUNNING, [0, 1]), row(2, "b", RUNNING, [2, 3])]
+    active = [row(1, "b", RUNNING, ["0", "1"]), row(2, "b", RUNNING, ["2", "3"])]
     waiting = row(3, "a", PENDING)
     p = engine.plan([waiting], active, {}, {1: None, 2: None}, NOW, False)
     pre = _preempts(p.decisions)

@@ -20,7 +20,8 @@ from gpudiag.scheduler.model import Policy
 from tests.conftest import REPO
 
 NOT_SETTINGS = {"name"}   # a policy's label in results, not a knob
-OTHER_OPTIONS = {("submit", "--grace"): "default_grace_s", ("serve", "--max-pending"): "max_pending_per_user"}
+OTHER_OPTIONS = {("submit", "--grace"): "default_grace_s", ("serve", "--max-pending"): "max_pending_per_user",
+                 ("serve", "--stalled"): "stalled_action", ("serve", "--stalled-after"): "stalled_after_s"}
 
 
 def _table() -> dict[str, tuple[str, list[str]]]:

@@ -33,6 +33,8 @@ gpudiag_job_signal_age_seconds{{job_id="slurm:7",owner_uid="{ALICE}"}} 540.0
 # TYPE gpudiag_job_last_signal_timestamp_seconds gauge
 gpudiag_job_last_signal_timestamp_seconds{{job_id="slurm:7",owner_uid="{ALICE}"}} {NOW - 12}
 gpudiag_job_last_signal_timestamp_seconds{{job_id="slurm:7",owner_uid="{MALLORY}"}} {NOW - 1}
+# TYPE gpudiag_job_stalled_seconds gauge
+gpudiag_job_stalled_seconds{{cause="hung",job_id="slurm:7",owner_uid="{MALLORY}"}} 95.0
 """
 
 
@@ -50,6 +52,9 @@ def test_an_agents_exposition_gives_age_since_last_report_not_trace_age():
     assert s.age_s == 12.0  # the trace is 540 s old; the job reported 12 s ago
     assert signal_usable(s, Policy())
     assert math.isinf(parse_metrics(EXPOSITION, NOW)[("local:1", 0)].age_s)  # never heard: stale
+    assert (s.stalled_s, s.stall_cause) == (None, None)   # alice's job finishes steps
+    stuck = sigs[("slurm:7", MALLORY)]
+    assert (stuck.stalled_s, stuck.stall_cause) == (95.0, "hung")
 
 
 def test_a_slurm_job_gets_only_the_signal_its_own_user_wrote():
@@ -71,7 +76,8 @@ def test_prometheus_answers_give_the_same_signals():
                                                        (MALLORY, 1, {"label": "input-bound"})]),
                "confidence": vec("gpudiag_job_signal_confidence", [(ALICE, 0.8, {}), (MALLORY, 1.0, {})]),
                "seen": vec("gpudiag_job_last_signal_timestamp_seconds", [(ALICE, NOW - 12, {}),
-                                                                         (MALLORY, NOW - 1, {})])}
+                                                                         (MALLORY, NOW - 1, {})]),
+               "stalled": vec("gpudiag_job_stalled_seconds", [(MALLORY, 95.0, {"cause": "hung"})])}
     assert set(answers) == set(QUERIES)
     assert parse_prometheus_answers(answers, NOW) == parse_metrics(EXPOSITION, NOW, prefix="slurm:")
 

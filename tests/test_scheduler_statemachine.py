@@ -112,7 +112,9 @@ class LocalRuntime(Runtime):
                 grace_s=j.grace, time_limit_s=j.limit, cmd=["true"], env={}, cwd="/", submit_t=j.submit,
                 state=ROW_PENDING)
         r.state = {"pending": ROW_PENDING, "running": ROW_RUNNING, "stopping": ROW_STOPPING}[j.state]
-        r.slots = sorted(i for _, idx in j.placement.slots for i in idx) if j.placement else None
+        # a row holds its slots' ids (here "0".."n-1", the machine's own)
+        r.slots = ([str(i) for i in sorted(i for _, idx in j.placement.slots for i in idx)] if j.placement
+                   else None)
         r.started_t = None if math.isnan(j.start) else j.start
         r.stop_kind = j.stop_kind or None
         r.stop_deadline = None if math.isnan(j.deadline) else j.deadline

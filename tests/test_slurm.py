@@ -54,6 +54,7 @@ def prometheus(tmp_path_factory, agent):
 def _clean_queue(cluster):
     yield
     cluster.cancel_all()
+    cluster.forget_controllers()     # a claim or reload mark a failed test may have left
 
 
 def sbatch(cluster: SlurmCluster, agent: Agent | None, folder: Path, name: str, partition: str, gpus: int,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def agent(tmp_path_factory):
 def _clean(cluster):
     yield
     cluster.cancel_all()
+    cluster.forget_controllers()     # a claim or reload mark a failed test may have left
     for p in ("spot", "reserved"):   # what a failed test may have left
         cluster.run("scontrol", "update", f"PartitionName={p}", "PreemptMode=REQUEUE", check=False)
 
@@ -249,3 +251,104 @@ def test_penalties_are_lifted_once_the_signals_are_out_past_the_staleness_limit(
         assert cluster.job(waiting)["Nice"] == "0"
     finally:
         restore(io, ctl.store)
+
+
+def in_process(cluster: SlurmCluster, agent: Agent, ledger: Path, io=None):  # noqa: ANN001, ANN201
+    """A controller whose rounds the test runs itself (``round``), on the real cluster and agent."""
+    from gpudiag.scheduler.slurm.controller import Controller, Options
+    from gpudiag.scheduler.slurm.slurmio import SlurmIO
+    from gpudiag.scheduler.slurm.sources import AgentsSource
+
+    return Controller(io or SlurmIO(env=cluster.env), AgentsSource([f"127.0.0.1:{agent.port}"]),
+                      options=Options(min_change_interval_s=0), ledger_path=ledger)
+
+
+def test_a_statistics_reset_after_an_admins_runtime_preempt_mode_changes_nothing(cluster, agent, tmp_path):
+    """Issue 41: ``sdiag -r`` (and Slurm's midnight reset) was read as a reload of slurm.conf, and
+    an administrator's runtime PreemptMode was overridden. A reload is the partitions rebuilt from
+    slurm.conf; statistics are not read."""
+    from gpudiag.scheduler.slurm.actions import restore
+
+    spot = cluster.sbatch("spot", "spot", 4)
+    running(cluster, spot)
+    report(agent, spot, 0.4)
+    ctl = in_process(cluster, agent, tmp_path / "ledger.json")
+    try:
+        ctl.round(time.time())
+        assert cluster.preempt_mode("spot") == "OFF"
+        cluster.run("scontrol", "update", "PartitionName=spot", "PreemptMode=REQUEUE")   # handed back by hand
+        res = ctl.round(time.time())
+        assert any("(scontrol update, no reload of slurm.conf)" in n for n in res.notes), res.notes
+        cluster.run("sdiag", "-r")                                         # statistics reset
+        for _ in range(2):
+            res = ctl.round(time.time())
+            assert cluster.preempt_mode("spot") == "REQUEUE", res.notes    # kept: the admin's
+            assert not any("reloaded" in n for n in res.notes), res.notes
+        cluster.run("scontrol", "reconfigure")                             # a reload: slurm.conf's word again
+        res = ctl.round(time.time())
+        assert any("gpudiag's to manage again" in n for n in res.notes), res.notes
+        ctl.round(time.time())
+        assert cluster.preempt_mode("spot") == "OFF"
+    finally:
+        restore(ctl.io, ctl.store)
+        ctl.release()
+    assert cluster.preempt_mode("spot") == "REQUEUE"
+
+
+def test_a_second_controller_on_another_ledger_is_refused_naming_the_first(cluster, agent, tmp_path):
+    """Issue 41: a second controller with its own --state read the first one's Nice 5000 as the
+    job's original and set 10000. One controller per cluster: the second is refused in one line
+    naming the first, also once the first stopped without restoring; never a Nice stacked."""
+    blocker, waiting = blocker_and_low_mfu_waiter(cluster, agent)
+    first = tmp_path / "unit" / "controller.json"          # as the systemd unit's, beside root's own
+    first.parent.mkdir()
+    ctl = controller(cluster, agent, first)
+    second = ["--once", "--agents", f"127.0.0.1:{agent.port}", "--min-change-interval", "0",
+              "--state", str(tmp_path / "by-hand.json")]
+    try:
+        wait_for("the first controller's penalty", lambda: int(cluster.job(waiting)["Nice"]) > 0,
+                 8 * INTERVAL_S)
+        penalty = int(cluster.job(waiting)["Nice"])
+        p = gpudiag(cluster, *second)
+        assert p.returncode == 2, p.stdout + p.stderr
+        line = [ln for ln in p.stderr.splitlines() if "another gpudiag controller steers this cluster" in ln]
+        assert len(line) == 1 and f"pid {ctl.proc.pid} on " in line[0], p.stderr
+        assert f"--state {first}" in line[0], p.stderr
+        assert int(cluster.job(waiting)["Nice"]) == penalty                  # not stacked
+        ctl.stop(signal.SIGKILL)                                             # gone, its Nice left in Slurm
+        p = gpudiag(cluster, *second)
+        assert p.returncode == 2 and f"--restore-only --state {first}` on " in p.stderr, p.stderr
+        assert int(cluster.job(waiting)["Nice"]) == penalty
+        p = gpudiag(cluster, "--restore-only", "--state", str(first))
+        assert p.returncode == 0 and cluster.job(waiting)["Nice"] == "0", p.stdout + p.stderr
+        p = gpudiag(cluster, *second, "--restore")                          # the claim is free again
+        assert p.returncode == 0, p.stdout + p.stderr
+    finally:
+        ctl.stop(signal.SIGKILL)
+    assert cluster.job(waiting)["Nice"] == "0"
+
+
+def test_restore_puts_back_the_mode_slurm_runs_and_names_an_unreloaded_slurm_conf_edit(
+        cluster, agent, tmp_path):
+    """Issue 41: restore wrote a slurm.conf edit that was never reloaded (REQUEUE -> CANCEL in the
+    file): Slurm would have kept REQUEUE until the administrator reloads."""
+    spot = cluster.sbatch("spot", "spot", 4)
+    running(cluster, spot)
+    report(agent, spot, 0.4)
+    conf = cluster.conf.read_text()
+    ctl = controller(cluster, agent, tmp_path / "ledger.json", "--restore")
+    try:
+        held(cluster)
+        edited = re.sub(r"(PartitionName=spot .*)PreemptMode=REQUEUE", r"\1PreemptMode=CANCEL", conf)
+        assert edited != conf
+        cluster.conf.write_text(edited)                      # no scontrol reconfigure
+        assert ctl.stop() == 0, ctl.text()
+        assert cluster.preempt_mode("spot") == "REQUEUE"     # what Slurm ran, not the unloaded edit
+        said = [ln for ln in ctl.text().splitlines() if "slurm.conf now sets PreemptMode=CANCEL" in ln]
+        assert len(said) == 1 and "not reloaded yet" in said[0], ctl.text()
+        cluster.run("scontrol", "reconfigure")               # the administrator's reload: now it is CANCEL
+        assert cluster.preempt_mode("spot") == "CANCEL"
+    finally:
+        ctl.stop()
+        cluster.conf.write_text(conf)
+        cluster.run("scontrol", "reconfigure")

@@ -15,7 +15,15 @@ import pytest
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.slurm.actions import Action, confirm, reconcile, record_intents
 from gpudiag.scheduler.slurm.history import MAX_HALF_LIVES, History, load_history, save_history
-from gpudiag.scheduler.slurm.ledger import JobRef, Lease, Ledger, LedgerError, LedgerStore, parse_ledger
+from gpudiag.scheduler.slurm.ledger import (
+    JobRef,
+    Lease,
+    Ledger,
+    LedgerError,
+    LedgerStore,
+    conf_reloaded,
+    parse_ledger,
+)
 from gpudiag.scheduler.slurm.slurmconf import ConfModes, Partition, conf_modes
 from gpudiag.scheduler.slurm.squeue import SlurmJob, parse_squeue_json, tres
 from gpudiag.scheduler.slurm.takeover import reconcile_modes
@@ -96,26 +104,35 @@ def test_an_admin_who_sets_a_jobs_nice_back_to_its_original_keeps_it():
 
 
 def _held(*names: str) -> Ledger:
-    led = Ledger(reloads="boot 1; reconfigures 0")
+    led = Ledger(boot="2026-11-28T10:00:00", marked=True)
     record_intents(led, [Action("preempt_mode", n, "REQUEUE", "OFF", "take") for n in names], 1.0)
     confirm(led, [Action("preempt_mode", n, "REQUEUE", "OFF", "take", applied=True) for n in names])
     return led
+
+
+def test_a_reload_is_the_mark_gone_or_a_new_boot_never_a_statistics_counter():
+    led = _held("spot")
+    boot = led.boot
+    assert conf_reloaded(led, boot, True) is False          # mark still there: no reload, sdiag -r or not
+    assert conf_reloaded(led, boot, False) is True          # only a reload of slurm.conf removes it
+    assert conf_reloaded(led, "2026-11-28T11:00:00", True) is True     # a restart read slurm.conf again
+    assert conf_reloaded(Ledger(), boot, True) is None      # no round yet: unknown
+    assert conf_reloaded(Ledger(boot=boot, marked=False), boot, False) is None   # never marked: unknown
 
 
 def test_scontrol_update_back_to_the_original_is_the_admins_a_reload_is_a_reset():
     conf = ConfModes({"spot": "REQUEUE", "reserved": "REQUEUE"}, 0.0)
     parts = {"spot": Partition("spot", 1, "REQUEUE", 0), "reserved": Partition("reserved", 2, "OFF", 0)}
     led = _held("spot", "reserved")
-    view = reconcile_modes(led, parts, "boot 1; reconfigures 0", conf)    # no reload since: an admin
+    view = reconcile_modes(led, parts, False, conf)          # no reload since: an admin
     assert view.reset == [] and view.theirs == {"spot"} and view.held == {"reserved"}
     assert "spot" not in led.modes and led.theirs_modes == {"spot": "REQUEUE"}
     assert any("by someone else (scontrol update" in n for n in view.notes)
-    assert reconcile_modes(led, parts, "boot 1; reconfigures 0", conf).theirs == {"spot"}   # kept
-    led.reloads = "boot 1; reconfigures 0"
-    view = reconcile_modes(led, parts, "boot 1; reconfigures 1", conf)    # then a reconfigure
-    assert view.theirs == set() and led.theirs_modes == {}                # gpudiag's to manage again
+    assert reconcile_modes(led, parts, False, conf).theirs == {"spot"}    # kept
+    view = reconcile_modes(led, parts, True, conf)           # then a reconfigure
+    assert view.theirs == set() and led.theirs_modes == {}   # gpudiag's to manage again
     led = _held("spot")
-    view = reconcile_modes(led, parts, "boot 1; reconfigures 1", conf)    # a reconfigure: a reset
+    view = reconcile_modes(led, parts, True, conf)           # a reconfigure: a reset
     assert view.reset == ["spot"] and view.theirs == set()
 
 
@@ -127,7 +144,7 @@ def test_a_slurm_conf_changed_and_reloaded_is_the_admins_and_never_restored_over
     conf = conf_modes(conf_file)
     assert conf.modes == {"spot": "OFF", "ondemand": "OFF", "reserved": "REQUEUE"}
     led = _held("spot")
-    view = reconcile_modes(led, {"spot": Partition("spot", 1, "OFF", 0)}, "boot 1; reconfigures 1", conf)
+    view = reconcile_modes(led, {"spot": Partition("spot", 1, "OFF", 0)}, True, conf)
     assert led.modes == {} and view.held == set()     # OFF is slurm.conf's now: nothing to restore
     assert any("slurm.conf now sets PreemptMode=OFF" in n for n in view.notes)
 
@@ -201,3 +218,40 @@ def test_every_serve_option_is_honoured_by_its_backend_or_refused_in_one_line(ar
                        text=True, timeout=60)
     assert p.returncode == 2 and says in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_one_controller_per_cluster_whatever_its_ledger(tmp_path):
+    """Issue 41: two controllers on two ledgers stacked their Nice. The claim in the cluster's state
+    folder refuses the second, naming the first; it stays refused after the first stopped with
+    changes left, and is free once they are restored."""
+    from gpudiag.scheduler.slurm import claim
+
+    path = tmp_path / claim.CLAIM_FILE
+    t = time.time()
+    assert claim.take(path, "ledger-a", "/var/lib/a.json", True, 15.0, t) is None
+    with pytest.raises(claim.ClaimRefused) as e:          # the same process, so make the holder another
+        c = claim.read_claim(path)
+        c.pid, c.host = 1, "ctl-host"                     # pid 1 on another host: only time tells
+        claim._write(path, c)
+        claim.take(path, "ledger-b", "/root/b.json", False, 15.0, t + 1)
+    assert "pid 1 on ctl-host, --state /var/lib/a.json" in str(e.value) and "stop it first" in str(e.value)
+    with pytest.raises(claim.ClaimRefused) as e:          # its lease lapsed, its Nice values still set
+        claim.take(path, "ledger-b", "/root/b.json", False, 15.0, t + 60)
+    assert "--restore-only --state /var/lib/a.json` on ctl-host first" in str(e.value)
+    assert claim.take(path, "ledger-a", "/var/lib/a.json", True, 15.0, t + 61) is None   # its own ledger
+    assert claim.read_claim(path).held_by_me()
+    claim.release(path, "ledger-a", False, t + 62)        # everything restored: the claim is gone
+    assert not path.exists()
+    assert claim.take(path, "ledger-b", "/root/b.json", False, 15.0, t + 63) is None
+    claim.release(path, "ledger-b", True, t + 64)         # stopped with changes left: kept, lapsed
+    assert claim.read_claim(path).holds and not claim.read_claim(path).live(t + 65)
+
+
+def test_a_batched_nice_write_names_each_job_slurm_refused():
+    from gpudiag.scheduler.slurm.slurmio import _per_job_errors
+
+    # scontrol update JobId=2,999,5 Nice=700 (Slurm 22.05.8): 2 and 5 changed, exit 1
+    assert _per_job_errors("Invalid job id specified for job 999\n", [2, 999, 5]) == {
+        999: "Invalid job id specified"}
+    assert _per_job_errors("7_1: Job has already finished\n", [7]) == {7: "Job has already finished"}
+    assert _per_job_errors("Unable to contact slurm controller (connect failure)\n", [2, 5]) is None

@@ -5,7 +5,7 @@ checked against a real Slurm in tests/test_slurm_admin.py and tests/test_slurm.p
 
 from __future__ import annotations
 
-from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Tier
+from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Signal, Tier
 from gpudiag.scheduler.policy import schedule
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.slurm.actions import Action
@@ -60,3 +60,68 @@ def test_a_reservation_behind_a_job_without_a_time_limit_is_not_dated():
                          100.0, policy)
     hold = next(d for d in decisions if d.kind == "hold")
     assert "when a job without a time limit ends" in hold.reason and "days" not in hold.reason, hold.reason
+
+
+def test_a_victim_that_ran_25_s_is_described_in_seconds_not_as_0_min_and_0_0_gpu_h():
+    """Issue 41: a 20-30 s job read "0 min since checkpoint = 0.0 GPU-h"."""
+    policy = Policy(min_runtime_s=0.0)
+    spot = Job(1, 2, 0.0, 3600.0, tier=Tier.SPOT, preemptible=True)
+    head = Job(2, 4, 70.0, 3600.0, tier=Tier.ON_DEMAND)
+    other = Job(3, 2, 0.0, 3600.0, tier=Tier.SPOT, preemptible=True)
+    runs = [Running(spot, Placement(((0, (0, 1)),)), 75.0, 3675.0, 75.0),
+            Running(other, Placement(((0, (2, 3)),)), 75.0, 3675.0, 75.0)]
+    signals = {1: Signal(0.05, "input-bound", 0.9, 99.0), 3: Signal(0.05, "input-bound", 0.9, 99.0)}
+    book = MfuBook(policy.history_half_life_s)
+    decisions = schedule(Cluster((Node(0, 4, 0),)), [head], runs, signals, book, 100.0, policy)
+    reasons = [d.reason for d in decisions if d.kind == "preempt"]
+    assert reasons, decisions
+    assert all("MFU 5.0% x 2 GPUs x 25 s since checkpoint = 2.5 GPU-s" in r for r in reasons), reasons
+
+
+def test_what_gpudiag_does_about_preemption_is_said_truly():
+    from gpudiag.scheduler.slurm.qos import QosTiers
+    from gpudiag.scheduler.slurm.says import mode_line
+
+    assert mode_line(True, {"spot"}, None, {}).startswith("gpudiag chooses the preemption victims of "
+                                                          "partition(s) spot")
+    held_nothing = mode_line(True, set(), None, {"spot": "not held: ..."})
+    assert held_nothing.startswith("gpudiag holds no partition")
+    assert "Nice only, Slurm preempts" in held_nothing
+    qos = QosTiers(line="PreemptType=preempt/qos: ... Nice only, Slurm preempts")
+    assert mode_line(True, set(), qos, {}) == qos.line      # never "takes preemption over" on a QOS cluster
+
+
+def test_restore_names_what_it_did_not_as_restored_restore():
+    """Issue 41 saw "restored restore 3004"; a Nice and a PreemptMode each say what they are."""
+    import logging
+
+    from gpudiag.scheduler.slurm.actions import restore
+    from gpudiag.scheduler.slurm.ledger import JobRef, LedgerStore, NiceEntry
+    from gpudiag.scheduler.slurm.squeue import SlurmJob
+
+    class IO:
+        marked = None
+
+        def jobs(self) -> list[SlurmJob]:
+            return [SlurmJob(3004, "n", "u", "a", "spot", "PENDING", "Priority", 5000, 1, 1.0, 0.0, None, 1)]
+
+        def set_nice_many(self, ids: list[int], nice: int) -> dict[int, str]:
+            return {}
+
+    store = LedgerStore(None)
+    with store.update() as led:
+        led.nice[3004] = NiceEntry(JobRef(3004, 1.0, 0), original=0, set=5000, want=None, at=1.0)
+    logger = logging.getLogger("gpudiag.scheduler.slurm")
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: seen.append(r.getMessage())
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        r = restore(IO(), store)          # type: ignore[arg-type]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+    assert [a.applied for a in r.actions] == [True]
+    assert "restored Nice of job 3004: 5000 -> 0" in seen and not any("restored restore" in m for m in seen)

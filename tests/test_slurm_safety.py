@@ -58,6 +58,7 @@ def agent(tmp_path_factory):
 def _clean(cluster):
     yield
     cluster.cancel_all()
+    cluster.forget_controllers()     # a claim or reload mark a failed test may have left
     for p in ("spot", "reserved"):   # what a failed test may have left
         cluster.run("scontrol", "update", f"PartitionName={p}", "PreemptMode=REQUEUE", check=False)
 

@@ -69,6 +69,36 @@ def test_a_cancel_partition_under_the_same_higher_tier_keeps_spot_and_reserved_f
         assert unsafe(parts(spot, od, other), {"spot"}) == {}
 
 
+def test_a_cancel_partition_on_a_cpu_only_node_keeps_spot_from_being_held():
+    """Issue 41: spot over a GPU node and a CPU node, a CANCEL partition on the CPU node. Held,
+    spot's CPU-node jobs are out of Slurm's reach, and a higher-tier job there (asking for no
+    GPUs) makes Slurm kill the CANCEL job; the rule looked at GPU nodes only."""
+    spot, canc = part("spot", 1, "REQUEUE", ("n1", "c1")), part("canc", 1, "CANCEL", ("c1",))
+    why = unsafe(parts(spot, canc, part("ondemand", 3, "OFF", ("n1", "c1"))), {"spot"})
+    assert "ondemand would make Slurm preempt partition canc's jobs (PreemptMode=CANCEL) on c1 (no GPUs) " \
+        "in place of spot's" in why["spot"]
+    # a higher tier that shares only the CPU node with spot counts as well
+    why = unsafe(parts(spot, canc, part("ondemand", 3, "OFF"), part("cpuod", 3, "OFF", ("c1",))), {"spot"})
+    assert "a job of cpuod would make Slurm preempt partition canc's jobs" in why["spot"]
+    # CPU nodes no higher tier reaches change nothing
+    assert unsafe(parts(spot, canc, part("ondemand", 3, "OFF")), {"spot"}) == {}
+
+
+def test_a_requeue_that_frees_no_cores_under_oversubscribe_does_not_make_room():
+    """Issue 41: with OverSubscribe two jobs shared the node's cores; requeueing one frees no CPU,
+    so a waiting job short of CPUs is not served by it (it is Slurm's, with its reason)."""
+    from gpudiag.scheduler.slurm.takeover import fits_after
+
+    node = {"n1": SlurmNode("n1", 4, 8, 8, 1000.0, 0.0, "ALLOCATED")}     # all 8 CPUs allocated
+    a = job(1, "spot", "RUNNING", 2, gpu_index=((0, 1),))
+    a, b = replace(a, cpus=8), replace(job(2, "spot", "RUNNING", 2, gpu_index=((2, 3),)), cpus=8)   # shared
+    head = replace(job(3, "ondemand", "PENDING", 2), cpus=4)
+    assert fits_after(head, ["n1"], [a], node, False) == ""                 # the old arithmetic: room
+    assert fits_after(head, ["n1"], [a], node, False, [a, b, head]) == "needs 4 CPUs on n1, 0 would be free"
+    c = replace(job(4, "spot", "RUNNING", 2, gpu_index=((2, 3),)), cpus=4)  # not oversubscribed: 4 + 4 = 8
+    assert fits_after(head, ["n1"], [replace(a, cpus=4)], node, False, [replace(a, cpus=4), c]) == ""
+
+
 def test_a_partition_left_to_slurm_exposes_the_ones_held_beside_it_in_turn():
     # canc (CANCEL, tier 2) shares n2 with reserved under "top": reserved cannot be held; spot (n1
     # only) meets canc under no tier, but held alone it would leave reserved's jobs on n1 as

@@ -225,7 +225,8 @@ def test_an_input_bound_cpu_job_under_monitor_stays_input_bound(tmp_path):
     # changed across the window). The CPU share itself moves with this shared machine's load, so
     # no tighter bound than the label's own.
     view = d.unprofiled if d.basis == "unprofiled-estimate" else d.breakdown
-    assert view.input_wait / view.step_time >= INPUT_HIGH, why
+    # of the job's own step: less what other processes took of it (issue 38), as the verdict reads
+    assert view.input_wait / (view.step_time - view.host_stalled) >= INPUT_HIGH, why
     if d.unprofiled is not None:  # the profiler's cost came out of the ops and gaps, not the wait
         assert d.unprofiled.input_wait == pytest.approx(d.breakdown.input_wait, rel=1e-6), why
 

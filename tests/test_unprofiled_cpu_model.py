@@ -9,6 +9,8 @@ that per event took it from the gaps between the small operators, which is what
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -135,3 +137,16 @@ def test_a_window_at_the_reference_pace_is_charged_per_event_as_before():
     assert b.compute == pytest.approx(20e3) and b.host_overhead == pytest.approx(10e3)
     assert not any("slower than the steps around it" in c for c in dil.caveats)
     assert not any("slower than the steps around it" in x.reason for x in cuts)
+
+
+@pytest.mark.parametrize("slowed_us", [0.0, 4e3, 25e3])
+def test_the_cpu_caveat_names_where_all_of_the_traced_steps_extra_time_went(slowed_us):
+    """'slowed the traced steps 11x' beside '0 us per recorded event' read as a contradiction
+    (issue 37): the caveat names every part of the extra time, and the parts add up to it."""
+    _, dil = unprofiled(slowed_us)
+    [text] = [c for c in dil.caveats if c.startswith("the device is the CPU")]
+    total = float(re.search(r"took ([0-9.]+) ms per step more", text).group(1))
+    parts = [float(x) for x in re.findall(r"; ([0-9.]+) ms per step ", text.split(": ", 1)[1])]
+    first = re.match(r"([0-9.]+) ms per step", text.split("): ", 1)[1])
+    parts += [float(first.group(1))] if first else []
+    assert total == pytest.approx(10.0) and sum(parts) == pytest.approx(total)

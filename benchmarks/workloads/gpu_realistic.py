@@ -8,16 +8,19 @@ lm   GPT-style decoder: 12 layers, d=768, 12 heads, causal scaled_dot_product_at
      parameter per token for the matmuls plus causal attention's half of 12 S d per layer.
 cnn  ResNet-50 (torchvision, random init), batch 128, channels_last, bf16 autocast, SGD with
      momentum, fed by a 12-worker DataLoader doing CPU augmentation (random resized crop,
-     flip, normalise) of synthetic images. Analytic FLOPs per step: every convolution and
-     linear layer's 2 * MACs from its output shape (forward hooks on one dry run), times 3
-     for forward + backward, less the first convolution's input gradient, which autograd
-     never computes.
+     flip, normalise) of synthetic images. ``--workers/--batch/--size/--jitter`` change the
+     loader: ``--workers 0 --batch 64 --size 320 --jitter`` is the H200 ``resnet_w0`` recording's
+     job (augmentation in the training process, ColorJitter included), whose fix is the workers.
+     Analytic FLOPs per step: every convolution and linear layer's 2 * MACs from its output
+     shape (forward hooks on one dry run), times 3 for forward + backward, less the first
+     convolution's input gradient, which autograd never computes.
 
 Every step is timed by the job itself, CUDA-synchronised at its end (the job's truth: no
 profiler is involved in it); the time spent waiting for the DataLoader is timed apart.
 ``--report`` receives {"analytic_flops_per_step", "step_seconds", "input_wait_seconds",
 "t_end"} (``t_end``: unix time after the last step, to time the job's exit against).
-``--small`` shrinks both models to run in seconds on a CPU (a dry run of this script).
+``--small`` shrinks both models to run in seconds on a CPU (a dry run of this script; the CNN
+becomes a ResNet-18 on 64 px images, whatever ``--size``/``--batch`` say).
 """
 
 from __future__ import annotations
@@ -78,11 +81,12 @@ def lm_job(dev: str, small: bool):
 
 
 class Images(torch.utils.data.Dataset):
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, jitter: bool = False) -> None:
         from torchvision.transforms import v2
 
         self.size = size
-        self.tf = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(),
+        colour = [v2.ColorJitter(0.4, 0.4, 0.4)] if jitter else []
+        self.tf = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(), *colour,
                               v2.ToDtype(torch.float32, scale=True),
                               v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
 
@@ -116,14 +120,19 @@ def conv_linear_flops(model: nn.Module, sample: torch.Tensor) -> tuple[float, fl
     return sum(per), per[0]
 
 
-def cnn_job(dev: str, small: bool):
+def cnn_job(dev: str, small: bool, loader: argparse.Namespace):
     import torchvision
 
-    size, batch, workers = (64, 8, 2) if small else (224, 128, 12)
-    model = torchvision.models.resnet50().to(dev).to(memory_format=torch.channels_last)
+    size, batch, workers = (64, 4, 2) if small else (224, 128, 12)
+    if not small:
+        size, batch = loader.size or size, loader.batch or batch
+    workers = workers if loader.workers is None else loader.workers
+    net = torchvision.models.resnet18 if small else torchvision.models.resnet50
+    model = net().to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    dl = torch.utils.data.DataLoader(Images(size), batch_size=batch, num_workers=workers,
-                                     pin_memory=dev == "cuda", persistent_workers=True, prefetch_factor=4)
+    extra = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
+    dl = torch.utils.data.DataLoader(Images(size, loader.jitter), batch_size=batch, num_workers=workers,
+                                     pin_memory=dev == "cuda", **extra)
     it = iter(dl)
     fwd, first = conv_linear_flops(model, torch.zeros(1, 3, size, size, device=dev))
     flops = batch * (3 * fwd - first)
@@ -141,6 +150,7 @@ def cnn_job(dev: str, small: bool):
         opt.zero_grad(set_to_none=True)
         return wait
 
+    step.loader_iter = it  # for --close-loader
     return step, flops
 
 
@@ -150,10 +160,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--report", default=None)
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--workers", type=int, default=None, help="cnn: DataLoader workers (default 12)")
+    ap.add_argument("--batch", type=int, default=None, help="cnn: batch size (default 128)")
+    ap.add_argument("--size", type=int, default=None, help="cnn: image side after the crop (default 224)")
+    ap.add_argument("--jitter", action="store_true", help="cnn: ColorJitter in the augmentation too")
+    ap.add_argument("--close-loader", action="store_true",
+                    help="cnn: shut the DataLoader's workers down after the last step, not at exit")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    step, flops = (lm_job if args.kind == "lm" else cnn_job)(dev, args.small)
+    step, flops = lm_job(dev, args.small) if args.kind == "lm" else cnn_job(dev, args.small, args)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     times, waits = [], []
     for _ in range(args.steps):
@@ -166,6 +182,9 @@ def main() -> None:
         with open(args.report, "w") as f:
             json.dump({"analytic_flops_per_step": flops, "step_seconds": times,
                        "input_wait_seconds": waits, "t_end": time.time()}, f)
+    shutdown = getattr(getattr(step, "loader_iter", None), "_shutdown_workers", None)
+    if args.close_loader and shutdown is not None:
+        shutdown()
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ compared step for step.
 """
 
 import argparse
-import time
 
 import torch
+from own_timer import StepTimer
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=400)
@@ -25,10 +25,11 @@ model = torch.nn.Sequential(
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(128, args.width)
 y = torch.randint(0, 10, (128,))
-t = time.perf_counter()
+timer = StepTimer()
 for _ in range(args.steps):
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
     loss.backward()
     opt.step()
-print(f"steady_train: {args.steps} steps in {time.perf_counter() - t:.2f} s, loss {loss.item():.3f}")
+    timer.tick()
+timer.report(f"steady_train (loss {loss.item():.3f})")

@@ -8,17 +8,19 @@ from pathlib import Path
 
 import click
 
+from gpudiag.commands.oneline import OneLine
 from gpudiag.errors import BadInput
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("job_ids", nargs=-1, type=click.IntRange(1))
+@click.command(cls=OneLine, context_settings={"help_option_names": ["-h", "--help"],
+                                             "ignore_unknown_options": True})   # -5: a bad id, in one line
+@click.argument("job_ids", nargs=-1)
 @click.option("--user", "user", default=None, metavar="NAME",
               help="Every pending and running job of NAME (your own; root: anyone's).")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="The scheduler's state folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
-def cancel(job_ids: tuple[int, ...], user: str | None, state_dir: Path | None, as_json: bool) -> None:
+def cancel(job_ids: tuple[str, ...], user: str | None, state_dir: Path | None, as_json: bool) -> None:
     """Cancel jobs JOB_IDS, or all of one user's (yours; root may cancel any).
 
     Each id is cancelled or refused on its own: the others go ahead, every refusal is one line
@@ -29,12 +31,14 @@ def cancel(job_ids: tuple[int, ...], user: str | None, state_dir: Path | None, a
       gpudiag cancel 12 13 14
       gpudiag cancel --user alice        # all of alice's pending and running jobs
     """
+    from gpudiag.commands.oneline import job_ids as parse_ids
     from gpudiag.scheduler.local.client import ask
     from gpudiag.scheduler.local.protocol import printable
 
-    if bool(job_ids) == (user is not None):
+    ids = parse_ids(job_ids, "cancel")
+    if bool(ids) == (user is not None):
         raise BadInput("give job ids (gpudiag cancel 12 13) or --user NAME, one of the two")
-    req: dict = {"op": "cancel", **({"user": user} if user is not None else {"ids": list(job_ids)})}
+    req: dict = {"op": "cancel", **({"user": user} if user is not None else {"ids": ids})}
     answer = ask(state_dir, req)
     jobs = answer["jobs"]
     refused = [j for j in jobs if "error" in j]

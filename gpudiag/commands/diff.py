@@ -18,11 +18,13 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
 
     BEFORE and AFTER are each a gpudiag run directory, a folder of rank traces or a trace
     file. For two run directories the step time comes from the jobs' own step timers
-    (untraced steps), with whether the change is larger than run-to-run noise, and labels and
-    MFU from the unprofiled estimates; with traces on either side the profiler's slowdown can
-    pass for a change, and the comparison says it cannot tell. Kernels and operators are
-    compared by mean time per traced step, so runs that traced different numbers of steps
-    still compare like for like.
+    (untraced steps), with whether the change is larger than run-to-run noise, judged at each
+    job's own pace (every step less the wait for a core other processes caused, so a busier
+    machine is not read as a slower job; the wall clock is shown beside it where the two
+    disagree), and labels and MFU from the unprofiled estimates; with traces on either side
+    the profiler's slowdown can pass for a change, and the comparison says it cannot tell.
+    Kernels and operators are compared by mean time per traced step, so runs that traced
+    different numbers of steps still compare like for like.
 
     \b
     Examples:
@@ -33,7 +35,8 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
     from gpudiag.commands.report import load_diagnosis, write_html
 
     b, a = load_diagnosis(before), load_diagnosis(after)
-    result = compare(b, a, _untraced(before), _untraced(after))
+    (bw, bo), (aw, ao) = _untraced(before), _untraced(after)
+    result = compare(b, a, bw, aw, before_own=bo, after_own=ao)
     if as_json:
         click.echo(result.to_json())
         return
@@ -45,14 +48,24 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
     click.echo(f"Report: {output}")
 
 
-def _untraced(target: Path) -> list[float] | None:
-    """Untraced step times (seconds) of rank 0 from a run directory's step timer; None otherwise.
+def _untraced(target: Path) -> tuple[list[float] | None, list[float] | None]:
+    """Untraced step times (seconds) of rank 0 from a run directory's step timer, by wall clock
+    and at the job's own pace (``gpudiag.pace``: None where the run recorded no split); (None,
+    None) for traces.
 
     One rank, not all pooled: the ranks of a synchronous job step together, so pooling would
     count each step several times and make the interval look tighter than the run is steady."""
-    from gpudiag.rundir import is_run_dir, step_times
+    from gpudiag.pace import at_own_pace, recorded
+    from gpudiag.rundir import is_run_dir, read_bootstrap, read_host_cpu, read_steps, split_step_rows
 
     if not is_run_dir(target):
-        return None
-    st = step_times(target, rank=0)
-    return st.untraced if st is not None else None
+        return None, None
+    boot = read_bootstrap(target)
+    rows = read_steps(target, boot, rank=0)
+    if 0 not in rows:
+        return None, None
+    wall = split_step_rows(0, rows[0], meta=boot.get(0)).untraced
+    if not recorded(rows):
+        return wall, None
+    own = at_own_pace(rows, read_host_cpu(target), boot)[0]
+    return wall, split_step_rows(0, own, meta=boot.get(0)).untraced

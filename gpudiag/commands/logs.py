@@ -8,24 +8,30 @@ from pathlib import Path
 
 import click
 
+from gpudiag.commands.oneline import OneLine
+
 FOLLOW_POLL_S = 0.5
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("job_id", type=click.IntRange(1))
+@click.command(cls=OneLine, context_settings={"help_option_names": ["-h", "--help"],
+                                             "ignore_unknown_options": True})   # -5: a bad id, in one line
+@click.argument("job_id")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing output until the job ends.")
 @click.option("--stderr", is_flag=True, help="The job's stderr (gpudiag profile's notes are there too).")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="The scheduler's state folder.")
-def logs(job_id: int, follow: bool, stderr: bool, state_dir: Path | None) -> None:
+def logs(job_id: str, follow: bool, stderr: bool, state_dir: Path | None) -> None:
     """Print job JOB_ID's stdout (or --stderr); for a job that could not start, why (on stderr)."""
+    from gpudiag.commands.oneline import job_ids
     from gpudiag.scheduler.local.client import ask
     from gpudiag.scheduler.local.protocol import from_wire, printable
+
+    (job,) = job_ids((job_id,), "logs")
 
     raw = getattr(sys.stdout, "buffer", None)   # the job's bytes as written; text where only text goes
     offset = 0
     while True:
-        answer = ask(state_dir, {"op": "logs", "id": job_id, "stream": "stderr" if stderr else "stdout",
+        answer = ask(state_dir, {"op": "logs", "id": job, "stream": "stderr" if stderr else "stdout",
                                  "offset": offset})
         if raw is not None:
             sys.stdout.flush()

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from gpudiag.commands.log import mlflow_option
+from gpudiag.commands.profile_signals import final_signal, signal_reporter
 from gpudiag.durations import format_duration, parse_duration  # noqa: F401 - both importable from here as before
 from gpudiag.errors import BadInput, GpudiagError
 
@@ -55,10 +56,18 @@ def parse_interval(text: str) -> float:
                    "life on a GPU). auto: unless the job uses CUDA graphs, with which teardown "
                    "crashed before CUDA 12.6; on: always; off: leave it attached. A "
                    "TEARDOWN_CUPTI set in the environment wins.")
+@click.option("--stall-watch/--no-stall-watch", default=True, show_default=True,
+              help="Notice a job that stops finishing steps, gather every rank's stacks and "
+                   "collectives at that moment without stopping it, and name what holds it "
+                   "(incidents/N/incident.html; docs/stall.md).")
+@click.option("--stall-after", default=None, metavar="DURATION",
+              help="No step for this long is a stall (e.g. 20s, 5m)  [default: max(10 x the "
+                   "rank's median step, 60s); 10m before the first step].")
 @mlflow_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def profile(out: Path | None, interval: str, steps: int | None, skip: int, backend: str,
             as_json: bool, monitor: bool, retrace: str | None, cupti_teardown: str,
+            stall_watch: bool, stall_after: str | None,
             mlflow_uri: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged while sampling GPUs and tracing a few steps, then diagnose it.
 
@@ -82,6 +91,10 @@ def profile(out: Path | None, interval: str, steps: int | None, skip: int, backe
                                  "cannot tell a slow step from a slow job)", param_hint="--steps")
     retrace_s = parse_duration(retrace, "--retrace") if retrace is not None else (
         MONITOR_RETRACE_S if monitor else 0.0)
+    stall_after_s = parse_duration(stall_after, "--stall-after") if stall_after is not None else None
+    if stall_after_s is not None and stall_after_s <= 0:
+        raise click.BadParameter("must be longer than 0 (--no-stall-watch turns the watch off)",
+                                 param_hint="--stall-after")
     if mlflow_uri is not None:
         from gpudiag.tracking import require_mlflow
 
@@ -89,7 +102,8 @@ def profile(out: Path | None, interval: str, steps: int | None, skip: int, backe
     opts = ProfileOptions(out=out or _default_out(command), interval=parse_interval(interval),
                           steps=steps, skip=skip, backend=backend, as_json=as_json,
                           retrace_s=retrace_s, mlflow_uri=mlflow_uri,
-                          cupti_teardown=cupti_teardown)
+                          cupti_teardown=cupti_teardown, stall_watch=stall_watch,
+                          stall_after_s=stall_after_s)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -124,6 +138,8 @@ class ProfileOptions:
     retrace_s: float = 0.0
     mlflow_uri: str | None = None  # None: no MLflow; "": $MLFLOW_TRACKING_URI or MLflow's default
     cupti_teardown: str = "auto"  # collectors.torch_cupti.MODES
+    stall_watch: bool = True
+    stall_after_s: float | None = None  # None: the rule's default (analyzers/stall.py)
 
 
 def _say(msg: str) -> None:
@@ -148,7 +164,8 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
                                                 "python": platform.python_version()},
                    options={"interval_s": opts.interval, "steps": opts.steps, "skip": opts.skip,
                             "backend": opts.backend, "retrace_s": opts.retrace_s,
-                                     "cupti_teardown": opts.cupti_teardown})
+                            "cupti_teardown": opts.cupti_teardown, "stall_watch": opts.stall_watch,
+                            "stall_after_s": opts.stall_after_s})
     sampler = None
     try:
         backend = open_backend(opts.backend)
@@ -163,14 +180,18 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
         raise BadInput(str(e)) from None
     write_run(run_dir, info)
     host: list[HostSampler] = []
+    watch: list = []
+    reporter = None
 
     def started(pid: int) -> None:
         info.pid = pid
         write_run(run_dir, info)
         host.append(HostSampler(pid, run_dir / "samples" / "host.jsonl").start())
+        if opts.stall_watch:
+            watch.append(_stall_monitor(run_dir, pid, opts, lambda: reporter).start())
 
-    reporter = _signal_reporter(run_dir, info)
-    env = job_env(run_dir, opts.skip, opts.steps, opts.retrace_s, opts.cupti_teardown)
+    reporter = signal_reporter(run_dir, info, lambda: watch[0].current() if watch else None)
+    env = job_env(run_dir, opts.skip, opts.steps, opts.retrace_s, opts.cupti_teardown, opts.stall_watch)
     info.cupti_teardown = {"asked": opts.cupti_teardown, "TEARDOWN_CUPTI": env.get("TEARDOWN_CUPTI"),
                            "set_by": "the job's environment" if env.get("GPUDIAG_CUPTI_TEARDOWN")
                            == "user" else "gpudiag"}
@@ -179,10 +200,10 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     except BadInput:
         info.status, info.end = "failed", time.time()
         info.notes.append("the command could not be started")
-        _stop(sampler, host, info)
+        _stop(sampler, host, info, watch)
         write_run(run_dir, info)
         raise
-    _stop(sampler, host, info)
+    _stop(sampler, host, info, watch)
     info.end = time.time()
     info.exit_code = result.exit_code
     info.signal = result.signal
@@ -200,19 +221,65 @@ def profile_job(command: list[str], opts: ProfileOptions) -> int:
     if steps.get("cupti"):
         info.cupti_teardown["ranks"] = steps["cupti"]
     write_run(run_dir, info)
+    _leave_analysis_on_term(result.exit_code)
     how = f"killed by {result.signal}" if result.signal else f"exited with {result.exit_code}"
     at = f" at step {info.last_step}" if info.last_step else ""
     _say(f"job {how}{at}; run directory: {run_dir}")
+    if opts.stall_watch:
+        from gpudiag.commands.profile_stall import after_job
+
+        try:
+            after_job(run_dir, watch[0] if watch else None, info.status, how, bool(result.forwarded))
+        except Exception as e:  # noqa: BLE001 - the job's outcome must not change
+            _say(f"stall report failed: {type(e).__name__}: {e}")
     d = None
     try:
         d = _diagnose(run_dir, opts, info)
     except Exception as e:  # noqa: BLE001 - the job's outcome must not change
         _say(f"analysis failed: {type(e).__name__}: {e} (the run directory is complete)")
     if reporter is not None:
-        _final_signal(reporter, d, run_dir)
+        final_signal(reporter, d, run_dir)
     if d is not None and opts.mlflow_uri is not None:
         _log_mlflow(d, run_dir, opts.mlflow_uri)
+    _exit_past_busy_threads(result.exit_code)
     return result.exit_code
+
+
+def _exit_past_busy_threads(code: int) -> None:
+    """The job's exit code, even where the signal thread is still inside an estimate (its join
+    gives up after 5 s; on a loaded machine the estimate measures CPU peaks with torch for
+    longer): interpreter shutdown under it aborts in C++ ("terminate called without an active
+    exception"), and gpudiag exited 134 for a job that exited 0. Then leave without finalizing:
+    the run directory, the report and the final signal are already written."""
+    import os
+    import sys
+    import threading
+
+    if any(t.is_alive() and t.daemon and t.name.startswith("gpudiag-") for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _leave_analysis_on_term(code: int) -> None:
+    """From here the run folder is complete and the job has ended: a SIGTERM (the scheduler's
+    bound on the analysis, docs/scheduler-daemon.md) ends the analysis, and gpudiag exits with
+    the job's own exit code, which its parent reads from waitpid as the job's."""
+    import os
+    import signal
+    import sys
+
+    def leave(*_: object) -> None:
+        try:
+            sys.stderr.write("gpudiag: analysis stopped (SIGTERM); the run directory is complete\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 def _log_mlflow(d: object, run_dir: Path, uri: str) -> None:
@@ -227,111 +294,27 @@ def _log_mlflow(d: object, run_dir: Path, uri: str) -> None:
     _say(f"logged to MLflow run {run_id}: {where}")
 
 
-def _signal_reporter(run_dir: Path, info: object) -> object:
-    """Signals for the node's agent, when one runs here (its spool exists)."""
-    import os
+def _stall_monitor(run_dir: Path, pid: int, opts: ProfileOptions, reporter: object) -> object:
+    """The stall watch over the job started as ``pid`` (collectors/stall_monitor.py); when a stall
+    begins or ends the agent hears at once (``reporter()``: the signal reporter, if any)."""
+    from gpudiag.analyzers.stall import StallRule
+    from gpudiag.collectors.stall_monitor import StallMonitor
+    from gpudiag.commands import profile_stall
 
-    from gpudiag.collectors.job_signals import SignalReporter
-    from gpudiag.jobsignal import default_state_dir, job_id_from_env
+    rule = StallRule(after_s=opts.stall_after_s)
 
-    interval = float(os.environ.get("GPUDIAG_SIGNAL_INTERVAL", "15"))
-    job_id = job_id_from_env(f"{info.host}:{run_dir.name}")
-    state = default_state_dir()
-    reporter = SignalReporter.for_node(state, job_id, run_dir, interval, _estimator(run_dir))
-    if reporter is None:
-        if os.environ.get("GPUDIAG_AGENT_DIR"):  # named (a scheduler does): its absence is news
-            info.notes.append(f"no signals sent: GPUDIAG_AGENT_DIR={state}, but {state / 'spool'} is "
-                              "missing or not writable by this user (is `gpudiag agent` running there?)")
-        return None
-    info.notes.append(f"reporting to the node agent as job_id {job_id}")
-    return reporter.start()
+    def changed() -> None:
+        r = reporter()
+        if r is not None:
+            r.send()
+
+    return StallMonitor(run_dir, pid, profile_stall.judge(rule), profile_stall.on_incident(run_dir),
+                        profile_stall.on_resolved(run_dir), rule.describe(), on_change=changed)
 
 
-def _estimator(run_dir: Path):  # noqa: ANN202 - a closure
-    """MFU and label while the job runs, from the unprofiled estimate of the run directory.
-
-    The run directory is analysed again whenever a trace window is written (the first, and
-    each re-trace), so the label follows the job's phase; between windows, MFU follows the
-    live untraced step time (model FLOPs per step from the trace over the median of the
-    most recent untraced steps, at the device's peak), never the dilated traced steps, and at
-    the job's own pace: the training thread's waits for cores that processes outside the job
-    held are not charged to it (``job_signals.own_step``).
-    """
-    cache: dict[str, object] = {}
-    trace = run_dir / "traces" / "rank-0.json.gz"
-
-    def estimate(live_step_s: float | None) -> dict:
-        try:
-            mtime = trace.stat().st_mtime
-        except OSError:
-            return {}
-        if cache.get("mtime") != mtime:
-            from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
-            from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor
-
-            choice = DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor)
-            cache["d"] = diagnose(run_dir, choice, jobs=1)
-            cache["mtime"] = mtime
-        return signal_fields(cache["d"], live_step_s, traced_at=mtime)
-
-    return estimate
-
-
-def top_recommendation(d: object) -> object | None:
-    """The recommendation that saves the most of the step (largest ``gain``), else the first:
-    what the agent exports as the job's one action (a bounded series)."""
-    import re
-
-    recs = [r for r in d.verdict.recommendations if re.fullmatch(r"[A-Za-z0-9_.:@-]{1,64}", r.action or "")]
-    if not recs:
-        return None
-    gained = [r for r in recs if r.gain is not None and r.predicted_step_s is not None]
-    return max(gained, key=lambda r: r.gain) if gained else recs[0]
-
-
-def signal_fields(d: object, live_step_s: float | None, traced_at: float | None) -> dict:
-    """The fields of a job signal (gpudiag/jobsignal.py, v2) from a Diagnosis."""
-    from gpudiag.diagnosis import verdict_breakdown
-
-    b = verdict_breakdown(d)
-    out = {"bottleneck": d.verdict.label.value, "confidence": d.verdict.confidence,
-           "input_wait_ratio": b.input_wait / b.step_time if b.step_time > 0 else None,
-           "traced_steps": max((len(r.steps) for r in d.ranks), default=0)}
-    if traced_at is not None:
-        out["traced_at"] = traced_at
-    if d.dilation is not None:
-        out["dilation"] = round(d.dilation.factor, 4)
-    top = top_recommendation(d)
-    if top is not None:
-        out["action"] = top.action
-        if top.predicted_step_s is not None:
-            out["predicted_step_seconds"] = top.predicted_step_s
-    mfu = d.mfu
-    if mfu.flops_per_step and mfu.peak_flops and live_step_s:
-        out["mfu_ratio"] = min(1.0, mfu.flops_per_step / live_step_s / mfu.peak_flops)
-    elif mfu.value is not None:
-        out["mfu_ratio"] = mfu.value
-    return out
-
-
-def _final_signal(reporter: object, d: object, run_dir: Path) -> None:
-    """The job's last signal: its MFU at its own recent pace, as every signal before it (the
-    diagnosis' view would charge it the waits other processes caused)."""
-    from gpudiag.collectors.job_signals import own_step
-
-    fields = {}
-    if d is not None:
-        try:
-            traced_at = (run_dir / "traces" / "rank-0.json.gz").stat().st_mtime
-        except OSError:
-            traced_at = None
-        fields = signal_fields(d, own_step(run_dir), traced_at)
-    reporter.finish(**fields)
-    if reporter.error:
-        _say(reporter.error)
-
-
-def _stop(sampler: object, host: list, info: object) -> None:
+def _stop(sampler: object, host: list, info: object, watch: list) -> None:
+    for w in watch:
+        w.stop()
     if sampler is not None:
         st = sampler.stop()
         info.sampler = {"samples": st.samples, "cpu_seconds": round(st.cpu_seconds, 4),

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import click
 
+from gpudiag.commands.oneline import OneLine
 from gpudiag.commands.policy_options import policy_options, with_options
 from gpudiag.commands.scheduler_slurm import SLURM_PARAMS, check_options, serve_slurm, slurm_options
+from gpudiag.durations import format_duration, parse_duration
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.model import Policy
 
@@ -42,7 +44,7 @@ def scheduler() -> None:
     """The embedded gang scheduler: gpudiag submit / queue / cancel / logs talk to it."""
 
 
-@scheduler.command()
+@scheduler.command(cls=OneLine)
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="Database, socket and job folders (default: $GPUDIAG_SCHEDULER_DIR, "
                    "/var/lib/gpudiag/scheduler as root, else ~/.local/state/gpudiag/scheduler).")
@@ -72,11 +74,18 @@ def scheduler() -> None:
               help="One cgroup v2 per job where the host allows it (root, a writable cgroup2 mount), so "
                    "no process of a job outlives it; the log's first line says which containment is in use "
                    "(docs/scheduler-daemon.md).")
+@click.option("--stalled", "stalled", type=click.Choice(["off", "requeue", "cancel"]),
+              default=Policy().stalled_action,
+              show_default=True,
+              help="What to do with a running job the agent calls stalled (no step for its limit) for "
+                   "--stalled-after: requeue it, cancel it, or nothing (its MFU counts as 0 either way).")
+@click.option("--stalled-after", default=format_duration(Policy().stalled_after_s), show_default=True,
+              metavar="DURATION", help="How long a job must have been stalled before --stalled acts.")
 @slurm_options
 def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tuple[str, ...],
           teams_source: str, max_pending: int, min_runtime: str, efficiency_delay: str,
-          agent_dir: Path | None, agent_url: str | None, monitor: bool, cgroups: bool, backend: str,
-          **slurm: object) -> int | None:
+          agent_dir: Path | None, agent_url: str | None, monitor: bool, cgroups: bool, stalled: str,
+          stalled_after: str, backend: str, **slurm: object) -> int | None:
     """Run the scheduler daemon in the foreground (jobs outlive it and are re-adopted).
 
     \b
@@ -89,7 +98,7 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     local = {"state_dir": state_dir, "gpus": gpus, "slots": slots, "quota": quota,
              "teams_source": teams_source, "max_pending": max_pending, "min_runtime": min_runtime,
              "efficiency_delay": efficiency_delay, "agent_dir": agent_dir, "agent_url": agent_url,
-             "monitor": monitor, "cgroups": cgroups}
+             "monitor": monitor, "cgroups": cgroups, "stalled": stalled, "stalled_after": stalled_after}
     check_options(backend, local, {k: slurm[k] for k in SLURM_PARAMS})
     if backend == "slurm":
         return serve_slurm(local, **slurm)  # type: ignore[arg-type]
@@ -105,7 +114,9 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     if max_pending < 0:
         raise BadInput(f"--max-pending {max_pending}: give 0 (no limit) or a positive number of jobs")
     policy = with_options(Policy(), {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
-    policy = dataclasses.replace(policy, max_pending_per_user=max_pending)
+    policy = dataclasses.replace(policy, max_pending_per_user=max_pending,
+                                 stalled_action=stalled,
+                                 stalled_after_s=parse_duration(stalled_after, "--stalled-after"))
     teams = Teams(teams_source)   # a teams file that cannot be trusted: one line, before anything starts
     # every job reports to the agent this daemon reads, whichever option named it
     try:

@@ -44,7 +44,9 @@ _OPTIONS = [
                       "lease in the ledger lapses (a controller that died or hangs)."),
     click.option("--state", type=click.Path(path_type=Path), default=None,
                  help=f"(slurm) The ledger of changes (default: ${STATE_ENV}, "
-                      "/var/lib/gpudiag/slurm-controller.json as root); MFU history beside it."),
+                      "/var/lib/gpudiag/slurm-controller.json as root); MFU history beside it. One "
+                      "controller per cluster whatever its --state: a second one is refused, naming the "
+                      "first (its claim is in Slurm's StateSaveLocation)."),
     click.option("--nice-max", type=int, default=None,
                  help="(slurm) Nice for the least efficient job (default: 10000 with priority/basic; "
                       "the efficiency delay in age points with priority/multifactor)."),
@@ -70,7 +72,10 @@ SLURM_HINTS = {"state_dir": "the controller's ledger is --state", "agent_url": "
                "monitor": "a Slurm job runs `gpudiag profile --monitor` in its own script",
                "cgroups": "Slurm's own cgroup plugin contains its jobs",
                "teams_source": "Slurm's associations say which accounts a user may submit to",
-               "max_pending": "Slurm's own limit: sacctmgr modify user NAME set MaxSubmitJobs=N"}
+               "max_pending": "Slurm's own limit: sacctmgr modify user NAME set MaxSubmitJobs=N",
+               "stalled": "the controller counts a stalled job's MFU as 0, but requeues or cancels "
+                          "stalled jobs only in the local scheduler for now",
+               "stalled_after": "see --stalled"}
 
 
 def slurm_options(f):  # noqa: ANN001, ANN201 - a click decorator

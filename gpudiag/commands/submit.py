@@ -8,13 +8,15 @@ from pathlib import Path
 
 import click
 
+from gpudiag.commands.oneline import OneLine
 from gpudiag.durations import format_duration
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.model import Policy
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--gpus", type=int, required=True, help="GPUs (CPU slots on a --slots scheduler), all at once.")
+@click.command(cls=OneLine, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--gpus", "gpus_text", required=True, metavar="N",
+              help="GPUs (CPU slots on a --slots scheduler), all at once.")
 @click.option("--tier", default="reserved", show_default=True, metavar="spot|reserved|on-demand",
               help="Higher tiers go first; only a higher tier preempts, or a team under its --quota "
                    "reclaiming it (spot is preemptible capacity).")
@@ -35,7 +37,7 @@ from gpudiag.scheduler.model import Policy
               help="The scheduler's state folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def submit(gpus: int, tier: str, team: str, name: str, grace: str, time_limit: str | None,
+def submit(gpus_text: str, tier: str, team: str, name: str, grace: str, time_limit: str | None,
            state_dir: Path | None, as_json: bool, command: tuple[str, ...]) -> None:
     """Queue COMMAND; prints the job id. It runs with your environment, in this folder, as you.
 
@@ -44,11 +46,13 @@ def submit(gpus: int, tier: str, team: str, name: str, grace: str, time_limit: s
       gpudiag submit --gpus 4 -- python train.py --lr 3e-4
       gpudiag submit --gpus 1 --tier spot --name sweep-lr --grace 2m -- python sweep.py
     """
+    from gpudiag.commands.oneline import gpu_count
     from gpudiag.durations import parse_duration
     from gpudiag.scheduler.local import fields
     from gpudiag.scheduler.local.client import ask
     from gpudiag.scheduler.local.protocol import TIERS, to_wire
 
+    gpus = gpu_count(gpus_text)
     cmd = list(command[1:] if command and command[0] == "--" else command)
     if not cmd:
         raise BadInput("empty command: gpudiag submit --gpus N -- python train.py")

@@ -12,13 +12,18 @@ Definitions (docs/fleet.md says the same to the reader):
   Several owners reporting one job id on one node (only a forged signal does that) count at the
   lowest MFU: useful work is never overstated.
 - **idle** GPU-hours: held by a job while below ``IDLE_ACTIVITY`` SM activity.
-- **lost** GPU-hours of a job: its signalled GPU-hours x (1 - its MFU / the median MFU of the
-  jobs of its size class), when below that median: the GPU-hours it would have saved running as
-  well as its peers.
+- **stalled** GPU-hours: held by a job while it finished no step (``gpudiag_job_stalled_seconds``:
+  at an instant t with value s, the job has been stalled since t - s, so the stretch is dated
+  back to its last step, not to when its limit ran out). They count at MFU 0 whatever MFU series
+  the agent still had, and all of them are lost, with their cause.
+- **lost** GPU-hours of a job: its stalled GPU-hours, plus its other signalled GPU-hours x
+  (1 - its MFU while not stalled / the median of that MFU over the jobs of its size class), when
+  below that median: the GPU-hours it would have saved running as well as its peers.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import defaultdict
@@ -27,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from gpudiag.live.fleet_query import QUERIES, FleetData, Series
 
 TOP_WASTERS = 20
+STALLED = "stalled"
 NO_SIGNAL = "no signal"
 NO_JOB = "no job"
 UNKNOWN = "(unknown)"
@@ -52,6 +58,9 @@ class JobRow:
     predicted_step_s: float | None
     lost_gpu_hours: float = 0.0
     class_median_mfu: float | None = None
+    stalled_gpu_hours: float = 0.0   # held while it finished no step (counted at MFU 0, all lost)
+    stall_cause: str | None = None   # the cause of its longest stall
+    running_mfu: float | None = None  # over its signalled hours while not stalled (the class median's)
 
 
 @dataclass
@@ -86,6 +95,7 @@ class FleetSummary:
     times: list[float]
     scheduler: list[dict]
     gaps: list[tuple[float, float]] = field(default_factory=list)  # no GPU series at all: no agent answered
+    stalled_gpu_hours: float = 0.0   # held by jobs that finished no step
     queries: dict[str, str] = field(default_factory=dict)
     query_urls: dict[str, str] = field(default_factory=dict)
 
@@ -173,6 +183,7 @@ def summarise(data: FleetData) -> FleetSummary:
     owners = {s.labels.get("job_id", ""): s.labels.get("owner_uid", "")
               for s in data.series.get("mfu", []) + data.series.get("step", [])}
     conf, step, pred = (_last_value(data.series.get(n, [])) for n in ("confidence", "step", "predicted"))
+    stalls = _stall_spans(data.series.get("stalled", []))
 
     acc: dict[str, dict] = {}
     per_t: dict[float, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -187,13 +198,20 @@ def summarise(data: FleetData) -> FleetSummary:
                 per_t[t][NO_JOB] += n
             continue
         a = acc.setdefault(job, {"nodes": set(), "gpu_h": 0.0, "useful_h": 0.0, "nosig_h": 0.0,
-                                 "idle_h": 0.0, "gpus_at": defaultdict(float)})
+                                 "idle_h": 0.0, "gpus_at": defaultdict(float), "stall_h": 0.0,
+                                 "causes": defaultdict(float)})
         a["nodes"].add(inst)
         m = mfu.get(job, {})
+        spans = stalls.get(job, [])
         for t, n in pts.items():
             a["gpu_h"] += n * step_h
             a["gpus_at"][t] += n
-            if t in m:
+            cause = _stalled_at(spans, t)
+            if cause is not None and t in m:   # a stall: no model work, whatever MFU was still exported
+                a["stall_h"] += n * step_h
+                a["causes"][cause] += n * step_h
+                per_t[t][STALLED] += n
+            elif t in m:
                 a["useful_h"] += n * m[t] * step_h
                 per_t[t][labels_at.get((job, t), NO_SIGNAL)] += n
             else:
@@ -215,19 +233,24 @@ def summarise(data: FleetData) -> FleetSummary:
             idle_gpu_hours=a["idle_h"], mfu=a["useful_h"] / signalled if signalled > 0 else None,
             label=lab[0] if lab else None, confidence=conf[job][1] if job in conf else None,
             step_s=step[job][1] if job in step else None, action=act[0] if act else None,
-            predicted_step_s=pred[job][1] if job in pred else None))
+            predicted_step_s=pred[job][1] if job in pred else None,
+            stalled_gpu_hours=a["stall_h"],
+            stall_cause=max(a["causes"], key=a["causes"].get) if a["causes"] else None,
+            running_mfu=a["useful_h"] / (signalled - a["stall_h"]) if signalled - a["stall_h"] > 0 else None))
 
     by_class: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        if r.mfu is not None:
-            by_class[r.size_class].append(r.mfu)
+        if r.running_mfu is not None:
+            by_class[r.size_class].append(r.running_mfu)
     medians = {c: statistics.median(v) for c, v in by_class.items()}   # once a class: 13,000 jobs
     for r in rows:
-        if r.mfu is None or r.size_class not in medians:
+        r.lost_gpu_hours = r.stalled_gpu_hours
+        if r.running_mfu is None or r.size_class not in medians:
             continue
         r.class_median_mfu = medians[r.size_class]
-        if r.class_median_mfu > 0 and r.mfu < r.class_median_mfu:
-            r.lost_gpu_hours = (r.gpu_hours - r.no_signal_gpu_hours) * (1 - r.mfu / r.class_median_mfu)
+        if r.class_median_mfu > 0 and r.running_mfu < r.class_median_mfu:
+            running_h = r.gpu_hours - r.no_signal_gpu_hours - r.stalled_gpu_hours
+            r.lost_gpu_hours += running_h * (1 - r.running_mfu / r.class_median_mfu)
     rows.sort(key=lambda r: (-r.gpu_hours, r.job_id))
     wasters = sorted((r for r in rows if r.lost_gpu_hours > 0), key=lambda r: -r.lost_gpu_hours)[:TOP_WASTERS]
 
@@ -242,8 +265,40 @@ def summarise(data: FleetData) -> FleetSummary:
         gpus_max=int(round(max(gpus_at.values(), default=0))), jobs=rows,
         teams=_groups(rows, "team"), users=_groups(rows, "owner"), wasters=wasters,
         label_mix=label_mix, times=times, scheduler=_scheduler(data.series.get("scheduler", [])),
-        gaps=_gaps(times, data.start, data.step),
+        gaps=_gaps(times, data.start, data.step), stalled_gpu_hours=sum(r.stalled_gpu_hours for r in rows),
         queries=dict(QUERIES), query_urls={n: data.query_url(n) for n in QUERIES})
+
+
+Spans = list[tuple[float, float, str]]
+
+
+def _stall_spans(series: list[Series]) -> dict[str, Spans]:
+    """job_id -> its stalled stretches (since, until, cause), disjoint and in order: a point
+    (t, s) of the stalled series says the job had finished no step since t - s."""
+    raw: dict[str, Spans] = defaultdict(list)
+    for s in series:
+        for t, v in s.points:
+            raw[s.labels.get("job_id", "")].append((t - v, t, s.labels.get("cause", "") or "unknown"))
+    out: dict[str, Spans] = {}
+    for job, spans in raw.items():
+        merged: Spans = []
+        for lo, hi, cause in sorted(spans):
+            if merged and lo <= merged[-1][1]:
+                if hi > merged[-1][1]:   # the later point's cause: the verdict, once it was known
+                    merged[-1] = (merged[-1][0], hi, cause)
+            else:
+                merged.append((lo, hi, cause))
+        out[job] = merged
+    return out
+
+
+def _stalled_at(spans: Spans, t: float) -> str | None:
+    """The cause of a stall the job was in at ``t`` (None: it was not stalled then)."""
+    i = bisect.bisect_left(spans, (t,)) - 1
+    for lo, hi, cause in spans[max(0, i):i + 2]:
+        if lo < t <= hi:
+            return cause
+    return None
 
 
 def _gaps(times: list[float], start: float, step: float) -> list[tuple[float, float]]:

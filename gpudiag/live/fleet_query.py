@@ -56,6 +56,8 @@ QUERIES: dict[str, str] = {
     "team": "max by (instance, job_id, owner_uid, team) (gpudiag_job_team_info == 1)",
     # the owner's login name, as the node that took the job's signals resolved its uid
     "user": "max by (instance, job_id, owner_uid, user) (gpudiag_job_owner_info == 1)",
+    # seconds since a stalled job's last step (only while stalled), with the stall's cause
+    "stalled": "max by (instance, job_id, owner_uid, cause) (gpudiag_job_stalled_seconds)",
     # a scheduler's actions, where one exports them as gpudiag_scheduler_*_total counters
     "scheduler": 'sum by (__name__, action, tier) ({__name__=~"gpudiag_scheduler_.+_total"})',
 }

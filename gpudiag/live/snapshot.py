@@ -10,7 +10,9 @@ little below the median and a small one far below it compare on one scale. Class
 scheduler's (1, 2-8, >8 GPUs, ``scheduler.priority.job_class``); the median is over the jobs in
 view, and a class with fewer than MIN_CLASS_JOBS jobs with an MFU is compared with the median of
 all of them instead (the median of one job is itself, which would call no lone job wasteful).
-Negative waste means better than that median. A metric no series carries is None ("n/a" on
+Negative waste means better than that median. A stalled job (no step for its limit: the agent's
+``gpudiag_job_stalled_seconds``) wastes every GPU it holds, and is left out of the medians. A
+metric no series carries is None ("n/a" on
 screen), never 0: a GPU without GPM has no SM activity, which is not the same as idle SMs.
 """
 
@@ -97,6 +99,9 @@ class JobRow:
     state: str | None = None
     run_dir: str | None = None
     ended_seconds_ago: float | None = None  # the job reported its end (None: still running)
+    # no step for this long, past the job's stall limit (None: not stalled), and why
+    stalled_seconds: float | None = None
+    stall_cause: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -207,6 +212,8 @@ def _jobs_of(read: NodeRead, now: float) -> dict[tuple[str, str | None], JobRow]
             row.run_dir = s.labels["run_dir"]
         elif s.name == "gpudiag_job_ended_timestamp_seconds":
             row.ended_seconds_ago = max(0.0, now - s.value)
+        elif s.name == "gpudiag_job_stalled_seconds":
+            row.stalled_seconds, row.stall_cause = s.value, s.labels.get("cause") or None
     return rows
 
 
@@ -259,7 +266,10 @@ def _queue_row(row: JobRow, q: dict, queue: QueueRead) -> None:
 def _waste(jobs: list[JobRow]) -> None:
     from gpudiag.scheduler.priority import job_class
 
-    sized = [j for j in jobs if j.gpus and j.mfu is not None]
+    stalled = [j for j in jobs if j.gpus and j.stalled_seconds is not None]
+    for j in stalled:   # no step: every GPU it holds is wasted, whatever its peers do
+        j.waste_gpus = float(j.gpus)
+    sized = [j for j in jobs if j.gpus and j.mfu is not None and j.stalled_seconds is None]
     by_class: dict[str, list[float]] = {}
     for j in sized:
         j.job_class = job_class(j.gpus)

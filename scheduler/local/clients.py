@@ -16,7 +16,9 @@ open files out of descriptors, and ``accept`` raised ``EMFILE``, which ended it.
   line for the episode, and goes on serving the connections it has.
 
 A connection over a cap is accepted and closed at once with a one-line answer, so that the
-kernel's backlog drains and another user's ``connect`` is not queued behind it.
+kernel's backlog drains and another user's ``connect`` is not queued behind it; one that was
+closed before it was accepted (a connect/close loop) is closed at once, with four system calls,
+since everyone else's connections wait behind it in the kernel's queue.
 """
 
 from __future__ import annotations
@@ -113,6 +115,15 @@ class Clients:
                     self.log(f"accept: {e}")
                 return
             self.in_episode = False
+            try:
+                if s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    s.close()   # connected and closed already, without a word: nobody to answer
+                    continue
+            except BlockingIOError:
+                pass   # nothing sent yet: an ordinary client, served below
+            except OSError:
+                s.close()
+                continue
             try:
                 peer = protocol.peer_of(s)
             except OSError:

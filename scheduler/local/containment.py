@@ -15,7 +15,11 @@ function (``Containment.sweep``) that normal settling, grace deadlines and recov
   environment), for a launch without a cgroup (cgroups unavailable or off, or a launch made
   before): every process of the job's uid whose environment carries it, started no earlier
   than the launch. A process that clears or replaces its environment (``env -i``, ``execve``
-  with a new one) escapes it; so does one that changes uid (setuid programs).
+  with a new one) escapes it; so does one that changes uid (setuid programs), and one whose
+  marker is beyond the first ``runner.ENV_READ_CAP`` bytes of its environment (each is read
+  only that far, so that a user's huge environments cannot stall the daemon). A scan that runs
+  past its deadline (``runner.ScanCut``) frees nothing: the launch keeps its slots until a
+  later scan completes.
   docs/scheduler-daemon.md says what that means for a site. Recovery also finds launches by
   their marker (their cgroups by name), whichever way they were started.
 """
@@ -31,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudiag.scheduler.local.runner import ProcInfo, alive, find_launches, proc_info
+from gpudiag.scheduler.local.runner import ProcInfo, ScanCut, alive, find_launches, proc_info
 
 CGROUP_NAME = "gpudiag-{prefix}-{job}-{attempt}"
 MAX_CGROUP_DEPTH = 12   # systemd's tree is a few levels deep; the walk at recovery stops here
@@ -167,8 +171,10 @@ class Containment:
         try:
             with open(path / "cgroup.procs") as f:
                 return [int(x) for x in f.read().split()]
-        except OSError:
-            return []
+        except FileNotFoundError:
+            return []   # removed: nothing lives in it
+        except OSError as e:   # unknown is not empty: no slot is freed on it
+            raise ScanCut(f"cannot read {path / 'cgroup.procs'}: {e.strerror}") from None
 
     def processes(self, launch: Launch, scanned: dict[str, list[ProcInfo]] | None = None) -> list[ProcInfo]:
         """The launch's live processes: those of its cgroup where it has one (nothing of an
@@ -179,7 +185,8 @@ class Containment:
         if launch.marker in self.known:
             found = [proc_info(pid) for pid in self._cgroup_pids(launch.marker)]
             return [p for p in found if p is not None and p.state not in ("Z", "X")]
-        by_marker = (scanned if scanned is not None else find_launches(self.prefix)).get(launch.marker, [])
+        by_marker = (scanned if scanned is not None else find_launches(self.prefix, launch.uid)
+                     ).get(launch.marker, [])
         return [p for p in by_marker if launch.uid in (None, p.uid)
                 and (launch.not_before is None or p.start >= launch.not_before)]
 

@@ -1,25 +1,17 @@
-"""``gpudiag scheduler serve``: one thread, one event loop, one SQLite file.
+"""``gpudiag scheduler serve``: the daemon's state and its answers; ``loop`` runs it.
 
-The loop (``selectors``) waits on the Unix socket, the clients' connections and a wakeup pipe
-that SIGCHLD writes to (``signal.set_wakeup_fd``), with a one-second tick for the things time
-alone changes (grace periods, time limits, aging, an adopted job that ended). After anything
-happened it runs one scheduling pass and applies its decisions. No thread, so no lock: a
-request is answered from the same state the pass uses.
-
-Nothing a user controls may stall the loop: job files are opened without following links or
-blocking (``jobfiles``), and a submit's check of the command runs as the user beside the loop
-(``usercheck``), its answer sent when that check ends.
+One thread, one event loop (``loop.Loop``), one SQLite file. Nothing a user controls may stall
+or end it: job files are opened without following links or blocking (``jobfiles``) and read
+within bounds (``untrusted``), a submit's check of the command runs as the user beside the
+loop (``usercheck``), its answer sent when that check ends, and a full state folder refuses
+what it cannot record in one line (``room``).
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import math
 import os
-import selectors
-import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -28,30 +20,28 @@ from pathlib import Path
 
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.local import jobfiles, protocol, runner, userlimits
-from gpudiag.scheduler.local.clients import SEND_TIMEOUT_S, Clients, Conn, Limits, raise_nofile_limit
+from gpudiag.scheduler.local.clients import Conn
 from gpudiag.scheduler.local.config import (
     DB_NAME,
     LOCK_NAME,
-    MAX_REQUEST_BYTES,
-    SOCKET_NAME,
     prepare_daemon_dir,
 )
 from gpudiag.scheduler.local.containment import Containment
-from gpudiag.scheduler.local.engine import Engine, Machine, stored_signal
+from gpudiag.scheduler.local.engine import Engine, Layout, Machine, stored_signal
 from gpudiag.scheduler.local.lifecycle import Jobs, _log
 from gpudiag.scheduler.local.protocol import Peer, Refused
-from gpudiag.scheduler.local.store import ACTIVE, CANCELLED, FINAL, PENDING, JobRow, Store
+from gpudiag.scheduler.local.room import StateFull
+from gpudiag.scheduler.local.store import ACTIVE, CANCELLED, FINAL, PENDING, RUNNING, JobRow, Store
 from gpudiag.scheduler.local.teams import NotInTeam, Teams
 from gpudiag.scheduler.local.usercheck import CommandCheck
 from gpudiag.scheduler.model import TIER_NAMES, Policy, Signal, Tier
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.reasons import Pass, Why
 from gpudiag.scheduler.signals import SignalRead, SignalSource
+from gpudiag.scheduler.stalled import stalled_decisions
 
-TICK_S = 1.0              # grace periods and time limits are seconds; a second late is fine
 SIGNAL_PERIOD_S = 5.0     # the agent hears from a job every 15 s; reading it 3x as often suffices
 RECENT_FINISHED = 20      # `gpudiag queue` without --all: this many ended jobs
-LISTEN_BACKLOG = 128
 MAX_LOG_OFFSET = 1 << 62  # off_t is 64-bit signed: a larger offset is a malformed request
 
 
@@ -75,6 +65,7 @@ class Daemon:
         self.source = source
         self.stopping = False
         self.dirty = True
+        self.passes = 0   # scheduling passes begun (ping says: a test waits for the next one)
         prepare_daemon_dir(state_dir)
         self._lock = open(state_dir / LOCK_NAME, "a")  # noqa: SIM115 - held for the daemon's life
         try:
@@ -82,9 +73,11 @@ class Daemon:
         except BlockingIOError:
             raise BadInput(f"a scheduler is already running on {state_dir}") from None
         try:
-            self.store = Store(state_dir / DB_NAME)
+            self.store = Store(state_dir / DB_NAME, machine.ids)
         except Exception as e:  # noqa: BLE001 - sqlite3/schema errors become one line
             raise BadInput(f"cannot open the scheduler database: {e}") from None
+        for note in self.store.migrated:
+            _log(note)
         book = MfuBook(policy.history_half_life_s)
         for key, cls, mfu, label, t in self.store.observations():
             book.observe(key, cls, mfu, label, t)
@@ -97,8 +90,17 @@ class Daemon:
         self.signals = SignalRead(available=False, why="not read yet")
         self.signals_t = -1e18
         self.read_signals(time.time())
-        for note in self.jobs.recover(time.time()):
-            _log(note)
+        try:
+            for note in self.jobs.recover(time.time()):
+                _log(note)
+        except StateFull as e:   # what it could not record, the passes settle (reap) as they can
+            _log(f"recovery stopped: {e}; the scheduling passes take it up")
+        for row in self.jobs.active.values():   # restarted with another --gpus: one line per job
+            gone = [i for i in row.slots or () if i not in machine.ids]
+            if gone:
+                _log(f"job {row.id} of {row.user} holds {machine.unit} {','.join(gone)}, which this start "
+                     f"does not declare ({','.join(machine.ids)}): it keeps them until it ends, and no "
+                     "other job is given them")
 
     # -- signals ------------------------------------------------------------------------------
     def read_signals(self, now: float) -> None:
@@ -114,7 +116,10 @@ class Daemon:
                 changed.append((row, {"sig_mfu": s.mfu, "sig_label": s.label, "sig_conf": s.confidence,
                                       "sig_t": now - s.age_s}))
         if changed:
-            self.store.update_many(changed)
+            try:
+                self.store.update_many(changed, essential=False)
+            except StateFull:
+                pass   # written at a later read, once there is room
         self.jobs.late_signals(self._live, now)
 
     def _live(self, row: JobRow) -> Signal | None:
@@ -141,31 +146,61 @@ class Daemon:
 
     # -- the pass -------------------------------------------------------------------------------
     def schedule(self, now: float) -> None:
+        self.passes += 1   # begun: a pass counted in ping began after every request answered before
         self.jobs.enforce(now)
         if self.jobs.reap(now, self.final_signal):
             self.dirty = True
         if now - self.signals_t >= SIGNAL_PERIOD_S:
             self.read_signals(now)
+        self.act_on_stalled(now)
         if not self.jobs.pending:
             return
         active = list(self.jobs.active.values())
         ckpt = {r.id: self.jobs.checkpoint_time(r) for r in active}
+        layout = Layout.of(self.machine, active)
         self.last_pass = self.engine.plan(list(self.jobs.pending.values()), active, self.signal_map(now),
-                                          ckpt, now, self.signals.available)
+                                          ckpt, now, self.signals.available, layout)
         for d in self.last_pass.decisions:
             if d.kind == "start" and d.job_id in self.jobs.pending:
-                slots = sorted(i for _, idx in d.placement.slots for i in idx)
-                self.jobs.start(self.jobs.pending[d.job_id], slots, now)
+                if self.store.room.short:
+                    continue   # no start while the state folder is full: it could not be recorded
+                self.jobs.start(self.jobs.pending[d.job_id], layout.ids(d.placement), now)
             elif d.kind == "preempt" and d.job_id in self.jobs.active:
-                self.jobs.stop(self.jobs.active[d.job_id], "preempt",
-                               self.engine.words(f"preempted: {d.reason}", now), now)
+                victim = self.jobs.active[d.job_id]
+                why = self.engine.words(d.reason, now)
+                try:
+                    self.jobs.stop(victim, "preempt", f"preempted: {why}", now)
+                except StateFull:
+                    continue   # not while it could not be recorded: the next pass decides again
+                what = "reclaimed for its quota by" if d.numbers.get("reclaim") else "preempted for"
+                _log(f"job {victim.id} of {victim.user} (team {victim.team}, "
+                     f"{TIER_NAMES[Tier(victim.tier)]}) {what} job {d.numbers.get('for_job', '?')}: {why}")
+
+    def act_on_stalled(self, now: float) -> None:
+        """Where the admin asked for it (``--stalled``): requeue or cancel each running job the
+        agent has called stalled for ``--stalled-after``; one line each (scheduler/stalled.py)."""
+        # a stall that began before this run of the job (an earlier attempt's, still in the agent's
+        # table until the restarted job reports) is not this run's
+        running = {r.id: s for r in self.jobs.active.values()
+                   if r.state == RUNNING and (s := self._live(r)) is not None
+                   and (s.stalled_s is None or r.started_t is None
+                        or self.signals_t - s.stalled_s >= r.started_t)}   # as of the read
+        for d in stalled_decisions(running, self.policy):
+            row = self.jobs.active.get(d.job_id)
+            if row is not None and row.state == RUNNING:
+                try:
+                    self.jobs.stop(row, "preempt" if d.action == "requeue" else "cancel", d.reason, now)
+                except StateFull:
+                    continue   # not while it could not be recorded: the next pass decides again
+                _log(f"job {row.id} ({row.user}): {d.reason}")
+                self.dirty = True
 
     # -- requests -------------------------------------------------------------------------------
     def handle(self, req: dict, peer: Peer) -> dict | Deferred:
         op = req["op"]
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "prefix": self.store.prefix,
-                    "containment": self.containment.describe()}
+                    "containment": self.containment.describe(), "passes": self.passes}
         if op == "submit":
             return self.submit(protocol.parse_submit(req), peer)
         if op == "queue":
@@ -259,8 +294,11 @@ class Daemon:
 
     def queue(self, everything: bool, user: str | None = None) -> dict:
         if self.dirty:   # something changed since the last pass: let a pass decide, then explain it
-            self.dirty = False
-            self.schedule(time.time())
+            try:
+                self.schedule(time.time())
+                self.dirty = False
+            except Exception:  # noqa: BLE001 - the listing is answered from the last pass; the loop's
+                pass           # next pass runs it again and logs why it failed (loop.pass_guarded)
         now = time.time()
         last = self.last_pass
         seen = last.why if last is not None else {}
@@ -278,14 +316,19 @@ class Daemon:
             if r.state == PENDING:
                 d["why"] = self.engine.describe(seen[r.id], rows_by_id, now, r) if r.id in seen \
                     else "waiting for the next scheduling pass"
+                if self.store.room.short:   # no start could be recorded: none is made
+                    full = self.store.room.line().split(";")[0]
+                    d["why"] = f"{full}: no job starts until there is room; {d['why']}"
                 d["why_numbers"] = _why_numbers(seen.get(r.id))
             else:
                 d["why"] = r.reason
-            d["slot_ids"] = [self.machine.ids[i] for i in (r.slots or ())]
+            d["slot_ids"] = list(r.slots or ())
             out.append(d)
         sig = self.signals
+        undeclared = {i: r.id for r in self.jobs.active.values() for i in r.slots or ()
+                      if i not in self.machine.ids}
         return {"ok": True, "jobs": out, "unit": self.machine.unit, "total": len(self.machine.ids),
-                "free": len(self.machine.ids) - sum(len(r.slots or ()) for r in self.jobs.active.values()),
+                "free": self.engine.free(self.jobs.active.values()), "undeclared": undeclared,
                 "signals": {"available": sig.available, "why": sig.why, "jobs": len(sig.signals)},
                 "prefix": self.store.prefix, "teams": self.teams.describe(), "quota": self.engine.quota}
 
@@ -312,125 +355,23 @@ class Daemon:
             out["note"] = f"job {row.id} {row.reason}"
         return out
 
-    # -- the loop -------------------------------------------------------------------------------
-    def serve(self) -> None:
-        sock_path = self.state_dir / SOCKET_NAME
-        try:
-            sock_path.unlink()   # ours to remove: the lock says no other daemon uses it
-        except FileNotFoundError:
-            pass
-        soft, hard = raise_nofile_limit()
-        self.clients = Clients(Limits.for_nofile(soft), _log)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(sock_path))
-        os.chmod(sock_path, 0o666)  # everybody may connect; SO_PEERCRED says who they are
-        listener.listen(LISTEN_BACKLOG)
-        listener.setblocking(False)
-        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        for s in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, self._stop)
-        sel = selectors.DefaultSelector()
-        sel.register(listener, selectors.EVENT_READ, "listen")
-        sel.register(rfd, selectors.EVENT_READ, "wake")
-        _log(f"serving {len(self.machine.ids)} {self.machine.unit} on {sock_path} (pid {os.getpid()}); "
-             f"signals: {'available' if self.signals.available else self.signals.why}; "
-             f"containment: {self.containment.describe()}; clients: {self.clients.limits.describe()} "
-             f"(open files: {soft} of at most {hard})")
-        next_tick = 0.0
-        while not self.stopping:
-            now = time.monotonic()
-            timeout = min(max(0.0, next_tick - now), self.clients.wake_in(now)) if not self.dirty else 0.0
-            for key, mask in sel.select(timeout):
-                if key.data == "listen":
-                    self.clients.accept(listener, sel)
-                elif key.data == "wake":
-                    try:
-                        while os.read(rfd, 4096):
-                            pass
-                    except BlockingIOError:
-                        pass
-                    self.dirty = True
-                elif isinstance(key.data, Conn):
-                    self._io(key.data, mask, sel)
-                else:
-                    self._checked(key.data, sel)
-            for conn, deferred in list(self.waiting.values()):
-                if deferred.check.expired():
-                    self._checked((conn, deferred), sel)
-            now = time.monotonic()
-            self.clients.resume(listener, sel, now)
-            if self.dirty or now >= next_tick:
-                self.dirty = False
-                self.clients.expire(now, sel)
-                self.schedule(time.time())
-                next_tick = time.monotonic() + TICK_S
-        _log("stopped (running jobs keep running and are re-adopted at the next start)")
-        listener.close()
-        sock_path.unlink(missing_ok=True)
-        self.store.close()
-
-    def _stop(self, *_: object) -> None:
+    def stop(self, *_: object) -> None:
+        """SIGTERM, SIGINT: the loop ends after its current turn."""
         self.stopping = True
 
-    def _io(self, c: Conn, mask: int, sel: selectors.BaseSelector) -> None:
-        try:
-            if mask & selectors.EVENT_READ and not c.outbuf:
-                b = c.sock.recv(65536)
-                c.inbuf += b
-                if len(c.inbuf) > MAX_REQUEST_BYTES:
-                    self._answer(c, {"ok": False, "error": f"request larger than {MAX_REQUEST_BYTES} bytes"},
-                                 sel)
-                elif b"\n" in c.inbuf or not b:
-                    answer = self._respond(bytes(c.inbuf).split(b"\n", 1)[0], c.peer)
-                    if isinstance(answer, Deferred):   # answered when the check ends (_checked)
-                        sel.unregister(c.sock)
-                        c.deadline = math.inf          # the check has its own (CHECK_TIMEOUT_S)
-                        sel.register(answer.check, selectors.EVENT_READ, (c, answer))
-                        self.waiting[answer.check.fileno()] = (c, answer)
-                    else:
-                        self._answer(c, answer, sel)
-            elif mask & selectors.EVENT_WRITE:
-                n = c.sock.send(c.outbuf)
-                c.outbuf = c.outbuf[n:]
-                if not c.outbuf:
-                    self.clients.close(c, sel)
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError as e:
-            if e.errno not in (errno.EPIPE, errno.ECONNRESET):
-                _log(f"client connection: {e}")
-            self.clients.close(c, sel)
+    def handle_line(self, line: bytes, peer: Peer) -> dict | Deferred:
+        return self.handle(protocol.decode_request(line), peer)
 
-    def _respond(self, line: bytes, peer: Peer) -> dict | Deferred:
-        return self._guarded(lambda: self.handle(protocol.decode_request(line), peer))
-
-    def _guarded(self, answer: Callable[[], dict | Deferred]) -> dict | Deferred:
+    def guarded(self, answer: Callable[[], dict | Deferred]) -> dict | Deferred:
+        """A request's answer: a refusal (a full state folder's among them) is its one line; anything
+        else that goes wrong is this request's internal error, never the loop's."""
         try:
             return answer()
-        except Refused as e:
+        except (Refused, StateFull) as e:
             return {"ok": False, "error": str(e)}
         except Exception as e:  # noqa: BLE001 - one bad request must not take the machine's queue down
             _log(f"request failed: {type(e).__name__}: {e}")
             return {"ok": False, "error": f"internal error: {type(e).__name__}: {e}", "internal": True}
-
-    def _checked(self, waiting: tuple[Conn, Deferred], sel: selectors.BaseSelector) -> None:
-        """A submit's check ended (or ran out of time): answer its client."""
-        c, deferred = waiting
-        self.waiting.pop(deferred.check.fileno(), None)
-        sel.unregister(deferred.check)
-        answer = self._guarded(lambda: deferred.done(deferred.check.verdict()))
-        sel.register(c.sock, selectors.EVENT_READ, c)
-        self._answer(c, answer, sel)
-
-    def _answer(self, c: Conn, msg: dict, sel: selectors.BaseSelector) -> None:
-        """Send now what the socket takes (the client need not wait for the pass that follows
-        a submit); the rest when it is writable, within ``SEND_TIMEOUT_S``."""
-        c.outbuf = protocol.encode(msg)
-        c.deadline = time.monotonic() + SEND_TIMEOUT_S
-        sel.modify(c.sock, selectors.EVENT_WRITE, c)
-        self._io(c, selectors.EVENT_WRITE, sel)
 
 
 def _why_numbers(why: Why | None) -> dict:
@@ -443,7 +384,9 @@ def _why_numbers(why: Why | None) -> dict:
 
 
 def main_loop(daemon: Daemon) -> None:
+    from gpudiag.scheduler.local.loop import Loop
+
     try:
-        daemon.serve()
+        Loop(daemon).serve()
     except KeyboardInterrupt:
         sys.exit(0)

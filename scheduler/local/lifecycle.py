@@ -7,19 +7,22 @@ time we recorded?) and what the job's wrapper left (its exit-code file):
 
 - start:   STARTING (slots, attempt+1)  -> spawn (in its own cgroup) -> RUNNING (pid, start time)
 - stop:    STOPPING (why, deadline)     -> SIGTERM -> killed=1; at the deadline SIGKILL all, killed=2
-- end:     the job's command ended (its wrapper is gone, or under --monitor its run.json says
-           so) -> SIGKILL every other process of the launch (``Containment.sweep``, the same
-           sweep recovery uses) -> once none is left: DONE / FAILED / CANCELLED, or PENDING
-           with restarts+1 after a preemption (its checkpoint folder stays)
+- end:     the job's leader (its wrapper) has ended: waitpid says so, and how -> SIGKILL every
+           other process of the launch (``Containment.sweep``, the same sweep recovery uses)
+           -> once none is left: DONE / FAILED / CANCELLED, or PENDING with restarts+1 after a
+           preemption (its checkpoint folder stays)
 
 So a job's slots are free in the database only once no process of it is left, a job is never
-started while a launch of it lives, and no submitted job is ever dropped.
+started while a launch of it lives, and no submitted job is ever dropped. Nothing the job
+writes decides when it ends or with which exit code: a job once wrote a run.json that said
+"exit 0" and kept its GPUs, unseen, while the next job was given them. Its files are claims
+(``runner.read_exit_file``, ``runner.run_json_claim``), read within bounds, for words only.
 
 Under ``--monitor`` the job's wrapper runs ``gpudiag profile``, which analyses the run for a few
-seconds after the job's own processes ended. That analysis holds no slot: once run.json records
-the job's exit code and only the wrapper and profile remain, the job is settled and its slots
-go to the next job, while the two finish as a *post-run* (bounded by POST_RUN_S, then killed)
-whose final signal is still taken in (LATE_SIGNAL_S).
+seconds after the job's command ended. The job keeps its slots meanwhile (the analysis is its
+own, and its processes are its own): once run.json says the command ended the job is
+FINISHING, which ``queue`` shows, and which ends when the wrapper does, or, past ``POST_RUN_S``,
+with a stop (gpudiag profile leaves its analysis at SIGTERM with the job's exit code).
 """
 
 from __future__ import annotations
@@ -30,18 +33,19 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpudiag.scheduler.local import jobfiles, runner
 from gpudiag.scheduler.local.config import JOBS_DIR
 from gpudiag.scheduler.local.containment import Containment, Launch
 from gpudiag.scheduler.local.engine import Machine
+from gpudiag.scheduler.local.room import StateFull, is_full
 from gpudiag.scheduler.local.store import (
     ACTIVE,
     CANCELLED,
     DONE,
     FAILED,
+    FINISHING,
     PENDING,
     RUNNING,
     STARTING,
@@ -57,26 +61,21 @@ SIGTERM_SENT, SIGKILL_SENT = 1, 2
 # values 60 s (agent/job_table.py), and the job's reporter sends its final signal after the
 # job's analysis, which can take a few seconds more.
 LATE_SIGNAL_S = 90.0
-# How long a --monitor job's analysis may run after its slots were released: its only purpose
-# is the final signal, which is not taken in after LATE_SIGNAL_S (the run folder is complete
-# before the analysis starts: `gpudiag analyze run-N` redoes it at any time).
+# How long a --monitor job's analysis may run after its command ended, holding the job's slots:
+# its only purpose is the final signal, which is not taken in after LATE_SIGNAL_S (the run
+# folder is complete before the analysis starts: `gpudiag analyze run-N` redoes it at any time).
 POST_RUN_S = LATE_SIGNAL_S
+FINISH_GRACE_S = 10.0    # SIGTERM to SIGKILL for an analysis past POST_RUN_S: gpudiag profile exits at once
+RECOVERY_SCAN_S = 60.0   # the one scan of every process at start: nothing is served before it
 
 
 def _log(msg: str) -> None:
-    print(f"gpudiag scheduler: {msg}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class PostRun:
-    """A --monitor launch whose job has been settled while gpudiag profile still analyses it."""
-
-    job_id: int
-    launch: Launch
-    pid: int
-    start: int
-    proc: subprocess.Popen | None
-    deadline: float
+    """One line to the daemon's log; a log that cannot be written (its disk full) loses the line,
+    never the daemon."""
+    try:
+        print(f"gpudiag scheduler: {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 class Jobs:
@@ -86,7 +85,6 @@ class Jobs:
                  agent_dir: Path | None = None, containment: Containment | None = None) -> None:
         self.store = store
         self.containment = containment or Containment(store.prefix, use_cgroups=False)
-        self.post_run: dict[str, PostRun] = {}   # by marker
         # the node agent whose job table this daemon reads: jobs report there (their own
         # environment may name another agent folder, or none)
         self.agent_dir = agent_dir
@@ -113,21 +111,24 @@ class Jobs:
             (self.pending if row.state == PENDING else self.active)[row.id] = row
 
     # -- start ---------------------------------------------------------------------------------
-    def start(self, row: JobRow, slots: list[int], now: float) -> None:
+    def start(self, row: JobRow, slots: list[str], now: float) -> None:
+        """Launch ``row`` on the slots with these ids (free, and declared: the pass placed it)."""
         taken = {s for r in self.active.values() for s in (r.slots or ())}
-        if taken & set(slots):   # the policy allocates from free slots only; refuse rather than trust
-            raise AssertionError(f"job {row.id}: slots {sorted(taken & set(slots))} are in use")
-        self.store.update(row, state=STARTING, slots=slots, attempt=row.attempt + 1, started_t=now,
-                          pid=None, pid_start=None, stop_kind=None, stop_deadline=None, killed=0,
-                          reason=f"starting on {self.machine.unit} "
-                                 f"{','.join(self.machine.ids[s] for s in slots)}")
+        if taken & set(slots) or not set(slots) <= set(self.machine.ids):   # refuse rather than trust
+            raise AssertionError(f"job {row.id}: slots {sorted(slots)} are in use or not declared "
+                                 f"(in use: {sorted(taken)}; declared: {', '.join(self.machine.ids)})")
+        self.store.update(row, essential=False, state=STARTING, slots=slots, attempt=row.attempt + 1,
+                          started_t=now, pid=None, pid_start=None, stop_kind=None, stop_deadline=None,
+                          killed=0, reason=f"starting on {self.machine.unit} {','.join(slots)}")
         self.active[row.id] = self.pending.pop(row.id)
         jdir = self.job_dir(row)
-        env = {k: v for k, v in row.env.items() if not k.startswith("GPUDIAG_SCHEDULER")}
+        # the marker first: a process's environment is searched only so far (runner.ENV_READ_CAP)
+        env = {runner.LAUNCH_VAR: self.marker(row)}
+        env.update({k: v for k, v in row.env.items() if not k.startswith("GPUDIAG_SCHEDULER")})
         env.update(self.machine.env(slots))
         env.update({"GPUDIAG_JOB": f"{self.store.prefix}:{row.id}",
                     "GPUDIAG_RESTART_COUNT": str(row.restarts),
-                    "GPUDIAG_CHECKPOINT_DIR": str(jdir / "checkpoint"), runner.LAUNCH_VAR: self.marker(row)})
+                    "GPUDIAG_CHECKPOINT_DIR": str(jdir / "checkpoint")})
         if self.agent_dir is not None:
             env["GPUDIAG_AGENT_DIR"] = str(self.agent_dir)
         env["GPUDIAG_TEAM"] = row.team   # the job's signals name its team (gpudiag fleet)
@@ -139,26 +140,41 @@ class Jobs:
         except Exception as e:  # noqa: BLE001 - one job that cannot start fails alone, never the daemon
             if not isinstance(e, (OSError, subprocess.SubprocessError)):
                 _log(f"job {row.id}: unexpected error starting it:\n{traceback.format_exc()}")
-            self.active.pop(row.id)
             self.containment.release(self.marker(row))
-            self.store.update(row, state=FAILED, ended_t=now, slots=None,
+            if is_full(e):   # the state folder is full: load, not the job's fault; it waits
+                self.store.update(row, state=PENDING, slots=None,
+                                  reason=f"waiting: {self.store.room.line().split(';')[0]}")
+                self.pending[row.id] = self.active.pop(row.id)
+                return
+            self.store.update(row, state=FAILED, ended_t=now, slots=None, exit_code=None,
                               reason=f"could not start: {getattr(e, 'strerror', None) or e}")
+            self.active.pop(row.id)
             _log(f"job {row.id} {row.reason}")
             return
         self.children[row.id] = proc
+        self._record_running(row)
+
+    def _record_running(self, row: JobRow) -> None:
+        """STARTING -> RUNNING with the wrapper's pid and start time, once spawned (retried at
+        the next pass if the state folder was too full to record it)."""
+        proc = self.children[row.id]
         info = runner.proc_info(proc.pid)
         self.store.update(row, state=RUNNING, pid=proc.pid, pid_start=info.start if info else None,
                           reason="running")
 
     # -- stop ----------------------------------------------------------------------------------
-    def stop(self, row: JobRow, kind: str, reason: str, now: float) -> None:
-        """Ask a running job to stop: SIGTERM now, SIGKILL after its grace period."""
+    def stop(self, row: JobRow, kind: str, reason: str, now: float, grace_s: float | None = None) -> None:
+        """Ask a running job to stop: SIGTERM now, SIGKILL after its grace period. ``kind``:
+        preempt (requeued; an optional write: no preemption while the state folder is full),
+        cancel, timeout, finish (an analysis past ``POST_RUN_S``), badfile (a scheduler file in
+        its folder that the scheduler did not write; ``reason`` names it)."""
         if row.state == STOPPING:
             if kind == "cancel" and row.stop_kind != "cancel":   # a preempted job cancelled: not requeued
                 self.store.update(row, stop_kind="cancel", reason=reason)
             return
-        self.store.update(row, state=STOPPING, stop_kind=kind, stop_deadline=now + row.grace_s, killed=0,
-                          reason=reason)
+        grace = row.grace_s if grace_s is None else grace_s
+        self.store.update(row, essential=kind != "preempt", state=STOPPING, stop_kind=kind,
+                          stop_deadline=now + grace, killed=0, reason=reason)
         self.terminate(row)
 
     def terminate(self, row: JobRow) -> None:
@@ -167,97 +183,109 @@ class Jobs:
         self.store.update(row, killed=SIGTERM_SENT)
 
     def enforce(self, now: float) -> None:
-        """Deadlines: SIGKILL at the end of a grace period; time limits start one."""
+        """Deadlines: SIGKILL at the end of a grace period; time limits and the analysis bound
+        start one."""
         for row in list(self.active.values()):
             if row.state == STOPPING and row.killed < SIGKILL_SENT and now >= (row.stop_deadline or 0):
-                self.containment.sweep(self.launch(row))   # every process of it, wherever it went
+                try:
+                    self.containment.sweep(self.launch(row))   # every process of it, wherever it went
+                except runner.ScanCut:
+                    continue   # killed at the next tick
                 self.store.update(row, killed=SIGKILL_SENT)
             elif (row.state == RUNNING and row.time_limit_s is not None and row.started_t is not None
                   and now - row.started_t > row.time_limit_s):
                 self.stop(row, "timeout", f"time limit of {row.time_limit_s:.0f} s reached", now)
+            elif row.state == FINISHING and now >= (row.stop_deadline or 0):
+                _log(f"job {row.id}: gpudiag profile's analysis ran past {POST_RUN_S:.0f} s after its "
+                     "command ended; stopping it")
+                self.stop(row, "finish", f"{row.reason}; its analysis ran past {POST_RUN_S:.0f} s: stopped",
+                          now, grace_s=FINISH_GRACE_S)
 
     # -- end -----------------------------------------------------------------------------------
     def reap(self, now: float, final_signal: Callable[[JobRow], Signal | None]) -> int:
-        """Settle every active job whose command has ended and of which no process is left;
-        returns how many ended."""
+        """Settle every active job whose leader has ended and of which no process is left;
+        returns how many ended. The end is the kernel's word (waitpid of the wrapper, or its pid
+        and start time gone), never a file's; a job's slots are kept while anything of it lives."""
         ended = 0
         for row in list(self.active.values()):
             if row.state == STARTING:
+                if row.id in self.children:   # spawned, but the state folder was too full to say so
+                    self._record_running(row)
+                else:                         # what recovery could not tell at start
+                    self._unstarted(row, None)
                 continue
             proc = self.children.get(row.id)
-            wrapper_runs = proc.poll() is None if proc is not None else runner.alive(row.pid, row.pid_start)
-            code, keep = None, frozenset()
-            if wrapper_runs:
-                code = self._monitor_ended(row)
-                if code is None:
-                    continue
-                keep = self._monitor_pids(row)
-            left = self.containment.sweep(self.launch(row), keep)
-            if left:   # its slots stay taken until the last one is gone
-                note = (f"ended; {len(left)} of its processes still to be killed "
-                        f"(pid {', '.join(str(p.pid) for p in left[:5])})")
-                if row.state == RUNNING and row.reason != note:
-                    self.store.update(row, reason=note)
+            leader_runs = proc.poll() is None if proc is not None else runner.alive(row.pid, row.pid_start)
+            if leader_runs:
+                if self.monitor and row.state == RUNNING:
+                    self._finishing(row, now)
                 continue
+            try:
+                left = self.containment.sweep(self.launch(row))
+            except runner.ScanCut as e:
+                self._note(row, f"ended; {e}: its {self.machine.unit} are kept until a scan completes")
+                continue
+            if left:   # its slots stay taken until the last one is gone
+                self._note(row, f"ended; {len(left)} of its processes still to be killed "
+                                f"(pid {', '.join(str(p.pid) for p in left[:5])})")
+                continue
+            if not self.containment.release(self.marker(row)):
+                continue   # something entered its cgroup since the sweep: the next tick kills it
+            self.settle(row, None if proc is None else proc.returncode, now, final_signal(row))
             self.children.pop(row.id, None)
-            if keep:
-                self.post_run[self.marker(row)] = PostRun(row.id, self.launch(row), row.pid or 0,
-                                                          row.pid_start or 0, proc, now + POST_RUN_S)
-            else:
-                self.containment.release(self.marker(row))
-            wait_code = None if proc is None or wrapper_runs else proc.returncode
-            self.settle(row, wait_code, now, final_signal(row), code=code)
             ended += 1
-        self._post_runs(now)
         return ended
 
-    def _monitor_ended(self, row: JobRow) -> int | None:
-        """Under --monitor: the job's exit code once gpudiag profile recorded that its command
-        ended (it then analyses the run for a while), else None."""
-        if not self.monitor:
-            return None
+    def _note(self, row: JobRow, note: str) -> None:
+        if row.state in (RUNNING, FINISHING) and row.reason != note:
+            try:
+                self.store.update(row, essential=False, reason=note)
+            except StateFull:
+                pass   # words only
+
+    def _finishing(self, row: JobRow, now: float) -> None:
+        """Under --monitor: RUNNING -> FINISHING once run.json says the command ended (a claim:
+        the job keeps its slots; only ``queue``'s words and the analysis bound follow from it).
+        A run.json gpudiag did not write fails the job, with the line that names it."""
         try:
             with jobfiles.open_dir(self.job_dir(row), row.uid) as fd:
-                return runner.monitor_exit_code(fd, row.attempt, row.uid)
+                claim = runner.run_json_claim(fd, row.attempt, row.uid)
+        except runner.BadJobFile as e:
+            _log(f"job {row.id} of {row.user}: {e}; stopping it")
+            self.stop(row, "badfile", f"{e}: stopped (gpudiag profile writes that file; the job may not)",
+                      now)
+            return
         except OSError:
-            return None
+            return   # its folder replaced: its next start says so
+        if claim is None:
+            return
+        said = f"exit {claim.code}" if claim.code is not None else "no exit code"
+        try:
+            self.store.update(row, essential=False, state=FINISHING, stop_deadline=now + POST_RUN_S,
+                              reason=f"finishing: its command ended ({said}, says "
+                                     f"run-{row.attempt}/run.json); "
+                                     f"gpudiag profile analyses the run, and the job keeps its "
+                                     f"{self.machine.unit} until its last process ends")
+        except StateFull:
+            pass   # still RUNNING, which it is as far as its slots go
 
-    def _monitor_pids(self, row: JobRow) -> frozenset[int]:
-        """What may outlive the job's processes: the process tree under its wrapper, which once
-        gpudiag profile has reaped the job's command is the wrapper, profile and the workers of
-        its analysis (an orphan of the job is re-parented to init, out of that tree)."""
-        procs = self.containment.processes(self.launch(row))
-        keep = {row.pid or 0}
-        grew = True
-        while grew:
-            more = {p.pid for p in procs if p.ppid in keep} - keep
-            keep |= more
-            grew = bool(more)
-        return frozenset(keep)
-
-    def _post_runs(self, now: float) -> None:
-        for marker, pr in list(self.post_run.items()):
-            running = pr.proc.poll() is None if pr.proc is not None else runner.alive(pr.pid, pr.start)
-            if running and now < pr.deadline:
-                continue
-            if running:
-                _log(f"job {pr.job_id}: gpudiag profile's analysis ran past {POST_RUN_S:.0f} s; killed")
-            if not self.containment.sweep(pr.launch) and self.containment.release(marker):
-                del self.post_run[marker]
-
-    def settle(self, row: JobRow, wait_code: int | None, now: float, sig: Signal | None,
-               code: int | None = None) -> None:
-        """No process of the launch is left: record how the job ended."""
-        why = None
-        if code is None:
-            try:
-                with jobfiles.open_dir(self.job_dir(row), row.uid) as fd:
-                    code, why = runner.read_exit_file(fd, row.attempt, row.uid)
-            except OSError:
-                code = None
-        if code is None and wait_code is not None:
+    def settle(self, row: JobRow, wait_code: int | None, now: float, sig: Signal | None) -> None:
+        """No process of the launch is left: record how the job ended. ``wait_code``: the
+        wrapper's status from waitpid (Popen's returncode), None when the daemon is not its
+        parent (re-adopted after a restart): then the wrapper's exit file says, as a claim."""
+        try:
+            with jobfiles.open_dir(self.job_dir(row), row.uid) as fd:
+                record = runner.read_exit_file(fd, row.attempt, row.uid)
+        except OSError as e:
+            record = runner.ExitRecord(None, problem=f"its folder: {e.strerror or e}")
+        if wait_code is not None:
             code = wait_code if wait_code >= 0 else 128 - wait_code
-        how = f"exit code {code}" if code is not None else "killed (no exit status)"
+            why = record.why if record.code == code else None   # the file names the check that failed
+            how = f"exit code {code}"
+        else:
+            code, why = record.code, record.why
+            how = f"exit code {code}" if code is not None else \
+                f"exit code unknown: it ended while the scheduler was down, and {record.problem}"
         changes: dict = {"pid": None, "pid_start": None, "slots": None, "exit_code": code}
         if why is not None:
             changes.update(state=CANCELLED if row.stop_kind == "cancel" else FAILED, ended_t=now,
@@ -265,10 +293,14 @@ class Jobs:
         elif row.stop_kind == "preempt":
             changes.update(state=PENDING, restarts=row.restarts + 1, stop_kind=None, stop_deadline=None,
                            reason=f"requeued after preemption ({how}); restart {row.restarts + 1}")
-        elif row.stop_kind == "cancel":
-            changes.update(state=CANCELLED, ended_t=now, reason=f"{row.reason} ({how})")
+        elif row.stop_kind in ("cancel", "badfile"):
+            changes.update(state=CANCELLED if row.stop_kind == "cancel" else FAILED, ended_t=now,
+                           reason=f"{row.reason} ({how})")
         elif row.stop_kind == "timeout":
             changes.update(state=FAILED, ended_t=now, reason=f"time limit reached ({how})")
+        elif row.stop_kind == "finish":
+            changes.update(state=DONE if code == 0 else FAILED, ended_t=now,
+                           reason=f"{how}; its analysis was stopped after {POST_RUN_S:.0f} s")
         else:
             changes.update(state=DONE if code == 0 else FAILED, ended_t=now, reason=how)
         obs = None
@@ -298,9 +330,12 @@ class Jobs:
             sig = lookup(row)
             if sig is not None:
                 obs = (row.key or f"job:{row.id}", job_class(row.gpus), sig.mfu, sig.label, now)
-                self.store.update_many([(row, {"sig_mfu": sig.mfu, "sig_label": sig.label,
-                                               "sig_conf": sig.confidence, "sig_t": now - sig.age_s})],
-                                       observation=obs)
+                try:
+                    self.store.update_many([(row, {"sig_mfu": sig.mfu, "sig_label": sig.label,
+                                                   "sig_conf": sig.confidence, "sig_t": now - sig.age_s})],
+                                           observation=obs, essential=False)
+                except StateFull:
+                    continue   # taken in at a later pass, while the agent still has it
                 self.book.observe(*obs)
             if sig is not None or now - ended > LATE_SIGNAL_S:
                 del self.awaiting_signal[job_id]
@@ -312,37 +347,52 @@ class Jobs:
         settled by the first pass's ``reap``, like any other."""
         notes = []
         self.containment.discover()
-        launches = runner.find_launches(self.store.prefix)
+        launches = runner.find_launches(self.store.prefix, deadline_s=RECOVERY_SCAN_S)
         for row in list(self.active.values()):
             procs = [p for p in launches.pop(self.marker(row), []) if p.uid == row.uid]
             if runner.alive(row.pid, row.pid_start):
                 notes.append(f"job {row.id}: re-adopted pid {row.pid}")
                 if row.state == STOPPING and row.killed == 0:
                     self.terminate(row)
-                continue
-            leader = next((p for p in procs if p.pid == p.sid), None)
-            if row.state == STARTING and leader is not None:
-                self.store.update(row, state=RUNNING, pid=leader.pid, pid_start=leader.start,
-                                  reason="running")
-                notes.append(f"job {row.id}: found its launch (pid {leader.pid}) and adopted it")
             elif row.state == STARTING:
-                left = self.containment.sweep(self.launch(row))
-                if left:   # cannot happen short of a process stuck in the kernel: say so
-                    notes.append(f"job {row.id}: {len(left)} processes of its launch outlived SIGKILL")
-                self.containment.release(self.marker(row))
-                self.store.update(row, state=PENDING, slots=None, pid=None, pid_start=None,
-                                  reason="requeued: the scheduler stopped before the job started")
-                self.pending[row.id] = self.active.pop(row.id)
-                notes.append(f"job {row.id}: never started; pending again")
+                notes.append(self._unstarted(row, procs))
             else:
                 notes.append(f"job {row.id}: ended while the scheduler was down ({row.state})")
         owned = {self.marker(r) for r in self.active.values()}
         for marker in sorted((set(launches) | set(self.containment.known)) - owned):
-            left = self.containment.sweep(Launch(marker, None, None), scanned=launches)
+            try:
+                left = self.containment.sweep(Launch(marker, None, None), scanned=launches)
+            except runner.ScanCut as e:
+                notes.append(f"launch {marker}: no job owns it; killed, but {e}")
+                continue
             if not left:
                 self.containment.release(marker)
             notes.append(f"launch {marker}: no job owns it; killed what was left of it")
         return notes
+
+    def _unstarted(self, row: JobRow, procs: list[runner.ProcInfo] | None) -> str:
+        """A STARTING job the daemon did not see start (it stopped, or could not record it):
+        adopt its launch if one lives (``procs``: its processes, None to look now), else kill
+        whatever of it there is and requeue it. Retried at the next pass while it cannot be
+        told (a scan past its deadline)."""
+        try:
+            if procs is None:
+                procs = self.containment.processes(self.launch(row))
+            leader = next((p for p in procs if p.pid == p.sid), None)
+            if leader is not None:
+                self.store.update(row, state=RUNNING, pid=leader.pid, pid_start=leader.start,
+                                  reason="running")
+                return f"job {row.id}: found its launch (pid {leader.pid}) and adopted it"
+            left = self.containment.sweep(self.launch(row))
+        except runner.ScanCut as e:
+            return f"job {row.id}: not started yet as far as can be told ({e}); looked at again next pass"
+        if left:   # cannot happen short of a process stuck in the kernel: retried next pass
+            return f"job {row.id}: {len(left)} processes of its launch outlived SIGKILL"
+        self.containment.release(self.marker(row))
+        self.store.update(row, state=PENDING, slots=None, pid=None, pid_start=None,
+                          reason="requeued: the scheduler stopped before the job started")
+        self.pending[row.id] = self.active.pop(row.id)
+        return f"job {row.id}: never started; pending again"
 
     def checkpoint_time(self, row: JobRow) -> float | None:
         """When the job last wrote to its checkpoint folder (what preemption would lose since).

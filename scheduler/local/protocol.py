@@ -19,10 +19,11 @@ import json
 import re
 import socket
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudiag.scheduler.local import fields
+from gpudiag.scheduler.local import fields, untrusted
 from gpudiag.scheduler.local.config import (
     MAX_ARGS,
     MAX_COMMAND_BYTES,
@@ -37,6 +38,9 @@ TIERS = {name: tier for tier, name in TIER_NAMES.items()}
 OPS = ("submit", "queue", "cancel", "logs", "ping")
 MAX_LOG_CHUNK = 256 * 1024   # one `logs` answer: -f asks again from the next offset
 CLIENT_TIMEOUT_S = 30.0
+CONNECT_RETRY_S = 0.005     # the first pause after EAGAIN; doubled up to 0.1 s
+MAX_REQUEST_DEPTH = 4       # a request is an object of lists and objects of strings: 2 levels
+MAX_JOB_ID = 2**63 - 1      # SQLite's INTEGER
 
 
 class Refused(ValueError):
@@ -163,9 +167,14 @@ def user_of(req: dict) -> str | None:
     return v
 
 
+def is_job_id(v: object) -> bool:
+    """A job number as the store can hold it (SQLite's INTEGER is 64-bit signed)."""
+    return not isinstance(v, bool) and isinstance(v, int) and 1 <= v <= MAX_JOB_ID
+
+
 def job_id_of(req: dict) -> int:
     v = req.get("id")
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    if not is_job_id(v):
         raise Refused("id must be a positive job number")
     return v
 
@@ -175,13 +184,46 @@ def encode(msg: dict) -> bytes:
 
 
 def decode_request(line: bytes) -> dict:
+    """One request line, parsed within bounds (``untrusted``): a line nested 100,000 deep, a
+    4,000-digit number or NaN is refused in one line, as any other malformed request."""
     try:
-        req = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        raise Refused("request is not JSON") from None
+        req = untrusted.json_value(line, "request", MAX_REQUEST_BYTES, MAX_REQUEST_DEPTH)
+    except untrusted.Untrusted as e:
+        raise Refused(f"{e}: a request is one JSON object per line (gpudiag submit/queue/cancel/logs "
+                      "send them)") from None
     if not isinstance(req, dict) or req.get("op") not in OPS:
         raise Refused(f"unknown request: op must be one of {', '.join(OPS)}")
     return req
+
+
+def connect(sock_path: Path, deadline: float) -> socket.socket:
+    """A connection to the daemon, made by ``time.monotonic()`` ``deadline`` or OSError.
+
+    The connect blocks (a socket with a Python timeout connects non-blocking, and on a Unix
+    socket whose listen queue is full that fails at once with EAGAIN: another user looping
+    connect/close once failed 9 of 25 ``queue`` calls so), bounded by ``SO_SNDTIMEO``, which a
+    blocking Unix connect waits by; EAGAIN (the queue stayed full that long, or the kernel
+    said so at once) is retried, with a short pause, until the deadline."""
+    pause = CONNECT_RETRY_S
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the scheduler's socket did not accept a connection within "
+                               f"{CLIENT_TIMEOUT_S:g} s (its listen queue stayed full)")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sec = int(left)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                         struct.pack("ll", sec, max(1, int((left - sec) * 1e6))))
+            s.connect(str(sock_path))
+            return s
+        except (BlockingIOError, InterruptedError):
+            s.close()
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.1)
+        except BaseException:
+            s.close()
+            raise
 
 
 def call(sock_path: Path, req: dict, timeout: float = CLIENT_TIMEOUT_S) -> dict:
@@ -189,9 +231,9 @@ def call(sock_path: Path, req: dict, timeout: float = CLIENT_TIMEOUT_S) -> dict:
     data = encode(req)
     if len(data) > MAX_REQUEST_BYTES:
         raise Refused(f"request too large ({len(data) // 1024} KiB; at most {MAX_REQUEST_BYTES // 1024} KiB)")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(str(sock_path))
+    deadline = time.monotonic() + timeout
+    with connect(sock_path, deadline) as s:
+        s.settimeout(max(0.001, deadline - time.monotonic()))
         s.sendall(data)
         s.shutdown(socket.SHUT_WR)
         chunks = []

@@ -19,16 +19,17 @@ told apart from strangers before anything is killed.
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import pwd
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpudiag.rundir import RUN_SCHEMA_VERSION
-from gpudiag.scheduler.local import jobfiles
+from gpudiag.scheduler.local import jobfiles, untrusted
 from gpudiag.scheduler.local.protocol import SHELL_NAME
 
 LAUNCH_VAR = "GPUDIAG_SCHEDULER_LAUNCH"
@@ -56,6 +57,8 @@ START_FAILURES = {
                "where every user can run it, or serve with --no-monitor)",
 }
 MAX_EXIT_FILE = 32
+ENV_READ_CAP = 64 * 1024  # of one process's environment: the marker is set first, so it is at its start
+SCAN_DEADLINE_S = 2.0     # one scan of /proc; a few ms for hundreds of processes
 MAX_RUN_JSON = 1 << 20   # run.json of a --monitor run: a few KiB; more is not ours to parse
 
 
@@ -74,14 +77,16 @@ class UnknownUser(OSError):
 
 
 def proc_info(pid: int) -> ProcInfo | None:
-    """Fields 3 (state), 4 (parent), 6 (session) and 22 (start time) of /proc/PID/stat; None if gone."""
+    """Fields 3 (state), 4 (parent), 6 (session) and 22 (start time) of /proc/PID/stat; None if
+    gone (a process that ends while it is read leaves an empty or short file: gone too)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
+            raw = f.read(4096)
+        rest = raw[raw.rindex(b")") + 2:].split()   # the command name may hold spaces and ')'
+        return ProcInfo(pid, rest[0].decode("ascii", "replace"), int(rest[3]), int(rest[19]),
+                        ppid=int(rest[1]))
+    except (OSError, ValueError, IndexError):
         return None
-    rest = raw[raw.rindex(b")") + 2:].split()   # the command name may hold spaces and ')'
-    return ProcInfo(pid, rest[0].decode(), int(rest[3]), int(rest[19]), ppid=int(rest[1]))
 
 
 def alive(pid: int | None, start: int | None) -> bool:
@@ -92,26 +97,45 @@ def alive(pid: int | None, start: int | None) -> bool:
     return p is not None and p.start == start and p.state not in ("Z", "X")
 
 
-def find_launches(prefix: str) -> dict[str, list[ProcInfo]]:
-    """Every live process whose environment names a launch of this scheduler, by launch, with
-    its owner (the uid of /proc/PID)."""
+class ScanCut(Exception):
+    """The scan of /proc for a launch's processes ran past its deadline: what it found is not
+    all there may be, so no slot may be freed on its word (the caller tries again later)."""
+
+
+def find_launches(prefix: str, uid: int | None = None, deadline_s: float = SCAN_DEADLINE_S
+                  ) -> dict[str, list[ProcInfo]]:
+    """Every live process (of ``uid``, where given) whose environment names a launch of this
+    scheduler, by launch, with its owner (the uid of /proc/PID).
+
+    Bounded work, whatever the users run: only processes of ``uid`` are read (a job end looks
+    for its own user's), each environment only up to ``ENV_READ_CAP`` bytes (300 processes with
+    1.9 MB environments once held the daemon 25 s per job end; a marker further in is missed,
+    as one cleared with ``env -i`` is: docs/scheduler-daemon.md), and the scan raises
+    ``ScanCut`` past ``deadline_s``."""
     out: dict[str, list[ProcInfo]] = {}
     head = f"{LAUNCH_VAR}={prefix}:".encode()
+    deadline = time.monotonic() + deadline_s
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        if time.monotonic() > deadline:
+            raise ScanCut(f"the scan of /proc for this scheduler's jobs ran past {deadline_s:g} s")
         try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-            uid = os.stat(f"/proc/{name}").st_uid
+            owner = os.stat(f"/proc/{name}").st_uid
+            if uid is not None and owner != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb", buffering=0) as f:
+                env = f.read(ENV_READ_CAP)
         except OSError:
             continue
-        for item in env.split(b"\0"):
-            if item.startswith(head):
-                p = proc_info(int(name))
-                if p is not None and p.state not in ("Z", "X"):
-                    out.setdefault(item.split(b"=", 1)[1].decode(), []).append(replace(p, uid=uid))
-                break
+        at = 0 if env.startswith(head) else env.find(b"\0" + head) + 1
+        if at == 0 and not env.startswith(head):
+            continue   # find gave -1: no marker of ours
+        item = env[at:].split(b"\0", 1)[0]
+        p = proc_info(int(name))
+        if p is not None and p.state not in ("Z", "X"):
+            marker = item.split(b"=", 1)[1].decode("ascii", "replace")
+            out.setdefault(marker, []).append(replace(p, uid=owner))
     return out
 
 
@@ -130,41 +154,79 @@ def signal_group(pid: int, start: int, sig: int) -> bool:
         return False
 
 
-def read_exit_file(dir_fd: int, attempt: int, uid: int) -> tuple[int | None, str | None]:
-    """(exit code, why it never started) from the wrapper's file: never through a link, never
-    a FIFO or anything but a small regular file of the job's user."""
-    try:
-        raw = jobfiles.read_file(dir_fd, f"exit-{attempt}", uid, MAX_EXIT_FILE)
-    except OSError:
-        return None, None
-    head, _, why = raw.decode("ascii", "replace").strip().partition(" ")
-    try:
-        code = int(head)
-    except ValueError:
-        return None, None
-    return (code, why if why in START_FAILURES else None) if 0 <= code <= 255 else (None, None)
+@dataclass(frozen=True)
+class ExitRecord:
+    """What the wrapper's exit file says: its code, and which start check failed (None: it
+    started). ``problem``: why the file says nothing usable, naming it (None when it does)."""
+
+    code: int | None
+    why: str | None = None
+    problem: str | None = None
 
 
-def monitor_exit_code(dir_fd: int, attempt: int, uid: int) -> int | None:
-    """The job's exit code once ``gpudiag profile --monitor`` has recorded that its command
-    ended (run.json, written before the post-run analysis); None while it runs, or if the file
-    is not a run.json this gpudiag wrote."""
+def read_exit_file(dir_fd: int, attempt: int, uid: int) -> ExitRecord:
+    """The wrapper's exit file, as a claim: never through a link, never a FIFO or anything but a
+    small regular file of the job's user, never more than "CODE [WHY]". The daemon takes a job's
+    exit code from waitpid while it is the wrapper's parent; this file only says which start
+    check failed, and the code of a job re-adopted after a restart (no longer its child)."""
+    name = f"exit-{attempt}"
+    try:
+        raw = jobfiles.read_file(dir_fd, name, uid, MAX_EXIT_FILE + 1)
+    except OSError as e:
+        return ExitRecord(None, problem=str(e.strerror or e))
+    if not raw:
+        return ExitRecord(None, problem=f"no {name} (the job's wrapper did not end by itself)")
+    head, _, why = raw[:MAX_EXIT_FILE].decode("ascii", "replace").strip().partition(" ")
+    if len(raw) > MAX_EXIT_FILE or not head.isdigit() or not 0 <= int(head) <= 255 \
+            or (why and why not in START_FAILURES):
+        return ExitRecord(None, problem=f"{name} holds {raw[:40]!r}, not what the job's wrapper writes")
+    return ExitRecord(int(head), why or None)
+
+
+class BadJobFile(untrusted.Untrusted):
+    """A file in the job's folder that the scheduler's own code writes, not as it writes it: the
+    job fails alone, with this line (it names the file)."""
+
+
+@dataclass(frozen=True)
+class CommandEnded:
+    """run.json says the job's command ended, with this exit code (a claim: display only)."""
+
+    code: int | None
+
+
+def run_json_claim(dir_fd: int, attempt: int, uid: int) -> CommandEnded | None:
+    """Under --monitor: ``gpudiag profile`` writes run.json (atomically) as the job starts and
+    again, with its end and exit code, before it analyses the run. Returns what it says once
+    the command ended, None before (or while there is no run.json yet). It is the user's file,
+    so a claim: it makes ``queue`` say "finishing" and bounds the analysis (``POST_RUN_S``),
+    never ends the job or frees a slot. ``BadJobFile`` when it is not a run.json gpudiag writes
+    (a link, a FIFO, too large, nested, not JSON, the wrong fields)."""
+    where = f"run-{attempt}/run.json"
     try:
         with jobfiles.open_dir(f"run-{attempt}", uid, dir_fd) as run_fd:
-            raw = jobfiles.read_file(run_fd, "run.json", uid, MAX_RUN_JSON + 1)
-    except OSError:
-        return None
-    if len(raw) > MAX_RUN_JSON:
+            raw = jobfiles.read_file(run_fd, "run.json", uid, MAX_RUN_JSON + 1, what=where)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return None
+        raise BadJobFile(str(e.strerror or e)) from None
+    if not raw:
         return None
     try:
-        run = json.loads(raw)
-    except ValueError:
-        return None
+        run = untrusted.json_value(raw, where, MAX_RUN_JSON)
+    except untrusted.Untrusted as e:
+        raise BadJobFile(str(e)) from None
     if not isinstance(run, dict) or run.get("kind") != "gpudiag-run" \
-            or run.get("schema_version") != RUN_SCHEMA_VERSION or run.get("end") is None:
+            or run.get("schema_version") != RUN_SCHEMA_VERSION:
+        raise BadJobFile(f"{where} is not a run.json of this gpudiag (kind gpudiag-run, schema "
+                         f"{RUN_SCHEMA_VERSION})")
+    end, code = run.get("end"), run.get("exit_code")
+    if end is None:
         return None
-    code = run.get("exit_code")
-    return code if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 255 else None
+    if isinstance(end, bool) or not isinstance(end, (int, float)):
+        raise BadJobFile(f"{where}: its end is {str(end)[:40]!r}, not a time")
+    ok = isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 255
+    return CommandEnded(code if ok else None)
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,11 @@ class JobTableSource:
             if s.mfu_ratio is None:
                 continue
             heard = s.received_at if s.received_at is not None else s.ts
-            out[key] = Signal(mfu=s.mfu_ratio, label=s.bottleneck or "unknown",
-                                 confidence=s.confidence if s.confidence is not None else 0.0,
-                                 age_s=max(0.0, now - heard))
+            stalled = s.stalled_for(now)
+            out[key] = Signal(mfu=s.mfu_at(now), label=s.bottleneck or "unknown",
+                              confidence=s.confidence if s.confidence is not None else 0.0,
+                              age_s=max(0.0, now - heard), stalled_s=stalled,
+                              stall_cause=(s.stall_cause or "no-steps") if stalled is not None else None)
         return SignalRead(out)
 
 

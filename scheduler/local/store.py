@@ -6,9 +6,15 @@ Every state change is exactly one transaction, committed *before* the side effec
 on it is taken as done (write-ahead intent): "starting job 7 on slots 0,1" is on disk before the
 process is spawned, and recovery settles whatever a crash left between intent and effect.
 
-Jobs move: pending -> starting -> running [-> stopping] -> done | failed | cancelled, and a
-preempted job goes back to pending with ``restarts`` raised. ``attempt`` counts launches, so a
-process can always be matched to the launch it belongs to.
+Jobs move: pending -> starting -> running [-> finishing] [-> stopping] -> done | failed |
+cancelled, and a preempted job goes back to pending with ``restarts`` raised. ``attempt`` counts
+launches, so a process can always be matched to the launch it belongs to. A job holds its
+``slots`` by their ids (the GPU indices or CPU slot names a job sees), never by their position
+in the daemon's ``--gpus`` list, which a restart may change (schema 2; a schema-1 database,
+which held positions, is read once as positions in the list the daemon starts with).
+
+Writes are essential (the default: a stop, a kill, a job's end) or optional (``essential=False``:
+a submit, a start, a signal); ``room.Room`` says what each may do when the folder is full.
 """
 
 from __future__ import annotations
@@ -17,13 +23,19 @@ import json
 import os
 import secrets
 import sqlite3
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+from gpudiag.scheduler.local.room import RESERVE_BYTES, Room, StateFull, is_full
+
+SCHEMA_VERSION = 2   # 2: slots by id; 1: by position in --gpus
 PENDING, STARTING, RUNNING, STOPPING = "pending", "starting", "running", "stopping"
+# the job's command has ended (so its run.json says), gpudiag profile analyses the run: the job
+# keeps its slots until its last process ends, as in every other state that holds them
+FINISHING = "finishing"
 DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
-ACTIVE = (STARTING, RUNNING, STOPPING)       # states that hold slots
+ACTIVE = (STARTING, RUNNING, FINISHING, STOPPING)       # states that hold slots
 FINAL = (DONE, FAILED, CANCELLED)
 
 _SCHEMA = """
@@ -41,6 +53,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     sig_mfu REAL, sig_label TEXT, sig_conf REAL, sig_t REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS reserve (b BLOB);
 CREATE TABLE IF NOT EXISTS observations (
     id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, cls TEXT NOT NULL,
     mfu REAL NOT NULL, label TEXT NOT NULL, t REAL NOT NULL
@@ -68,7 +81,7 @@ class JobRow:
     submit_t: float
     state: str
     reason: str = ""
-    slots: list[int] | None = None
+    slots: list[str] | None = None   # the ids of the GPUs (or CPU slots) it holds
     attempt: int = 0
     restarts: int = 0
     pid: int | None = None
@@ -106,10 +119,14 @@ def _row(values: tuple) -> JobRow:
 
 
 class Store:
-    """The database of one state folder. Not thread-safe: the daemon is one thread."""
+    """The database of one state folder. Not thread-safe: the daemon is one thread.
 
-    def __init__(self, path: Path) -> None:
+    ``slot_ids``: the daemon's slots, in order, to read a schema-1 database's positions by."""
+
+    def __init__(self, path: Path, slot_ids: Sequence[str] = ()) -> None:
         self.path = path
+        self.room = Room(path)
+        self.migrated: list[str] = []
         # the rows hold users' environments: private from the first byte, and the WAL and
         # shared-memory files SQLite creates take the database file's permissions
         os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
@@ -127,10 +144,45 @@ class Store:
                 # on one machine (or a fresh database) never share a job's signals
                 self.db.execute("INSERT INTO meta VALUES ('prefix', ?)", (f"sched-{secrets.token_hex(3)}",))
         version = self._meta("schema_version")
-        if version != str(SCHEMA_VERSION):
+        if version == "1":
+            self.migrated = self._slots_by_id(slot_ids)
+        elif version != str(SCHEMA_VERSION):
             raise ValueError(f"{path}: scheduler database schema {version}, "
                              f"this gpudiag reads {SCHEMA_VERSION}")
         self.prefix: str = self._meta("prefix") or ""
+        self.top_up()
+
+    def top_up(self) -> str | None:
+        """Keep the reserve for essential writes (``room``): blocks after the log's end, and
+        ``RESERVE_BYTES`` of free pages in the database, refilled once half of them is used,
+        when the folder has room. A line for the log when the folder filled up or has room again."""
+        note = self.room.top_up()
+        if self.room.short:
+            return note
+        page, free = (self.db.execute(f"PRAGMA {k}").fetchone()[0] for k in ("page_size", "freelist_count"))
+        if page * free < RESERVE_BYTES // 2:
+            try:
+                blob = f"INSERT INTO reserve VALUES (zeroblob({RESERVE_BYTES}))"
+                self._write(lambda: (self.db.execute(blob), self.db.execute("DELETE FROM reserve")),
+                            essential=False)
+            except StateFull:
+                pass   # said by the next look (room.short)
+        return note
+
+    def _slots_by_id(self, slot_ids: Sequence[str]) -> list[str]:
+        """Schema 1 -> 2: each active job's slot positions become the ids at those positions in
+        this start's list (what the daemon that wrote them would have read); a position beyond
+        it keeps its number as its id. Returns a note per job converted."""
+        notes = []
+        with self.tx():
+            held = self.db.execute("SELECT id, slots FROM jobs WHERE slots IS NOT NULL").fetchall()
+            for job_id, raw in held:
+                pos = json.loads(raw)
+                ids = [slot_ids[i] if 0 <= i < len(slot_ids) else str(i) for i in pos]
+                self.db.execute("UPDATE jobs SET slots=? WHERE id=?", (json.dumps(ids), job_id))
+                notes.append(f"job {job_id}: slot positions {pos} read as ids {','.join(ids)}")
+            self.db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+        return notes
 
     def close(self) -> None:
         self.db.close()
@@ -168,27 +220,48 @@ class Store:
         return list(self.db.execute("SELECT key, cls, mfu, label, t FROM observations ORDER BY id"))
 
     # -- transitions: each one transaction ------------------------------------------------
+    def _write(self, body: Callable[[], object], essential: bool) -> object:
+        """``body`` in one transaction. A full disk: an optional write is refused (``StateFull``,
+        before it is tried while the folder is short of room); an essential one is retried
+        once after a checkpoint, into the reserve (``room``), then refused."""
+        if not essential:
+            self.room.check()
+        for attempt in (1, 2):
+            try:
+                with self.tx():
+                    return body()
+            except (sqlite3.Error, OSError) as e:
+                if not is_full(e):
+                    raise
+                if not essential or attempt == 2:
+                    raise StateFull(self.room.line()) from None
+                try:   # rewinds the log into its allocated part once no reader needs its frames
+                    self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error:
+                    pass
+        raise AssertionError("unreachable")
+
     def submit(self, row: JobRow) -> JobRow:
         vals = {k: getattr(row, k) for k in _COLS if k != "id"}
         for k in _JSON_COLS:
             if vals[k] is not None:
                 vals[k] = json.dumps(vals[k])
-        with self.tx():
-            cur = self.db.execute(f"INSERT INTO jobs ({','.join(vals)}) VALUES ({','.join('?' * len(vals))})",
-                                  list(vals.values()))
-        row.id = int(cur.lastrowid)
+        sql = f"INSERT INTO jobs ({','.join(vals)}) VALUES ({','.join('?' * len(vals))})"
+        row.id = int(self._write(lambda: self.db.execute(sql, list(vals.values())).lastrowid,
+                                 essential=False))
         return row
 
-    def update(self, row: JobRow, **changes: object) -> JobRow:
+    def update(self, row: JobRow, essential: bool = True, **changes: object) -> JobRow:
         """Apply ``changes`` to the row in one transaction, then to the object (only once durable)."""
-        self.update_many([(row, changes)])
+        self.update_many([(row, changes)], essential=essential)
         return row
 
     def update_many(self, items: list[tuple[JobRow, dict]],
-                    observation: tuple[str, str, float, str, float] | None = None) -> None:
+                    observation: tuple[str, str, float, str, float] | None = None,
+                    essential: bool = True) -> None:
         """Several rows' changes (and what a finished job taught us: key, class, MFU, label,
-        time) in one transaction: all of them happen, or none."""
-        with self.tx():
+        time) in one transaction: all of them happen, or none (``StateFull``)."""
+        def body() -> None:
             if observation is not None:
                 self.db.execute("INSERT INTO observations (key, cls, mfu, label, t) VALUES (?,?,?,?,?)",
                                 observation)
@@ -198,6 +271,7 @@ class Store:
                 vals = [json.dumps(v) if k in _JSON_COLS and v is not None else v for k, v in changes.items()]
                 self.db.execute(f"UPDATE jobs SET {','.join(f'{k}=?' for k in changes)} WHERE id=?",
                                 [*vals, row.id])
+        self._write(body, essential)
         for row, changes in items:
             for k, v in changes.items():
                 setattr(row, k, v)
@@ -223,4 +297,17 @@ class _Tx:
         self.db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001 - the context-manager protocol
-        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self.db.execute("COMMIT")
+                return
+            except sqlite3.Error:   # a COMMIT that failed (a full disk) leaves the transaction open
+                self._rollback()
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        """ROLLBACK where a transaction is still open: SQLite ends one itself on some errors
+        (SQLITE_FULL among them), and a ROLLBACK then would raise in place of the real error."""
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from gpudiag.scheduler.local import runner
-from gpudiag.scheduler.local.protocol import Peer, Refused, user_of
+from gpudiag.scheduler.local.protocol import Peer, Refused, is_job_id, user_of
 from gpudiag.scheduler.local.store import CANCELLED, FINAL, PENDING, JobRow, Store
 
 MAX_IDS = 10_000   # ids in one cancel request (a request is at most 1 MiB anyway)
@@ -39,8 +39,7 @@ def pending_refusal(user: str, uid: int, pending: Iterable[JobRow], in_check: in
 def ids_of(req: dict) -> list[int]:
     """The job ids a cancel request names (``ids``, or an older client's ``id``)."""
     ids = req.get("ids", [req.get("id")] if "id" in req else None)
-    if not isinstance(ids, list) or not ids or len(ids) > MAX_IDS or any(
-            isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in ids):
+    if not isinstance(ids, list) or not ids or len(ids) > MAX_IDS or not all(map(is_job_id, ids)):
         raise Refused(f"cancel: give 1 to {MAX_IDS} positive job numbers, or --user NAME")
     return list(dict.fromkeys(ids))
 

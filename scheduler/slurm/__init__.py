@@ -11,6 +11,8 @@ each PreemptMode or requeue write), ``arrays`` (array tasks and their array's Ni
 ``takeover`` (which partitions gpudiag may hold without exposing another partition's jobs),
 ``serve_jobs`` (which waiting jobs gpudiag or Slurm serves), ``efficiency`` (Nice),
 ``history`` (MFU per key, kept across restarts), ``outages`` (signal sources out, named once),
+``claim`` (one controller per cluster, whatever its ledger), ``qos`` (clusters that preempt by
+QOS: Nice only, the top QOS tier exempt), ``says`` (how it steers, said once and truly),
 ``controller`` (one round; ``writes``: its changes written), ``loop`` (the processes:
 rounds, ``--restore-only``, ``--watchdog``). docs/slurm.md says how to run them.
 """

@@ -1,7 +1,9 @@
 """One controller round beside slurmctld: read, decide with the policy core, change little.
 
-Per round: one ``squeue --json``, ``scontrol show node|partition|config``, the signal source;
-then, with the ledger (``ledger``) reconciled against what Slurm shows:
+Per round: one ``squeue --json``, ``scontrol show node|partition|config`` (the four at once), the
+signal source; then, with the cluster's claim renewed (``claim``: one controller per cluster) and
+the ledger (``ledger``) reconciled against what Slurm shows (a reload of slurm.conf told by the
+reload mark, never by statistics):
 
 1. **Evidence** first: without a signal source that answers and at least one running GPU job
    with a usable signal, gpudiag changes nothing (no Nice, no takeover: Slurm decides) and says
@@ -33,6 +35,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -40,6 +43,7 @@ from gpudiag.scheduler.model import Policy, Signal, TeamShare
 from gpudiag.scheduler.policy import schedule
 from gpudiag.scheduler.priority import job_class, signal_usable
 from gpudiag.scheduler.signals import SignalRead, SignalSource
+from gpudiag.scheduler.slurm import claim
 from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action, reconcile
 from gpudiag.scheduler.slurm.adapter import Model, model_of
 from gpudiag.scheduler.slurm.arrays import adopt_split_tasks
@@ -53,12 +57,14 @@ from gpudiag.scheduler.slurm.efficiency import (
     nice_scale,
 )
 from gpudiag.scheduler.slurm.history import history_path, load_history, save_history
-from gpudiag.scheduler.slurm.ledger import Lease, Ledger, LedgerError, LedgerStore
+from gpudiag.scheduler.slurm.ledger import Lease, Ledger, LedgerError, LedgerStore, conf_reloaded
 from gpudiag.scheduler.slurm.outages import SourceOutages
+from gpudiag.scheduler.slurm.qos import PARTITION_PRIO, qos_tiers
 from gpudiag.scheduler.slurm.reclaim import lift_ends, lifted_jobs, quiet_partitions
+from gpudiag.scheduler.slurm.says import Said, mode_line
 from gpudiag.scheduler.slurm.serve_jobs import Serving, serve_waiting
 from gpudiag.scheduler.slurm.slurmconf import cluster_identity, duration_s, memory_is_consumable
-from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable, reload_marker
+from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
 from gpudiag.scheduler.slurm.sources import slurm_signals
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
 from gpudiag.scheduler.slurm.takeover import (
@@ -131,10 +137,10 @@ class Controller:
         self.history, warn = load_history(self.hist_path, self.policy.history_half_life_s, _now())
         if warn:
             log.warning("%s", warn)
-        self._why_no_evidence: str | None = None
-        self._not_reclaimed: dict[int, str] = {}
-        self._unsafe: dict[str, str] = {}
+        self.said = Said()                          # what the log was told, each thing once
         self._parts_read: dict = {}
+        self.tenancy = claim.Tenancy(str(ledger_path or "(in memory)"), self.opt.lease_s)
+        self._mark_failed = ""                      # why RELOAD_MARK could not be made (said once)
         self._outages = SourceOutages()
         self._sig_down_since: float | None = None   # the signal source has been unavailable since
 
@@ -150,6 +156,13 @@ class Controller:
             log.warning("the previous controller's lease (pid %d on %s) lapsed: this one takes its ledger "
                         "over", held.pid, held.host)
         ledger.lease = Lease(os.getpid(), socket.gethostname(), t, t + self.opt.lease_s)
+        if not self.opt.dry_run:
+            self.tenancy.renew(ledger, t)
+
+    def release(self) -> None:
+        """The loop ends: the cluster's claim is given up (``claim.Tenancy.release``)."""
+        if not self.opt.dry_run:
+            self.tenancy.release(self.store.read(), _now())
 
     def _bind(self, ledger: Ledger, cfg: dict[str, str]) -> None:
         ident = cluster_identity(cfg)
@@ -158,6 +171,7 @@ class Controller:
         elif ledger.cluster != ident:
             raise LedgerError(f"{self.ledger_path} belongs to cluster {ledger.cluster} and this is {ident}: "
                               "run --restore-only against that cluster, or give this one its own --state")
+        self.tenancy.bind(ledger, cfg)
 
     # --- reading -----------------------------------------------------------------------------------
     def _read_signals(self, now: float) -> SignalRead:
@@ -170,13 +184,14 @@ class Controller:
         not ours to use); skips the round on malformed output."""
         res = RoundResult(at=now)
         try:
-            jobs = self.io.jobs()
-            stats = self.io.reloads()    # around the partitions: a reload while they are read is
-            nodes, parts, cfg = self.io.nodes(), self.io.partitions(), self.io.config()
+            with ThreadPoolExecutor(4) as pool:   # four answers from slurmctld at once, not in a row
+                reads = [pool.submit(f) for f in (self.io.jobs, self.io.nodes, self.io.partitions,
+                                                  self.io.config)]
+                jobs, nodes, parts, cfg = (r.result() for r in reads)
+            marked = self.io.marked        # RELOAD_MARK in the same answer as the partitions
             self._parts_read = parts
-            seen = reload_marker(stats, cfg)   # a reset this round (unknown) and a reload next round
-            reloads = seen if stats is None or self.io.reloads() == stats else None
             conf = self.io.slurm_conf(cfg)
+            qos = qos_tiers(cfg, self.io.qos, self.io.json_ok is True)
         except SlurmUnreachable:
             raise
         except (BadSlurmOutput, SlurmError) as e:
@@ -194,11 +209,14 @@ class Controller:
         by_id = {j.id: j for j in jobs}
         snapshot = self.store.read()    # decided on; written back (with the lease) before any change
         self._bind(snapshot, cfg)
+        if not self.opt.dry_run:        # one controller per cluster: before any value is read as an original
+            self.tenancy.renew(snapshot, now)
+        reloaded = conf_reloaded(snapshot, cfg.get("BOOT_TIME"), marked)
         reconcile(snapshot, by_id, res.notes)
         adopt_split_tasks(snapshot, jobs)
         for n in res.notes:
             log.info("%s", n)
-        modes = reconcile_modes(snapshot, parts, reloads, conf)
+        modes = reconcile_modes(snapshot, parts, reloaded, conf)
         res.notes += modes.notes
         for n in modes.notes:
             log.warning("%s", n)
@@ -227,10 +245,17 @@ class Controller:
                              "preemption victims; gpudiag only changes Nice")
         want = eligible(parts, modes, nodes, cfg.get("PreemptType", "")) if takeover else set()
         want &= managed if managed is not None else want
+        # the layout's answer, said once: from every partition gpudiag may hold, not from this
+        # round's (a partition Slurm is preempting in sits a round out, and said it again)
+        unsafe = unsafe_holds(parts, modes.original, nodes, want)
+        if takeover:
+            self.said.layout(res, unsafe)
+        if not no_evidence:
+            self.said.steering(mode_line(takeover, want - set(unsafe), qos, unsafe))
         busy_why = busy_partitions(jobs, want)
         want -= set(busy_why)
         res.notes += [f"partition {p}: {w}" for p, w in busy_why.items()]
-        busy_why.update(self._safe(res, parts, modes, nodes, want))
+        busy_why.update(self._safe(parts, modes, nodes, want))
         if self.opt.dry_run:   # decide as a real run would once it holds what it would take
             for r in model.running:
                 r.job.preemptible = by_id[r.job.id].partition in want | quiet and by_id[r.job.id].requeue
@@ -251,33 +276,36 @@ class Controller:
             res.notes += [blocked] if blocked else []
             why_back = {p: "a waiting job is Slurm's to serve (see handed_back)" for p in give_back}
         why_back.update(busy_why)
-        why_back.update(self._safe(res, parts, modes, nodes, want - give_back, say=False))
+        why_back.update(self._safe(parts, modes, nodes, want - give_back))
         res.handed_back = handed_back
-        self._note_reclaim(res, serving, requeues)
+        self.said.reclaims(res, serving, requeues)
         for jid in set(handed_back) - set(snapshot.handed_back):
             log.info("job %d: left to Slurm's preemption: %s", jid, handed_back[jid])
         res.actions += mode_actions(parts, modes, want - give_back - set(why_back), why_back)
         res.actions += requeues
         res.actions += lift_ends(by_id, snapshot.nice)
-        if not no_evidence and policy.efficiency:
+        if not no_evidence and policy.efficiency and (qos is None or qos.nice_ok):
             scale = self.opt.nice_max if self.opt.nice_max is not None else nice_scale(cfg, policy)
             lifted = lifted_jobs(snapshot.nice) | {int(a.target) for a in requeues if a.kind == "lift"}
+            top_qos = qos.top if qos is not None else frozenset()
             res.actions += nice_actions(jobs, parts, snapshot.nice, set(snapshot.theirs) | lifted, signals,
                                         self.history.book, now, policy, scale, self.opt.min_change_interval_s,
-                                        self.opt.max_changes, neutral_jobs(jobs, parts, managed))
+                                        self.opt.max_changes, neutral_jobs(jobs, parts, managed, top_qos))
         self._sig_down_since = None if sig.available else self._sig_down_since or now
         out_s = now - (self._sig_down_since or now)
         if out_s > policy.max_signal_age_s:
             res.actions += lift_all(jobs, snapshot.nice, f"signals unavailable for {out_s:.0f} s, longer "
                                     f"than the {policy.max_signal_age_s:.0f} s staleness limit")
 
+        marked = self._mark(cfg, marked)
+
         def prepare(ledger: Ledger) -> None:
             self._bind(ledger, cfg)
             self.renew(ledger, now)
             reconcile(ledger, by_id, [])
             adopt_split_tasks(ledger, jobs)
-            reconcile_modes(ledger, parts, reloads, conf)
-            ledger.reloads = seen
+            reconcile_modes(ledger, parts, reloaded, conf)
+            ledger.boot, ledger.marked = cfg.get("BOOT_TIME"), bool(marked)
             ledger.handed_back = dict(handed_back)
 
         self._apply(res, now, serving, by_id, prepare)
@@ -322,39 +350,33 @@ class Controller:
         else:
             why = ""
         why = f"{why}: Slurm chooses preemption victims and no Nice is changed" if why else ""
-        if why != self._why_no_evidence:
-            (log.warning if why else log.info)("%s", why or "usable signals: gpudiag takes preemption over")
-            self._why_no_evidence = why
+        self.said.evidence(why)
         return why
 
-    def _note_reclaim(self, res: RoundResult, serving: Serving | None, requeues: list[Action]) -> None:
-        """The round's notes name each reclaim, enacted or not (the log says each once)."""
-        res.not_reclaimed = dict(serving.not_reclaimed) if serving is not None else {}
-        for head, why in res.not_reclaimed.items():
-            res.notes.append(f"job {head}: quota reclaim not enacted: {why}")
-            if self._not_reclaimed.get(head) != why:
-                log.info("job %d: quota reclaim not enacted: %s", head, why)
-        self._not_reclaimed = res.not_reclaimed
-        victims = [a.target for a in requeues if a.reclaim]
-        if victims:
-            head = next(a.for_job for a in requeues if a.reclaim)
-            res.notes.append(f"job {head}: quota reclaim: requeueing job{'s' if len(victims) > 1 else ''} "
-                             f"{', '.join(victims)} of teams over their quotas"
-                             + ("; its Nice lifted first" if any(a.kind == "lift" for a in requeues) else ""))
-
-    def _safe(self, res: RoundResult, parts: dict, modes: ModeView, nodes: dict, hold: set[str],
-              say: bool = True) -> dict[str, str]:
+    @staticmethod
+    def _safe(parts: dict, modes: ModeView, nodes: dict, hold: set[str]) -> dict[str, str]:
         """Drops from ``hold`` (in place) the partitions whose hold would let Slurm preempt another
-        partition's jobs in their place (``takeover.unsafe_holds``); returns them -> why. The
-        layout's answer is logged when it first appears and whenever it changes."""
+        partition's jobs in their place (``takeover.unsafe_holds``); returns them -> why."""
         why = unsafe_holds(parts, modes.original, nodes, hold)
         hold -= set(why)
-        if say and why != self._unsafe:
-            for name, w in sorted(why.items()):
-                log.warning("partition %s: %s", name, w)
-                res.notes.append(f"partition {name}: {w}")
-            self._unsafe = why
         return why
+
+    def _mark(self, cfg: dict[str, str], marked: bool | None) -> bool:
+        """RELOAD_MARK made where gpudiag may hold partitions and it is missing: True when it is
+        there now (what tells the next round a reload from an ``scontrol update``)."""
+        if marked or self.opt.dry_run or not self.opt.takeover or cfg.get("PreemptType") != PARTITION_PRIO:
+            return bool(marked)
+        try:
+            self.io.create_mark()
+        except SlurmUnreachable:
+            raise
+        except SlurmError as e:
+            if str(e) != self._mark_failed:
+                log.warning("cannot make the reload mark (%s): a held partition back at its slurm.conf mode "
+                            "counts as a reload, whether slurm.conf was reloaded or not", e)
+                self._mark_failed = str(e)
+            return False
+        return True
 
     @staticmethod
     def _victims_blocked(jobs: list[SlurmJob], modes: ModeView, want: set[str]) -> str:

@@ -13,7 +13,8 @@ from a job gpudiag already changed; a job whose Nice someone else set since is t
 
 Some jobs are never penalised (``neutral``, each with its reason, their original Nice put back
 where gpudiag had changed it): the top tier's (on-demand work is paid for, whatever its MFU),
-those of partitions the controller does not manage (``--partitions``), and - through
+the top QOS tier's where Slurm preempts by QOS (``qos``), those of partitions the controller
+does not manage (``--partitions``), and - through
 ``lift_all`` - every job once the signal source has been out for longer than the policy's
 staleness limit: a penalty without evidence behind it is no longer the policy's.
 """
@@ -58,8 +59,9 @@ def nice_scale(cfg: Mapping[str, str], policy: Policy) -> int:
 
 
 def neutral_jobs(jobs: Sequence[SlurmJob], parts: Mapping[str, Partition],
-                 managed: Container[str] | None) -> dict[int, str]:
-    """Jobs whose Nice gpudiag leaves at (or puts back to) their original -> why."""
+                 managed: Container[str] | None, top_qos: Container[str] = ()) -> dict[int, str]:
+    """Jobs whose Nice gpudiag leaves at (or puts back to) their original -> why. ``top_qos``:
+    the top QOS tier where Slurm preempts by QOS (``qos.qos_tiers``)."""
     tiers = tiers_of(parts)
     out = {}
     for j in jobs:
@@ -67,6 +69,8 @@ def neutral_jobs(jobs: Sequence[SlurmJob], parts: Mapping[str, Partition],
             out[j.id] = f"partition {j.partition} is not one gpudiag manages (--partitions)"
         elif tiers.get(j.partition) == Tier.ON_DEMAND:
             out[j.id] = f"partition {j.partition} is the top tier: its jobs are never penalised"
+        elif j.qos and j.qos in top_qos:
+            out[j.id] = f"QOS {j.qos} is the top QOS tier: its jobs are never penalised"
     return out
 
 

@@ -17,7 +17,10 @@ Rules (``controller.apply`` and ``restore`` follow them):
   whose holder is no longer running, on the same host) while partitions are held at
   PreemptMode=OFF is a controller that died or hangs: ``--watchdog`` (or the unit's
   ``--restore-only``) gives preemption back. A live lease also keeps a second controller off
-  the same ledger.
+  the same ledger; one controller per *cluster*, whatever its ledger, is ``claim``'s.
+- **Reloads.** ``boot`` (slurmctld's BOOT_TIME) and ``marked`` (the controller made
+  ``slurmio.RELOAD_MARK`` and saw it in its last round) are what the next round, or a restore,
+  compares with Slurm to know whether slurm.conf was reloaded since (``conf_reloaded``).
 
 One JSON file, read and replaced under an exclusive ``flock`` of ``<file>.lock`` (the controller,
 its watchdog and ``--restore-only`` may run at once), written atomically (temporary file, fsync,
@@ -32,6 +35,7 @@ import json
 import os
 import socket
 import tempfile
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -133,13 +137,20 @@ class Ledger:
     handed_back: dict[int, str] = field(default_factory=dict)   # pending job id -> why Slurm serves it
     theirs: dict[int, JobRef] = field(default_factory=dict)     # jobs whose Nice someone else set
     # partitions whose PreemptMode an administrator set at runtime (``scontrol update``) over
-    # gpudiag's: theirs until slurm.conf is reloaded (``SlurmIO.reloads`` changes)
+    # gpudiag's: theirs until slurm.conf is reloaded (``conf_reloaded``)
     theirs_modes: dict[str, str] = field(default_factory=dict)
-    reloads: str | None = None      # ``SlurmIO.reloads`` as of the last round
+    boot: str | None = None         # slurmctld's BOOT_TIME as of the last round (None: none yet)
+    marked: bool = False            # RELOAD_MARK made by gpudiag and present at the last round
+    id: str | None = None           # this ledger's identity, named by the cluster's claim (``claim``)
 
     @property
     def holds_preemption(self) -> bool:
         return bool(self.modes)
+
+    @property
+    def holds_changes(self) -> bool:
+        """Values gpudiag set in Slurm and has not put back (a Nice, a PreemptMode)."""
+        return bool(self.nice or self.modes)
 
     def to_json(self) -> str:
         return json.dumps({"schema": LEDGER_SCHEMA, "cluster": self.cluster,
@@ -149,7 +160,8 @@ class Ledger:
                            "requeued": {str(k): asdict(v) for k, v in self.requeued.items()},
                            "handed_back": {str(k): v for k, v in self.handed_back.items()},
                            "theirs": {str(k): asdict(v) for k, v in self.theirs.items()},
-                           "theirs_modes": self.theirs_modes, "reloads": self.reloads},
+                           "theirs_modes": self.theirs_modes, "boot": self.boot, "marked": self.marked,
+                           "id": self.id},
                           separators=(",", ":"))
 
     @classmethod
@@ -163,7 +175,24 @@ class Ledger:
                    handed_back={int(k): str(v) for k, v in d.get("handed_back", {}).items()},
                    theirs={int(k): JobRef(**v) for k, v in d.get("theirs", {}).items()},
                    theirs_modes={str(k): str(v) for k, v in d.get("theirs_modes", {}).items()},
-                   reloads=d.get("reloads"))
+                   boot=d.get("boot"), marked=bool(d.get("marked")), id=d.get("id"))
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex
+
+
+def conf_reloaded(ledger: Ledger, boot: str | None, marked: bool | None) -> bool | None:
+    """Was slurm.conf reloaded since the ledger's last round? True, False, or None (unknown: no
+    round yet, or the reload mark was never made). ``boot``: slurmctld's BOOT_TIME now;
+    ``marked``: the partitions read now have ``RELOAD_MARK``."""
+    if ledger.boot is None or boot is None:
+        return None
+    if boot != ledger.boot:
+        return True                  # slurmctld restarted: it read slurm.conf again
+    if not ledger.marked or marked is None:
+        return None
+    return not marked                # only a reload of slurm.conf removes the mark
 
 
 def parse_ledger(text: str, where: str) -> Ledger:

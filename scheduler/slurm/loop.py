@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpudiag.scheduler.slurm import claim
 from gpudiag.scheduler.slurm.actions import restore
 from gpudiag.scheduler.slurm.controller import Controller, Refused, RoundResult
 from gpudiag.scheduler.slurm.ledger import LedgerError, LedgerStore
@@ -137,6 +138,11 @@ def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore
             log.warning("exiting without --restore: preemption stays OFF in %s until `gpudiag scheduler "
                         "serve --backend slurm --restore-only` (or a --watchdog, once the lease lapses) "
                         "gives it back", ", ".join(held))
+    try:
+        ctl.release()
+    except LedgerError as e:
+        log.error("%s", e)
+        rc = max(rc, 1)
     sys.stdout.flush()
     return rc
 
@@ -144,9 +150,11 @@ def serve(ctl: Controller, interval_s: float, once: bool, as_json: bool, restore
 def _report(r, as_json: bool, emit: Callable[[str], None]) -> int:  # noqa: ANN001 - actions.Restored
     if as_json:
         emit(json.dumps({"restored": [{k: v for k, v in a.__dict__.items() if k != "ref"} for a in r.actions],
-                         "failed": r.failed, "left": r.left}))
+                         "failed": r.failed, "left": r.left, "notes": r.notes}))
     for line in r.left:
         log.warning("not restored: %s", line)
+    for line in r.notes:
+        log.warning("%s", line)
     if r.failed:
         log.error("could not restore (kept in the ledger, run --restore-only again): %s", "; ".join(r.failed))
         if not as_json:
@@ -165,8 +173,15 @@ def restore_only(io: SlurmIO, store: LedgerStore, as_json: bool, dry_run: bool =
         if ledger.lease is not None and ledger.lease.live(now) and not ledger.lease.mine():
             raise LedgerError(f"{store.path}: the controller pid {ledger.lease.pid} on {ledger.lease.host} "
                               f"holds it (lease for {ledger.lease.expires - now:.0f} s more): stop it first")
+        cfg: dict[str, str] = {}
+        if ledger.holds_changes or ledger.id:     # the config names the cluster and its claim
+            try:
+                cfg = io.config()
+            except (SlurmError, BadSlurmOutput):
+                if ledger.holds_changes:
+                    raise
         if ledger.cluster and (ledger.nice or ledger.modes):
-            ident = cluster_identity(io.config())
+            ident = cluster_identity(cfg)
             if ident != ledger.cluster:
                 raise LedgerError(f"{store.path} belongs to cluster {ledger.cluster}, not this one ({ident})")
     except LedgerError as e:
@@ -180,7 +195,15 @@ def restore_only(io: SlurmIO, store: LedgerStore, as_json: bool, dry_run: bool =
         done = sum(a.applied for a in r.actions)
         left = f"; {len(r.left)} left to whoever changed them" if r.left else ""
         emit(f"restored {done} change(s){left}")
-    return _report(r, as_json, emit)
+    rc = _report(r, as_json, emit)
+    path = claim.claim_path(cfg)
+    if path is not None and not dry_run:     # everything back: the cluster's claim is free again
+        try:
+            after = store.read()
+            claim.release(path, after.id, after.holds_changes, time.time())
+        except LedgerError as e:
+            log.warning("%s", e)
+    return rc
 
 
 def watchdog(io: SlurmIO, store: LedgerStore, poll_s: float = WATCHDOG_POLL_S,
@@ -203,6 +226,8 @@ def watchdog(io: SlurmIO, store: LedgerStore, poll_s: float = WATCHDOG_POLL_S,
                 r = restore(io, store, modes_only=True)
                 for line in r.left:
                     log.warning("not restored: %s", line)
+                for line in r.notes:
+                    log.warning("%s", line)
                 if r.failed:
                     log.error("could not give preemption back (retrying): %s", "; ".join(r.failed))
                 else:

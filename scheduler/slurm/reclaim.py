@@ -105,7 +105,7 @@ def reclaim_actions(head: SlurmJob, victims: Sequence[Decision], s, usable: set[
     why = _unjudged(s.model, job, s.by_id, quotas, s.evidence, s.min_runtime_s, s.now)
     if why:
         return [], why
-    fit = fits_after(head, sorted({n for v in vs for n in v.nodes}), vs, s.nodes, s.memory)
+    fit = fits_after(head, sorted({n for v in vs for n in v.nodes}), vs, s.nodes, s.memory, s.jobs)
     if fit:
         return [], f"job {head.id} {fit} once its reclaim victims are gone: nothing reclaimed"
     nice, why = lift(head, vs, s.jobs, s.parts)

@@ -90,7 +90,7 @@ def _why_slurms(s: Serving, p: SlurmJob, head: int | None, victims: list[Decisio
     if p.id == head:
         if victims:
             fit = fits_after(p, sorted({n for v in victims for n in s.by_id[v.job_id].nodes}),
-                             [s.by_id[v.job_id] for v in victims], s.nodes, s.memory)
+                             [s.by_id[v.job_id] for v in victims], s.nodes, s.memory, s.jobs)
             if fit:
                 return f"job {p.id} {fit} once gpudiag's victims are gone"
         else:

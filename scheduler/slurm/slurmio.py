@@ -2,17 +2,23 @@
 
 Reading: ``squeue`` (``--json`` where this Slurm has it, else a fixed ``-o`` format, decided
 once; one call per round), ``scontrol show node|partition|config``, and ``scontrol show job N``
-for the one job a requeue is for. Writing, one call per change: ``scontrol update JobId=N
-Nice=M``, ``scontrol requeue N``, ``scontrol update PartitionName=P PreemptMode=M``. A controller
+for the one job a requeue is for. Writing: ``scontrol update JobId=N,M,... Nice=V`` (one call for
+every job that gets the same Nice: scontrol 22.05 takes a list of job ids and sends one update
+per job, so a round's 200 Nice writes are ~20 calls, not 200 processes), ``scontrol requeue N``,
+``scontrol update PartitionName=P PreemptMode=M``. A controller
 that cannot be reached is ``SlurmUnreachable`` (the loop backs off and changes nothing); a
 command Slurm refuses for lack of privilege is ``SlurmDenied`` (its message says who may); any
 other failure of a command is ``SlurmError``. An outage is named by what is out, with its
 address: ``MungeUnavailable`` (the local munged that signs every request, by its socket) or
 slurmctld (by host and port), once per message, never wrapped twice.
 
-``reloads`` reads what tells a reload of slurm.conf (``scontrol reconfigure``, a restart) from an
-administrator's ``scontrol update``: slurmctld's boot time and its count of reconfigure requests
-(``sdiag``); ``slurm_conf`` reads slurm.conf as it is now.
+A reload of slurm.conf (``scontrol reconfigure``) is told from an administrator's ``scontrol
+update`` by a partition slurm.conf does not define (``RELOAD_MARK``: hidden, inactive, without
+nodes, so no job can use it): Slurm 22.05 rebuilds its partitions from slurm.conf on a reload and
+the mark is gone; nothing else removes it (``sdiag -r`` or the midnight statistics reset, which an
+earlier version read as reloads, change nothing). ``partitions`` leaves the mark out of what it
+returns and says in ``marked`` whether that same answer had it; a restart shows in the config's
+``BOOT_TIME``. ``slurm_conf`` reads slurm.conf as it is now.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Sequence
 
 from gpudiag.scheduler.slurm.slurmconf import (
     ConfModes,
@@ -79,6 +86,18 @@ class SlurmDenied(SlurmError):
     pass
 
 
+# A partition slurm.conf does not define, created by the controller: a reload of slurm.conf removes
+# it (``reloaded``). Hidden and inactive (no job can be submitted to it or run in it), no nodes.
+RELOAD_MARK = "gpudiag-reload-mark"
+MARK_SPEC = ("State=INACTIVE", "Hidden=YES", "Default=NO", "PriorityTier=0", "PreemptMode=OFF")
+# Job ids per ``scontrol update JobId=...`` call: far below any command-line limit.
+MAX_IDS_PER_CALL = 500
+# What scontrol 22.05 prints per job a multi-job update fails for (update_job.c): "<error> for job
+# <id>", or "<array id>: <error>" for an array's tasks.
+_FOR_JOB = re.compile(r"^(?P<why>.*\S) for job (?P<id>\d+)\s*$")
+_ARRAY_JOB = re.compile(r"^(?P<id>\d+)(?:_\S+)?: (?P<why>.+)$")
+
+
 class SlurmIO:
     """Runs Slurm's commands with the caller's environment (SLURM_CONF, PATH)."""
 
@@ -88,17 +107,23 @@ class SlurmIO:
         self.json_ok: bool | None = None     # squeue --json supported? decided on first read
         self.calls = 0                       # commands run (the benchmark and tests count them)
         self.ctld = "slurmctld"              # "slurmctld at HOST:PORT" once the config was read
+        self.marked: bool | None = None      # the last partitions read had RELOAD_MARK (None: none read)
 
     def _run(self, *argv: str) -> str:
+        return self._check(argv, self._spawn(argv))
+
+    def _spawn(self, argv: Sequence[str]) -> subprocess.CompletedProcess:
         self.calls += 1
         try:
-            p = subprocess.run(list(argv), capture_output=True, text=True, timeout=self.timeout,
-                               env=self.env if self.env is not None else os.environ)
+            return subprocess.run(list(argv), capture_output=True, text=True, timeout=self.timeout,
+                                  env=self.env if self.env is not None else os.environ)
         except FileNotFoundError:
             raise SlurmError(f"{argv[0]}: not found on PATH (is Slurm's client installed?)") from None
         except subprocess.TimeoutExpired:
             raise SlurmUnreachable(f"{self.ctld} unreachable: {' '.join(argv[:3])} gave no answer in "
                                    f"{self.timeout:.0f} s", self.ctld) from None
+
+    def _check(self, argv: Sequence[str], p: subprocess.CompletedProcess) -> str:
         munge = _munge_outage(p.stderr)
         if munge:   # squeue --json exits 0 with an "errors" list when it cannot sign its request
             raise MungeUnavailable(munge, munge.split(" unreachable", 1)[0])
@@ -154,7 +179,13 @@ class SlurmIO:
         return parse_nodes(self._run("scontrol", "show", "node", "-o"))
 
     def partitions(self) -> dict[str, Partition]:
-        return parse_partitions(self._run("scontrol", "show", "partition", "-o"))
+        """Every partition but ``RELOAD_MARK``; ``marked`` says whether this answer had the mark.
+        ``-a``: without it Slurm hides hidden partitions (the mark is one) and those of groups
+        the caller is not in from users other than root and the SlurmUser (user nobody saw no
+        mark), and the controller must see every partition it reasons about."""
+        parts = parse_partitions(self._run("scontrol", "-a", "show", "partition", "-o"))
+        self.marked = parts.pop(RELOAD_MARK, None) is not None
+        return parts
 
     def config(self) -> dict[str, str]:
         cfg = parse_config(self._run("scontrol", "show", "config"))
@@ -164,21 +195,6 @@ class SlurmIO:
         if host:
             self.ctld = f"slurmctld at {host}:{cfg.get('SlurmctldPort', '6817')}"
         return cfg
-
-    def reloads(self) -> str | None:
-        """sdiag's count of ``scontrol reconfigure`` requests since its statistics began (a
-        restart begins them again): with slurmctld's ``BOOT_TIME`` (``reload_marker``), what
-        changes whenever slurm.conf is reloaded. None when sdiag cannot be read
-        (``PrivateData=...`` hides it from non-admins)."""
-        try:
-            out = self._run("sdiag")
-        except SlurmUnreachable:
-            raise
-        except SlurmError:
-            return None
-        since = re.search(r"^Data since\s+(.*)$", out, re.M)
-        count = sum(int(m) for m in re.findall(r"^\s*REQUEST_RECONFIGURE\w*\s.*?count:(\d+)", out, re.M))
-        return None if since is None else f"statistics since {since.group(1).strip()}; reconfigures {count}"
 
     def slurm_conf(self, cfg: dict[str, str]) -> ConfModes | None:
         """slurm.conf as it is now (``SLURM_CONF`` of the config), None where this host has no
@@ -209,6 +225,36 @@ class SlurmIO:
     def set_nice(self, job_id: int, nice: int) -> None:
         self._run("scontrol", "update", f"JobId={job_id}", f"Nice={nice}")
 
+    def set_nice_many(self, job_ids: Sequence[int], nice: int) -> dict[int, str]:
+        """One Nice for several jobs, ``MAX_IDS_PER_CALL`` per ``scontrol update JobId=a,b,c``:
+        {job id: why not} for the jobs Slurm refused (each named in scontrol's own words); a job
+        not named was changed. A failure that names no job (slurmctld or munge out, no
+        privilege, an answer in another shape) raises, as for one job."""
+        failed: dict[int, str] = {}
+        for k in range(0, len(job_ids), MAX_IDS_PER_CALL):
+            chunk = [int(j) for j in job_ids[k:k + MAX_IDS_PER_CALL]]
+            argv = ("scontrol", "update", "JobId=" + ",".join(map(str, chunk)), f"Nice={nice}")
+            p = self._spawn(argv)
+            if p.returncode == 0 and not _munge_outage(p.stderr):
+                continue
+            per_job = _per_job_errors(p.stderr, chunk)
+            whole = any(w.lower() in p.stderr.lower() for w in UNREACHABLE_WORDS + DENIED_WORDS)
+            if per_job is None or whole:
+                self._check(argv, p)      # raises with the whole call's cause
+                raise SlurmError(f"{' '.join(argv[:3])}: exit {p.returncode}")
+            failed.update(per_job)
+        return failed
+
+    def qos(self) -> str:
+        """``sacctmgr -nP show qos format=Name,Priority`` (slurmdbd's QOS, for ``qos.qos_tiers``)."""
+        return self._run("sacctmgr", "-nP", "show", "qos", "format=Name,Priority")
+
+    def create_mark(self) -> None:
+        self._run("scontrol", "create", f"PartitionName={RELOAD_MARK}", *MARK_SPEC)
+
+    def delete_mark(self) -> None:
+        self._run("scontrol", "delete", f"PartitionName={RELOAD_MARK}")
+
     def requeue(self, job_id: int) -> None:
         self._run("scontrol", "requeue", str(job_id))
 
@@ -228,6 +274,16 @@ def _munge_outage(stderr: str) -> str:
     return f"munge (the local munged) unreachable: {why}"
 
 
-def reload_marker(stats: str | None, cfg: dict[str, str]) -> str | None:
-    """``SlurmIO.reloads`` and slurmctld's boot time in one value (None: unknown)."""
-    return None if stats is None else f"boot {cfg.get('BOOT_TIME', '?')}; {stats}"
+def _per_job_errors(stderr: str, ids: Sequence[int]) -> dict[int, str] | None:
+    """{job id: error} from a multi-job ``scontrol update``'s stderr; None when a line names no
+    job of ``ids`` (the call failed as a whole, or in words this does not know)."""
+    out: dict[int, str] = {}
+    asked = set(ids)
+    for line in stderr.splitlines():
+        if not line.strip():
+            continue
+        m = _FOR_JOB.match(line.strip()) or _ARRAY_JOB.match(line.strip())
+        if m is None or int(m.group("id")) not in asked:
+            return None
+        out[int(m.group("id"))] = m.group("why").strip()
+    return out or None

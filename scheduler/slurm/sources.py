@@ -38,13 +38,14 @@ HTTP_TIMEOUT_S = 5.0
 # decisions close to what it read.
 ROUND_DEADLINE_S = HTTP_TIMEOUT_S
 MAX_PARALLEL = 64        # agents read at once (threads); more wait for a free one within the deadline
-# one selector per series, all Slurm jobs at once: four HTTP queries per round, whatever the load
+# one selector per series, all Slurm jobs at once: five HTTP queries per round, whatever the load
 _SEL = f'{{job_id=~"{JOB_PREFIX}[0-9]+"}}'
 QUERIES = {
     "mfu": f"gpudiag_job_mfu_ratio{_SEL}",
     "label": f"gpudiag_job_bottleneck{_SEL} == 1",
     "confidence": f"gpudiag_job_signal_confidence{_SEL}",
     "seen": f"gpudiag_job_last_signal_timestamp_seconds{_SEL}",
+    "stalled": f"gpudiag_job_stalled_seconds{_SEL}",
 }
 
 
@@ -54,6 +55,8 @@ class _Partial:
     label: str = "unknown"
     confidence: float = 0.0
     age: float = math.inf
+    stalled: float | None = None
+    cause: str | None = None
 
 
 def _combine(rows: dict[tuple[JobKey, str], _Partial]) -> dict[JobKey, Signal]:
@@ -63,14 +66,14 @@ def _combine(rows: dict[tuple[JobKey, str], _Partial]) -> dict[JobKey, Signal]:
         if p.mfu is None or not math.isfinite(p.mfu):
             continue
         s = Signal(mfu=min(1.0, max(0.0, p.mfu)), label=p.label if p.label in LABELS else "unknown",
-                   confidence=p.confidence, age_s=p.age)
+                   confidence=p.confidence, age_s=p.age, stalled_s=p.stalled, stall_cause=p.cause)
         if job not in best or s.age_s < best[job].age_s:
             best[job] = s
     return best
 
 
 def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[JobKey, Signal]:
-    """The four /api/v1/query answers (JSON, keyed as QUERIES) -> signals.
+    """The /api/v1/query answers (JSON, keyed as QUERIES) -> signals.
 
     Raises ValueError on an answer that is not a Prometheus vector result.
     """
@@ -94,6 +97,8 @@ def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[JobKe
                 p.confidence = v
             elif what == "seen":  # when the agent last heard from the job, by the agent's clock
                 p.age = age_of(v, now)
+            elif what == "stalled":  # no step for this long, past its limit (its MFU is exported as 0)
+                p.stalled, p.cause = v, metric.get("cause") or None
     return _combine(rows)
 
 

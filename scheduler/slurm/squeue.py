@@ -68,6 +68,7 @@ class SlurmJob:
     array_job_id: int = 0           # an array's id (its pending tasks' record); 0: not an array task
     het_job_id: int = 0             # a heterogeneous job's id (its first component's); 0: not one
     constraints: str = ""           # what else it asks Slurm for (features, licenses, ...), in words
+    qos: str = ""                   # its QOS (--json only; "" without accounting storage)
 
     @property
     def split_task(self) -> bool:
@@ -232,7 +233,7 @@ def parse_squeue_json(raw: bytes | str) -> list[SlurmJob]:
             node_count=max(1, int(_num(j.get("node_count"), "node_count", jid))),
             exclusive=str(j.get("shared") or "").lower() in EXCLUSIVE_SHARED,
             array_job_id=_id(j.get("array_job_id")), het_job_id=_id(j.get("het_job_id")),
-            constraints=_constraints(j)))
+            constraints=_constraints(j), qos=str(j.get("qos") or "")))
     return out
 
 

@@ -12,15 +12,16 @@ decision back to Slurm (the partition's original mode) everywhere else:
   partitions are never touched.
 - A partition held by gpudiag whose mode an administrator set with ``scontrol update`` (to
   anything, its original included) is theirs: dropped from the ledger, said in one line, and not
-  taken again until slurm.conf is reloaded. What tells that from a reload is slurmctld itself
-  (``SlurmIO.reloads``: its boot time and its count of reconfigures) and slurm.conf as it is
-  now: back at slurm.conf's mode after a reload, it is a reset: taken again, and no victims are
-  chosen in that round (Slurm may have begun preempting before the controller read squeue).
-  Reloaded with a slurm.conf that now gives it another mode (OFF included), the new mode is the
-  administrator's: gpudiag forgets the old one and never restores it. slurmctld's reloads are
-  read before and after the partitions: a reload between the two reads (or reloads that cannot
-  be read at all: sdiag hidden by ``PrivateData``) make a partition back at its original a
-  reset, as before the comparison existed.
+  taken again until slurm.conf is reloaded. A reload is told from such an update by Slurm's own
+  partitions (``ledger.conf_reloaded``): a reload rebuilds them from slurm.conf, so the partition gpudiag
+  made beside them (``slurmio.RELOAD_MARK``) is gone, and a restart shows a new BOOT_TIME;
+  statistics (``sdiag``, reset by ``sdiag -r`` and at midnight) are never read. What the reload
+  set comes from slurm.conf as it is now: back at slurm.conf's mode after a reload, a held
+  partition is reset: taken again, and no victims are chosen in that round (Slurm may have
+  begun preempting before the controller read squeue). Reloaded with a slurm.conf that now
+  gives it another mode (OFF included), the new mode is the administrator's: gpudiag forgets the
+  old one and never restores it. Where the mark could not be made (unknown), a partition back at
+  its original is taken for a reset.
 - A waiting job Slurm could preempt for (a higher PriorityTier, on nodes it shares with running
   jobs that have run the minimum time) is Slurm's when gpudiag cannot judge or cannot act for it:
   a candidate victim without usable MFU evidence (jobs without signals are neither protected nor
@@ -55,14 +56,13 @@ class ModeView:
     theirs: set[str] = field(default_factory=set)   # an administrator's until slurm.conf is reloaded
 
 
-def reconcile_modes(ledger: Ledger, parts: Mapping[str, Partition], reloads: str | None = None,
+def reconcile_modes(ledger: Ledger, parts: Mapping[str, Partition], reloaded: bool | None = None,
                     conf: ConfModes | None = None) -> ModeView:
     """Resolve crash intents, reloads and administrators' changes; returns who holds what now.
 
-    ``reloads``: this round's ``SlurmIO.reloads`` (None: unknown), compared with the ledger's;
-    ``conf``: slurm.conf as it is now (None: unreadable here)."""
+    ``reloaded``: slurm.conf was reloaded since the ledger's last round (``ledger.conf_reloaded``; None:
+    unknown); ``conf``: slurm.conf as it is now (None: unreadable here)."""
     view = ModeView({n: p.preempt_mode for n, p in parts.items()}, set())
-    reloaded = None if reloads is None or ledger.reloads is None else reloads != ledger.reloads
     if reloaded and ledger.theirs_modes:   # slurm.conf, reloaded, is the administrators' word again
         view.notes.append(f"slurm.conf reloaded: partition(s) {', '.join(sorted(ledger.theirs_modes))} "
                           "are gpudiag's to manage again")
@@ -128,31 +128,39 @@ def unsafe_holds(parts: Mapping[str, Partition], original: Mapping[str, str], no
     arriving on its nodes then makes Slurm preempt whatever else is preemptible there: a CANCEL
     partition's job is killed where Slurm alone would have requeued the spot job (seen in
     tests/test_slurm_safety.py). So P is held only if every partition R that a higher tier Q over
-    P could preempt on the same GPU nodes (R's tier below Q's, R's mode not OFF) is held too; a
+    P could preempt (R's tier below Q's, R's mode not OFF, R and Q sharing a node) is held too; a
     partition left out exposes the others in turn, so this runs to a fixed point. What remains is
     a set of partitions in which Slurm, for every higher-tier job, has no victim at all: gpudiag's
-    choice is then the only one, and nobody else's job pays for it."""
-    gpu = {n for n, node in nodes.items() if node.gpus > 0}
+    choice is then the only one, and nobody else's job pays for it.
+
+    Every node counts, GPU or not: a held partition's jobs are out of Slurm's reach on its
+    CPU-only nodes too, and a higher-tier job that asks for no GPUs may land on any node of its
+    partition. With spot over a GPU node and a CPU node, and a CANCEL partition on the CPU node,
+    Slurm killed the CANCEL job for such a job while spot was held (issue 41's first finding);
+    looking at GPU nodes only, the rule had not seen it."""
     kept, why = set(hold), {}
     changed = True
     while changed:
         changed = False
         for name in sorted(kept):
             p = parts[name]
-            mine = gpu & set(p.nodes)
+            mine = set(p.nodes)
             for q in sorted(parts.values(), key=lambda x: x.name):
-                over = mine & set(q.nodes)
-                if q.priority_tier <= p.priority_tier or not over:
+                if q.priority_tier <= p.priority_tier or not mine & set(q.nodes):
                     continue
                 exposed = [r for r in sorted(parts.values(), key=lambda x: x.name)
                            if r.name != name and r.name not in kept and r.priority_tier < q.priority_tier
                            and original.get(r.name, r.preempt_mode).upper() != PREEMPT_OFF
-                           and gpu & set(q.nodes) & set(r.nodes)]
+                           and set(q.nodes) & set(r.nodes)]
                 if exposed:
                     r = exposed[0]
+                    shared = sorted(set(q.nodes) & set(r.nodes))
+                    where = "" if all(nodes[n].gpus > 0 for n in shared if n in nodes) else \
+                        f" on {', '.join(n for n in shared if n in nodes and nodes[n].gpus == 0)} (no GPUs)"
+                    mode = original.get(r.name, r.preempt_mode)
                     why[name] = (f"not held: a job of {q.name} would make Slurm preempt partition {r.name}'s "
-                                 f"jobs (PreemptMode={original.get(r.name, r.preempt_mode)}) in place of "
-                                 f"{name}'s; Slurm chooses victims there, as it would alone")
+                                 f"jobs (PreemptMode={mode}){where} in place of {name}'s; Slurm chooses "
+                                 "victims there, as it would alone")
                     break
             if name in why:
                 kept.discard(name)
@@ -201,16 +209,28 @@ def candidates(parts: Mapping[str, Partition], jobs: Sequence[SlurmJob], origina
 
 
 def fits_after(head: SlurmJob, node_names: Sequence[str], freed: Sequence[SlurmJob],
-               nodes: Mapping[str, SlurmNode], memory: bool) -> str:
+               nodes: Mapping[str, SlurmNode], memory: bool, holding: Sequence[SlurmJob] = ()) -> str:
     """"" when the head's CPUs (and memory, where Slurm allocates it) fit on these nodes once the
-    ``freed`` jobs are gone; else what stays short, in words."""
+    ``freed`` jobs are gone; else what stays short, in words.
+
+    ``holding``: every job holding resources (the freed ones included). A victim frees its CPUs
+    only where no other job shares its cores: under ``OverSubscribe`` the jobs on a node hold
+    more CPUs than the node has allocated, and a requeue that frees no core did not help (issue
+    41 saw one tried first). So what a node gets back is at most what the jobs that stay do not
+    cover of its allocated CPUs."""
     k = max(1, len(node_names))
+    gone = {j.id for j in freed}
     for n in node_names:
         node = nodes.get(n)
         if node is None:
             return f"node {n} unknown"
         share = [j for j in freed if n in j.nodes]
-        cpus = node.cpus - node.cpus_alloc + sum(j.cpus / max(1, len(j.nodes)) for j in share)
+        back = sum(j.cpus / max(1, len(j.nodes)) for j in share)
+        if holding:
+            stay = sum(j.cpus / max(1, len(j.nodes)) for j in holding if j.holds and n in j.nodes
+                       and j.id not in gone)
+            back = min(back, max(0.0, node.cpus_alloc - stay))
+        cpus = node.cpus - node.cpus_alloc + back
         if head.cpus / k > cpus + 1e-9:
             return f"needs {head.cpus / k:g} CPUs on {n}, {cpus:g} would be free"
         if memory and head.mem_mb > 0:

@@ -16,6 +16,7 @@ ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--forever", action="store_true")
 ap.add_argument("--exit-code", type=int, default=0)
 ap.add_argument("--sleep", type=float, default=0.0, help="seconds of fake input wait per step")
+ap.add_argument("--batch", type=int, default=128)
 ap.add_argument("--no-optimizer", action="store_true")
 ap.add_argument("--echo-stdin", action="store_true")
 args = ap.parse_args()
@@ -25,8 +26,8 @@ if args.echo_stdin:
 
 model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x = torch.randn(128, 256)
-y = torch.randn(128, 1)
+x = torch.randn(args.batch, 256)
+y = torch.randn(args.batch, 1)
 step = 0
 while args.forever or step < args.steps:
     time.sleep(args.sleep)

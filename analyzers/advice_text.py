@@ -1,0 +1,259 @@
+"""The words of each piece of advice: what the job shows, and what to do about it. Each text
+takes the advice's inputs and the view's shares (``classify.shares``); the catalogue that picks
+them is ``advice``."""
+
+from __future__ import annotations
+
+from gpudiag.analyzers import whatif
+from gpudiag.analyzers.advice_inputs import (
+    TENSOR_CORE_MULTIPLE,
+    AdviceInputs,
+    _faster,
+    _fastest_lower,
+    _gpu,
+    _ms,
+    _pct,
+    _unit,
+    job_cpu,
+)
+from gpudiag.analyzers.op_flops import MODEL_OPS
+from gpudiag.diagnosis import Bottleneck, Stragglers, TimeBreakdown
+
+
+def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
+    """What the wait costs in CPU, in words: decoding needs a core per worker, storage does not."""
+    if cpu is None or not a.traits.single_process_loader:
+        return ""
+    used = whatif.loading_cores(a.view, cpu)
+    if used >= whatif.CPU_LOADING:
+        w = whatif.loader_work(a.view, cpu, _gpu(a))
+        beside = "its main thread" if _gpu(a) else f"the model's {cpu.model_cores} thread(s)"
+        return (f" Loading is CPU work here ({_ms(w.batch_us)} per batch on the thread that makes "
+                f"it): workers share the {cpu.cpus} cores with {beside}, so the cores, not the "
+                "number of workers, bound the step once the wait is hidden; decoding faster or on "
+                "other machines goes further.")
+    return (f" The wait is not CPU work (the job's processes use {cpu.cores_used:.2g} cores): "
+            "workers waiting on storage need no core of their own.")
+
+
+def _input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    workers = " with num_workers=0" if a.traits.single_process_loader else ""
+    cpu = job_cpu(a.traits)
+    need = whatif.workers_needed(a.view, cpu, _gpu(a)) if a.traits.single_process_loader else None
+    raise_to = f" to at least {need}" if need else ""
+    pin = ", set pin_memory=True" if _gpu(a) else ""
+    onto = " (or onto the GPU)" if _gpu(a) else ""
+    return (f"The DataLoader wait is {_pct(s[Bottleneck.INPUT])} of step time{workers}: raise "
+            f"num_workers{raise_to}{pin} and prefetch_factor, and move decoding/augmentation out "
+            f"of the training process{onto}.{_loading(a, cpu)}")
+
+
+def _cpu_loading(a: AdviceInputs) -> bool:
+    """A single-process loader whose wait is CPU work (decoding, augmenting), by the host samples."""
+    cpu = job_cpu(a.traits)
+    return (cpu is not None and a.traits.single_process_loader
+            and whatif.loading_cores(a.view, cpu) >= whatif.CPU_LOADING)
+
+
+def _cheaper_input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    w = whatif.loader_work(a.view, job_cpu(a.traits), _gpu(a))  # type: ignore[arg-type]
+    return (f"The DataLoader wait is {_pct(s[Bottleneck.INPUT])} of step time and it is CPU work "
+            f"({_ms(w.batch_us)} a batch on the thread that makes it): make each batch cheaper to "
+            "produce - decode once and store the decoded (or smaller) samples, move augmentation "
+            "to the accelerator, or load on other machines - since workers only move that work to "
+            "other cores, and only where cores are free.")
+
+
+def _comm_detail(a: AdviceInputs) -> str:
+    if not a.collectives:
+        return ""
+    c = a.collectives[0]
+    out = f" ({c.collective}"
+    if c.exposed_per_step_us is not None:
+        out += f": {_ms(c.exposed_per_step_us)} exposed per step"
+    if c.busbw_gbps is not None:
+        out += f", bus bandwidth {c.busbw_gbps:.3g} GB/s"
+        if c.link_peak_gbps:
+            out += f" = {_pct(c.busbw_gbps / c.link_peak_gbps)} of the link's peak"
+    return out + ")"
+
+
+def _exposed(a: AdviceInputs) -> float:
+    return a.view.comm_exposed / a.view.step_time if a.view.step_time > 0 else 0.0
+
+
+def _comm_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    t = a.traits
+    if t.fsdp:
+        how = "overlap it with compute (FSDP backward_prefetch and forward_prefetch)"
+    elif t.ddp:
+        per_step = _collectives_per_step(a)
+        how = ("overlap it with backward: a smaller DDP bucket_cap_mb starts each bucket's "
+               "all-reduce while backward still runs" if per_step is not None and per_step < 2 else
+               f"overlap the last of it with backward: DDP already all-reduces {per_step:.0f} buckets "
+               "a step while backward runs, so what is left exposed is the last buckets' (a smaller "
+               "bucket_cap_mb makes them smaller)" if per_step is not None else
+               "overlap it with backward (DDP's bucket_cap_mb sets how early each all-reduce starts)")
+    elif t.training:
+        how = ("overlap it with backward: all-reduce gradients in buckets as backward produces them "
+               "(DistributedDataParallel, or async_op=True per bucket)")
+    else:
+        how = "overlap it with compute (async_op=True, and wait only where the result is needed)"
+    link = ", and check the interconnect" if _gpu(a) else ""
+    return (f"Communication not overlapped with compute is {_pct(_exposed(a))} of step time"
+            f"{_comm_detail(a)}: {how}{link}.")
+
+
+def _collectives_per_step(a: AdviceInputs) -> float | None:
+    """All-reduces (or the job's busiest collective) per step and rank, in the view."""
+    if not a.collectives or not a.steps_per_rank:
+        return None
+    return a.collectives[0].count / a.steps_per_rank
+
+
+def _comm_cost_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    b = a.view
+    parts = [f"{_ms(b.comm_exposed)} exposed"]
+    if b.comm_work > 0:
+        parts.append(f"{_ms(b.comm_work)} of the training thread's copies into and out of DDP's buckets")
+    if b.comm_contention > 0:
+        parts.append(f"{_ms(b.comm_contention)} of compute slowed beside the collectives (the cores "
+                     "and memory they took)")
+    k = whatif.ACCUMULATE_STEPS
+    return (f"Communication costs {_pct(s[Bottleneck.COMMUNICATION])} of step time "
+            f"({', '.join(parts)}): all-reduce less often - accumulate gradients over {k} micro-batches "
+            "under DDP's no_sync() and all-reduce on the last (each step then moves the same bytes "
+            f"for {k} times the samples, where the larger effective batch suits the training) - or send "
+            "fewer bytes (DDP's bf16_compress_hook or fp16_compress_hook, PowerSGD)"
+            + ("; on a CPU, gloo's threads run on the ranks' own cores: where the ranks share one "
+               "machine, one process with more intra-op threads needs no all-reduce at all"
+               if not _gpu(a) and a.ranks > 1 else "")
+            + ".")
+
+
+def own_launch_share(b: TimeBreakdown) -> float:
+    """The job's own host work (Python, launches, syncs) over the step: the host gaps less the
+    training thread's wait for a core (``host_waiting``), which no launch-overhead fix removes."""
+    waiting = max(b.host_waiting, b.host_stalled)
+    return (b.host_overhead - waiting) / b.step_time if b.step_time > 0 else 0.0
+
+
+def contention_share(b: TimeBreakdown) -> float:
+    """The training thread's wait for cores the job's own workers and threads held, over the step."""
+    return max(0.0, b.host_waiting - b.host_stalled) / b.step_time if b.step_time > 0 else 0.0
+
+
+def _contention_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    t = a.traits
+    workers = max(t.dataloader_workers, default=0)
+    free = (f" ({t.cpus} cores, {workers} DataLoader workers, {t.intra_op_threads} intra-op "
+            "threads)" if t.cpus and t.intra_op_threads else "")
+    whose = ("while the job's own workers and threads hold them"
+             if a.host_wait is None or a.host_wait.own_share is not None else
+             "(who held them the host sampler could not say: where it is the job's own workers and "
+             "threads)")
+    return (f"The training thread waits for a core {_pct(contention_share(a.view))} of step time "
+            f"{whose}{free}: leave it a core - fewer "
+            "intra-op threads (torch.set_num_threads), DataLoader workers sized to the cores left "
+            "free, augmentation moved to the GPU (torchvision.transforms.v2 on CUDA tensors).")
+
+
+def _graphs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    return (f"The GPU is idle {_pct(own_launch_share(a.view))} of step time on the job's own host "
+            "work (launches, Python, syncs) with no input wait: capture "
+            "the step with CUDA graphs or torch.compile(mode='reduce-overhead'), remove host syncs "
+            "(.item(), .cpu(), print of tensors) from the loop, and grow the batch so each launch "
+            "does more work.")
+
+
+def _syncs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    return (f"The GPU is idle {_pct(s[Bottleneck.HOST])} of step time with no input wait although "
+            "the step is compiled: remove host syncs (.item(), .cpu(), print of tensors) and graph "
+            "breaks from the loop, and grow the batch so each launch does more work.")
+
+
+def _compile_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    return (f"{_pct(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
+            "operators (many tiny ops): fuse them with torch.compile, batch the work into fewer, "
+            "larger tensor ops, and vectorise Python loops.")
+
+
+def _batch_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    return (f"{_pct(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
+            "operators although the step is compiled: batch the work into fewer, larger tensor "
+            "ops, vectorise Python loops, and grow the batch.")
+
+
+def _largest(a: AdviceInputs) -> str:
+    return f" (largest: {', '.join(a.top_memory_ops[:3])})" if a.top_memory_ops else ""
+
+
+def _fuse_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    fusable = [n for n in a.top_memory_ops if n not in MODEL_OPS]
+    largest = f" (largest: {', '.join(fusable[:3])})" if fusable else ""
+    return (f"Memory-bound {_unit(a)} work is {_pct(s[Bottleneck.MEMORY])} of step time"
+            f"{largest}: fuse chains of elementwise and normalisation ops with torch.compile, "
+            "so each reads and writes its data once (it also closes the gaps between ops).")
+
+
+def _bf16_bytes_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    return (f"Memory-bound {_unit(a)} work is {_pct(s[Bottleneck.MEMORY])} of step time in fp32"
+            f"{_largest(a)}: keep activations in bf16 (torch.autocast) to halve the bytes moved.")
+
+
+def _fused_opt_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    return ("The optimizer updates parameters one tensor at a time: pass foreach=True (or "
+            "fused=True) to it, so each update is a few large kernels instead of many small ones.")
+
+
+def _copies_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    f = a.view.memcpy_exposed / a.view.step_time
+    return (f"Memory copies not hidden by compute are {_pct(f)} of step time: use pinned host "
+            "memory with non_blocking=True copies and avoid per-step host<->device transfers.")
+
+
+def _precision_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    fam, ratio = _faster(a) or _fastest_lower(a) or ("bf16", 1.0)
+    mfu = f", MFU {_pct(a.mfu.value)}" if a.mfu.value is not None else ""
+    if _gpu(a):
+        how = "run matmuls in bf16 (torch.autocast)" + (
+            " or allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True)"
+            if "tf32" in a.device_peaks else "")
+    else:
+        how = ("run matmuls in bf16 (torch.autocast('cpu', dtype=torch.bfloat16)): this CPU's "
+               f"measured {fam} GEMM peak is {1 / ratio:.2g}x its fp32 one")
+    return (f"Compute-bound {_unit(a)} work is {_pct(s[Bottleneck.COMPUTE])} of step time in fp32"
+            f"{mfu}: {how}.")
+
+
+def _attention_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    return ("Attention is built from matmuls and a softmax: use "
+            "torch.nn.functional.scaled_dot_product_attention (fused, flash/memory-efficient "
+            "kernels), which never writes the attention matrix to memory.")
+
+
+def _shapes_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    return (f"MFU is {_pct(a.mfu.value or 0.0)} and the largest GEMMs have dimensions that are not "
+            f"multiples of {TENSOR_CORE_MULTIPLE}: pad hidden sizes, vocabulary and batch to "
+            "multiples of 64 so they run on tensor cores without padding.")
+
+
+def _near_peak_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    return (f"Compute-bound {_unit(a)} work is {_pct(s[Bottleneck.COMPUTE])} of step time at MFU "
+            f"{_pct(a.mfu.value or 0.0)}, near what the math allows: gains now come from doing "
+            "fewer FLOPs (a smaller model, less recomputation) or from more devices.")
+
+
+def _straggler_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    st = a.stragglers
+    assert st is not None
+    worst = _worst(st)
+    slow = st.per_rank_step_us.get(str(worst), 0) / st.median_step_us - 1
+    return (f"Rank {worst} is {_pct(slow)} slower per step than the median rank; every other rank "
+            "waits for it at each collective: check that node's clocks and thermals, its input "
+            "shard, and CPU contention.")
+
+
+def _worst(st: Stragglers) -> int:
+    return max(st.ranks, key=lambda r: st.per_rank_step_us.get(str(r), 0))
+

@@ -1,0 +1,168 @@
+"""What ``torch.compile`` would change in a CPU job's step, counted from its trace.
+
+On a CPU the operators are the host's work: there is no device running behind the host, so
+compile removes no "launch gaps" - it removes calls. An eager step calls one operator at a time
+from Python (each call: Python, the dispatcher, the autograd graph, an allocation); the
+compiled step calls one kernel per run of fused operators, and still calls the GEMMs and
+convolutions (extern kernels, with their own work). Each compiled graph costs a call of its
+own (guards, runtime wrappers), and a graph ends where Python needs a value (``.item()``).
+What compile does not touch keeps its time: the optimizer step and ``zero_grad`` (unless
+compiled too), autograd's per-parameter ``AccumulateGrad``, DataLoader waits, collectives and
+DDP's bucket copies, the syncs themselves.
+
+So this module counts, per traced step: the top-level operator calls compile would replace
+(``calls``), the calls the compiled graph would make instead (``kernels``: GEMM/convolution
+calls, plus one per run of other calls between them), the graphs (one per stretch of the
+region between syncs, twice in training: forward and backward), and the time of what stays.
+``whatif.compiled_cpu`` turns them into a prediction. Measured on this project's 2-core AMD EPYC
+(torch 2.13, tiny tensors): a compiled kernel call cost 0.4-0.9x an eager operator call of the
+same model (``docs/diagnosis.md``), so the call count, not the kernels' work, decides.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from gpudiag.analyzers import intervals as iv
+from gpudiag.analyzers.breakdown import CpuWork, cpu_comm_ops, step_windows
+from gpudiag.analyzers.trace_loader import RankTrace
+
+# What compile leaves as it is: the optimizer (``Optimizer.step#SGD.step``, its zero_grad),
+# autograd's per-parameter accumulation, DDP's reducer (bucket copies), collectives' launches.
+_KEPT_RE = re.compile(r"^Optimizer\.(step|zero_grad)#|^autograd::engine::evaluate_function: "
+                      r"torch::autograd::AccumulateGrad|reducer::|^c10d::")
+# A value read back into Python ends a compiled graph (a graph break): the sync stays eager.
+# ``.item()``, ``bool(t)``, ``.tolist()`` all read through this one operator
+SYNC_RE = re.compile(r"^aten::_local_scalar_dense$")
+# Calls that stay calls in compiled code (inductor calls them as extern kernels): GEMMs and
+# convolutions, forward and backward, counted once each (not their wrappers: linear, matmul).
+_EXTERN_RE = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|convolution|convolution_backward)$")
+
+
+@dataclass(frozen=True)
+class CompileFacts:
+    """Per traced step (the mean over the rank's steps), as traced."""
+
+    calls: float = 0.0  # top-level operator calls compile would replace
+    kernels: float = 0.0  # calls the compiled graph would make: extern GEMMs/convs + fused runs
+    graphs: float = 0.0  # compiled graphs per step (1 + syncs, forward and backward in training)
+    extern_us: float = 0.0  # time of the extern calls' own operators (their work stays)
+    # time of what compile leaves as it is (optimizer, AccumulateGrad, DDP's reducer), outside
+    # DataLoader waits and collectives (the breakdown's own parts, kept too)
+    kept_us: float = 0.0
+    kept_calls: float = 0.0  # top-level calls in it
+    syncs: float = 0.0  # values read back into Python inside the forward (graph breaks)
+    step_us: float = 0.0  # the traced step these are of
+
+    @staticmethod
+    def mean(ranks: list[CompileFacts]) -> CompileFacts:
+        n = max(len(ranks), 1)
+        return CompileFacts(*(sum(getattr(r, f.name) for r in ranks) / n for f in fields(CompileFacts)))
+
+
+def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileFacts:
+    """The counts of one CPU rank (empty for a GPU rank: there compile closes launch gaps,
+    ``whatif.compiled``)."""
+    lo, hi, _ = step_windows(rt)
+    if cw is None or lo.size == 0:
+        return CompileFacts()
+    n = lo.size
+    inside = iv.contains((lo, hi), rt.cpu_ts)
+    kept_mark = _named(rt, _KEPT_RE)
+    comm = cpu_comm_ops(rt)
+    # the kept work's time (DataLoader waits and collectives are the breakdown's own parts)
+    kept_work = iv.subtract(iv.merge(rt.cpu_ts[kept_mark], (rt.cpu_ts + rt.cpu_dur)[kept_mark]), cw.waits)
+    in_kept = iv.contains(iv.union(iv.union(kept_work, cw.waits),
+                                   iv.merge(rt.cpu_ts[comm], (rt.cpu_ts + rt.cpu_dur)[comm])), rt.cpu_ts)
+    top = inside & rt.cpu_is_op & (rt.cpu_depth == 0)
+    region = top & ~in_kept
+    sync = _named(rt, SYNC_RE) & inside
+    extern = _named(rt, _EXTERN_RE) & inside & rt.cpu_is_op & ~in_kept
+    # a top-level call that holds an extern call or a sync stays a call: a barrier between runs
+    idx = np.flatnonzero(region)
+    idx = idx[np.lexsort((rt.cpu_ts[idx], rt.cpu_tid[idx]))]
+    holds_extern = _holds(rt, idx, extern)
+    holds_sync = _holds(rt, idx, sync) & ~holds_extern
+    runs = _runs(holds_extern | holds_sync, rt.cpu_tid[idx])
+    syncs = _forward_syncs(rt, region, sync, lo, hi) / n
+    return CompileFacts(
+        calls=float(region.sum()) / n,
+        kernels=(float(extern.sum()) + float(holds_sync.sum()) + runs) / n,
+        graphs=(1.0 + syncs) * (2.0 if training else 1.0), extern_us=float(cw.dur[extern].sum()) / n,
+        kept_us=float(iv.measure_in(kept_work, lo, hi).sum()) / n,
+        kept_calls=float((top & in_kept).sum()) / n, syncs=syncs, step_us=float((hi - lo).sum()) / n)
+
+
+_BACKWARD_RE = re.compile(r"^autograd::engine::")
+_READ_BACK_RE = re.compile(r"^aten::(item|_local_scalar_dense|is_nonzero)$")
+
+
+def _forward_syncs(rt: RankTrace, region: np.ndarray, sync: np.ndarray, lo: np.ndarray,
+                   hi: np.ndarray) -> float:
+    """Syncs that split the forward: after the region's first call in their step and before its
+    backward's first node (without a backward, its last call). A value read after the forward
+    (the loss logged after the step, a metric) ends no graph of the model."""
+    if not sync.any() or not region.any():
+        return 0.0
+    bwd = region & _named(rt, _BACKWARD_RE)
+
+    def per_step(mask: np.ndarray, values: np.ndarray, fill: float, at) -> np.ndarray:  # noqa: ANN001
+        out = np.full(lo.size, fill)
+        k = np.searchsorted(lo, rt.cpu_ts[mask], side="right") - 1
+        ok = k >= 0
+        at(out, k[ok], values[mask][ok])
+        return out
+
+    # the forward's first call: not a read-back itself (the last step's loss logged at the start
+    # of this step's window, where the optimizer's hook ends the step)
+    first = per_step(region & ~_named(rt, _READ_BACK_RE), rt.cpu_ts, np.inf, np.minimum.at)
+    last = per_step(bwd, rt.cpu_ts, np.inf, np.minimum.at)  # the backward's first node
+    none = ~np.isfinite(last)
+    last[none] = per_step(region, rt.cpu_ts + rt.cpu_dur, -np.inf, np.maximum.at)[none]
+    ts = rt.cpu_ts[sync]
+    k = np.searchsorted(lo, ts, side="right") - 1
+    ok = (k >= 0) & (ts < hi[np.clip(k, 0, None)])
+    return float(((ts > first[k.clip(0)]) & (ts < last[k.clip(0)]) & ok).sum())
+
+
+def _named(rt: RankTrace, rx: re.Pattern[str]) -> np.ndarray:
+    """Per CPU event: whether its name matches ``rx``."""
+    hit = np.array([bool(rx.search(s)) for s in rt.names] or [False], dtype=bool)
+    return hit[rt.cpu_name] if rt.cpu_name.size else np.zeros(0, dtype=bool)
+
+
+def _holds(rt: RankTrace, idx: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """For each call ``idx`` (sorted by thread, then time): whether an event of ``inner`` on its
+    thread starts inside it (the call itself included)."""
+    out = np.zeros(idx.size, dtype=bool)
+    j = np.flatnonzero(inner)
+    if j.size == 0 or idx.size == 0:
+        return out
+    for tid in np.unique(rt.cpu_tid[idx]).tolist():
+        mine = rt.cpu_tid[idx] == tid
+        ts = np.sort(rt.cpu_ts[j[rt.cpu_tid[j] == tid]])
+        s = rt.cpu_ts[idx[mine]]
+        e = s + rt.cpu_dur[idx[mine]]
+        k = np.searchsorted(ts, s, side="left")
+        out[mine] = (k < ts.size) & (ts[np.clip(k, 0, max(ts.size - 1, 0))] < e) if ts.size else False
+    return out
+
+
+def _runs(barrier: np.ndarray, tid: np.ndarray) -> float:
+    """Maximal runs of non-barrier calls, per thread, in time order."""
+    runs = 0
+    prev_tid = None
+    in_run = False
+    for b, t in zip(barrier.tolist(), tid.tolist(), strict=True):
+        if t != prev_tid:
+            in_run = False
+            prev_tid = t
+        if b:
+            in_run = False
+        elif not in_run:
+            runs += 1
+            in_run = True
+    return float(runs)

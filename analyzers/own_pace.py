@@ -1,0 +1,125 @@
+"""A step's breakdown with the machine's part (other processes' hold on the cores) apart.
+
+The step timer says, per step, how much of it other processes took (``gpudiag.pace``: its
+threads' waits for a core, split by who held the cores). In a breakdown that part is
+``host_stalled``: host time, shown apart, that no verdict counts as the job's and no fix
+removes. These functions put it there and take it out again:
+
+- ``charge``: a traced step's part, from its step row. On a GPU the wait sits in the host gaps
+  (the device waits for launches the thread could not make; kernels run at their pace); on
+  the CPU, the device *is* the cores, so the OS taking them slowed every part the job's
+  threads ran (operators, the gaps between them, a loader in its process): the part is taken
+  from all of them in proportion, which keeps their proportions (the job's own picture) and
+  puts it in ``host_stalled``.
+- ``without_machine`` / ``with_machine``: the job's own step (the wall step less that part),
+  which the verdict, MFU and the profiler's dilation are measured in; and back, the reference
+  steps' own part added as ``host_stalled``, so the view's step is still the wall clock the
+  user sees and the part is a row of its own.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+from gpudiag.analyzers.unprofiled import CpuEvents
+from gpudiag.diagnosis import Mfu, TimeBreakdown
+from gpudiag.pace import wall
+from gpudiag.rundir import StepRow, WindowSteps
+
+# The parts a CPU step's machine share is taken from (in proportion): every part the job's
+# threads spend time in. ``host_overhead`` stands for its gaps beyond what is stalled already.
+_CPU_PARTS = ("compute", "comm_exposed", "memcpy_exposed", "input_wait")
+
+
+def charge(b: TimeBreakdown, device_kind: str, machine_us: float, wait_us: float = 0.0
+           ) -> TimeBreakdown:
+    """``b`` with ``machine_us`` of it held by other processes as ``host_stalled`` (at least what
+    it holds already), and on a GPU ``wait_us`` of its training thread's wait for a core as
+    ``host_waiting`` (within its host gaps; the CPU's waiting is its stalls)."""
+    if device_kind == "gpu":
+        waiting = max(b.host_waiting, min(max(0.0, wait_us, machine_us), b.host_overhead))
+        return replace(b, host_waiting=waiting,
+                       host_stalled=max(b.host_stalled, min(max(0.0, machine_us), waiting)))
+    extra = min(max(0.0, machine_us), b.step_time) - b.host_stalled
+    if extra <= 0:
+        return replace(b, host_waiting=max(b.host_waiting, b.host_stalled))
+    gaps = b.host_overhead - b.host_stalled
+    pool = sum(getattr(b, p) for p in _CPU_PARTS) + gaps
+    k = max(0.0, 1 - extra / pool) if pool > 0 else 1.0
+    out = replace(b, compute=b.compute * k, compute_bound=b.compute_bound * k,
+                  memory_bound=b.memory_bound * k, gpu_busy=b.gpu_busy * k,
+                  comm_total=b.comm_total - b.comm_exposed * (1 - k),
+                  comm_exposed=b.comm_exposed * k, memcpy_exposed=b.memcpy_exposed * k,
+                  input_wait=b.input_wait * k, host_stalled=b.host_stalled + pool * (1 - k))
+    out.host_overhead = gaps * k + out.host_stalled
+    out.host_waiting = out.host_stalled
+    out.idle = out.input_wait + out.host_overhead
+    return out
+
+
+def without_machine(b: TimeBreakdown) -> TimeBreakdown:
+    """The step at the job's own pace: ``host_stalled`` taken out of the step and its host gaps."""
+    s = b.host_stalled
+    if s <= 0:
+        return b
+    return replace(b, step_time=b.step_time - s, host_overhead=b.host_overhead - s, idle=b.idle - s,
+                   host_waiting=max(0.0, b.host_waiting - s), host_stalled=0.0)
+
+
+def with_machine(b: TimeBreakdown, machine_us: float) -> TimeBreakdown:
+    """``b`` (at the job's own pace) with ``machine_us`` other processes took added to its step as
+    ``host_stalled``: the wall-clock step, with the machine's part a row of its own."""
+    if machine_us <= 0:
+        return b
+    return replace(b, step_time=b.step_time + machine_us, host_overhead=b.host_overhead + machine_us,
+                   idle=b.idle + machine_us, host_waiting=b.host_waiting + machine_us,
+                   host_stalled=b.host_stalled + machine_us)
+
+
+def reference_machine_us(windows: list[WindowSteps], steps: list[int]) -> float:
+    """The machine's part of the reference's typical step (us): the median wall step less the
+    median own step of the rows at those step numbers (rows at the job's own pace)."""
+    keep = set(steps)
+    rows: list[StepRow] = [r for w in windows for r in (*w.before_rows, *w.after_rows) if r.step in keep]
+    if not rows:
+        return 0.0
+    return max(0.0, statistics.median(wall(rows)) - statistics.median(r.dt for r in rows)) * 1e6
+
+
+# The wall-clock MFU is shown beside the job's own where the two differ by more than this
+# (the issue's 10%): less is within the step-to-step noise of most jobs on a shared machine.
+WALL_MFU_SHOWN = 0.10
+
+NOT_SPLIT = ("no split of the step recorded (a run directory written before gpudiag's step timer read "
+             "/proc schedstat, or not Linux): MFU is over the wall-clock step, other processes' "
+             "hold on the cores included")
+
+
+def with_wall(own: Mfu, wall_mfu: Mfu, b: TimeBreakdown, recorded: bool | None) -> Mfu:
+    """The job's MFU (over the view's step less ``host_stalled``) with the wall-clock MFU beside
+    it and why they differ; ``recorded``: whether the step timer split the step (None: no step
+    timer, traces only)."""
+    if recorded is False:
+        return replace(own, pace=NOT_SPLIT)
+    if own.value is None or wall_mfu.value is None or b.host_stalled <= 0:
+        return own
+    own = replace(own, reason=own.reason + f", less the {b.host_stalled / 1e3:.3g} ms of each step other "
+                  "processes took: the job's own pace")
+    shown = own.value > (1 + WALL_MFU_SHOWN) * wall_mfu.value
+    why = (f"other processes took {b.host_stalled / 1e3:.3g} ms of each {b.step_time / 1e3:.3g} ms "
+           "step: the OS ran their work while the job's threads waited for a core")
+    return replace(own, wall_value=wall_mfu.value, wall_step_time_us=wall_mfu.step_time_us,
+                   pace=why if shown else "")
+
+
+def own_events(events: CpuEvents | None, traced: TimeBreakdown) -> CpuEvents | None:
+    """A CPU trace's events for its steps at the job's own pace (``without_machine``): the long
+    operators' time beyond their fastest calls (``CpuEvents.slowed_us``) is first the time the OS
+    ran other processes inside them (a preempted call is a slow one), so the machine's part of
+    the operator time (``host_stalled``'s share of the step, applied to it) comes out of it."""
+    if events is None or traced.host_stalled <= 0 or traced.step_time <= traced.host_stalled:
+        return events
+    m = traced.host_stalled / traced.step_time
+    in_ops = traced.compute * m / (1 - m)  # compute is what is left of it after ``charge``
+    return replace(events, slowed_us=max(0.0, events.slowed_us - in_ops))

@@ -1,0 +1,386 @@
+"""Host syncs inside the profiled job: which calls read device values back, where, and at what cost.
+
+Loaded by ``torch_bootstrap`` from the file beside it (standard library and torch only). A
+*sync* here is a call that makes the host wait for the device's result: ``.item()``,
+``bool(t)`` (``if t > 0:``), ``float(t)``, ``.tolist()``, ``.numpy()``, ``.cpu()``, printing or
+formatting a tensor, ``torch.cuda.synchronize``, and the operators whose output shape depends
+on the data (``nonzero``, ``masked_select``, ``unique``, boolean-mask indexing), which must
+read a count back before they can allocate. On a GPU each one drains the queue: the device
+then idles while the host catches up. On a CPU nothing is queued, so a sync costs only its
+host work: the call, and the operators computed only to feed it (``h.abs().max()`` in
+``h.abs().max().item()``), which go when the line goes. Not counted: such calls inside a
+DataLoader's fetch (a dataset making its samples is input work, inside the input wait), and on
+a GPU job the reads of tensors already on the host (they wait for nothing).
+
+How: a ``TorchFunctionMode`` pushed on the training thread for ONE step, the profiler's
+warm-up step (already marked in the step rows and left out of every reference, so the
+census's own cost never reaches a number; ``--skip`` large means no window and no census).
+It sees every torch call of that thread at the Python level: for each sync it records the
+kind, the call site in the job's code (the first frame outside torch) and the time inside the
+call, as wall time and as the training thread's CPU time (on a busy machine the wall time of
+a call holds the time the OS ran other work; its CPU time does not); for every call it records
+which tensors it read and made, so that after the step the operators whose results fed only
+syncs are known, with their time. Jobs under
+``torch.compile`` are left alone: a mode on the stack changes what dynamo's guards see and
+would recompile their graphs (the trace still counts their scalar reads).
+
+The record is written to ``samples/syncs-rank-<RANK>.json`` (``gpudiag.rundir.read_syncs``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+# torch methods and functions that read device data back to the host, by the name the mode
+# sees (``func.__name__``), and how the report names them
+SYNC_KINDS = {
+    "item": ".item()", "__bool__": "bool(tensor)", "__float__": "float(tensor)",
+    "__int__": "int(tensor)", "__index__": "int(tensor)", "__complex__": "complex(tensor)",
+    "tolist": ".tolist()", "numpy": ".numpy()", "cpu": ".cpu()",
+    "__format__": "print/format of a tensor", "__repr__": "print/format of a tensor",
+    "__str__": "print/format of a tensor",
+    "equal": "torch.equal", "allclose": "torch.allclose", "is_nonzero": "torch.is_nonzero",
+    "nonzero": "nonzero (data-dependent shape)", "argwhere": "nonzero (data-dependent shape)",
+    "masked_select": "masked_select (data-dependent shape)",
+    "unique": "unique (data-dependent shape)",
+    "unique_consecutive": "unique (data-dependent shape)",
+    "repeat_interleave": "repeat_interleave (data-dependent shape)",
+}
+MASK_INDEX = "boolean-mask indexing (data-dependent shape)"
+TO_HOST = ".to('cpu')"
+CUDA_SYNC = "torch.cuda.synchronize"
+MAX_SITES = 200  # distinct call sites kept (a loop over generated code could make thousands)
+_TORCH_DIR = None  # torch's package folder: frames inside it are not the job's call site
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _torch_dir(torch: Any) -> str:  # noqa: ANN401 - the job's torch
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    return _TORCH_DIR
+
+
+def compiled(torch: Any) -> bool:  # noqa: ANN401
+    """Whether the job has compiled anything with torch.compile (dynamo loaded and used)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return False
+    try:
+        return bool(dynamo.counters["stats"]["unique_graphs"]) or bool(dynamo.counters["frames"]["ok"])
+    except Exception:  # noqa: BLE001 - a torch without these counters: be safe
+        return True
+
+
+class _Record:
+    """What the mode saw in its step: the sync calls by site, and the dataflow of every call."""
+
+    def __init__(self, torch_dir: str) -> None:
+        self.torch_dir = torch_dir
+        self.data_dir = os.path.join(torch_dir, "utils", "data") + os.sep
+        self.sites: dict[tuple[str, int, str, str], list[float]] = {}  # -> [calls, wall, cpu]
+        self.dropped_sites = 0
+        self.calls = 0  # torch calls seen
+        # per node: (name, wall seconds, thread CPU seconds, is_sync, mutates); consumers per node
+        self.nodes: list[tuple[str, float, float, bool, bool]] = []
+        self.consumers: list[list[int]] = []
+        self.made: dict[int, tuple[int, Any]] = {}  # id(tensor) -> (node, weakref to it)
+
+    def site(self) -> tuple[str, int, str, str] | None:
+        """(file, line, function, via): the first frame outside torch and gpudiag; ``via`` the
+        torch function the job called that made the sync (``clip_grad_norm_``), if any. None
+        inside a DataLoader's fetch (a dataset's ``__getitem__`` making a sample): that is input
+        work, in the input wait, not a read-back of the training step's values."""
+        f = sys._getframe(3)
+        via = ""
+        found = None
+        while f is not None:
+            fn = f.f_code.co_filename
+            if found is None and not (fn.startswith(self.torch_dir) or fn.startswith(_HERE)):
+                found = (fn, f.f_lineno, f.f_code.co_name, via)
+            elif found is None:
+                name = f.f_code.co_name
+                if fn.startswith(self.torch_dir) and (not via or _public(name)):
+                    via = name  # the outermost public torch function: the one the job called
+            if fn.startswith(self.data_dir):
+                return None
+            f = f.f_back
+        return found or ("<unknown>", 0, "", via)
+
+    def add_sync(self, kind: str, seconds: float, cpu: float) -> bool:
+        """Count one sync at its call site; False where it is none (``site``)."""
+        where = self.site()
+        if where is None:
+            return False
+        fn, line, func, via = where
+        key = (fn, line, kind, func if not via else f"{func} via {via}")
+        c = self.sites.get(key)
+        if c is None:
+            if len(self.sites) >= MAX_SITES:
+                self.dropped_sites += 1
+                return True
+            c = self.sites[key] = [0, 0.0, 0.0]
+        c[0] += 1
+        c[1] += seconds
+        c[2] += cpu
+        return True
+
+    def add_node(self, name: str, seconds: float, cpu: float, sync: bool, inputs: list[Any],
+                 outputs: list[Any]) -> None:
+        n = len(self.nodes)
+        mutates = name.endswith("_") and not name.endswith("__")
+        for t in inputs:
+            got = self.made.get(id(t))
+            if got is not None and got[1]() is t:
+                self.consumers[got[0]].append(n)
+                if any(o is t for o in outputs):
+                    mutates = True  # in place: the tensor it changes lives on
+        self.nodes.append((name, seconds, cpu, sync, mutates))
+        self.consumers.append([])
+        for t in outputs:
+            try:
+                self.made[id(t)] = (n, weakref.ref(t))
+            except TypeError:
+                pass
+
+    def feeding(self) -> tuple[int, float, float, dict[str, list[float]]]:
+        """(ops, wall seconds, CPU seconds, per op name [calls, wall, CPU]) of the calls whose
+        results were used only by syncs or by other such calls: the work that goes when the
+        syncs' lines go."""
+        only = [False] * len(self.nodes)
+        ops, seconds, cpu_s, names = 0, 0.0, 0.0, {}
+        for n in range(len(self.nodes) - 1, -1, -1):
+            name, s, cs, sync, mutates = self.nodes[n]
+            if sync:
+                only[n] = True
+                continue
+            users = self.consumers[n]
+            if mutates or not users or not all(only[u] for u in users):
+                continue
+            only[n] = True
+            ops += 1
+            seconds += s
+            cpu_s += cs
+            c = names.setdefault(name, [0, 0.0, 0.0])
+            c[0] += 1
+            c[1] += s
+            c[2] += cs
+        return ops, seconds, cpu_s, names
+
+
+_WRAPPERS = {"decorate_context", "wrapper", "inner", "fn", "wrapped", "_fn"}
+
+
+def _public(name: str) -> bool:
+    """A torch function's own name, not a decorator's wrapper or a private helper."""
+    return not name.startswith("_") and name not in _WRAPPERS and not name.startswith("<")
+
+
+def _tensors(torch: Any, value: Any, out: list[Any], depth: int = 0) -> list[Any]:  # noqa: ANN401
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif depth < 2 and isinstance(value, (list, tuple)):
+        for v in value:
+            _tensors(torch, v, out, depth + 1)
+    return out
+
+
+def _mask_index(torch: Any, index: Any) -> bool:  # noqa: ANN401
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+def _to_host(torch: Any, args: tuple, kwargs: dict) -> bool:  # noqa: ANN401
+    """``t.to(...)`` from a device to the host, waiting for it (not ``non_blocking=True``)."""
+    if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type == "cpu":
+        return False
+    if kwargs.get("non_blocking"):
+        return False
+    for a in (*args[1:], kwargs.get("device")):
+        if isinstance(a, (str, torch.device)) and torch.device(a).type == "cpu":
+            return True
+    return False
+
+
+def _clock_cost() -> tuple[float, float]:
+    """(wall, CPU) seconds that reading both clocks around a call adds to what it measures (the
+    thread's CPU clock is a system call: 0.7 us of a 2.6 us ``abs`` on this project's VM), the
+    median of back-to-back readings, taken from each call's time."""
+    perf, cpu = time.perf_counter, time.thread_time
+    walls, cpus = [], []
+    for _ in range(201):
+        t, c = perf(), cpu()
+        walls.append(perf() - t)
+        cpus.append(cpu() - c)
+    walls.sort()
+    cpus.sort()
+    return walls[100], cpus[100]
+
+
+def _make_mode(torch: Any, rec: _Record) -> Any:  # noqa: ANN401
+    from torch.overrides import TorchFunctionMode
+
+    perf, cpu = time.perf_counter, time.thread_time
+    wall0, cpu0 = _clock_cost()
+    # on a GPU job, reading a tensor that is on the host already waits for nothing
+    gpu = bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+    host_side = set(SYNC_KINDS.values()) | {MASK_INDEX}
+
+    class SyncCensusMode(TorchFunctionMode):
+        """Times every torch call of the thread, names the syncs, and keeps the dataflow."""
+
+        active = True
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            kwargs = kwargs or {}
+            if not self.active:
+                return func(*args, **kwargs)
+            name = getattr(func, "__name__", "")
+            kind = SYNC_KINDS.get(name)
+            if kind is None:
+                if name in ("__getitem__", "__setitem__") and len(args) > 1 and _mask_index(torch, args[1]):
+                    kind = MASK_INDEX
+                elif name == "to" and _to_host(torch, args, kwargs):
+                    kind = TO_HOST
+            if (gpu and kind in host_side and args and isinstance(args[0], torch.Tensor)
+                    and args[0].device.type == "cpu"):
+                kind = None
+            t, c = perf(), cpu()
+            out = func(*args, **kwargs)
+            s, cs = max(0.0, perf() - t - wall0), max(0.0, cpu() - c - cpu0)
+            try:
+                rec.calls += 1
+                sync = kind is not None and rec.add_sync(kind, s, cs)
+                rec.add_node(name, s, cs, sync, _tensors(torch, args, []),
+                             _tensors(torch, out, []))
+            except Exception:  # noqa: BLE001, S110 - the census must never break the job
+                pass
+            return out
+
+    return SyncCensusMode()
+
+
+class SyncCensus:
+    """One step's census: ``start`` on the training thread, ``stop`` there a step later."""
+
+    def __init__(self, torch: Any) -> None:  # noqa: ANN401
+        self.torch = torch
+        self.rec = _Record(_torch_dir(torch))
+        self.mode = _make_mode(torch, self.rec)
+        self.thread = threading.get_ident()
+        self.started = time.perf_counter()
+        self._sync_orig: list[tuple[Any, str, Any]] = []
+
+    def start(self) -> None:
+        self.mode.__enter__()
+        self._wrap_cuda_syncs()
+
+    def _wrap_cuda_syncs(self) -> None:
+        """``torch.cuda.synchronize`` and the stream/event waits are no torch functions the
+        mode sees: wrapped for the census step only."""
+        cuda = self.torch.cuda
+        if not cuda.is_available():
+            return
+        rec = self.rec
+        for owner, attr in ((cuda, "synchronize"), (cuda.Stream, "synchronize"),
+                            (cuda.Event, "synchronize")):
+            orig = getattr(owner, attr, None)
+            if orig is None:
+                continue
+
+            def wrapped(*a: Any, _orig: Any = orig, **k: Any) -> Any:  # noqa: ANN401
+                t, c = time.perf_counter(), time.thread_time()
+                try:
+                    return _orig(*a, **k)
+                finally:
+                    if threading.get_ident() == self.thread:
+                        rec.add_sync(CUDA_SYNC, time.perf_counter() - t, time.thread_time() - c)
+
+            setattr(owner, attr, wrapped)
+            self._sync_orig.append((owner, attr, orig))
+
+    def stop(self, step: int) -> dict[str, Any]:
+        """End the census (on the thread that started it) and return its record."""
+        for owner, attr, orig in self._sync_orig:
+            setattr(owner, attr, orig)
+        self._sync_orig = []
+        note = ""
+        try:
+            from torch.overrides import _get_current_function_mode
+
+            if _get_current_function_mode() is self.mode:
+                self.mode.__exit__(None, None, None)
+            else:  # the job pushed a mode of its own above ours: ours stays, inert
+                self.mode.active = False
+                note = ("the job's own TorchFunctionMode was above the census's at the step's end: "
+                        "the census mode stays on its stack, inert")
+        except Exception as e:  # noqa: BLE001
+            self.mode.active = False
+            note = f"census mode not removed: {type(e).__name__}: {e}"
+        wall = time.perf_counter() - self.started
+        rec = self.rec
+        ops, seconds, cpu_s, names = rec.feeding()
+        top = sorted(names.items(), key=lambda kv: -kv[1][1])[:10]
+        out: dict[str, Any] = {
+            "step": step, "wall_s": wall, "torch_calls": rec.calls,
+            "device": "cuda" if self.torch.cuda.is_available() and self.torch.cuda.is_initialized()
+            else "cpu",
+            "sites": [{"file": f, "line": ln, "kind": k, "function": fn, "calls": int(c[0]),
+                       "seconds": c[1], "cpu_seconds": c[2]} for (f, ln, k, fn), c in rec.sites.items()],
+            "dropped_sites": rec.dropped_sites,
+            "feeding": {"ops": ops, "seconds": seconds, "cpu_seconds": cpu_s,
+                        "top": [{"op": n, "calls": int(c[0]), "seconds": c[1], "cpu_seconds": c[2]}
+                                for n, c in top]},
+        }
+        if note:
+            out["note"] = note
+        self.rec = _Record(rec.torch_dir)  # drop the step's references
+        return out
+
+
+# -- the bootstrap's three calls (kept here so the bootstrap changes by three lines) -----------
+
+def begin(st: Any, torch: Any) -> None:  # noqa: ANN401 - the bootstrap's state, the job's torch
+    """When a trace window opens (its warm-up step starts): start the census, unless the job
+    compiles (``compiled``) or a census is already running."""
+    if getattr(st, "sync_census", None) is not None:
+        return
+    if compiled(torch):
+        st.sync_record = {"skipped": "the job uses torch.compile: a TorchFunctionMode would change "
+                                     "what dynamo's guards see and recompile its graphs"}
+        return
+    census = SyncCensus(torch)
+    census.start()
+    st.sync_census = census
+
+
+def end(st: Any) -> None:  # noqa: ANN401
+    """At the warm-up step's end: pop the mode, keep the record (written after the window, in
+    its export step, so the traced steps never pay for the analysis of the record)."""
+    census = getattr(st, "sync_census", None)
+    if census is None:
+        return
+    st.sync_census = None
+    st.sync_record = census.stop(st.step)
+
+
+def write(st: Any) -> None:  # noqa: ANN401
+    """samples/syncs-rank-<RANK>.json, atomically (a reader sees the old census or the new)."""
+    import json
+
+    rec = getattr(st, "sync_record", None)
+    if rec is None:
+        return
+    st.sync_record = None
+    path = st.run_dir / "samples" / f"syncs-rank-{st.rank}.json"
+    try:
+        tmp = path.with_suffix(".partial")
+        tmp.write_text(json.dumps({"rank": st.rank, **rec}))
+        tmp.replace(path)
+    except OSError as e:
+        st.note(f"cannot write the sync census: {e}")

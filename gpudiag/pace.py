@@ -1,0 +1,140 @@
+"""The job's own pace: each step less the wait for a core that processes outside the job caused.
+
+Why: gpudiag runs on shared nodes (data-loading processes, other users' jobs, a monitoring
+agent). A step that other processes slowed is the machine's pace, not the job's: compared by
+wall clock, the same job twice reads "significantly slower" when the machine was busier the
+second time, and its MFU is charged for others' work. Every number that judges the job (the
+diagnosis' MFU and verdict, ``gpudiag diff``, the agent's signal) reads the steps at their own
+pace, from here; the wall clock is kept beside it.
+
+A step's wait (``step_wait``): the training thread's own wait for a core (its schedstat, read
+by the step timer), plus, while it was neither running nor waiting (asleep at the end of a
+parallel region, or waiting for a batch), the largest wait any other thread of the job had over
+the step (its intra-op threads, its DataLoader workers: ``collectors.thread_waits``): a step is
+as slow as the slowest thread it waits for. The largest, not the sum: waits in parallel delay
+the step once, and waits in turn (read as the largest of them) charge the job. Where the
+training thread slept on something else (the GPU, a file) while another thread waited for a
+core off the step's path (a worker prefetching ahead), that wait is read as the step's: the
+job is then excused up to it.
+
+Whose wait it was (``wait_shares``): the job's own threads and workers crowd each other only
+where they want more cores than it may use; other processes crowd it as soon as all together
+want more than that. By the scheduler's fair share (each runnable thread gets cores/runnable of
+a core), a runnable thread waits ``1 - C/R`` of its time, R the runnable threads, C the cores;
+the job alone would wait ``1 - C/R_job`` (nothing where R_job <= C), so of the wait seen the
+job's own part is that over ``1 - C/(R_job + R_others)`` and the rest is other processes'.
+R_job is what the host sampler saw the job's tree run and wait for (all its threads, cores'
+worth), R_others the machine's runnable tasks (``/proc/loadavg``, read ten times a sample) less
+the job's, at least the cores the rest of the machine kept busy. C is the cores the job may run
+on (its affinity); others on cores it may not use count as crowding it, which makes the job's
+own part read low only where the job crowds itself.
+Where no core was short on average (a 1 s sample) the wait is wake-up latency or short bursts:
+split in proportion to the CPU the job's other threads and the rest of the machine used.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from gpudiag.rundir import BootstrapMeta, HostSample, StepRow
+
+
+def wait_shares(job_cores: float, thread_cores: float, other_cores: float | None,
+                job_runq: float | None = None, cpus: int | None = None,
+                runnable: float | None = None) -> tuple[float, float] | None:
+    """(own, other): of the wait for a core a job's thread saw, the share the job's own threads
+    and processes caused and the share processes outside it caused (module docstring). Inputs
+    are cores' worth over one host sample: what the job's tree ran (``job_cores``), what the
+    stepping thread ran (``thread_cores``), what the rest of the machine kept busy
+    (``other_cores``), what the job's threads waited for a core (``job_runq``, all threads), the
+    cores it may use (``cpus``) and the machine's runnable tasks (``runnable``, the job's
+    included: what the rest wanted is that less the job's). None where the machine's figure is
+    unknown or nothing competed. Without ``job_runq`` or ``cpus`` (runs recorded before they
+    were), the split is in proportion to the CPU used, the scheduler's fair share assumed."""
+    if other_cores is None:
+        return None
+    other = max(0.0, other_cores)
+    if job_runq is not None and cpus:
+        want = max(0.0, job_cores) + max(0.0, job_runq)
+        rest = max(other, runnable - want) if runnable is not None else other
+        crowded = 1 - cpus / (want + rest) if want + rest > cpus else 0.0
+        if crowded > 0:
+            alone = 1 - cpus / want if want > cpus else 0.0
+            own = min(1.0, alone / crowded)
+            return round(own, 3), round(1 - own, 3)
+    own_cpu = max(0.0, job_cores - thread_cores)
+    if own_cpu + other <= 0:
+        return None
+    return round(own_cpu / (own_cpu + other), 3), round(other / (own_cpu + other), 3)
+
+
+def step_wait(r: StepRow) -> float | None:
+    """Seconds the step waited for a core, on its own thread or (while that thread was neither
+    running nor waiting) on the slowest other thread of the job; None where not recorded."""
+    if r.wait_s is None or r.run_s is None:
+        return None
+    idle = max(0.0, r.dt - r.run_s - r.wait_s)  # asleep: on a lock, a barrier, the loader's queue
+    return r.wait_s + min(idle, r.peer_wait_s or 0.0)
+
+
+def _sample_for(ends: list[float], samples: Sequence[HostSample], t: float) -> HostSample | None:
+    """The host sample whose interval holds ``t`` (the first sample has none: no interval)."""
+    k = bisect.bisect_left(ends, t)
+    return samples[k] if 0 < k < len(samples) else None
+
+
+def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
+                     cpus: int | None = None) -> list[float]:
+    """Each step's wall time less the part of its wait for a core that processes outside the job
+    caused (``step_wait`` x the other share of the host sample covering the step's end): the
+    job's own pace, which another tenant's load does not change. Never below the training
+    thread's own time on a core. A step without a recorded wait, or with no sample to split it
+    by, keeps its wall time (the job is charged, not excused)."""
+    ends = [h.t for h in samples]
+    out = []
+    for r in rows:
+        own = r.dt
+        wait = step_wait(r)
+        h = _sample_for(ends, samples, r.t)
+        if wait and r.dt > 0 and h is not None:
+            other = h.machine_busy - h.cores if h.machine_busy is not None else None
+            split = wait_shares(h.cores, min(1.0, r.run_s / r.dt), other, h.runq_threads, cpus,
+                                h.runnable)
+            if split is not None:
+                own = max(r.run_s, r.dt - wait * split[1])
+        out.append(own)
+    return out
+
+
+def at_own_pace(steps: Mapping[int, Sequence[StepRow]], samples: Sequence[HostSample],
+                boot: Mapping[int, BootstrapMeta]) -> dict[int, list[StepRow]]:
+    """Per rank, its step rows at the job's own pace: ``dt`` the own step, ``machine_s`` the part
+    of the wall step other processes took (``dt + machine_s`` is the wall clock)."""
+    out = {}
+    for rank, rows in steps.items():
+        meta = boot.get(rank)
+        own = own_step_seconds(rows, samples, meta.cpus if meta else None)
+        out[rank] = [replace(r, dt=o, machine_s=r.dt - o) for r, o in zip(rows, own, strict=True)]
+    return out
+
+
+def recorded(steps: Mapping[int, Sequence[StepRow]]) -> bool:
+    """Whether the step timer read the training thread's waits (run directories written before
+    it did, or off Linux, have none: their own pace is their wall clock)."""
+    return any(r.wait_s is not None for rows in steps.values() for r in rows)
+
+
+def wall(rows: Sequence[StepRow]) -> list[float]:
+    """The wall seconds of rows at their own pace (``at_own_pace``)."""
+    return [r.dt + r.machine_s for r in rows]
+
+
+def machine_part(rows: Sequence[StepRow]) -> tuple[float, float] | None:
+    """(median wall step, median own step) of ``rows`` at their own pace, seconds; their
+    difference is the machine's part of a typical step. None without rows."""
+    if not rows:
+        return None
+    return statistics.median(wall(rows)), statistics.median(r.dt for r in rows)

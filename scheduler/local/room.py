@@ -1,0 +1,133 @@
+"""Disk space for the scheduler's own records: a full state folder is load, not a crash.
+
+The state folder holds the jobs' folders too, so any job can fill it (its output, its
+checkpoints). When it did, SQLite's writes failed with ``database or disk is full``: another
+user's ``submit`` and a ``cancel`` answered ``internal error``, and when the filling job ended
+the daemon died recording that end, and again at each restart. Now:
+
+- every write is either **essential** (what must be on disk for the machine to stay true: a
+  cancel, a stop, a kill, a job's end) or **optional** (a submit, a start, a signal, a note). An
+  optional write is refused when the folder has less than ``RESERVE_BYTES`` free, or when SQLite
+  says it is full, with one line: ``the scheduler's state folder is full: 12 KiB free; no job
+  was changed`` (nothing changed: each write is one transaction, and the daemon's copy of a row
+  changes only after it commits). A job that cannot start stays pending, running jobs run on.
+- essential writes have a **reserve** inside SQLite's own files, where no job can take it (a
+  file of spare bytes released to the filesystem would be taken by the job that is filling it
+  before SQLite could use it): blocks allocated beyond the end of the write-ahead log
+  (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``: the file does not grow, but writes that extend it
+  need no new space; the log is rewound at each checkpoint, 1,000 pages, and never truncated,
+  SQLite's default ``journal_size_limit``), and free pages in the database (``Store.top_up``: a
+  blob written and deleted; SQLite reuses free pages before it grows the file, and without
+  auto-vacuum never gives them back). Both are topped up whenever there is room.
+  An essential write that still finds the disk full is retried once after a checkpoint (which
+  rewinds the log into its allocated part), then refused with the same line; the pass that
+  wanted it runs again at the next tick.
+- recovery is by itself: each tick looks at the free space and tops the reserve up again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import sqlite3
+from pathlib import Path
+
+RESERVE_BYTES = 4 << 20     # > the log's 1,000-page checkpoint size, and thousands of job ends in the file
+FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
+SQLITE_FULL = 13
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class StateFull(ValueError):
+    """A write that could not be made for lack of space; its message is the one line to show."""
+
+
+def is_full(e: BaseException) -> bool:
+    """``e`` says the disk (or the user's quota) is full: SQLite's SQLITE_FULL, or ENOSPC/EDQUOT."""
+    if isinstance(e, sqlite3.Error):
+        return (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF == SQLITE_FULL
+    return isinstance(e, OSError) and e.errno in _FULL_ERRNOS
+
+
+def size_words(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}".replace(".0 ", " ")
+    return f"{n} bytes"
+
+
+def _fallocate_keep_size(fd: int, offset: int, length: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    if libc.fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+class Room:
+    """The state folder's free space and the reserve in the database's files."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.db_path = db_path
+        self.folder = db_path.parent
+        self.supported = True     # False: this filesystem cannot reserve (no fallocate)
+        self.short = False        # the last look found less than RESERVE_BYTES free
+        self.announced = False    # the log has said so (once per episode)
+
+    def free(self) -> int:
+        try:
+            st = os.statvfs(self.folder)
+        except OSError:
+            return 0
+        return st.f_bavail * st.f_frsize
+
+    def line(self) -> str:
+        return f"the scheduler's state folder is full: {size_words(self.free())} free; no job was changed"
+
+    def check(self) -> None:
+        """Before an optional write: ``StateFull`` while less than the reserve is free, so that
+        a submit never takes the room a job's end needs."""
+        if self.free() < RESERVE_BYTES:
+            self.short = True
+            raise StateFull(self.line())
+
+    def top_up(self) -> str | None:
+        """Reserve ``RESERVE_BYTES`` beyond the end of the database's log, where there is room;
+        returns a line for the log when the folder's state changed (full, or room again)."""
+        free = self.free()
+        if free < RESERVE_BYTES:
+            self.short = True
+            if self.announced:
+                return None
+            self.announced = True
+            return f"{self.line()}: refusing submits and starts until there is room again"
+        note = f"the state folder has room again: {size_words(free)} free" if self.announced else None
+        self.short = self.announced = False
+        if not self.supported:
+            return note
+        try:
+            fd = os.open(f"{self.db_path}-wal", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return note   # no log yet: SQLite makes it at the first write
+        try:
+            st = os.fstat(fd)
+            if st.st_blocks * 512 < st.st_size + RESERVE_BYTES // 2:
+                _fallocate_keep_size(fd, st.st_size, RESERVE_BYTES)
+        except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
+                self.supported = False
+                return f"the state folder's filesystem cannot reserve space (fallocate: {e.strerror})"
+            if e.errno not in _FULL_ERRNOS:
+                raise
+        finally:
+            os.close(fd)
+        return note
+
+    def log_reserve(self) -> int:
+        """Bytes allocated beyond the end of the database's log."""
+        with contextlib.suppress(OSError):
+            st = os.stat(f"{self.db_path}-wal", follow_symlinks=False)
+            return max(0, st.st_blocks * 512 - st.st_size)
+        return 0
