@@ -29,7 +29,7 @@ from zoo_table import markdown  # noqa: E402
 from zoo_truth import expected_label, machine_peaks, truth_of  # noqa: E402
 
 BIN = Path(sys.executable).parent
-MAX_SECONDS = 150  # an alone run stops after this long (a fix that slows the job 50x)
+GUARD = [150.0]  # an alone run stops after this long (a fix that slows the job 50x): --max-seconds
 CALM = [0.0, 0.0]  # --max-load, --max-wait: wait for the load average before each run
 
 
@@ -73,7 +73,7 @@ def run_alone(job: Job, extra: list[str], quick: bool, work: Path, tag: str) -> 
     log = work / f"{tag}.log"
     waited = wait_for_calm(CALM[0], CALM[1])
     la0, t0 = load(), time.time()
-    guard = [] if job.ranks > 1 else ["--max-seconds", str(MAX_SECONDS)]
+    guard = [] if job.ranks > 1 else ["--max-seconds", str(GUARD[0])]
     rc, err = _run(command(job, extra + guard + ["--report", str(rep)], quick), log, 900)
     out = {"tag": tag, "args": extra, "rc": rc, "wall_s": time.time() - t0, "waited_s": waited,
            "load_before": la0, "load_after": load()}
@@ -99,9 +99,10 @@ def run_gpudiag(job: Job, quick: bool, work: Path) -> dict:
     rep = work / "profiled.json"
     # Enough steps for gpudiag's window (--skip 10, a warm-up and 5 traced, 10 after), then
     # the same time guard as alone.
-    guard = [] if job.ranks > 1 else ["--max-seconds", str(MAX_SECONDS), "--min-steps", "40"]
+    guard = [] if job.ranks > 1 else ["--max-seconds", str(GUARD[0]), "--min-steps", "40"]
+    # The job's own step count even under --quick: gpudiag's window needs steps around it.
     cmd = [str(BIN / "gpudiag"), "profile", "--out", str(out_dir), "--",
-           *command(job, guard + ["--report", str(rep)], quick)]
+           *command(job, guard + ["--report", str(rep)], False)]
     waited = wait_for_calm(CALM[0], CALM[1])
     la0, t0 = load(), time.time()
     rc, err = _run(cmd, work / "gpudiag.out", 1800)
@@ -119,17 +120,31 @@ def run_gpudiag(job: Job, quick: bool, work: Path) -> dict:
 
 
 def summarise(d: dict) -> dict:
-    """What the zoo reads from diagnosis.json: the verdict (label, tie_with, confidence, its
-    recommendations: action, text, predicted_step_s, why, step_s, gain) and mfu.value."""
+    """What the zoo reads from diagnosis.json (schema 4): the verdict (label, tie_with,
+    confidence, its recommendations and what it did not advise: action, text, predicted_step_s,
+    why, step_s, gain), mfu.value (at the job's own pace) and mfu.wall_value (by wall clock),
+    the step gpudiag judged (verdict evidence), the profiler's dilation and the sync census."""
     v = d.get("verdict") or {}
     mfu = d.get("mfu") or {}
-    recs = []
-    for r in v.get("recommendations") or d.get("recommendations") or []:
-        if isinstance(r, str):
-            r = {"action": "unknown", "text": r}
-        recs.append({k: r.get(k) for k in ("action", "text", "predicted_step_s", "why",
-                                           "step_s", "gain")})
-    return {"label": v.get("label"), "tie_with": v.get("tie_with"),
+    keys = ("action", "text", "predicted_step_s", "why", "step_s", "gain")
+
+    def recs_of(items: list) -> list[dict]:
+        return [{k: r.get(k) for k in keys} if isinstance(r, dict)
+                else {"action": "unknown", "text": str(r)} for r in items or []]
+
+    ev = v.get("evidence") or {}
+    syncs = d.get("syncs") or {}
+    dil = d.get("dilation") or {}
+    recs = recs_of(v.get("recommendations"))
+    return {"schema": d.get("schema_version"), "step_ms": ev.get("step time ms"),
+            "own_step_ms": ev.get("own step ms"), "dilation": dil.get("factor"),
+            "mfu_wall": mfu.get("wall_value"), "mfu_pace": mfu.get("pace"),
+            "syncs_per_step": syncs.get("per_step"), "sync_saving_us": syncs.get("saving_us"),
+            "device": (d.get("device") or {}).get("name"),
+            "device_peaks": (d.get("device") or {}).get("peak_flops"),
+            "device_bandwidth": (d.get("device") or {}).get("bandwidth"),
+            "not_advised": recs_of(v.get("not_advised")),
+            "secondary": v.get("secondary"), "label": v.get("label"), "tie_with": v.get("tie_with"),
             "confidence": v.get("confidence"), "summary": v.get("summary"),
             "evidence": v.get("evidence"), "noise": v.get("noise"),
             "deductions": v.get("deductions"), "basis": d.get("basis"),
@@ -160,7 +175,8 @@ def palindrome(job: Job, variants: dict[str, list[str]], rounds: int, quick: boo
 def run_job(job: Job, rounds: int, quick: bool, work: Path, peaks: dict) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     t_job = time.time()
-    print(f"== {job.name}: {job.what}", flush=True)
+    up0 = _uptime()
+    print(f"== {job.name}: {job.what}\n  uptime: {up0}", flush=True)
     g = run_gpudiag(job, quick, work)
     diag = g.get("diagnosis") or {}
     print(f"  gpudiag: {diag.get('label')} tie={diag.get('tie_with')} "
@@ -212,7 +228,22 @@ def run_job(job: Job, rounds: int, quick: bool, work: Path, peaks: dict) -> dict
     return {"job": job.name, "what": job.what, "stat": job.stat, "gpudiag": g,
             "runs": runs, "steps_ms": steps, "truth": truth, "expected": exp, "fixes": fixes,
             "observer_ratio": observer, "wall_s": time.time() - t_job,
+            "uptime_start": up0, "uptime_end": _uptime(),
             "load_range": _load_range(g, runs)}
+
+
+def _scrub(text: str, work: Path) -> str:
+    """The results without this machine's paths (they are committed): the run folder as WORK,
+    the repository as '.'."""
+    root = str(HERE.parent.parent)
+    return text.replace(str(work), "WORK").replace(root, ".").replace(
+        str(Path(sys.executable).parent), "BIN")
+
+
+def _uptime() -> str:
+    """``uptime`` as printed, without the clock (load averages and how long the machine is up)."""
+    out = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    return out.split(" ", 1)[-1] if out[:2].isdigit() else out
 
 
 def _load_range(g: dict, runs: dict[str, list[dict]]) -> list[float]:
@@ -241,28 +272,40 @@ def main() -> None:
                         "(0: never wait); the load is recorded either way")
     p.add_argument("--max-wait", type=float, default=600.0,
                    help="the longest wait for --max-load, in seconds, then run anyway")
+    p.add_argument("--max-seconds", type=float, default=GUARD[0],
+                   help="stop a run after this long (at least its warm-up + 3 steps; the "
+                        "profiled one at least 40 steps): a guard for a fix that slows a job 50x")
     p.add_argument("--resume", action="store_true",
                    help="keep the jobs already in WORK/partial.json, run the others")
     p.add_argument("--table", default="", metavar="FILE",
                    help="print the markdown table of an earlier --out FILE, run nothing")
+    p.add_argument("--peaks", default="", metavar="FILE",
+                   help="the machine's peaks (a peaks.json an earlier run wrote) instead of "
+                        "measuring them now; with --table, recompute each truth with them")
     args = p.parse_args()
+    given = json.loads(Path(args.peaks).read_text()) if args.peaks else None
     if args.table:
         saved = json.loads(Path(args.table).read_text())
+        if given:
+            retruth(saved, given)
         print(markdown(saved["meta"], saved["jobs"]))
         return
     names = [n for n in args.jobs.split(",") if n]
     unknown = set(names) - {j.name for j in JOBS}
     if unknown:
         p.error(f"unknown job(s) {sorted(unknown)}; known: {[j.name for j in JOBS]}")
-    jobs = [j for j in JOBS if not names or j.name in names]
+    # In the order given (the label kinds first when time is short), else the table's order.
+    by_name = {j.name: j for j in JOBS}
+    jobs = [by_name[n] for n in names] if names else list(JOBS)
     work = Path(args.work or f"runs/zoo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     CALM[:] = [args.max_load, args.max_wait]
+    GUARD[:] = [args.max_seconds]
     t0 = time.time()
     up0 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"uptime at start: {up0}", flush=True)
-    peaks = machine_peaks(work)
-    print(f"machine peaks (own measurement): {peaks}", flush=True)
+    peaks = given or machine_peaks(work)
+    print(f"machine peaks ({'given' if given else 'own measurement'}): {peaks}", flush=True)
     results = []
     if args.resume and (work / "partial.json").exists():
         results = json.loads((work / "partial.json").read_text())
@@ -280,10 +323,21 @@ def main() -> None:
             "peaks": peaks, "rounds": args.rounds, "quick": args.quick,
             "cpu": _cpu_model(), "cores": os.cpu_count()}
     out = Path(args.out) if args.out else work / "zoo.json"
-    out.write_text(json.dumps({"meta": meta, "jobs": results}, indent=1, default=str))
+    out.write_text(_scrub(json.dumps({"meta": meta, "jobs": results}, indent=1, default=str),
+                          work))
     print()
     print(markdown(meta, results))
     print(f"\nresults: {out}")
+
+
+def retruth(saved: dict, peaks: dict) -> None:
+    """Each job's truth and expected label again from its saved runs, with other peaks (a peak
+    measured on a busy machine is low, and the FLOP share read against it high)."""
+    by_name = {j.name: j for j in JOBS}
+    saved["meta"]["peaks"] = {k: round(v, 1) for k, v in peaks.items()}
+    for r in saved["jobs"]:
+        r["truth"] = truth_of(by_name[r["job"]], r["runs"], r["steps_ms"], peaks)
+        r["expected"] = expected_label(r["truth"])
 
 
 def _cpu_model() -> str:

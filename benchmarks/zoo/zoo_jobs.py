@@ -72,6 +72,7 @@ COMMON: dict[str, FixMap] = {
     "free-a-core": _flag("--threads", "1", note="--threads 1 (one intra-op thread: a core freed)"),
     "fewer-flops": _no_knob("no knob: the model is the job"),
     "fix-straggler": _no_knob("no knob: one machine, no straggler to fix"),
+    "cheaper-input": _no_knob("no knob: the batch's decoding is the job"),
 }
 
 JOBS: list[Job] = [
@@ -112,7 +113,8 @@ JOBS: list[Job] = [
         what="6 blocks of LayerNorm, softmax, GELU, dropout, residual on (16,256,512), AdamW"),
     Job("ddp_comm", "ddp_comm.py", ranks=2, quick=("--steps", "40"), stat="mean",
         truth_variants={"no_sync_all": ("--no-sync-all",)}, rest="compute", peak_threads=1,
-        knobs={"overlap-communication": _comm, "compile-small-ops": COMPILE,
+        knobs={"overlap-communication": _comm, "all-reduce-less-often": _comm,
+               "compile-small-ops": COMPILE,
                "free-a-core": _no_knob("no knob: the ranks already run one thread each"),
                "fuse-memory-bound": _no_knob("no knob: no elementwise chain to fuse")},
         what="DDP, 2 ranks over gloo, 25M params (100 MB fp32 gradients), batch 16, 1 thread"),

@@ -9,6 +9,10 @@ def _ms(x: float | None) -> str:
     return "–" if x is None else (f"{x:.1f}" if x < 100 else f"{x:.0f}")
 
 
+def _pct(x: float | None) -> str:
+    return f"{x:.1%}" if isinstance(x, (int, float)) else "–"
+
+
 def _label(d: dict) -> str:
     if not d or not d.get("label"):
         return "none"
@@ -52,26 +56,29 @@ def markdown(meta: dict, results: list[dict]) -> str:
         "measured after. ✓ within ±25%. In range: the measured after/before lies between "
         "gpudiag's predicted after/before (the fix done fully, its stated bound) and 1.",
         "",
-        "| job | truth (own timer) | expected | gpudiag (conf, MFU) | label | observer, load | "
-        "fixes: predicted vs measured (ms) |",
-        "|---|---|---|---|---|---|---|",
+        "| job | truth (own timer) | gpudiag label (confidence) | expected from truth | right? "
+        "| MFU gpudiag (own pace / wall) vs truth | fixes: predicted → measured (ms, ratio) "
+        "| observer (profiled / alone step), load |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         g = r["gpudiag"]
         d = g.get("diagnosis") or {}
         truth = r["truth"]
         facts = "; ".join(truth.get("facts", [])) or truth.get("error", "")
-        exp = _label(r["expected"])
         conf = d.get("confidence")
-        mfu = d.get("mfu")
-        got = _label(d) + (f" ({conf:.2f}" if conf is not None else " (–")
-        got += f", MFU {mfu:.1%})" if isinstance(mfu, (int, float)) else ")"
+        got = _label(d) + (f" ({conf:.2f})" if conf is not None else " (–)")
         if g.get("error"):
             got = f"error: {g['error']}"
         right = label_right(r["expected"], d) if d else "n/a"
+        exp = _label(r["expected"])
+        if r["expected"].get("share") is not None:
+            exp += f" ({r['expected']['share']:.0%})"
+        mfu = f"{_pct(d.get('mfu'))} / {_pct(d.get('mfu_wall'))} vs {_pct(truth.get('mfu'))}"
         obs = f"{r['observer_ratio']:.2f}x" if r.get("observer_ratio") else "–"
         if r.get("load_range"):
             obs += f"<br>load {r['load_range'][0]:.1f}–{r['load_range'][1]:.1f}"
         fixes = "<br>".join(fix_line(fx) for fx in r["fixes"]) or "none"
-        lines.append(f"| {r['job']} | {facts} | {exp} | {got} | {right} | {obs} | {fixes} |")
+        lines.append(f"| {r['job']} | {facts} | {got} | {exp} | {right} | {mfu} | {fixes} "
+                     f"| {obs} |")
     return "\n".join(lines)
