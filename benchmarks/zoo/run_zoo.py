@@ -282,6 +282,9 @@ def main() -> None:
     p.add_argument("--peaks", default="", metavar="FILE",
                    help="the machine's peaks (a peaks.json an earlier run wrote) instead of "
                         "measuring them now; with --table, recompute each truth with them")
+    p.add_argument("--compact", default="", metavar="FILE",
+                   help="with --table: also write the results to FILE without each run's "
+                        "per-step lists (what is committed under benchmarks/zoo/results/)")
     args = p.parse_args()
     given = json.loads(Path(args.peaks).read_text()) if args.peaks else None
     if args.table:
@@ -289,6 +292,9 @@ def main() -> None:
         if given:
             retruth(saved, given)
         print(markdown(saved["meta"], saved["jobs"]))
+        if args.compact:
+            Path(args.compact).write_text(json.dumps(compact(saved), indent=None,
+                                                     separators=(",", ":")) + "\n")
         return
     names = [n for n in args.jobs.split(",") if n]
     unknown = set(names) - {j.name for j in JOBS}
@@ -328,6 +334,21 @@ def main() -> None:
     print()
     print(markdown(meta, results))
     print(f"\nresults: {out}")
+
+
+def compact(saved: dict) -> dict:
+    """The results less each run's per-step lists (own_step_ms, kinds): the medians, means,
+    truths and gpudiag's reading stay."""
+    def strip(rep: dict | None) -> None:
+        if rep:
+            for k in ("own_step_ms", "kinds"):
+                rep.pop(k, None)
+    for r in saved["jobs"]:
+        strip(r["gpudiag"].get("report"))
+        for runs in r["runs"].values():
+            for run in runs:
+                strip(run.get("report"))
+    return saved
 
 
 def retruth(saved: dict, peaks: dict) -> None:
