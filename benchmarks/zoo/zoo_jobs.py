@@ -1,0 +1,158 @@
+"""The zoo's jobs: how each runs, which variants measure its truth, and which knob applies each
+of gpudiag's recommendations (the table a user would keep beside the advice).
+
+A variant is the job run alone with extra arguments. Truth variants are decided here, before
+gpudiag is asked anything; fix variants come from gpudiag's recommendations through ``fix_args``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# A recommendation's action -> (arguments for the job, note), or (None, why there is no knob).
+FixMap = Callable[[dict], "tuple[list[str] | None, str]"]
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    script: str
+    args: tuple[str, ...] = ()
+    quick: tuple[str, ...] = ()         # replaces the step count under --quick
+    ranks: int = 1                      # >1: launched by torchrun --nproc_per_node
+    stat: str = "median"                # the step statistic: "median", or "mean" (periodic steps)
+    truth_variants: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    scaling: tuple[str, float] | None = None  # (variant, work factor) for the fixed-cost share
+    rest: str = ""                      # the label the unexplained rest of the step counts to
+    peak_threads: int = 2               # threads per process the peak is measured with
+    knobs: dict[str, FixMap] = field(default_factory=dict)
+    what: str = ""
+
+
+def _flag(*args: str, note: str = "") -> FixMap:
+    return lambda rec: (list(args), note or " ".join(args))
+
+
+def _workers(rec: dict) -> tuple[list[str] | None, str]:
+    """dataloader-workers: the number the advice names ("at least N"), as a user would."""
+    m = re.search(r"at least (\d+)", rec.get("text", "") + " " + rec.get("why", ""))
+    n = int(m.group(1)) if m else 4
+    note = f"--workers {n}" + ("" if m else " (the advice names no number: 4 taken)")
+    if n > 32:
+        note = f"--workers 32 (advice: {n}; capped at 32)"
+        n = 32
+    return ["--workers", str(n)], note
+
+
+def _no_knob(why: str) -> FixMap:
+    return lambda rec: (None, why)
+
+
+def _comm(rec: dict) -> tuple[list[str] | None, str]:
+    """overlap-communication on DDP: what the advice's text says to change."""
+    text = (rec.get("text", "") + " " + rec.get("why", "")).lower()
+    m = re.search(r"bucket_cap_mb\D{0,20}?(\d+(?:\.\d+)?)", text)
+    if "accumulat" in text or "no_sync" in text:
+        return ["--accumulate", "4"], "--accumulate 4 (the advice names accumulation)"
+    if "compress" in text:
+        return ["--compress", "fp16"], "--compress fp16 (the advice names compression)"
+    if m:
+        return ["--bucket-cap-mb", m.group(1)], f"--bucket-cap-mb {m.group(1)}"
+    if "bucket" in text:
+        return ["--bucket-cap-mb", "5"], "--bucket-cap-mb 5 (the advice names smaller buckets)"
+    return None, "no knob read from the advice's text"
+
+
+COMPILE = _flag("--compile")
+FOREACH = _flag("--foreach")
+COMMON: dict[str, FixMap] = {
+    "fused-optimizer": FOREACH,
+    "free-a-core": _flag("--threads", "1", note="--threads 1 (one intra-op thread: a core freed)"),
+    "fewer-flops": _no_knob("no knob: the model is the job"),
+    "fix-straggler": _no_knob("no knob: one machine, no straggler to fix"),
+    "cheaper-input": _no_knob("no knob: the batch's decoding is the job"),
+}
+
+JOBS: list[Job] = [
+    Job("input_sleep", "input_sleep.py", quick=("--steps", "80"),
+        knobs={"dataloader-workers": _workers, "compile-small-ops": COMPILE},
+        rest="compute",
+        what="slow __getitem__ that sleeps 3 ms a sample (storage), num_workers=0"),
+    Job("input_decode", "input_decode.py", quick=("--steps", "80"),
+        knobs={"dataloader-workers": _workers}, rest="compute",
+        what="__getitem__ decompresses 1 MB of zlib a sample (CPU decoding), num_workers=0"),
+    Job("tiny_ops", "tiny_ops.py", quick=("--steps", "300"),
+        truth_variants={"batch64": ("--batch", "64")}, scaling=("batch64", 16.0),
+        knobs={"compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
+               "batch-small-ops": FOREACH},
+        what="60 blocks of Linear(32,32)+LayerNorm+GELU+scale+add, batch 4, Adam"),
+    Job("sync_heavy", "sync_heavy.py", quick=("--steps", "400"),
+        truth_variants={"no_syncs": ("--no-syncs",), "batch512": ("--batch", "512")},
+        scaling=("batch512", 16.0),
+        knobs={"remove-host-syncs": _flag("--no-syncs"), "compile-small-ops": COMPILE,
+               "fuse-memory-bound": COMPILE, "batch-small-ops": _flag("--no-syncs")},
+        what="24-block MLP (256 wide, batch 32) with .item()/.cpu()/.tolist() after each block"),
+    Job("gemm_mlp", "gemm_mlp.py", quick=("--steps", "30"), rest="compute",
+        knobs={"lower-precision": _flag("--bf16"), "bf16-activations": _flag("--bf16"),
+               "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE},
+        what="4 x Linear(2048,2048) fp32, batch 256, SGD"),
+    Job("conv_net", "conv_net.py", quick=("--steps", "30"), rest="compute",
+        knobs={"lower-precision": _flag("--bf16"), "bf16-activations": _flag("--bf16"),
+               "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE},
+        what="5 x Conv2d 3x3 (64 ch) on 32x32, batch 32, fp32"),
+    Job("mem_elementwise", "mem_elementwise.py", quick=("--steps", "40"), rest="memory",
+        knobs={"fuse-memory-bound": COMPILE, "compile-small-ops": COMPILE,
+               "bf16-activations": _flag("--bf16"), "lower-precision": _flag("--bf16")},
+        what="per-element affine+SiLU+residual on 8M-element fp32 tensors (32 MB)"),
+    Job("norm_heavy", "norm_heavy.py", quick=("--steps", "40"),
+        truth_variants={"seq1024": ("--seq", "1024")}, scaling=("seq1024", 4.0), rest="memory",
+        knobs={"fuse-memory-bound": COMPILE, "compile-small-ops": COMPILE,
+               "bf16-activations": _flag("--bf16"), "lower-precision": _flag("--bf16")},
+        what="6 blocks of LayerNorm, softmax, GELU, dropout, residual on (16,256,512), AdamW"),
+    Job("ddp_comm", "ddp_comm.py", ranks=2, quick=("--steps", "40"), stat="mean",
+        truth_variants={"no_sync_all": ("--no-sync-all",)}, rest="compute", peak_threads=1,
+        knobs={"overlap-communication": _comm, "all-reduce-less-often": _comm,
+               "compile-small-ops": COMPILE,
+               "free-a-core": _no_knob("no knob: the ranks already run one thread each"),
+               "fuse-memory-bound": _no_knob("no knob: no elementwise chain to fuse")},
+        what="DDP, 2 ranks over gloo, 25M params (100 MB fp32 gradients), batch 16, 1 thread"),
+    Job("compile_chain", "compile_chain.py", quick=("--steps", "100"),
+        truth_variants={"batch1024": ("--batch", "1024"), "compiled": ("--compile",)},
+        scaling=("batch1024", 4.0), rest="memory",
+        knobs={"compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
+               "lower-precision": _no_knob("no knob (fp32 only)"),
+               "bf16-activations": _no_knob("no knob (fp32 only)")},
+        what="8 x [Linear(512,512) + 14 fusable elementwise ops] on (256,512)"),
+    Job("bf16_autocast", "bf16_autocast.py", quick=("--steps", "30"),
+        truth_variants={"fp32": ("--no-bf16",)}, rest="compute",
+        knobs={"compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
+               "lower-precision": _no_knob("no knob: already bf16"),
+               "bf16-activations": _no_knob("no knob: already bf16")},
+        what="6 x Linear(1024,1024)+GELU under bf16 autocast, batch 256, AdamW"),
+    Job("checkpoint", "checkpoint.py", quick=("--steps", "60"), stat="mean",
+        truth_variants={"no_ckpt": ("--ckpt-every", "0")}, rest="compute",
+        knobs={"lower-precision": _flag("--bf16"), "bf16-activations": _flag("--bf16"),
+               "compile-small-ops": _no_knob("no knob: no torch.compile in this job")},
+        what="3 x Linear(2048,2048), Adam, torch.save of ~150 MB every 4 steps"),
+    Job("embedding_sparse", "embedding_sparse.py", quick=("--steps", "70"),
+        truth_variants={"batch16k": ("--batch", "16384")}, scaling=("batch16k", 4.0),
+        rest="memory",
+        knobs={"compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE},
+        what="EmbeddingBag 2M x 64 (sparse grad, SGD), 4096 bags of 32, small MLP"),
+    Job("eval_phase", "eval_phase.py", quick=("--steps", "80"), rest="compute",
+        truth_variants={"no_eval": ("--eval-every", "0")},
+        knobs={"lower-precision": _flag("--bf16"), "compile-small-ops": COMPILE,
+               "fuse-memory-bound": COMPILE},
+        what="4 x Linear(1024,1024) fp32, batch 128, 40-batch eval every 25 steps"),
+]
+
+
+def fix_args(job: Job, rec: dict) -> tuple[list[str] | None, str]:
+    """The job's knob for a recommendation, or None with the reason there is none."""
+    action = rec.get("action", "")
+    fm = job.knobs.get(action) or COMMON.get(action)
+    if fm is None:
+        return None, f"no knob in this job for `{action}`"
+    return fm(rec)
