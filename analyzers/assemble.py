@@ -295,7 +295,7 @@ def _pick_device(partials: list[RankPartial], cpu_device: DevicePeak | None,
             warnings.append(
                 f"unknown device {trace_dev_name or '(not recorded in the trace)'}: no peak "
                 "FLOP/s or bandwidth, so no MFU and a roofline from kernel names only; pass "
-                "--device NAME or --peak-tflops/--peak-gbps"
+                "--device NAME or --peak-tflops/--peak-gbps to `gpudiag analyze`"
             )
         return device, "gpu"
     if trace_dev_name:
@@ -306,8 +306,8 @@ def _pick_device(partials: list[RankPartial], cpu_device: DevicePeak | None,
     if cpu_device is not None:
         peaks = ", ".join(f"{f} {v / 1e9:.3g}" for f, v in cpu_device.flops.items())
         warnings.append(f"CPU peaks (GFLOP/s) {peaks} and {cpu_device.bandwidth / 1e9:.3g} GB/s "
-                        "measured on this machine; if the trace came from another host pass "
-                        "--peak-tflops/--peak-gbps")
+                        "measured on this machine; if the trace came from another host, give "
+                        "`gpudiag analyze` --peak-tflops/--peak-gbps")
     elif any(p.roofline.groups for p in partials):
         warnings.append("no CPU peak available: roofline from op names only")
     return cpu_device, "cpu"

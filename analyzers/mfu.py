@@ -114,8 +114,8 @@ def _mix_text(mix: dict[str, float]) -> str:
 def _mfu(ranks: list[RankResult], device: DevicePeak | None, mix: dict[str, float],
          flops_per_step: float | None, shapes_recorded: bool, step_us: float | None) -> Mfu:
     if device is None:
-        return Mfu(None, "not available: unknown device peak (pass --device or --peak-tflops "
-                   "and --peak-gbps)", None, "none", None, None, step_us)
+        return Mfu(None, "not available: unknown device peak (re-read the run with `gpudiag analyze DIR "
+                   "--device NAME`, or --peak-tflops and --peak-gbps)", None, "none", None, None, step_us)
     peak, family = mix_peak(device, mix)
     if flops_per_step is not None:
         source = "--flops-per-step"
@@ -136,7 +136,8 @@ def _mfu(ranks: list[RankResult], device: DevicePeak | None, mix: dict[str, floa
         # trace whose kernels were stripped, analysed against this CPU, say).
         return Mfu(None, f"not available: the FLOPs in the trace imply {100 * value:.0f}% of "
                    f"the {peak / 1e12:.4g} TFLOP/s peak, so the peak is not the device that "
-                   "recorded it; pass --device or --peak-tflops/--peak-gbps",
+                   "recorded it; re-read the run with `gpudiag analyze DIR --device NAME` (or "
+                   "--peak-tflops/--peak-gbps)",
                    flops, source, family, peak, step_us)
     at = f"{family} peak" if family != MIXED else f"peak of the mix ({_mix_text(mix)})"
     reason = (f"{si(flops, 'FLOP')} per step per rank ({source}) over "
