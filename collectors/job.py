@@ -108,7 +108,10 @@ def run_job(cmd: list[str], env: dict[str, str], on_start: callable | None = Non
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signum)
 
-    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    # a signal gpudiag was started ignoring (SIGINT in a script's background, SIGHUP under
+    # nohup) the job inherited ignored too: left so, as the shell meant, not forwarded to a job
+    # that would ignore it while gpudiag waited on
+    previous = {s: signal.signal(s, forward) for s in FORWARDED if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         if on_start is not None:
             on_start(child.pid)
