@@ -13,6 +13,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -26,6 +27,15 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def torchrun(nproc: int) -> list[str]:
+    """``torch.distributed.run`` on ``nproc`` local ranks, its rendezvous on a port it binds itself.
+
+    ``--standalone`` lets the launcher's store bind port 0: a port picked here and passed as
+    ``--master_port`` could be taken by another test's connection before torchrun binds it (the
+    suite has seen it), and the job failed with "address already in use"."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
 
 
 def wait_http(url: str, timeout: float = 30.0) -> None:

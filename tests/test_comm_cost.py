@@ -26,7 +26,7 @@ import pytest
 from gpudiag.analyzers.comm_cost import cost
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.rundir import read_steps
-from tests.harness import free_port
+from tests.harness import torchrun
 
 JOBS = Path(__file__).parent / "jobs"
 # Relative, on the collectives' cost per step (the step with them less the step under no_sync):
@@ -47,8 +47,7 @@ def ddp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Diagnosis, dict, Path
         pytest.skip("no gloo")
     tmp = tmp_path_factory.mktemp("ddp")
     run, own = tmp / "run", tmp / "own.json"
-    job = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-           "127.0.0.1", "--master_port", str(free_port()), str(JOBS / "ddp_grads_job.py"), "--width", "1536",
+    job = [*torchrun(2), str(JOBS / "ddp_grads_job.py"), "--width", "1536",
            "--steps", "56", "--phases", "b20,a8", "--fix", "no-sync", "--report", str(own)]
     proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", "7",
                            "--", *job], capture_output=True, text=True, timeout=900)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.harness import free_port
+from tests.harness import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ROOT / "benchmarks" / "workloads"
@@ -109,13 +109,8 @@ _NEEDS_GLOO = pytest.mark.skipif(
 def comm_diagnosis(tmp_path_factory: pytest.TempPathFactory, gpudiag_cache: Path) -> dict:
     """The 2-rank gloo job, run once for the tests that read its diagnosis."""
     out = tmp_path_factory.mktemp("comm_bound")
-    for attempt in range(2):  # the free port can be taken before torchrun binds it
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               str(WORKLOADS / "comm_bound.py"), "--profile-out", str(out)]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
-        if proc.returncode == 0 or attempt == 1 or "address already in use" not in proc.stderr.lower():
-            break
+    cmd = [*torchrun(2), str(WORKLOADS / "comm_bound.py"), "--profile-out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stderr[-3000:]}"
     assert "final loss" in proc.stdout
     assert sorted(p.name for p in out.iterdir()) == ["rank-0.json.gz", "rank-1.json.gz"]

@@ -15,21 +15,21 @@ from pathlib import Path
 import pytest
 
 from gpudiag.rundir import read_steps
-from tests.harness import free_port
+from tests.harness import torchrun
 
 JOB = Path(__file__).parent / "jobs" / "ddp_hook_job.py"
 
 
 def _torchrun(report: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(JOB),
+    return [*torchrun(2), str(JOB),
             "--report", str(report), *extra]
 
 
 @pytest.fixture(scope="module")
 def unobserved(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("ddp") / "alone.json"
-    subprocess.run(_torchrun(out), check=True, capture_output=True, timeout=300)
+    p = subprocess.run(_torchrun(out), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
 
 

@@ -32,7 +32,7 @@ from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.pace import at_own_pace
 from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps
 from tests.conftest import labels_of, view_mfu
-from tests.harness import free_port
+from tests.harness import torchrun
 
 # Each test here makes its own competitor (spinners, CPU slices) and compares with its own quiet
 # run: another test's load beside it would be a competitor it did not make, so `make test` runs
@@ -50,10 +50,11 @@ def profile(tmp: Path, name: str, job: str, *args: str, opts: tuple[str, ...] = 
     run, own = tmp / name, tmp / f"{name}-own.json"
     cmd = [str(JOBS / job), *args, "--report", str(own)]
     if ranks > 1:
-        cmd = ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
-               "127.0.0.1", "--master_port", str(free_port()), *cmd]
+        cmd = [*torchrun(ranks), *cmd]
+    else:
+        cmd = [sys.executable, *cmd]
     proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), *opts, "--",
-                           sys.executable, *cmd], capture_output=True, text=True, timeout=600)
+                           *cmd], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return Diagnosis.from_json((run / "diagnosis.json").read_text()), json.loads(own.read_text()), run
 

@@ -15,7 +15,7 @@ import pytest
 from gpudiag.diagnosis import Diagnosis
 from gpudiag.rundir import read_run
 from tests.conftest import labels_of
-from tests.harness import free_port
+from tests.harness import torchrun
 
 JOB = Path(__file__).parent / "jobs" / "loop_job.py"
 
@@ -220,8 +220,7 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, args, needle):
 def test_two_rank_gloo_torchrun_job_is_communication_bound(tmp_path):
     run = tmp_path / "run"
     proc = gpudiag("profile", "--out", str(run), "--skip", "2", "--steps", "3", "--json", "--",
-                   sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                   "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                   *torchrun(2),
                    str(Path(__file__).parent / "jobs" / "gloo_job.py"), "--steps", "10", timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (run / "traces").iterdir()) == ["rank-0.json.gz", "rank-1.json.gz"]

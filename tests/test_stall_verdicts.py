@@ -20,7 +20,7 @@ import pytest
 
 from gpudiag.incident import Incident, read_incident
 from tests.browser import BrowserError, Chromium
-from tests.harness import free_port
+from tests.harness import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "jobs" / "hang_job.py"
@@ -32,11 +32,6 @@ def _env() -> dict[str, str]:
     env["GPUDIAG_AGENT_DIR"] = "/nonexistent-gpudiag-agent"   # no agent: no signals
     env["OMP_NUM_THREADS"] = "1"
     return env
-
-
-def torchrun(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
 
 
 def wait_for(pred, what: str, proc: subprocess.Popen | None = None, deadline_s: float = DEADLINE_S) -> None:
