@@ -16,7 +16,7 @@ BIN := $(VENV)/bin
 # the test machines; an unpinned torch pulls a multi-GB CUDA build): the demo
 # installs the `torch` extra, the tests the `test` extra, which includes it.
 
-.PHONY: test-timing demo test lint typecheck clean system-deps wheel wheel-check wheel-run
+.PHONY: test-unit test-timing demo test lint typecheck clean system-deps wheel wheel-check wheel-run
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,8 +50,9 @@ typecheck: $(VENV)/.installed-test
 	for d in collectors analyzers reports agent scheduler; do ln -s ../../$$d .typecheck/gpudiag/$$d; done
 	$(BIN)/mypy $(TYPECHECKED)
 
-# pytest in two passes: four lanes at once (tests/conftest.py, LANES: two mostly wait on real
-# daemons, two run CPU jobs), then the `solo` tests with nothing beside them. The type check and
+# pytest in two passes: the lanes (tests/unit and each folder of tests/system, tests/conftest.py)
+# in five workers at once, most of them waiting on real daemons, then tests/system/alone (marked
+# `solo` by its folder) with nothing beside it. The type check and
 # the wheel check run beside the first pass (its lanes mostly wait: load 2-3 on 2 cores), their
 # output printed after it; every step runs whatever the others gave, and make fails if any did.
 test: $(VENV)/.installed-test system-deps
@@ -62,7 +63,7 @@ test: $(VENV)/.installed-test system-deps
 	for c in typecheck wheel-run; do \
 		( $(MAKE) -s $$c > .checks/$$c.log 2>&1; echo $$? > .checks/$$c.rc ) & \
 	done; \
-	$(BIN)/python -m pytest -q -n 4 -m 'not timing and not solo' || rc=$$?; \
+	$(BIN)/python -m pytest -q -n 5 -m 'not timing and not solo' || rc=$$?; \
 	wait; \
 	for c in typecheck wheel-run; do \
 		cat .checks/$$c.log; \
@@ -90,6 +91,10 @@ wheel-run:
 	.whl/venv/bin/pip install -q dist/gpudiag-*.whl
 	cd .whl && venv/bin/gpudiag analyze $(abspath $(SHARED))/traces/a100-nccl-2rank > analyze.txt
 	grep -q VERDICT .whl/analyze.txt && echo "wheel-check: the installed wheel analysed a shared trace"
+
+# the pure tests alone (no daemon, no job started): the edit-test loop
+test-unit: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q tests/unit
 
 # predicted vs applied fixes, timed on real CPU jobs: run on a quiet machine (docs/diagnosis.md)
 test-timing: $(VENV)/.installed-test
