@@ -3,7 +3,10 @@ bf16 or fp16) on a device whose measured peak for that precision is below its fp
 without bf16/fp16 units converts each operand to fp32 and back around every operation (the
 held-out zoo's bf16_autocast job ran 0.12x the time in fp32 on this project's 2-core AMD EPYC,
 whose bf16 GEMM peak is ~9 GFLOP/s against fp32 ~90-135). The catalogue elsewhere only moves
-*to* lower precision; this is the way back, priced by the two peaks."""
+*to* lower precision; this is the way back, priced by the two peaks. The price is a floor on
+the gain: only the compute-bound work is moved by the peaks' ratio, while the casts and the
+memory-bound work in bf16 also go (the zoo job at load 15: -3% predicted, its fp32 run
+0.12x on an earlier measurement)."""
 
 from __future__ import annotations
 
@@ -51,8 +54,9 @@ def predict(a: AdviceInputs) -> whatif.Prediction:
     return whatif.Prediction(
         a.view.step_time - saved,
         f"compute-bound {fam} work ({ms(part)}) at the fp32 peak, {1 / ratio:.2g}x the {fam} one; "
-        "assumes the same efficiency (share of the peak) in both dtypes, and counts no saving "
-        "from the casts autocast no longer does, nor any cost from fp32's twice larger bytes")
+        "assumes the same efficiency (share of the peak) in both dtypes; a floor on the gain: it "
+        "counts nothing from the casts autocast no longer does nor from the memory-bound work run in "
+        "the lower precision, which a device without its units also runs slower")
 
 
 def text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
