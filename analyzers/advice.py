@@ -19,8 +19,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from gpudiag.analyzers import advice_fp32, whatif
+from gpudiag.analyzers import checkpoint as ckpt
 from gpudiag.analyzers import syncs as host_syncs
-from gpudiag.analyzers import whatif
 from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the public face
     TENSOR_CORE_MULTIPLE,
     AdviceInputs,
@@ -219,6 +220,9 @@ CATALOGUE: list[Advice] = [
            lambda a, s: s[Bottleneck.COMPUTE] >= DEVICE_NOTABLE and _lower_precision_applies(a),
            precision_text, _precision_predict, Bottleneck.COMPUTE,
            blocked=lambda a: slower_dtype(a, ("bf16", "fp16", "tf32"))),
+    # the way back: lower precision on a device whose peak for it is below fp32's
+    Advice("fp32-instead", advice_fp32.applies, advice_fp32.text, advice_fp32.predict,
+           Bottleneck.COMPUTE),
     Advice("fused-attention",
            lambda a, s: on_gpu(a) and a.traits.attention and not a.traits.sdpa
            and s[Bottleneck.COMPUTE] + s[Bottleneck.MEMORY] >= DEVICE_NOTABLE,
@@ -235,6 +239,12 @@ CATALOGUE: list[Advice] = [
            and a.mfu.value >= LOW_MFU and not _lower_precision_helps(a),
            near_peak_text, _none("a smaller model or more devices change the job, not its speed"),
            Bottleneck.COMPUTE),
+    # a periodic save on the training thread: host work no operator shows
+    Advice("checkpoint-less-often",
+           lambda a, s: a.saves is not None and a.saves.share >= ckpt.SAVE_NOTABLE,
+           lambda a, s: ckpt.text(a.saves),  # type: ignore[arg-type]
+           lambda a: whatif.Prediction(*ckpt.predicted_step_us(a.saves, a.view.step_time)),  # type: ignore[arg-type]
+           Bottleneck.HOST),
     Advice("fix-straggler", lambda a, s: a.stragglers is not None and bool(a.stragglers.ranks),
            straggler_text, _straggler, None),
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpudiag.analyzers import whatif
+from gpudiag.analyzers.checkpoint import Saves
 from gpudiag.analyzers.compile_facts import CompileFacts
 from gpudiag.diagnosis import (
     Bottleneck,
@@ -60,6 +61,7 @@ class AdviceInputs:
     # the verdict's label (and the runner-up it ties with): advice for it is given first
     label: Bottleneck | None = None
     tie_with: Bottleneck | None = None
+    saves: Saves | None = None  # periodic torch.save on the training thread (``checkpoint``)
 
 
 
@@ -118,5 +120,6 @@ def job_cpu(t: JobTraits) -> whatif.JobCpu | None:
     if t.cores_used is None or not t.cpus:
         return None
     return whatif.JobCpu(t.cores_used, t.cpus, t.intra_op_threads or 1, t.other_cores or 0.0,
-                         t.runq_cores or 0.0, t.cpu_step_s * 1e6 if t.cpu_step_s else None)
+                         t.runq_cores or 0.0, t.cpu_step_s * 1e6 if t.cpu_step_s else None,
+                         t.loader_busy)
 

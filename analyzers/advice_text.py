@@ -27,12 +27,16 @@ def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
     if used >= whatif.CPU_LOADING:
         w = whatif.loader_work(a.view, cpu, on_gpu(a))
         beside = "its main thread" if on_gpu(a) else f"the model's {cpu.model_cores} thread(s)"
+        busy = (f", on a core or waiting for one {pct_whole(cpu.loader_busy)} of its time in next(loader)"
+                if cpu.loader_busy is not None else "")
         return (f" Loading is CPU work here ({ms(w.batch_us)} per batch on the thread that makes "
-                f"it): workers share the {cpu.cpus} cores with {beside}, so the cores, not the "
+                f"it{busy}): workers share the {cpu.cpus} cores with {beside}, so the cores, not the "
                 "number of workers, bound the step once the wait is hidden; decoding faster or on "
                 "other machines goes further.")
-    return (f" The wait is not CPU work (the job's processes use {cpu.cores_used:.2g} cores): "
-            "workers waiting on storage need no core of their own.")
+    by = (f"the thread that makes the batch ran or waited for a core {pct_whole(cpu.loader_busy)} of its "
+          "time in next(loader)" if cpu.loader_busy is not None
+          else f"the job's processes use {cpu.cores_used:.2g} cores")
+    return (f" The wait is not CPU work ({by}): workers waiting on storage need no core of their own.")
 
 
 def input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:

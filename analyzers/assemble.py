@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from gpudiag import __version__
 from gpudiag.analyzers.advice import AdviceInputs, recommend
 from gpudiag.analyzers.breakdown import sum_breakdowns
+from gpudiag.analyzers.checkpoint import saves
 from gpudiag.analyzers.classify import (
     HOST_NOTABLE,
     lost_events,
@@ -24,7 +25,7 @@ from gpudiag.analyzers.classify import (
 from gpudiag.analyzers.comm_cost import comm_cpu, with_contention
 from gpudiag.analyzers.communication import finish_collectives, per_step
 from gpudiag.analyzers.compile_facts import CompileFacts
-from gpudiag.analyzers.host_cpu import HostCpu
+from gpudiag.analyzers.host_cpu import HostCpu, loader_busy
 from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
 from gpudiag.analyzers.own_pace import with_wall
@@ -96,12 +97,13 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
              flops_per_step: float | None, sources: list[str],
              windows: list[WindowSteps] | None = None, workers: list[int] | None = None,
              host: HostCpu | None = None, wait: HostWait | None = None,
-             census: dict[int, SyncCensus] | None = None) -> Diagnosis:
+             census: dict[int, SyncCensus] | None = None, recorded_here: bool = False) -> Diagnosis:
     """One Diagnosis from the ranks' partial results; ``windows`` are the job's own step timer
     around the traced window when the input is a run directory (``steps.window_steps``);
     ``wait``: the training thread's wait for a core (``host_wait``), already charged to a GPU
     rank's traced steps, here to the unprofiled estimate; ``census``: per rank, the host syncs
-    the bootstrap saw in one step (``syncs``)."""
+    the bootstrap saw in one step (``syncs``); ``recorded_here``: a run directory this host wrote,
+    whose rates may raise a measured peak without bound (``mfu.raise_measured_peak``)."""
     warnings: list[str] = []
     for p in partials:
         warnings.extend(p.warnings)
@@ -113,7 +115,8 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     for p in partials:
         roof_acc.merge(p.roofline)
     # only a trace recorded here can prove this machine faster (one that names a GPU cannot)
-    device, raised = raise_measured_peak(device, roof_acc.model_rates() if not trace_dev_name else {})
+    device, raised = raise_measured_peak(device, roof_acc.model_rates() if not trace_dev_name else {},
+                                         recorded_here and not has_gpu)
     shapes = any(p.shapes_recorded for p in partials)
     collectives = finish_collectives([p.collectives for p in partials], device if has_gpu else None)
     results = [p.result for p in partials]
@@ -145,7 +148,9 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     # breakdown's busy time leaves out tiny ops and stalls, which the operator totals include)
     busy = (sum(r.total.gpu_busy for r in results) if has_gpu
             else sum(t for _, t in ops.values()))
-    traits = job_traits([p.facts.traits for p in partials], workers, host)
+    around = [r for w in windows or [] if w.rank == min(x.rank for x in windows or [w])
+              for r in (*w.before_rows, *w.after_rows)]
+    traits = job_traits([p.facts.traits for p in partials], workers, host, loader_busy(around))
     n_steps = max((len(r.steps) if r.steps and r.steps[0].step is not None else 0)
                   for r in results) if results else 0
     view = None
@@ -176,7 +181,8 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         warnings.extend(view.warnings)
         mfu = _mfu_at_own_pace(results, device, mix, flops_per_step, shapes, view, wait)
         if not trace_dev_name:
-            device, mfu, more = _job_floor(device, mfu, mix, results, flops_per_step, shapes, view, wait)
+            device, mfu, more = _job_floor(device, mfu, mix, results, flops_per_step, shapes, view, wait,
+                                           recorded_here and not has_gpu)
             raised.update(more)
         roofline = build_roofline(roof_acc, device)
         traced_mfu = compute_mfu(results, device, mix, flops_per_step, shapes)
@@ -204,7 +210,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
             ranks=len(partials), steps_per_rank=steps_summed // max(len(results), 1),
             backward_us=_backward(facts, view.breakdown, breakdown),
             label=verdict.label,
-            tie_with=verdict.tie_with))
+            tie_with=verdict.tie_with, saves=saves(windows)))
         verdict = replace(verdict, recommendations=advised.advised, not_advised=advised.not_advised)
     else:
         roofline = build_roofline(roof_acc, device)
@@ -326,8 +332,8 @@ def _mfu_at_own_pace(results: list[RankResult], device: DevicePeak | None, mix: 
 
 
 def _job_floor(device: DevicePeak | None, mfu: Mfu, mix: dict[str, float], results: list[RankResult],
-               flops_per_step: float | None, shapes: bool, view: StepView, wait: HostWait | None
-               ) -> tuple[DevicePeak | None, Mfu, dict[str, float]]:
+               flops_per_step: float | None, shapes: bool, view: StepView, wait: HostWait | None,
+               recorded_here: bool = False) -> tuple[DevicePeak | None, Mfu, dict[str, float]]:
     """A job whose model FLOPs per step over its step time exceed a measured peak (one dtype
     family) proves the machine does at least that: the peak is raised and MFU recomputed."""
     if (mfu.value is not None or device is None or not device.source.startswith("measured")
@@ -335,7 +341,7 @@ def _job_floor(device: DevicePeak | None, mfu: Mfu, mix: dict[str, float], resul
         return device, mfu, {}
     family = next(iter(mix), "fp32")
     device, raised = raise_measured_peak(
-        device, {family: mfu.flops_per_step / (mfu.step_time_us * 1e-6)})
+        device, {family: mfu.flops_per_step / (mfu.step_time_us * 1e-6)}, recorded_here)
     if not raised:
         return device, mfu, {}
     return device, _mfu_at_own_pace(results, device, mix, flops_per_step, shapes, view, wait), raised

@@ -42,7 +42,7 @@ from gpudiag.analyzers.trace_select import select_steps
 from gpudiag.devices import DevicePeak, lookup_device, user_device
 from gpudiag.diagnosis import Diagnosis, RankResult
 from gpudiag.errors import BadInput, TraceError
-from gpudiag.pace import at_own_pace
+from gpudiag.pace import at_own_pace, loads_in_thread
 from gpudiag.rundir import is_run_dir, read_bootstrap, read_host_cpu, read_run, read_steps, read_syncs
 from gpudiag.steps import window_steps
 
@@ -60,6 +60,10 @@ class DeviceChoice:
     # Called with the FLOP/s per dtype family a job ran above the measured CPU peak: a measured
     # peak is a floor, so the collector keeps the higher figure (collectors.cpu_peak.raise_floor).
     peak_floor: Callable[[dict[str, float]], None] | None = None
+    # This machine's host name, where the caller measures the CPU peak here: a run directory
+    # that names it was recorded on the machine whose peak it is judged against, so a job that
+    # ran faster than that peak proves the peak low, whatever the factor (``mfu.raise_measured_peak``).
+    host: str | None = None
 
     def explicit(self) -> DevicePeak | None:
         if self.peak_tflops is not None or self.peak_gbps is not None:
@@ -235,9 +239,10 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
             traced = {w.rank: w.traced_rows for w in windows}
             for p in partials:
                 p.result = with_waits(p.result, traced.get(p.result.rank, []), wait,
-                                      "gpu" if p.has_gpu else "cpu")
+                                      "gpu" if p.has_gpu else "cpu", loads_in_thread(boot.get(p.result.rank)))
     d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], windows,
-                 workers, host, wait, census)
+                 workers, host, wait, census,
+                 recorded_here=cpu_device is not None and _recorded_on(run_dir, choice.host))
     if d.device.source.startswith("measured") and cpu_device is not None and choice.peak_floor:
         raised = {f: v for f, v in d.device.peak_flops.items() if v > cpu_device.flops.get(f, 0.0)}
         if raised:
@@ -248,6 +253,16 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
         d.run = run_summary(run_dir)
         d.timeline = run_timeline(run_dir)
     return d
+
+
+def _recorded_on(run_dir: Path, host: str | None) -> bool:
+    """Whether the run directory was written on ``host`` (its run.json's host name)."""
+    if host is None or not is_run_dir(run_dir):
+        return False
+    try:
+        return read_run(run_dir).host == host
+    except BadInput:
+        return False
 
 
 def _cwd(run_dir: Path) -> str | None:

@@ -44,6 +44,17 @@ class HostCpu:
     runnable: float | None = None
 
 
+def loader_busy(rows: Sequence[StepRow]) -> float | None:
+    """Over the untraced steps after start-up: the training thread's time on a core or
+    runnable in next(loader), over its wall time there (the step timer's DataLoader hook)."""
+    rs = [r for r in rows if r.profiler is None and r.step > STARTUP_STEPS and r.input_s
+          and r.input_run_s is not None and r.input_wait_s is not None]
+    total = sum(r.input_s or 0.0 for r in rs)
+    if total <= 0:
+        return None
+    return round(min(1.0, sum((r.input_run_s or 0.0) + (r.input_wait_s or 0.0) for r in rs) / total), 3)
+
+
 def untraced_spans(rows: Sequence[StepRow]) -> list[tuple[float, float]]:
     """(start, end) unix times of runs of consecutive untraced steps after start-up."""
     spans: list[tuple[float, float]] = []

@@ -113,24 +113,28 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
 
 
 def with_waits(result: RankResult, rows: list[StepRow], wait: HostWait | None,
-               device_kind: str) -> RankResult:
+               device_kind: str, loader_in_thread: bool = False) -> RankResult:
     """A rank's traced steps with their step rows' machine part (``StepRow.machine_s``: rows at
     the job's own pace) as ``host_stalled`` and, on a GPU, the training thread's wait as
     ``host_waiting`` (``own_pace.charge``): step by step where the trace's steps and the step
     timer's traced rows pair up one to one, else each at their mean. The machine's part is
-    taken as its share of the timer's step, applied to the trace's step."""
+    taken as its share of the timer's step, applied to the trace's step; where the loader runs in
+    the thread (``loader_in_thread``), the part of its wait the thread was blocked keeps its
+    length (``own_pace.charge``)."""
     rows = [r for r in rows if r.wait_s is not None and r.dt + r.machine_s > 0]
     if wait is None or not wait.recorded or not rows or not result.steps or result.steps[0].step is None:
         return result
     share = [r.machine_s / (r.dt + r.machine_s) for r in rows]
     waits = [r.wait_s * 1e6 for r in rows]
+    blocked = [(r.input_blocked_s or 0.0) / r.input_s if loader_in_thread and r.input_s else 0.0
+               for r in rows]
     pair = len(rows) == len(result.steps)
 
     def at(xs: list[float], i: int) -> float:
         return xs[i] if pair else sum(xs) / len(xs)
 
     steps = [replace(s, breakdown=charge(s.breakdown, device_kind, at(share, i) * s.breakdown.step_time,
-                                         at(waits, i)))
+                                         at(waits, i), at(blocked, i)))
              for i, s in enumerate(result.steps)]
     return replace(result, steps=steps, total=sum_breakdowns([s.breakdown for s in steps]))
 

@@ -47,17 +47,21 @@ def mix_peak(device: DevicePeak, mix: dict[str, float]) -> tuple[float, str]:
 FLOOR_RAISE_MAX = 2.0
 
 
-def raise_measured_peak(device: DevicePeak | None, rates: dict[str, float]
+def raise_measured_peak(device: DevicePeak | None, rates: dict[str, float], recorded_here: bool = False
                         ) -> tuple[DevicePeak | None, dict[str, float]]:
     """A measured peak (the CPU's) is a floor: where the job itself ran a family faster
     (``rates``: FLOP/s per family, from ops with exact FLOP formulas), that rate is the better
-    measurement, up to ``FLOOR_RAISE_MAX`` times the peak. Returns the device with raised peaks
-    and what was raised. Datasheet peaks are ceilings and never move
+    measurement, up to ``FLOOR_RAISE_MAX`` times the peak, or without bound where the trace was
+    recorded on this machine (``recorded_here``: a run directory this host wrote, with no GPU
+    work): then no rate can belong to another device, and a peak measured low (under load, or
+    through a slower kernel than the job's) is what was wrong. Returns the device with raised
+    peaks and what was raised. Datasheet peaks are ceilings and never move
     (``roofline.roof_violations`` names work above them)."""
     if device is None or not device.source.startswith("measured"):
         return device, {}
+    bound = float("inf") if recorded_here else FLOOR_RAISE_MAX
     raised = {fam: r for fam, r in rates.items()
-              if device.family_peak(fam)[0] < r <= FLOOR_RAISE_MAX * device.family_peak(fam)[0]}
+              if device.family_peak(fam)[0] < r <= bound * device.family_peak(fam)[0]}
     if not raised:
         return device, {}
     return replace(device, flops={**device.flops, **raised}), raised

@@ -47,7 +47,7 @@ def rank_traits(names: list[str], dataloader_iters: list[str]) -> dict[str, bool
 
 
 def job_traits(per_rank: list[dict[str, bool]], dataloader_workers: list[int] | None = None,
-               host: HostCpu | None = None) -> JobTraits:
+               host: HostCpu | None = None, loader_busy: float | None = None) -> JobTraits:
     """The job's traits: a trait any rank shows (ranks run the same code)."""
     def any_of(k: str) -> bool:
         return any(r.get(k, False) for r in per_rank)
@@ -63,4 +63,5 @@ def job_traits(per_rank: list[dict[str, bool]], dataloader_workers: list[int] | 
         cpus=host.cpus if host else None,
         intra_op_threads=host.intra_op_threads if host else None,
         cpu_step_s=host.step_s if host else None,
+        loader_busy=loader_busy,
     )

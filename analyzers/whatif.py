@@ -51,6 +51,8 @@ class JobCpu:
     other_cores: float = 0.0  # cores the machine's other work kept busy meanwhile
     runq_cores: float = 0.0  # cores' worth of the job's processes waiting runnable for a core
     step_us: float | None = None  # the untraced step cores_used was measured over
+    # the loader's own time busy in next(loader) (``JobTraits.loader_busy``), where recorded
+    loader_busy: float | None = None
 
     def unobserved(self, b: TimeBreakdown) -> float:
         """What brings the view's times to the job's unobserved pace: the untraced step the
@@ -81,6 +83,11 @@ def loading_cores(b: TimeBreakdown, cpu: JobCpu) -> float:
     the loading's cost: intra-op threads spinning while they wait count here too."""
     if b.input_wait <= 0:
         return 0.0
+    if cpu.loader_busy is not None:
+        # the thread that makes the batch, timed in next(loader): on a core or waiting for one
+        # is decoding, blocked is storage (or a sleep); the process tree's CPU over the step
+        # mixes the model's threads in (a zlib-decoding loader read 0.6 cores, "storage")
+        return cpu.loader_busy
     rest = b.step_time - b.input_wait
     spare = (cpu.cores_used + cpu.runq_cores) * b.step_time - cpu.model_cores * rest
     return min(1.0, max(0.0, spare / b.input_wait))

@@ -22,6 +22,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +33,10 @@ import numpy as np
 from gpudiag.contract import ENV_CACHE_DIR
 from gpudiag.devices import DevicePeak
 
-CACHE_VERSION = 3  # 3: per dtype family, best of short runs, keyed by library versions
+# 3: per dtype family, best of short runs, keyed by library versions; 4: lower precision also
+# timed through F.linear (autocast's path), which on a CPU without bf16 units ran bf16 23x
+# faster than torch.mm (2-core AMD EPYC: 8.9-9.8 against 0.39 GFLOP/s)
+CACHE_VERSION = 4
 # A short GEMM: 2 * 512^3 = 268 MFLOP, 1-2 ms in fp32 on one modern core, 0.25 ms in bf16 on AMX.
 GEMM_N = 512
 # Per dtype family and thread count, runs go on for this long (at least MIN_RUNS): long enough
@@ -124,10 +128,16 @@ def _gemm_peaks(n: int = GEMM_N, budget_s: float = BUDGET_S) -> dict[str, float]
         dt = getattr(torch, name)
         ta, tb = torch.from_numpy(a).to(dt), torch.from_numpy(b).to(dt)
         best = 0.0
+        # torch.mm and F.linear (what a model's layers and autocast call) take different
+        # kernels for a lower precision on some CPUs: the better of the two is the peak
+        ops = [lambda ta=ta, tb=tb: torch.mm(ta, tb)]
+        if family != "fp32":
+            ops.append(lambda ta=ta, tb=tb: torch.nn.functional.linear(ta, tb))
         for t in sorted({1, threads}):
             torch.set_num_threads(t)
             try:
-                best = max(best, best_rate(lambda ta=ta, tb=tb: torch.mm(ta, tb), work, budget_s))
+                for op in ops:
+                    best = max(best, best_rate(op, work, budget_s))
             except RuntimeError:  # a dtype this build cannot multiply on the CPU
                 pass
             finally:
@@ -198,6 +208,12 @@ def raise_floor(flops: dict[str, float]) -> None:
     raised = {f: v for f, v in flops.items() if f in FAMILIES and v > float(mine.get(f, 0.0))}
     if raised:
         _write_cache(path, {**cached, "flops": {**mine, **raised}})
+
+
+def this_host() -> str:
+    """This machine's host name, as ``run.json`` records it (``collectors.run``): a run
+    directory naming it was recorded on the CPU whose peak this module measures."""
+    return socket.gethostname()
 
 
 def _device(flops: dict[str, float], bw: float, model: str) -> DevicePeak:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag.jobsignal import run_dir_field, team_from_env, write_signal
-from gpudiag.pace import own_step_seconds
+from gpudiag.pace import loads_in_thread, own_step_seconds
 from gpudiag.rundir import StepRow, read_bootstrap, read_host_cpu, read_steps
 from gpudiag.steps import split_step_rows
 
@@ -50,7 +50,7 @@ def own_step(run_dir: Path, rows: list[StepRow] | None = None) -> float | None:
     another tenant's load is not charged to the job (its own workers and threads are its own)."""
     rows = rank0_rows(run_dir) if rows is None else rows
     meta = read_bootstrap(run_dir).get(0)
-    own = own_step_seconds(rows, read_host_cpu(run_dir), meta.cpus if meta else None)
+    own = own_step_seconds(rows, read_host_cpu(run_dir), meta.cpus if meta else None, loads_in_thread(meta))
     rows = [replace(r, dt=o) for r, o in zip(rows, own, strict=True)]
     return split_step_rows(0, rows, last=RECENT_STEPS).median_untraced()
 

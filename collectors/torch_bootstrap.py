@@ -87,6 +87,11 @@ class _Bootstrap:
         self.discard = False  # a window cut short at exit after a complete one: not written
         self.notes: list[str] = []
         self.dataloader_workers: set[int] = set()
+        # the stepping thread's time in next(loader) this step: wall, on a core, runnable
+        # waiting for one (``_patch_dataloader``); the rest it was blocked (storage, a sleep,
+        # the workers' queue)
+        self.input = [0.0, 0.0, 0.0]
+        self.save_s = 0.0  # the stepping process's time in torch.save this step (``_patch_save``)
         self.cupti: dict[str, Any] = {}  # CUPTI teardown of the last window (torch_cupti)
         (run_dir / "samples").mkdir(parents=True, exist_ok=True)
         (run_dir / "traces").mkdir(parents=True, exist_ok=True)
@@ -113,6 +118,11 @@ class _Bootstrap:
         if comm_cpu is not None:
             row["comm_cpu_s"] = comm_cpu
         row["t0"] = time.time() - row["dt"]
+        if self.save_s > 0:
+            row["save_s"], self.save_s = round(self.save_s, 6), 0.0
+        if self.input[0] > 0:
+            row["input_s"], row["input_run_s"], row["input_wait_s"] = (round(x, 6) for x in self.input)
+            self.input = [0.0, 0.0, 0.0]
         sched = _thread_sched(self.sched_fds)
         if sched is not None and self.sched is not None and sched[0] == self.sched[0]:
             row["run_s"] = (sched[1] - self.sched[1]) / 1e9
@@ -396,6 +406,7 @@ def arm(torch: Any) -> None:
         if dist.is_available():
             colls.patch_ddp(torch, _armed_state)
         _patch_dataloader(torch)
+        _patch_save(torch)
     except Exception as e:  # noqa: BLE001 - the job must run even if we cannot observe it
         print(f"gpudiag: bootstrap failed, the job runs unobserved: {e}", file=sys.stderr)
 
@@ -436,6 +447,51 @@ def _patch_dataloader(torch: Any) -> None:
         return out
 
     dl.__iter__ = it
+    base = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
+    if base is None:
+        return
+    orig_next = base.__next__
+
+    @functools.wraps(orig_next)
+    def nxt(self: Any) -> Any:
+        """The batch, with the thread's time in it on a core and waiting for one (schedstat):
+        decoding runs, a read or a sleep blocks; the diagnosis tells them apart by this
+        (``analyzers.host_cpu``), and never takes a busy machine's share out of a block."""
+        st = _get_state()
+        if st is None or os.getpid() != st.pid:
+            return orig_next(self)
+        t0, s0 = time.perf_counter(), _thread_sched(st.sched_fds)
+        try:
+            return orig_next(self)
+        finally:
+            s1 = _thread_sched(st.sched_fds)
+            if s0 is not None and s1 is not None and s0[0] == s1[0]:
+                st.input[0] += time.perf_counter() - t0
+                st.input[1] += (s1[1] - s0[1]) / 1e9
+                st.input[2] += (s1[2] - s0[2]) / 1e9
+
+    base.__next__ = nxt
+
+
+def _patch_save(torch: Any) -> None:
+    """Time ``torch.save`` in the job's process (a checkpoint: pickling and writing, on the
+    thread that calls it), so a periodic save's share of the steps can be named; a save from
+    another thread (an asynchronous checkpoint) is not the step's and is not counted."""
+    orig = torch.save
+    main = threading.main_thread()
+
+    @functools.wraps(orig)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        st = _get_state()
+        if st is None or os.getpid() != st.pid or threading.current_thread() is not main:
+            return orig(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            st.save_s += time.perf_counter() - t0
+
+    torch.save = save
 
 
 def _chain_sigterm() -> None:

@@ -10,8 +10,10 @@ pace, from here; the wall clock is kept beside it.
 A step's wait (``step_wait``): the training thread's own wait for a core (its schedstat, read
 by the step timer), plus, while it was neither running nor waiting (asleep at the end of a
 parallel region, or waiting for a batch), the largest wait any other thread of the job had over
-the step (its intra-op threads, its DataLoader workers: ``collectors.thread_waits``): a step is
-as slow as the slowest thread it waits for. The largest, not the sum: waits in parallel delay
+the step (its intra-op threads, its DataLoader workers: ``collectors.thread_waits``), less the
+time it was blocked asking a single-process DataLoader for a batch (a read or a sleep in
+``__getitem__``, which no thread's wait for a core delays): a step is as slow as the slowest
+thread it waits for. The largest, not the sum: waits in parallel delay
 the step once, and waits in turn (read as the largest of them) charge the job. Where the
 training thread slept on something else (the GPU, a file) while another thread waited for a
 core off the step's path (a worker prefetching ahead), that wait is read as the step's: the
@@ -71,12 +73,22 @@ def wait_shares(job_cores: float, thread_cores: float, other_cores: float | None
     return round(own_cpu / (own_cpu + other), 3), round(other / (own_cpu + other), 3)
 
 
-def step_wait(r: StepRow) -> float | None:
+def loads_in_thread(meta: BootstrapMeta | None) -> bool:
+    """Whether the job's DataLoaders all ran with num_workers=0 (batches made in the thread)."""
+    return bool(meta and meta.dataloader_workers and not any(meta.dataloader_workers))
+
+
+def step_wait(r: StepRow, loader_in_thread: bool = False) -> float | None:
     """Seconds the step waited for a core, on its own thread or (while that thread was neither
     running nor waiting) on the slowest other thread of the job; None where not recorded."""
     if r.wait_s is None or r.run_s is None:
         return None
     idle = max(0.0, r.dt - r.run_s - r.wait_s)  # asleep: on a lock, a barrier, the loader's queue
+    # blocked in next(loader) where the loader runs in the thread (num_workers=0: a read, a
+    # sleep in __getitem__, timed by the step timer's DataLoader hook): no other thread's wait
+    # for a core delays that (with workers, the thread waits on them, and their wait does)
+    if loader_in_thread:
+        idle -= min(idle, r.input_blocked_s or 0.0)
     return r.wait_s + min(idle, r.peer_wait_s or 0.0)
 
 
@@ -87,7 +99,7 @@ def _sample_for(ends: list[float], samples: Sequence[HostSample], t: float) -> H
 
 
 def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
-                     cpus: int | None = None) -> list[float]:
+                     cpus: int | None = None, loader_in_thread: bool = False) -> list[float]:
     """Each step's wall time less the part of its wait for a core that processes outside the job
     caused (``step_wait`` x the other share of the host sample covering the step's end): the
     job's own pace, which another tenant's load does not change. Never below the training
@@ -97,7 +109,7 @@ def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
     out = []
     for r in rows:
         own = r.dt
-        wait = step_wait(r)
+        wait = step_wait(r, loader_in_thread)
         h = _sample_for(ends, samples, r.t)
         if wait and r.dt > 0 and h is not None:
             other = h.machine_busy - h.cores if h.machine_busy is not None else None
@@ -116,7 +128,7 @@ def at_own_pace(steps: Mapping[int, Sequence[StepRow]], samples: Sequence[HostSa
     out = {}
     for rank, rows in steps.items():
         meta = boot.get(rank)
-        own = own_step_seconds(rows, samples, meta.cpus if meta else None)
+        own = own_step_seconds(rows, samples, meta.cpus if meta else None, loads_in_thread(meta))
         out[rank] = [replace(r, dt=o, machine_s=r.dt - o) for r, o in zip(rows, own, strict=True)]
     return out
 

@@ -296,6 +296,21 @@ class StepRow:
     # at the job's own pace (``gpudiag.pace.at_own_pace``): the part of the wall step other
     # processes took, ``dt`` then being the rest; 0 in rows as the step timer wrote them
     machine_s: float = 0.0
+    # the training thread's time in next(loader) over the step (the step timer's DataLoader
+    # hook): wall seconds, seconds on a core, seconds runnable waiting for one; the rest it was
+    # blocked (storage, a sleep, the workers' queue). None: no batch asked for, or not recorded
+    input_s: float | None = None
+    input_run_s: float | None = None
+    input_wait_s: float | None = None
+    # seconds the training process's main thread spent in torch.save over the step (0: none)
+    save_s: float = 0.0
+
+    @property
+    def input_blocked_s(self) -> float | None:
+        """Seconds of the loader wait the thread was neither on a core nor waiting for one."""
+        if self.input_s is None or self.input_run_s is None or self.input_wait_s is None:
+            return None
+        return max(0.0, self.input_s - self.input_run_s - self.input_wait_s)
 
 
 def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
@@ -324,7 +339,9 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
                                 run_s=float(run_s) if _num(run_s) and run_s >= 0 else None,
                                 wait_s=float(wait_s) if _num(wait_s) and wait_s >= 0 else None,
                                 comm_cpu_s=float(comm_cpu) if _num(comm_cpu) and comm_cpu >= 0 else None,
-                                peer_wait_s=float(peer) if _num(peer) and peer >= 0 else None))
+                                peer_wait_s=float(peer) if _num(peer) and peer >= 0 else None,
+                                save_s=_save_s(r.get("save_s")),
+                                **_input_times(r)))
             over = r.get("peer_steps")
             if rows[-1].peer_wait_s is not None and isinstance(over, int) and over > 1:
                 _spread_peer_wait(rows, over)
@@ -332,6 +349,20 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
             _mark_legacy_window(rows, boot[rank])
         out[rank] = rows
     return out
+
+
+def _save_s(v: object) -> float:
+    return float(v) if _num(v) and v > 0 else 0.0  # type: ignore[operator]
+
+
+def _input_times(r: dict) -> dict[str, float]:
+    """The loader-wait fields of a step row, each a non-negative number or left out."""
+    out = {}
+    for k in ("input_s", "input_run_s", "input_wait_s"):
+        v = r.get(k)
+        if _num(v) and v >= 0:
+            out[k] = float(v)
+    return out if len(out) == 3 else {}
 
 
 def _spread_peer_wait(rows: list[StepRow], over: int) -> None:

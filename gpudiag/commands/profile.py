@@ -256,11 +256,12 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | Non
              "gpudiag.step() once per step if the loop has no optimizer)")
         return None
     from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
-    from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor
+    from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor, this_host
     from gpudiag.reports.progress import for_stderr
     from gpudiag.reports.terminal import render_terminal
 
-    d = diagnose(run_dir, DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor), progress=for_stderr())
+    choice = DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor, host=this_host())
+    d = diagnose(run_dir, choice, progress=for_stderr())
     diagnosis_path(run_dir).write_text(d.to_json())
     _write_report(run_dir, d)
     click.echo(d.to_json() if opts.as_json else render_terminal(d))

@@ -63,9 +63,9 @@ def estimator(run_dir: Path):  # a closure
             return {}
         if cache.get("mtime") != mtime:
             from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
-            from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor
+            from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor, this_host
 
-            choice = DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor)
+            choice = DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor, host=this_host())
             cache["d"] = diagnose(run_dir, choice, jobs=1)
             cache["mtime"] = mtime
         return signal_fields(cache["d"], live_step_s, traced_at=mtime)

@@ -30,9 +30,9 @@ def load_diagnosis(target: Path) -> Diagnosis:
             if d.schema_version == DIAGNOSIS_SCHEMA_VERSION:
                 return d
     from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
-    from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor
+    from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor, this_host
 
-    return diagnose(target, DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor))
+    return diagnose(target, DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor, host=this_host()))
 
 
 def write_html(path: Path, html: str) -> None:

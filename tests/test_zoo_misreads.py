@@ -1,0 +1,158 @@
+"""What the held-out zoo found gpudiag reading wrong (benchmarks/zoo/results), each on a real
+CPU job under ``gpudiag profile``:
+
+- a cached bf16 peak measured low (0.39 GFLOP/s, where a bf16 F.linear runs ~9 here) refused a
+  bf16 job's MFU ("the peak is not the device that recorded it") on the machine that recorded
+  it, and nothing said to drop bf16 where the job in fp32 ran 0.12x the time;
+- a loader decompressing zlib in ``__getitem__`` (pure CPU) was called "waiting on storage" by
+  its process tree's CPU over the step; the loader's own thread, timed in next(loader), says;
+- a ``time.sleep`` in ``__getitem__`` was shrunk with the rest of the step by a busy machine's
+  share, at the job's own pace: no other process takes a sleeping thread's time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpudiag.diagnosis import Bottleneck, Diagnosis
+
+JOBS = Path(__file__).parent / "jobs"
+
+
+def profile(tmp: Path, job: list[str], env: dict[str, str] | None = None,
+            cpu: int | None = None) -> Diagnosis:
+    """``gpudiag profile --skip 8`` of a job; with ``cpu``, pinned to that core."""
+    run = tmp / "run"
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", "8",
+                           "--", sys.executable, *job], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})}, preexec_fn=pin)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return Diagnosis.from_json((run / "diagnosis.json").read_text())
+
+
+# -- 1. the bf16 peak ---------------------------------------------------------------------------
+
+def test_a_cached_peak_the_job_outran_is_raised_not_used_to_refuse_its_mfu(tmp_path):
+    """The cache holds a bf16 peak 1000x too low (as one measured under load, or through a slower
+    kernel than the job's): the job's own bf16 rate on this machine raises it, whatever the
+    factor, and MFU is given; the cache keeps the raised figure."""
+    cache = tmp_path / "cache"
+    env = {"GPUDIAG_CACHE_DIR": str(cache)}
+    code = "from gpudiag.collectors.cpu_peak import cpu_peak\ncpu_peak()\n"
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True, timeout=300)
+    data = json.loads((cache / "cpu_peak.json").read_text())
+    planted = data["flops"]["bf16"] / 1000
+    data["flops"]["bf16"] = planted
+    (cache / "cpu_peak.json").write_text(json.dumps(data))
+    d = profile(tmp_path, [str(JOBS / "autocast_job.py"), "--phases", "a1", "--steps", "24",
+                           "--width", "512", "--batch", "64", "--report", str(tmp_path / "own.json")], env)
+    assert d.mfu.dtype_family == "bf16", d.mfu
+    assert d.mfu.value is not None and 0 < d.mfu.value <= 1, d.mfu.reason
+    assert d.device.peak_flops["bf16"] > planted
+    cached = json.loads((cache / "cpu_peak.json").read_text())["flops"]["bf16"]
+    assert cached == pytest.approx(d.device.peak_flops["bf16"], rel=1e-6)
+
+
+def test_a_bf16_job_on_a_cpu_whose_bf16_peak_is_below_fp32_is_told_to_run_in_fp32(tmp_path):
+    """Advice from the device's measured peaks, both ways: where this CPU's bf16 GEMM peak is
+    well below its fp32 one, a job running its matmuls under bf16 autocast is told to run in
+    fp32, with a faster step predicted from the two peaks; where bf16 is not slower, it is not."""
+    from gpudiag.analyzers.advice_fp32 import SLOWER_MIN_RATIO
+
+    d = profile(tmp_path, [str(JOBS / "autocast_job.py"), "--phases", "a1", "--steps", "24",
+                           "--width", "512", "--batch", "64", "--report", str(tmp_path / "own.json")])
+    peaks = d.device.peak_flops
+    assert d.mfu.dtype_mix.get("bf16", 0) >= 0.5, d.mfu.dtype_mix
+    given = {r.action: r for r in [*d.verdict.recommendations, *d.verdict.not_advised]}
+    if peaks["fp32"] >= SLOWER_MIN_RATIO * peaks["bf16"]:
+        rec = given["fp32-instead"]
+        assert rec in d.verdict.recommendations, rec
+        assert rec.gain is not None and rec.gain > 0, rec
+        assert "fp32" in rec.text and "assumes" in rec.why, rec
+    else:  # a CPU with bf16 units
+        assert "fp32-instead" not in given
+
+
+# -- 3. decoding or storage, by the loader's own time --------------------------------------------
+
+def test_a_loader_that_decodes_is_told_from_one_waiting_on_storage_by_its_own_cpu_time(tmp_path):
+    """Two num_workers=0 jobs, one decompressing zlib in ``__getitem__`` (CPU), one sleeping
+    there (storage): the thread's time on a core or waiting for one in next(loader) tells them
+    apart (near 1 against near 0, whatever the load: a decoding thread that waits for a core is
+    still decoding); the decoding job is offered ``cheaper-input`` where its wait is notable,
+    and never told its wait is not CPU work."""
+    from gpudiag.analyzers.classify import INPUT_MODERATE
+
+    common = ["--workers", "0", "--steps", "120", "--width", "128", "--batch", "8"]
+    dec = profile(tmp_path / "dec", [str(JOBS / "feed_job.py"), *common, "--read-ms", "0",
+                                     "--decode-mb", "8", "--report", str(tmp_path / "dec.json")])
+    slp = profile(tmp_path / "slp", [str(JOBS / "feed_job.py"), *common, "--read-ms", "40",
+                                     "--report", str(tmp_path / "slp.json")])
+    assert dec.traits.loader_busy is not None and dec.traits.loader_busy >= 0.8, dec.traits
+    assert slp.traits.loader_busy is not None and slp.traits.loader_busy <= 0.3, slp.traits
+    texts = " ".join(r.text for r in dec.verdict.recommendations)
+    assert "not CPU work" not in texts, texts
+    share = dec.verdict.evidence[f"{Bottleneck.INPUT.value} share"]
+    if share >= INPUT_MODERATE:
+        assert "cheaper-input" in {r.action for r in dec.verdict.recommendations}, dec.verdict
+
+
+# -- 4. a sleep keeps its length at the job's own pace --------------------------------------------
+
+SLEEP_MS = 40.0
+
+
+def test_a_sleep_in_the_loader_keeps_its_length_beside_a_busy_process(tmp_path):
+    """The job and a spinning process share one core: the model's work runs at half speed and
+    the machine's part is taken out of the step, but the loader's 40 ms sleep a batch is not
+    the machine's: the input wait the verdict's view reads is at least the sleep (a sleep is
+    never shorter than asked)."""
+    cpu = min(os.sched_getaffinity(0))
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    try:
+        d = profile(tmp_path, [str(JOBS / "feed_job.py"), "--workers", "0", "--steps", "40",
+                               "--read-ms", str(SLEEP_MS), "--width", "512", "--batch", "64",
+                               "--report", str(tmp_path / "own.json")], cpu=cpu)
+    finally:
+        spin.kill()
+        spin.wait()
+    view = d.unprofiled or d.breakdown
+    detail = (f"input wait {view.input_wait / 1e3:.1f} ms, machine's part {view.host_stalled / 1e3:.1f} "
+              f"of {view.step_time / 1e3:.1f} ms; {d.verdict.summary}")
+    assert view.host_stalled > 0, detail  # the spinner did take part of the step
+    assert view.input_wait >= 0.95 * SLEEP_MS * 1e3, detail
+
+
+# -- 5. a periodic checkpoint is named ------------------------------------------------------------
+
+def test_a_periodic_torch_save_is_named_with_its_share_and_advice(tmp_path):
+    """A job saving its model and Adam state (~36 MB) every 4 steps: the step timer times each
+    torch.save on the training thread, and the advice names the checkpoint with its share of the
+    mean step and a faster step from saving less often. The save's time the diagnosis read is
+    the job's own timing of the same calls (the job times them around gpudiag's hook), within a
+    factor of 2 (different saves: the untraced ones around the window)."""
+    import statistics
+
+    from gpudiag.analyzers.checkpoint import SAVE_NOTABLE
+
+    own = tmp_path / "own.json"
+    d = profile(tmp_path, [str(JOBS / "save_job.py"), "--steps", "40", "--every", "4",
+                           "--out", str(tmp_path / "ckpt.pt"), "--report", str(own)])
+    job = json.loads(own.read_text())
+    share = sum(job["save_seconds"]) / sum(job["step_seconds"])
+    assert share >= 2 * SAVE_NOTABLE, f"the job's saves were only {100 * share:.1f}% of its steps"
+    given = {r.action: r for r in [*d.verdict.recommendations, *d.verdict.not_advised]}
+    rec = given["checkpoint-less-often"]
+    assert rec in d.verdict.recommendations and rec.gain is not None and rec.gain > 0, rec
+    assert "torch.save" in rec.text and "steps, on the training thread" in rec.text, rec.text
+    ms_read = float(rec.text.split("torch.save of ")[1].split(" ms")[0])
+    mine = statistics.fmean(job["save_seconds"]) * 1e3
+    assert mine / 2 <= ms_read <= 2 * mine, (ms_read, mine, rec.text)
