@@ -3,7 +3,7 @@
 Why it exists: the C reader is what makes folding as cheap as decoding (trace_fold.py says
 why), but building it needs a C compiler and Python's headers, which a user's machine may lack.
 Without them pip still installs gpudiag (the extension is optional in pyproject.toml) and the
-fold uses this: the same columns and the same errors for the same input (tests/test_gather.py
+fold uses this: the same columns and the same errors for the same input (tests/unit/test_gather.py
 runs every check on both). A rank loads about 2.5x slower with it (0.9 s against 0.35 s for
 a 3 MB V100 rank, on a 2-core AMD EPYC VM).
 """

@@ -5,7 +5,7 @@ Why one module: the agent exports ``gpudiag_job_mfu_ratio``, the scheduler, ``gp
 ``gpudiag fleet`` read it, and the tests check it. When each of them spells the name itself, a
 rename changes the exporter and leaves a reader finding nothing, silently (a reader of a metric
 that is absent sees "no signal", not an error). Here a rename is one edit, and
-``tests/test_contract_literals.py`` fails when a second spelling appears in the code.
+``tests/unit/test_contract_literals.py`` fails when a second spelling appears in the code.
 
 What is not here: the run directory's file names (``gpudiag/rundir.py`` owns that layout), the
 ``Diagnosis`` schema (``gpudiag/diagnosis.py``), the version (the package metadata, from

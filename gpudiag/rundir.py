@@ -31,7 +31,7 @@ from gpudiag.errors import BadInput
 RUN_SCHEMA_VERSION = 1
 
 # The layout above, by name: every other module reaches these files through the functions below
-# (tests/test_contract_literals.py finds a second spelling). The job-side bootstrap
+# (tests/unit/test_contract_literals.py finds a second spelling). The job-side bootstrap
 # (collectors/torch_bootstrap.py and the modules it loads, which run without gpudiag installed)
 # spells the names it writes itself; what it writes is read back through these names.
 RUN_JSON = "run.json"

@@ -3,7 +3,7 @@
 Why: one default per knob, held by ``Policy`` (``scheduler/model.py``). ``gpudiag scheduler
 serve`` and ``gpudiag sim`` take the same options, so a replay runs with the settings the
 daemon runs with; ``--help`` prints the value ``Policy`` holds; the Settings table of
-docs/scheduler.md is checked against both (tests/test_scheduler_settings.py).
+docs/scheduler.md is checked against both (tests/unit/test_scheduler_settings.py).
 """
 
 from __future__ import annotations

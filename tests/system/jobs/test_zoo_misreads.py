@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from gpudiag.diagnosis import Bottleneck, Diagnosis
+from tests.paths import TESTS
 
-JOBS = Path(__file__).parent / "jobs"
+JOBS = TESTS / "jobs"
 
 
 def profile(tmp: Path, job: list[str], env: dict[str, str] | None = None,
