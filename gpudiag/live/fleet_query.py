@@ -28,11 +28,15 @@ What is asked in which order, and the scheduler's counters: ``fleet_read``.
 from __future__ import annotations
 
 import math
+import operator
+import re
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import msgspec
 
 from gpudiag.live.prom_client import Prometheus, PrometheusUnavailable
 
@@ -131,6 +135,11 @@ class Grid:
     def window(self) -> str:
         return f"{self.step_ms if self.left_open else self.step_ms - 1}ms"
 
+    @property
+    def whole(self) -> str:
+        """One window that is the union of the n: each millisecond of the range once."""
+        return f"{self.n * self.step_ms if self.left_open else self.n * self.step_ms - 1}ms"
+
     def index(self, t: float) -> int:
         return round((t * 1000.0 - (self.end_ms - (self.n - 1) * self.step_ms)) / self.step_ms)
 
@@ -202,40 +211,82 @@ def keep(series: list[Series], how: str) -> list[Series]:
     return series
 
 
+def _points(values: list, how: str) -> Points:
+    """One series' points as ``keep(how)`` would leave them (a "last" series converts only the
+    point it keeps: most of an answer's points are dropped unread)."""
+    isfinite = math.isfinite
+    if how == "last":
+        for t, v in reversed(values):      # the latest finite point
+            if isfinite(float(v)):
+                return [(float(t), float(v))]
+        return []
+    pts = [(float(t), float(v)) for t, v in values]
+    if not isfinite(sum(v for _, v in pts)):     # a NaN or an Inf among them: no number to sum
+        pts = [(t, v) for t, v in pts if isfinite(v)]
+    if how == "sum" and pts:
+        pts = [(pts[-1][0], sum(v for _, v in pts))]
+    return pts
+
+
 def _matrix(data: object, base: str, how: str = "windows") -> list[Series]:
-    """An answer's series, as ``keep(how)`` would leave them (a "last" or "sum" series converts
-    only what it keeps: most of an answer's points are dropped unread)."""
+    """An answer's series (decoded as JSON), as ``keep(how)`` would leave them."""
     if not isinstance(data, dict) or data.get("resultType") != "matrix":
         got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
         raise PrometheusUnavailable(f"Prometheus at {base}: result type {got!r}, expected a matrix")
+    return [Series({str(k): str(v) for k, v in sorted(r.get("metric", {}).items())},
+                   _points(r.get("values", []), how)) for r in data.get("result", [])]
+
+
+class _MatrixSeries(msgspec.Struct):
+    metric: dict[str, str] = {}
+    values: list[tuple[float, float]] = []
+
+
+class _MatrixData(msgspec.Struct):
+    result_type: str = msgspec.field(name="resultType")
+    result: list[_MatrixSeries] = []
+
+
+class _MatrixAnswer(msgspec.Struct):
+    """A successful range answer, its values decoded as floats where Prometheus writes strings
+    ("8", "NaN", "-Inf": msgspec's non-strict mode; "+Inf" it refuses, and such an answer takes
+    the general path)."""
+
+    status: str
+    data: _MatrixData | None = None
+
+
+def _decode_matrix(prom: Prometheus, raw: bytes, how: str) -> list[Series]:
+    """A range answer's series: decoded straight into floats (no Python per point but the
+    finiteness check), else, for any answer that is not a plain successful matrix of numbers,
+    through ``Prometheus.data`` and ``_matrix`` (the same series, or the same one-line error)."""
+    try:
+        doc = msgspec.json.decode(raw, type=_MatrixAnswer, strict=False)
+    except msgspec.DecodeError:     # ValidationError too: "+Inf", or not the shape of an answer
+        doc = None
+    if doc is None or doc.status != "success" or doc.data is None or doc.data.result_type != "matrix":
+        return _matrix(prom.data(raw), prom.base, how)
     out = []
-    isfinite = math.isfinite
-    for r in data.get("result", []):
-        labels = {str(k): str(v) for k, v in sorted(r.get("metric", {}).items())}
-        values = r.get("values", [])
-        if how == "last":
-            pts = []
-            for t, v in reversed(values):      # the latest finite point
-                if isfinite(float(v)):
-                    pts = [(float(t), float(v))]
-                    break
+    isfinite, second = math.isfinite, operator.itemgetter(1)
+    for r in doc.data.result:
+        labels = dict(sorted(r.metric.items()))
+        values = r.values
+        if how == "last" or not isfinite(sum(map(second, values))):
+            out.append(Series(labels, _points(values, how)))
+        elif how == "sum":
+            out.append(Series(labels, [(values[-1][0], sum(map(second, values)))] if values else []))
         else:
-            pts = [(float(t), float(v)) for t, v in values]
-            if not isfinite(sum(v for _, v in pts)):     # a NaN or an Inf among them: no number to sum
-                pts = [(t, v) for t, v in pts if isfinite(v)]
-            if how == "sum" and pts:
-                pts = [(pts[-1][0], sum(v for _, v in pts))]
-        out.append(Series(labels, pts))
+            out.append(Series(labels, values))
     return out
 
 
 def range_query(prom: Prometheus, expr: str, first: float, last: float, step_ms: int,
                 timeout: float = QUERY_TIMEOUT_S, how: str = "windows") -> list[Series]:
     """One ``/api/v1/query_range`` from instant ``first`` to ``last``, reduced as ``how`` says."""
-    data = prom.get("/api/v1/query_range", {"query": expr, "start": f"{first:.3f}", "end": f"{last:.3f}",
-                                            "step": f"{step_ms / 1000:.3f}", "timeout": f"{timeout:g}s"},
-                    timeout + 5)
-    return _matrix(data, prom.base, how)
+    raw = prom.get_raw("/api/v1/query_range", {"query": expr, "start": f"{first:.3f}", "end": f"{last:.3f}",
+                                               "step": f"{step_ms / 1000:.3f}", "timeout": f"{timeout:g}s"},
+                       timeout + 5)
+    return _decode_matrix(prom, raw, how)
 
 
 def instant_query(prom: Prometheus, expr: str, at: float, timeout: float = QUERY_TIMEOUT_S) -> list[dict]:
@@ -244,6 +295,63 @@ def instant_query(prom: Prometheus, expr: str, at: float, timeout: float = QUERY
     if not isinstance(data, dict) or data.get("resultType") != "vector":
         raise PrometheusUnavailable(f"Prometheus at {prom.base}: expected a vector answer")
     return [r for r in data.get("result", []) if isinstance(r, dict)]
+
+
+def whole_query(prom: Prometheus, expr: str, grid: Grid, timeout: float = QUERY_TIMEOUT_S) -> list[Series]:
+    """``expr`` over the whole range as one window (``Grid.whole``), one instant query at its end:
+    each series' one point, at the range's end (a non-finite one is kept: ``read_series`` reads
+    that job window by window)."""
+    out = []
+    for r in instant_query(prom, expr.replace("{w}", grid.whole), grid.end, timeout):
+        try:
+            v = float(r.get("value", [0, "nan"])[1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        labels = {str(k): str(x) for k, x in sorted((r.get("metric") or {}).items())}
+        out.append(Series(labels, [(grid.end, v)]))
+    return out
+
+
+# "last" queries whose value ``fleet.latest`` reads (the others: a label, or only who and where)
+LATEST_VALUE = frozenset({"confidence", "step", "predicted"})
+MAX_REREAD_JOBS = 100     # jobs re-read by name in one regex (a URL of a few KB, as proxies take)
+
+
+def ambiguous(name: str, series: list[Series]) -> set[str]:
+    """Jobs whose latest answer the whole range cannot give: several series that differ in
+    what ``fleet.latest`` reads of them (a label such as the action, the owner, or the value),
+    where only the latest window's series counts; or a value that is not a number. Series
+    that differ only in their node (a job on two nodes, reporting the same) are not."""
+    seen: dict[str, tuple] = {}
+    out: set[str] = set()
+    for s in series:
+        job = s.labels.get("job_id", "")
+        if not s.points or not math.isfinite(s.points[-1][1]):
+            out.add(job)
+            continue
+        if KEEP.get(name) != "last":
+            continue
+        key = (tuple((k, v) for k, v in s.labels.items() if k != "instance"),
+               s.points[-1][1] if name in LATEST_VALUE else None)
+        if seen.setdefault(job, key) != key:
+            out.add(job)
+    return out
+
+
+def regex_of(values: list[str]) -> str:
+    """An RE2 regex matching exactly these strings, as a PromQL string's content."""
+    esc = ["".join("\\" + c if c in ".+*?()|[]{}^$\\" else c for c in v) for v in values]
+    return ("^(?:" + "|".join(esc) + ")$").replace("\\", "\\\\").replace('"', '\\"')
+
+
+def for_jobs(expr: str, jobs: list[str]) -> str:
+    """``expr`` (one selector, ``name[{w}]``) selecting only these jobs' series."""
+    rx = regex_of(jobs)
+    out, n = re.subn(r"([A-Za-z_:][A-Za-z0-9_:]*)\[\{w\}\]",
+                     lambda m: f'{m.group(1)}{{job_id=~"{rx}"}}[{{w}}]', expr)
+    if n != 1:
+        raise ValueError(f"for_jobs: {expr!r} is not one plain selector")
+    return out
 
 
 @dataclass
@@ -275,16 +383,21 @@ class FleetData:
 
 def read_series(prom: Prometheus, grid: Grid, span_points: int = SPAN_POINTS,
                 timeout: float = QUERY_TIMEOUT_S, names: list[str] | None = None,
-                exprs: dict[str, str] | None = None) -> dict[str, list[Series]]:
-    """Every query of QUERIES (or ``names``, or ``exprs``: name -> PromQL) over the grid, cut
-    into spans (the module's docstring), PARALLEL_QUERIES at a time. The first failure is raised
-    as its one line and the queries not yet sent are not sent."""
+                exprs: dict[str, str] | None = None, whole: bool = True) -> dict[str, list[Series]]:
+    """Every query of QUERIES (or ``names``, or ``exprs``: name -> PromQL) over the grid,
+    PARALLEL_QUERIES at a time: those of which the sums keep every window cut into spans (the
+    module's docstring); those of which they keep a series' latest point or its total as one
+    instant query over the whole range (``whole``), the jobs that one cannot answer
+    (``ambiguous``) then read window by window. The first failure is raised as its one line
+    and the queries not yet sent are not sent."""
     cut = spans(grid, span_points)
     out: dict[str, list[Series]] = {}
     todo = exprs or {name: QUERIES[name] for name in (names or list(QUERIES))}
+    at_once = {n for n in todo if whole and KEEP[n] in ("last", "sum")}
     with ThreadPoolExecutor(max_workers=PARALLEL_QUERIES) as pool:
-        futures = {name: [pool.submit(range_query, prom, expr.replace("{w}", grid.window),
-                                      a, b, grid.step_ms, timeout, KEEP[name]) for a, b in cut]
+        futures = {name: ([pool.submit(whole_query, prom, expr, grid, timeout)] if name in at_once else
+                          [pool.submit(range_query, prom, expr.replace("{w}", grid.window),
+                                       a, b, grid.step_ms, timeout, KEEP[name]) for a, b in cut])
                    for name, expr in todo.items()}
         try:
             for name, futs in futures.items():
@@ -293,6 +406,15 @@ def read_series(prom: Prometheus, grid: Grid, span_points: int = SPAN_POINTS,
         except PrometheusUnavailable:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
+    for name in sorted(at_once):
+        jobs = sorted(ambiguous(name, out[name]))
+        if not jobs:
+            continue
+        expr = todo[name] if len(jobs) > MAX_REREAD_JOBS else for_jobs(todo[name], jobs)
+        again = read_series(prom, grid, span_points, timeout, exprs={name: expr}, whole=False)[name]
+        chosen = set(jobs)
+        out[name] = ([s for s in out[name] if s.labels.get("job_id", "") not in chosen]
+                     + [s for s in again if s.labels.get("job_id", "") in chosen])
     return out
 
 

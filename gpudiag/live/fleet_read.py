@@ -19,6 +19,7 @@ from gpudiag.live.fleet_query import (
     Series,
     instant_query,
     read_series,
+    regex_of,
 )
 from gpudiag.live.prom_client import Prometheus, PrometheusUnavailable
 
@@ -84,12 +85,6 @@ def resolve_intervals(instances: set[str], targets: dict[str, float],
     return known, notes
 
 
-def _regex(values: list[str]) -> str:
-    """An RE2 regex matching exactly these strings, as a PromQL string's content."""
-    esc = ["".join("\\" + c if c in ".+*?()|[]{}^$\\" else c for c in v) for v in values]
-    return ("^(?:" + "|".join(esc) + ")$").replace("\\", "\\\\").replace('"', '\\"')
-
-
 def old_agents(prom: Prometheus, grid: Grid, samples: list[Series], timeout: float) -> list[str]:
     """Nodes whose per-job GPU series do not cover the range: no gpudiag_gpus_held at all (an
     agent from before it), or only from a later window (upgraded, or started, within the range).
@@ -143,7 +138,7 @@ def read_fleet(prom: Prometheus, grid: Grid, targets: dict[str, float], explicit
     notes = []
     old = old_agents(prom, grid, data.series["gpu_samples"], timeout)
     if old:
-        regex = _regex(old)
+        regex = regex_of(old)
         extra = read_series(prom, grid, span_points, timeout,
                             exprs={n: q.replace("{i}", regex) for n, q in OLD_AGENT_QUERIES.items()})
         added = 0

@@ -24,6 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from gpudiag.errors import BadInput, GpudiagError
 
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
@@ -153,6 +155,12 @@ class Prometheus:
 
     def get(self, path: str, params: dict[str, str], timeout: float) -> object:
         """``data`` of a successful ``/api/v1/...`` answer; PrometheusUnavailable otherwise."""
+        return self.data(self.get_raw(path, params, timeout))
+
+    def get_raw(self, path: str, params: dict[str, str], timeout: float) -> bytes:
+        """The answer's bytes, undecoded (``fleet_query`` decodes a range answer straight into
+        floats: msgspec, several times faster than ``json`` on answers of 10,000 jobs); every
+        failure to get them is PrometheusUnavailable with its one line."""
         url = f"{self.base}{path}?{urllib.parse.urlencode(params)}"
         req = urllib.request.Request(url, headers={"Accept": "application/json"})
         header = self.auth.header()
@@ -160,7 +168,7 @@ class Prometheus:
             req.add_unredirected_header("Authorization", header)
         try:
             with self._opener.open(req, timeout=timeout) as r:
-                doc = json.loads(r.read(MAX_ANSWER_BYTES))
+                return r.read(MAX_ANSWER_BYTES)
         except urllib.error.HTTPError as e:
             raise PrometheusUnavailable(self._http_error(e, path)) from None
         except ssl.SSLError as e:
@@ -171,7 +179,12 @@ class Prometheus:
                 raise PrometheusUnavailable(self._tls_error(reason)) from None
             raise PrometheusUnavailable(f"Prometheus at {self.base} did not answer: {reason}; "
                                         "check --prometheus") from None
-        except ValueError:
+
+    def data(self, raw: bytes) -> object:
+        """``data`` of an answer's bytes if it says success; PrometheusUnavailable otherwise."""
+        try:
+            doc = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
             raise PrometheusUnavailable(f"{self.base} answered, but not with Prometheus' JSON API (a "
                                         "login page or a proxy?); check --prometheus") from None
         if not isinstance(doc, dict) or doc.get("status") != "success":
