@@ -4,9 +4,12 @@ terminal summary, or JSON."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import re
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -195,6 +198,28 @@ def _write(path: Path, option: str, text: str) -> None:
 def read_and_sum(prom, start: float, end: float, req_end: float, explicit: float | None,  # noqa: ANN001
                  slurm: bool):  # noqa: ANN201 - a FleetSummary
     """Read the range and the one before it, ask Slurm about the silent jobs, sum."""
+    with _no_cycle_collection():
+        return _read_and_sum(prom, start, end, req_end, explicit, slurm)
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector off while the answers are read and summed: they are millions of
+    small tuples and dicts with no cycles (reference counting frees them), and the collector,
+    woken by every few hundred allocations, walked them again and again: with it, decoding and
+    summing 10,000 jobs took 0.95 + 2.37 s of CPU, without it 0.38 + 1.74 (tests/test_fleet_sums'
+    month of 10,000 jobs, 2-core AMD EPYC VM, load 13)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _read_and_sum(prom, start: float, end: float, req_end: float, explicit: float | None,  # noqa: ANN001
+                  slurm: bool):  # noqa: ANN202 - a FleetSummary
     from gpudiag.live.fleet import slurm_ids, summarise
     from gpudiag.live.fleet_query import QUERY_TIMEOUT_S, grid_for, left_open
     from gpudiag.live.fleet_read import PREVIOUS_QUERIES, read_fleet

@@ -297,19 +297,46 @@ def instant_query(prom: Prometheus, expr: str, at: float, timeout: float = QUERY
     return [r for r in data.get("result", []) if isinstance(r, dict)]
 
 
+class _Sample(msgspec.Struct):
+    metric: dict[str, str] = {}
+    value: tuple[float, float] = (0.0, math.nan)
+
+
+class _VectorData(msgspec.Struct):
+    result_type: str = msgspec.field(name="resultType")
+    result: list[_Sample] = []
+
+
+class _VectorAnswer(msgspec.Struct):
+    status: str
+    data: _VectorData | None = None
+
+
 def whole_query(prom: Prometheus, expr: str, grid: Grid, timeout: float = QUERY_TIMEOUT_S) -> list[Series]:
     """``expr`` over the whole range as one window (``Grid.whole``), one instant query at its end:
     each series' one point, at the range's end (a non-finite one is kept: ``read_series`` reads
     that job window by window)."""
-    out = []
-    for r in instant_query(prom, expr.replace("{w}", grid.whole), grid.end, timeout):
-        try:
-            v = float(r.get("value", [0, "nan"])[1])
-        except (TypeError, ValueError, IndexError):
-            continue
-        labels = {str(k): str(x) for k, x in sorted((r.get("metric") or {}).items())}
-        out.append(Series(labels, [(grid.end, v)]))
-    return out
+    raw = prom.get_raw("/api/v1/query", {"query": expr.replace("{w}", grid.whole), "time": f"{grid.end:.3f}",
+                                         "timeout": f"{timeout:g}s"}, timeout + 5)
+    try:
+        doc = msgspec.json.decode(raw, type=_VectorAnswer, strict=False)
+    except msgspec.DecodeError:     # "+Inf", or not the shape of an answer: the general path
+        doc = None
+    if doc is None or doc.status != "success" or doc.data is None or doc.data.result_type != "vector":
+        data = prom.data(raw)
+        if not isinstance(data, dict) or data.get("resultType") != "vector":
+            raise PrometheusUnavailable(f"Prometheus at {prom.base}: expected a vector answer")
+        out = []
+        for r in data.get("result", []):
+            try:
+                v = float(r.get("value", [0, "nan"])[1])
+            except (TypeError, ValueError, IndexError, AttributeError):
+                continue
+            out.append(Series({str(k): str(x) for k, x in sorted((r.get("metric") or {}).items())},
+                              [(grid.end, v)]))
+        return out
+    end = grid.end
+    return [Series(dict(sorted(r.metric.items())), [(end, r.value[1])]) for r in doc.data.result]
 
 
 # "last" queries whose value ``fleet.latest`` reads (the others: a label, or only who and where)
@@ -322,20 +349,25 @@ def ambiguous(name: str, series: list[Series]) -> set[str]:
     what ``fleet.latest`` reads of them (a label such as the action, the owner, or the value),
     where only the latest window's series counts; or a value that is not a number. Series
     that differ only in their node (a job on two nodes, reporting the same) are not."""
-    seen: dict[str, tuple] = {}
     out: set[str] = set()
+    isfinite, several = math.isfinite, KEEP.get(name) == "last"
+    first: dict[str, Series] = {}
     for s in series:
         job = s.labels.get("job_id", "")
-        if not s.points or not math.isfinite(s.points[-1][1]):
+        if not s.points or not isfinite(s.points[-1][1]):
             out.add(job)
-            continue
-        if KEEP.get(name) != "last":
-            continue
-        key = (tuple((k, v) for k, v in s.labels.items() if k != "instance"),
-               s.points[-1][1] if name in LATEST_VALUE else None)
-        if seen.setdefault(job, key) != key:
-            out.add(job)
+        elif several:
+            other = first.setdefault(job, s)
+            if other is not s and _reads(name, other) != _reads(name, s):
+                out.add(job)
     return out
+
+
+def _reads(name: str, s: Series) -> tuple:
+    """What ``fleet.latest`` reads of a series: its labels but the node, and the value where
+    it is the number read."""
+    return (tuple((k, v) for k, v in s.labels.items() if k != "instance"),
+            s.points[-1][1] if name in LATEST_VALUE else None)
 
 
 def regex_of(values: list[str]) -> str:
@@ -401,7 +433,9 @@ def read_series(prom: Prometheus, grid: Grid, span_points: int = SPAN_POINTS,
                    for name, expr in todo.items()}
         try:
             for name, futs in futures.items():
-                out[name] = keep(join([f.result() for f in futs]), KEEP[name])
+                # an instant answer is one point a series already: nothing to join or reduce
+                out[name] = (futs[0].result() if name in at_once
+                             else keep(join([f.result() for f in futs]), KEEP[name]))
                 futs.clear()
         except PrometheusUnavailable:
             pool.shutdown(wait=True, cancel_futures=True)
