@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from gpudiag import contract as c
 from gpudiag.live.prom_client import Prometheus, PrometheusUnavailable
 
 MAX_POINTS = 1000          # windows per range: a week at 605 s, a month at 43 minutes
@@ -47,43 +48,39 @@ PARALLEL_QUERIES = 4       # at once: a busy Prometheus is not flooded
 SPAN_POINTS = 48           # windows per query (docs/fleet.md: measured against other spans)
 SCHEDULER_COUNTERS = 'gpudiag_scheduler_.+_total'
 
+W = "{w}"   # one window's width, put in by FleetData.expr / read_series
+
 # name -> PromQL over one window ``{w}``. What each number on the page is a sum of.
 QUERIES: dict[str, str] = {
     # GPU samples per node and job (job_id "" = GPUs no job holds): x the scrape interval = GPU-s.
     # gpudiag_gpus_held is one series per job and node (its GPUs at each scrape), not one per GPU
-    "gpu_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_gpus_held[{w}]))",
+    "gpu_samples": f"sum by (instance, job_id) (sum_over_time({c.GPUS_HELD}[{W}]))",
     # the scrapes in which the job held GPUs there: how long it held them in the window
-    "gpu_presence": "max by (instance, job_id) (count_over_time(gpudiag_gpus_held[{w}]))",
+    "gpu_presence": f"max by (instance, job_id) (count_over_time({c.GPUS_HELD}[{W}]))",
     # GPU samples below the agent's idle threshold
-    "idle_samples": "sum by (instance, job_id) (sum_over_time(gpudiag_gpus_idle[{w}]))",
+    "idle_samples": f"sum by (instance, job_id) (sum_over_time({c.GPUS_IDLE}[{W}]))",
     # any signal of the job: the job runs under gpudiag (with or without an MFU)
-    "signal_samples": ("max by (instance, job_id, owner_uid) "
-                       "(count_over_time(gpudiag_job_last_signal_timestamp_seconds[{w}]))"),
+    "signal_samples": f"max by (instance, job_id, owner_uid) (count_over_time({c.JOB_LAST_SIGNAL}[{W}]))",
     # the job's MFU (one place: fleet.job_mfu reads these two)
-    "mfu_mean": "max by (instance, job_id, owner_uid) (avg_over_time(gpudiag_job_mfu_ratio[{w}]))",
-    "mfu_samples": "max by (instance, job_id, owner_uid) (count_over_time(gpudiag_job_mfu_ratio[{w}]))",
-    "label_samples": ("max by (instance, job_id, owner_uid, label) "
-                      "(count_over_time(gpudiag_job_bottleneck[{w}]))"),
-    "confidence": ("max by (instance, job_id, owner_uid) "
-                   "(last_over_time(gpudiag_job_signal_confidence[{w}]))"),
-    "step": "max by (instance, job_id, owner_uid) (last_over_time(gpudiag_job_step_seconds[{w}]))",
-    "predicted": ("max by (instance, job_id, owner_uid) "
-                  "(last_over_time(gpudiag_job_recommendation_predicted_step_seconds[{w}]))"),
-    "action": ("max by (instance, job_id, owner_uid, action) "
-               "(last_over_time(gpudiag_job_recommendation_info[{w}]))"),
-    "team": "max by (instance, job_id, owner_uid, team) (last_over_time(gpudiag_job_team_info[{w}]))",
+    "mfu_mean": f"max by (instance, job_id, owner_uid) (avg_over_time({c.JOB_MFU}[{W}]))",
+    "mfu_samples": f"max by (instance, job_id, owner_uid) (count_over_time({c.JOB_MFU}[{W}]))",
+    "label_samples": (f"max by (instance, job_id, owner_uid, label) "
+                      f"(count_over_time({c.JOB_BOTTLENECK}[{W}]))"),
+    "confidence": f"max by (instance, job_id, owner_uid) (last_over_time({c.JOB_CONFIDENCE}[{W}]))",
+    "step": f"max by (instance, job_id, owner_uid) (last_over_time({c.JOB_STEP_SECONDS}[{W}]))",
+    "predicted": f"max by (instance, job_id, owner_uid) (last_over_time({c.JOB_PREDICTED_STEP}[{W}]))",
+    "action": (f"max by (instance, job_id, owner_uid, action) "
+               f"(last_over_time({c.JOB_RECOMMENDATION}[{W}]))"),
+    "team": f"max by (instance, job_id, owner_uid, team) (last_over_time({c.JOB_TEAM}[{W}]))",
     # the login name of the uid that wrote the job's signals, as its node resolved it
-    "user": "max by (instance, job_id, owner_uid, user) (last_over_time(gpudiag_job_owner_info[{w}]))",
+    "user": f"max by (instance, job_id, owner_uid, user) (last_over_time({c.JOB_OWNER}[{W}]))",
     # seconds since a stalled job's last step, only while it is stalled, with the stall's cause
     # (docs/stall.md): the largest in a window is its last sample there
-    "stalled": ("max by (instance, job_id, owner_uid, cause) "
-                "(max_over_time(gpudiag_job_stalled_seconds[{w}]))"),
+    "stalled": f"max by (instance, job_id, owner_uid, cause) (max_over_time({c.JOB_STALLED}[{W}]))",
     # when the job last finished a step: dates a stall exactly, whatever the windows' edges
-    "last_step": ("max by (instance, job_id, owner_uid) "
-                  "(last_over_time(gpudiag_job_last_step_timestamp_seconds[{w}]))"),
+    "last_step": f"max by (instance, job_id, owner_uid) (last_over_time({c.JOB_LAST_STEP}[{W}]))",
     # the uid that runs a GPU's job (its processes, else its job-mapping file), for silent jobs
-    "holder": ("max by (instance, job_id, owner_uid, user) "
-               "(last_over_time(gpudiag_gpu_job_owner_info[{w}]))"),
+    "holder": f"max by (instance, job_id, owner_uid, user) (last_over_time({c.GPU_JOB_OWNER}[{W}]))",
 }
 
 # What the sums need of each query's answer (the rest is dropped as each span arrives, so a
@@ -372,7 +369,7 @@ def _reads(name: str, s: Series) -> tuple:
 
 def regex_of(values: list[str]) -> str:
     """An RE2 regex matching exactly these strings, as a PromQL string's content."""
-    esc = ["".join("\\" + c if c in ".+*?()|[]{}^$\\" else c for c in v) for v in values]
+    esc = ["".join("\\" + ch if ch in ".+*?()|[]{}^$\\" else ch for ch in v) for v in values]
     return ("^(?:" + "|".join(esc) + ")$").replace("\\", "\\\\").replace('"', '\\"')
 
 
@@ -456,7 +453,7 @@ def job_series_url(base: str, start: float, end: float, job_id: str) -> str:
     """The Prometheus graph of one job's own series over the range (its GPUs' SM activity and
     its MFU, one panel): the one template every job link on the page comes from."""
     sel = job_id.replace("\\", "\\\\").replace('"', '\\"')
-    expr = (f'{{job_id="{sel}",__name__=~"gpudiag_gpu_sm_activity_ratio|gpudiag_job_mfu_ratio"}}')
+    expr = f'{{job_id="{sel}",__name__=~"{c.GPU_SM_ACTIVITY}|{c.JOB_MFU}"}}'
     q = urllib.parse.urlencode({"g0.expr": expr, "g0.tab": "0",
                                 "g0.range_input": f"{max(1, round(end - start))}s",
                                 "g0.end_input": _iso(end)})

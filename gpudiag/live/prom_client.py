@@ -26,19 +26,14 @@ from pathlib import Path
 
 import msgspec
 
+from gpudiag import contract as c
 from gpudiag.errors import BadInput, GpudiagError
 
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
 MAX_SECRET_BYTES = 64 * 1024
-# the environment variables of the command's options (click's envvar=), named once
-ENV_URL = "GPUDIAG_PROMETHEUS"
-ENV_USER = "GPUDIAG_PROMETHEUS_USER"
-ENV_PASSWORD_FILE = "GPUDIAG_PROMETHEUS_PASSWORD_FILE"
-ENV_TOKEN_FILE = "GPUDIAG_PROMETHEUS_BEARER_TOKEN_FILE"
-ENV_CA_FILE = "GPUDIAG_PROMETHEUS_CA_FILE"
-ENV_INSECURE = "GPUDIAG_PROMETHEUS_INSECURE"
-CREDENTIAL_HINT = (f"give --prometheus-user with --prometheus-password-file, or --bearer-token-file "
-                   f"(or {ENV_USER}, {ENV_PASSWORD_FILE}, {ENV_TOKEN_FILE})")
+CREDENTIAL_HINT = ("give --prometheus-user with --prometheus-password-file, or --bearer-token-file "
+                   f"(or {c.ENV_PROMETHEUS_USER}, {c.ENV_PROMETHEUS_PASSWORD_FILE}, "
+                   f"{c.ENV_PROMETHEUS_TOKEN_FILE})")
 
 
 class PrometheusUnavailable(GpudiagError):
@@ -103,7 +98,7 @@ def split_url(url: str) -> tuple[str, str | None, str | None]:
         raise BadInput("--prometheus: use an http:// or https:// URL, e.g. http://prometheus:9090")
     if u.query or u.fragment:
         raise BadInput("--prometheus: the URL has a query or fragment; give the server's base URL "
-                       f"(a token goes in --bearer-token-file or {ENV_TOKEN_FILE})")
+                       f"(a token goes in --bearer-token-file or {c.ENV_PROMETHEUS_TOKEN_FILE})")
     host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
     netloc = host + (f":{port}" if port is not None else "")
     base = urllib.parse.urlunsplit((u.scheme, netloc, u.path.rstrip("/"), "", ""))
