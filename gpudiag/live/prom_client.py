@@ -28,6 +28,7 @@ import msgspec
 
 from gpudiag import contract as c
 from gpudiag.errors import BadInput, GpudiagError
+from gpudiag.scrape import fetch
 
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
 MAX_SECRET_BYTES = 64 * 1024
@@ -154,16 +155,19 @@ class Prometheus:
 
     def get_raw(self, path: str, params: dict[str, str], timeout: float) -> bytes:
         """The answer's bytes, undecoded (``fleet_query`` decodes a range answer straight into
-        floats: msgspec, several times faster than ``json`` on answers of 10,000 jobs); every
-        failure to get them is PrometheusUnavailable with its one line."""
+        floats: msgspec, several times faster than ``json`` on answers of 10,000 jobs), read by
+        gpudiag's one HTTP reader (``gpudiag/scrape.py``); every failure to get them is
+        PrometheusUnavailable with its one line."""
         url = f"{self.base}{path}?{urllib.parse.urlencode(params)}"
         req = urllib.request.Request(url, headers={"Accept": "application/json"})
         header = self.auth.header()
         if header is not None:
             req.add_unredirected_header("Authorization", header)
         try:
-            with self._opener.open(req, timeout=timeout) as r:
-                return r.read(MAX_ANSWER_BYTES)
+            return fetch(req, timeout, MAX_ANSWER_BYTES, self._opener)
+        except ValueError as e:      # larger than MAX_ANSWER_BYTES: refused, never cut and half-read
+            what = "give a shorter range" if "larger than" in str(e) else "check --prometheus"
+            raise PrometheusUnavailable(f"Prometheus at {self.base}: {e}; {what}") from None
         except urllib.error.HTTPError as e:
             raise PrometheusUnavailable(self._http_error(e, path)) from None
         except ssl.SSLError as e:
