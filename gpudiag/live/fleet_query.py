@@ -45,7 +45,7 @@ MAX_POINTS = 1000          # windows per range: a week at 605 s, a month at 43 m
 MIN_STEP_MS = 1000         # no window shorter than a second
 QUERY_TIMEOUT_S = 30.0     # per query, passed to Prometheus too (`timeout=`)
 PARALLEL_QUERIES = 4       # at once: a busy Prometheus is not flooded
-SPAN_POINTS = 48           # windows per query (docs/fleet.md: measured against other spans)
+SPAN_POINTS = 150          # windows per query (docs/fleet.md: measured against other spans)
 SCHEDULER_COUNTERS = 'gpudiag_scheduler_.+_total'
 
 W = "{w}"   # one window's width, put in by FleetData.expr / read_series
