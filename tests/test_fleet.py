@@ -312,6 +312,31 @@ def test_the_latest_points_and_totals_read_over_the_whole_range_at_once_sum_as_t
     assert summarise(data).to_json() == summarise(by_window).to_json()
 
 
+def test_a_job_whose_latest_series_differ_is_read_again_window_by_window(scene):
+    """Where a job's series of a latest-point query differ in what the sums read (here one
+    series per GPU, each naming its GPU as the 'action'), one answer over the whole range cannot
+    say which came last: those jobs are read again window by window, and their series are the
+    windows' own; what the sums read of every job is what the windows give."""
+    prom, grid = Prometheus(scene["base"]), grid_for(scene["t0"], scene["t1"])
+    expr = ('label_replace(max by (instance, job_id, gpu) (last_over_time(gpudiag_gpu_up[{w}])), '
+            '"action", "$1", "gpu", "(.*)")')
+    at_once = read_series(prom, grid, exprs={"action": expr})["action"]
+    windows = read_series(prom, grid, exprs={"action": expr}, whole=False)["action"]
+
+    def of(series: list, jobs: set) -> dict:
+        return {tuple(sorted(x.labels.items())): x.points for x in series
+                if x.labels.get("job_id", "") in jobs}
+
+    per_job = defaultdict(int)
+    for x in windows:
+        per_job[x.labels.get("job_id", "")] += 1
+    several = {j for j, n in per_job.items() if n > 1}
+    assert {"slurm:9000101", "slurm:9000103"} <= several, per_job    # the two jobs on two GPUs
+    assert of(at_once, several) == of(windows, several)
+    assert {j: v[1:] for j, v in latest(at_once, "action").items()} == \
+        {j: v[1:] for j, v in latest(windows, "action").items()}
+
+
 def test_an_older_agents_per_gpu_series_count_the_same_gpu_time_as_the_per_job_ones(scene):
     """A node whose agent predates gpudiag_gpus_held is read from gpudiag_gpu_up: on the
     scene's real scrapes (restart included) both give the same samples, window by window."""

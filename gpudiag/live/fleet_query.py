@@ -22,6 +22,12 @@ range selects, so its work is (series) x (windows). Jobs come and go and each br
 PARALLEL_QUERIES at a time, and the answers are joined series by series: the sums are those of
 one query (tests/test_fleet.py checks it against the real Prometheus).
 
+**One window where one number is kept.** Of a query whose sums keep only each series' latest
+point or its total (KEEP: "last", "sum"), the whole range is one instant query over one window,
+the union of the n (``Grid.whole``): one point a series instead of one a window. Where a job's
+series of such a query differ in what the sums read of them (``ambiguous``: the latest window's
+series wins), that job is read again window by window (``for_jobs``).
+
 What is asked in which order, and the scheduler's counters: ``fleet_read``.
 """
 
