@@ -312,8 +312,8 @@ def main() -> None:
                     help="every Nth node runs an agent from before gpudiag_gpus_held (0: none)")
     ap.add_argument("--short", action="store_true", help="16 GPUs, 2 days of a 4-day history")
     ap.add_argument("--workers", type=int, default=2, help="promtool runs at a time")
-    ap.add_argument("--spans", default="48",
-                    help="comma-separated windows per query to time against one query a name (default: 48; "
+    ap.add_argument("--spans", default="150",
+                    help="comma-separated windows per query to time against one query a name (default: 150; "
                          "'' times the command alone)")
     ap.add_argument("--keep", type=Path, metavar="DIR",
                     help="keep the history in DIR, and time an earlier run's again if DIR holds one")

@@ -17,15 +17,15 @@ import re
 
 import click
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_DURATION_UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_DURATION_UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0, None: 1.0}
 # Slurm's time format as squeue (%l) and sacct (Elapsed, Timelimit) print it: [D-][HH:]MM:SS,
 # sacct adding a fraction of a second to some fields (dropped: Slurm counts whole seconds)
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
 
 
 def parse_duration(text: str, option: str, examples: str = "10m, 600s, 2h, 1d or 0") -> float:
-    """'10m', '600s', '1.5h', '2d', '0' -> seconds (0 turns the feature off)."""
+    """'10m', '600s', '1.5h', '2d', '2w', '0' -> seconds (0 turns the feature off)."""
     m = _DURATION.match(text)
     if not m:
         raise click.BadParameter(f"{text!r}: use e.g. {examples}", param_hint=option)

@@ -76,3 +76,18 @@ def ms_of_seconds(s: float) -> str:
     """A duration given in seconds, in whole milliseconds (one decimal below 10 ms):
     0.2345 -> '234 ms', 0.0042 -> '4.2 ms'."""
     return f"{s * 1e3:.0f} ms" if s >= 0.01 else f"{s * 1e3:.1f} ms"
+
+
+def seconds(x: float | None) -> str:
+    """A duration given in seconds, such as a step time, in the unit that reads it at three
+    significant digits: 1.25 -> '1.25 s', 0.127 -> '127 ms', 0.00042 -> '420 µs'; from 100 s
+    up, whole seconds grouped: 1234.0 -> '1,234 s'; None or NaN -> 'n/a'."""
+    if x is None or x != x:
+        return "n/a"
+    if x >= 100:
+        return f"{x:,.0f} s"
+    if x >= 1:
+        return f"{x:.{SIG_DIGITS}g} s"
+    if x >= 0.001:
+        return f"{x * 1000:.{SIG_DIGITS}g} ms"
+    return f"{x * 1e6:.{SIG_DIGITS}g} µs"

@@ -37,13 +37,13 @@ from gpudiag.reports.fleet_text import (
     change,
     gpu_h,
     mfu_text,
-    secs,
     share,
     utc,
     utc_s,
 )
 from gpudiag.reports.page import embed_json, env
 from gpudiag.reports.svg_columns import Stack, stacked_columns
+from gpudiag.units import seconds
 
 PAGE_JOBS = 200
 GROUP_ROWS = 15      # teams / users in a table and a chart
@@ -136,7 +136,7 @@ def render_page(s: FleetSummary, csv_href: str = "fleet.csv") -> str:
            "s": shown, "t": s.totals, "p": s.previous.totals if s.previous else None, "listed": listed,
            "rows": {r.job_id: r for r in s.jobs if r.job_id in {m["job_id"] for m in s.most_lost}},
            "utc": utc, "utc_s": utc_s, "count": lambda n: f"{n:,}", "gpu_h": gpu_h, "share": share,
-           "secs": secs, "change": change,
+           "secs": seconds, "change": change,
            "mfu": mfu_text, "link": lambda job: job_series_url(s.prometheus, s.start, s.end, job),
            "team_bars": svg_markup(_use_bars("Useful against held GPU-hours per team", s.teams)),
            "user_bars": svg_markup(_use_bars("Useful against held GPU-hours per user", s.users)),

@@ -13,6 +13,7 @@ import io
 from datetime import datetime, timezone
 
 from gpudiag.live.fleet_model import LOSS_CAUSES, Fix, FleetSummary, JobRow
+from gpudiag.units import seconds
 
 CAUSE_WORDS = {"stalled": "stalled", "idle": "idle", "below_peers": "below peers", "fixable": "fixable"}
 
@@ -72,19 +73,6 @@ def change(now: float, before: float | None) -> str:
     return "same" if abs(d) < 0.0005 else f"{100 * d:+.1f}%"
 
 
-def secs(x: float | None) -> str:
-    """A step time: "1.25 s", "127 ms", "0.42 ms"."""
-    if x is None or x != x:
-        return "n/a"
-    if x >= 100:
-        return f"{x:,.0f} s"
-    if x >= 1:
-        return f"{x:.3g} s"
-    if x >= 0.001:
-        return f"{x * 1000:.3g} ms"
-    return f"{x * 1e6:.3g} µs"
-
-
 def mfu_text(r: JobRow) -> str:
     if r.mfu is not None:
         return share(r.mfu)
@@ -98,8 +86,8 @@ def cause_text(cause: str | None, r: JobRow) -> str:
 
 
 def fix_line(i: int, f: Fix) -> str:
-    return (f"{i}. {f.job_id} ({f.team}, {f.user}): {f.action}, step {secs(f.step_s)} -> "
-            f"{secs(f.predicted_step_s)}: {gpu_h(f.win_gpu_hours_per_week)} GPU-h/week")
+    return (f"{i}. {f.job_id} ({f.team}, {f.user}): {f.action}, step {seconds(f.step_s)} -> "
+            f"{seconds(f.predicted_step_s)}: {gpu_h(f.win_gpu_hours_per_week)} GPU-h/week")
 
 
 def terminal(s: FleetSummary, page: str | None = None, csv_path: str | None = None) -> str:
@@ -172,4 +160,4 @@ def jobs_csv(s: FleetSummary) -> str:
     return buf.getvalue()
 
 
-__all__ = ["CSV_FIELDS", "LOSS_CAUSES", "change", "gpu_h", "jobs_csv", "secs", "share", "terminal", "utc"]
+__all__ = ["CSV_FIELDS", "LOSS_CAUSES", "change", "gpu_h", "jobs_csv", "share", "terminal", "utc"]

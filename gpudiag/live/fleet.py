@@ -228,17 +228,26 @@ def _job_row(job: str, h: _Held, mfu: dict[float, tuple[float, float]], labels: 
     useful = with_mfu = no_mfu = no_signal = stalled = 0.0
     causes: dict[str, float] = defaultdict(float)
     gpus = 0
-    for t, held in h.held.items():
-        pres = h.presence.get(t, 0.0)
+    presence, step, rest = h.presence, grid.step, NO_LABEL if signalled else NO_SIGNAL
+    none, no_labels = (0.0, 0.0), {}
+    for t, held in h.held.items():     # once per window of every job: kept to plain arithmetic
+        pres = presence.get(t, 0.0)
+        mean, secs = mfu.get(t, none)
         if pres > 0:
-            gpus = max(gpus, round(held / pres))
-        mean, secs = mfu.get(t, (0.0, 0.0))
-        cover = min(1.0, secs / pres) if pres > 0 else 0.0
-        stuck, cause = stalled_in(stalls, t - grid.step, t) if stalls else (0.0, None)
-        stuck = min(1.0, stuck / pres) if pres > 0 else 0.0
-        if stuck > 0:
-            stalled += held * stuck
-            causes[cause or "unknown"] += held * stuck
+            g = round(held / pres)
+            if g > gpus:
+                gpus = g
+            cover = min(1.0, secs / pres)
+        else:
+            cover = 0.0
+        if stalls:
+            stuck, cause = stalled_in(stalls, t - step, t)
+            stuck = min(1.0, stuck / pres) if pres > 0 else 0.0
+            if stuck > 0:
+                stalled += held * stuck
+                causes[cause or "unknown"] += held * stuck
+        else:
+            stuck = 0.0
         # the MFU counts where the job ran: not while stalled, whatever MFU it still exported (an
         # agent keeps a job's last MFU until it finds the stall, dated back to the last step)
         running = max(0.0, cover - stuck)
@@ -248,13 +257,17 @@ def _job_row(job: str, h: _Held, mfu: dict[float, tuple[float, float]], labels: 
             no_mfu += held * (1 - max(cover, stuck))
         else:
             no_signal += held
-        labs = labels.get(t, {})
-        tot = sum(labs.values())
-        shown = min(1.0 - stuck, tot / pres) if pres > 0 and tot > 0 else 0.0
-        for lab, secs_l in labs.items():
-            mix[t][lab] += held * shown * secs_l / tot
-        mix[t][STALLED] += held * stuck
-        mix[t][NO_LABEL if signalled else NO_SIGNAL] += held * (1 - stuck - shown)
+        labs = labels.get(t, no_labels)
+        cell = mix[t]
+        if labs:
+            tot = sum(labs.values())
+            shown = min(1.0 - stuck, tot / pres) if pres > 0 and tot > 0 else 0.0
+            for lab, secs_l in labs.items():
+                cell[lab] += held * shown * secs_l / tot
+        else:
+            shown = 0.0
+        cell[STALLED] += held * stuck
+        cell[rest] += held * (1 - stuck - shown)
     user, usrc, team, tsrc = attribute(job, f)
     last = f.last
 
@@ -326,8 +339,8 @@ def _rank_losses(rows: list[JobRow]) -> None:
 
 def coverage(data: FleetData) -> Coverage:
     index = data.grid.indexer()
-    ks = sorted({index(t) for s in data.series.get("gpu_samples", [])
-                 for t, n in s.points if n > 0})
+    held_at = {t for s in data.series.get("gpu_samples", []) for t, n in s.points if n > 0}
+    ks = sorted({index(t) for t in held_at})
     g = data.grid
     at = [g.first + k * g.step for k in range(g.n)]
     gaps = [(at[a + 1], at[b - 1]) for a, b in zip(ks, ks[1:], strict=False) if b - a > 1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from gpudiag import contract as c
 from gpudiag.live.fleet_query import (
     QUERIES,
     QUERY_TIMEOUT_S,
@@ -19,6 +20,7 @@ from gpudiag.live.fleet_query import (
     Series,
     instant_query,
     read_series,
+    regex_of,
 )
 from gpudiag.live.prom_client import Prometheus, PrometheusUnavailable
 
@@ -26,9 +28,10 @@ from gpudiag.live.prom_client import Prometheus, PrometheusUnavailable
 # of instances) the same GPU time is counted from gpudiag_gpu_up, 8x the samples to read on
 # 8-GPU nodes (no idle: they did not mark it). Filled in window by window where a node has no
 # gpudiag_gpus_held (an agent upgraded within the range counts from gpudiag_gpu_up before).
+_UP = c.GPU_UP + '{instance=~"{i}"}[{w}]'
 OLD_AGENT_QUERIES: dict[str, str] = {
-    "gpu_samples": 'sum by (instance, job_id) (count_over_time(gpudiag_gpu_up{instance=~"{i}"}[{w}]))',
-    "gpu_presence": 'max by (instance, job_id) (count_over_time(gpudiag_gpu_up{instance=~"{i}"}[{w}]))',
+    "gpu_samples": f"sum by (instance, job_id) (count_over_time({_UP}))",
+    "gpu_presence": f"max by (instance, job_id) (count_over_time({_UP}))",
 }
 
 
@@ -84,18 +87,12 @@ def resolve_intervals(instances: set[str], targets: dict[str, float],
     return known, notes
 
 
-def _regex(values: list[str]) -> str:
-    """An RE2 regex matching exactly these strings, as a PromQL string's content."""
-    esc = ["".join("\\" + c if c in ".+*?()|[]{}^$\\" else c for c in v) for v in values]
-    return ("^(?:" + "|".join(esc) + ")$").replace("\\", "\\\\").replace('"', '\\"')
-
-
 def old_agents(prom: Prometheus, grid: Grid, samples: list[Series], timeout: float) -> list[str]:
     """Nodes whose per-job GPU series do not cover the range: no gpudiag_gpus_held at all (an
     agent from before it), or only from a later window (upgraded, or started, within the range).
     From the index (label values), not the samples: cheap."""
     data = prom.get("/api/v1/label/instance/values",
-                    {"match[]": "gpudiag_gpu_up", "start": f"{grid.start:.3f}", "end": f"{grid.end:.3f}"},
+                    {"match[]": c.GPU_UP, "start": f"{grid.start:.3f}", "end": f"{grid.end:.3f}"},
                     timeout + 5)
     index = grid.indexer()
     first: dict[str, int] = {}
@@ -143,7 +140,7 @@ def read_fleet(prom: Prometheus, grid: Grid, targets: dict[str, float], explicit
     notes = []
     old = old_agents(prom, grid, data.series["gpu_samples"], timeout)
     if old:
-        regex = _regex(old)
+        regex = regex_of(old)
         extra = read_series(prom, grid, span_points, timeout,
                             exprs={n: q.replace("{i}", regex) for n, q in OLD_AGENT_QUERIES.items()})
         added = 0
@@ -152,8 +149,8 @@ def read_fleet(prom: Prometheus, grid: Grid, targets: dict[str, float], explicit
             added += n
         if added:
             shown = ", ".join(old[:3]) + (f" and {len(old) - 3} more" if len(old) > 3 else "")
-            notes.append(f"{shown}: GPU-hours (where the agent exported no gpudiag_gpus_held) counted from "
-                         "gpudiag_gpu_up, without idle GPU-hours (an agent from before this version)")
+            notes.append(f"{shown}: GPU-hours (where the agent exported no {c.GPUS_HELD}) counted from "
+                         f"{c.GPU_UP}, without idle GPU-hours (an agent from before this version)")
     instances = {s.labels.get("instance", "") for ss in data.series.values() for s in ss}
     data.intervals, interval_notes = resolve_intervals(instances, targets, explicit)
     notes += interval_notes

@@ -34,10 +34,6 @@ PENDING = {
     "agent/gpu_collector.py": "i42: per-GPU metric names in its GAUGES table",
     "agent/server.py": "i42: the agent's own metric names",
     "agent/attribution.py": "i42: GPUDIAG_JOB read from /proc/<pid>/environ",
-    "gpudiag/live/fleet_query.py": "i42: metric names in PromQL",
-    "gpudiag/live/fleet_read.py": "i42: gpudiag_gpu_up",
-    "gpudiag/live/prom_client.py": "i42: its GPUDIAG_PROMETHEUS* variables",
-    "gpudiag/commands/fleet.py": "i42: gpudiag_gpu_up in its help",
     "scheduler/local/engine.py": "i44: GPUDIAG_SLOTS",
 }
 

@@ -32,9 +32,18 @@ from pathlib import Path
 import pytest
 
 from gpudiag.jobsignal import write_signal
-from gpudiag.live.fleet import summarise
-from gpudiag.live.fleet_query import QUERIES, grid_for, read_series, spans
-from gpudiag.live.fleet_read import OLD_AGENT_QUERIES, _regex, read_fleet
+from gpudiag.live.fleet import latest, summarise
+from gpudiag.live.fleet_query import (
+    KEEP,
+    LATEST_VALUE,
+    QUERIES,
+    FleetData,
+    grid_for,
+    read_series,
+    regex_of,
+    spans,
+)
+from gpudiag.live.fleet_read import OLD_AGENT_QUERIES, read_fleet
 from gpudiag.live.prom_client import Prometheus
 from tests.browser import BrowserError, Chromium
 from tests.fleet_scene import BearerProxy, CounterExporter, web_config
@@ -278,6 +287,57 @@ def test_a_range_read_in_spans_sums_as_one_query_over_the_whole_range(scene):
     assert summarise(cut).to_json() == summarise(whole).to_json()
 
 
+def test_the_latest_points_and_totals_read_over_the_whole_range_at_once_sum_as_the_windows(scene):
+    """The queries of which the sums keep a series' latest point or its total are one instant
+    query over the whole range: on the scene's real scrapes (restart, five jobs, two users) what
+    the sums read of them is what the windows give, and so is the whole summary."""
+    prom = Prometheus(scene["base"])
+    grid = grid_for(scene["t0"], scene["t1"])
+    names = [n for n in QUERIES if KEEP[n] != "windows"]
+    at_once = read_series(prom, grid, names=names)
+    windows = read_series(prom, grid, names=names, whole=False)
+    for name in names:
+        label = {"action": "action", "team": "team", "user": "user", "holder": "user"}.get(name)
+        if KEEP[name] == "sum":
+            def what(ss: list) -> dict:
+                return {tuple(sorted(x.labels.items())): x.points[-1][1] for x in ss}
+        else:
+            def what(ss: list, label: str | None = label, name: str = name) -> dict:
+                got = latest(ss, label)
+                return {j: (v[1] if label or name in LATEST_VALUE else None, v[2]) for j, v in got.items()}
+        assert what(at_once[name]) == what(windows[name]), name
+    assert at_once["step"] and at_once["user"] and at_once["idle_samples"]
+    data, _ = read_fleet(prom, grid, prom.scrape_intervals(10))
+    by_window = FleetData(data.base, grid, {**data.series, **windows}, data.intervals, data.scheduler,
+                          data.requested)
+    assert summarise(data).to_json() == summarise(by_window).to_json()
+
+
+def test_a_job_whose_latest_series_differ_is_read_again_window_by_window(scene):
+    """Where a job's series of a latest-point query differ in what the sums read (here one
+    series per GPU, each naming its GPU as the 'action'), one answer over the whole range cannot
+    say which came last: those jobs are read again window by window, and their series are the
+    windows' own; what the sums read of every job is what the windows give."""
+    prom, grid = Prometheus(scene["base"]), grid_for(scene["t0"], scene["t1"])
+    expr = ('label_replace(max by (instance, job_id, gpu) (last_over_time(gpudiag_gpu_up[{w}])), '
+            '"action", "$1", "gpu", "(.*)")')
+    at_once = read_series(prom, grid, exprs={"action": expr})["action"]
+    windows = read_series(prom, grid, exprs={"action": expr}, whole=False)["action"]
+
+    def of(series: list, jobs: set) -> dict:
+        return {tuple(sorted(x.labels.items())): x.points for x in series
+                if x.labels.get("job_id", "") in jobs}
+
+    per_job = defaultdict(int)
+    for x in windows:
+        per_job[x.labels.get("job_id", "")] += 1
+    several = {j for j, n in per_job.items() if n > 1}
+    assert {"slurm:9000101", "slurm:9000103"} <= several, per_job    # the two jobs on two GPUs
+    assert of(at_once, several) == of(windows, several)
+    assert {j: v[1:] for j, v in latest(at_once, "action").items()} == \
+        {j: v[1:] for j, v in latest(windows, "action").items()}
+
+
 def test_an_older_agents_per_gpu_series_count_the_same_gpu_time_as_the_per_job_ones(scene):
     """A node whose agent predates gpudiag_gpus_held is read from gpudiag_gpu_up: on the
     scene's real scrapes (restart included) both give the same samples, window by window."""
@@ -286,7 +346,7 @@ def test_an_older_agents_per_gpu_series_count_the_same_gpu_time_as_the_per_job_o
 
     prom, grid = Prometheus(scene["base"]), grid_for(scene["t0"], scene["t1"])
     new = read_series(prom, grid, names=list(OLD_AGENT_QUERIES))
-    old = read_series(prom, grid, exprs={n: q.replace("{i}", _regex([scene["inst"]]))
+    old = read_series(prom, grid, exprs={n: q.replace("{i}", regex_of([scene["inst"]]))
                                          for n, q in OLD_AGENT_QUERIES.items()})
     for name in OLD_AGENT_QUERIES:
         assert keyed(old[name]) == keyed(new[name]) and new[name], name

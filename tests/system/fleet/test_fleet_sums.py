@@ -18,19 +18,31 @@ from gpudiag.errors import BadInput
 from gpudiag.live.fleet import SlurmJob, size_class, summarise
 from gpudiag.live.fleet_model import UNATTRIBUTED
 from gpudiag.live.fleet_query import (
+    KEEP,
     QUERIES,
     FleetData,
     Grid,
     Series,
+    _decode_matrix,
     _matrix,
+    ambiguous,
+    for_jobs,
     grid_for,
     join,
     left_open,
+    regex_of,
     spans,
 )
-from gpudiag.live.fleet_read import UnknownInterval, _regex, fill, resolve_intervals
+from gpudiag.live.fleet_read import UnknownInterval, fill, resolve_intervals
 from gpudiag.live.fleet_stalls import stall_spans
-from gpudiag.live.prom_client import PromAuth, read_secret, resolve_auth, split_url
+from gpudiag.live.prom_client import (
+    PromAuth,
+    Prometheus,
+    PrometheusUnavailable,
+    read_secret,
+    resolve_auth,
+    split_url,
+)
 from gpudiag.reports.fleet_page import render_page
 from gpudiag.reports.fleet_text import gpu_h, jobs_csv, share
 from tests.paths import REPO
@@ -78,6 +90,52 @@ def test_a_series_cut_by_a_spans_edge_is_one_series_again():
         ((("instance", "n"), ("job_id", "k")), [(2, 3.0)])]
 
 
+def test_an_answer_decoded_straight_into_floats_equals_the_general_decoding():
+    """msgspec decodes a range answer into floats; an answer it refuses ("+Inf", another shape,
+    an error) takes the general path: the same series, or the same one-line error."""
+    prom = Prometheus("http://p")
+    for values in ([[0, "1"], [1, "2.5"], [2, "NaN"]], [[0, "+Inf"], [1, "3"]], [[0, "-Inf"]], []):
+        raw = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+            {"metric": {"job_id": "j", "instance": "n"}, "values": values}]}}).encode()
+        for how in ("windows", "last", "sum"):
+            fast = [(x.labels, x.points) for x in _decode_matrix(prom, raw, how)]
+            slow = [(x.labels, x.points) for x in _matrix(json.loads(raw)["data"], "http://p", how)]
+            assert fast == slow, (values, how)
+            assert list(fast[0][0]) == ["instance", "job_id"]     # labels in name order
+    with pytest.raises(PrometheusUnavailable, match="failed a query: bad"):
+        _decode_matrix(prom, b'{"status": "error", "error": "bad"}', "windows")
+    with pytest.raises(PrometheusUnavailable, match="expected a matrix"):
+        _decode_matrix(prom, b'{"status": "success", "data": {"resultType": "vector", "result": []}}', "last")
+    with pytest.raises(PrometheusUnavailable, match="not with Prometheus' JSON API"):
+        _decode_matrix(prom, b"<html>login</html>", "windows")
+
+
+def test_only_jobs_whose_latest_answer_differs_by_series_are_read_again_by_window():
+    """A latest point read over the whole range at once stands where a job's series agree on
+    what the sums read of them; where they differ (the action changed, another owner, another
+    step time) only the latest window's series counts, so that job is read window by window."""
+    def ser(job: str, v: float = 1.0, inst: str = "a", **labels: str) -> Series:
+        return Series({"instance": inst, "job_id": job, "owner_uid": "7", **labels}, [(9.0, v)])
+
+    action = [ser("same", action="a"), ser("same", inst="b", action="a"),
+              ser("changed", action="a"), ser("changed", action="b")]
+    assert ambiguous("action", action) == {"changed"}
+    assert ambiguous("step", [ser("two", 0.5), ser("two", 0.5, inst="b"),
+                              ser("slower", 0.5), ser("slower", 0.7, inst="b")]) == {"slower"}
+    # the signal count is not read (only who sent it): two nodes counting differently agree
+    assert ambiguous("signal_samples", [ser("j", 10), ser("j", 12, inst="b"),
+                                        ser("k"), Series({"instance": "a", "job_id": "k", "owner_uid": "8"},
+                                                         [(9.0, 1.0)])]) == {"k"}
+    # a value that is not a number: read by window (the latest finite one), a total too
+    assert ambiguous("step", [ser("nan", float("nan"))]) == {"nan"}
+    totals = [ser("inf", float("inf")), ser("ok", 3), ser("ok", 4, inst="b")]
+    assert ambiguous("idle_samples", totals) == {"inf"}
+    assert for_jobs(QUERIES["action"], ["slurm:1", 'x"y']) == (
+        'max by (instance, job_id, owner_uid, action) (last_over_time(gpudiag_job_recommendation_info'
+        '{job_id=~"^(?:slurm:1|x\\"y)$"}[{w}]))')
+    assert Grid(10_000, 1000, 10).whole == "9999ms" and Grid(10_000, 1000, 10, True).whole == "10000ms"
+
+
 def test_each_instance_counts_at_its_scrape_interval_and_a_removed_one_is_named():
     ivl, notes = resolve_intervals({"a:1", "b:1", "gone:1"}, {"a:1": 15.0, "b:1": 15.0, "c:1": 30.0}, None)
     assert ivl == {"a:1": 15.0, "b:1": 15.0, "gone:1": 15.0} and "gone:1" in notes[0]
@@ -94,7 +152,7 @@ def test_an_older_agents_per_gpu_counts_fill_only_the_windows_its_node_has_no_jo
     assert added == 2 and sorted((s.labels["instance"], s.points) for s in got) == [
         ("a", [(1.0, 8.0), (2.0, 8.0), (3.0, 4.0)]), ("b", [(1.0, 2.0)])]
     # a regex of exactly these instances, inside a PromQL string
-    assert _regex(["10.0.0.1:9835", 'x"y']) == '^(?:10\\\\.0\\\\.0\\\\.1:9835|x\\"y)$'
+    assert regex_of(["10.0.0.1:9835", 'x"y']) == '^(?:10\\\\.0\\\\.0\\\\.1:9835|x\\"y)$'
 
 
 # -- the sums -------------------------------------------------------------------------------------
@@ -347,7 +405,9 @@ def big_run(out: str) -> None:
     timings, the page's size and the peak RSS to ``out``."""
     grid, answers = big_answers()
     t = time.perf_counter()
-    series = {name: _matrix(json.loads(text), "http://p") for name, text in answers.items()}
+    prom = Prometheus("http://p")    # decoded as the command decodes an answer's bytes
+    series = {name: _decode_matrix(prom, f'{{"status": "success", "data": {text}}}'.encode(), KEEP[name])
+              for name, text in answers.items()}
     del answers
     d = FleetData("http://p", grid, series, {f"node{n:04d}:9835": 15.0 for n in range(125)},
                   requested=(grid.start, grid.end))
