@@ -6,11 +6,16 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from gpudiag.contract import AGENT_LISTEN
 from gpudiag.errors import BadInput, GpudiagError
+
+if TYPE_CHECKING:
+    from gpudiag.live.sources import QueueRead
 
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.2, 3600.0
 
@@ -82,7 +87,7 @@ def _fetcher(urls: list[str], prometheus: str | None):  # a closure
     from concurrent.futures import ThreadPoolExecutor
 
     from gpudiag.live.snapshot import build_snapshot
-    from gpudiag.live.sources import read_agent, read_prometheus, read_queue
+    from gpudiag.live.sources import read_agent, read_prometheus
 
     def fetch():
         errors = []
@@ -96,6 +101,23 @@ def _fetcher(urls: list[str], prometheus: str | None):  # a closure
         return build_snapshot(reads, read_queue(), time.time(), errors)
 
     return fetch
+
+
+def read_queue(state_dir: Path | None = None) -> QueueRead:
+    """The local scheduler's queue through its client (as ``gpudiag queue``), or why not: no
+    daemon on this machine is the common case, and a line, not an error. Here, in the command,
+    because the live model (``gpudiag/live``) reads no scheduler runtime."""
+    from gpudiag.live.sources import QueueRead
+    from gpudiag.scheduler.local.client import ask
+    from gpudiag.scheduler.local.config import default_state_dir
+
+    where = state_dir or default_state_dir(for_client=True)
+    try:
+        answer = ask(where, {"op": "queue", "all": False})
+    except (GpudiagError, OSError, ValueError) as e:
+        return QueueRead(state_dir=where, error=str(e))
+    return QueueRead(jobs=list(answer.get("jobs", [])), prefix=str(answer.get("prefix", "")),
+                     state_dir=where)
 
 
 def _fail_if_nothing_read(snap: object, urls: list[str], prometheus: str | None) -> None:
