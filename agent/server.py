@@ -99,7 +99,7 @@ def intake(table: JobTable, stop: threading.Event, period: float = INTAKE_PERIOD
     while True:
         try:
             table.ingest()
-        except Exception:  # noqa: BLE001 - one bad tick must not end the intake for good
+        except Exception:  # one bad tick must not end the intake for good (BLE: logged with its traceback)
             log.exception("spool intake failed; retrying in %.0f s", period)
         if stop.wait(period):
             return
