@@ -18,6 +18,7 @@ A busy machine is the normal machine, so a peak is measured to be robust to load
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -26,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +88,7 @@ def cache_path() -> Path:
     return Path(base) / "cpu_peak.json"
 
 
-def _cache_key() -> dict:
+def _cache_key() -> dict[str, Any]:
     return {"version": CACHE_VERSION, "model": _cpu_model(), "cores": os.cpu_count(),
             "libraries": _versions()}
 
@@ -127,7 +129,7 @@ def _gemm_peaks(n: int = GEMM_N, budget_s: float = BUDGET_S) -> dict[str, float]
         for t in sorted({1, threads}):
             torch.set_num_threads(t)
             try:
-                best = max(best, best_rate(lambda ta=ta, tb=tb: torch.mm(ta, tb), work, budget_s))
+                best = max(best, best_rate(functools.partial(torch.mm, ta, tb), work, budget_s))
             except RuntimeError:  # a dtype this build cannot multiply on the CPU
                 pass
             finally:
@@ -149,7 +151,7 @@ def measure() -> tuple[dict[str, float], float]:
     return _gemm_peaks(), _copy_bandwidth()
 
 
-def _read_cache(path: Path, key: dict) -> dict | None:
+def _read_cache(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -162,7 +164,7 @@ def _read_cache(path: Path, key: dict) -> dict | None:
     return cached
 
 
-def _write_cache(path: Path, data: dict) -> None:
+def _write_cache(path: Path, data: dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # one temp name per process: concurrent first runs never write into each other's file

@@ -15,6 +15,9 @@ from gpudiag.contract import AGENT_LISTEN
 from gpudiag.errors import BadInput, GpudiagError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gpudiag.live.snapshot import Snapshot
     from gpudiag.live.sources import QueueRead
 
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.2, 3600.0
@@ -82,15 +85,15 @@ def top(agents: tuple[str, ...], prometheus: str | None, interval: str, once: bo
     TopApp(fetch, period).run()
 
 
-def _fetcher(urls: list[str], prometheus: str | None):  # a closure
+def _fetcher(urls: list[str], prometheus: str | None) -> Callable[[], Snapshot]:
     """The function each refresh calls: read every source, build the snapshot."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gpudiag.live.snapshot import build_snapshot
     from gpudiag.live.sources import read_agent, read_prometheus
 
-    def fetch():
-        errors = []
+    def fetch() -> Snapshot:
+        errors: list[dict[str, str | None]] = []
         if prometheus:
             reads, why = read_prometheus(prometheus)
             if why:
@@ -120,7 +123,7 @@ def read_queue(state_dir: Path | None = None) -> QueueRead:
                      state_dir=where)
 
 
-def _fail_if_nothing_read(snap: object, urls: list[str], prometheus: str | None) -> None:
+def _fail_if_nothing_read(snap: Snapshot, urls: list[str], prometheus: str | None) -> None:
     """--once for scripts: exit 1 (after printing what there is) when no source answered."""
     if any(not s.get("error") for s in snap.sources):
         return
