@@ -3,9 +3,9 @@
 #               script (a small CNN behind a slow DataLoader) under `gpudiag profile` and prints
 #               the verdict. No GPU needed.
 #   make test   builds .venv with the test extras, installs the system packages the tests
-#               drive (Debian's chromium and prometheus, when missing) and runs ruff, mypy
-#               (make typecheck), the wheel check below and pytest (pytest last, so its
-#               summaries close the output).
+#               drive (Debian's chromium and prometheus, when missing) and runs ruff, then
+#               pytest with mypy (make typecheck) and the wheel check below beside its first
+#               pass (pytest's solo pass last, so its summaries close the output).
 #   make wheel  builds the sdist and, from it, a wheel with the C extension into dist/.
 #   make wheel-check  installs that wheel into a clean venv (dependencies from the index) and
 #               runs `gpudiag analyze` on a shared trace: what a user's `pip install` gets.
@@ -16,7 +16,7 @@ BIN := $(VENV)/bin
 # the test machines; an unpinned torch pulls a multi-GB CUDA build): the demo
 # installs the `torch` extra, the tests the `test` extra, which includes it.
 
-.PHONY: test-timing demo test lint typecheck clean system-deps wheel wheel-check
+.PHONY: test-unit test-timing demo test lint typecheck clean system-deps wheel wheel-check wheel-run
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,15 +52,25 @@ typecheck: $(VENV)/.installed-test
 	for d in collectors analyzers reports agent scheduler; do ln -s ../../$$d .typecheck/gpudiag/$$d; done
 	$(BIN)/mypy $(TYPECHECKED)
 
-# pytest in two passes: four lanes at once (tests/conftest.py, LANES: two mostly wait on real
-# daemons, two run CPU jobs), then the `solo` tests with nothing beside them. The second pass
-# runs whatever the first gave; make fails if either did.
+# pytest in two passes: the lanes (tests/unit and each folder of tests/system, tests/conftest.py)
+# in five workers at once, most of them waiting on real daemons, then tests/system/alone (marked
+# `solo` by its folder) with nothing beside it. The type check and
+# the wheel check run beside the first pass (its lanes mostly wait: load 2-3 on 2 cores), their
+# output printed after it; every step runs whatever the others gave, and make fails if any did.
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
-	$(MAKE) typecheck
-	$(MAKE) wheel-check
+	@rm -rf .checks && mkdir -p .checks
+	@$(MAKE) -s wheel > .checks/wheel.log 2>&1 || { cat .checks/wheel.log; exit 1; }
 	@rc=0; \
-	$(BIN)/python -m pytest -q -n 4 -m 'not timing and not solo' || rc=$$?; \
+	for c in typecheck wheel-run; do \
+		( $(MAKE) -s $$c > .checks/$$c.log 2>&1; echo $$? > .checks/$$c.rc ) & \
+	done; \
+	$(BIN)/python -m pytest -q -n 5 -m 'not timing and not solo' || rc=$$?; \
+	wait; \
+	for c in typecheck wheel-run; do \
+		cat .checks/$$c.log; \
+		[ "$$(cat .checks/$$c.rc)" = 0 ] || { echo "make test: $$c failed (above)"; rc=1; }; \
+	done; \
 	$(BIN)/python -m pytest -q -m solo || rc=$$?; \
 	exit $$rc
 
@@ -73,15 +83,24 @@ wheel: $(VENV)/.installed-test
 
 SHARED ?= ../shared
 wheel-check: wheel
+	$(MAKE) -s wheel-run
+
+# the install-and-analyse half of wheel-check, on the wheel already in dist/ (make test runs it
+# beside pytest; building the sdist there would race test_packaging's build over the egg-info)
+wheel-run:
 	rm -rf .whl/venv
 	$(PYTHON) -m venv .whl/venv
 	.whl/venv/bin/pip install -q dist/gpudiag-*.whl
 	cd .whl && venv/bin/gpudiag analyze $(abspath $(SHARED))/traces/a100-nccl-2rank > analyze.txt
 	grep -q VERDICT .whl/analyze.txt && echo "wheel-check: the installed wheel analysed a shared trace"
 
+# the pure tests alone (no daemon, no job started): the edit-test loop
+test-unit: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q tests/unit
+
 # predicted vs applied fixes, timed on real CPU jobs: run on a quiet machine (docs/diagnosis.md)
 test-timing: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m timing
 
 clean:
-	rm -rf $(VENV) runs .bench .pytest_cache dist build .whl .typecheck .mypy_cache
+	rm -rf $(VENV) runs .bench .pytest_cache dist build .whl .typecheck .mypy_cache .checks

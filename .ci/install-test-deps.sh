@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # System packages the tests drive for real, from Debian: chromium (the HTML reports are
 # opened headless), prometheus with promtool (the agent is scraped by a real server), and
-# slurm-wlm with munge (tests/test_slurm.py starts munged, slurmctld and slurmd on 127.0.0.1),
-# and tmux (tests/test_top.py drives `gpudiag top` in a real terminal).
+# slurm-wlm with munge (tests/system/slurm/test_slurm.py starts munged, slurmctld and slurmd on 127.0.0.1),
+# and tmux (tests/system/agent/test_top.py drives `gpudiag top` in a real terminal).
 # Installs only what is missing; needs root (CI runs as root) or sudo.
 set -euo pipefail
 need=()

@@ -3,7 +3,7 @@ with ``--real``, rounds with 200 Nice writes against a real slurmctld, as a rati
 without writes (target: the round with writes < 2 s).
 
 Replayed (the default): Slurm's side is an ``squeue --json`` document in Slurm 22.05's v0.0.38
-shape (the fields ``tests/test_slurm.py`` reads from a real slurmctld), ``scontrol show node``
+shape (the fields ``tests/system/slurm/test_slurm.py`` reads from a real slurmctld), ``scontrol show node``
 for 1,000 nodes (600 of 8 GPUs, 400 of 4), partitions and config as ``scontrol`` prints them; the
 changes the round makes are counted instead of run. Prometheus' side is a real HTTP server
 answering ``/api/v1/query`` with recorded vectors for every running job. Everything else -

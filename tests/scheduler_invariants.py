@@ -1,7 +1,7 @@
 """The scheduler's invariants, checked on every pass a runtime makes (``Checker``), against a
 reference written from the rules (``fits``, ``ref_shadow``), not from the code under test.
 
-Used by tests/test_scheduler_statemachine.py; the invariants are listed in its docstring.
+Used by tests/unit/test_scheduler_statemachine.py; the invariants are listed in its docstring.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.slurm_cluster import TIERS, SlurmCluster
-from tests.test_agent import Agent
+from tests.system.agent.test_agent import Agent
 
 # the partitions a controller holds at PreemptMode=OFF while it works (every tier but the top)
 PREEMPTIBLE = tuple(p for p, rank in TIERS.items() if rank < max(TIERS.values()))

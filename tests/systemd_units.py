@@ -3,7 +3,7 @@
 systemd allows a comment only on a line of its own: ``Delegate=yes  # why`` sets Delegate to
 "yes  # why", which it rejects ("Invalid controller name 'yes'") and then *ignores*, so the unit
 runs with the default it meant to change. ``systemd-analyze verify`` says so where systemd is
-installed (tests/test_deploy_units.py runs it there); this reader says the same where it is not:
+installed (tests/system/agent/test_deploy_units.py runs it there); this reader says the same where it is not:
 a comment after a value, a key that is not one of its section's, a line outside any section.
 
 ``KNOWN`` lists every key systemd 252 (Debian 12) accepts in [Unit], [Service] and [Install]

@@ -205,7 +205,7 @@ def user_job(user: pwd.struct_passwd, sock: Path, cmd: list[str], gpus: int = 1,
     """Submit ``cmd`` to the daemon at ``sock`` as ``user`` (a reserved job, 1 s grace, started
     in /), through the protocol as their own client would; returns the job's id."""
     from gpudiag.scheduler.local.protocol import call
-    from tests.test_local_scheduler import run_as
+    from tests.system.local_scheduler.test_local_scheduler import run_as
 
     answer = run_as(user.pw_uid, user.pw_gid, lambda: call(sock, {
         "op": "submit", "gpus": gpus, "tier": "reserved", "grace_s": 1, "env": PATH_ENV, "cwd": "/",

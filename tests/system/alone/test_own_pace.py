@@ -1,0 +1,328 @@
+"""The job's own pace (issue 38): a busy machine is not read as a slower or less efficient job.
+
+First the model on figures worked by hand (``gpudiag.pace``: whose wait a wait for a core was,
+and how long a step waited on any of its threads). Then real CPU jobs under ``gpudiag profile``
+beside real busy processes, each against the same job's quiet run: the same job twice, once
+beside two busy loops (``gpudiag diff``: no change at its own pace, slower by wall clock); a
+larger batch beside the same load (slower at its own pace too); an fp32 MLP crowded by eight
+busy loops over its trace window (its quiet run's label and MFU); a job whose intra-op thread
+is crowded while its training thread has a core of its own (seen only by reading every thread).
+
+Margins follow from what is measured, not from a tolerance widened until it passes: the busy
+loops add waits for a core, which the own pace takes out; they also slow the job's own time on a
+core (caches shared with them, a hypervisor's other guests), which no wait shows, so where a
+test compares paces it allows the rise of the training thread's own time on a core that the same
+run measured (``cpu_slowdown``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpudiag.analyzers.classify import shares
+from gpudiag.analyzers.compare import ALPHA, NO_CHANGE, OwnPace, own_pace, step_change
+from gpudiag.analyzers.own_pace import charge, with_machine, with_wall, without_machine
+from gpudiag.analyzers.stats import mann_whitney_p
+from gpudiag.diagnosis import Bottleneck, Diagnosis, Mfu, TimeBreakdown
+from gpudiag.pace import at_own_pace, own_step_seconds, step_wait, wait_shares
+from gpudiag.rundir import HostSample, StepRow, read_bootstrap, read_host_cpu, read_steps
+from tests.conftest import view_steps
+from tests.paths import REPO
+
+JOBS = REPO / "tests" / "jobs"
+
+
+# --- the model on figures worked by hand --------------------------------------------------------
+
+def test_a_job_that_fits_its_cores_waits_only_because_of_other_processes():
+    """Two threads on two cores (run + wait: 2 cores' worth) beside eight busy loops: alone it
+    would not wait at all, so every wait is the others' (fair share: 1 - 2/2 = 0)."""
+    assert wait_shares(0.4, 0.2, 1.6, job_runq=1.6, cpus=2, runnable=10.0) == (0.0, 1.0)
+
+
+def test_a_job_that_crowds_itself_owns_its_wait_and_others_the_rest():
+    """Fourteen DataLoader workers wanting a core each on two cores: alone each runnable thread
+    waits 1 - 2/14 of its time; beside two more busy tasks 1 - 2/16: the job's own part is
+    (12/14) / (14/16) = 0.98; and beside nothing, all of it."""
+    own, other = wait_shares(2.0, 0.15, 0.0, job_runq=12.0, cpus=2, runnable=16.0)
+    assert own == pytest.approx((1 - 2 / 14) / (1 - 2 / 16), abs=1e-3) and other == pytest.approx(1 - own)
+    assert wait_shares(2.0, 0.15, 0.0, job_runq=12.0, cpus=2, runnable=14.0) == (1.0, 0.0)
+
+
+def test_without_the_job_threads_figures_the_split_is_in_proportion_of_cpu_as_before():
+    """Run directories recorded before the sampler read every thread: the job's CPU beyond the
+    training thread against the rest of the machine's."""
+    assert wait_shares(1.5, 0.5, 3.0) == (0.25, 0.75)
+    assert wait_shares(0.5, 0.5, None) is None
+
+
+def test_a_step_waits_on_another_thread_only_while_its_own_thread_is_asleep():
+    """10 ms step: the training thread ran 3 ms and waited 2 ms, so it slept 5 ms (the end of a
+    parallel region, the loader's queue); an intra-op thread waited 8 ms, of which at most those
+    5 ms can have held the step."""
+    r = StepRow(step=5, t=100.0, dt=0.010, run_s=0.003, wait_s=0.002, peer_wait_s=0.008)
+    assert step_wait(r) == pytest.approx(0.007)
+    assert step_wait(StepRow(step=5, t=100.0, dt=0.010)) is None  # not recorded
+
+
+def test_the_own_step_takes_out_the_wait_others_caused_and_keeps_the_wall_where_unknown():
+    rows = [StepRow(step=s, t=100.0 + 0.01 * s, dt=0.010, run_s=0.002, wait_s=0.001,
+                    peer_wait_s=0.006) for s in range(1, 4)]
+    rows.append(StepRow(step=4, t=100.04, dt=0.010))  # no wait recorded: its wall time stays
+    host = [HostSample(t=99.0, cores=0.0, runq_cores=0.0, machine_busy=None),
+            HostSample(t=101.0, cores=0.4, runq_cores=0.5, machine_busy=2.0, runq_threads=1.0,
+                       runnable=9.4)]
+    own = own_step_seconds(rows, host, cpus=2)
+    assert own[:3] == pytest.approx([0.010 - 0.001 - 0.006] * 3)  # all others': the job fits 2 cores
+    assert own[3] == 0.010
+
+
+def test_a_read_of_the_other_threads_over_several_steps_is_spread_over_them(tmp_path):
+    """The step timer reads the other threads every k-th step where reading each step would cost
+    more than its budget; the rows between get an even part of what that read found."""
+    (tmp_path / "samples").mkdir()
+    rows = [{"step": 1, "t": 1.0, "dt": 0.01, "run_s": 0.005, "wait_s": 0.001},
+            {"step": 2, "t": 1.01, "dt": 0.01, "run_s": 0.005, "wait_s": 0.001},
+            {"step": 3, "t": 1.02, "dt": 0.01, "run_s": 0.005, "wait_s": 0.001, "peer_wait_s": 0.009,
+             "peers": 4, "peer_steps": 3}]
+    (tmp_path / "samples" / "steps-rank-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = read_steps(tmp_path, boot={})[0]
+    assert [r.peer_wait_s for r in got] == pytest.approx([0.003] * 3)
+
+
+def test_on_the_cpu_the_machines_part_comes_out_of_every_part_and_keeps_the_jobs_picture():
+    """A 10 ms CPU step, 8 ms of operators and 2 ms of gaps, of which the step timer says other
+    processes took 5 ms: 4 ms of operators and 1 ms of gaps are the job's; the label's shares of
+    its own 5 ms step are the quiet step's (0.8 and 0.2)."""
+    b = TimeBreakdown(step_time=10e3, gpu_busy=8e3, compute=8e3, compute_bound=8e3, idle=2e3,
+                      host_overhead=2e3)
+    c = charge(b, "cpu", 5e3)
+    assert (c.compute, c.host_overhead, c.host_stalled, c.step_time) == pytest.approx((4e3, 6e3, 5e3, 10e3))
+    s = shares(c)
+    assert s[Bottleneck.COMPUTE] == pytest.approx(0.8) and s[Bottleneck.HOST] == pytest.approx(0.2)
+    own = without_machine(c)
+    assert own.step_time == pytest.approx(5e3) and own.host_stalled == 0
+    assert with_machine(own, 5e3).step_time == pytest.approx(10e3)
+
+
+def test_the_wall_clocks_mfu_is_shown_beside_the_jobs_own_where_they_differ_by_more_than_a_tenth():
+    b = TimeBreakdown(step_time=10e3, compute=8e3, host_overhead=2e3, idle=2e3, host_stalled=2e3)
+    own = Mfu(0.5, "r", 1e9, "shapes", "fp32", 1e12, 8e3)
+    shown = with_wall(own, Mfu(0.4, "r", 1e9, "shapes", "fp32", 1e12, 10e3), b, recorded=True)
+    assert shown.wall_value == 0.4 and "other processes took 2 ms of each 10 ms step" in shown.pace
+    near = replace(b, host_stalled=0.5e3)
+    assert with_wall(own, Mfu(0.47, "r", 1e9, "shapes", "fp32", 1e12, 10e3), near, True).pace == ""
+    assert "no split of the step recorded" in with_wall(own, own, b, recorded=False).pace
+
+
+def test_a_diff_that_disagrees_with_the_wall_clock_leads_with_the_jobs_own_pace():
+    """The same steps at their own pace (12 ms, jitter 1%) and by wall clock, where the machine
+    took 0.5 ms of each BEFORE step and 8 ms of each AFTER one."""
+    own = [0.012 * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(40)]
+    before, after = [x + 0.0005 for x in own], [x + 0.008 for x in own]
+    p: OwnPace = own_pace(before, after, own, own, floor=0.05)
+    wall = step_change(before, after, floor=0.05)
+    assert wall.direction == "slower" and p.change.direction == NO_CHANGE
+    text = p.verdict(wall)
+    assert text.startswith("At the job's own pace: +0.0%") and text.index("By wall clock") > 0
+    assert text.endswith("the machine was busier in AFTER: other processes took 8 ms of each 20 ms "
+                         "step (0.5 of 12.5 ms in BEFORE)")
+    assert own_pace(before, after, None, own, floor=0.05).change is None
+
+
+# --- real jobs beside real busy processes ---------------------------------------------------------
+
+def busy_loops(n: int, cpus: set[int] | None = None) -> list[subprocess.Popen]:
+    """``n`` processes outside the job spinning (on ``cpus`` where given)."""
+    pin = f"import os; os.sched_setaffinity(0, {sorted(cpus)!r})\n" if cpus else ""
+    return [subprocess.Popen([sys.executable, "-c", pin + "while True: pass"]) for _ in range(n)]
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def profile(run: Path, job: list[str], *, loops: int = 0, loop_cpus: set[int] | None = None,
+            until: Path | None = None, cpus: set[int] | None = None) -> Diagnosis:
+    """The job under ``gpudiag profile``, beside ``loops`` busy loops (stopped once ``until``
+    exists: the job marks a step; else when the job ends, before the analysis measures a CPU peak
+    the session keeps); ``cpus``: the job (not gpudiag) pinned there."""
+    pin = ([sys.executable, "-c", f"import os, sys; os.sched_setaffinity(0, {sorted(cpus)!r}); "
+            "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"] if cpus else [sys.executable])
+    procs = busy_loops(loops, loop_cpus)
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--",
+                              *pin, *job], cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        while procs and p.poll() is None:
+            if (until is not None and until.exists()) or job_ended(run):
+                stop(procs)  # the analysis (and the CPU peak it may measure) runs without them
+                procs = []
+            time.sleep(0.01)
+        _, err = p.communicate(timeout=900)
+    finally:
+        stop(procs)
+    assert p.returncode == 0, err[-3000:]
+    return Diagnosis.from_json((run / "diagnosis.json").read_text())
+
+
+def job_ended(run: Path) -> bool:
+    """``gpudiag profile`` recorded the job's end (run.json leaves "running" before the analysis)."""
+    try:
+        return json.loads((run / "run.json").read_text()).get("status") != "running"
+    except (OSError, ValueError):
+        return False
+
+
+def gpudiag_diff(before: Path, after: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "gpudiag", "diff", str(before), str(after), "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def rows(run: Path, steps: set[int] | None = None) -> list[StepRow]:
+    """Rank 0's untraced step rows after start-up (or those of ``steps``), at the job's own pace."""
+    boot = read_bootstrap(run)
+    own = at_own_pace(read_steps(run, boot), read_host_cpu(run), boot)[0]
+    return [r for r in own if (r.step in steps if steps is not None else r.profiler is None and r.step > 2)]
+
+
+def cpu_slowdown(busy: list[StepRow], quiet: list[StepRow]) -> float:
+    """How much longer the training thread ran on a core per step (median) beside the load than
+    quiet: slower cycles, not waits, which no own pace takes out; at least 1."""
+    return max(1.0, statistics.median(r.run_s for r in busy) / statistics.median(r.run_s for r in quiet))
+
+
+@pytest.fixture(scope="module")
+def loop_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The 11 ms loop job (10 ms of sleep, a small MLP step, one thread) quiet, then beside two
+    busy loops on its CPU, then with a 16x batch beside the same two loops; the job and the
+    loops share one CPU, so the loops crowd it whatever else the machine runs."""
+    root = tmp_path_factory.mktemp("own-pace")
+    cpu = {min(os.sched_getaffinity(0))}
+    base = [str(JOBS / "loop_job.py"), "--steps", "60", "--sleep", "0.010"]
+    plan = {"quiet": (base, 0), "busy": (base, 2), "bigger": (base + ["--batch", "2048"], 2)}
+    for name, (job, n) in plan.items():
+        profile(root / name, job, loops=n, loop_cpus=cpu, cpus=cpu)
+    return {name: root / name for name in plan}
+
+
+def test_the_same_job_beside_two_busy_loops_is_no_slower_at_its_own_pace(loop_runs):
+    """The loops took a larger part of each step than the quiet run's machine did (at load 10 on
+    this VM: 16.5 ms of each 29 ms step against 2.9 of 15.3; by wall clock +89.8%, "significantly
+    slower"), and the job's own pace did not move. Where the machine was already so busy that
+    the wall clock's noise hid the loops (load 20: +16.5%, noise ±17.5%), the wall clock and the
+    own pace agree and the verdict says so; where they disagree it leads with the own pace."""
+    d = gpudiag_diff(loop_runs["quiet"], loop_runs["busy"])
+    own, wall = d["own_pace_change"], d["step_change"]
+    assert own is not None and wall is not None, d["step_time_verdict"]
+    assert own["significant"] is False and own["direction"] == NO_CHANGE, d["step_time_verdict"]
+    share = {n: np.array([r.machine_s / (r.dt + r.machine_s) for r in rows(loop_runs[n])])
+             for n in ("quiet", "busy")}
+    # the loops took their part: a larger share of each step, beyond chance (the rank test diff uses)
+    assert (np.median(share["busy"]) > np.median(share["quiet"])
+            and mann_whitney_p(share["quiet"], share["busy"]) < ALPHA), share
+    assert wall["direction"] != "faster" and not d["warnings"], d["step_time_verdict"]
+    verdict = d["step_time_verdict"]
+    assert verdict.startswith("At the job's own pace: ") and NO_CHANGE in verdict.split(". By wall")[0]
+    if wall["significant"]:
+        assert "the machine was busier in AFTER: other processes took" in verdict
+        assert d["machine_note"] in verdict
+
+
+def test_a_larger_batch_beside_the_same_load_is_slower_at_its_own_pace(loop_runs):
+    d = gpudiag_diff(loop_runs["quiet"], loop_runs["bigger"])
+    own = d["own_pace_change"]
+    assert own["significant"] is True and own["direction"] == "slower", d["step_time_verdict"]
+    assert d["step_change"]["direction"] == "slower"
+
+
+def test_reading_every_thread_costs_the_job_under_one_percent_of_its_step(loop_runs):
+    """What reading the other threads' counters cost, measured in the job on its own clock."""
+    for run in loop_runs.values():
+        cost = read_bootstrap(run)[0].thread_waits
+        step = statistics.median(r.dt + r.machine_s for r in rows(run))
+        assert cost["steps"] >= 60 and cost["cost_per_step_s"] <= 0.01 * step, (cost, step)
+
+
+@pytest.fixture(scope="module")
+def mlp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Diagnosis, dict, Path]]:
+    """The fp32 MLP (known FLOPs, 120 steps) quiet, and with eight busy loops crowding both cores
+    until its step 25 ends: its trace window (steps 11-16) and the steps around it inside them."""
+    root = tmp_path_factory.mktemp("mlp")
+    out = {}
+    for name, n in (("quiet", 0), ("busy", 8)):
+        run = root / name
+        job = [str(JOBS / "mlp_job.py"), "--steps", "120", "--report", str(root / f"{name}.json"),
+               "--mark-step", "25", "--mark", str(root / f"{name}.mark")]
+        d = profile(run, job, loops=n, until=root / f"{name}.mark")
+        out[name] = (d, json.loads((root / f"{name}.json").read_text()), run)
+    return out
+
+
+def test_an_mlp_crowded_over_its_trace_window_gets_the_label_and_mfu_of_its_quiet_run(mlp_runs):
+    """The loops slow the job's own time on a core too (on this project's 2-core EPYC VM the
+    training thread ran 2x longer per step beside them: caches, clocks, the host's other guests),
+    which no wait shows: the busy run's MFU is held to the quiet one's over that measured rise."""
+    (quiet, _, qrun), (busy, _, brun) = mlp_runs["quiet"], mlp_runs["busy"]
+    assert busy.host_wait.untraced_machine_us is not None
+    assert busy.mfu.wall_value is not None and busy.mfu.wall_value < 0.5 * busy.mfu.value, \
+        ("the loops did not crowd the window's reference", busy.mfu)
+    assert quiet.verdict.label is Bottleneck.COMPUTE, quiet.verdict.summary
+    assert busy.verdict.label is Bottleneck.COMPUTE, busy.verdict.summary
+    # the same peak judges both (a measured peak is a floor, raised by the faster run): FLOP/s
+    rate = {n: d.mfu.value * d.mfu.peak_flops for n, d in (("quiet", quiet), ("busy", busy))}
+    k = cpu_slowdown(rows(brun, view_steps(busy, brun)), rows(qrun, view_steps(quiet, qrun)))
+    assert 1 / (1.25 * k) <= rate["busy"] / rate["quiet"] <= 1.25, (rate, k, busy.mfu.reason)
+    assert busy.mfu.pace and "other processes took" in busy.mfu.pace
+
+
+def test_a_job_whose_intra_op_thread_is_crowded_is_seen_through_that_thread(tmp_path):
+    """The MLP's training thread on one CPU, its intra-op thread on the other, where four busy
+    loops run: the training thread sleeps at the end of each parallel region while the other
+    waits for its share of a core, so that wait is on the other thread's counters, not on its
+    own. (On a quiet machine the training thread has its core; on this shared VM the scheduler
+    moved other engineers' work onto it, 0.63 of its step waited at load 15, and the intra-op
+    thread's wait still held 0.28 of the step that its counters alone could not show.) Quiet
+    first, for the pace to compare with."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.fail("needs two CPUs")
+    runs = {}
+    for name, n in (("quiet", 0), ("crowded", 4)):
+        run = tmp_path / name
+        profile(run, [str(JOBS / "mlp_job.py"), "--steps", "40", "--split-threads", "--report",
+                      str(tmp_path / f"{name}.json")], loops=n, loop_cpus={cpus[1]})
+        runs[name] = rows(run)
+    crowded, quiet = runs["crowded"], runs["quiet"]
+    wall = [r.dt + r.machine_s for r in crowded]
+    own, was = statistics.median(r.dt for r in crowded), statistics.median(wall)
+    # the training thread's counters alone (the split before every thread was read) keep the wall
+    alone = [r.__class__(**{**r.__dict__, "peer_wait_s": None, "dt": w, "machine_s": 0.0})
+             for r, w in zip(crowded, wall, strict=True)]
+    boot = read_bootstrap(tmp_path / "crowded")
+    main_only = statistics.median(own_step_seconds(alone, read_host_cpu(tmp_path / "crowded"),
+                                                   boot[0].cpus))
+    # the two threads' work, side by side quiet, runs one after the other where one of them is
+    # crowded off its core (the training thread does its part, then sleeps while the other does
+    # its part): no wait shows that, so the own step may be up to the two parts, twice the quiet
+    # one (seen: 1.8x at load 15-20, against the 78x the wall clock read)
+    q = statistics.median(r.dt for r in quiet)
+    assert own <= 2 * 1.25 * cpu_slowdown(crowded, quiet) * q, (own, was, q)
+    # the crowded thread's wait, read on its own counters, takes at least half the wall off
+    # (seen: 0.31 of the wall at load 2 on a quiet run of the suite, under 0.25 at load 15);
+    # the training thread's counters alone keep nearly all of it
+    assert main_only >= 2 * own and own < 0.5 * was, (main_only, own, was)
