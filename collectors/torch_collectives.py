@@ -317,7 +317,7 @@ def poll_flight_recorder(st: Any) -> None:
 
         import torch
 
-        fn = torch._C._distributed_c10d._dump_nccl_trace  # type: ignore[attr-defined]  # private, NCCL builds only
+        fn = torch._C._distributed_c10d._dump_nccl_trace  # private, NCCL builds only
         try:
             dump = fn(includeCollectives=True, includeStackTraces=False, onlyActive=False)
         except TypeError:  # older signature

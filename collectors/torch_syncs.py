@@ -233,7 +233,7 @@ def _make_mode(torch: Any, rec: _Record) -> Any:
     gpu = bool(torch.cuda.is_available() and torch.cuda.is_initialized())
     host_side = set(SYNC_KINDS.values()) | {MASK_INDEX}
 
-    class SyncCensusMode(TorchFunctionMode):
+    class SyncCensusMode(TorchFunctionMode):  # type: ignore[misc]  # torch is not read (pyproject: Any)
         """Times every torch call of the thread, names the syncs, and keeps the dataflow."""
 
         active = True
@@ -316,7 +316,7 @@ class SyncCensus:
         try:
             from torch.overrides import _get_current_function_mode
 
-            if _get_current_function_mode() is self.mode:  # type: ignore[no-untyped-call]  # torch's
+            if _get_current_function_mode() is self.mode:
                 self.mode.__exit__(None, None, None)
             else:  # the job pushed a mode of its own above ours: ours stays, inert
                 self.mode.active = False
