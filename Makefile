@@ -39,10 +39,12 @@ lint: $(VENV)/.installed-test
 system-deps:
 	bash .ci/install-test-deps.sh
 
-# mypy --strict ([tool.mypy] in pyproject.toml) on the core and the analyzers. mypy cannot follow
+# mypy --strict ([tool.mypy] in pyproject.toml) on the core (with its commands and live views), the
+# analyzers, collectors, agent and reports; scheduler/ is read for its types, not yet checked. mypy cannot follow
 # setuptools' package-dir (analyzers/ installs as gpudiag.analyzers), so it reads a tree of links
 # laid out as the package installs, rebuilt each run so a new module is never missed.
-TYPECHECKED := -p gpudiag.analyzers -p gpudiag.commands -p gpudiag.live -m gpudiag \
+TYPECHECKED := -p gpudiag.analyzers -p gpudiag.commands -p gpudiag.live -p gpudiag.collectors -p gpudiag.agent \
+	-p gpudiag.reports -m gpudiag \
 	$(patsubst gpudiag/%.py,-m gpudiag.%,$(filter-out gpudiag/__init__.py,$(wildcard gpudiag/*.py)))
 typecheck: $(VENV)/.installed-test
 	rm -rf .typecheck && mkdir -p .typecheck/gpudiag

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from gpudiag.agent.signals import ROOT_UID
+from gpudiag.contract import ENV_JOB
 from gpudiag.jobsignal import MAX_JOB_ID, clean_job_id
 
 log = logging.getLogger("gpudiag.agent")
@@ -33,6 +34,8 @@ _POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]
 # (the same 10 minutes after which a silent job leaves the table)
 PROCESS_OWNER_TTL_S = 600.0
 MAX_PROCESS_OWNERS = 4096  # bounded like the job table: one entry per job with GPU processes
+# the variables in a process's environment that name its job, as /proc/<pid>/environ spells them
+_JOB_VARS = (ENV_JOB.encode(), b"SLURM_JOB_ID", b"TORCHELASTIC_RUN_ID")
 
 
 def _start_time(pid: int) -> str | None:
@@ -59,12 +62,12 @@ def job_of_pid(pid: int) -> str:
         with open(f"/proc/{pid}/environ", "rb") as f:
             for item in f.read().split(b"\0"):
                 k, _, v = item.partition(b"=")
-                if k in (b"GPUDIAG_JOB", b"SLURM_JOB_ID", b"TORCHELASTIC_RUN_ID"):
+                if k in _JOB_VARS:
                     env[k.decode()] = v.decode(errors="replace")
     except OSError:
         pass
-    if env.get("GPUDIAG_JOB"):
-        return clean_job_id(env["GPUDIAG_JOB"])
+    if env.get(ENV_JOB):
+        return clean_job_id(env[ENV_JOB])
     if env.get("SLURM_JOB_ID"):
         return clean_job_id("slurm:" + env["SLURM_JOB_ID"])
     try:

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpudiag import contract as c
 from gpudiag.agent.attribution import gpudiag_job_id
 from gpudiag.collectors.nvml import GpuBackend
 
@@ -34,29 +35,29 @@ IDLE_ACTIVITY = 0.05
 
 # (row key, metric name, help, scale to base unit)
 GAUGES: list[tuple[str, str, str, float]] = [
-    ("gpm_sm_activity", "gpudiag_gpu_sm_activity_ratio", "Fraction of time SMs were busy (GPM).", 0.01),
-    ("gpm_sm_occupancy", "gpudiag_gpu_sm_occupancy_ratio", "Resident warps over the maximum (GPM).", 0.01),
-    ("gpm_any_tensor_activity", "gpudiag_gpu_tensor_activity_ratio",
+    ("gpm_sm_activity", c.GPU_SM_ACTIVITY, "Fraction of time SMs were busy (GPM).", 0.01),
+    ("gpm_sm_occupancy", c.GPU_SM_OCCUPANCY, "Resident warps over the maximum (GPM).", 0.01),
+    ("gpm_any_tensor_activity", c.GPU_TENSOR_ACTIVITY,
      "Fraction of time any tensor core pipe was busy (GPM).", 0.01),
-    ("gpm_dram_bw_util", "gpudiag_gpu_dram_bandwidth_utilization_ratio",
+    ("gpm_dram_bw_util", c.GPU_DRAM_BANDWIDTH,
      "DRAM bandwidth used over its peak (GPM).", 0.01),
-    ("gpm_fp32_activity", "gpudiag_gpu_fp32_activity_ratio", "Non-tensor FP32 pipe activity (GPM).", 0.01),
-    ("gpm_fp16_activity", "gpudiag_gpu_fp16_activity_ratio", "Non-tensor FP16 pipe activity (GPM).", 0.01),
-    ("gpm_pcie_tx_mib_s", "gpudiag_gpu_pcie_transmit_bytes_per_second", "PCIe bytes sent (GPM).",
+    ("gpm_fp32_activity", c.GPU_FP32_ACTIVITY, "Non-tensor FP32 pipe activity (GPM).", 0.01),
+    ("gpm_fp16_activity", c.GPU_FP16_ACTIVITY, "Non-tensor FP16 pipe activity (GPM).", 0.01),
+    ("gpm_pcie_tx_mib_s", c.GPU_PCIE_TX, "PCIe bytes sent (GPM).",
      2**20),
-    ("gpm_pcie_rx_mib_s", "gpudiag_gpu_pcie_receive_bytes_per_second", "PCIe bytes received (GPM).",
+    ("gpm_pcie_rx_mib_s", c.GPU_PCIE_RX, "PCIe bytes received (GPM).",
      2**20),
-    ("gpm_nvlink_tx_mib_s", "gpudiag_gpu_nvlink_transmit_bytes_per_second",
+    ("gpm_nvlink_tx_mib_s", c.GPU_NVLINK_TX,
      "NVLink bytes sent, all links (GPM).", 2**20),
-    ("gpm_nvlink_rx_mib_s", "gpudiag_gpu_nvlink_receive_bytes_per_second",
+    ("gpm_nvlink_rx_mib_s", c.GPU_NVLINK_RX,
      "NVLink bytes received, all links (GPM).", 2**20),
-    ("util_gpu", "gpudiag_gpu_utilization_ratio",
+    ("util_gpu", c.GPU_UTILIZATION,
      "Legacy utilisation: fraction of time any kernel ran (coarse; prefer SM activity).", 0.01),
-    ("mem_used", "gpudiag_gpu_memory_used_bytes", "Device memory in use.", 1.0),
-    ("mem_total", "gpudiag_gpu_memory_total_bytes", "Device memory in all.", 1.0),
-    ("power_mw", "gpudiag_gpu_power_watts", "Power draw.", 0.001),
-    ("sm_clock_mhz", "gpudiag_gpu_sm_clock_hertz", "SM clock.", 1e6),
-    ("temp_c", "gpudiag_gpu_temperature_celsius", "GPU temperature.", 1.0),
+    ("mem_used", c.GPU_MEMORY_USED, "Device memory in use.", 1.0),
+    ("mem_total", c.GPU_MEMORY_TOTAL, "Device memory in all.", 1.0),
+    ("power_mw", c.GPU_POWER, "Power draw.", 0.001),
+    ("sm_clock_mhz", c.GPU_SM_CLOCK, "SM clock.", 1e6),
+    ("temp_c", c.GPU_TEMPERATURE, "GPU temperature.", 1.0),
 ]
 
 
@@ -110,30 +111,30 @@ class GpuCollector(Collector):
             return self._families()
 
     def _families(self) -> list[Metric]:
-        up_nvml = GaugeMetricFamily("gpudiag_nvml_up", "1 if GPU counters can be read on this node.")
+        up_nvml = GaugeMetricFamily(c.NVML_UP, "1 if GPU counters can be read on this node.")
         up_nvml.add_metric([], 0.0 if self.backend is None else 1.0)
         if self.backend is None:
             return [up_nvml]
         mapping = self.hpc_jobs() if self.hpc_jobs is not None else None
         labels = ["gpu", "uuid", "model", "job_id"] + (["hpc_job"] if mapping is not None else [])
-        up = GaugeMetricFamily("gpudiag_gpu_up", "1 if the GPU answered this scrape.", labels=labels)
+        up = GaugeMetricFamily(c.GPU_UP, "1 if the GPU answered this scrape.", labels=labels)
         gauges = {name: GaugeMetricFamily(name, help_, labels=labels) for _, name, help_, _ in GAUGES}
         # per job (not per GPU): what gpudiag fleet sums, with a job's GPUs in one series, so a
         # week of 1,000 GPUs is read from ~8x fewer samples than gpudiag_gpu_up holds
-        held = GaugeMetricFamily("gpudiag_gpus_held", "GPUs each job holds on this node, as gpudiag_gpu_up "
+        held = GaugeMetricFamily(c.GPUS_HELD, f"GPUs each job holds on this node, as {c.GPU_UP} "
                                  "counts them (job_id \"\": GPUs no job holds).", labels=["job_id"])
-        idle = GaugeMetricFamily("gpudiag_gpus_idle", "Of a job's GPUs here, those idle: SM activity "
+        idle = GaugeMetricFamily(c.GPUS_IDLE, "Of a job's GPUs here, those idle: SM activity "
                                  f"(GPM) below {IDLE_ACTIVITY:.0%}, or NVML utilisation where a GPU has "
                                  "no GPM.", labels=["job_id"])
-        held_by = GaugeMetricFamily("gpudiag_gpu_job_owner_info",
+        held_by = GaugeMetricFamily(c.GPU_JOB_OWNER,
                                     "1, labelled with the uid running a job that holds GPUs here (its "
                                     "processes' owner, else its job-mapping file's non-root owner) and "
                                     "that uid's login name on this node.",
                                     labels=["job_id", "owner_uid", "user"])
-        throttle = GaugeMetricFamily("gpudiag_gpu_clock_throttled",
+        throttle = GaugeMetricFamily(c.GPU_CLOCK_THROTTLED,
                                      "1 while the clocks are held down for this reason.",
                                      labels=[*labels, "reason"])
-        errors = CounterMetricFamily("gpudiag_gpu_errors", "Failed reads of this GPU.",
+        errors = CounterMetricFamily(c.GPU_ERRORS, "Failed reads of this GPU.",
                                      labels=["gpu", "uuid", "model"])
         gpus_of: dict[str, int] = {}
         idle_of: dict[str, int] = {}

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpudiag import contract as c
 from gpudiag.agent.attribution import HpcJobMapping, JobAttribution, JobOwners
 from gpudiag.agent.gpu_collector import GpuCollector
 from gpudiag.agent.job_table import JobTable
@@ -38,12 +39,12 @@ class HostCollector(Collector):
     """Node health that needs no GPU: CPU count, load and available memory."""
 
     def collect(self) -> Iterator[Metric]:
-        cpus = GaugeMetricFamily("gpudiag_host_cpus", "Logical CPUs on the node.")
+        cpus = GaugeMetricFamily(c.HOST_CPUS, "Logical CPUs on the node.")
         cpus.add_metric([], float(os.cpu_count() or 0))
         yield cpus
         try:
             load1 = os.getloadavg()[0]
-            load = GaugeMetricFamily("gpudiag_host_load1", "One-minute load average.")
+            load = GaugeMetricFamily(c.HOST_LOAD1, "One-minute load average.")
             load.add_metric([], load1)
             yield load
         except OSError:
@@ -52,7 +53,7 @@ class HostCollector(Collector):
             with open("/proc/meminfo") as f:
                 for line in f:
                     if line.startswith("MemAvailable:"):
-                        mem = GaugeMetricFamily("gpudiag_host_memory_available_bytes",
+                        mem = GaugeMetricFamily(c.HOST_MEMORY_AVAILABLE,
                                                 "Memory available for new work.")
                         mem.add_metric([], float(line.split()[1]) * 1024)
                         yield mem
@@ -88,7 +89,7 @@ def build_registry(backend_spec: str, state_dir: Path, job_mapping_dir: Path | N
     registry.register(GpuCollector(backend, JobAttribution(owners), mapping, holder, names))
     registry.register(table)
     registry.register(HostCollector())
-    registry.register(ProcessCollector(namespace="gpudiag_agent", registry=None))
+    registry.register(ProcessCollector(namespace=c.AGENT_PROCESS_NAMESPACE, registry=None))
     return registry, table, unavailable
 
 
@@ -98,7 +99,7 @@ def intake(table: JobTable, stop: threading.Event, period: float = INTAKE_PERIOD
     while True:
         try:
             table.ingest()
-        except Exception:  # noqa: BLE001 - one bad tick must not end the intake for good
+        except Exception:  # one bad tick must not end the intake for good (BLE: logged with its traceback)
             log.exception("spool intake failed; retrying in %.0f s", period)
         if stop.wait(period):
             return

@@ -85,7 +85,7 @@ class Writer:
                           *([0.0] * DTS))
         self.order = 0
         self.ndts = 0
-        self.seq: dict[str, int] = {}
+        self.seq: dict[bytes, int] = {}
 
     def step(self, step: int, t_end: float, dt: float, profiler: bool) -> None:
         struct.pack_into("<d", self.mm, _OFF_DTS + 8 * (self.ndts % DTS), dt)  # before its count

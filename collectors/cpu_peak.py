@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +91,7 @@ def cache_path() -> Path:
     return Path(base) / "cpu_peak.json"
 
 
-def _cache_key() -> dict:
+def _cache_key() -> dict[str, Any]:
     return {"version": CACHE_VERSION, "model": _cpu_model(), "cores": os.cpu_count(),
             "libraries": _versions()}
 
@@ -159,7 +160,7 @@ def measure() -> tuple[dict[str, float], float]:
     return _gemm_peaks(), _copy_bandwidth()
 
 
-def _read_cache(path: Path, key: dict) -> dict | None:
+def _read_cache(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -172,7 +173,7 @@ def _read_cache(path: Path, key: dict) -> dict | None:
     return cached
 
 
-def _write_cache(path: Path, data: dict) -> None:
+def _write_cache(path: Path, data: dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # one temp name per process: concurrent first runs never write into each other's file

@@ -200,8 +200,9 @@ class HostSampler:
                     row["machine_cores_busy"] = round((busy - prev_busy) / (now - prev_t), 3)
                 if prev:
                     row["runq_threads_cores"] = round(qt_total / (now - prev_t), 3)
-                if None not in running:
-                    row["machine_runnable"] = round(sum(running) / len(running), 2)
+                counts = [n for n in running if n is not None]
+                if len(counts) == len(running):
+                    row["machine_runnable"] = round(sum(counts) / len(counts), 2)
                 prev, prev_q, prev_qt, prev_t, prev_busy = cur, cur_q, cur_qt, now, busy
                 f.write(json.dumps(row) + "\n")
                 f.flush()

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,10 +92,14 @@ def _foreground(pgid: int) -> Iterator[None]:
         signal.signal(signal.SIGTTOU, old)
 
 
-def run_job(cmd: list[str], env: dict[str, str], on_start: callable | None = None) -> JobResult:
+def run_job(cmd: list[str], env: dict[str, str],
+            on_start: Callable[[int], object] | None = None) -> JobResult:
     forwarded: list[str] = []
     try:
-        child = subprocess.Popen(cmd, env=env, process_group=0)
+        if sys.version_info >= (3, 11):
+            child = subprocess.Popen(cmd, env=env, process_group=0)
+        else:  # process_group came in 3.11 (pyproject supports 3.10): the same setpgid(0, 0) in the child
+            child = subprocess.Popen(cmd, env=env, preexec_fn=os.setpgrp)
     except FileNotFoundError:
         raise BadInput(f"command not found: {cmd[0]}") from None
     except PermissionError:

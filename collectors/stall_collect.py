@@ -116,18 +116,19 @@ def _annotate(threads: list[ThreadStack], pid: int, a: stall_evidence.ProcRaw | 
     for t in threads:
         tid = t.native_id if t.native_id is not None else (pid if t.main else None)
         raw = b.threads.get(tid) if tid is not None else None
-        if raw is None:
+        if tid is None or raw is None:
             continue
         t.state, t.wchan, t.syscall = raw.state, raw.wchan, raw.syscall
         t.cpu_s = stall_evidence.cpu_seconds(a.threads.get(tid) if a else None, raw)
 
 
-def processes_of(rank: int, pid: int, snap0: dict, snap1: dict, stacks: dict[int, str],
+def processes_of(rank: int, pid: int, snap0: dict[int, stall_evidence.ProcRaw],
+                 snap1: dict[int, stall_evidence.ProcRaw], stacks: dict[int, str],
                  answer: dict[str, Any] | None, window: float) -> list[ProcessInfo]:
     """The rank's process and its children (DataLoader workers), each with its threads."""
     kids: dict[int, list[int]] = {}
-    for p in snap1.values():
-        kids.setdefault(p.ppid, []).append(p.pid)
+    for proc in snap1.values():
+        kids.setdefault(proc.ppid, []).append(proc.pid)
     order, todo = [], [pid]
     while todo:
         p = todo.pop(0)
@@ -137,7 +138,7 @@ def processes_of(rank: int, pid: int, snap0: dict, snap1: dict, stacks: dict[int
     for p in order:
         threads, crash = stall_evidence.parse_faulthandler(stacks.get(p, ""))
         answered = p == pid and answer is not None
-        if answered:
+        if p == pid and answer is not None:
             threads = _threads_from_answer(answer)
         a, b = snap0.get(p), snap1.get(p)
         _annotate(threads, p, a, b)
@@ -209,10 +210,11 @@ def rank_state(box: BlackBox, limit: Any, answer: dict[str, Any] | None, now: fl
         if not fr:
             rs.fr_note = "the Flight Recorder holds no collective (TORCH_FR_BUFFER_SIZE unset or 0?)"
         for c in fr:   # the step it was called in: the black box's record of the same call
-            near = [b for b in rs.collectives if b.op == c.op and b.entered is not None
-                    and c.entered is not None and abs(b.entered - c.entered) < 0.5]
+            at = c.entered
+            near = [(abs(b.entered - at), b) for b in rs.collectives if b.op == c.op and b.entered is not None
+                    and at is not None and abs(b.entered - at) < 0.5]
             if near:
-                c.step = min(near, key=lambda b: abs(b.entered - c.entered)).step
+                c.step = min(near, key=lambda nb: nb[0])[1].step
         rs.collectives += fr
     return rs
 

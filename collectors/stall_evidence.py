@@ -117,7 +117,7 @@ def job_pids(root: int) -> list[int]:
 def catches_stack_signal(pid: int) -> bool:
     status = _read(f"/proc/{pid}/status") or ""
     m = re.search(r"^SigCgt:\s*([0-9a-fA-F]+)", status, re.M)
-    return bool(m) and bool(int(m.group(1), 16) >> (STACK_SIGNAL - 1) & 1)
+    return m is not None and bool(int(m.group(1), 16) >> (STACK_SIGNAL - 1) & 1)
 
 
 def signal_stacks(run_dir: Path, pids: list[int], wait_s: float = 2.0) -> dict[int, str]:

@@ -105,7 +105,7 @@ class StallMonitor:
         if stalled and open_id is None and self.count < MAX_INCIDENTS:
             self._steps_at_open = {r: b.step for r, b in boxes.items()}
             self._open(boxes, {lim.rank: lim for lim in limits})
-        elif resumed:
+        elif resumed and open_id is not None:
             with self._lock:
                 self._state.incident, self._state.cause = None, None
             at = time.strftime("%H:%M:%S", time.localtime(now))

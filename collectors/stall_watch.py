@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 # faulthandler's stack dump on this signal: a real-time signal, whose default action would end
@@ -62,6 +63,8 @@ def _sibling(stem: str) -> Any:
         import importlib.util
 
         spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{stem}.py"))
+        if spec is None or spec.loader is None:
+            raise ImportError(f"gpudiag: cannot load {name} beside {__file__}")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
@@ -87,6 +90,8 @@ def install_stack_dump(run_dir: Path) -> None:
 
 
 def _register(pid: int) -> None:
+    if _run_dir is None:   # not armed
+        return
     folder = _run_dir / "samples" / "stacks"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -193,7 +198,7 @@ def _pg_name(dist: Any, group: Any, cache: dict[int, bytes]) -> bytes:
     return name
 
 
-def _described(t: Any, cache: dict[tuple, tuple[bytes, bytes, int]]) -> tuple[bytes, bytes, int]:
+def _described(t: Any, cache: dict[tuple[Any, Any], tuple[bytes, bytes, int]]) -> tuple[bytes, bytes, int]:
     """(shape, dtype, numel) of a tensor argument, encoded once per shape and dtype seen."""
     key = (t.shape, t.dtype)
     got = cache.get(key)
@@ -209,7 +214,7 @@ def _recorded(dist: Any, name: str, fn: Any, state: Any, group_at: int | None,
               tensor_type: type) -> Any:
     box_mod = _sibling("blackbox")
     pgs: dict[int, bytes] = {}
-    shapes: dict[tuple, tuple[bytes, bytes, int]] = {}
+    shapes: dict[tuple[Any, Any], tuple[bytes, bytes, int]] = {}
     op = name.replace("_into_tensor", "").replace("_tensor", "").replace("_single", "").encode()
     none = (b"", b"", 0)
 
@@ -291,8 +296,8 @@ def python_stacks() -> list[dict[str, Any]]:
     out = []
     for ident, frame in sys._current_frames().items():
         t = names.get(ident)
-        frames = []
-        f = frame
+        frames: list[dict[str, Any]] = []
+        f: FrameType | None = frame
         while f is not None and len(frames) < 64:
             frames.append({"file": f.f_code.co_filename, "line": f.f_lineno, "func": f.f_code.co_name})
             f = f.f_back

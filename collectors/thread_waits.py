@@ -121,7 +121,7 @@ class PeerWaits:
             self.every = max(1, min(MAX_EVERY, math.ceil(self.read_s / (BUDGET * self.step_s))))
         return row
 
-    def meta(self) -> dict[str, float | int]:
+    def meta(self) -> dict[str, float | int | None]:
         """What the reads cost the job, for the bootstrap's meta file."""
         return {"threads": len(self.fds), "workers": len(self.workers), "every": self.every,
                 "cost_s": round(self.cost_s, 6), "steps": self.steps,

@@ -105,7 +105,7 @@ class _Bootstrap:
             return
         now = time.perf_counter()
         self.step += 1
-        row = {"step": self.step, "t": time.time(), "dt": now - self.t_step}
+        row: dict[str, Any] = {"step": self.step, "t": time.time(), "dt": now - self.t_step}
         if self.phase is not None:
             row["profiler"] = self.phase
             if self.phase == _TRACED:
@@ -373,6 +373,8 @@ def _sibling(stem: str) -> Any:
 
         spec = importlib.util.spec_from_file_location(
             name, Path(__file__).with_name(f"{stem}.py"))
+        if spec is None or spec.loader is None:
+            raise ImportError(f"gpudiag: cannot load {name} beside {__file__}")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)

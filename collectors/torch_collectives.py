@@ -209,7 +209,8 @@ def patch_ddp(torch: Any, state: Any) -> None:
     @functools.wraps(register)
     def patched_register(self: Any, hook_state: object, hook: Any) -> None:
         if not getattr(self, "_gpudiag_timed", False):
-            return register(self, hook_state, hook)
+            register(self, hook_state, hook)
+            return None
         self._check_comm_hook(hook)
         self._gpudiag_delegate = (hook, hook_state)
         if self.logger is not None:
@@ -219,13 +220,15 @@ def patch_ddp(torch: Any, state: Any) -> None:
     @functools.wraps(builtin)
     def patched_builtin(self: Any, comm_hook_type: Any) -> None:
         if not getattr(self, "_gpudiag_timed", False):
-            return builtin(self, comm_hook_type)
+            builtin(self, comm_hook_type)
+            return None
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         hooks = {"ALLREDUCE": None, "FP16_COMPRESS": default_hooks.fp16_compress_hook}
         kind = getattr(comm_hook_type, "name", str(comm_hook_type))
         if kind not in hooks:
-            return builtin(self, comm_hook_type)  # fails as DDP would: a hook is registered
+            builtin(self, comm_hook_type)  # fails as DDP would: a hook is registered
+            return None
         self._gpudiag_delegate = None if hooks[kind] is None else (hooks[kind], self.process_group)
         return None
 
@@ -247,7 +250,7 @@ def _install(torch: Any, ddp: Any, register: Any, st: Any) -> None:
     group = ddp.process_group
 
     # no annotations: DDP's _check_comm_hook compares them with dist.GradBucket and Future[Tensor]
-    def gpudiag_timed_allreduce(_state, bucket):
+    def gpudiag_timed_allreduce(_state, bucket):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
         delegate = ddp._gpudiag_delegate
         if delegate is not None:
@@ -314,7 +317,7 @@ def poll_flight_recorder(st: Any) -> None:
 
         import torch
 
-        fn = torch._C._distributed_c10d._dump_nccl_trace
+        fn = torch._C._distributed_c10d._dump_nccl_trace  # private, NCCL builds only
         try:
             dump = fn(includeCollectives=True, includeStackTraces=False, onlyActive=False)
         except TypeError:  # older signature
@@ -328,13 +331,13 @@ def poll_flight_recorder(st: Any) -> None:
     if new and st.fr_last_record >= 0 and new[0]["record_id"] > st.fr_last_record + 1:
         st.note("more collectives per second than the flight recorder buffer holds: "
                 "some NCCL collectives were not timed (raise TORCH_FR_BUFFER_SIZE)")
-    for e in new:
-        if e.get("state") != "completed" or e.get("duration_ms") is None:
+    for entry in new:
+        if entry.get("state") != "completed" or entry.get("duration_ms") is None:
             break  # keep order: later entries are picked up at the next flush
-        st.fr_last_record = e["record_id"]
-        created = e.get("time_created_ns", 0) / 1e9
+        st.fr_last_record = entry["record_id"]
+        created = entry.get("time_created_ns", 0) / 1e9
         row = next((r for r in st.buffer if r["t0"] <= created < r["t"]), st.buffer[0])
-        name = str(e.get("profiling_name", "nccl:unknown")).split(":", 1)[-1]
+        name = str(entry.get("profiling_name", "nccl:unknown")).split(":", 1)[-1]
         c = row.setdefault("collectives", {}).setdefault(name, {"count": 0, "seconds": 0.0})
         c["count"] += 1
-        c["seconds"] += float(e["duration_ms"]) / 1e3
+        c["seconds"] += float(entry["duration_ms"]) / 1e3

@@ -64,7 +64,7 @@ def watch_graphs(torch: Any) -> None:  # the job's torch
             _graphs_seen.append("the job captured a CUDA graph")
         return orig(self, *args, **kwargs)
 
-    capture_begin._gpudiag_watch = True
+    capture_begin._gpudiag_watch = True  # type: ignore[attr-defined]  # the mark that it is wrapped
     cls.capture_begin = capture_begin
 
 

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import weakref
+from types import FrameType
 from typing import Any
 
 # torch methods and functions that read device data back to the host, by the name the mode
@@ -55,14 +56,14 @@ MASK_INDEX = "boolean-mask indexing (data-dependent shape)"
 TO_HOST = ".to('cpu')"
 CUDA_SYNC = "torch.cuda.synchronize"
 MAX_SITES = 200  # distinct call sites kept (a loop over generated code could make thousands)
-_TORCH_DIR = None  # torch's package folder: frames inside it are not the job's call site
+_TORCH_DIR: str | None = None  # torch's package folder: frames inside it are not the job's call site
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _torch_dir(torch: Any) -> str:  # the job's torch
     global _TORCH_DIR
     if _TORCH_DIR is None:
-        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        _TORCH_DIR = os.path.dirname(os.path.abspath(str(torch.__file__))) + os.sep
     return _TORCH_DIR
 
 
@@ -96,7 +97,7 @@ class _Record:
         torch function the job called that made the sync (``clip_grad_norm_``), if any. None
         inside a DataLoader's fetch (a dataset's ``__getitem__`` making a sample): that is input
         work, in the input wait, not a read-back of the training step's values."""
-        f = sys._getframe(3)
+        f: FrameType | None = sys._getframe(3)
         via = ""
         found = None
         while f is not None:
@@ -153,7 +154,8 @@ class _Record:
         results were used only by syncs or by other such calls: the work that goes when the
         syncs' lines go."""
         only = [False] * len(self.nodes)
-        ops, seconds, cpu_s, names = 0, 0.0, 0.0, {}
+        ops, seconds, cpu_s = 0, 0.0, 0.0
+        names: dict[str, list[float]] = {}
         for n in range(len(self.nodes) - 1, -1, -1):
             name, s, cs, sync, mutates = self.nodes[n]
             if sync:
@@ -195,7 +197,7 @@ def _mask_index(torch: Any, index: Any) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
 
 
-def _to_host(torch: Any, args: tuple, kwargs: dict) -> bool:
+def _to_host(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """``t.to(...)`` from a device to the host, waiting for it (not ``non_blocking=True``)."""
     if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type == "cpu":
         return False
@@ -231,12 +233,13 @@ def _make_mode(torch: Any, rec: _Record) -> Any:
     gpu = bool(torch.cuda.is_available() and torch.cuda.is_initialized())
     host_side = set(SYNC_KINDS.values()) | {MASK_INDEX}
 
-    class SyncCensusMode(TorchFunctionMode):
+    class SyncCensusMode(TorchFunctionMode):  # type: ignore[misc]  # torch is not read (pyproject: Any)
         """Times every torch call of the thread, names the syncs, and keeps the dataflow."""
 
         active = True
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):
+        def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
             kwargs = kwargs or {}
             if not self.active:
                 return func(*args, **kwargs)

@@ -79,10 +79,19 @@ GPU_MEMORY_TOTAL = "gpudiag_gpu_memory_total_bytes"
 GPU_POWER = "gpudiag_gpu_power_watts"
 GPU_SM_CLOCK = "gpudiag_gpu_sm_clock_hertz"
 GPU_TEMPERATURE = "gpudiag_gpu_temperature_celsius"
-# per job and node (agent/gpu_collector.py): what `gpudiag fleet` counts GPU-hours from
+GPU_CLOCK_THROTTLED = "gpudiag_gpu_clock_throttled"
+GPU_ERRORS = "gpudiag_gpu_errors"  # a counter: exposed as gpudiag_gpu_errors_total
+GPU_JOB_OWNER = "gpudiag_gpu_job_owner_info"
+NVML_UP = "gpudiag_nvml_up"
+# per job, from the GPUs (agent/gpu_collector.py): what `gpudiag fleet` sums
 GPUS_HELD = "gpudiag_gpus_held"
 GPUS_IDLE = "gpudiag_gpus_idle"
-GPU_JOB_OWNER = "gpudiag_gpu_job_owner_info"
+# the node (agent/server.py)
+HOST_CPUS = "gpudiag_host_cpus"
+HOST_LOAD1 = "gpudiag_host_load1"
+HOST_MEMORY_AVAILABLE = "gpudiag_host_memory_available_bytes"
+# prometheus_client's process metrics of the agent (gpudiag_agent_cpu_seconds_total, ...)
+AGENT_PROCESS_NAMESPACE = "gpudiag_agent"
 # the prefixes a reader selects by (every per-GPU and per-job series)
 GPU_PREFIX = "gpudiag_gpu_"
 JOB_PREFIX = "gpudiag_job_"

@@ -39,7 +39,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from gpudiag.contract import ENV_AGENT_DIR, ENV_JOB, ENV_TEAM
 
@@ -86,7 +86,7 @@ def team_from_env() -> str | None:
     return None
 
 
-def valid_run_dir(text: object) -> bool:
+def valid_run_dir(text: object) -> TypeGuard[str]:
     """What the agent accepts as ``run_dir``: an absolute path of at most MAX_RUN_DIR printable
     characters (it becomes a label value)."""
     return (isinstance(text, str) and text.startswith("/") and len(text) <= MAX_RUN_DIR

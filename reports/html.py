@@ -21,7 +21,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from gpudiag.diagnosis import Diagnosis, RankResult, TopItem
+from gpudiag.diagnosis import Diagnosis, RankResult, Series, TopItem
 from gpudiag.reports import svg, views
 from gpudiag.reports.diff_page import render_diff
 from gpudiag.reports.fmt import gbps, ms, num, pct, run_status, si, si_text, when
@@ -129,7 +129,7 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
                                        "mean step time (ms)",
                                        desc="Each bar is one rank's mean step, split into the parts "
                                             "of the time breakdown; stragglers are marked."))
-    step_bars = []
+    step_bars: list[svg.Bar] = []
     total_steps = sum(len(r.steps) for r in shown)
     for r in shown:
         for s in r.steps:
@@ -171,10 +171,10 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
         })
     strag = None
     if d.stragglers is not None:
-        s = d.stragglers
-        strag = (f"median step {ms(s.median_step_us)}, imbalance {pct(s.imbalance)} "
+        st = d.stragglers
+        strag = (f"median step {ms(st.median_step_us)}, imbalance {pct(st.imbalance)} "
                  f"((max - min) / median of per-rank mean step time); stragglers: "
-                 + (", ".join(f"rank {x}" for x in s.ranks) or "none"))
+                 + (", ".join(f"rank {x}" for x in st.ranks) or "none"))
     note = ""
     if total_steps > len(step_bars) and step_bars:
         note = f"The per-step chart shows the first {len(step_bars)} of {total_steps} steps."
@@ -234,7 +234,7 @@ def _timeline(d: Diagnosis) -> dict[str, Any]:
         return {"charts": [], "reason": reason, "facts": []}
     tl = d.timeline
     assert tl is not None
-    groups: dict[tuple[str, str], list] = {}
+    groups: dict[tuple[str, str], list[Series]] = {}
     for s in tl.series:
         groups.setdefault((s.name, s.unit), []).append(s)
     spans = [(a, b) for a, b in tl.traced]

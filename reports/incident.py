@@ -72,7 +72,10 @@ def timeline_chart(ev: Evidence, width: float = 960) -> str:
     ticks = sb.nice_ticks(lo, 0.0)
     label_w, right_w, row_h = 70.0, 20.0, 22.0
     plot_w = width - label_w - right_w
-    sx = lambda v: label_w + (v - ticks[0]) / (ticks[-1] - ticks[0]) * plot_w  # noqa: E731
+
+    def sx(v: float) -> float:
+        return label_w + (v - ticks[0]) / (ticks[-1] - ticks[0]) * plot_w
+
     leg, leg_h = sb.legend_marks([("step", sb.BLUE), ("waiting in collectives", sb.SKY_BLUE),
                              ("no step since", sb.VERMILLION)], label_w, sb.TITLE_H, plot_w)
     top = sb.TITLE_H + leg_h + 6

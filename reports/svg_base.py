@@ -126,7 +126,7 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
         if (hi - lo) / step <= n:
             break
     t = math.floor(lo / step + 1e-9) * step
-    ticks = []
+    ticks: list[float] = []
     while not ticks or ticks[-1] < hi - step * 1e-6 or len(ticks) < 2:
         ticks.append(round(t, 12))
         t += step

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from gpudiag.reports.svg import Line, line_chart, line_style
 
@@ -37,7 +38,8 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def _chart(rows: list[dict], variants: list[str], key: str, title: str, div: float, ratio: bool) -> str:
+def _chart(rows: list[dict[str, Any]], variants: list[str],
+           key: str, title: str, div: float, ratio: bool) -> str:
     lines = []
     for i, v in enumerate(variants):
         pts = sorted((r["load"], (r["ratio"] if ratio else r["mean"]).get(key))
@@ -52,8 +54,9 @@ def _chart(rows: list[dict], variants: list[str], key: str, title: str, div: flo
 WHOLE_TRACE = "whole-trace.md"
 
 
-def render(out: Path, tables: dict, targets: dict, metrics: tuple, ratios: tuple, meta: dict,
-           ablation: dict, policies: tuple) -> list[Path]:
+def render(out: Path, tables: dict[str, list[dict[str, Any]]], targets: dict[str, list[dict[str, Any]]],
+           metrics: tuple[tuple[str, str, float], ...], ratios: tuple[tuple[str, str], ...],
+           meta: dict[str, Any], ablation: dict[str, str], policies: tuple[str, ...]) -> list[Path]:
     """Write ``out/PAGE`` and its charts under ``out/ASSETS``; the paths written."""
     assets = out / ASSETS
     assets.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
-from gpudiag.diagnosis import Diagnosis, DiagnosisDiff
+from gpudiag.diagnosis import Diagnosis, DiagnosisDiff, SyncReport
 from gpudiag.reports import views
 from gpudiag.units import ms, pct, si
 
@@ -62,10 +63,10 @@ def _spread(d: Diagnosis) -> list[str]:
     return out
 
 
-def _syncs(d: Diagnosis, width: int) -> list[str]:
-    """Host syncs: the count, the predicted saving, the busiest call sites, how it was counted."""
-    r = d.syncs
-    wrap = {"width": width, "initial_indent": "  ", "subsequent_indent": "    "}
+def _syncs(d: Diagnosis, r: SyncReport, width: int) -> list[str]:
+    """Host syncs (``r``, the diagnosis' own): the count, the predicted saving, the busiest call
+    sites, how it was counted."""
+    wrap: dict[str, Any] = {"width": width, "initial_indent": "  ", "subsequent_indent": "    "}
     out = ["", *textwrap.wrap("Host syncs: " + views.sync_headline(r), width, subsequent_indent="  ")]
     advised = [*d.verdict.recommendations, *d.verdict.not_advised]
     if not r.notes and not any(x.action == "remove-host-syncs" for x in advised):
@@ -88,105 +89,139 @@ def _syncs(d: Diagnosis, width: int) -> list[str]:
 
 
 def render_terminal(d: Diagnosis, width: int = 100) -> str:
-    out: list[str] = []
-    dev = d.device
-    ranks = len(d.ranks)
+    """The report in the order a reader decides: what the run was, the verdict and how sure,
+    what it rests on, where the time went, what it costs, what to do."""
+    wrap: dict[str, Any] = {"width": width, "initial_indent": "  ", "subsequent_indent": "    "}
+    out = [*_header(d), "", *_verdict(d, width), "", *_basis(d, wrap)]
+    if d.breakdown.step_time > 0:
+        out += ["", *_breakdown(d, "GPU" if d.device.kind == "gpu" else "CPU")]
+    if d.host_wait is not None and d.host_wait.recorded:
+        out += textwrap.wrap("Host time: " + d.host_wait.note + ".", **wrap)
+    out += ["", *_efficiency(d, wrap), *_collectives(d)]
+    if d.syncs is not None:
+        out += _syncs(d, d.syncs, width)
+    out += [*_ranks(d), *_top(d), *_advice(d, width)]
+    if d.warnings:
+        out += ["", "Warnings:"]
+        for w in d.warnings:
+            out += textwrap.wrap(w, width, initial_indent="  - ", subsequent_indent="    ")
+    return "\n".join(out)
+
+
+def _header(d: Diagnosis) -> list[str]:
+    """Version, ranks (of how many) and the device with where its peak came from."""
+    dev, ranks = d.device, len(d.ranks)
     world = f" of {d.world_size}" if d.world_size and d.world_size != ranks else ""
     src = f"{dev.name}" + (f" [{dev.source}]" if dev.source else "")
-    out.append(f"gpudiag {d.gpudiag_version} | {ranks} rank{'s' if ranks != 1 else ''}{world} | "
-               f"device: {src}")
+    return [f"gpudiag {d.gpudiag_version} | {ranks} rank{'s' if ranks != 1 else ''}{world} | "
+            f"device: {src}"]
+
+
+def _verdict(d: Diagnosis, width: int) -> list[str]:
+    """The label (and a tie), confidence, the summary, and what lowered the confidence."""
     v = d.verdict
     second = f" | secondary: {v.secondary.value}" if v.secondary else ""
-    out.append("")
     label = v.label.value.upper() + (f" / {v.tie_with.value.upper()} (a tie within noise)"
                                       if v.tie_with else "")
-    out.append(f"VERDICT: {label}  (confidence {v.confidence:.2f}, "
-               f"{v.confidence_level}){second}")
-    out.extend(textwrap.wrap(v.summary, width, initial_indent="  ", subsequent_indent="  "))
-    wrap = {"width": width, "initial_indent": "  ", "subsequent_indent": "    "}
+    out = [f"VERDICT: {label}  (confidence {v.confidence:.2f}, {v.confidence_level}){second}",
+           *textwrap.wrap(v.summary, width, initial_indent="  ", subsequent_indent="  ")]
     lowered = views.confidence_lines(v)
     if lowered:
         out.append("  Confidence lowered by:")
         for line in lowered:
-            out.extend(textwrap.wrap(line, width, initial_indent="    ", subsequent_indent="      "))
-    out.append("")
-    out.extend(textwrap.wrap(("Basis: unprofiled estimate. " if views.has_both_views(d) else
-                              "Basis: profiled steps. ") + views.basis_line(d), **wrap))
+            out += textwrap.wrap(line, width, initial_indent="    ", subsequent_indent="      ")
+    return out
+
+
+def _basis(d: Diagnosis, wrap: dict[str, Any]) -> list[str]:
+    """Which steps the verdict rests on, the profiler's dilation, the traced verdict where it
+    differs, and the dilation's caveats not already counted against the confidence."""
+    out = textwrap.wrap(("Basis: unprofiled estimate. " if views.has_both_views(d) else
+                         "Basis: profiled steps. ") + views.basis_line(d), **wrap)
     if d.dilation is not None:
-        out.extend(textwrap.wrap("The " + views.dilation_line(d.dilation) + ".", **wrap))
+        out += textwrap.wrap("The " + views.dilation_line(d.dilation) + ".", **wrap)
     traced = views.traced_verdict_line(d)
     if traced:
-        out.extend(textwrap.wrap("The " + traced, **wrap))
-    counted = {x.reason for x in v.deductions}  # shown above with what they cost
+        out += textwrap.wrap("The " + traced, **wrap)
+    counted = {x.reason for x in d.verdict.deductions}  # shown above with what they cost
     for c in d.dilation.caveats if d.dilation is not None else []:
         if c not in counted:
-            out.extend(textwrap.wrap("Caveat: " + c, **wrap))
-    if d.breakdown.step_time > 0:
-        out.append("")
-        out.extend(_breakdown(d, "GPU" if dev.kind == "gpu" else "CPU"))
-    if d.host_wait is not None and d.host_wait.recorded:
-        out.extend(textwrap.wrap("Host time: " + d.host_wait.note + ".", **wrap))
+            out += textwrap.wrap("Caveat: " + c, **wrap)
+    return out
+
+
+def _efficiency(d: Diagnosis, wrap: dict[str, Any]) -> list[str]:
+    """MFU (or why none), by wall clock beside it, and the roofline's ridge."""
     m = d.mfu
-    out.append("")
-    if m.value is not None:
-        out.append(f"MFU: {pct(m.value)}  ({m.reason})")
-    else:
-        out.append(f"MFU: {m.reason}")
+    out = [f"MFU: {pct(m.value)}  ({m.reason})" if m.value is not None else f"MFU: {m.reason}"]
     if m.pace:  # the wall clock's beside it, or that no split was recorded
         beside = f"MFU by wall clock: {pct(m.wall_value)} ({m.pace})" if m.wall_value is not None else m.pace
-        out.extend(textwrap.wrap(beside, **wrap))
+        out += textwrap.wrap(beside, **wrap)
     r = d.roofline
     if r.method != "none" and r.peak_flops > 0:
         out.append(f"Roofline ({r.method}): ridge {r.ridge_intensity:.3g} FLOP/byte at "
                    f"{si(r.peak_flops, 'FLOP/s')} {r.dtype_family}, {si(r.peak_bandwidth, 'B/s')}")
-    if d.communication:
-        out.append("")
-        out.append("Collectives:")
-        out.append(f"  {'type':<16}{'count':>7}{'time':>12}{'exposed':>12}{'per step':>12}"
-                   f"{'exposed':>12}{'busbw GB/s':>12}")
-        for c in d.communication:
-            bw = f"{c.busbw_gbps:.3g}" if c.busbw_gbps is not None else "n/a"
-            out.append(f"  {c.collective:<16}{c.count:>7}{ms(c.total_time_us):>12}"
-                       f"{ms(c.exposed_time_us):>12}{ms(c.time_per_step_us):>12}"
-                       f"{ms(c.exposed_per_step_us):>12}{bw:>12}")
-        out.append(f"  (time and exposed: all traced steps and ranks; per step: the verdict's view, "
-                   f"{'unprofiled' if views.has_both_views(d) else 'as traced'}, as in the breakdown)")
-    if d.syncs is not None:
-        out.extend(_syncs(d, width))
+    return out
+
+
+def _collectives(d: Diagnosis) -> list[str]:
+    """One row per collective type: time and exposed time in all, and per step."""
+    if not d.communication:
+        return []
+    out = ["", "Collectives:",
+           f"  {'type':<16}{'count':>7}{'time':>12}{'exposed':>12}{'per step':>12}"
+           f"{'exposed':>12}{'busbw GB/s':>12}"]
+    for c in d.communication:
+        bw = f"{c.busbw_gbps:.3g}" if c.busbw_gbps is not None else "n/a"
+        out.append(f"  {c.collective:<16}{c.count:>7}{ms(c.total_time_us):>12}"
+                   f"{ms(c.exposed_time_us):>12}{ms(c.time_per_step_us):>12}"
+                   f"{ms(c.exposed_per_step_us):>12}{bw:>12}")
+    out.append(f"  (time and exposed: all traced steps and ranks; per step: the verdict's view, "
+               f"{'unprofiled' if views.has_both_views(d) else 'as traced'}, as in the breakdown)")
+    return out
+
+
+def _ranks(d: Diagnosis) -> list[str]:
+    """Stragglers, and the per-rank distribution where there are too many ranks to list."""
+    out = []
     if d.stragglers is not None:
         s = d.stragglers
         slow = _rank_list(s.ranks) or "none"
         out.append(f"Ranks: median step {ms(s.median_step_us)}, imbalance "
                    f"{100 * s.imbalance:.1f}%, stragglers: {slow}")
     if len(d.ranks) > MAX_RANK_ROWS and d.rank_spread:
-        out.extend(_spread(d))
-    top = d.top_kernels if dev.kind == "gpu" and d.top_kernels else d.top_ops
-    if top:
-        out.append("")
-        out.append("Top kernels:" if top is d.top_kernels else "Top operators:")
-        for t in top[:5]:
-            name = t.name if len(t.name) <= 70 else t.name[:67] + "..."
-            out.append(f"  {_pct(t.share)}  {ms(t.time_us):>10}  x{t.calls:<6} {name}")
+        out += _spread(d)
+    return out
+
+
+def _top(d: Diagnosis) -> list[str]:
+    """The five kernels (on a GPU) or operators that take the most time."""
+    top = d.top_kernels if d.device.kind == "gpu" and d.top_kernels else d.top_ops
+    if not top:
+        return []
+    out = ["", "Top kernels:" if top is d.top_kernels else "Top operators:"]
+    for t in top[:5]:
+        name = t.name if len(t.name) <= 70 else t.name[:67] + "..."
+        out.append(f"  {_pct(t.share)}  {ms(t.time_us):>10}  x{t.calls:<6} {name}")
+    return out
+
+
+def _advice(d: Diagnosis, width: int) -> list[str]:
+    """What to do, each with its predicted gain, then what would not help and why."""
+    v, out = d.verdict, []
     if v.recommendations:
-        out.append("")
-        out.append("What to do:")
+        out += ["", "What to do:"]
         for i, rec in enumerate(v.recommendations, 1):
-            out.extend(textwrap.wrap(f"{rec.text} [{rec.action}]", width, initial_indent=f"  {i}. ",
-                                     subsequent_indent="     "))
-            out.extend(textwrap.wrap(views.prediction_line(rec), width, initial_indent="     ",
-                                     subsequent_indent="       "))
+            out += textwrap.wrap(f"{rec.text} [{rec.action}]", width, initial_indent=f"  {i}. ",
+                                 subsequent_indent="     ")
+            out += textwrap.wrap(views.prediction_line(rec), width, initial_indent="     ",
+                                 subsequent_indent="       ")
     if v.not_advised:
-        out.append("")
-        out.append("Would not help here:")
+        out += ["", "Would not help here:"]
         for rec in v.not_advised:
-            out.extend(textwrap.wrap(f"[{rec.action}] {views.not_helping_line(rec)}", width,
-                                     initial_indent="  - ", subsequent_indent="    "))
-    if d.warnings:
-        out.append("")
-        out.append("Warnings:")
-        for w in d.warnings:
-            out.extend(textwrap.wrap(w, width, initial_indent="  - ", subsequent_indent="    "))
-    return "\n".join(out)
+            out += textwrap.wrap(f"[{rec.action}] {views.not_helping_line(rec)}", width,
+                                 initial_indent="  - ", subsequent_indent="    ")
+    return out
 
 
 def render_diff_terminal(diff: DiagnosisDiff, width: int = 100, items: int = 3) -> str:

@@ -35,7 +35,7 @@ def report_line(job: JobRow) -> str:
     return f"{job.job_id}: report {job.report_path} (on {job.nodes or 'its node'})"
 
 
-class TopApp(App):
+class TopApp(App[None]):
     CSS = """
     #head { height: auto; }
     #devices { height: auto; max-height: 45%; }

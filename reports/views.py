@@ -13,6 +13,7 @@ disagree. Text only: no number is computed here that the Diagnosis does not hold
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from gpudiag.diagnosis import (
     Diagnosis,
@@ -191,7 +192,7 @@ def feeding_line(r: SyncReport) -> str:
         f"{t.name} x{t.calls} ({ms(t.time_us)})" for t in r.feeding_top[:5])
 
 
-def syncs_ctx(r: SyncReport | None) -> dict | None:
+def syncs_ctx(r: SyncReport | None) -> dict[str, Any] | None:
     """The host-sync section of the HTML report (None: nothing counted)."""
     if r is None:
         return None

@@ -13,7 +13,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -243,10 +242,10 @@ def sched_factory(tmp_path):
 @pytest.fixture
 def open_base():
     """A folder other users can reach (pytest's tmp_path is private to root)."""
-    d = Path(tempfile.mkdtemp(prefix="gpudiag-sched-"))
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    from tests.user_env import open_folder
+
+    with open_folder("gpudiag-sched-") as d:
+        yield d
 
 
 @pytest.fixture

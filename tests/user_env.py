@@ -8,6 +8,10 @@ systems) into a world-readable folder under ``/var/tmp``, keyed by their version
 across runs (about 25 000 files, 1 GB: once per dependency change, seconds with links). Each
 test session then makes a bare venv on the base interpreter that points at them with a ``.pth``
 file and holds a fresh copy of gpudiag's own packages, so it always runs the code under test.
+
+Also what the root daemon's tests with second users share: a folder every user can reach
+(``open_folder``; the fixtures ``module_base`` and ``user_python``, imported by name into a test
+module) and a second user's submit (``user_job``).
 """
 
 from __future__ import annotations
@@ -16,13 +20,18 @@ import hashlib
 import importlib.metadata as md
 import importlib.util
 import os
+import pwd
 import re
 import shutil
 import stat
 import sys
 import sysconfig
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 from gpudiag.agent.signals import closed_to_others
@@ -160,3 +169,46 @@ def make_user_env(folder: Path) -> Path:
             if not p.is_symlink():
                 os.chmod(p, p.stat().st_mode | stat.S_IROTH)
     return folder / "bin" / "python"
+
+
+# -- the root daemon's tests with second users (test_local_scheduler_hostile/_limits, test_one_box_signals)
+
+# what a second user's job is given: no variable of the test's own environment
+PATH_ENV = {"PATH": "/usr/bin:/bin"}
+
+
+@contextmanager
+def open_folder(prefix: str) -> Iterator[Path]:
+    """A folder every user can reach (pytest's tmp_path is private to root), removed after."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def module_base() -> Iterator[Path]:
+    """A folder every user can reach, for the whole module (it holds ``user_python``'s venv)."""
+    with open_folder("gpudiag-users-") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def user_python(module_base: Path) -> Path:
+    """The python of a venv in ``module_base`` that every user can run (``make_user_env``)."""
+    return make_user_env(module_base / "venv")
+
+
+def user_job(user: pwd.struct_passwd, sock: Path, cmd: list[str], gpus: int = 1, **extra: object) -> int:
+    """Submit ``cmd`` to the daemon at ``sock`` as ``user`` (a reserved job, 1 s grace, started
+    in /), through the protocol as their own client would; returns the job's id."""
+    from gpudiag.scheduler.local.protocol import call
+    from tests.system.local_scheduler.test_local_scheduler import run_as
+
+    answer = run_as(user.pw_uid, user.pw_gid, lambda: call(sock, {
+        "op": "submit", "gpus": gpus, "tier": "reserved", "grace_s": 1, "env": PATH_ENV, "cwd": "/",
+        "cmd": cmd, **extra}))
+    assert isinstance(answer, dict) and answer["ok"], answer
+    return int(answer["id"])

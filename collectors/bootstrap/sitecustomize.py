@@ -12,22 +12,28 @@ exactly the modules it would see without gpudiag, and a job whose Python has tor
 gpudiag (gpudiag installed with pipx, the job in conda) is still observed.
 """
 
+from __future__ import annotations
+
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
+import types
+from collections.abc import Sequence
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _MODULE = "gpudiag.collectors.torch_bootstrap"
 
 
-def _load_bootstrap():
+def _load_bootstrap() -> types.ModuleType:
     mod = sys.modules.get(_MODULE)
     if mod is not None:
         return mod
     spec = importlib.util.spec_from_file_location(
         _MODULE, os.path.join(os.path.dirname(_HERE), "torch_bootstrap.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"gpudiag: cannot load {_MODULE} from {os.path.dirname(_HERE)}")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[_MODULE] = mod
     try:
@@ -39,7 +45,8 @@ def _load_bootstrap():
 
 
 class _TorchWatcher(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: Sequence[str] | None = None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if name != "torch":
             return None
         sys.meta_path.remove(self)  # one shot; also keeps find_spec below from recursing
@@ -49,18 +56,18 @@ class _TorchWatcher(importlib.abc.MetaPathFinder):
         loader = spec.loader
         real_exec = loader.exec_module
 
-        def exec_module(module):
+        def exec_module(module: types.ModuleType) -> None:
             real_exec(module)
             try:
                 _load_bootstrap().arm(module)
             except Exception as e:  # noqa: BLE001 - never break the job
                 sys.stderr.write(f"gpudiag: bootstrap not armed: {e}\n")
 
-        loader.exec_module = exec_module
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # the hook: this loader, this once
         return spec
 
 
-def _chain_next_sitecustomize():
+def _chain_next_sitecustomize() -> None:
     """Run the sitecustomize we shadowed, if there is one."""
     for entry in sys.path:
         if not entry or os.path.abspath(entry) == _HERE:

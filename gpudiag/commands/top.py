@@ -6,11 +6,19 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from gpudiag.contract import AGENT_LISTEN
 from gpudiag.errors import BadInput, GpudiagError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gpudiag.live.snapshot import Snapshot
+    from gpudiag.live.sources import QueueRead
 
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.2, 3600.0
 
@@ -77,15 +85,15 @@ def top(agents: tuple[str, ...], prometheus: str | None, interval: str, once: bo
     TopApp(fetch, period).run()
 
 
-def _fetcher(urls: list[str], prometheus: str | None):  # a closure
+def _fetcher(urls: list[str], prometheus: str | None) -> Callable[[], Snapshot]:
     """The function each refresh calls: read every source, build the snapshot."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gpudiag.live.snapshot import build_snapshot
-    from gpudiag.live.sources import read_agent, read_prometheus, read_queue
+    from gpudiag.live.sources import read_agent, read_prometheus
 
-    def fetch():
-        errors = []
+    def fetch() -> Snapshot:
+        errors: list[dict[str, str | None]] = []
         if prometheus:
             reads, why = read_prometheus(prometheus)
             if why:
@@ -98,7 +106,24 @@ def _fetcher(urls: list[str], prometheus: str | None):  # a closure
     return fetch
 
 
-def _fail_if_nothing_read(snap: object, urls: list[str], prometheus: str | None) -> None:
+def read_queue(state_dir: Path | None = None) -> QueueRead:
+    """The local scheduler's queue through its client (as ``gpudiag queue``), or why not: no
+    daemon on this machine is the common case, and a line, not an error. Here, in the command,
+    because the live model (``gpudiag/live``) reads no scheduler runtime."""
+    from gpudiag.live.sources import QueueRead
+    from gpudiag.scheduler.local.client import ask
+    from gpudiag.scheduler.local.config import default_state_dir
+
+    where = state_dir or default_state_dir(for_client=True)
+    try:
+        answer = ask(where, {"op": "queue", "all": False})
+    except (GpudiagError, OSError, ValueError) as e:
+        return QueueRead(state_dir=where, error=str(e))
+    return QueueRead(jobs=list(answer.get("jobs", [])), prefix=str(answer.get("prefix", "")),
+                     state_dir=where)
+
+
+def _fail_if_nothing_read(snap: Snapshot, urls: list[str], prometheus: str | None) -> None:
     """--once for scripts: exit 1 (after printing what there is) when no source answered."""
     if any(not s.get("error") for s in snap.sources):
         return

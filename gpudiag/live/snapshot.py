@@ -130,7 +130,7 @@ class Snapshot:
         d = asdict(self)
         for row, j in zip(d["jobs"], self.jobs, strict=True):
             row["report_path"] = j.report_path
-        return _finite(d)
+        return {k: _finite(v) for k, v in d.items()}
 
 
 def _finite(v: Any) -> Any:
@@ -231,7 +231,10 @@ def _rows_named(jobs: dict[tuple[str, str | None], JobRow], job_id: str,
 
 def _merge(old: JobRow, new: JobRow) -> JobRow:
     """A job two agents report (a multi-node job): the fresher report's values, both nodes."""
-    age = lambda j: math.inf if j.last_signal_seconds_ago is None else j.last_signal_seconds_ago  # noqa: E731
+
+    def age(j: JobRow) -> float:
+        return math.inf if j.last_signal_seconds_ago is None else j.last_signal_seconds_ago
+
     fresher, other = (new, old) if age(new) < age(old) else (old, new)
     for f in ("owner", "run_dir", "label"):
         if getattr(fresher, f) is None:
@@ -252,7 +255,7 @@ def _apply_queue(jobs: dict[tuple[str, str | None], JobRow], queue: QueueRead) -
             _queue_row(row, q, queue)
 
 
-def _queue_row(row: JobRow, q: dict, queue: QueueRead) -> None:
+def _queue_row(row: JobRow, q: dict[str, Any], queue: QueueRead) -> None:
     from gpudiag.scheduler.model import TIER_NAMES, Tier
 
     row.tier = TIER_NAMES.get(Tier(q["tier"]), str(q["tier"])) if "tier" in q else None
@@ -268,23 +271,25 @@ def _queue_row(row: JobRow, q: dict, queue: QueueRead) -> None:
 def _waste(jobs: list[JobRow]) -> None:
     from gpudiag.scheduler.priority import job_class
 
-    stalled = [j for j in jobs if j.gpus and j.stalled_seconds is not None]
-    for j in stalled:   # no step: every GPU it holds is wasted, whatever its peers do
-        j.waste_gpus = float(j.gpus)
-    sized = [j for j in jobs if j.gpus and j.mfu is not None and j.stalled_seconds is None]
+    for j in jobs:
+        if j.gpus and j.stalled_seconds is not None:   # no step: every GPU it holds is wasted,
+            j.waste_gpus = float(j.gpus)               # whatever its peers do
+    # (job, its GPUs, its MFU) of the jobs that step and report an MFU
+    sized = [(j, j.gpus, j.mfu) for j in jobs if j.gpus and j.mfu is not None and j.stalled_seconds is None]
     by_class: dict[str, list[float]] = {}
-    for j in sized:
-        j.job_class = job_class(j.gpus)
-        by_class.setdefault(j.job_class, []).append(j.mfu)
-    every = [j.mfu for j in sized]
-    for j in sized:
-        mine = by_class[j.job_class]
+    for j, gpus, mfu in sized:
+        j.job_class = job_class(gpus)
+        by_class.setdefault(j.job_class, []).append(mfu)
+    every = [mfu for _, _, mfu in sized]
+    for j, gpus, mfu in sized:
+        mine = by_class[job_class(gpus)]
         if len(mine) >= MIN_CLASS_JOBS:
-            j.class_median_mfu, j.median_of = statistics.median(mine), j.job_class
+            median, j.median_of = statistics.median(mine), job_class(gpus)
         else:
-            j.class_median_mfu, j.median_of = statistics.median(every), "all jobs"
-        if j.class_median_mfu > 0:
-            j.waste_gpus = j.gpus * (1.0 - j.mfu / j.class_median_mfu)
+            median, j.median_of = statistics.median(every), "all jobs"
+        j.class_median_mfu = median
+        if median > 0:
+            j.waste_gpus = gpus * (1.0 - mfu / median)
 
 
 def build_snapshot(reads: list[NodeRead], queue: QueueRead | None, now: float,
@@ -300,8 +305,8 @@ def build_snapshot(reads: list[NodeRead], queue: QueueRead | None, now: float,
         snap.devices.extend(devices)
         for job, where in by_job.items():
             gpus_of.setdefault(job, set()).update(where)
-        for job, row in _jobs_of(read, now).items():
-            jobs[job] = _merge(jobs[job], row) if job in jobs else row
+        for key, row in _jobs_of(read, now).items():
+            jobs[key] = _merge(jobs[key], row) if key in jobs else row
     for job, where in gpus_of.items():
         # the agent refuses signals for a job from anyone but its processes' user, so while the
         # job holds GPUs its rows are its owner's

@@ -1,5 +1,6 @@
-"""Where ``gpudiag top`` reads the present: agents' ``/metrics``, a Prometheus server, and the
-local scheduler's queue.
+"""Where ``gpudiag top`` reads the present: agents' ``/metrics`` and a Prometheus server; the
+local scheduler's queue is read by the command, as the scheduler's client, and handed in as a
+``QueueRead`` (``gpudiag/live`` imports no runtime of the scheduler).
 
 A live view is a client, as ``gpudiag queue`` is of the scheduler: it reads what the agents
 export and never talks to hardware or to jobs. Every read says whether it worked; a source
@@ -120,18 +121,3 @@ def read_prometheus(base: str, timeout: float = HTTP_TIMEOUT_S * 2) -> tuple[lis
     except (ValueError, KeyError, TypeError, IndexError) as e:
         return [], f"Prometheus at {base}: unexpected answer: {e}"
 
-
-def read_queue(state_dir: Path | None = None) -> QueueRead:
-    """The local scheduler's queue through its client (as ``gpudiag queue``), or why not: no
-    daemon on this machine is the common case, and a line, not an error."""
-    from gpudiag.errors import GpudiagError
-    from gpudiag.scheduler.local.client import ask
-    from gpudiag.scheduler.local.config import default_state_dir
-
-    where = state_dir or default_state_dir(for_client=True)
-    try:
-        answer = ask(where, {"op": "queue", "all": False})
-    except (GpudiagError, OSError, ValueError) as e:
-        return QueueRead(state_dir=where, error=str(e))
-    return QueueRead(jobs=list(answer.get("jobs", [])), prefix=str(answer.get("prefix", "")),
-                     state_dir=where)

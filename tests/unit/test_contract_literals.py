@@ -31,9 +31,6 @@ RUNDIR = REPO / "gpudiag" / "rundir.py"
 JOB_SIDE_FILES = {str(REPO / "collectors" / (s.replace(".", "/") + ".py")) for s in JOB_SIDE}
 # file -> why it still spells contract names (the fleet rewrite, i42; the scheduler rewrite, i44)
 PENDING = {
-    "agent/gpu_collector.py": "i42: per-GPU metric names in its GAUGES table",
-    "agent/server.py": "i42: the agent's own metric names",
-    "agent/attribution.py": "i42: GPUDIAG_JOB read from /proc/<pid>/environ",
     "scheduler/local/engine.py": "i44: GPUDIAG_SLOTS",
 }
 

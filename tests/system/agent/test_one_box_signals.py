@@ -24,29 +24,18 @@ import pytest
 
 from gpudiag.agent.signals import read_job_table
 from gpudiag.collectors.cpu_peak import cache_path, cpu_peak
+from tests import user_env
 from tests.harness import free_port, unix_users
 from tests.paths import REPO
 from tests.system.agent.test_agent import Agent, full_signal
 from tests.system.agent.test_agent_signals import write_as
 from tests.system.local_scheduler.test_local_scheduler import WAIT_S, Sched, one_line_refusal, state_of
-from tests.user_env import make_user_env
+
+# a folder every user can reach for the module, and a venv in it every user can run
+module_base, user_python = user_env.module_base, user_env.user_python
 
 ROOT = REPO
 WORKLOADS = ROOT / "benchmarks" / "workloads"
-
-
-@pytest.fixture(scope="module")
-def open_base():
-    """A folder every user can reach (pytest's tmp_path is private to root)."""
-    d = Path(tempfile.mkdtemp(prefix="gpudiag-onebox-"))
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def user_python(open_base) -> Path:
-    return make_user_env(open_base / "venv")
 
 
 @pytest.fixture
@@ -74,10 +63,10 @@ def job_output(s: Sched, job: int) -> str:
                      if (folder / n).is_file())
 
 
-def test_a_second_users_monitored_job_reports_to_the_daemon_and_a_forgery_does_not(open_base, user_python,
+def test_a_second_users_monitored_job_reports_to_the_daemon_and_a_forgery_does_not(module_base, user_python,
                                                                                     users):
     alice, mallory = users
-    base = Path(tempfile.mkdtemp(prefix="run-", dir=open_base))
+    base = Path(tempfile.mkdtemp(prefix="run-", dir=module_base))
     os.chmod(base, 0o755)
     agent = Agent(base / "agent", backend="none")   # root's agent; nothing scrapes it
     # root's daemon, run by an interpreter alice can run: it starts her job with its own (and

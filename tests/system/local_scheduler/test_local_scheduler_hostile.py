@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import tempfile
@@ -25,27 +24,16 @@ import pytest
 
 from gpudiag.rundir import RUN_SCHEMA_VERSION
 from gpudiag.scheduler.local.protocol import OPS, call, connect
+from tests import user_env
 from tests.harness import unix_users
-from tests.system.local_scheduler.test_local_scheduler import WAIT_S, Sched, run_as, state_of
-from tests.user_env import make_user_env
+from tests.system.local_scheduler.test_local_scheduler import WAIT_S, Sched, state_of
+from tests.user_env import PATH_ENV, user_job
 
-PATH_ENV = {"PATH": "/usr/bin:/bin"}
+# a folder every user can reach for the module, and a venv in it every user can run
+module_base, user_python = user_env.module_base, user_env.user_python
+
 SEED_VAR = "GPUDIAG_FUZZ_SEED"
 FUZZ_ROUNDS = 2   # times the socket fuzzer sends its whole list as fast as it can
-
-
-@pytest.fixture(scope="module")
-def module_base():
-    """A folder every user can reach (pytest's tmp_path is private to root)."""
-    d = Path(tempfile.mkdtemp(prefix="gpudiag-hostile-"))
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def user_python(module_base) -> Path:
-    return make_user_env(module_base / "venv")
 
 
 @pytest.fixture
@@ -69,14 +57,6 @@ def daemon(base: Path, user_python: Path, *args: str) -> Sched:
     with its own), outside the checkout (whose gpudiag/ would shadow the environment's)."""
     return Sched(base, "--slots", "1", "--min-runtime", "0", "--agent-dir", str(base / "no-agent"), *args,
                  python=str(user_python), cwd=Path("/"))
-
-
-def user_job(user, sock: Path, cmd: list[str]) -> int:
-    answer = run_as(user.pw_uid, user.pw_gid, lambda: call(sock, {
-        "op": "submit", "gpus": 1, "tier": "reserved", "grace_s": 1, "env": PATH_ENV, "cwd": "/",
-        "cmd": cmd}))
-    assert answer["ok"], answer
-    return answer["id"]
 
 
 def script(base: Path, name: str, body: str) -> list[str]:

@@ -31,17 +31,9 @@ from tests.system.local_scheduler.test_local_scheduler import (
     run_as,
     state_of,
 )
+from tests.user_env import PATH_ENV, user_job
 
-PATH_ENV = {"PATH": "/usr/bin:/bin"}
 FLOOD_CALLS = 25   # the issue's: 25 queue and 25 submit of another user
-
-
-def user_job(user, sock: Path, cmd: list[str], gpus: int = 1, **extra) -> int:
-    answer = run_as(user.pw_uid, user.pw_gid, lambda: call(sock, {
-        "op": "submit", "gpus": gpus, "tier": "reserved", "grace_s": 1, "env": PATH_ENV, "cwd": "/",
-        "cmd": cmd, **extra}))
-    assert answer["ok"], answer
-    return answer["id"]
 
 
 def gated(gate: Path, before: str = "") -> list[str]:

@@ -22,9 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import pytest
-
 from gpudiag.scheduler.slurm.squeue import SlurmJob, parse_squeue_json
+from tests import slurm_fixtures
 from tests.slurm_cluster import CONTROLLER_INTERVAL_S as INTERVAL_S
 from tests.slurm_cluster import (
     GPUS,
@@ -35,32 +34,13 @@ from tests.slurm_cluster import (
 )
 from tests.system.agent.test_agent import Agent
 
+# the session cluster reset for this module, an agent beside it, tidied after each test
+cluster, agent, tidy = slurm_fixtures.cluster, slurm_fixtures.agent, slurm_fixtures.tidy
+
 LEASE_S = 15              # three rounds of the controller at INTERVAL_S
 CRASH_SEED = 16           # the kill points of the crash test come from this seed
 KILLS = 22
 PENDING = 150
-
-
-@pytest.fixture(scope="module")
-def cluster(slurm_cluster):
-    """The session's default cluster (conftest.slurm_cluster), reset for this module."""
-    slurm_cluster.reset()
-    return slurm_cluster
-
-
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory):
-    with Agent(tmp_path_factory.mktemp("agent"), backend="none") as a:
-        yield a
-
-
-@pytest.fixture(autouse=True)
-def _clean(cluster):
-    yield
-    cluster.cancel_all()
-    cluster.forget_controllers()     # a claim or reload mark a failed test may have left
-    for p in ("spot", "reserved"):   # what a failed test may have left
-        cluster.run("scontrol", "update", f"PartitionName={p}", "PreemptMode=REQUEUE", check=False)
 
 
 def gpudiag(cluster: SlurmCluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -13,15 +13,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
-
 from gpudiag.scheduler.slurm.actions import restore
 from gpudiag.scheduler.slurm.controller import Controller, Options
 from gpudiag.scheduler.slurm.slurmio import SlurmIO
 from gpudiag.scheduler.slurm.sources import AgentsSource
+from tests import slurm_fixtures
 from tests.slurm_cluster import SlurmCluster, report
-from tests.system.agent.test_agent import Agent
 from tests.system.slurm_faults.test_slurm_safety import running
+
+# the session cluster reset for this module, an agent beside it, tidied after each test
+cluster, agent, tidy = slurm_fixtures.cluster, slurm_fixtures.agent, slurm_fixtures.tidy
 
 WAITING = 60
 MFUS = (0.02, 0.05, 0.08, 0.12, 0.16, 0.2)       # six efficiency factors: six Nice values
@@ -44,25 +45,6 @@ class CountingIO(SlurmIO):
 
     def nice_calls(self) -> list[tuple[str, ...]]:
         return [a for a in self.argv if a[:2] == ("scontrol", "update") and a[2].startswith("JobId=")]
-
-
-@pytest.fixture(scope="module")
-def cluster(slurm_cluster):
-    slurm_cluster.reset()
-    return slurm_cluster
-
-
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory):
-    with Agent(tmp_path_factory.mktemp("agent"), backend="none") as a:
-        yield a
-
-
-@pytest.fixture(autouse=True)
-def _clean(cluster):
-    yield
-    cluster.cancel_all()
-    cluster.forget_controllers()
 
 
 def nices(cluster: SlurmCluster) -> dict[int, int]:
