@@ -421,6 +421,12 @@ def test_team_queues_interleave_by_charged_quota_and_keep_the_starvation_bound(w
                      8, teams, total)
     seen = {"a", "b"} | {j.team for j in pending} | {r.job.team for r in running}
     quota = {t: teams[t] if t in teams else total / len(seen) for t in seen}
+    # the overdue time by its written rule (docs/scheduler.md): the cluster's drain time (GPU
+    # seconds held and waiting over its GPUs), capped at team_overdue_s. (The reference once used
+    # the cap alone: a job waiting 53 s of a 53 s drain under a 54 s cap was read as not overdue.)
+    drain = (sum(j.gpus * j.estimate_s for j in pending)
+             + sum(r.job.gpus * max(r.expected_end - NOW, 0.0) for r in running)) / total
+    overdue_s = min(overdue_s, drain)
     assert [j.id for j in q.jobs] == _greedy_team_order(
         q0, running, quota, NOW, overdue_s, lambda j: _charge(j, signals, book, policy, NOW))
     jobs = list(q.jobs)
