@@ -60,6 +60,10 @@ class PendingQueue:
     def __len__(self) -> int:
         return len(self.jobs)
 
+    def request(self, i: int) -> tuple[int, int]:
+        """(GPUs, placement kind) of the job at position ``i``."""
+        return int(self.num[i, _GPUS]), int(self.num[i, _KIND])
+
     @property
     def gpus(self) -> np.ndarray:
         return self.num[:, _GPUS].astype(np.int64)

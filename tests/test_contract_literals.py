@@ -38,7 +38,6 @@ PENDING = {
     "gpudiag/live/fleet_read.py": "i42: gpudiag_gpu_up",
     "gpudiag/live/prom_client.py": "i42: its GPUDIAG_PROMETHEUS* variables",
     "gpudiag/commands/fleet.py": "i42: gpudiag_gpu_up in its help",
-    "scheduler/local/engine.py": "i44: GPUDIAG_SLOTS",
 }
 
 _NAMES = {v: k for k, v in vars(contract).items()
