@@ -90,7 +90,9 @@ class PendingQueue:
         """From columns already in the order the pass walks (``ordering.Ordering.queue``)."""
         q = cls()
         q.jobs = jobs
-        q.num = np.column_stack([gpus, est, kinds, keys, tags, neg_tier]).astype(float).reshape(len(jobs), 6)
+        q.num = np.empty((len(jobs), 6))
+        for c, col in enumerate((gpus, est, kinds, keys, tags, neg_tier)):
+            q.num[:, c] = col
         q.why = dict(why or {})
         return q
 
