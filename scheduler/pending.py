@@ -57,6 +57,14 @@ class PendingQueue:
         return {t: (float(held[i]), float(quota[i]), float(charged[i]))
                 for i, t in enumerate(names) if present[i]}
 
+    def share_of(self, team: str) -> tuple[float, float, float] | None:
+        """``share[team]`` without building the map (a pass asks for the head's team only)."""
+        if self.teams is None:
+            return None
+        names, present, held, quota, charged = self.teams
+        i = names.index(team) if team in names else -1
+        return (float(held[i]), float(quota[i]), float(charged[i])) if i >= 0 and present[i] else None
+
     def __len__(self) -> int:
         return len(self.jobs)
 

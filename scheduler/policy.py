@@ -128,7 +128,7 @@ def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[flo
                 victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
             if not victims and reclaim:
                 use = _team_use(running, started, held)
-                share = queue.share.get(head.team) if queue is not None else None   # (use, quota, charged)
+                share = queue.share_of(head.team) if queue is not None else None   # (use, quota, charged)
                 charged = share[2] + sum(j.gpus for j in started if j.team == head.team) if share else None
                 victims = reclaim_victims(state, head, rule, running, now, policy, mfu_of, quotas, use,
                                           charged, queue.overdue_s if queue is not None else None)
