@@ -108,6 +108,7 @@ class Ordering:
         self.idle = np.array([False])
         self.teams_ix: dict[str, int] = {}
         self.team_names: list[str] = []
+        self.quota_cache: tuple[Mapping[str, float] | None, np.ndarray] | None = None
         # Each row's terms as last computed (``current``), kept until an input changes: its
         # signal, its key's history, a class median, or the time one of them stops being usable.
         self.key_rows: list[list[int]] = []      # key -> its rows
@@ -367,6 +368,14 @@ class Ordering:
             out[job.id] = "; ".join(parts)
         return out
 
+    def _quota_array(self, quotas: Mapping[str, float] | None) -> np.ndarray:
+        """Each team's quota by ``team_names`` index (0: none), kept while the map and the teams
+        stay the same (a replay passes one map for its whole run)."""
+        got = self.quota_cache
+        if got is None or got[0] is not quotas or len(got[1]) != len(self.team_names):
+            got = self.quota_cache = (quotas, np.array([(quotas or {}).get(t, 0.0) for t in self.team_names]))
+        return got[1]
+
     # --- the order ---------------------------------------------------------------------------------
     def queue(self, rows: np.ndarray, now: float, running: Sequence[Running] = (),
               quotas: Mapping[str, float] | None = None, total_gpus: int | None = None,
@@ -401,7 +410,7 @@ class Ordering:
                                                          run.ends, now, total_gpus))
             nt = len(self.team_names)
             team = self.team_i[rows]
-            quota = np.array([(quotas or {}).get(t, 0.0) for t in self.team_names])
+            quota = self._quota_array(quotas)
             present = (np.bincount(team, minlength=nt) > 0) | (held > 0)
             if not (quota > 0).all():   # who is present only sizes the equal share of teams without one
                 quota = team_quotas(present, quota, total_gpus)

@@ -57,8 +57,20 @@ class PendingQueue:
         return {t: (float(held[i]), float(quota[i]), float(charged[i]))
                 for i, t in enumerate(names) if present[i]}
 
+    def share_of(self, team: str) -> tuple[float, float, float] | None:
+        """``share[team]`` without building the map (a pass asks for the head's team only)."""
+        if self.teams is None:
+            return None
+        names, present, held, quota, charged = self.teams
+        i = names.index(team) if team in names else -1
+        return (float(held[i]), float(quota[i]), float(charged[i])) if i >= 0 and present[i] else None
+
     def __len__(self) -> int:
         return len(self.jobs)
+
+    def request(self, i: int) -> tuple[int, int]:
+        """(GPUs, placement kind) of the job at position ``i``."""
+        return int(self.num[i, _GPUS]), int(self.num[i, _KIND])
 
     @property
     def gpus(self) -> np.ndarray:
@@ -86,7 +98,9 @@ class PendingQueue:
         """From columns already in the order the pass walks (``ordering.Ordering.queue``)."""
         q = cls()
         q.jobs = jobs
-        q.num = np.column_stack([gpus, est, kinds, keys, tags, neg_tier]).astype(float).reshape(len(jobs), 6)
+        q.num = np.empty((len(jobs), 6))
+        for c, col in enumerate((gpus, est, kinds, keys, tags, neg_tier)):
+            q.num[:, c] = col
         q.why = dict(why or {})
         return q
 

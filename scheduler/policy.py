@@ -41,7 +41,7 @@ from gpudiag.scheduler.model import (
     n_gpus,
 )
 from gpudiag.scheduler.ordering import Ordering, RunningCols
-from gpudiag.scheduler.pending import _GPUS, _KIND, SPREAD, WHOLE, PendingQueue
+from gpudiag.scheduler.pending import SPREAD, WHOLE, PendingQueue
 from gpudiag.scheduler.placement import Reservation, Rule, place, promise, reserve
 from gpudiag.scheduler.preempt import MfuOf, choose_victims, reclaim_victims
 from gpudiag.scheduler.priority import MfuBook
@@ -51,8 +51,8 @@ __all__ = ["Pass", "Why", "decide", "explain", "order_queue", "plan", "plan_pass
 
 
 def rule_at(q: PendingQueue, i: int, policy: Policy) -> Rule:
-    k = int(q.num[i, _KIND])
-    return Rule(int(q.num[i, _GPUS]), k == WHOLE, policy.label_aware_placement, k == SPREAD)
+    gpus, k = q.request(i)
+    return Rule(gpus, k == WHOLE, policy.label_aware_placement, k == SPREAD)
 
 
 def _fmt_t(t: float, now: float, unknown_after: float = math.inf) -> str:
@@ -128,7 +128,7 @@ def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[flo
                 victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
             if not victims and reclaim:
                 use = _team_use(running, started, held)
-                share = queue.share.get(head.team) if queue is not None else None   # (use, quota, charged)
+                share = queue.share_of(head.team) if queue is not None else None   # (use, quota, charged)
                 charged = share[2] + sum(j.gpus for j in started if j.team == head.team) if share else None
                 victims = reclaim_victims(state, head, rule, running, now, policy, mfu_of, quotas, use,
                                           charged, queue.overdue_s if queue is not None else None)

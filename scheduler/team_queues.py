@@ -67,6 +67,9 @@ def interleave(tier: np.ndarray, team: np.ndarray, gpus: np.ndarray, submit: np.
     before -= np.repeat(before[first], np.diff(np.append(first, n)))
     ratio = np.empty(n)
     ratio[own] = (use[t] + before) / quota[t]
+    one_tier = tier[0] == tier[-1] and (n < 3 or (tier == tier[0]).all())
+    if one_tier and fresh.all():   # no overdue job, one tier: the last sort would keep the order
+        return np.argsort(ratio, kind="stable")
     ratio[fresh == 0] = 0.0   # overdue jobs: effective-submit order only
     order = np.argsort(ratio, kind="stable")
     return order[np.argsort(((2 - tier) * 2 + fresh)[order].astype(np.int8), kind="stable")]
@@ -88,6 +91,10 @@ def aging_violations(submit: np.ndarray, tier: np.ndarray, bound_s: float) -> in
     job of their tier submitted more than ``bound_s`` after them: 0 is the aging bound
     (``Policy.aging_bound_s``; with per-team queues ``max(efficiency cap, overdue time)`` at the
     pass). A replay counts these on every pass."""
+    if not len(tier):
+        return 0
+    if tier[0] == tier[-1]:   # one tier (they come in runs)
+        return int(np.count_nonzero(np.maximum.accumulate(submit) > submit + bound_s + 1e-6))
     bad = 0
     cuts = [0, *(np.flatnonzero(tier[1:] != tier[:-1]) + 1).tolist(), len(tier)]   # tiers come in runs
     for a, b in zip(cuts, cuts[1:], strict=False):

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpudiag.contract import ENV_SLOTS
 from gpudiag.scheduler.local.store import ACTIVE, FINISHING, STOPPING, JobRow
 from gpudiag.scheduler.model import (
     Cluster,
@@ -56,7 +57,7 @@ class Machine:
 
     def env(self, slots: Sequence[str]) -> dict[str, str]:
         value = ",".join(slots)
-        return {"CUDA_VISIBLE_DEVICES": value} if self.gpus else {"GPUDIAG_SLOTS": value}
+        return {"CUDA_VISIBLE_DEVICES": value} if self.gpus else {ENV_SLOTS: value}
 
 
 def _id_key(i: str) -> tuple[int, str]:

@@ -27,7 +27,6 @@ the daemon died recording that end, and again at each restart. Now:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
@@ -124,10 +123,3 @@ class Room:
         finally:
             os.close(fd)
         return note
-
-    def log_reserve(self) -> int:
-        """Bytes allocated beyond the end of the database's log."""
-        with contextlib.suppress(OSError):
-            st = os.stat(f"{self.db_path}-wal", follow_symlinks=False)
-            return max(0, st.st_blocks * 512 - st.st_size)
-        return 0

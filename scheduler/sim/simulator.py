@@ -11,7 +11,7 @@ model is recorded for every policy in ``rack_cost_gpu_s`` and printed by the ben
 Every pass is ``policy.decide`` - the function the local daemon and the Slurm controller call
 through ``policy.plan`` - on the same inputs a runtime holds: the pending and running jobs, each
 job's own latest signal, the key history, the teams' quotas; every term is computed at the
-pass's ``now`` (tests/test_scheduler_same_decisions.py replays a trace window through this and
+pass's ``now`` (tests/unit/test_scheduler_same_decisions.py replays a trace window through this and
 through the local daemon's engine and compares every decision). What the replay adds is a model
 of what happens between passes:
 
@@ -145,7 +145,12 @@ class Replay:
             medians = MfuBook(policy.history_half_life_s)
             for s in self.sims:
                 medians.observe("", job_class(s.job.gpus), s.mfu, s.label, 0.0)
-        self.o = Ordering(policy, self.book, self.per, medians)
+        tiers = {s.job.tier for s in self.sims}
+        self.preemptive = policy.preemption and len(tiers) > 1
+        # one tier: no job is ever of a lower tier than the head, so tier preemption can choose no
+        # victim; the pass skips looking (the same decisions, without a scan of the running jobs)
+        decides = policy if self.preemptive else replace(policy, preemption=False)
+        self.o = Ordering(decides, self.book, self.per, medians)
         self.o.add([s.job for s in self.sims])   # row i is job i
         if oracle:
             for i, s in enumerate(self.sims):
@@ -159,12 +164,11 @@ class Replay:
             self.static_keys, self.static_kinds, _ = self.o.keys(np.arange(len(self.sims)), 0.0)
         self.queue = PendingQueue()
         self.pending = np.zeros(0, dtype=np.int64)   # pending rows, ascending (dynamic orders)
+        self.arrived: list[int] = []                   # rows come since ``pending`` was last merged
         self.running: dict[int, Running] = {}
         self.by_end: list[tuple[float, int, Placement]] = []
         self.done: list[tuple[float, int, int]] = []      # (time, 0 finish / 1 kill, job)
         self.learn: list[tuple[float, int, float]] = []   # (time, job, its start)
-        tiers = {s.job.tier for s in self.sims}
-        self.preemptive = policy.preemption and len(tiers) > 1
         self.reclaiming = policy.reclaim and policy.order == "priority"
         self.quota_of = np.array([self.quotas.get(t, 0.0) for t in self.o.team_names])
         self.live = np.zeros(len(self.o.team_names))    # GPUs held by jobs not in their grace period
@@ -177,7 +181,14 @@ class Replay:
         if self.static:
             self.queue.insert(float(self.static_keys[i]), self.sims[i].job, int(self.static_kinds[i]), tag=i)
         else:
-            self.pending = np.insert(self.pending, np.searchsorted(self.pending, i), i)
+            self.arrived.append(i)
+
+    def pending_rows(self) -> np.ndarray:
+        """The pending rows, ascending, with those arrived since the last call merged in."""
+        if self.arrived:
+            self.pending = np.sort(np.concatenate([self.pending, np.array(self.arrived, dtype=np.int64)]))
+            self.arrived.clear()
+        return self.pending
 
     def reported(self, now: float) -> None:
         """Agents' first reports of the runs that have run ``LEARN_AFTER_S``."""
@@ -330,7 +341,7 @@ class Replay:
             while ai < n and self.sims[ai].job.submit <= now:
                 self.arrive(ai)
                 ai += 1
-            rows = self.queue.tag if self.static else self.pending
+            rows = self.queue.tag if self.static else self.pending_rows()
             if self._worth_a_pass(rows, np.fromiter(self.running, np.int64, len(self.running)), now):
                 self.run_pass(now, rows)
 

@@ -56,11 +56,6 @@ def simulate_tiresias(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, st
     where: dict[int, tuple[int, tuple[float, int]]] = {}   # id -> (queue, its entry)
     ai, n = 0, len(sims)
 
-    def att(jid: int, now: float) -> float:
-        r = running.get(jid)
-        extra = (now - r[1]) * by_id[jid].job.gpus if r else 0.0
-        return attained.get(jid, 0.0) + extra
-
     def launch(s: SimJob, placement, now: float) -> None:
         jid = s.job.id
         over = RESTORE_S if jid in resumed else 0.0

@@ -3,7 +3,8 @@
 A job array waits as one record (its ``array_job_id`` is its own id, ``array_task_string`` says
 which tasks are left); when a task starts, Slurm 22.05 splits it off under a job id of its own
 (the last task keeps the array's id) and the task carries the Nice the record had then - seen in
-tests/test_slurm_safety.py. A task requeued later waits under that id with that Nice. Read as a
+tests/system/slurm_faults/test_slurm_safety.py. A task requeued later waits under that id with that
+Nice. Read as a
 job of its own, the task's Nice would look like its original, and gpudiag would add its penalty
 a second time (5000 -> 10000) and "restore" it to gpudiag's own value on stop.
 

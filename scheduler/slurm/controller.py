@@ -36,7 +36,7 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpudiag.scheduler.model import Policy, Signal
@@ -44,7 +44,7 @@ from gpudiag.scheduler.policy import schedule
 from gpudiag.scheduler.priority import job_class, signal_usable
 from gpudiag.scheduler.signals import SignalRead, SignalSource
 from gpudiag.scheduler.slurm import claim
-from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action, reconcile
+from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, reconcile
 from gpudiag.scheduler.slurm.adapter import Model, model_of
 from gpudiag.scheduler.slurm.arrays import adopt_split_tasks
 from gpudiag.scheduler.slurm.efficiency import (
@@ -61,6 +61,7 @@ from gpudiag.scheduler.slurm.ledger import Lease, Ledger, LedgerError, LedgerSto
 from gpudiag.scheduler.slurm.outages import SourceOutages
 from gpudiag.scheduler.slurm.qos import PARTITION_PRIO, qos_tiers
 from gpudiag.scheduler.slurm.reclaim import lift_ends, lifted_jobs, quiet_partitions
+from gpudiag.scheduler.slurm.round_result import RoundResult
 from gpudiag.scheduler.slurm.says import Said, mode_line
 from gpudiag.scheduler.slurm.serve_jobs import Serving, serve_waiting
 from gpudiag.scheduler.slurm.slurmconf import cluster_identity, duration_s, memory_is_consumable
@@ -87,24 +88,6 @@ MIN_LEASE_S = 15.0
 
 def lease_for(interval_s: float) -> float:
     return max(MIN_LEASE_S, LEASE_ROUNDS * interval_s)
-
-
-@dataclass
-class RoundResult:
-    at: float
-    skipped: str = ""
-    signals: dict = field(default_factory=dict)
-    actions: list[Action] = field(default_factory=list)
-    decisions: list[dict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    jobs: dict = field(default_factory=dict)
-    held: list[str] = field(default_factory=list)             # partitions gpudiag holds after the round
-    handed_back: dict[int, str] = field(default_factory=dict)  # waiting job -> why Slurm serves it
-    not_reclaimed: dict[int, str] = field(default_factory=dict)  # a reclaim decided, not enacted: why
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "actions": [{k: v for k, v in asdict(a).items() if k != "ref"}
-                                            for a in self.actions]}
 
 
 @dataclass

@@ -4,7 +4,8 @@ A round decides on the ``squeue`` and partitions it read at its start; reading t
 deciding take seconds (a slow agent, a slow slurmctld), and Slurm does not wait: it preempts
 about a second after a higher-tier job arrives. A PreemptMode set to OFF on that old view can
 land while Slurm is preempting in the partition, and at OFF Slurm kills, at the end of its
-GraceTime, the job it meant to requeue (seen in tests/test_slurm_safety.py). So before each
+GraceTime, the job it meant to requeue (seen in tests/system/slurm_faults/test_slurm_safety.py). So
+before each
 PreemptMode or requeue write the controller reads ``squeue`` and the partitions again and skips
 the write - one line why, the next round decides again - when what it relied on changed:
 

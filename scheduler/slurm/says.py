@@ -18,7 +18,7 @@ from gpudiag.scheduler.slurm.actions import Action
 from gpudiag.scheduler.slurm.qos import QosTiers
 
 if TYPE_CHECKING:
-    from gpudiag.scheduler.slurm.controller import RoundResult
+    from gpudiag.scheduler.slurm.round_result import RoundResult
     from gpudiag.scheduler.slurm.serve_jobs import Serving
 
 log = logging.getLogger("gpudiag.scheduler.slurm")

@@ -155,7 +155,8 @@ def _num(v: object, what: str, job: object) -> float:
 
 def _signed32(v: int) -> int:
     """squeue --json (22.05) prints a negative Nice as its unsigned 32-bit value: -6 is
-    4294967290 (seen in tests/test_slurm_safety.py's quota reclaim, which lowers a Nice)."""
+    4294967290 (seen in tests/system/slurm_faults/test_slurm_safety.py's quota reclaim, which
+    lowers a Nice)."""
     return v - (1 << 32) if v >= 1 << 31 else v
 
 

@@ -127,7 +127,8 @@ def unsafe_holds(parts: Mapping[str, Partition], original: Mapping[str, str], no
     Held at OFF, a partition's jobs are no victims to ``preempt/partition_prio``; a higher-tier job
     arriving on its nodes then makes Slurm preempt whatever else is preemptible there: a CANCEL
     partition's job is killed where Slurm alone would have requeued the spot job (seen in
-    tests/test_slurm_safety.py). So P is held only if every partition R that a higher tier Q over
+    tests/system/slurm_faults/test_slurm_safety.py). So P is held only if every partition R that a
+    higher tier Q over
     P could preempt (R's tier below Q's, R's mode not OFF, R and Q sharing a node) is held too; a
     partition left out exposes the others in turn, so this runs to a fixed point. What remains is
     a set of partitions in which Slurm, for every higher-tier job, has no victim at all: gpudiag's
@@ -172,7 +173,8 @@ def busy_partitions(jobs: Sequence[SlurmJob], want: set[str]) -> dict[str, str]:
     """Partitions with a job in Slurm's GraceTime -> why they keep their mode for now.
 
     Slurm reads a partition's PreemptMode again when a victim's GraceTime ends, and at OFF it
-    kills the job it meant to requeue (seen in tests/test_slurm_safety.py's reconfigure test).
+    kills the job it meant to requeue (seen in
+    tests/system/slurm_faults/test_slurm_safety.py's reconfigure test).
     So such a partition stays (or goes back) at its original mode until that job is requeued."""
     return {j.partition: f"Slurm is preempting job {j.id} in it: it keeps its mode until that job is requeued"
             for j in jobs if j.holds and j.preempt_time > 0 and j.partition in want}

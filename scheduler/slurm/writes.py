@@ -24,7 +24,7 @@ from gpudiag.scheduler.slurm.slurmio import SlurmIO
 from gpudiag.scheduler.slurm.squeue import SlurmJob
 
 if TYPE_CHECKING:
-    from gpudiag.scheduler.slurm.controller import RoundResult
+    from gpudiag.scheduler.slurm.round_result import RoundResult
 
 log = logging.getLogger("gpudiag.scheduler.slurm")
 

@@ -31,7 +31,6 @@ RUNDIR = REPO / "gpudiag" / "rundir.py"
 JOB_SIDE_FILES = {str(REPO / "collectors" / (s.replace(".", "/") + ".py")) for s in JOB_SIDE}
 # file -> why it still spells contract names (the fleet rewrite, i42; the scheduler rewrite, i44)
 PENDING = {
-    "scheduler/local/engine.py": "i44: GPUDIAG_SLOTS",
 }
 
 _NAMES = {v: k for k, v in vars(contract).items()
