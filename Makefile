@@ -53,7 +53,7 @@ typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy $(TYPECHECKED)
 
 # pytest in two passes: the lanes (tests/unit and each folder of tests/system, tests/conftest.py)
-# in five workers at once, most of them waiting on real daemons, then tests/system/alone (marked
+# in four workers at once, most of them waiting on real daemons, then tests/system/alone (marked
 # `solo` by its folder) with nothing beside it. The type check and
 # the wheel check run beside the first pass (its lanes mostly wait: load 2-3 on 2 cores), their
 # output printed after it; every step runs whatever the others gave, and make fails if any did.
@@ -65,7 +65,7 @@ test: $(VENV)/.installed-test system-deps
 	for c in typecheck wheel-run; do \
 		( $(MAKE) -s $$c > .checks/$$c.log 2>&1; echo $$? > .checks/$$c.rc ) & \
 	done; \
-	$(BIN)/python -m pytest -q -n 5 -m 'not timing and not solo' || rc=$$?; \
+	$(BIN)/python -m pytest -q -n 4 -m 'not timing and not solo' || rc=$$?; \
 	wait; \
 	for c in typecheck wheel-run; do \
 		cat .checks/$$c.log; \
