@@ -56,6 +56,7 @@ from gpudiag.analyzers.advice_text import (
     shapes_text,
     straggler_text,
     syncs_text,
+    workers_unmeasured,
     worst_rank,
 )
 from gpudiag.analyzers.classify import (
@@ -149,13 +150,20 @@ def _straggler(a: AdviceInputs) -> whatif.Prediction:
     return whatif.straggler_fixed(a.view, st.median_step_us, st.per_rank_step_us.get(str(worst_rank(st)), 0))
 
 
+def _workers_step(a: AdviceInputs) -> whatif.Prediction:
+    unmeasured = workers_unmeasured(a)
+    if unmeasured:
+        return whatif.Prediction(None, unmeasured)
+    return whatif.input_hidden(a.view, job_cpu(a.traits), on_gpu(a))
+
+
 def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
     return lambda _a: whatif.Prediction(None, why)
 
 
 CATALOGUE: list[Advice] = [
     Advice("dataloader-workers", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE, input_text,
-           lambda a: whatif.input_hidden(a.view, job_cpu(a.traits), on_gpu(a)), Bottleneck.INPUT,
+           _workers_step, Bottleneck.INPUT,
            blocked=lambda a: whatif.no_core_for_workers(a.view, job_cpu(a.traits), on_gpu(a))),
     Advice("cheaper-input", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE and cpu_loading(a),
            cheaper_input_text,

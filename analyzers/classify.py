@@ -232,8 +232,11 @@ def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, un
     ms = (b.step_time - b.host_stalled) / 1e3  # the job's own step (``shares``)
     own = " at the job's own pace" if b.fraction("host_stalled") >= STALLED_NOTED else ""
     if label is Bottleneck.INPUT:
+        # on a CPU the batch may be made on the cores the model uses (num_workers=0, decoding):
+        # what is idle is the model, not the CPU (a blind job's augmenting main thread read "idle")
+        idle = f"while the {unit} is idle" if unit == "GPU" else "with no model operator running"
         return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is spent waiting for the DataLoader "
-                f"while the {unit} is idle")
+                f"{idle}")
     if label is Bottleneck.COMMUNICATION:
         # of the step its fix is predicted on (``shares``): by wall clock where others took part
         wall = b.step_time / 1e3
