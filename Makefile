@@ -96,7 +96,7 @@ wheel-run:
 
 # the pure tests alone (no daemon, no job started): the edit-test loop
 test-unit: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -n 2 tests/unit
 
 # predicted vs applied fixes, timed on real CPU jobs: run on a quiet machine (docs/diagnosis.md)
 test-timing: $(VENV)/.installed-test

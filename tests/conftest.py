@@ -122,6 +122,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # they are marked ``solo`` from their folder, and `make test` runs them afterwards, alone.
 TESTS = Path(__file__).resolve().parent
 SOLO_LANE = "system/alone"
+UNIT = "unit"
 # Lanes start longest first (by a full run's per-folder seconds, 2-core AMD EPYC, 2026-11-28),
 # so that the last lane to start is a short one; a folder not named here starts after these.
 LONGEST_FIRST = ("system/slurm", "system/agent", "system/jobs", "system/local_scheduler",
@@ -130,13 +131,20 @@ LONGEST_FIRST = ("system/slurm", "system/agent", "system/jobs", "system/local_sc
 
 
 def lane_of(nodeid: str) -> str:
-    """The test's folder under tests/ (``unit``, ``system/slurm``, ...); a module directly in
-    tests/ is its own lane."""
+    """The test's folder under tests/ (``system/slurm``, ...); a module directly in tests/ is its
+    own lane, and so is each module of tests/unit (pure: nothing shared to keep on one worker,
+    so `make test-unit` spreads them over its workers)."""
     path = nodeid.split("::")[0]
     parts = Path(path).parts
     if "tests" in parts:
         parts = parts[parts.index("tests") + 1:]
+    if parts[0] == UNIT:
+        return "/".join(parts)
     return "/".join(parts[:-1]) or parts[-1]
+
+
+def _folder(lane: str) -> str:
+    return UNIT if lane.startswith(UNIT + "/") else lane
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the solo mark
@@ -147,7 +155,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if lane_of(item.nodeid) == SOLO_LANE:
             item.add_marker(pytest.mark.solo)
-    items.sort(key=lambda item: rank.get(lane_of(item.nodeid), len(rank)))  # stable: file order kept
+    items.sort(key=lambda item: rank.get(_folder(lane_of(item.nodeid)), len(rank)))  # stable: file order kept
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # xdist's types
