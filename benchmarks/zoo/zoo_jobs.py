@@ -178,13 +178,13 @@ def _ckpt(rec: dict) -> tuple[list[str] | None, str]:
 # truth unreadable (measured: ckpt_often's training step 7 ms with 1 thread, ~850 ms with 2, at
 # load 20).
 HELD_OUT_2: list[Job] = [
-    Job("attn_block", "attn_block.py", quick=("--steps", "30"),
-        truth_variants={"batch16": ("--batch", "16")}, scaling=("batch16", 4.0), rest="compute",
-        peak_threads=1, probes={"bf16": ("--bf16", "--steps", "12")},
+    Job("attn_block", "attn_block.py", quick=("--steps", "20"),
+        truth_variants={"batch8": ("--batch", "8")}, scaling=("batch8", 2.0), rest="compute",
+        peak_threads=1, probes={"bf16": ("--bf16", "--steps", "7", "--warmup", "2")},
         knobs={"fused-attention": _flag("--sdpa"), "lower-precision": _flag("--bf16"),
                "bf16-activations": _flag("--bf16"), "compile-small-ops": COMPILE,
                "fuse-memory-bound": COMPILE, "free-a-core": _no_knob("already one thread")},
-        what="2 transformer blocks (hand-written attention + 4x MLP), d 256, seq 64, batch 4"),
+        what="2 transformer blocks (hand-written attention + 4x MLP), d 384, seq 128, batch 4"),
     Job("py_loss", "py_loss.py", quick=("--steps", "30"),
         truth_variants={"vectorised": ("--vectorised",)}, removes={"vectorised": "host-bound"},
         peak_threads=1,
