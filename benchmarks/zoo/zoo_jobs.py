@@ -180,7 +180,7 @@ def _ckpt(rec: dict) -> tuple[list[str] | None, str]:
 
 # The second held-out set (issue 37, item 1 again), written blind to gpudiag's implementation:
 # other mechanisms or other mixes than the 14 above. Each runs one intra-op thread (--threads 1):
-# on this 2-core VM shared at load 5-25, two threads made the same step 10-100x slower and the
+# on this 2-core VM shared at load 8-25, two threads made the same step 1.4-120x slower and the
 # truth unreadable (measured: ckpt_often's training step 7 ms with 1 thread, ~850 ms with 2, at
 # load 20).
 HELD_OUT_2: list[Job] = [
