@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from zoo_jobs import JOBS, Job, fix_args  # noqa: E402
+from zoo_jobs import ALL_JOBS, JOBS, SETS, Job, fix_args  # noqa: E402
 from zoo_table import markdown  # noqa: E402
 from zoo_truth import expected_label, machine_peaks, truth_of  # noqa: E402
 
@@ -172,17 +172,24 @@ def palindrome(job: Job, variants: dict[str, list[str]], rounds: int, quick: boo
     return runs
 
 
-def run_job(job: Job, rounds: int, quick: bool, work: Path, peaks: dict) -> dict:
+def run_job(job: Job, rounds: int, quick: bool, work: Path, peaks: dict,
+            truth_only: bool = False) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     t_job = time.time()
     up0 = _uptime()
     print(f"== {job.name}: {job.what}\n  uptime: {up0}", flush=True)
-    g = run_gpudiag(job, quick, work)
+    if truth_only:  # the truth alone, before gpudiag is asked anything, and the probes
+        g = {"rc": None, "wall_s": 0.0, "load_before": load(), "load_after": load(),
+             "skipped": "--truth-only"}
+    else:
+        g = run_gpudiag(job, quick, work)
     diag = g.get("diagnosis") or {}
     print(f"  gpudiag: {diag.get('label')} tie={diag.get('tie_with')} "
           f"conf={diag.get('confidence')} ({g['wall_s']:.0f} s) {g.get('error', '')}",
           flush=True)
     variants: dict[str, list[str]] = {k: list(v) for k, v in job.truth_variants.items()}
+    if truth_only:
+        variants.update({k: list(v) for k, v in job.probes.items()})
     fixes = []
     for i, rec in enumerate(diag.get("recommendations", [])):
         args, note = fix_args(job, rec)
@@ -262,7 +269,11 @@ def _mean(xs: list[float]) -> float | None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", default="", help="comma-separated job names (default: all)")
+    p.add_argument("--jobs", default="",
+                   help="comma-separated job names or sets (held_out_1, held_out_2; "
+                        "default: held_out_1)")
+    p.add_argument("--truth-only", action="store_true",
+                   help="no gpudiag: each job's truth variants and probes alone, palindromes")
     p.add_argument("--rounds", type=int, default=1, help="palindromes of alone runs per job")
     p.add_argument("--quick", action="store_true", help="fewer steps per run")
     p.add_argument("--out", default="", help="results JSON (default: WORK/zoo.json)")
@@ -296,12 +307,14 @@ def main() -> None:
             Path(args.compact).write_text(json.dumps(compact(saved), indent=None,
                                                      separators=(",", ":")) + "\n")
         return
-    names = [n for n in args.jobs.split(",") if n]
-    unknown = set(names) - {j.name for j in JOBS}
+    names = [m.name for n in args.jobs.split(",") if n for m in SETS.get(n, [])] + [
+        n for n in args.jobs.split(",") if n and n not in SETS]
+    unknown = set(names) - {j.name for j in ALL_JOBS}
     if unknown:
-        p.error(f"unknown job(s) {sorted(unknown)}; known: {[j.name for j in JOBS]}")
+        p.error(f"unknown job(s) {sorted(unknown)}; known: {[j.name for j in ALL_JOBS]}, "
+                f"sets: {sorted(SETS)}")
     # In the order given (the label kinds first when time is short), else the table's order.
-    by_name = {j.name: j for j in JOBS}
+    by_name = {j.name: j for j in ALL_JOBS}
     jobs = [by_name[n] for n in names] if names else list(JOBS)
     work = Path(args.work or f"runs/zoo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -320,9 +333,10 @@ def main() -> None:
     for job in jobs:
         if job.name in done:
             continue
-        results.append(run_job(job, args.rounds, args.quick, work / job.name, peaks))
+        results.append(run_job(job, args.rounds, args.quick, work / job.name, peaks,
+                               args.truth_only))
         (work / "partial.json").write_text(json.dumps(results, indent=1, default=str))
-    results.sort(key=lambda r: [j.name for j in JOBS].index(r["job"]))
+    results.sort(key=lambda r: [j.name for j in ALL_JOBS].index(r["job"]))
     up1 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     meta = {"uptime_start": up0, "uptime_end": up1, "wall_s": time.time() - t0,
             "jobs_wall_s": sum(r.get("wall_s", 0) for r in results),
@@ -354,7 +368,7 @@ def compact(saved: dict) -> dict:
 def retruth(saved: dict, peaks: dict) -> None:
     """Each job's truth and expected label again from its saved runs, with other peaks (a peak
     measured on a busy machine is low, and the FLOP share read against it high)."""
-    by_name = {j.name: j for j in JOBS}
+    by_name = {j.name: j for j in ALL_JOBS}
     saved["meta"]["peaks"] = {k: round(v, 1) for k, v in peaks.items()}
     for r in saved["jobs"]:
         r["truth"] = truth_of(by_name[r["job"]], r["runs"], r["steps_ms"], peaks)

@@ -82,6 +82,16 @@ def truth_of(job, runs: dict[str, list[dict]], steps: dict[str, list[float]],
         shares["host-bound"] = h
         facts.append(f"{k:g}x the work: {tk:.1f} ms ({tk / base:.2f}x): fixed per-step cost "
                      f"{fixed:.1f} ms ({h:.0%})")
+    for var, label in getattr(job, "removes", {}).items():
+        if steps.get(var):
+            c = max(1 - _mean(steps[var]) / base, 0.0)
+            shares[label] = shares.get(label, 0.0) + c
+            facts.append(f"{' '.join(job.truth_variants.get(var, (var,)))}: "
+                         f"{_mean(steps[var]):.1f} ms: {label} share {c:.0%}")
+    for var in getattr(job, "probes", {}):
+        if steps.get(var):
+            facts.append(f"probe {' '.join(job.probes[var])}: {_mean(steps[var]):.1f} ms "
+                         f"({_mean(steps[var]) / base:.2f}x)")
     if steps.get("no_syncs"):
         s = 1 - _mean(steps["no_syncs"]) / base
         facts.append(f"without the syncs {_mean(steps['no_syncs']):.2f} ms: syncs cost {s:.0%}"

@@ -1,0 +1,80 @@
+"""The observer's cost on a zoo job by the job's own timer: the job alone, under
+``gpudiag profile`` (defaults: 5 traced steps after 10), and under ``gpudiag profile --skip
+1000000`` (never traces: the host sampler, step timer and hooks only), in a palindrome
+(alone, default, skip, skip, default, alone) so a linear drift of the machine's pace cancels.
+
+    .venv/bin/python benchmarks/zoo/observer_cost.py JOB [--rounds N] [--steps N] [--out FILE]
+
+The step is the job's median (mean for jobs judged by the mean) over its steps after warm-up,
+the traced steps included in the default run (they are the job's steps as observed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import run_zoo  # noqa: E402
+from zoo_jobs import ALL_JOBS  # noqa: E402
+
+
+def one(job, mode: str, steps: int, work: Path, tag: str) -> dict:
+    rep = work / f"{tag}.json"
+    extra = ["--steps", str(steps), "--report", str(rep)]
+    cmd = run_zoo.command(job, extra, False)
+    if mode != "alone":
+        skip = ["--skip", "1000000"] if mode == "skip" else []
+        cmd = [str(run_zoo.BIN / "gpudiag"), "profile", "--out", str(work / f"{tag}-run"),
+               *skip, "--", *cmd]
+    la0, t0 = run_zoo.load(), time.time()
+    rc, err = run_zoo._run(cmd, work / f"{tag}.log", 900)
+    out = {"tag": tag, "mode": mode, "rc": rc, "wall_s": time.time() - t0, "load_before": la0,
+           "load_after": run_zoo.load()}
+    if rep.exists():
+        r = json.loads(rep.read_text())
+        out["step_ms"] = r["mean_ms"] if job.stat == "mean" else r["median_ms"]
+    else:
+        out["error"] = err or f"exit {rc}"
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--work", default="")
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    job = {j.name: j for j in ALL_JOBS}[args.job]
+    work = Path(args.work or f"runs/observer-{job.name}-{time.strftime('%H%M%S')}").resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    order = ["alone", "default", "skip", "skip", "default", "alone"]
+    runs: dict[str, list[dict]] = {m: [] for m in order[:3]}
+    print(f"uptime: {run_zoo._uptime()}", flush=True)
+    for r in range(args.rounds):
+        for i, m in enumerate(order):
+            res = one(job, m, args.steps, work, f"r{r}-{i}-{m}")
+            runs[m].append(res)
+            print(f"  {res['tag']}: {res.get('step_ms', res.get('error'))} ms "
+                  f"(load {res['load_before'][0]})", flush=True)
+    mean = {m: run_zoo._mean([x["step_ms"] for x in rs if "step_ms" in x]) for m, rs in runs.items()}
+    for m in ("default", "skip"):
+        if mean[m] and mean["alone"]:
+            print(f"{m}: {mean[m]:.1f} ms vs alone {mean['alone']:.1f} ms: "
+                  f"{mean[m] / mean['alone']:.3f}x", flush=True)
+    print(f"uptime: {run_zoo._uptime()}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"job": job.name, "stat": job.stat, "runs": runs,
+                                              "mean_ms": mean}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
