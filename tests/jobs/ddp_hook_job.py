@@ -39,4 +39,9 @@ if dist.get_rank() == 0:
     with open(args.report, "w") as f:
         json.dump({"buckets": len(sizes.split(",")),
                    "checksum": float(sum(p.double().sum() for p in net.parameters()))}, f)
+# both ranks done, and DDP's reducer (which holds the process group and its comm hook) gone,
+# before the group is destroyed: a rank that tore down first aborted at exit ("terminate called
+# without an active exception", SIGABRT) in suite runs beside a CPU hog and at load 24
+dist.barrier()
+del model, opt
 dist.destroy_process_group()
