@@ -90,14 +90,17 @@ def test_a_loader_that_decodes_is_told_from_one_waiting_on_storage_by_its_own_cp
     still decoding); the decoding job is offered ``cheaper-input`` where its wait is notable,
     and never told its wait is not CPU work."""
     from gpudiag.analyzers.classify import INPUT_MODERATE
+    from gpudiag.analyzers.whatif import CPU_LOADING
 
     common = ["--workers", "0", "--steps", "120", "--width", "128", "--batch", "8"]
     dec = profile(tmp_path / "dec", [str(JOBS / "feed_job.py"), *common, "--read-ms", "0",
                                      "--decode-mb", "8", "--report", str(tmp_path / "dec.json")])
     slp = profile(tmp_path / "slp", [str(JOBS / "feed_job.py"), *common, "--read-ms", "40",
                                      "--report", str(tmp_path / "slp.json")])
-    assert dec.traits.loader_busy is not None and dec.traits.loader_busy >= 0.8, dec.traits
-    assert slp.traits.loader_busy is not None and slp.traits.loader_busy <= 0.3, slp.traits
+    # told apart where gpudiag tells them apart (CPU_LOADING); the sleeping thread's wake-ups wait
+    # for a core on a busy machine: 0.31 beside a CPU hog (a bound of 0.3 here failed there)
+    assert dec.traits.loader_busy is not None and dec.traits.loader_busy >= CPU_LOADING, dec.traits
+    assert slp.traits.loader_busy is not None and slp.traits.loader_busy < CPU_LOADING, slp.traits
     texts = " ".join(r.text for r in dec.verdict.recommendations)
     assert "not CPU work" not in texts, texts
     share = dec.verdict.evidence[f"{Bottleneck.INPUT.value} share"]
