@@ -232,8 +232,10 @@ def test_the_same_job_beside_two_busy_loops_is_no_slower_at_its_own_pace(loop_ru
     assert own["significant"] is False and own["direction"] == NO_CHANGE, d["step_time_verdict"]
     share = {n: np.array([r.machine_s / (r.dt + r.machine_s) for r in rows(loop_runs[n])])
              for n in ("quiet", "busy")}
-    # the loops took their part: a larger share of each step, beyond chance (the rank test diff uses)
-    assert (np.median(share["busy"]) > np.median(share["quiet"])
+    # the loops took their part: a larger share of each step on average, beyond chance (the rank
+    # test diff uses). Not the median: in a quiet run of the suite the loops took a part of only
+    # half the busy steps (median 0, mean ~0.15), the quiet ones none
+    assert (np.mean(share["busy"]) > np.mean(share["quiet"])
             and mann_whitney_p(share["quiet"], share["busy"]) < ALPHA), share
     assert wall["direction"] != "faster" and not d["warnings"], d["step_time_verdict"]
     verdict = d["step_time_verdict"]
