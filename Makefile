@@ -65,13 +65,13 @@ test: $(VENV)/.installed-test system-deps
 	for c in typecheck wheel-run; do \
 		( $(MAKE) -s $$c > .checks/$$c.log 2>&1; echo $$? > .checks/$$c.rc ) & \
 	done; \
-	$(BIN)/python -m pytest -q -n 4 -m 'not timing and not solo' || rc=$$?; \
+	$(BIN)/python -m pytest -q -n 4 -m 'not timing and not solo' --junitxml=.checks/pass1.xml || rc=$$?; \
 	wait; \
 	for c in typecheck wheel-run; do \
 		cat .checks/$$c.log; \
 		[ "$$(cat .checks/$$c.rc)" = 0 ] || { echo "make test: $$c failed (above)"; rc=1; }; \
 	done; \
-	$(BIN)/python -m pytest -q -m solo || rc=$$?; \
+	$(BIN)/python -m pytest -q -m solo --junitxml=.checks/solo.xml || rc=$$?; \
 	exit $$rc
 
 # the sdist, then a wheel built from it (so the wheel holds only what the sdist ships), with
