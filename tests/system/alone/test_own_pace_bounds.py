@@ -120,7 +120,7 @@ def test_two_gloo_ranks_own_pace_is_never_shorter_than_a_ranks_time_on_a_core(dd
     all-reduce beside it, and the ranks wait for each other in it. Crowded by the loops (its
     wall step at least 1.3x its own pace), the step at the job's own pace is still no shorter
     than rank 0's training thread's time on a core per step (its own clock): neither rank is
-    excused the other rank's use of a core as another process's, nor its wait for the other."""
+    excused the other rank's use of a core as another process's (both are the job's)."""
     d, own, run = ddp_busy
     cpu = cpu_per_step(own)
     assert d.mfu.step_time_us is not None and d.mfu.step_time_us >= 0.9 * cpu * 1e6, \
