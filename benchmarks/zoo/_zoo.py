@@ -53,6 +53,9 @@ class Timer:
     """Per-step wall times (ms) and named parts of steps (ms per step), by the job's own clock."""
 
     steps_ms: list[float] = field(default_factory=list)
+    # the stepping thread's own CPU time per step (ms, ``time.thread_time``): what no other
+    # process can lengthen by holding the cores, so a step at the job's own pace is no shorter
+    cpu_ms: list[float] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     parts: dict[str, list[float]] = field(default_factory=dict)
     _part_now: dict[str, float] = field(default_factory=dict)
@@ -60,9 +63,10 @@ class Timer:
     @contextmanager
     def step(self, kind: str = "train") -> Iterator[None]:
         self._part_now = {}
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         yield
         self.steps_ms.append((time.perf_counter() - t0) * 1e3)
+        self.cpu_ms.append((time.thread_time() - c0) * 1e3)
         self.kinds.append(kind)
         for name in set(self.parts) | set(self._part_now):
             self.parts.setdefault(name, [0.0] * (len(self.steps_ms) - 1))
@@ -95,12 +99,16 @@ def finish(job: str, args: argparse.Namespace, timer: Timer, truth: dict[str, An
     keep = range(args.warmup, len(timer.steps_ms))
     steady = [timer.steps_ms[i] for i in keep]
     parts = {k: [v[i] for i in keep] for k, v in timer.parts.items()}
+    # the training steps' CPU time (eval or save steps apart where the job names its kinds)
+    cpu = [timer.cpu_ms[i] for i in keep if timer.kinds[i] == "train" or "train" not in timer.kinds]
+    truth = {**truth, "cpu_step_median_ms": median(cpu)}
     report = {
         "job": job,
         "knobs": knobs,
         "threads": knobs.get("threads"),
         "pid": os.getpid(),
         "own_step_ms": [round(x, 3) for x in timer.steps_ms],
+        "own_cpu_ms": [round(x, 3) for x in timer.cpu_ms],
         "steps_done": len(timer.steps_ms),
         "kinds": timer.kinds,
         "warmup": args.warmup,

@@ -57,7 +57,8 @@ def markdown(meta: dict, results: list[dict]) -> str:
         "gpudiag's predicted after/before (the fix done fully, its stated bound) and 1.",
         "",
         "| job | truth (own timer) | gpudiag label (confidence) | expected from truth | right? "
-        "| MFU gpudiag (own pace / wall) vs truth | fixes: predicted → measured (ms, ratio) "
+        "| MFU gpudiag (own pace / wall) vs truth (its own timer; ceiling: FLOPs over its "
+        "training thread's CPU time) | fixes: predicted → measured (ms, ratio) "
         "| observer (profiled / alone step), load |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -75,6 +76,9 @@ def markdown(meta: dict, results: list[dict]) -> str:
         if r["expected"].get("share") is not None:
             exp += f" ({r['expected']['share']:.0%})"
         mfu = f"{_pct(d.get('mfu'))} / {_pct(d.get('mfu_wall'))} vs {_pct(truth.get('mfu'))}"
+        if truth.get("mfu_cpu"):  # the own-pace MFU's ceiling (zoo_truth); over it is a fault
+            over = d.get("mfu") is not None and d["mfu"] > 1.1 * truth["mfu_cpu"]
+            mfu += f" (ceiling {_pct(truth['mfu_cpu'])}{': **OVER**' if over else ''})"
         obs = f"{r['observer_ratio']:.2f}x" if r.get("observer_ratio") else "–"
         if r.get("load_range"):
             obs += f"<br>load {r['load_range'][0]:.1f}–{r['load_range'][1]:.1f}"

@@ -115,7 +115,7 @@ def truth_of(job, runs: dict[str, list[dict]], steps: dict[str, list[float]],
         facts.append(f"compiled: {c:.1f} ms ({c / base:.2f}x)")
     if steps.get("no_eval"):
         facts.append(f"eval {t.get('eval_share_of_wall', 0):.0%} of the run's wall time")
-    mfu = None
+    mfu = mfu_cpu = None
     flops = t.get("flops_per_step") or t.get("flops_per_step_per_rank")
     if flops:
         dt = "bf16" if t.get("dtype") == "bf16" else "fp32"
@@ -126,6 +126,14 @@ def truth_of(job, runs: dict[str, list[dict]], steps: dict[str, list[float]],
             shares["compute-bound"] = min(mfu, 1.0)
             facts.append(f"{flops / step / 1e6:.1f} GFLOP/s = MFU {mfu:.1%} of {peak:.0f} "
                          f"GFLOP/s ({dt}, {job.peak_threads} thread(s), measured here)")
+            cpu = t.get("cpu_step_median_ms")
+            if cpu:
+                # the job's own timer on a busy machine is a wall clock, other processes' hold
+                # included: MFU over the training thread's CPU time is the load-independent
+                # ceiling of the own-pace MFU (which is never over a step shorter than that)
+                mfu_cpu = flops / (cpu / 1e3) / (peak * 1e9)
+                facts.append(f"training thread on a core {cpu:.1f} ms a step: MFU at most "
+                             f"{mfu_cpu:.1%} at the job's own pace")
     if t.get("bytes_per_step"):
         bw = peaks.get(f"copy_gbps_{job.peak_threads}t")
         m = t["bytes_per_step"] / (base / 1e3) / (bw * 1e9)
@@ -144,7 +152,7 @@ def truth_of(job, runs: dict[str, list[dict]], steps: dict[str, list[float]],
                         f"({job.stat} of {len(runs_b)} runs)")
     return {"base_ms": base, "base_runs_ms": steps.get("base"), "stat": job.stat,
             "shares": {k: round(v, 3) for k, v in shares.items()}, "mfu": mfu,
-            "facts": facts, "in_job": t}
+            "mfu_cpu": mfu_cpu, "facts": facts, "in_job": t}
 
 
 def expected_label(truth: dict) -> dict:

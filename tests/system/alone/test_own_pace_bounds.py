@@ -1,0 +1,132 @@
+"""The job's own pace is never shorter than the job's own work, however busy the machine.
+
+A step at the job's own pace is the wall step less the wait for a core that other processes
+caused (``gpudiag.pace``). Taking out too much is as wrong as taking out too little: an own-pace
+step shorter than the job's own time on a core would be a job faster than it can be, and an
+MFU above what its FLOPs over that time allow. The bound is load-independent: the job's own
+CPU clocks (``time.thread_time`` of the thread that steps, ``time.process_time`` of all its
+threads: ``tests/jobs/_timer.py``) count only the time it ran, which no other process can
+shorten. So each job here reports, by its own clocks, its wall step and its CPU time per step,
+and gpudiag's own-pace step and MFU are held to both:
+
+- never below the job's on-CPU time per step (its training thread's; a single-thread job has
+  no other thread in parallel), and its MFU never above FLOPs over that time;
+- beside busy loops, within a factor of the same job's step alone and unobserved (its own
+  timer), over the rise of its own time on a core that the same runs measured (slower cycles
+  beside the loops: caches, the host's other guests; no wait shows that, so no own pace takes
+  it out).
+
+The busy loops are pinned to the job's CPU (the single-thread job pins itself there), so they
+crowd it whatever else the machine runs; the job's step alone may still be stretched by other
+work on a shared machine, which only loosens the upper bound, never the lower one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpudiag.diagnosis import Diagnosis
+from tests.harness import torchrun
+from tests.paths import REPO
+from tests.system.alone.test_own_pace import profile, rows
+
+JOBS = REPO / "tests" / "jobs"
+STEPS = 30
+# steps the job's own report leaves out: start-up (first touches, the pool's first region) and
+# the trace window with its export (the profiler's own work is in the job's CPU there)
+FIRST = 5
+
+
+def cpu_per_step(report: dict, key: str = "thread_cpu_seconds") -> float:
+    """The job's median CPU seconds per step by its own clock, after start-up."""
+    return statistics.median(report[key][FIRST:])
+
+
+def slowdown(busy: dict, quiet: dict) -> float:
+    """How much longer the job ran on a core per step beside the loops than quiet; at least 1."""
+    return max(1.0, cpu_per_step(busy) / cpu_per_step(quiet))
+
+
+@pytest.fixture(scope="module")
+def gemm_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, tuple[Diagnosis, dict, Path]]:
+    """A single-thread GEMM job (1.07 GFLOP a step, ~15 ms on this project's 2-core EPYC VM),
+    pinned to one CPU by itself: alone and unobserved (its own timer and CPU clocks: the job's
+    numbers, as the brief's rule has them), then under ``gpudiag profile`` beside two busy loops
+    on that CPU."""
+    root = tmp_path_factory.mktemp("bounds")
+    job = [str(JOBS / "gemm_job.py"), "--steps", str(STEPS), "--width", "512"]
+    subprocess.run([sys.executable, *job, "--report", str(root / "alone.json")], check=True,
+                   capture_output=True, timeout=300)
+    report = root / "busy.json"
+    d = profile(root / "busy", [*job, "--report", str(report)], loops=2,
+                loop_cpus={min(os.sched_getaffinity(0))})
+    return json.loads((root / "alone.json").read_text()), (d, json.loads(report.read_text()), root / "busy")
+
+
+def test_a_single_thread_jobs_own_pace_is_never_shorter_than_its_time_on_a_core(gemm_runs):
+    """Beside the loops, the own-pace step gpudiag's MFU divides by, and its untraced steps at
+    their own pace, are at least the job's own CPU time per step; the MFU is at most the FLOPs
+    over that time (within 10%: the step timer's and the job's step ends differ by the
+    bookkeeping between them). The run must have been crowded (its wall step at least 1.5x its
+    own pace; 3x with nothing else on its CPU), or the bound says nothing."""
+    _, (d, own, run) = gemm_runs
+    cpu = cpu_per_step(own)
+    steps = rows(run)
+    own_step = statistics.median(r.dt for r in steps)
+    assert own_step >= 0.9 * cpu, (own_step, cpu)
+    assert d.mfu.step_time_us is not None and d.mfu.step_time_us >= 0.9 * cpu * 1e6, \
+        (d.mfu.step_time_us, cpu, d.mfu.reason)
+    ceiling = own["flops_per_step"] / cpu / d.mfu.peak_flops
+    assert d.mfu.value <= 1.1 * ceiling, (d.mfu.value, ceiling, d.mfu.reason)
+    wall = statistics.median(r.dt + r.machine_s for r in steps)
+    assert wall >= 1.5 * own_step, ("the loops did not crowd the job", wall, own_step)
+    assert d.mfu.wall_value is not None and d.mfu.wall_value < d.mfu.value
+
+
+def test_a_single_thread_jobs_own_pace_beside_busy_loops_is_its_pace_alone(gemm_runs):
+    """The busy run's untraced steps at their own pace against the job's step alone by its own
+    timer: no longer than it over the measured rise of the job's time on a core, with 25% for
+    the step-to-step noise (the alone step may hold other work on a shared machine, which
+    loosens this; the bound above is the one load cannot loosen). Its MFU's step may be the
+    traced steps' where the untraced ones around the window disagree (a busy machine): that
+    holds the profiler's own work, so it is held to the lower bound only."""
+    alone, (_, bown, brun) = gemm_runs
+    k = slowdown(bown, alone)
+    alone_step = statistics.median(alone["step_seconds"][FIRST:])
+    own_step = statistics.median(r.dt for r in rows(brun))
+    assert own_step <= 1.25 * k * alone_step, (own_step, alone_step, k)
+
+
+@pytest.fixture(scope="module")
+def ddp_busy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Diagnosis, dict, Path]:
+    """Two gloo ranks (one compute thread each, 4 MB of gradients) beside four busy loops over
+    both cores: each rank's all-reduce waits for the other, which the loops slow."""
+    root = tmp_path_factory.mktemp("ddp-bounds")
+    report = root / "busy.json"
+    job = [*torchrun(2)[1:], str(JOBS / "ddp_grads_job.py"), "--steps", str(STEPS), "--width", "512",
+           "--layers", "4", "--batch", "256", "--report", str(report)]
+    return profile(root / "busy", job, loops=4), json.loads(report.read_text()), root / "busy"
+
+
+def test_two_gloo_ranks_own_pace_is_never_shorter_than_a_ranks_time_on_a_core(ddp_busy):
+    """Each rank's training thread runs its compute and DDP's copies; gloo's threads run the
+    all-reduce beside it, and the ranks wait for each other in it. Crowded by the loops (its
+    wall step at least 1.3x its own pace), the step at the job's own pace is still no shorter
+    than rank 0's training thread's time on a core per step (its own clock): neither rank is
+    excused the other rank's use of a core as another process's (both are the job's)."""
+    d, own, run = ddp_busy
+    cpu = cpu_per_step(own)
+    assert d.mfu.step_time_us is not None and d.mfu.step_time_us >= 0.9 * cpu * 1e6, \
+        (d.mfu.step_time_us, cpu, d.mfu.reason)
+    steps = rows(run)
+    own_step = statistics.median(r.dt for r in steps)
+    assert own_step >= 0.9 * cpu, (own_step, cpu)
+    wall = statistics.median(r.dt + r.machine_s for r in steps)
+    assert wall >= 1.3 * own_step, ("the loops did not crowd the job", wall, own_step)
