@@ -37,6 +37,13 @@ LOOP_MAX_PERIOD = 48
 # Operators that take one row (or a few) of a tensor: a body holding one iterates over rows.
 INDEX_OPS = frozenset({"aten::select", "aten::slice", "aten::narrow", "aten::index",
                        "aten::unbind"})
+# A body holding a GEMM or a convolution is a model's repeated block (a transformer's layers,
+# each reading one position with ``x[:, 0]``), not a loop over samples: a loss or metric per
+# row is elementwise work and reductions.
+MODEL_BODY_OPS = frozenset({"aten::linear", "aten::matmul", "aten::mm", "aten::addmm", "aten::bmm",
+                            "aten::baddbmm", "aten::einsum", "aten::conv1d", "aten::conv2d",
+                            "aten::conv3d", "aten::convolution", "aten::_convolution",
+                            "aten::scaled_dot_product_attention"})
 _BWD = "autograd::engine::evaluate_function: "
 
 
@@ -66,25 +73,28 @@ def periodic(keys: np.ndarray, max_period: int = LOOP_MAX_PERIOD,
     n = keys.size
     if n < 2 * min_reps:
         return []
-    periods = range(1, min(max_period, n // min_reps) + 1)
-    reps = np.zeros((len(periods), n), dtype=np.int64)
+    # per start, the period covering the most items so far (a running best: memory O(n))
+    best_cov = np.full(n, -1, dtype=np.int64)
+    best_p = np.zeros(n, dtype=np.int64)
     pos = np.arange(n)
-    for j, p in enumerate(periods):
+    for p in range(1, min(max_period, n // min_reps) + 1):
         match = np.zeros(n, dtype=bool)
         match[: n - p] = keys[: n - p] == keys[p:]
-        # run[i]: consecutive matches from i on: the next mismatch's index less i
+        # consecutive matches from i on: the next mismatch's index less i
         nxt = np.where(~match, pos, n)
         nxt = np.minimum.accumulate(nxt[::-1])[::-1]
-        reps[j] = (nxt - pos + p) // p
-    covered = reps * np.array(list(periods))[:, None]
+        reps = (nxt - pos + p) // p
+        cov = np.where(reps >= min_reps, reps * p, -1)
+        better = cov > best_cov   # strictly: on a tie the shorter period, seen first, stays
+        best_cov[better] = cov[better]
+        best_p[better] = p
     out = []
     i = 0
-    for c in np.flatnonzero((reps >= min_reps).any(axis=0)).tolist():
+    for c in np.flatnonzero(best_cov > 0).tolist():
         if c < i:
             continue
-        ok = reps[:, c] >= min_reps
-        j = int(np.argmax(np.where(ok, covered[:, c], -1)))
-        p, r = periods[j], int(reps[j, c])
+        p = int(best_p[c])
+        r = int(best_cov[c]) // p
         out.append((c, p, r))
         i = c + p * r
     return out
@@ -129,7 +139,8 @@ def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np
             body = [names[k] for k in keys[s:s + p].tolist()]
             if all(x.startswith(_BWD) for x in body):
                 bwd.append((s, p, r))
-            elif any(x in INDEX_OPS for x in body) and not any(x.startswith(_BWD) for x in body):
+            elif (any(x in INDEX_OPS for x in body) and not any(x.startswith(_BWD) for x in body)
+                  and not any(x in MODEL_BODY_OPS for x in body)):
                 fwd_ops |= set(body)
                 _take(mask, a + s, a + s + p * r)
                 calls += p * r
