@@ -14,6 +14,8 @@ So this module counts, per traced step: the top-level operator calls compile wou
 (``calls``), the calls the compiled graph would make instead (``kernels``: GEMM/convolution
 calls, plus one per run of other calls between them), the graphs (one per stretch of the
 region between syncs, twice in training: forward and backward), and the time of what stays.
+A Python loop over samples (``step_loops``: a per-sample loss) is not in the region: compiling
+the model does not reach it, so its calls are counted apart and keep their time.
 ``whatif.compiled_cpu`` turns them into a prediction. Measured on this project's 2-core AMD EPYC
 (torch 2.13, tiny tensors): a compiled kernel call cost 0.4-0.9x an eager operator call of the
 same model (``docs/diagnosis.md``), so the call count, not the kernels' work, decides.
