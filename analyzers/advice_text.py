@@ -208,9 +208,35 @@ def syncs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 
 def compile_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    f = a.compile_facts
+    loops = f is not None and (f.loops.loop_calls > 0 or f.loops.passes >= 2)
     return (f"{pct_whole(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
             "operators (many tiny ops): fuse them with torch.compile, batch the work into fewer, "
-            "larger tensor ops, and vectorise Python loops.")
+            "larger tensor ops" + ("." if loops else ", and vectorise Python loops."))
+
+
+def vectorise_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    f = a.compile_facts
+    assert f is not None
+    lp = f.loops
+    per = lp.loop_calls / lp.loop_iters if lp.loop_iters else 0.0
+    return (f"A Python loop over samples runs {lp.loop_iters:.0f} iterations per step ({per:.0f} "
+            f"operator calls each, forward and backward; its body: {lp.body}): write it as one "
+            "expression over the batch (index with gather or masks instead of a row at a time, or "
+            "torch.vmap a per-sample function). torch.compile of the model does not reach a loop "
+            "outside it, and a .tolist() or .item() in it breaks a compiled graph.")
+
+
+def micro_batches_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    f = a.compile_facts
+    assert f is not None
+    n = f.loops.passes
+    after = max(1, round(n / whatif.LARGER_MICRO))
+    return (f"Each optimizer step runs {n:.0f} forward/backward passes (gradient accumulation), and "
+            "each pays its operator calls, the Python between them and AccumulateGrad whatever its "
+            f"size: use larger micro-batches and fewer accumulation steps ({after} of "
+            f"{n / after:.2g}x the size for the same samples per optimizer step), as far as memory "
+            "allows.")
 
 
 def batch_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:

@@ -14,6 +14,8 @@ So this module counts, per traced step: the top-level operator calls compile wou
 (``calls``), the calls the compiled graph would make instead (``kernels``: GEMM/convolution
 calls, plus one per run of other calls between them), the graphs (one per stretch of the
 region between syncs, twice in training: forward and backward), and the time of what stays.
+A Python loop over samples (``step_loops``: a per-sample loss) is not in the region: compiling
+the model does not reach it, so its calls are counted apart and keep their time.
 ``whatif.compiled_cpu`` turns them into a prediction. Measured on this project's 2-core AMD EPYC
 (torch 2.13, tiny tensors): a compiled kernel call cost 0.4-0.9x an eager operator call of the
 same model (``docs/diagnosis.md``), so the call count, not the kernels' work, decides.
@@ -29,12 +31,16 @@ import numpy as np
 
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import CpuWork, cpu_comm_ops, step_windows
+from gpudiag.analyzers.step_loops import LoopFacts, loop_mask
 from gpudiag.analyzers.trace_loader import RankTrace
 
 # What compile leaves as it is: the optimizer (``Optimizer.step#SGD.step``, its zero_grad),
 # autograd's per-parameter accumulation, DDP's reducer (bucket copies), collectives' launches.
 _KEPT_RE = re.compile(r"^Optimizer\.(step|zero_grad)#|^autograd::engine::evaluate_function: "
                       r"torch::autograd::AccumulateGrad|reducer::|^c10d::")
+# The optimizer's own time: what gradient accumulation runs once per K micro-batches
+_OPT_RE = re.compile(r"^Optimizer\.(step|zero_grad)#")
+_ACCUM_RE = re.compile(r"^autograd::engine::evaluate_function: torch::autograd::AccumulateGrad")
 # A value read back into Python ends a compiled graph (a graph break): the sync stays eager.
 # ``.item()``, ``bool(t)``, ``.tolist()`` all read through this one operator
 SYNC_RE = re.compile(r"^aten::_local_scalar_dense$")
@@ -57,11 +63,18 @@ class CompileFacts:
     kept_calls: float = 0.0  # top-level calls in it
     syncs: float = 0.0  # values read back into Python inside the forward (graph breaks)
     step_us: float = 0.0  # the traced step these are of
+    opt_us: float = 0.0  # the optimizer's step and zero_grad (part of ``kept_us``)
+    accum_us: float = 0.0  # autograd's AccumulateGrad (part of ``kept_us``): once per backward pass
+    # loops over samples (not in ``calls``: compile of the model does not replace them) and
+    # backward passes per step (``step_loops``)
+    loops: LoopFacts = LoopFacts()
 
     @staticmethod
     def mean(ranks: list[CompileFacts]) -> CompileFacts:
         n = max(len(ranks), 1)
-        return CompileFacts(*(sum(getattr(r, f.name) for r in ranks) / n for f in fields(CompileFacts)))
+        return CompileFacts(**{f.name: sum(getattr(r, f.name) for r in ranks) / n
+                               for f in fields(CompileFacts) if f.name != "loops"},
+                            loops=LoopFacts.mean([r.loops for r in ranks]))
 
 
 def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileFacts:
@@ -76,6 +89,10 @@ def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileF
     comm = cpu_comm_ops(rt)
     # the kept work's time (DataLoader waits and collectives are the breakdown's own parts)
     kept_work = iv.subtract(iv.merge(rt.cpu_ts[kept_mark], (rt.cpu_ts + rt.cpu_dur)[kept_mark]), cw.waits)
+    opt_mark = _named(rt, _OPT_RE)
+    opt_work = iv.subtract(iv.merge(rt.cpu_ts[opt_mark], (rt.cpu_ts + rt.cpu_dur)[opt_mark]), cw.waits)
+    acc_mark = _named(rt, _ACCUM_RE) & rt.cpu_is_op
+    acc_work = iv.subtract(iv.merge(rt.cpu_ts[acc_mark], (rt.cpu_ts + rt.cpu_dur)[acc_mark]), cw.waits)
     in_kept = iv.contains(iv.union(iv.union(kept_work, cw.waits),
                                    iv.merge(rt.cpu_ts[comm], (rt.cpu_ts + rt.cpu_dur)[comm])), rt.cpu_ts)
     top = inside & rt.cpu_is_op & (rt.cpu_depth == 0)
@@ -85,16 +102,23 @@ def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileF
     # a top-level call that holds an extern call or a sync stays a call: a barrier between runs
     idx = np.flatnonzero(region)
     idx = idx[np.lexsort((rt.cpu_ts[idx], rt.cpu_tid[idx]))]
+    # a loop over samples stays as it is: torch.compile(model) does not reach it
+    loops, in_loop = loop_mask(rt, idx, lo)
+    looped = iv.contains(iv.merge(rt.cpu_ts[idx[in_loop]], (rt.cpu_ts + rt.cpu_dur)[idx[in_loop]]),
+                         rt.cpu_ts)
+    extern &= ~looped
     holds_extern = _holds(rt, idx, extern)
     holds_sync = _holds(rt, idx, sync) & ~holds_extern
-    runs = _runs(holds_extern | holds_sync, rt.cpu_tid[idx])
+    runs = _runs(holds_extern | holds_sync | in_loop, rt.cpu_tid[idx])
     syncs = _forward_syncs(rt, region, sync, lo, hi) / n
     return CompileFacts(
-        calls=float(region.sum()) / n,
-        kernels=(float(extern.sum()) + float(holds_sync.sum()) + runs) / n,
+        calls=float(region.sum() - in_loop.sum()) / n,
+        kernels=(float(extern.sum()) + float((holds_sync & ~in_loop).sum()) + runs) / n,
         graphs=(1.0 + syncs) * (2.0 if training else 1.0), extern_us=float(cw.dur[extern].sum()) / n,
         kept_us=float(iv.measure_in(kept_work, lo, hi).sum()) / n,
-        kept_calls=float((top & in_kept).sum()) / n, syncs=syncs, step_us=float((hi - lo).sum()) / n)
+        kept_calls=float((top & in_kept).sum()) / n, syncs=syncs, step_us=float((hi - lo).sum()) / n,
+        opt_us=float(iv.measure_in(opt_work, lo, hi).sum()) / n,
+        accum_us=float(iv.measure_in(acc_work, lo, hi).sum()) / n, loops=loops)
 
 
 _BACKWARD_RE = re.compile(r"^autograd::engine::")

@@ -39,6 +39,15 @@ def _flag(*args: str, note: str = "") -> FixMap:
     return lambda rec: (list(args), note or " ".join(args))
 
 
+def _micro(rec: dict) -> tuple[list[str] | None, str]:
+    """larger-micro-batches: the size the advice names ("N of Kx the size"), from --micro 4."""
+    m = re.search(r"\((\d+) of ([\d.]+)x the size", rec.get("text", ""))
+    k = float(m.group(2)) if m else 4.0
+    size = max(1, round(4 * k))
+    return ["--micro", str(size)], f"--micro {size} ({k:g}x the micro-batch of 4" + (
+        ", as the advice says)" if m else "; the advice names no size: 4x taken)")
+
+
 def _workers(rec: dict) -> tuple[list[str] | None, str]:
     """dataloader-workers: the number the advice names ("at least N"), as a user would."""
     m = re.search(r"at least (\d+)", rec.get("text", "") + " " + rec.get("why", ""))
@@ -195,6 +204,7 @@ HELD_OUT_2: list[Job] = [
         truth_variants={"vectorised": ("--vectorised",)}, removes={"vectorised": "host-bound"},
         peak_threads=1,
         knobs={"compile-small-ops": COMPILE, "batch-small-ops": _flag("--vectorised"),
+               "vectorise-sample-loop": _flag("--vectorised"),
                "remove-host-syncs": _flag("--vectorised", note="--vectorised (the one "
                                           ".tolist() is in the loss loop)"),
                "fuse-memory-bound": COMPILE, "free-a-core": _no_knob("already one thread")},
@@ -203,6 +213,7 @@ HELD_OUT_2: list[Job] = [
         truth_variants={"micro128": ("--micro", "128")}, removes={"micro128": "host-bound"},
         rest="compute", peak_threads=1,
         knobs={"batch-small-ops": _flag("--micro", "32"), "compile-small-ops": COMPILE,
+               "larger-micro-batches": _micro,
                "fuse-memory-bound": COMPILE, "free-a-core": _no_knob("already one thread")},
         what="32 micro-batches of 4 accumulated per optimizer step, 4 x Linear(256)+LN+GELU"),
     Job("loader_enough", "loader_enough.py", quick=("--steps", "30"), rest="compute",

@@ -311,14 +311,16 @@ def test_every_recommendation_in_the_catalogue_has_a_job_it_must_not_be_given_to
     cases = [
         # an inference loop has no optimizer, and a single-process job nothing to all-reduce
         (chain, {"fused-optimizer", "overlap-communication", "all-reduce-less-often", "fix-straggler",
-                 "dataloader-workers", "cheaper-input", "checkpoint-less-often"},
-         "inference, one rank, no DataLoader, no torch.save"),
+                 "dataloader-workers", "cheaper-input", "checkpoint-less-often",
+                 "larger-micro-batches"},
+         "inference, one rank, no DataLoader, no torch.save, no micro-batches"),
         (gpu["a100-alexnet"], {"fused-optimizer"}, "inference on a GPU"),
         # a CPU job is not told about CUDA graphs, pinned copies, tensor cores, fused attention
         (chain, {"cuda-graphs-or-compile", "cuda-graphs", "remove-host-syncs", "pinned-async-copies",
                  "tensor-core-shapes", "fused-attention", "batch-small-ops"}, "CPU, not compiled"),
-        (cpu_fp32, {"tensor-core-shapes", "fused-attention", "pinned-async-copies", "fp32-instead"},
-         "CPU GEMMs in fp32"),
+        (cpu_fp32, {"tensor-core-shapes", "fused-attention", "pinned-async-copies", "fp32-instead",
+                    "vectorise-sample-loop"},
+         "CPU GEMMs in fp32, no Python loop over samples"),
         # a compiled job is not told to compile
         (gpu["a100-triton"], {"cuda-graphs-or-compile", "compile-small-ops"}, "compiled, host-bound"),
         (gpu["v100-16gb-diff"], {"fuse-memory-bound"}, "compiled, memory-bound"),

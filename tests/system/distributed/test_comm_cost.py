@@ -93,19 +93,26 @@ def test_communication_share_by_cost_is_close_to_what_no_sync_shows(ddp):
 
 def test_the_communication_share_is_what_its_accumulation_fix_removes(ddp):
     """The share the label reads and the step the fix predicts describe one cost over one step:
-    accumulating over K micro-batches removes (1 - 1/K) of communication's share of the step. A
-    share over the own-pace step (the machine's part left out) with a prediction over the wall
-    step read a 2-rank DDP job at load 2-6 as 73% communication where accumulating over 4 ran
-    0.64x, as predicted: 48% of the step. Holds at any load (equal before only where the
-    machine took no part of the step)."""
+    accumulating over K micro-batches removes (1 - 1/K) of communication's share of the step,
+    and as much of the optimizer's, which it also runs once every K (held-out zoo, ddp_bigrad:
+    the optimizer left in read 0.72x where 0.38-0.46x was measured). A share over the own-pace
+    step (the machine's part left out) with a prediction over the wall step read a 2-rank DDP
+    job at load 2-6 as 73% communication where accumulating over 4 ran 0.64x, as predicted: 48%
+    of the step. Holds at any load (equal before only where the machine took no part of the
+    step)."""
+    import re
+
     from gpudiag.analyzers.whatif import ACCUMULATE_STEPS
 
     d, _, _ = ddp
     less = {r.action: r for r in d.verdict.recommendations}["all-reduce-less-often"]
     removed = 1 - less.predicted_step_s / less.step_s
     share = d.verdict.evidence[f"{Bottleneck.COMMUNICATION.value} share"]
+    m = re.search(r"the optimizer's step and zero_grad \(([\d.]+) ms a step\)", less.why)
+    assert m, less.why
+    share += float(m.group(1)) * 1e-3 / less.step_s
     view = d.unprofiled or d.breakdown
-    assert share * (1 - 1 / ACCUMULATE_STEPS) == pytest.approx(removed, abs=2e-3), (
+    assert share * (1 - 1 / ACCUMULATE_STEPS) == pytest.approx(removed, abs=3e-3), (
         f"share {share:.3f}, removed {removed:.3f}; the machine took "
         f"{view.host_stalled / 1e3:.1f} of {view.step_time / 1e3:.1f} ms; {d.verdict.summary}")
 

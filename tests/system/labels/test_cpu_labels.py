@@ -98,7 +98,11 @@ def test_many_tiny_ops_at_batch_1_are_host_bound(tmp_path: Path) -> None:
     b = d["breakdown"]
     assert b["host_overhead"] / b["step_time"] >= 0.5, _why(d)
     assert b["input_wait"] == 0.0
-    assert any("tiny ops" in r["text"] for r in d["verdict"]["recommendations"]), d["verdict"]
+    # the host advice: compile for the tiny ops, or, where the trace shows the loss's loop over
+    # elements (16 of them, outside the model: compile does not reach it), writing it over the
+    # batch; here compile's calls at batch 1 are mostly GEMMs it still calls (predicted +3%)
+    assert any("tiny ops" in r["text"] or r["action"] == "vectorise-sample-loop"
+               for r in d["verdict"]["recommendations"]), d["verdict"]
 
 
 _NEEDS_GLOO = pytest.mark.skipif(

@@ -1,0 +1,162 @@
+"""Loops a CPU step's trace shows: a Python loop over samples, and micro-batches per optimizer step.
+
+A Python loop repeats the same operator calls, in the same order, once per iteration: in the
+trace, a stretch of the step's top-level calls periodic in their names. Two kinds matter to
+what a fix is worth:
+
+- **a loop over samples** (a per-sample loss or metric: ``for i in range(batch): s = out[i]``):
+  its body indexes one row (``aten::select`` and the like) and holds no backward; its backward
+  is a periodic stretch of the body's ``...Backward`` nodes. ``torch.compile(model)`` does not
+  touch it (it runs outside the module, and a ``.tolist()``/``.item()`` in it breaks the graph);
+  what removes its calls is writing it as one batch expression (held-out zoo, py_loss: compile
+  was credited with the loop's 2,300 calls, predicted -30..-91%, measured 0.92-1.37x slower;
+  the loss vectorised ran 0.09-0.11x);
+- **micro-batches**: the step's backward passes (a stretch of autograd nodes after forward
+  calls), N of them per optimizer step: gradient accumulation, each micro-batch paying the
+  whole forward/backward's per-call cost for its few rows (held-out zoo, grad_accum: 32
+  micro-batches of 4, the same samples in one micro-batch 0.10x).
+
+The trace holds no Python stack, so a loop is told by its repetition and what its body does;
+the module it runs in is not known (a loop over samples inside a module's forward reads the
+same: compile would unroll it, a graph break aside). Pure functions over one rank's columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpudiag.analyzers.trace_loader import RankTrace
+
+# A stretch is a loop where its body repeats at least LOOP_MIN_REPS times in a row (a model's
+# few identical blocks, or an optimizer's per-parameter loop over a handful of tensors, repeat
+# fewer times; a batch of samples, many more), with a body of at most LOOP_MAX_PERIOD calls.
+LOOP_MIN_REPS = 16
+LOOP_MAX_PERIOD = 48
+# Operators that take one row (or a few) of a tensor: a body holding one iterates over rows.
+INDEX_OPS = frozenset({"aten::select", "aten::slice", "aten::narrow", "aten::index",
+                       "aten::unbind"})
+# A body holding a GEMM or a convolution is a model's repeated block (a transformer's layers,
+# each reading one position with ``x[:, 0]``), not a loop over samples: a loss or metric per
+# row is elementwise work and reductions.
+MODEL_BODY_OPS = frozenset({"aten::linear", "aten::matmul", "aten::mm", "aten::addmm", "aten::bmm",
+                            "aten::baddbmm", "aten::einsum", "aten::conv1d", "aten::conv2d",
+                            "aten::conv3d", "aten::convolution", "aten::_convolution",
+                            "aten::scaled_dot_product_attention"})
+_BWD = "autograd::engine::evaluate_function: "
+
+
+@dataclass(frozen=True)
+class LoopFacts:
+    """Per traced step (the mean over the rank's steps), as traced."""
+
+    loop_calls: float = 0.0  # top-level calls in loops over samples, forward and backward
+    loop_us: float = 0.0  # their stretches' time, the Python between the calls included
+    loop_iters: float = 0.0  # iterations per step of the (largest) forward loop
+    passes: float = 0.0  # backward passes per step: micro-batches per optimizer step
+    body: str = ""  # the largest forward loop's body, its calls in order
+
+    @staticmethod
+    def mean(ranks: list[LoopFacts]) -> LoopFacts:
+        n = max(len(ranks), 1)
+        body = next((r.body for r in ranks if r.body), "")
+        return LoopFacts(sum(r.loop_calls for r in ranks) / n, sum(r.loop_us for r in ranks) / n,
+                         sum(r.loop_iters for r in ranks) / n, sum(r.passes for r in ranks) / n, body)
+
+
+def periodic(keys: np.ndarray, max_period: int = LOOP_MAX_PERIOD,
+             min_reps: int = LOOP_MIN_REPS) -> list[tuple[int, int, int]]:
+    """Maximal periodic stretches of ``keys``, left to right: (start, period, repetitions),
+    each covering ``period * repetitions`` items; at each start the period covering the most
+    items wins, the shorter on a tie (a body of 9 is also one of 18 repeated half as often)."""
+    n = keys.size
+    if n < 2 * min_reps:
+        return []
+    # per start, the period covering the most items so far (a running best: memory O(n))
+    best_cov = np.full(n, -1, dtype=np.int64)
+    best_p = np.zeros(n, dtype=np.int64)
+    pos = np.arange(n)
+    for p in range(1, min(max_period, n // min_reps) + 1):
+        match = np.zeros(n, dtype=bool)
+        match[: n - p] = keys[: n - p] == keys[p:]
+        # consecutive matches from i on: the next mismatch's index less i
+        nxt = np.where(~match, pos, n)
+        nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+        reps = (nxt - pos + p) // p
+        cov = np.where(reps >= min_reps, reps * p, -1)
+        better = cov > best_cov   # strictly: on a tie the shorter period, seen first, stays
+        best_cov[better] = cov[better]
+        best_p[better] = p
+    out = []
+    i = 0
+    for c in np.flatnonzero(best_cov > 0).tolist():
+        if c < i:
+            continue
+        p = int(best_p[c])
+        r = int(best_cov[c]) // p
+        out.append((c, p, r))
+        i = c + p * r
+    return out
+
+
+def _op_of_node(name: str) -> str:
+    """``autograd::engine::evaluate_function: ClampBackward1`` -> ``aten::clamp``."""
+    node = name[len(_BWD):]
+    cut = node.find("Backward")
+    return "aten::" + node[:cut].lower() if cut > 0 else ""
+
+
+def loop_mask(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np.ndarray]:
+    """``idx``: the steps' top-level calls compile would replace, sorted by thread, then time
+    (``compile_facts``); ``lo``: the steps' starts. The loops they hold, and per item of
+    ``idx`` whether it is in a loop over samples (forward or its backward)."""
+    return _scan(rt, idx, lo)
+
+
+def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np.ndarray]:
+    mask = np.zeros(idx.size, dtype=bool)
+    n_steps = max(lo.size, 1)
+    if idx.size == 0:
+        return LoopFacts(), mask
+    names = rt.names
+    step = np.searchsorted(lo, rt.cpu_ts[idx], side="right") - 1
+    tid = rt.cpu_tid[idx]
+    is_bwd = np.array([names[rt.cpu_name[i]].startswith(_BWD) for i in idx.tolist()], dtype=bool)
+    # backward passes: a node after a forward call (or first in its step and thread)
+    first = np.ones(idx.size, dtype=bool)
+    first[1:] = (step[1:] != step[:-1]) | (tid[1:] != tid[:-1])
+    starts = is_bwd & (first | np.concatenate(([True], ~is_bwd[:-1])))
+    calls = iters = us = 0.0
+    best_body, best_iters = "", 0
+    ends = rt.cpu_ts + rt.cpu_dur
+    cut = np.flatnonzero(first).tolist() + [idx.size]
+    for a, b in zip(cut, cut[1:], strict=False):
+        keys = rt.cpu_name[idx[a:b]]
+        fwd_ops: set[str] = set()
+        bwd: list[tuple[int, int, int]] = []
+        for s, p, r in periodic(keys):
+            body = [names[k] for k in keys[s:s + p].tolist()]
+            if all(x.startswith(_BWD) for x in body):
+                bwd.append((s, p, r))
+            elif (any(x in INDEX_OPS for x in body) and not any(x.startswith(_BWD) for x in body)
+                  and not any(x in MODEL_BODY_OPS for x in body)):
+                fwd_ops |= set(body)
+                _take(mask, a + s, a + s + p * r)
+                calls += p * r
+                us += float(ends[idx[a + s + p * r - 1]] - rt.cpu_ts[idx[a + s]])
+                iters += r
+                if r > best_iters:
+                    best_iters, best_body = r, ", ".join(body)
+        for s, p, r in bwd:   # the loop's own backward: its nodes are the body's operators'
+            ops = {_op_of_node(names[k]) for k in keys[s:s + p].tolist()}
+            if fwd_ops and ops <= fwd_ops:
+                _take(mask, a + s, a + s + p * r)
+                calls += p * r
+                us += float(ends[idx[a + s + p * r - 1]] - rt.cpu_ts[idx[a + s]])
+    return LoopFacts(loop_calls=calls / n_steps, loop_us=us / n_steps, loop_iters=iters / n_steps,
+                     passes=float(starts.sum()) / n_steps, body=best_body), mask
+
+
+def _take(mask: np.ndarray, a: int, b: int) -> None:
+    mask[a:b] = True
