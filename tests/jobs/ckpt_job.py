@@ -1,11 +1,14 @@
 """A preemptible job that checkpoints in its grace period and resumes from its checkpoint.
 
-    python ckpt_job.py --steps 60 --sleep 0.1
+    python ckpt_job.py --steps 60 --sleep 0.1 [--hold-at 5]
 
 Its state is the sum 0 + 1 + ... + (step - 1). On SIGTERM it writes ``{step, total}`` to
 ``$GPUDIAG_CHECKPOINT_DIR/ckpt.json`` (temp file + rename) and exits 143; started again, it
 loads the checkpoint, asserts the state is the one the step implies (a corrupt or foreign
 checkpoint fails the job), prints ``resumed at step N (restart R)`` and goes on.
+``--hold-at N``: on its first start it stops after step N until it is signalled, so a test
+preempts it there however slowly a busy machine runs the test (at load 10-16 the 40 steps of
+0.05 s had all run before the test, polling the logs through the CLI, submitted its on-demand job).
 """
 
 import argparse
@@ -19,6 +22,7 @@ from pathlib import Path
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=60)
 ap.add_argument("--sleep", type=float, default=0.1)
+ap.add_argument("--hold-at", type=int, default=0)
 args = ap.parse_args()
 
 ckpt = Path(os.environ["GPUDIAG_CHECKPOINT_DIR"]) / "ckpt.json"
@@ -49,4 +53,6 @@ while state[0] < args.steps:
     time.sleep(args.sleep)
     state = (state[0] + 1, state[1] + state[0])
     print(f"step {state[0]}", flush=True)
+    while restarts == 0 and state[0] == args.hold_at:
+        signal.pause()   # SIGTERM's handler exits
 print(f"finished at step {state[0]}", flush=True)

@@ -96,7 +96,8 @@ def test_compiles_predicted_saving_is_bounded_by_the_dispatch_it_removes(eager):
     kept = f.kept_us * k + f.extern_us * view.compute / d.breakdown.compute + view.host_stalled
     dispatch = view.step_time - kept
     saved = (rec.step_s - rec.predicted_step_s) * 1e6
-    assert saved <= dispatch * (1 - f.kernels / f.calls) + 1.0, (saved, dispatch, f, rec.why)
+    # (on a busy machine what is kept, the OS's share with it, may fill the step: no dispatch)
+    assert saved <= max(0.0, dispatch) * (1 - f.kernels / f.calls) + 1.0, (saved, dispatch, f, rec.why)
     assert rec.predicted_step_s * 1e6 >= kept, (rec.predicted_step_s, kept, rec.why)
     assert "compile removes calls, not their work" in rec.why and "AccumulateGrad" in rec.why
     # the replay of a GPU's launch gaps would have closed every host gap, the optimizer's too
@@ -110,7 +111,10 @@ def test_graph_breaks_at_values_read_back_cost_compile_its_gain(eager, syncs):
     assert f.syncs == pytest.approx(BLOCKS / 3), f
     assert f.graphs == pytest.approx(2 * (1 + BLOCKS / 3)), f
     plain, broken = compile_rec(eager[0]), compile_rec(syncs[0])
-    assert broken.gain is None or broken.gain < plain.gain, (plain, broken)
+    # never more than the plain job's gain; less wherever the plain job has one to lose (at load
+    # 10-16 the plain job's own was none: the OS's share of its step kept with the calls)
+    assert broken.gain is None or broken.gain <= plain.gain, (plain, broken)
+    assert broken.gain is None or plain.gain == 0 or broken.gain < plain.gain, (plain, broken)
     assert "graph breaks" in broken.why
 
 

@@ -159,7 +159,8 @@ def test_a_two_slot_job_waits_for_two_free_slots_and_gets_both(sched_factory, tm
 def test_on_demand_preempts_spot_which_checkpoints_is_requeued_and_resumes(sched_factory):
     s = sched_factory("--slots", "1", "--min-runtime", "0")   # jobs under gpudiag profile --monitor
     spot = s.submit("--gpus", "1", "--tier", "spot", "--grace", "5s", "--",
-                    sys.executable, str(JOBS / "ckpt_job.py"), "--steps", "40", "--sleep", "0.05")
+                    sys.executable, str(JOBS / "ckpt_job.py"), "--steps", "40", "--sleep", "0.05",
+                    "--hold-at", "5")   # on its first start, until preempted
     deadline = time.monotonic() + WAIT_S
     while "step 5\n" not in s.cli("logs", str(spot)).stdout:
         assert time.monotonic() < deadline, s.cli("logs", str(spot), "--stderr").stdout
