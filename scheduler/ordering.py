@@ -109,6 +109,7 @@ class Ordering:
         self.teams_ix: dict[str, int] = {}
         self.team_names: list[str] = []
         self.quota_cache: tuple[Mapping[str, float] | None, np.ndarray] | None = None
+        self.reclaim_cache: tuple[Mapping[str, float] | None, dict[str, float]] | None = None
         # Each row's terms as last computed (``current``), kept until an input changes: its
         # signal, its key's history, a class median, or the time one of them stops being usable.
         self.key_rows: list[list[int]] = []      # key -> its rows
@@ -267,9 +268,9 @@ class Ordering:
         return RunningCols(self.rows(running), np.fromiter((r.expected_end for r in running), float, n),
                            np.fromiter((r.terminating for r in running), bool, n))
 
-    def current(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``keys(rows, now)``, computed again only for rows whose inputs changed since they
-        were last computed (a replay asks for thousands of rows on each of its passes)."""
+    def current(self, rows: np.ndarray, now: float) -> None:
+        """Bring ``c_key``/``c_kind``/``c_charge`` of ``rows`` to ``keys(rows, now)``, computing
+        only rows whose inputs changed since (a replay asks for thousands on each pass)."""
         if self.medians.observations != self.c_seen:
             self.c_seen = self.medians.observations
             med = self._medians()
@@ -286,11 +287,15 @@ class Ordering:
                                              np.where(hist >= now, hist, np.inf))
             self.c_key[stale], self.c_kind[stale], self.c_charge[stale] = key, kind, charge
             self.c_ok[stale] = True
-        return self.c_key[rows], self.c_kind[rows], self.c_charge[rows]
 
     def _by_key(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` (ascending) in (key, row) order: the last call's order, less the rows gone or
         whose key moved, with the others put in their places; sorted afresh when many changed."""
+        if len(rows) <= 32:   # a short queue: one small sort costs less than the merge below
+            out = rows[np.argsort(self.c_key[rows], kind="stable")]
+            self.moved[rows] = False
+            self.by_key = out
+            return out
         keep = self.by_key
         if len(keep):
             self.mark[rows] = True
@@ -376,6 +381,14 @@ class Ordering:
             got = self.quota_cache = (quotas, np.array([(quotas or {}).get(t, 0.0) for t in self.team_names]))
         return got[1]
 
+    def reclaim_quotas(self, quotas: Mapping[str, float] | None) -> dict[str, float]:
+        """The teams with a positive quota (what quota reclaim reads), kept while the map stays
+        the same (not copied on each of a replay's passes)."""
+        got = self.reclaim_cache
+        if got is None or got[0] is not quotas:
+            got = self.reclaim_cache = (quotas, {t: q for t, q in (quotas or {}).items() if q > 0})
+        return got[1]
+
     # --- the order ---------------------------------------------------------------------------------
     def queue(self, rows: np.ndarray, now: float, running: Sequence[Running] = (),
               quotas: Mapping[str, float] | None = None, total_gpus: int | None = None,
@@ -401,12 +414,11 @@ class Ordering:
             live = None
         rows = self._by_key(rows)   # from here on in (key, row) order
         keys, kinds, charge = self.c_key[rows], self.c_kind[rows], self.c_charge[rows]
-        gpus = self.gpus[rows]
-        tier = self.tier[rows]
+        gpus, est, tier = self.gpus[rows], self.est[rows], self.tier[rows]
         share = None
         overdue_s = math.inf
         if p.order == "priority" and p.team_queues:
-            overdue_s = min(p.team_overdue_s, drain_time(self.gpus[rows], self.est[rows], self.gpus[run.rows],
+            overdue_s = min(p.team_overdue_s, drain_time(gpus, est, self.gpus[run.rows],
                                                          run.ends, now, total_gpus))
             nt = len(self.team_names)
             team = self.team_i[rows]
@@ -418,7 +430,7 @@ class Ordering:
             perm = interleave(tier, team, gpus * charge, self.sub[rows], charged, quota, now, overdue_s)
         else:
             perm = np.argsort((2 - tier).astype(np.int8), kind="stable")
-        q = PendingQueue.ordered(self.job_arr[rows[perm]], gpus[perm], self.est[rows][perm], kinds[perm],
+        q = PendingQueue.ordered(self.job_arr[rows[perm]], gpus[perm], est[perm], kinds[perm],
                                  keys[perm], rows[perm], -tier[perm], self.why(rows, now) if why else {})
         q.teams = share
         q.overdue_s = overdue_s

@@ -296,8 +296,8 @@ def decide(o: Ordering, state: ClusterState, queue: PendingQueue | np.ndarray, r
     live = None
     if not isinstance(queue, PendingQueue):
         queue, live = o.queue(queue, now, running, quotas, state.total_gpus, why, cols)
-    reclaim = {t: q for t, q in (quotas or {}).items() if q > 0} if policy.reclaim else {}
-    held = {t: float(live[i]) for i, t in enumerate(o.team_names)} if live is not None else None
+    reclaim = o.reclaim_quotas(quotas) if policy.reclaim else {}
+    held = dict(zip(o.team_names, live.tolist(), strict=True)) if live is not None else None
     decisions = plan_pass(state, queue, by_end, now, policy, lambda: running, o.victim_mfu(running, now),
                           reclaim or None, held)
     return Pass(decisions, state, queue, policy, now)

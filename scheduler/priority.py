@@ -102,9 +102,8 @@ def efficiency_factors(mfu, median, idle, policy: Policy):
     ``Policy.idle_label_factor`` for a GPU-idle label; 1 where the MFU is unknown (NaN) and
     the label is not GPU-idle. ``efficiency_factor`` and every ``ordering.Ordering`` use it."""
     mfu, median = np.asarray(mfu, float), np.asarray(median, float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        low = (median > 0) & (mfu < median)
-        f = np.where(low, np.maximum(policy.min_efficiency_factor, mfu / np.where(low, median, 1.0)), 1.0)
+    low = (median > 0) & (mfu < median)   # (comparisons with NaN are False, and warn of nothing)
+    f = np.where(low, np.maximum(policy.min_efficiency_factor, mfu / np.where(low, median, 1.0)), 1.0)
     return np.where(idle, np.minimum(f, policy.idle_label_factor), f)
 
 

@@ -54,8 +54,8 @@ def interleave(tier: np.ndarray, team: np.ndarray, gpus: np.ndarray, submit: np.
     queue before every pass.
     """
     n = len(tier)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
+    if n < 2:   # (most of a replay's passes at 80 nodes: the job that just arrived)
+        return np.zeros(n, dtype=np.int64)
     fresh = (now - submit < overdue_s).astype(np.int64)   # 0 = overdue: goes first
     small = np.int16 if len(use) < 5000 else np.int32
     # each team's own queue: tier, overdue first, then the rows' order; GPUs given before each job
@@ -91,7 +91,7 @@ def aging_violations(submit: np.ndarray, tier: np.ndarray, bound_s: float) -> in
     job of their tier submitted more than ``bound_s`` after them: 0 is the aging bound
     (``Policy.aging_bound_s``; with per-team queues ``max(efficiency cap, overdue time)`` at the
     pass). A replay counts these on every pass."""
-    if not len(tier):
+    if len(tier) < 2:
         return 0
     if tier[0] == tier[-1]:   # one tier (they come in runs)
         return int(np.count_nonzero(np.maximum.accumulate(submit) > submit + bound_s + 1e-6))

@@ -87,49 +87,27 @@ def sim(trace: str, nodes: int, gpus_per_node: int, node_sizes_: str | None, rac
       gpudiag sim philly.csv --sweep --out docs
     """
     from gpudiag.scheduler.sim.metrics import summarise
-    from gpudiag.scheduler.sim.mfu_model import read_mfu_file, synthesise
     from gpudiag.scheduler.sim.sweep import policy_named, replay
-    from gpudiag.scheduler.sim.traces import read_trace
 
     for name, v in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node), ("--rack-size", rack_size)):
         if v < 1:
             raise BadInput(f"{name} must be at least 1 (got {v})")
     ctx = click.get_current_context()
     given = {p for p in ctx.params if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE}
-    sweep_only = {"out", "loads_text", "seeds", "window_jobs", "windows", "processes"}
+    options = {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay}
     if sweep:
-        clash = given & {"policy", "seed", "mfu_file", "node_sizes_", "gpus_per_node", "rack_size", "as_json"}
-        if clash:
-            raise BadInput("--sweep runs every policy on its own windows of the trace, seeds and 8-GPU "
-                           "nodes: leave out " + ", ".join(sorted(_flag(p) for p in clash)))
-        from gpudiag.commands import sim_sweep
-        base = with_options(Policy(), {"min_runtime": min_runtime, "efficiency_delay": efficiency_delay})
-        sim_sweep.run(trace, out, loads_text, seeds, nodes, window_jobs, windows, processes, base,
-                      quiet=False)
+        _sweep(given, trace, out, loads_text, seeds, nodes, window_jobs, windows, processes, options)
         return
-    if given & sweep_only:
-        raise BadInput(", ".join(sorted(_flag(p) for p in given & sweep_only)) + " only go with --sweep")
-    if node_sizes_ is not None:
-        also = [f"--{p.replace('_', '-')}" for p in ("nodes", "gpus_per_node")
-                if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE]
-        if also:
-            raise BadInput(f"--node-sizes describes every node: leave out {' and '.join(also)}")
-        groups = node_sizes(node_sizes_)
-    else:
-        groups = [(nodes, gpus_per_node)]
+    sweep_only = given & {"out", "loads_text", "seeds", "window_jobs", "windows", "processes"}
+    if sweep_only:
+        raise BadInput(", ".join(sorted(_flag(p) for p in sweep_only)) + " only go with --sweep")
+    groups = _groups(given, node_sizes_, nodes, gpus_per_node)
     shape = " + ".join(f"{n} nodes x {g} GPUs" for n, g in groups)
     if policy not in POLICIES:
         raise BadInput(f"--policy {policy!r}: use one of {', '.join(POLICIES)}")
-    tr = read_trace(trace)
-    mfu = synthesise(tr.jobs, seed)
-    if mfu_file:
-        mfu, missing = read_mfu_file(mfu_file, tr.jobs, mfu)
-        if missing:
-            click.echo(f"gpudiag sim: {missing} job(s) not in {mfu_file} keep their synthetic MFU", err=True)
-    cluster = Cluster.of_sizes(groups, rack_size)
-    chosen = policy_named(policy, with_options(Policy(), {"min_runtime": min_runtime,
-                                                          "efficiency_delay": efficiency_delay}))
-    res = replay(tr.jobs, mfu, cluster, chosen)
+    tr, mfu = _jobs(trace, seed, mfu_file)
+    res = replay(tr.jobs, mfu, Cluster.of_sizes(groups, rack_size),
+                 policy_named(policy, with_options(Policy(), options)))
     if res.rejected:
         tr.rejected["larger than the cluster"] = res.rejected
     if not res.jobs:
@@ -141,7 +119,48 @@ def sim(trace: str, nodes: int, gpus_per_node: int, node_sizes_: str | None, rac
     m["rejected"] = sum(tr.rejected.values())
     if as_json:
         click.echo(json.dumps(m))
-        return
+    else:
+        _print(m, policy, shape, rack_size)
+
+
+def _sweep(given: set[str], trace: str, out: str, loads_text: str, seeds: int, nodes: int, window_jobs: int,
+           windows: int, processes: int | None, options: dict[str, str]) -> None:
+    """``--sweep``: every policy on its own windows, seeds and 8-GPU nodes (single-replay options refused)."""
+    clash = given & {"policy", "seed", "mfu_file", "node_sizes_", "gpus_per_node", "rack_size", "as_json"}
+    if clash:
+        raise BadInput("--sweep runs every policy on its own windows of the trace, seeds and 8-GPU "
+                       "nodes: leave out " + ", ".join(sorted(_flag(p) for p in clash)))
+    from gpudiag.commands import sim_sweep
+    sim_sweep.run(trace, out, loads_text, seeds, nodes, window_jobs, windows, processes,
+                  with_options(Policy(), options), quiet=False)
+
+
+def _groups(given: set[str], node_sizes_: str | None, nodes: int,
+            gpus_per_node: int) -> list[tuple[int, int]]:
+    """The cluster's (nodes, GPUs per node) groups: --node-sizes, or --nodes x --gpus-per-node."""
+    if node_sizes_ is None:
+        return [(nodes, gpus_per_node)]
+    also = [_flag(p) for p in ("nodes", "gpus_per_node") if p in given]
+    if also:
+        raise BadInput(f"--node-sizes describes every node: leave out {' and '.join(also)}")
+    return node_sizes(node_sizes_)
+
+
+def _jobs(trace: str, seed: int, mfu_file: str | None):
+    """The trace, and each job's (MFU, label): the synthetic model's, replaced by ``mfu_file``'s."""
+    from gpudiag.scheduler.sim.mfu_model import read_mfu_file, synthesise
+    from gpudiag.scheduler.sim.traces import read_trace
+
+    tr = read_trace(trace)
+    mfu = synthesise(tr.jobs, seed)
+    if mfu_file:
+        mfu, missing = read_mfu_file(mfu_file, tr.jobs, mfu)
+        if missing:
+            click.echo(f"gpudiag sim: {missing} job(s) not in {mfu_file} keep their synthetic MFU", err=True)
+    return tr, mfu
+
+
+def _print(m: dict, policy: str, shape: str, rack_size: int) -> None:
     click.echo(f"{policy} on {shape} (racks of {rack_size}): "
                f"{m['jobs']} jobs, {m['rejected']} rejected")
     for k, v in m.items():

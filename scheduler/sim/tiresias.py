@@ -34,48 +34,50 @@ THRESHOLD_GPU_S = 3600.0
 RESTORE_S = 30.0
 
 
-def simulate_tiresias(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]],
-                      cluster: Cluster) -> SimResult:
-    wall0 = time.perf_counter()
-    state = ClusterState(cluster)
-    per = state.max_gpus
-    fit, rejected = admissible(trace_jobs, state.total_gpus)
-    sims: list[SimJob] = []
-    for t in fit:
-        m, label = mfu[t.id]
-        sims.append(SimJob(Job(t.id, t.gpus, t.submit, t.duration, t.user, t.team, t.key, t.tier),
-                           t.duration, m, label, t.duration, trace_id=t.id))
-    by_id = {s.job.id: s for s in sims}
-    q0: list[tuple[float, int]] = []     # (arrival, id)
-    q1: list[tuple[float, int]] = []     # (entered queue 1, id)
-    attained: dict[int, float] = {}      # GPU-seconds before the current segment
-    running: dict[int, tuple] = {}       # id -> (placement, segment start, overhead, version)
-    events: list[tuple[float, int, int, int]] = []   # (time, kind 0 done / 1 demote, id, version)
-    version: dict[int, int] = {}
-    resumed: set[int] = set()
-    where: dict[int, tuple[int, tuple[float, int]]] = {}   # id -> (queue, its entry)
-    ai, n = 0, len(sims)
+class _Las:
+    """One replay's state: the two queues, each job's attained service, the running segments."""
 
-    def launch(s: SimJob, placement, now: float) -> None:
+    def __init__(self, sims: list[SimJob], state: ClusterState) -> None:
+        self.sims, self.state = sims, state
+        self.by_id = {s.job.id: s for s in sims}
+        self.q0: list[tuple[float, int]] = []     # (arrival, id)
+        self.q1: list[tuple[float, int]] = []     # (entered queue 1, id)
+        self.where: dict[int, tuple[int, tuple[float, int]]] = {}   # id -> (queue, its entry)
+        self.attained: dict[int, float] = {}      # GPU-seconds before the current segment
+        self.running: dict[int, tuple] = {}       # id -> (placement, segment start, overhead, version)
+        self.events: list[tuple[float, int, int, int]] = []   # (time, kind 0 done / 1 demote, id, version)
+        self.version: dict[int, int] = {}
+        self.resumed: set[int] = set()
+
+    def enqueue(self, which: int, entry: tuple[float, int]) -> None:
+        self.where[entry[1]] = (which, entry)
+        insort(self.q1 if which else self.q0, entry)
+
+    def dequeue(self, jid: int) -> None:
+        which, entry = self.where.pop(jid)
+        q = self.q1 if which else self.q0
+        del q[bisect_left(q, entry)]
+
+    def launch(self, s: SimJob, placement, now: float) -> None:
         jid = s.job.id
-        over = RESTORE_S if jid in resumed else 0.0
-        v = version[jid] = version.get(jid, 0) + 1
-        running[jid] = (placement, now, over, v)
+        over = RESTORE_S if jid in self.resumed else 0.0
+        v = self.version[jid] = self.version.get(jid, 0) + 1
+        self.running[jid] = (placement, now, over, v)
         wall = over + s.remaining
         s.lost_gpu_s += s.job.gpus * over
         if math.isnan(s.first_start):
             s.first_start = now
         s.segments.append([now, now + wall, s.remaining])
-        heapq.heappush(events, (now + wall, 0, jid, v))
-        a = attained.get(jid, 0.0)
+        heapq.heappush(self.events, (now + wall, 0, jid, v))
+        a = self.attained.get(jid, 0.0)
         if a < THRESHOLD_GPU_S:
-            heapq.heappush(events, (now + (THRESHOLD_GPU_S - a) / s.job.gpus, 1, jid, v))
+            heapq.heappush(self.events, (now + (THRESHOLD_GPU_S - a) / s.job.gpus, 1, jid, v))
 
-    def halt(s: SimJob, now: float, finished: bool) -> None:
+    def halt(self, s: SimJob, now: float, finished: bool) -> None:
         jid = s.job.id
-        placement, st, over, _ = running.pop(jid)
-        state.release(placement)
-        attained[jid] = attained.get(jid, 0.0) + (now - st) * s.job.gpus
+        placement, st, over, _ = self.running.pop(jid)
+        self.state.release(placement)
+        self.attained[jid] = self.attained.get(jid, 0.0) + (now - st) * s.job.gpus
         if finished:
             s.end, s.remaining = now, 0.0
             return
@@ -83,53 +85,72 @@ def simulate_tiresias(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, st
         s.remaining -= progress
         s.segments[-1][1:] = [now, progress]
         s.preemptions += 1
-        resumed.add(jid)
+        self.resumed.add(jid)
 
-    while ai < n or events:
-        now = min(sims[ai].job.submit if ai < n else math.inf, events[0][0] if events else math.inf)
-        while events and events[0][0] <= now:
-            _, kind, jid, v = heapq.heappop(events)
-            if jid not in running or running[jid][3] != v:
+    def due(self, now: float) -> None:
+        """Completions, and running jobs crossing the threshold into queue 1."""
+        while self.events and self.events[0][0] <= now:
+            _, kind, jid, v = heapq.heappop(self.events)
+            if jid not in self.running or self.running[jid][3] != v:
                 continue
+            self.dequeue(jid)
             if kind == 0:
-                halt(by_id[jid], now, finished=True)
-                _remove(q0, q1, where, jid)
+                self.halt(self.by_id[jid], now, finished=True)
             else:
-                _remove(q0, q1, where, jid)
-                where[jid] = (1, (now, jid))
-                insort(q1, (now, jid))
-        while ai < n and sims[ai].job.submit <= now:
-            where[sims[ai].job.id] = (0, (sims[ai].job.submit, sims[ai].job.id))
-            insort(q0, (sims[ai].job.submit, sims[ai].job.id))
-            ai += 1
-        budget = state.total_gpus
+                self.enqueue(1, (now, jid))
+
+    def select(self) -> list[int]:
+        """Walking queue 0 then queue 1, every job whose GPUs fit in what the cluster has left."""
+        budget = self.state.total_gpus
         chosen: list[int] = []
-        for q in (q0, q1):
+        for q in (self.q0, self.q1):
             for _, jid in q:
-                g = by_id[jid].job.gpus
+                g = self.by_id[jid].job.gpus
                 if g <= budget:
                     chosen.append(jid)
                     budget -= g
                     if budget == 0:
-                        break
-            if budget == 0:
-                break
+                        return chosen
+        return chosen
+
+    def apply(self, chosen: list[int], now: float) -> None:
+        """Preempt the running jobs not chosen; place the chosen ones not running, if they fit."""
         keep = set(chosen)
-        for jid in [j for j in running if j not in keep]:
-            halt(by_id[jid], now, finished=False)
+        for jid in [j for j in self.running if j not in keep]:
+            self.halt(self.by_id[jid], now, finished=False)
+        per = self.state.max_gpus
         for jid in chosen:
-            if jid in running:
+            if jid in self.running:
                 continue
-            s = by_id[jid]
+            s = self.by_id[jid]
             g = s.job.gpus
-            plan = one_node(state, g) if g <= per else whole_nodes(state, g, fewest_racks=False)
+            plan = one_node(self.state, g) if g <= per else whole_nodes(self.state, g, fewest_racks=False)
             if plan is not None:
-                launch(s, state.allocate(plan), now)
+                self.launch(s, self.state.allocate(plan), now)
+
+    def run(self) -> None:
+        sims, ai, n = self.sims, 0, len(self.sims)
+        while ai < n or self.events:
+            now = min(sims[ai].job.submit if ai < n else math.inf,
+                      self.events[0][0] if self.events else math.inf)
+            self.due(now)
+            while ai < n and sims[ai].job.submit <= now:
+                self.enqueue(0, (sims[ai].job.submit, sims[ai].job.id))
+                ai += 1
+            self.apply(self.select(), now)
+
+
+def simulate_tiresias(trace_jobs: list[TraceJob], mfu: dict[int, tuple[float, str]],
+                      cluster: Cluster) -> SimResult:
+    """Replay submit-sorted ``trace_jobs`` under Tiresias' LAS; jobs that can never fit are rejected."""
+    wall0 = time.perf_counter()
+    state = ClusterState(cluster)
+    fit, rejected = admissible(trace_jobs, state.total_gpus)
+    sims: list[SimJob] = []
+    for t in fit:
+        m, label = mfu[t.id]
+        sims.append(SimJob(Job(t.id, t.gpus, t.submit, t.duration, t.user, t.team, t.key, t.tier),
+                           t.duration, m, label, t.duration, trace_id=t.id))
+    _Las(sims, state).run()
     return SimResult("tiresias", sims, rejected, state.total_gpus,
                      quotas_from_load(trace_jobs, state.total_gpus), time.perf_counter() - wall0)
-
-
-def _remove(q0: list, q1: list, where: dict, jid: int) -> None:
-    which, entry = where.pop(jid)
-    q = q1 if which else q0
-    del q[bisect_left(q, entry)]
