@@ -98,7 +98,7 @@ def test_compiles_predicted_saving_is_bounded_by_the_dispatch_it_removes(eager):
     saved = (rec.step_s - rec.predicted_step_s) * 1e6
     # (on a busy machine what is kept, the OS's share with it, may fill the step: no dispatch)
     assert saved <= max(0.0, dispatch) * (1 - f.kernels / f.calls) + 1.0, (saved, dispatch, f, rec.why)
-    assert rec.predicted_step_s * 1e6 >= kept, (rec.predicted_step_s, kept, rec.why)
+    assert rec.predicted_step_s * 1e6 >= min(kept, view.step_time), (rec.predicted_step_s, kept, rec.why)
     assert "compile removes calls, not their work" in rec.why and "AccumulateGrad" in rec.why
     # the replay of a GPU's launch gaps would have closed every host gap, the optimizer's too
     assert rec.predicted_step_s * 1e6 > whatif.compiled(view, 1.0).step_us
