@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpudiag.analyzers.assemble import RankPartial, assemble, trace_device
+from gpudiag.analyzers.assemble import RankPartial, assemble
 from gpudiag.analyzers.breakdown import (
     cpu_work,
     gpu_span_breakdown,
@@ -27,6 +27,7 @@ from gpudiag.analyzers.breakdown import (
 from gpudiag.analyzers.communication import collective_acc
 from gpudiag.analyzers.host_cpu import host_cpu
 from gpudiag.analyzers.host_wait import host_wait, with_waits
+from gpudiag.analyzers.job_device import trace_device
 from gpudiag.analyzers.rank_facts import rank_facts
 from gpudiag.analyzers.rank_pool import ProgressSink, RankFile, peek, run_ranks, select
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, work_bounds
