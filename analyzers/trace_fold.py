@@ -308,17 +308,7 @@ class ColumnBuilder:
         cpu_dur = self._col("c_dur", np.float64)
         cpu_tid = self._col("c_tid", np.int32)
         is_op = self._col("c_isop", bool)
-        cost = self._col("c_cost", np.int32)
-        table = np.array([(f, b, self._intern(dt), k, self._intern(sh))
-                          for f, b, dt, k, sh in self._costs], dtype=np.float64).reshape(-1, 5)
-        costed = cost >= 0
-        ci = cost[costed]
-
-        def per_op(col: int, fill: float, dtype: Any) -> np.ndarray:
-            out = np.full(cost.size, fill, dtype=np.float64)
-            out[costed] = table[ci, col]
-            return out.astype(dtype)
-
+        per_op = self._per_op(self._col("c_cost", np.int32))
         kind = per_op(3, 0, np.int8)
         self.steps.sort(key=lambda s: s[1])
         return RankTrace(
@@ -348,6 +338,22 @@ class ColumnBuilder:
             sync_ts=self._col("s_ts", np.float64), sync_dur=self._col("s_dur", np.float64),
             sync_tid=self._col("s_tid", np.int32),
         )
+
+    def _per_op(self, cost: np.ndarray) -> Callable[[int, float, Any], np.ndarray]:
+        """A reader of one column of the operators' costs (flops, bytes, dtype, kind, shape),
+        one value per CPU event (``fill`` where the event was not costed). The cost table's
+        dtype and shape strings are interned into the names as the table is built."""
+        table = np.array([(f, b, self._intern(dt), k, self._intern(sh))
+                          for f, b, dt, k, sh in self._costs], dtype=np.float64).reshape(-1, 5)
+        costed = cost >= 0
+        ci = cost[costed]
+
+        def per_op(col: int, fill: float, dtype: Any) -> np.ndarray:
+            out = np.full(cost.size, fill, dtype=np.float64)
+            out[costed] = table[ci, col]
+            return out.astype(dtype)
+
+        return per_op
 
     def _warnings(self, rank: int, salvage_dropped: int | None) -> list[str]:
         w: list[str] = []
