@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -68,7 +68,7 @@ def column(events: Sequence[Event], idx: np.ndarray | None, attrs: tuple[str, ..
     return out
 
 
-class _Table(dict):
+class _Table(dict[Any, int]):
     """Value -> id; a miss calls ``new(value)`` once and remembers its answer, so that the
     common case, a value seen before, is a dict lookup in C."""
 
@@ -91,7 +91,7 @@ class ColumnBuilder:
         self._step_of: list[int] = []  # per name: ProfilerStep number, -1 if not a step
         self._flags: list[int] = []
         self._tid_id = _Table(lambda _tid: len(self._tid_id))
-        self._cost_id: dict[tuple, int] = {}
+        self._cost_id: dict[tuple[Any, ...], int] = {}
         # cost table: one row per distinct costed call (flops, bytes, dtype, kind, shape text);
         # its strings join the name table after the events' names, so that the table is in
         # file order whatever the batches
@@ -260,10 +260,9 @@ class ColumnBuilder:
         sub = [events[j].args for j in pos[rows].tolist()]
         keys = [(n, bytes(getattr(a, dims)), bytes(a.input_type), bytes(a.concrete))
                 for n, a in zip(names[rows].tolist(), sub, strict=True)]
-        ids = list(map(self._cost_id.get, keys))
-        if None in ids:
-            ids = [self._cost(k) if i is None else i for k, i in zip(keys, ids, strict=True)]
-        cost[rows] = ids
+        found = list(map(self._cost_id.get, keys))
+        cost[rows] = ([self._cost(k) if i is None else i for k, i in zip(keys, found, strict=True)]
+                      if None in found else cast("list[int]", found))
         return cost, had
 
     def _cost(self, key: tuple[int, bytes, bytes, bytes]) -> int:
