@@ -25,7 +25,7 @@ from gpudiag.analyzers.classify import (
     with_deductions,
 )
 from gpudiag.analyzers.comm_cost import comm_cpu, with_contention
-from gpudiag.analyzers.communication import finish_collectives, per_step
+from gpudiag.analyzers.communication import Acc, finish_collectives, per_step
 from gpudiag.analyzers.compile_facts import CompileFacts
 from gpudiag.analyzers.host_cpu import HostCpu, loader_busy
 from gpudiag.analyzers.host_wait import unprofiled_waits
@@ -72,7 +72,7 @@ class RankPartial:
     device_memory: int | None
     shapes_recorded: bool
     roofline: RooflineAcc
-    collectives: dict[str, dict[str, float]]
+    collectives: dict[str, Acc]
     kernels: dict[str, list[float]]
     ops: dict[str, list[float]]
     memory_ops: dict[str, float]
