@@ -7,10 +7,10 @@ module turns each into a ``SyncCensus``, bounding what a job's own file may clai
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 
-def is_number(v: Any) -> bool:  # a JSON value
+def is_number(v: Any) -> TypeGuard[float]:  # a JSON value
     """A JSON number that is one (not a bool, not NaN): the run directory's readers share it."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
