@@ -71,6 +71,7 @@ MAX_FILES_PER_SCRAPE = 2000  # a flood of files is drained over several scrapes
 # every per-job series: the job is (job_id, owner_uid), owner_uid the uid that wrote its
 # signals ("" only for jobs of a schema-1 table, whose writers nobody recorded)
 JOB_LABELS = ("job_id", "owner_uid")
+Family = GaugeMetricFamily | CounterMetricFamily
 
 
 class JobTable(Collector):
@@ -211,78 +212,49 @@ class JobTable(Collector):
             return self._families(now)
 
     def _families(self, now: float) -> list[Metric]:
-        def gauge(name: str, help_: str, labels: tuple[str, ...] = JOB_LABELS) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, help_, labels=list(labels))
-
-        mfu = gauge(c.JOB_MFU, "Model FLOPs utilisation at the job's live untraced step time.")
-        step = gauge(c.JOB_STEP_SECONDS, "Median recent untraced training step time.")
-        wait = gauge(c.JOB_INPUT_WAIT, "Fraction of step time waiting for input.")
-        label = gauge(c.JOB_BOTTLENECK, "1 for the job's current bottleneck label.",
-                      (*JOB_LABELS, "label"))
-        conf = gauge(c.JOB_CONFIDENCE, "Confidence (0-1) of the job's bottleneck label.")
-        age = gauge(c.JOB_SIGNAL_AGE,
-                    "Time since the trace behind the job's label and FLOPs was taken.")
-        dil = gauge(c.JOB_DILATION,
-                    "Traced over untraced step time: how much profiling slowed the traced steps.")
-        traced = gauge(c.JOB_TRACED_STEPS, "Steps in the trace behind the job's label.")
-        coll = CounterMetricFamily(c.JOB_COLLECTIVE_SECONDS,
-                                   "Time in collectives since the job started.",
-                                   labels=[*JOB_LABELS, "collective"])
-        seen = gauge(c.JOB_LAST_SIGNAL,
-                     "When the agent last took a signal from the job, by the agent's clock.")
-        run = gauge(c.JOB_RUN_INFO, "1, labelled with the job's run directory (its report.html).",
-                    (*JOB_LABELS, "run_dir"))
-        ended = gauge(c.JOB_ENDED,
-                      "When the job reported that it ended (only jobs that have: their last values "
-                      "stay exported a grace period, so scrapes see them, then they are dropped).")
-        rec = gauge(c.JOB_RECOMMENDATION,
-                    "1, labelled with the job's top recommendation (its action id).", (*JOB_LABELS, "action"))
-        pred = gauge(c.JOB_PREDICTED_STEP,
-                     "Step time the job's top recommendation predicts if it worked fully.")
-        team = gauge(c.JOB_TEAM, "1, labelled with the job's team (Slurm account or "
-                     "the local scheduler's team), where the job knows it.", (*JOB_LABELS, "team"))
-        user = gauge(c.JOB_OWNER, "1, labelled with the login name of the job's owner_uid "
-                     "on this node, where the node has an account for it.", (*JOB_LABELS, "user"))
-        stalled = gauge(c.JOB_STALLED,
-                        "Seconds since the job last finished a step, only while that exceeds its stall "
-                        "limit (its MFU is then exported as 0); cause: hung, desync, mismatch, deadlock, "
-                        "idle, busy, exited, unknown, or no-steps while it is being judged.",
-                        (*JOB_LABELS, "cause"))
-        last_step = gauge(c.JOB_LAST_STEP, "When the job last finished a step.")
+        fams = _job_families()
         for j in self.jobs.values():
-            lv = [j.job_id, "" if j.owner_uid is None else str(j.owner_uid)]
-            # one action, one team and one user per job: these add at most 3 series per job
-            if j.action is not None:
-                rec.add_metric([*lv, j.action], 1.0)
-            if j.predicted_step_seconds is not None:
-                pred.add_metric(lv, j.predicted_step_seconds)
-            if j.team is not None:
-                team.add_metric([*lv, j.team], 1.0)
-            name = self.names(j.owner_uid) if self.names is not None and j.owner_uid is not None else None
-            if name is not None:
-                user.add_metric([*lv, name], 1.0)
-            # the agent's receive time, not the job's claim: a multi-node job's freshest report is
-            # the one a node took last, whatever clock the job's writer read
-            seen.add_metric(lv, j.received_at if j.received_at is not None else j.ts)
-            if j.ended:
-                ended.add_metric(lv, j.ts)
-            idle = j.stalled_for(now)
-            if idle is not None:
-                stalled.add_metric([*lv, j.stall_cause or "no-steps"], idle)
-            if j.last_step_at is not None:
-                last_step.add_metric(lv, j.last_step_at)
-            for fam, v in ((mfu, j.mfu_at(now)), (step, j.step_seconds), (wait, j.input_wait_ratio),
-                           (conf, j.confidence), (dil, j.dilation), (traced, j.traced_steps)):
-                if v is not None:
-                    fam.add_metric(lv, float(v))
-            if j.traced_at is not None:
-                age.add_metric(lv, max(0.0, now - j.traced_at))
-            if j.bottleneck is not None:
-                label.add_metric([*lv, j.bottleneck], 1.0)
-            if j.run_dir is not None:
-                run.add_metric([*lv, j.run_dir], 1.0)
-            for name, secs in j.collective_seconds_total.items():
-                coll.add_metric([*lv, name], secs)
+            self._add_job(fams, j, now)
+        return [*fams.values(), *self._agent_families()]
+
+    def _add_job(self, fams: dict[str, Family], j: JobSignal, now: float) -> None:
+        """One job's series in each family it has a value for."""
+        lv = [j.job_id, "" if j.owner_uid is None else str(j.owner_uid)]
+        # one action, one team and one user per job: these add at most 3 series per job
+        if j.action is not None:
+            fams["rec"].add_metric([*lv, j.action], 1.0)
+        if j.predicted_step_seconds is not None:
+            fams["pred"].add_metric(lv, j.predicted_step_seconds)
+        if j.team is not None:
+            fams["team"].add_metric([*lv, j.team], 1.0)
+        name = self.names(j.owner_uid) if self.names is not None and j.owner_uid is not None else None
+        if name is not None:
+            fams["user"].add_metric([*lv, name], 1.0)
+        # the agent's receive time, not the job's claim: a multi-node job's freshest report is
+        # the one a node took last, whatever clock the job's writer read
+        fams["seen"].add_metric(lv, j.received_at if j.received_at is not None else j.ts)
+        if j.ended:
+            fams["ended"].add_metric(lv, j.ts)
+        idle = j.stalled_for(now)
+        if idle is not None:
+            fams["stalled"].add_metric([*lv, j.stall_cause or "no-steps"], idle)
+        if j.last_step_at is not None:
+            fams["last_step"].add_metric(lv, j.last_step_at)
+        for key, v in (("mfu", j.mfu_at(now)), ("step", j.step_seconds), ("wait", j.input_wait_ratio),
+                       ("conf", j.confidence), ("dil", j.dilation), ("traced", j.traced_steps)):
+            if v is not None:
+                fams[key].add_metric(lv, float(v))
+        if j.traced_at is not None:
+            fams["age"].add_metric(lv, max(0.0, now - j.traced_at))
+        if j.bottleneck is not None:
+            fams["label"].add_metric([*lv, j.bottleneck], 1.0)
+        if j.run_dir is not None:
+            fams["run"].add_metric([*lv, j.run_dir], 1.0)
+        for coll, secs in j.collective_seconds_total.items():
+            fams["coll"].add_metric([*lv, coll], secs)
+
+    def _agent_families(self) -> list[Metric]:
+        """The agent's own: jobs reporting, signals applied and refused, its state folder."""
         jobs = GaugeMetricFamily(c.AGENT_JOBS, "Jobs currently reporting to this agent.")
         jobs.add_metric([], float(len(self.jobs)))
         applied = CounterMetricFamily(c.AGENT_SIGNALS_APPLIED,
@@ -296,8 +268,51 @@ class JobTable(Collector):
                                  "1; state_dir: the folder whose spool/ jobs report into and whose "
                                  "jobs.json a scheduler reads.", labels=["state_dir"])
         info.add_metric([os.path.abspath(self.state_dir)], 1.0)
-        return [mfu, step, wait, label, conf, age, dil, traced, coll, seen, run, ended, rec, pred, team,
-                user, stalled, last_step, jobs, applied, rej, info]
+        return [jobs, applied, rej, info]
+
+def _job_families() -> dict[str, Family]:
+    """The per-job families, empty, in the order ``/metrics`` lists them."""
+    def gauge(name: str, help_: str, labels: tuple[str, ...] = JOB_LABELS) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, help_, labels=list(labels))
+
+    mfu = gauge(c.JOB_MFU, "Model FLOPs utilisation at the job's live untraced step time.")
+    step = gauge(c.JOB_STEP_SECONDS, "Median recent untraced training step time.")
+    wait = gauge(c.JOB_INPUT_WAIT, "Fraction of step time waiting for input.")
+    label = gauge(c.JOB_BOTTLENECK, "1 for the job's current bottleneck label.",
+                  (*JOB_LABELS, "label"))
+    conf = gauge(c.JOB_CONFIDENCE, "Confidence (0-1) of the job's bottleneck label.")
+    age = gauge(c.JOB_SIGNAL_AGE,
+                "Time since the trace behind the job's label and FLOPs was taken.")
+    dil = gauge(c.JOB_DILATION,
+                "Traced over untraced step time: how much profiling slowed the traced steps.")
+    traced = gauge(c.JOB_TRACED_STEPS, "Steps in the trace behind the job's label.")
+    coll = CounterMetricFamily(c.JOB_COLLECTIVE_SECONDS,
+                               "Time in collectives since the job started.",
+                               labels=[*JOB_LABELS, "collective"])
+    seen = gauge(c.JOB_LAST_SIGNAL,
+                 "When the agent last took a signal from the job, by the agent's clock.")
+    run = gauge(c.JOB_RUN_INFO, "1, labelled with the job's run directory (its report.html).",
+                (*JOB_LABELS, "run_dir"))
+    ended = gauge(c.JOB_ENDED,
+                  "When the job reported that it ended (only jobs that have: their last values "
+                  "stay exported a grace period, so scrapes see them, then they are dropped).")
+    rec = gauge(c.JOB_RECOMMENDATION,
+                "1, labelled with the job's top recommendation (its action id).", (*JOB_LABELS, "action"))
+    pred = gauge(c.JOB_PREDICTED_STEP,
+                 "Step time the job's top recommendation predicts if it worked fully.")
+    team = gauge(c.JOB_TEAM, "1, labelled with the job's team (Slurm account or "
+                 "the local scheduler's team), where the job knows it.", (*JOB_LABELS, "team"))
+    user = gauge(c.JOB_OWNER, "1, labelled with the login name of the job's owner_uid "
+                 "on this node, where the node has an account for it.", (*JOB_LABELS, "user"))
+    stalled = gauge(c.JOB_STALLED,
+                    "Seconds since the job last finished a step, only while that exceeds its stall "
+                    "limit (its MFU is then exported as 0); cause: hung, desync, mismatch, deadlock, "
+                    "idle, busy, exited, unknown, or no-steps while it is being judged.",
+                    (*JOB_LABELS, "cause"))
+    last_step = gauge(c.JOB_LAST_STEP, "When the job last finished a step.")
+    return {"mfu": mfu, "step": step, "wait": wait, "label": label, "conf": conf, "age": age, "dil": dil,
+            "traced": traced, "coll": coll, "seen": seen, "run": run, "ended": ended, "rec": rec,
+            "pred": pred, "team": team, "user": user, "stalled": stalled, "last_step": last_step}
 
 
 def _read_spool_file(path: Path) -> tuple[JobSignal, int]:

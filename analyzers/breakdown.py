@@ -78,79 +78,111 @@ def _split(values: np.ndarray, starts: np.ndarray, lo: np.ndarray, hi: np.ndarra
     return out
 
 
+@dataclass
+class _StepParts:
+    """Per step (one array element a step): the device's measures a breakdown is made of."""
+
+    busy: np.ndarray
+    compute: np.ndarray
+    comm_total: np.ndarray
+    comm_exposed: np.ndarray
+    memcpy_exposed: np.ndarray
+    input_wait: np.ndarray
+    comm_work: np.ndarray  # the training thread's own work for the collectives, inside compute
+    compute_bound: np.ndarray  # the known compute-bound work
+    memory_bound: np.ndarray  # the known memory-bound work
+    stalled: np.ndarray  # the OS running other work in the host gaps
+
+
 def rank_breakdown(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> list[StepBreakdown]:
     """``cw``: the rank's ``cpu_work`` (None where a GPU is the device)."""
     lo, hi, numbers = step_windows(rt)
     if lo.size == 0:
         return []
-    step = hi - lo
     dl = cw.waits if cw is not None else iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
     if rt.has_gpu:
-        end = rt.gpu_ts + rt.gpu_dur
-        cls = rt.gpu_class
-        allg = iv.merge(rt.gpu_ts, end)
-        comp = iv.merge(rt.gpu_ts[cls == KCLASS_COMPUTE], end[cls == KCLASS_COMPUTE])
-        comm = iv.merge(rt.gpu_ts[cls == KCLASS_COMM], end[cls == KCLASS_COMM])
-        other = iv.merge(rt.gpu_ts[cls > KCLASS_COMM], end[cls > KCLASS_COMM])
-        busy = iv.measure_in(allg, lo, hi)
-        compute = iv.measure_in(comp, lo, hi)
-        comm_total = iv.measure_in(comm, lo, hi)
-        comm_exposed = iv.measure_in(iv.subtract(comm, comp), lo, hi)
-        memcpy_exposed = iv.measure_in(iv.subtract(other, iv.union(comp, comm)), lo, hi)
-        input_wait = iv.measure_in(iv.subtract(dl, allg), lo, hi)
-        comm_work = np.zeros(lo.size)
-        work = cls == KCLASS_COMPUTE
-        cb = _split(rt.gpu_dur[work & (wb.bound == BOUND_COMPUTE)],
-                    rt.gpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
-        mb = _split(rt.gpu_dur[work & (wb.bound == BOUND_MEMORY)],
-                    rt.gpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi)
-        stalled = np.zeros(lo.size)
+        parts = _gpu_parts(rt, wb, dl, lo, hi)
     else:
-        # The collective's own calls (c10d::, record_param_comms, gloo:) are communication, not
-        # compute; everything else the threads run is. Gloo runs a collective on its own
-        # threads (DDP's reducer launches one per bucket during backward): it is exposed only
-        # where no compute runs beside it, as on a GPU, and hidden where backward overlaps it.
         assert cw is not None, "a CPU rank's breakdown needs its cpu_work"
-        real = cw.blocks
-        comm = iv.merge(rt.cpu_comm_intervals[:, 0], rt.cpu_comm_intervals[:, 1])
-        comm_x = iv.subtract(comm, iv.union(real, dl))
-        compute = iv.measure_in(real, lo, hi)
-        comm_total = iv.measure_in(comm, lo, hi)
-        comm_exposed = iv.measure_in(comm_x, lo, hi)
-        memcpy_exposed = np.zeros(lo.size)
-        input_wait = iv.measure_in(dl, lo, hi)
-        busy = compute + comm_exposed
-        # the training thread's own work for the collectives (DDP's bucket copies and division):
-        # communication's cost inside the compute blocks, outside the compute/memory split
-        for_comm = comm_work_spans(rt)
-        comm_work = iv.measure_in(iv.subtract(real, iv.subtract(real, for_comm)), lo, hi)
-        # compute-bound share from the innermost costed ops (or top-level ops by name)
-        work = is_cpu_work(rt, wb) & (cw.dur >= TINY_CPU_OP_US) & ~iv.contains(for_comm, rt.cpu_ts)
-        cb = _split(cw.dur[work & (wb.bound == BOUND_COMPUTE)],
-                    rt.cpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
-        mb = _split(cw.dur[work & (wb.bound == BOUND_MEMORY)],
-                    rt.cpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi)
+        parts = _cpu_parts(rt, wb, cw, dl, lo, hi)
+    return _steps(parts, lo, hi, numbers, _model_flops(rt, wb, lo, hi))
+
+
+def _gpu_parts(rt: RankTrace, wb: WorkBounds, dl: iv.Intervals, lo: np.ndarray, hi: np.ndarray
+               ) -> _StepParts:
+    """A GPU's steps: kernels by class, communication exposed where no compute runs beside it."""
+    end = rt.gpu_ts + rt.gpu_dur
+    cls = rt.gpu_class
+    allg = iv.merge(rt.gpu_ts, end)
+    comp = iv.merge(rt.gpu_ts[cls == KCLASS_COMPUTE], end[cls == KCLASS_COMPUTE])
+    comm = iv.merge(rt.gpu_ts[cls == KCLASS_COMM], end[cls == KCLASS_COMM])
+    other = iv.merge(rt.gpu_ts[cls > KCLASS_COMM], end[cls > KCLASS_COMM])
+    work = cls == KCLASS_COMPUTE
+    return _StepParts(
+        busy=iv.measure_in(allg, lo, hi), compute=iv.measure_in(comp, lo, hi),
+        comm_total=iv.measure_in(comm, lo, hi),
+        comm_exposed=iv.measure_in(iv.subtract(comm, comp), lo, hi),
+        memcpy_exposed=iv.measure_in(iv.subtract(other, iv.union(comp, comm)), lo, hi),
+        input_wait=iv.measure_in(iv.subtract(dl, allg), lo, hi), comm_work=np.zeros(lo.size),
+        compute_bound=_split(rt.gpu_dur[work & (wb.bound == BOUND_COMPUTE)],
+                             rt.gpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi),
+        memory_bound=_split(rt.gpu_dur[work & (wb.bound == BOUND_MEMORY)],
+                            rt.gpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi),
+        stalled=np.zeros(lo.size))
+
+
+def _cpu_parts(rt: RankTrace, wb: WorkBounds, cw: CpuWork, dl: iv.Intervals, lo: np.ndarray,
+               hi: np.ndarray) -> _StepParts:
+    """A CPU's steps. The collective's own calls (c10d::, record_param_comms, gloo:) are
+    communication, not compute; everything else the threads run is. Gloo runs a collective on
+    its own threads (DDP's reducer launches one per bucket during backward): it is exposed only
+    where no compute runs beside it, as on a GPU, and hidden where backward overlaps it."""
+    real = cw.blocks
+    comm = iv.merge(rt.cpu_comm_intervals[:, 0], rt.cpu_comm_intervals[:, 1])
+    comm_x = iv.subtract(comm, iv.union(real, dl))
+    compute = iv.measure_in(real, lo, hi)
+    comm_exposed = iv.measure_in(comm_x, lo, hi)
+    # the training thread's own work for the collectives (DDP's bucket copies and division):
+    # communication's cost inside the compute blocks, outside the compute/memory split
+    for_comm = comm_work_spans(rt)
+    # compute-bound share from the innermost costed ops (or top-level ops by name)
+    work = is_cpu_work(rt, wb) & (cw.dur >= TINY_CPU_OP_US) & ~iv.contains(for_comm, rt.cpu_ts)
+    return _StepParts(
+        busy=compute + comm_exposed, compute=compute, comm_total=iv.measure_in(comm, lo, hi),
+        comm_exposed=comm_exposed, memcpy_exposed=np.zeros(lo.size),
+        input_wait=iv.measure_in(dl, lo, hi),
+        comm_work=iv.measure_in(iv.subtract(real, iv.subtract(real, for_comm)), lo, hi),
+        compute_bound=_split(cw.dur[work & (wb.bound == BOUND_COMPUTE)],
+                             rt.cpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi),
+        memory_bound=_split(cw.dur[work & (wb.bound == BOUND_MEMORY)],
+                            rt.cpu_ts[work & (wb.bound == BOUND_MEMORY)], lo, hi),
         # the stalls are out of the compute blocks: in the host gaps, as the part of the host
         # overhead that was the OS running other work, not the job
-        stalled = iv.measure_in(iv.subtract(cw.stalls, iv.union(real, iv.union(comm, dl))), lo, hi)
-    # Work of unknown bound (no shapes, no telling kernel name) is split like the known work,
-    # so compute_bound + memory_bound == compute whenever anything is known.
-    known = cb + mb
-    idle = np.maximum(step - busy, 0.0)
-    input_wait = np.minimum(input_wait, idle)
+        stalled=iv.measure_in(iv.subtract(cw.stalls, iv.union(real, iv.union(comm, dl))), lo, hi))
+
+
+def _steps(p: _StepParts, lo: np.ndarray, hi: np.ndarray, numbers: list[int | None],
+           flops: np.ndarray | None) -> list[StepBreakdown]:
+    """Each step's breakdown from its parts. Work of unknown bound (no shapes, no telling
+    kernel name) is split like the known work, so compute_bound + memory_bound == compute
+    whenever anything is known."""
+    step = hi - lo
+    known = p.compute_bound + p.memory_bound
+    idle = np.maximum(step - p.busy, 0.0)
+    input_wait = np.minimum(p.input_wait, idle)
     with np.errstate(divide="ignore", invalid="ignore"):
-        cb_frac = np.where(known > 0, cb / known, 0.0)
-        mb_frac = np.where(known > 0, mb / known, 0.0)
-    flops = _model_flops(rt, wb, lo, hi)
+        cb_frac = np.where(known > 0, p.compute_bound / known, 0.0)
+        mb_frac = np.where(known > 0, p.memory_bound / known, 0.0)
+    compute, comm_work, stalled = p.compute, p.comm_work, p.stalled
     out = []
     for i in range(lo.size):
         split = compute[i] - min(comm_work[i], compute[i])  # what the compute/memory split covers
         tb = TimeBreakdown(
-            step_time=float(step[i]), gpu_busy=float(busy[i]), compute=float(compute[i]),
+            step_time=float(step[i]), gpu_busy=float(p.busy[i]), compute=float(compute[i]),
             compute_bound=float(split * cb_frac[i]), memory_bound=float(split * mb_frac[i]),
             comm_work=float(compute[i] - split),
-            comm_total=float(comm_total[i]), comm_exposed=float(comm_exposed[i]),
-            memcpy_exposed=float(memcpy_exposed[i]), idle=float(idle[i]),
+            comm_total=float(p.comm_total[i]), comm_exposed=float(p.comm_exposed[i]),
+            memcpy_exposed=float(p.memcpy_exposed[i]), idle=float(idle[i]),
             input_wait=float(input_wait[i]), host_overhead=float(idle[i] - input_wait[i]),
             host_stalled=float(min(stalled[i], idle[i] - input_wait[i])),
             # on the CPU the stalls are all the waiting the trace shows; on a GPU the step

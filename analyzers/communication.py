@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -32,12 +34,21 @@ _CANON = [
     (re.compile(r"scatter", re.I), "scatter"),
 ]
 
-_BUS_FACTOR = {
+_BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_to_all": lambda n: (n - 1) / n,
 }
+
+
+# one collective type's sums over a rank's calls (``_new_acc`` names them), summed across ranks
+Acc = dict[str, float]
+
+
+def _one(_n: int) -> float:
+    """The bus factor of a collective whose traffic is its bytes (a broadcast, a send)."""
+    return 1.0
 
 
 def canonical_collective(name: str) -> str:
@@ -47,7 +58,7 @@ def canonical_collective(name: str) -> str:
     return "other"
 
 
-def _bytes(kind: str, info: dict) -> float | None:
+def _bytes(kind: str, info: dict[str, Any]) -> float | None:
     size = DTYPE_BYTES.get(str(info.get("dtype") or "").lower())
     if size is None:
         return None
@@ -59,13 +70,13 @@ def _bytes(kind: str, info: dict) -> float | None:
     return None if not n else float(n) * size
 
 
-def _new_acc() -> dict:
+def _new_acc() -> Acc:
     return {"count": 0, "time": 0.0, "exposed": 0.0, "bytes": 0.0, "bytes_time": 0.0,
             "busbw_num": 0.0, "time_in_steps": 0.0, "exposed_in_steps": 0.0}
 
 
 def collective_acc(rt: RankTrace, work: iv.Intervals, lo: np.ndarray, hi: np.ndarray
-                   ) -> dict[str, dict]:
+                   ) -> dict[str, Acc]:
     """Per collective type sums for one rank (merged across ranks by ``finish``).
 
     ``work`` is what the breakdown counts as the device's work (compute kernels, or the CPU's
@@ -74,7 +85,7 @@ def collective_acc(rt: RankTrace, work: iv.Intervals, lo: np.ndarray, hi: np.nda
     use one definition. ``lo``/``hi`` are the step windows: the per-step figures count only
     what lies inside them, as the breakdown does.
     """
-    acc: dict[str, dict] = defaultdict(_new_acc)
+    acc: dict[str, Acc] = defaultdict(_new_acc)
     by_ts = {c["ts"]: c for c in rt.collectives}
     if rt.has_gpu:
         mask = rt.gpu_class == KCLASS_COMM
@@ -101,7 +112,7 @@ def collective_acc(rt: RankTrace, work: iv.Intervals, lo: np.ndarray, hi: np.nda
         n = info.get("group_size") or rt.world_size or 1
         a["bytes"] += b
         a["bytes_time"] += d
-        a["busbw_num"] += b * _BUS_FACTOR.get(kind, lambda _n: 1.0)(max(n, 1))
+        a["busbw_num"] += b * _BUS_FACTOR.get(kind, _one)(max(n, 1))
     arr = np.array(kinds, dtype=object)
     for kind in set(kinds):
         sel = arr == kind
@@ -111,7 +122,7 @@ def collective_acc(rt: RankTrace, work: iv.Intervals, lo: np.ndarray, hi: np.nda
     return dict(acc)
 
 
-def per_step(stats: list[CollectiveStats], acc_parts: list[dict[str, dict]], steps: int,
+def per_step(stats: list[CollectiveStats], acc_parts: list[dict[str, Acc]], steps: int,
              comm_total: float, comm_exposed: float) -> list[CollectiveStats]:
     """Each type's share of the breakdown's communication, per step and rank.
 
@@ -136,9 +147,9 @@ def per_step(stats: list[CollectiveStats], acc_parts: list[dict[str, dict]], ste
     return out
 
 
-def finish_collectives(parts: list[dict[str, dict]], device: DevicePeak | None
+def finish_collectives(parts: list[dict[str, Acc]], device: DevicePeak | None
                        ) -> list[CollectiveStats]:
-    acc: dict[str, dict] = defaultdict(_new_acc)
+    acc: dict[str, Acc] = defaultdict(_new_acc)
     for part in parts:
         for kind, a in part.items():
             mine = acc[kind]
@@ -152,7 +163,7 @@ def finish_collectives(parts: list[dict[str, dict]], device: DevicePeak | None
             algbw = a["bytes"] / (a["bytes_time"] * 1e-6) / 1e9
             busbw = a["busbw_num"] / (a["bytes_time"] * 1e-6) / 1e9
         out.append(CollectiveStats(
-            collective=kind, count=a["count"], total_time_us=a["time"], exposed_time_us=a["exposed"],
+            collective=kind, count=int(a["count"]), total_time_us=a["time"], exposed_time_us=a["exposed"],
             bytes=a["bytes"] if a["bytes"] > 0 else None, algbw_gbps=algbw, busbw_gbps=busbw,
             link_peak_gbps=link,
         ))

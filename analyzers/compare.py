@@ -216,52 +216,15 @@ def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] |
     ``before_own`` / ``after_own``: the same steps at the job's own pace (``gpudiag.pace``), None
     where that run recorded no split: with both, the verdict is the job's own (``own_pace``)."""
     nb, na = _steps(before), _steps(after)
-    notes = []
-    if before.device.name != after.device.name:
-        notes.append(f"different devices: {before.device.name} before, {after.device.name} after")
-    if (before.world_size or 1) != (after.world_size or 1):
-        notes.append(f"different world sizes: {before.world_size} before, {after.world_size} after")
-    if before.top_kernels and after.top_kernels:
-        notes.append("kernels and operators are compared by mean time per traced step and rank, "
-                     "over the top items of each run")
-    for side, d in (("before", before), ("after", after)):
-        lost = d.breakdown.fraction("host_stalled")
-        if lost >= STALLED_NOTABLE:
-            notes.append(f"the {side} run's traced steps lost {pct(lost)} to the OS running other work "
-                         "(a busy machine): its operators' times hold the machine's load too")
+    notes = _side_notes(before, after)
     unprofiled = _has_estimate(before) and _has_estimate(after)
-    if unprofiled:
-        assert before.unprofiled is not None and after.unprofiled is not None
-        bb, ab = before.unprofiled, after.unprofiled
-        labels = before.verdict.label, after.verdict.label
-        mfus = before.mfu.value, after.mfu.value
-        notes.append("breakdowns, labels and MFU are those of each run's unprofiled estimate (its own "
-                     "step timer, profiler off), not of the traced steps")
-    else:
-        (bb, lb, mb), (ab, la, ma) = _traced_view(before), _traced_view(after)
-        labels, mfus = (lb, la), (mb, ma)
-        if _has_estimate(before) or _has_estimate(after):
-            notes.append("only one side has a step timer: both are compared as traced, so labels and "
-                         "MFU here may differ from that run's own report")
+    (bb, ab), labels, mfus = _views(before, after, unprofiled, notes)
     floor = CPU_RUN_TO_RUN_FLOOR if "cpu" in (before.device.kind, after.device.kind) else RUN_TO_RUN_FLOOR
+    timed = bool(before_steps and after_steps)
     sc = step_change(before_steps, after_steps, floor=floor) if before_steps and after_steps else None
     pace = (own_pace(before_steps, after_steps, before_own, after_own, floor)
-            if sc is not None else None)
-    if pace is not None:
-        change: float | None = pace.change.change if pace.change is not None else sc.change
-        verdict = pace.verdict(sc)
-    elif sc is not None:
-        change = sc.change
-        verdict = describe(sc)
-    else:
-        bst, ast = bb.step_time, ab.step_time
-        change = (ast / bst - 1) if bst > 0 and ast > 0 else None
-        why = (f"fewer than {MIN_STEPS} untraced steps on a side" if before_steps and after_steps
-               else "no step timer on at least one side (traces only)")
-        verdict = ((f"{pct(change, signed=True)} in traced step time; " if change is not None else "")
-                   + f"cannot tell noise from change: {why}. Traced steps are "
-                   "slowed by the profiler by an amount that varies from run to run; compare two "
-                   "gpudiag profile run directories for a judgement.")
+            if sc is not None and before_steps and after_steps else None)
+    change, verdict = _step_time_verdict(sc, pace, bb, ab, timed)
     return DiagnosisDiff(
         schema_version=DIFF_SCHEMA_VERSION,
         before_sources=before.sources, after_sources=after.sources,
@@ -278,3 +241,59 @@ def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] |
         machine_note=pace.machine if pace is not None else "",
         warnings=pace.warnings if pace is not None else [],
     )
+
+
+def _side_notes(before: Diagnosis, after: Diagnosis) -> list[str]:
+    """What differs between the two runs besides the change: device, world size, a busy machine."""
+    notes = []
+    if before.device.name != after.device.name:
+        notes.append(f"different devices: {before.device.name} before, {after.device.name} after")
+    if (before.world_size or 1) != (after.world_size or 1):
+        notes.append(f"different world sizes: {before.world_size} before, {after.world_size} after")
+    if before.top_kernels and after.top_kernels:
+        notes.append("kernels and operators are compared by mean time per traced step and rank, "
+                     "over the top items of each run")
+    for side, d in (("before", before), ("after", after)):
+        lost = d.breakdown.fraction("host_stalled")
+        if lost >= STALLED_NOTABLE:
+            notes.append(f"the {side} run's traced steps lost {pct(lost)} to the OS running other work "
+                         "(a busy machine): its operators' times hold the machine's load too")
+    return notes
+
+
+def _views(before: Diagnosis, after: Diagnosis, unprofiled: bool, notes: list[str]
+           ) -> tuple[tuple[TimeBreakdown, TimeBreakdown], tuple[Bottleneck, Bottleneck],
+                      tuple[float | None, float | None]]:
+    """The two breakdowns compared, with their labels and MFU: both unprofiled estimates where
+    both runs have one, else both as traced (a note says which)."""
+    if unprofiled:
+        assert before.unprofiled is not None and after.unprofiled is not None
+        notes.append("breakdowns, labels and MFU are those of each run's unprofiled estimate (its own "
+                     "step timer, profiler off), not of the traced steps")
+        return ((before.unprofiled, after.unprofiled), (before.verdict.label, after.verdict.label),
+                (before.mfu.value, after.mfu.value))
+    (bb, lb, mb), (ab, la, ma) = _traced_view(before), _traced_view(after)
+    if _has_estimate(before) or _has_estimate(after):
+        notes.append("only one side has a step timer: both are compared as traced, so labels and "
+                     "MFU here may differ from that run's own report")
+    return (bb, ab), (lb, la), (mb, ma)
+
+
+def _step_time_verdict(sc: StepChange | None, pace: OwnPace | None, bb: TimeBreakdown,
+                       ab: TimeBreakdown, timed: bool) -> tuple[float | None, str]:
+    """The step time's change and its verdict: at the job's own pace, from the step timers, or
+    from the traced steps with why that cannot tell noise from change (``timed``: both sides
+    had a step timer, with too few steps on one)."""
+    if pace is not None and sc is not None:
+        return pace.change.change if pace.change is not None else sc.change, pace.verdict(sc)
+    if sc is not None:
+        return sc.change, describe(sc)
+    bst, ast = bb.step_time, ab.step_time
+    change = (ast / bst - 1) if bst > 0 and ast > 0 else None
+    why = (f"fewer than {MIN_STEPS} untraced steps on a side" if timed
+           else "no step timer on at least one side (traces only)")
+    verdict = ((f"{pct(change, signed=True)} in traced step time; " if change is not None else "")
+               + f"cannot tell noise from change: {why}. Traced steps are "
+               "slowed by the profiler by an amount that varies from run to run; compare two "
+               "gpudiag profile run directories for a judgement.")
+    return change, verdict

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpudiag.analyzers.assemble import RankPartial, assemble, trace_device
+from gpudiag.analyzers.assemble import RankPartial, assemble
 from gpudiag.analyzers.breakdown import (
     cpu_work,
     gpu_span_breakdown,
@@ -25,8 +25,9 @@ from gpudiag.analyzers.breakdown import (
     work_intervals,
 )
 from gpudiag.analyzers.communication import collective_acc
-from gpudiag.analyzers.host_cpu import host_cpu
+from gpudiag.analyzers.host_cpu import HostCpu, host_cpu
 from gpudiag.analyzers.host_wait import host_wait, with_waits
+from gpudiag.analyzers.job_device import trace_device
 from gpudiag.analyzers.rank_facts import rank_facts
 from gpudiag.analyzers.rank_pool import ProgressSink, RankFile, peek, run_ranks, select
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, work_bounds
@@ -39,12 +40,13 @@ from gpudiag.analyzers.trace_loader import (
     load_rank,
 )
 from gpudiag.analyzers.trace_select import select_steps
+from gpudiag.census import SyncCensus
 from gpudiag.devices import DevicePeak, lookup_device, user_device
-from gpudiag.diagnosis import Diagnosis, RankResult
+from gpudiag.diagnosis import Diagnosis, HostWait, RankResult
 from gpudiag.errors import BadInput, TraceError
 from gpudiag.pace import at_own_pace, loads_in_thread
 from gpudiag.rundir import is_run_dir, read_bootstrap, read_host_cpu, read_run, read_steps, read_syncs
-from gpudiag.steps import window_steps
+from gpudiag.steps import WindowSteps, window_steps
 
 
 @dataclass
@@ -190,6 +192,39 @@ def _load_and_analyze(path: str, hint: int, device: DevicePeak | None, cpu_devic
     return analyze_rank(rt, dev)
 
 
+@dataclass
+class _RunInputs:
+    """What a run directory adds to its traces: the job's own step timer around the traced
+    window, its loader workers, its processes' cores, the wait for a core, the host syncs."""
+
+    windows: list[WindowSteps] | None = None
+    workers: list[int] | None = None
+    host: HostCpu | None = None
+    wait: HostWait | None = None
+    census: dict[int, SyncCensus] | None = None
+
+    @staticmethod
+    def read(run_dir: Path, partials: list[RankPartial]) -> _RunInputs:
+        """Read them; where the wait was measured, each rank's traced steps take it (the
+        machine's part, and on a GPU its host gaps' wait)."""
+        census = read_syncs(run_dir, _cwd(run_dir))
+        boot = read_bootstrap(run_dir)
+        steps_read = read_steps(run_dir, boot)
+        samples = read_host_cpu(run_dir)
+        # the job's own pace: every step less the part other processes took (gpudiag.pace)
+        own = at_own_pace(steps_read, samples, boot)
+        windows = window_steps(run_dir, boot=boot, steps=own)
+        workers = [w for m in boot.values() for w in m.dataloader_workers]
+        host = host_cpu(samples, steps_read, boot)
+        wait = host_wait(windows, own, host, samples, boot)
+        if wait is not None:  # the traced steps hold the machine's part, a GPU's host gaps the wait
+            traced = {w.rank: w.traced_rows for w in windows}
+            for p in partials:
+                p.result = with_waits(p.result, traced.get(p.result.rank, []), wait,
+                                      "gpu" if p.has_gpu else "cpu", loads_in_thread(boot.get(p.result.rank)))
+        return _RunInputs(windows, workers, host, wait, census)
+
+
 def diagnose(target: str | Path, choice: DeviceChoice | None = None,
              flops_per_step: float | None = None, jobs: int | None = None,
              ranks: list[int] | None = None, steps: tuple[int, int] | None = None,
@@ -223,25 +258,9 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     check_unique_ranks([(p.result.rank, p.result.trace) for p in partials])
     partials.sort(key=lambda p: p.result.rank)
     run_dir = Path(target)
-    windows = workers = host = wait = census = None
-    if is_run_dir(run_dir):
-        census = read_syncs(run_dir, _cwd(run_dir))
-        boot = read_bootstrap(run_dir)
-        steps_read = read_steps(run_dir, boot)
-        samples = read_host_cpu(run_dir)
-        # the job's own pace: every step less the part other processes took (gpudiag.pace)
-        own = at_own_pace(steps_read, samples, boot)
-        windows = window_steps(run_dir, boot=boot, steps=own)
-        workers = [w for m in boot.values() for w in m.dataloader_workers]
-        host = host_cpu(samples, steps_read, boot)
-        wait = host_wait(windows, own, host, samples, boot)
-        if wait is not None:  # the traced steps hold the machine's part, a GPU's host gaps the wait
-            traced = {w.rank: w.traced_rows for w in windows}
-            for p in partials:
-                p.result = with_waits(p.result, traced.get(p.result.rank, []), wait,
-                                      "gpu" if p.has_gpu else "cpu", loads_in_thread(boot.get(p.result.rank)))
-    d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files], windows,
-                 workers, host, wait, census,
+    run = _RunInputs.read(run_dir, partials) if is_run_dir(run_dir) else _RunInputs()
+    d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files],
+                 run.windows, run.workers, run.host, run.wait, run.census,
                  recorded_here=cpu_device is not None and _recorded_on(run_dir, choice.host))
     if d.device.source.startswith("measured") and cpu_device is not None and choice.peak_floor:
         raised = {f: v for f, v in d.device.peak_flops.items() if v > cpu_device.flops.get(f, 0.0)}

@@ -153,10 +153,10 @@ def _spatial(v: list[int] | None, n: int) -> list[int] | None:
 def _conv_backward(d: list[list[int] | None], types: Any, concrete: Any) -> OpCost | None:
     """grad wrt input and weight, each one forward's MACs; output_mask says which ran (the
     first layer's input gradient is not computed)."""
-    if len(d) < 3 or any(t is None for t in d[:3]):
+    if len(d) < 3:
         return None
     g, x, w = d[0], d[1], d[2]
-    if len(x) < 3 or len(w) != len(x) or len(g) != len(x):
+    if g is None or x is None or w is None or len(x) < 3 or len(w) != len(x) or len(g) != len(x):
         return None
     if concrete_bool(concrete, _BWD_TRANSPOSED) is True:
         macs = x[0] * x[1] * numel(x[2:]) * w[1] * numel(w[2:])
@@ -178,10 +178,10 @@ def _conv_backward(d: list[list[int] | None], types: Any, concrete: Any) -> OpCo
 def attention_cost(name: str, d: list[list[int] | None], types: Any, concrete: Any) -> OpCost | None:
     layout, causal_i, backward = ATTENTION[name]
     first = 1 if backward else 0  # grad_out comes first
-    if len(d) < first + 3 or any(t is None for t in d[first:first + 3]):
+    if len(d) < first + 3:
         return None
     q, k, v = d[first], d[first + 1], d[first + 2]
-    if len(q) != 4 or len(k) != 4 or len(v) != 4:
+    if q is None or k is None or v is None or len(q) != 4 or len(k) != 4 or len(v) != 4:
         return None  # variable-length (packed) batches: sequence lengths are not recorded
     if layout == "bhsd":
         heads_batch, sq, e = q[0] * q[1], q[2], q[3]

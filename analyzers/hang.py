@@ -173,7 +173,8 @@ def _mismatch(ev: Evidence, pg: str, seq: int, at: dict[int, Collective], shapes
         p = by_rank[r].processes[0] if by_rank[r].processes else None
         if p is not None and p.crash:
             details.append(f"rank {r} died in it: {p.crash}")
-        fr = job_line(main_thread(p).frames) if p is not None and main_thread(p) is not None else at[r].where
+        main = main_thread(p) if p is not None else None
+        fr = job_line(main.frames) if main is not None else at[r].where
         if fr is not None and r in (culprits or at):
             details.append(f"rank {r} called it at {fr.where()}" + (f": `{fr.code}`" if fr.code else ""))
     return Verdict(kind="mismatch", headline=head, details=details, culprits=culprits, pg=pg, seq=seq, op=op,
@@ -205,7 +206,7 @@ def _wave_rows(ev: Evidence, pg: str, ranks: dict[int, list[Collective]],
 
 
 def _add_wait(v: Verdict, at: dict[int, Collective], now: float) -> None:
-    waits = [now - at[r].entered for r in v.waiting if at.get(r) and at[r].entered]
+    waits = [now - entered for r in v.waiting if (c := at.get(r)) and (entered := c.entered)]
     if v.waiting and waits:
         v.details.append(f"{_wait(v.waiting)} in it ({max(waits):.0f} s)")
         v.numbers["waiting_s"] = round(max(waits), 3)

@@ -12,8 +12,9 @@ left out (the profiler's own work runs in them), as are the first steps (start-u
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from gpudiag.rundir import STARTUP_STEPS, BootstrapMeta, HostSample, StepRow
 
@@ -89,8 +90,9 @@ def host_cpu(samples: Sequence[HostSample], steps: Mapping[int, Sequence[StepRow
     if len(used) < min_samples or total <= 0:
         return None
 
-    def mean(f) -> float:  # a HostSample field getter
-        return sum(d * f(h) for d, h in used) / total
+    def mean(f: Callable[[HostSample], float | None]) -> float:  # a HostSample field getter
+        # read only for fields every used sample has (checked by the caller where optional)
+        return sum(d * cast(float, f(h)) for d, h in used) / total
 
     job = mean(lambda h: h.cores)
     other = None
@@ -106,7 +108,7 @@ def host_cpu(samples: Sequence[HostSample], steps: Mapping[int, Sequence[StepRow
            if r.profiler is None and r.step > STARTUP_STEPS and sampled(r.t)]
     meta = boot.get(min(steps))
 
-    def known(f) -> float | None:  # a HostSample field getter
+    def known(f: Callable[[HostSample], float | None]) -> float | None:  # a HostSample field getter
         return round(mean(f), 3) if all(f(h) is not None for _, h in used) else None
 
     return HostCpu(round(job, 3), round(mean(lambda h: h.runq_cores), 3), other, len(used),

@@ -56,6 +56,7 @@ def rank_facts(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> RankFacts:
         mem = float(rt.gpu_dur[work & (wb.bound == BOUND_MEMORY)].sum())
     else:
         # as the breakdown counts it: ops shorter than TINY_CPU_OP_US are host time
+        assert cw is not None, "a CPU rank's facts need its cpu_work"
         work = is_cpu_work(rt, wb) & (cw.dur >= TINY_CPU_OP_US)
         fusable = work & wb.inner & (wb.bound == BOUND_MEMORY) & (rt.cpu_kind == KIND_ELEMENTWISE)
         total, saved = fusion_runs(rt.cpu_ts, cw.dur, rt.cpu_tid, fusable, work & ~fusable)

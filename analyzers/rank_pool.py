@@ -158,7 +158,7 @@ class _Poster:
             self.pending = 0
 
 
-def _run_one(task: tuple[Callable[..., Any], int, tuple]) -> Any:
+def _run_one(task: tuple[Callable[..., Any], int, tuple[Any, ...]]) -> Any:
     fn, key, args = task
     q = _worker_queue
     poster = _Poster(key, (lambda k, n: q.put((k, n))) if q is not None else (lambda k, n: None))
@@ -168,7 +168,7 @@ def _run_one(task: tuple[Callable[..., Any], int, tuple]) -> Any:
         poster.flush()
 
 
-def run_ranks(fn: Callable[..., Any], files: list[RankFile], args: Callable[[RankFile], tuple],
+def run_ranks(fn: Callable[..., Any], files: list[RankFile], args: Callable[[RankFile], tuple[Any, ...]],
               jobs: int | None, progress: ProgressSink | None = None) -> list[Any]:
     """``fn(*args(f), on_bytes=...)`` for every file, in ``jobs`` worker processes (one per
     core by default); results in the order of ``files``.
@@ -189,7 +189,7 @@ def run_ranks(fn: Callable[..., Any], files: list[RankFile], args: Callable[[Ran
             progress.finish()
 
 
-def _inline(fn: Callable[..., Any], key: int, f: RankFile, a: tuple,
+def _inline(fn: Callable[..., Any], key: int, f: RankFile, a: tuple[Any, ...],
             progress: ProgressSink | None) -> Any:
     if progress is None:
         return fn(*a, on_bytes=None)
@@ -203,7 +203,7 @@ def _label(f: RankFile) -> str:
     return f"rank {f.rank}"
 
 
-def _pooled(fn: Callable[..., Any], files: list[RankFile], args: Callable[[RankFile], tuple],
+def _pooled(fn: Callable[..., Any], files: list[RankFile], args: Callable[[RankFile], tuple[Any, ...]],
             workers: int, progress: ProgressSink | None) -> list[Any]:
     # fork: workers start in milliseconds with the parent's modules already imported; the
     # parent starts no thread of its own before they exist (progress is drawn from this thread)
@@ -213,7 +213,7 @@ def _pooled(fn: Callable[..., Any], files: list[RankFile], args: Callable[[RankF
     results: list[Any] = [None] * len(files)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(q,)) as pool:
-        running: dict[Future, int] = {}
+        running: dict[Future[Any], int] = {}
         todo = iter(order)
 
         def submit() -> None:

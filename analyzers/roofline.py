@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -146,7 +147,8 @@ def is_cpu_work(rt: RankTrace, wb: WorkBounds) -> np.ndarray:
     """CPU work items: innermost costed ops, and top-level ops with no costed op inside."""
     inner = wb.op_index >= 0
     top_plain = (rt.cpu_depth == 0) & ~np.isfinite(rt.cpu_flops) & ~wb.wraps_costed
-    return rt.cpu_is_op & (inner | top_plain)
+    work: np.ndarray = rt.cpu_is_op & (inner | top_plain)
+    return work
 
 
 # fp32 matmuls that ran on tensor cores as TF32: Ampere/Hopper cuBLAS/CUTLASS kernel names
@@ -170,7 +172,8 @@ def _tf32_ops(rt: RankTrace, op_index: np.ndarray) -> np.ndarray:
         if "tf32" not in rt.names:
             rt.names.append("tf32")
         rt.cpu_dtype[ops] = rt.names.index("tf32")
-    return ops
+    found: np.ndarray = ops
+    return found
 
 
 def _enclosing_op(rt: RankTrace, ops: np.ndarray, when: np.ndarray, tid: np.ndarray
@@ -202,15 +205,18 @@ def _bounds_by_name(name_ids: np.ndarray, names: list[str]) -> np.ndarray:
     table = np.full(int(uniq.max()) + 1, BOUND_UNKNOWN, dtype=np.int8)
     for i in uniq:
         table[i] = name_bound(names[i])
-    return table[name_ids]
+    bounds: np.ndarray = table[name_ids]
+    return bounds
 
 
 @dataclass
 class RooflineAcc:
     """Roofline inputs summed over ranks, so each rank's columns can be dropped early."""
 
-    groups: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0.0, 0.0, 0.0]))
-    dtype_flops: dict = field(default_factory=lambda: defaultdict(float))
+    # (op, shape, dtype) -> [calls, flops, bytes, time in us]
+    groups: dict[tuple[str, str, str], list[float]] = field(
+        default_factory=lambda: defaultdict(lambda: [0, 0.0, 0.0, 0.0]))
+    dtype_flops: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     cb_time: float = 0.0
     mb_time: float = 0.0
     unknown_time: float = 0.0
@@ -253,8 +259,8 @@ class RooflineAcc:
             mine = self.groups[k]
             for i in range(4):
                 mine[i] += g[i]
-        for k, v in other.dtype_flops.items():
-            self.dtype_flops[k] += v
+        for dt, v in other.dtype_flops.items():
+            self.dtype_flops[dt] += v
         self.cb_time += other.cb_time
         self.mb_time += other.mb_time
         self.unknown_time += other.unknown_time
@@ -264,7 +270,7 @@ class RooflineAcc:
 
     def dominant_dtype(self) -> str:
         """The dtype carrying most model FLOPs ("float" when nothing is known)."""
-        return max(self.dtype_flops, key=self.dtype_flops.get) if self.dtype_flops else "float"
+        return max(self.dtype_flops, key=self.dtype_flops.__getitem__) if self.dtype_flops else "float"
 
     def model_rates(self) -> dict[str, float]:
         """Per dtype family, the best FLOP/s any (op, shape) with an exact FLOP formula reached:
@@ -280,13 +286,13 @@ class RooflineAcc:
         """Share of device work time in ops with no FLOP formula (None: no work at all)."""
         return self.uncosted_time / self.work_time if self.work_time > 0 else None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {"groups": dict(self.groups), "dtype_flops": dict(self.dtype_flops),
                 "cb_time": self.cb_time, "mb_time": self.mb_time,
                 "unknown_time": self.unknown_time, "shapes_time": self.shapes_time,
                 "work_time": self.work_time, "uncosted_time": self.uncosted_time}
 
-    def __setstate__(self, st: dict) -> None:
+    def __setstate__(self, st: dict[str, Any]) -> None:
         self.groups = defaultdict(lambda: [0, 0.0, 0.0, 0.0], st["groups"])
         self.dtype_flops = defaultdict(float, st["dtype_flops"])
         for k in ("cb_time", "mb_time", "unknown_time", "shapes_time", "work_time", "uncosted_time"):

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def iqr_over_median(xs: Sequence[float]) -> float:
+def iqr_over_median(xs: Sequence[float] | np.ndarray) -> float:
     """Interquartile range over the median: how unsteady a run's steps are. Quartiles as
     ``statistics.quantiles`` takes them (Weibull's p(n+1) positions). The report's "noise ±"
     and ``gpudiag diff``'s noise floor are both half of it."""

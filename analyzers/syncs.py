@@ -35,7 +35,7 @@ import numpy as np
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import step_windows
 from gpudiag.analyzers.trace_columns import RankTrace
-from gpudiag.census import SyncCensus
+from gpudiag.census import CensusSite, SyncCensus
 from gpudiag.diagnosis import SyncReport, SyncSite, TimeBreakdown, TopItem
 from gpudiag.units import ms
 
@@ -75,9 +75,9 @@ def trace_syncs(rt: RankTrace) -> TraceSyncs:
         return TraceSyncs()
     kind_of = np.full(len(rt.names), -1, dtype=np.int8)
     kinds = [SCALAR_READS, DATA_SHAPES, DEVICE_WAITS]
-    for i, n in enumerate(rt.names):
+    for i, name in enumerate(rt.names):
         for rx, k in _OP_KINDS:
-            if rx.match(n):
+            if rx.match(name):
                 kind_of[i] = kinds.index(k)
     op_kind = kind_of[rt.cpu_name] if rt.cpu_name.size else np.empty(0, dtype=np.int8)
     sel = np.flatnonzero((op_kind >= 0) & rt.cpu_is_op)
@@ -132,7 +132,7 @@ def mean_trace_syncs(parts: list[TraceSyncs]) -> TraceSyncs | None:
     parts = [p for p in parts if p.steps > 0]
     if not parts:
         return None
-    kinds = {k for p in parts for k in p.counts}
+    kinds = list(dict.fromkeys(k for p in parts for k in p.counts))  # in the ranks' order, not a set's
     idle = [p.device_idle_us for p in parts if p.device_idle_us is not None]
     return TraceSyncs(steps=min(p.steps for p in parts),
                       counts={k: float(np.mean([p.counts.get(k, 0.0) for p in parts])) for k in kinds},
@@ -166,7 +166,7 @@ def sync_report(census: SyncCensus | None, trace: TraceSyncs | None, device_kind
             by_kind[s.kind] = by_kind.get(s.kind, 0.0) + s.calls
         per_step = float(sum(by_kind.values()))
 
-        def t(s: object) -> float:
+        def t(s: CensusSite) -> float:
             return s.seconds if wall else s.cpu_seconds
 
         host = sum(t(s) for s in usable.sites) * 1e6
@@ -183,6 +183,7 @@ def sync_report(census: SyncCensus | None, trace: TraceSyncs | None, device_kind
                   (f"; the trace counts {trace_n:.3g} sync events per traced step"
                    if trace_n is not None else ""))
     else:
+        assert trace is not None  # no census: the trace is what there is to report from
         by_kind = dict(trace.counts)
         per_step, host, feeding_ops, feeding, sites = trace.per_step, trace.host_us, 0.0, 0.0, []
         source = f"the trace's sync events over {trace.steps} traced steps (no census: no call sites)"

@@ -27,7 +27,7 @@ GPU_SERIES = [
 ]
 
 
-def _bucket(t: np.ndarray, v: np.ndarray, t0: float, n: int) -> tuple[list, list]:
+def _bucket(t: np.ndarray, v: np.ndarray, t0: float, n: int) -> tuple[list[float], list[float]]:
     """Mean per time bucket, at most n buckets; empty buckets are dropped."""
     if t.size == 0:
         return [], []
@@ -64,10 +64,8 @@ def run_summary(run_dir: Path) -> RunSummary | None:
 def run_timeline(run_dir: Path, max_points: int = MAX_POINTS) -> Timeline | None:
     """Counters and per-step collective time over the whole run, downsampled."""
     gpu_rows = [r for r in read_jsonl(gpu_samples_path(run_dir)) if "gpu" in r and "t" in r]
-    step_rows = {rank: [{"t": r.t, "dt": r.dt, "step": r.step, "collectives": r.collectives,
-                         "profiler": r.profiler} for r in rows]
-                 for rank, rows in read_steps(run_dir).items()}
-    times = [r["t"] for r in gpu_rows] + [r["t"] for rows in step_rows.values() for r in rows]
+    step_rows = read_steps(run_dir)
+    times = [r["t"] for r in gpu_rows] + [r.t for rows in step_rows.values() for r in rows]
     if not times:
         return None
     t0, t1 = float(min(times)), float(max(times))
@@ -86,13 +84,13 @@ def run_timeline(run_dir: Path, max_points: int = MAX_POINTS) -> Timeline | None
             xs, ys = _bucket(t, v, t0, max_points)
             series.append(Series(name=name, unit=unit, gpu=gpu, rank=None, t=xs, v=ys))
     traced: list[list[float]] = []
-    for rank, rows in sorted(step_rows.items()):
-        t = np.array([r["t"] for r in rows], dtype=float)
-        dt = np.array([float(r.get("dt", 0.0)) for r in rows])
+    for rank, steps in sorted(step_rows.items()):
+        t = np.array([r.t for r in steps], dtype=float)
+        dt = np.array([float(r.dt) for r in steps])
         xs, ys = _bucket(t, dt * 1e3, t0, max_points)
         series.append(Series(name="step time", unit="ms", gpu=None, rank=rank, t=xs, v=ys))
-        coll = np.array([sum(float(c.get("seconds", 0.0)) for c in (r.get("collectives") or {}).values())
-                         for r in rows])
+        coll = np.array([sum(float(c.get("seconds", 0.0)) for c in (r.collectives or {}).values())
+                         for r in steps])
         if coll.any():
             xs, ys = _bucket(t, coll * 1e3, t0, max_points)
             series.append(Series(name="collective time per step", unit="ms", gpu=None, rank=rank,
@@ -100,8 +98,8 @@ def run_timeline(run_dir: Path, max_points: int = MAX_POINTS) -> Timeline | None
     # traced spans: runs of rank 0's steps the bootstrap marked as traced
     span: list[float] | None = None
     for r in step_rows.get(0, []):
-        if r["profiler"] == PROFILER_TRACED:
-            start, end = round(r["t"] - r["dt"] - t0, 3), round(r["t"] - t0, 3)
+        if r.profiler == PROFILER_TRACED:
+            start, end = round(r.t - r.dt - t0, 3), round(r.t - t0, 3)
             if span is None:
                 span = [start, end]
                 traced.append(span)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, cast
 
 import msgspec
 from msgspec import Meta, Raw, field
@@ -96,7 +96,8 @@ class Event(msgspec.Struct, frozen=True, gc=False):
 class AnyCategoryEvent(Event, frozen=True, gc=False):
     """An event whose category may be any string (a profiler newer than ``Category``)."""
 
-    cat: Union[str, None] = None
+    # widened on purpose: msgspec decodes by the annotation, and this class exists to take any
+    cat: Union[str, None] = None  # type: ignore[assignment]
 
 
 class _DeviceProp(msgspec.Struct):
@@ -125,7 +126,7 @@ class _TailDoc(msgspec.Struct, gc=False):
 
 
 class _AnyCategoryTailDoc(_TailDoc, gc=False):
-    traceEvents: list[AnyCategoryEvent] = []  # noqa: N815
+    traceEvents: list[AnyCategoryEvent] = []  # type: ignore[assignment]  # noqa: N815 (widened, as above)
 
 
 EVENT_LIST = msgspec.json.Decoder(list[Event])
@@ -143,7 +144,7 @@ class TypedDecoder:
     def __init__(self) -> None:
         self._first = 0
 
-    def _typed(self, decoders: tuple[msgspec.json.Decoder, ...], blob: bytes | memoryview) -> Any:
+    def _typed(self, decoders: tuple[msgspec.json.Decoder[Any], ...], blob: bytes | memoryview) -> Any:
         """The first of ``decoders``, from the one that worked last, that reads ``blob``; the
         last one's ValidationError when none does."""
         last = len(decoders) - 1
@@ -161,18 +162,21 @@ class TypedDecoder:
     def events(self, blob: bytes | memoryview) -> list[Event]:
         """A JSON array of events."""
         try:
-            return self._typed(_EVENT_LISTS, blob)
+            events: list[Event] = self._typed(_EVENT_LISTS, blob)
         except msgspec.ValidationError:
             return decode_batch_loose(blob)
+        return events
 
     def tail(self, blob: bytes) -> _TailDoc:
         """The document's end (its last events and later keys); ValidationError when a value
         has an odd type (``decode_tail_loose`` reads it then)."""
-        return self._typed(_TAIL_DOCS, blob)
+        doc: _TailDoc = self._typed(_TAIL_DOCS, blob)
+        return doc
 
     def strict_events(self, blob: bytes) -> list[Event]:
         """A JSON array of events, typed; ValidationError when a value has an odd type."""
-        return self._typed(_EVENT_LISTS, blob)
+        events: list[Event] = self._typed(_EVENT_LISTS, blob)
+        return events
 _LOOSE = msgspec.json.Decoder(_LooseDoc)
 _ANY_LIST = msgspec.json.Decoder(list)
 
@@ -185,8 +189,8 @@ def decode_head(head: bytes, path: str) -> tuple[Any, Any]:
             d = TAIL_DOC.decode(doc)
             return d.deviceProperties, d.distributedInfo
         except msgspec.ValidationError:
-            d = _LOOSE.decode(doc)
-            return _loose_props(d.deviceProperties), _loose_dist(d.distributedInfo)
+            loose = _LOOSE.decode(doc)
+            return _loose_props(loose.deviceProperties), _loose_dist(loose.distributedInfo)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as e:
         raise TraceError(f"{path}: invalid or truncated JSON ({e})") from None
 
@@ -304,7 +308,8 @@ def loose_event(raw: Any) -> Event:
         v = raw.get(key)
         return v if isinstance(v, str) else None
 
-    return Event(ph=text("ph"), cat=text("cat"), name=text("name"), tid=tid,
+    # a loose event keeps the phase and category it names, whatever string (Event does not check)
+    return Event(ph=cast(Any, text("ph")), cat=cast(Any, text("cat")), name=text("name"), tid=tid,
                  ts=_float(raw.get("ts")), dur=_float(raw.get("dur")), args=targs)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -68,7 +68,7 @@ def column(events: Sequence[Event], idx: np.ndarray | None, attrs: tuple[str, ..
     return out
 
 
-class _Table(dict):
+class _Table(dict[Any, int]):
     """Value -> id; a miss calls ``new(value)`` once and remembers its answer, so that the
     common case, a value seen before, is a dict lookup in C."""
 
@@ -91,7 +91,7 @@ class ColumnBuilder:
         self._step_of: list[int] = []  # per name: ProfilerStep number, -1 if not a step
         self._flags: list[int] = []
         self._tid_id = _Table(lambda _tid: len(self._tid_id))
-        self._cost_id: dict[tuple, int] = {}
+        self._cost_id: dict[tuple[Any, ...], int] = {}
         # cost table: one row per distinct costed call (flops, bytes, dtype, kind, shape text);
         # its strings join the name table after the events' names, so that the table is in
         # file order whatever the batches
@@ -260,10 +260,9 @@ class ColumnBuilder:
         sub = [events[j].args for j in pos[rows].tolist()]
         keys = [(n, bytes(getattr(a, dims)), bytes(a.input_type), bytes(a.concrete))
                 for n, a in zip(names[rows].tolist(), sub, strict=True)]
-        ids = list(map(self._cost_id.get, keys))
-        if None in ids:
-            ids = [self._cost(k) if i is None else i for k, i in zip(keys, ids, strict=True)]
-        cost[rows] = ids
+        found = list(map(self._cost_id.get, keys))
+        cost[rows] = ([self._cost(k) if i is None else i for k, i in zip(keys, found, strict=True)]
+                      if None in found else cast("list[int]", found))
         return cost, had
 
     def _cost(self, key: tuple[int, bytes, bytes, bytes]) -> int:
@@ -308,17 +307,7 @@ class ColumnBuilder:
         cpu_dur = self._col("c_dur", np.float64)
         cpu_tid = self._col("c_tid", np.int32)
         is_op = self._col("c_isop", bool)
-        cost = self._col("c_cost", np.int32)
-        table = np.array([(f, b, self._intern(dt), k, self._intern(sh))
-                          for f, b, dt, k, sh in self._costs], dtype=np.float64).reshape(-1, 5)
-        costed = cost >= 0
-        ci = cost[costed]
-
-        def per_op(col: int, fill: float, dtype: Any) -> np.ndarray:
-            out = np.full(cost.size, fill, dtype=np.float64)
-            out[costed] = table[ci, col]
-            return out.astype(dtype)
-
+        per_op = self._per_op(self._col("c_cost", np.int32))
         kind = per_op(3, 0, np.int8)
         self.steps.sort(key=lambda s: s[1])
         return RankTrace(
@@ -348,6 +337,22 @@ class ColumnBuilder:
             sync_ts=self._col("s_ts", np.float64), sync_dur=self._col("s_dur", np.float64),
             sync_tid=self._col("s_tid", np.int32),
         )
+
+    def _per_op(self, cost: np.ndarray) -> Callable[[int, float, Any], np.ndarray]:
+        """A reader of one column of the operators' costs (flops, bytes, dtype, kind, shape),
+        one value per CPU event (``fill`` where the event was not costed). The cost table's
+        dtype and shape strings are interned into the names as the table is built."""
+        table = np.array([(f, b, self._intern(dt), k, self._intern(sh))
+                          for f, b, dt, k, sh in self._costs], dtype=np.float64).reshape(-1, 5)
+        costed = cost >= 0
+        ci = cost[costed]
+
+        def per_op(col: int, fill: float, dtype: Any) -> np.ndarray:
+            out = np.full(cost.size, fill, dtype=np.float64)
+            out[costed] = table[ci, col]
+            return out.astype(dtype)
+
+        return per_op
 
     def _warnings(self, rank: int, salvage_dropped: int | None) -> list[str]:
         w: list[str] = []

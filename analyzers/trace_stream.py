@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from isal import isal_zlib
@@ -36,6 +36,9 @@ from gpudiag.analyzers.trace_decode import (
     salvage_block,
 )
 from gpudiag.errors import TraceError
+
+# isal's stub declares ``error`` an instance of Exception; it is the class its inflater raises
+_GZIP_ERROR = cast("type[Exception]", isal_zlib.error)
 
 # Bytes read from disk per call (compressed bytes for .gz files). Small reads keep every
 # allocation under glibc's mmap threshold, so buffers are reused instead of faulted in anew
@@ -130,7 +133,7 @@ class ByteSource:
                 if self._gz.eof:  # a concatenated gzip member follows
                     self._gz = isal_zlib.decompressobj(31)
                 out = self._gz.decompress(self._tail, INFLATE_BYTES)
-            except isal_zlib.error as e:
+            except _GZIP_ERROR as e:
                 raise TraceError(f"{self.name}: corrupt or truncated gzip ({e}); re-copy the "
                                  "file") from None
             self._tail = self._gz.unconsumed_tail or self._gz.unused_data

@@ -37,6 +37,7 @@ caveat is a ``Deduction`` from the verdict's confidence, of a stated amount:
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -72,6 +73,8 @@ LOAD_CHANGE_ALPHA = 0.05
 # the observer's (``observer_after_effect``) unless the machine outside the job kept more than
 # this many more cores busy after the window than before it: then the load is the cause.
 OUTSIDE_LOAD_RISE = 0.5
+# a repair's caveat: its text, and the confidence it costs
+Caveat = Callable[[str, float], None]
 
 # Confidence deductions (points of confidence, 0..1) for the caveats of this module. Each is
 # our own calibration, stated so a reader can weigh it: noise costs in proportion (one point
@@ -187,6 +190,7 @@ def _trust(dil: Dilation, change: float, changed: bool) -> list[Deduction]:
     why = []
     correction = abs(dil.factor - 1)  # what scaling by the reference would change
     if changed:
+        assert mb is not None and ma is not None  # a change is measured between the two sides
         text = (f"the job's pace changed across the traced window (untraced steps before it "
                 f"{mb / 1e3:.3g} ms, after it {ma / 1e3:.3g} ms: {100 * change:.0f}% apart, load on the "
                 "machine or a change of phase)")
@@ -325,7 +329,7 @@ def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: 
             comm_contention=traced.comm_contention * k), out
     extra = traced.step_time - step
     from_wait = _loader_share(traced, extra, events)
-    if from_wait > 0:
+    if events is not None and from_wait > 0:
         dilation.caveats.append(
             f"the DataLoader ran in the training process: {events.in_waits:.0f} of the "
             f"{events.recorded:.0f} events the profiler recorded per step were its operators, inside "
@@ -356,7 +360,7 @@ def _loader_share(traced: TimeBreakdown, extra: float, events: CpuEvents | None)
 
 
 def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
-                   caveat) -> TimeBreakdown:
+                   caveat: Caveat) -> TimeBreakdown:
     """The CPU as the device: the profiler pays a roughly fixed cost per event it records
     (``benchmarks/profile_dilation.py``), inside the operators' spans and in the gaps between
     them. So the extra wall time per step (less the time the OS did not run the job at all, and
@@ -387,34 +391,53 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
     rest = extra - from_compute
     host = traced.host_overhead - stalled - rest
     compute = traced.compute - from_compute
-    input_wait = traced.input_wait
     floor = DISPATCH_PER_EVENT_MIN * per_event * events.dispatched
     pace = _window_pace(traced, step, stalled, slowed, events) if host < floor else None
     if pace is not None:
-        charged = per_event
-        s, per_event = pace
-        caveat(f"the traced window ran {s:.2f}x slower than the steps around it, beyond the "
-               f"profiler (the machine was busier then): charged to the profiler alone "
-               f"({charged:.3g} us per event), the gaps would keep "
-               f"{max(0.0, host) / events.dispatched:.2g} us per operator the job calls from them, "
-               f"less than the {DISPATCH_PER_EVENT_MIN:g}x that charge such a call costs the job "
-               "unobserved; the window's operator time and gaps were brought to the reference's "
-               "pace in proportion",
-               round(min(PENALTY_PROPORTIONAL_MAX, PENALTY_PER_LOAD_CHANGE * (s - 1)), 3))
-        compute = (traced.compute - slowed - per_event * n_compute) / s
-        host = (traced.host_overhead - stalled - per_event * (n_all - n_compute)) / s
+        compute, host, per_event = _at_window_pace(traced, events, stalled, slowed, per_event, host,
+                                                   pace, caveat)
     if host < 0:
         compute = max(0.0, compute + host)  # the gaps could not absorb their share
         host = 0.0
         caveat("the profiler's extra time per step exceeded what its recorded events account for "
                "in the gaps: the rest was taken from operator time", PENALTY_ESTIMATE_REPAIR)
     caveat(_cpu_split_text(traced.step_time, step, stalled, slowed, per_event, events), PENALTY_CPU_MODEL)
+    return _cpu_unobserved(traced, step, compute, host, stalled)
+
+
+def _at_window_pace(traced: TimeBreakdown, events: CpuEvents, stalled: float, slowed: float,
+                    per_event: float, host: float, pace: tuple[float, float], caveat: Caveat
+                    ) -> tuple[float, float, float]:
+    """Operator time and gaps of a window that ran slower than the reference beyond the
+    profiler (``_window_pace``), brought to the reference's pace in proportion: (compute, host,
+    the profiler's cost per event)."""
+    n_all, n_compute = events.recorded, events.in_compute
+    charged = per_event
+    s, per_event = pace
+    caveat(f"the traced window ran {s:.2f}x slower than the steps around it, beyond the "
+           f"profiler (the machine was busier then): charged to the profiler alone "
+           f"({charged:.3g} us per event), the gaps would keep "
+           f"{max(0.0, host) / events.dispatched:.2g} us per operator the job calls from them, "
+           f"less than the {DISPATCH_PER_EVENT_MIN:g}x that charge such a call costs the job "
+           "unobserved; the window's operator time and gaps were brought to the reference's "
+           "pace in proportion",
+           round(min(PENALTY_PROPORTIONAL_MAX, PENALTY_PER_LOAD_CHANGE * (s - 1)), 3))
+    compute = (traced.compute - slowed - per_event * n_compute) / s
+    host = (traced.host_overhead - stalled - per_event * (n_all - n_compute)) / s
+    return compute, host, per_event
+
+
+def _cpu_unobserved(traced: TimeBreakdown, step: float, compute: float, host: float,
+                    stalled: float) -> TimeBreakdown:
+    """The unobserved CPU step from its operator time and gaps: the compute's parts in
+    proportion, communication and the input wait as traced, everything scaled to the step
+    where the parts exceed it."""
     k = compute / traced.compute if traced.compute > 0 else 1.0
     out = TimeBreakdown(
         step_time=step, gpu_busy=compute + traced.comm_exposed, compute=compute,
         compute_bound=traced.compute_bound * k, memory_bound=traced.memory_bound * k,
         comm_total=traced.comm_total, comm_exposed=traced.comm_exposed,
-        memcpy_exposed=traced.memcpy_exposed, input_wait=input_wait, host_overhead=host,
+        memcpy_exposed=traced.memcpy_exposed, input_wait=traced.input_wait, host_overhead=host,
         host_stalled=min(host, traced.host_stalled - stalled), comm_work=traced.comm_work * k,
         comm_contention=traced.comm_contention * k)
     out.idle = out.input_wait + out.host_overhead
@@ -482,7 +505,7 @@ def _window_pace(traced: TimeBreakdown, step: float, stalled: float, slowed: flo
     return s, (p - s * a) / n
 
 
-def _cpu_estimate(traced: TimeBreakdown, step: float, caveat) -> TimeBreakdown:
+def _cpu_estimate(traced: TimeBreakdown, step: float, caveat: Caveat) -> TimeBreakdown:
     """The CPU as the device: the profiler's per-operator cost lands inside the operators' own
     spans as much as in the gaps between them, so both shrink by the same factor; the input
     wait (blocked on the DataLoader: I/O, decoding, a sleep) carries little of it and keeps

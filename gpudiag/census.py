@@ -7,10 +7,10 @@ module turns each into a ``SyncCensus``, bounding what a job's own file may clai
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 
-def is_number(v: Any) -> bool:  # a JSON value
+def is_number(v: Any) -> TypeGuard[float]:  # a JSON value
     """A JSON number that is one (not a bool, not NaN): the run directory's readers share it."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
@@ -69,7 +69,8 @@ def parse_census(data: Any, cwd: str | None) -> SyncCensus | None:  # parsed JSO
         sites.append(CensusSite(path, int(r.get("line") or 0), str(r.get("function", ""))[:200],
                                 str(r.get("kind", "?"))[:100], max(0, r["calls"]), wall,
                                 _cpu(r, wall)))
-    feed = data.get("feeding") if isinstance(data.get("feeding"), dict) else {}
+    raw_feed = data.get("feeding")
+    feed: dict[str, Any] = raw_feed if isinstance(raw_feed, dict) else {}
     top = [(str(t.get("op", "?"))[:100], int(t.get("calls", 0)), float(t["seconds"]),
             _cpu(t, float(t["seconds"])))
            for t in (feed.get("top") or [])[:20] if isinstance(t, dict) and is_number(t.get("seconds"))]
@@ -85,7 +86,7 @@ def parse_census(data: Any, cwd: str | None) -> SyncCensus | None:  # parsed JSO
         note=str(data["note"])[:500] if isinstance(data.get("note"), str) else None)
 
 
-def _cpu(row: dict, wall: float) -> float:
+def _cpu(row: dict[str, Any], wall: float) -> float:
     """A row's CPU seconds, never above its wall time (a file without them: the wall time)."""
-    v = row.get("cpu_seconds")
+    v: Any = row.get("cpu_seconds")
     return min(wall, max(0.0, float(v))) if is_number(v) else wall

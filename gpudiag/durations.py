@@ -8,7 +8,8 @@ refusal agree; a command importing another command for them would tie commands t
 let the layers below (``reports``, ``scheduler``) call up into the CLI.
 
 Slurm's own spelling, ``[D-]HH:MM:SS``, is read here too (``slurm_duration``): squeue's time
-limits and sacct's elapsed times in traces are one format, parsed by one function.
+limits and sacct's elapsed times in traces are one format, parsed by one function. So is
+Prometheus' (``prom_duration``: ``1m30s``, as its targets API reports a scrape interval).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ _DURATION_UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w
 # Slurm's time format as squeue (%l) and sacct (Elapsed, Timelimit) print it: [D-][HH:]MM:SS,
 # sacct adding a fraction of a second to some fields (dropped: Slurm counts whole seconds)
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
+# Prometheus' duration, as its API prints one: whole numbers each with a unit, largest first
+# ("1m30s", "500ms"); its year is 365 days
+_PROM_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_PROM_UNIT = {**{k: v for k, v in _DURATION_UNIT.items() if k}, "y": 365 * 86400.0}
 
 
 def parse_duration(text: str, option: str, examples: str = "10m, 600s, 2h, 1d or 0") -> float:
@@ -54,6 +59,15 @@ def slurm_duration(text: str) -> float:
         raise ValueError(f"{text!r} is not a Slurm time ([D-]HH:MM:SS)")
     d, h, mi, se = (int(x) if x else 0 for x in m.groups())
     return float(((d * 24 + h) * 60 + mi) * 60 + se)
+
+
+def prom_duration(text: str) -> float | None:
+    """Prometheus' duration in seconds: '15s' -> 15.0, '1m30s' -> 90.0, '500ms' -> 0.5; None
+    where ``text`` is not one (empty, a unit missing, a fraction, anything else around it)."""
+    parts = _PROM_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(int(n) * _PROM_UNIT[u] for n, u in parts)
 
 
 def format_duration(seconds: float) -> str:

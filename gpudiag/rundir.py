@@ -161,11 +161,13 @@ def read_host_cpu(run_dir: Path) -> list[HostSample]:
     def num(v: Any) -> float | None:  # a JSON value
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    out = [HostSample(num(r.get("t")), num(r.get("cpu_cores")), num(r.get("runq_cores")) or 0.0,
-                      num(r.get("machine_cores_busy")), num(r.get("runq_threads_cores")),
-                      num(r.get("machine_runnable")))
-           for r in read_jsonl(host_samples_path(run_dir))]
-    return sorted((h for h in out if h.t is not None and h.cores is not None), key=lambda h: h.t)
+    out = []
+    for r in read_jsonl(host_samples_path(run_dir)):
+        t, cores = num(r.get("t")), num(r.get("cpu_cores"))
+        if t is not None and cores is not None:
+            out.append(HostSample(t, cores, num(r.get("runq_cores")) or 0.0, num(r.get("machine_cores_busy")),
+                                  num(r.get("runq_threads_cores")), num(r.get("machine_runnable"))))
+    return sorted(out, key=lambda h: h.t)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -352,10 +354,10 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
 
 
 def _save_s(v: object) -> float:
-    return float(v) if _num(v) and v > 0 else 0.0  # type: ignore[operator]
+    return float(v) if _num(v) and v > 0 else 0.0
 
 
-def _input_times(r: dict) -> dict[str, float]:
+def _input_times(r: dict[str, Any]) -> dict[str, float]:
     """The loader-wait fields of a step row, each a non-negative number or left out."""
     out = {}
     for k in ("input_s", "input_run_s", "input_wait_s"):
@@ -368,7 +370,10 @@ def _input_times(r: dict) -> dict[str, float]:
 def _spread_peer_wait(rows: list[StepRow], over: int) -> None:
     """The last row's other threads' wait was read over ``over`` steps (the reads' budget): each
     of them, the last and the rows before it that have none, gets an even part."""
-    share = rows[-1].peer_wait_s / over
+    last = rows[-1].peer_wait_s
+    if last is None:  # the caller spreads only a wait that was read
+        return
+    share = last / over
     rows[-1].peer_wait_s = share
     for r in rows[-over:-1]:
         if r.peer_wait_s is None:

@@ -20,6 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpudiag.diagnosis import Diagnosis, summary_figures
 from gpudiag.errors import BadInput
@@ -88,7 +89,7 @@ def tracker_record(d: Diagnosis, untraced_s: list[float], run_dir: Path | None) 
     return rec
 
 
-def _experiment_id(client: object) -> str:
+def _experiment_id(client: Any) -> str:  # an mlflow.MlflowClient (mlflow is optional)
     exp_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
     if exp_id:
         return exp_id
@@ -96,7 +97,7 @@ def _experiment_id(client: object) -> str:
     if not name:
         return "0"  # MLflow's default experiment
     exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp is not None else client.create_experiment(name)
+    return str(exp.experiment_id if exp is not None else client.create_experiment(name))
 
 
 def log_record(rec: TrackerRecord, uri: str | None, run_name: str) -> tuple[str, str]:

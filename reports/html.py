@@ -21,7 +21,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from gpudiag.diagnosis import Diagnosis, RankResult, Series, TopItem
+from gpudiag.diagnosis import Diagnosis, RankResult, Series, TimeBreakdown, TopItem
 from gpudiag.reports import svg, views
 from gpudiag.reports.diff_page import render_diff
 from gpudiag.reports.fmt import gbps, ms, num, pct, run_status, si, si_text, when
@@ -109,6 +109,43 @@ def _spread_rows(d: Diagnosis) -> list[dict[str, Any]]:
 def _breakdown(d: Diagnosis) -> dict[str, Any]:
     slow = set(d.stragglers.ranks) if d.stragglers else set()
     shown = _shown_ranks(d)
+    bars = _rank_bars(d, shown, slow)
+    charts = []
+    legend = legend_parts(d.breakdown)
+    if bars:
+        charts.append(svg.stacked_bars("Step time per rank (mean per step)", bars, legend,
+                                       "mean step time (ms)",
+                                       desc="Each bar is one rank's mean step, split into the parts "
+                                            "of the time breakdown; stragglers are marked."))
+    step_bars = _step_bars(shown, slow)
+    if step_bars:
+        charts.append(svg.stacked_bars("Step time per traced step", step_bars, legend, "step time (ms)"))
+    rank_rows = [{"rank": r.rank, "trace": r.trace, "steps": len(r.steps), "mean": ms(r.mean_step_time),
+                  "parts": [pct(r.total.fraction(key)) for key, _, _ in PARTS],
+                  "busy": pct(r.total.fraction("gpu_busy")), "straggler": r.rank in slow}
+                 for r in shown]
+    strag = None
+    if d.stragglers is not None:
+        st = d.stragglers
+        strag = (f"median step {ms(st.median_step_us)}, imbalance {pct(st.imbalance)} "
+                 f"((max - min) / median of per-rank mean step time); stragglers: "
+                 + (", ".join(f"rank {x}" for x in st.ranks) or "none"))
+    total_steps = sum(len(r.steps) for r in shown)
+    note = ""
+    if total_steps > len(step_bars) and step_bars:
+        note = f"The per-step chart shows the first {len(step_bars)} of {total_steps} steps."
+    if len(shown) < len(d.ranks):
+        note = (f"{note} " if note else "") + (
+            f"{len(shown)} of {len(d.ranks)} ranks are drawn and listed: the slowest and fastest by "
+            "mean step time, those with the most exposed communication, and the stragglers; the "
+            "distribution below covers every rank, and diagnosis.json has each one.")
+    return {"charts": [Markup(c) for c in charts], "mean_rows": _mean_rows(d.breakdown),
+            "rank_rows": rank_rows, "part_labels": SHORT_LABELS, "stragglers": strag, "note": note,
+            "spread": _spread_rows(d), "device": "GPU" if d.device.kind == "gpu" else "CPU"}
+
+
+def _rank_bars(d: Diagnosis, shown: list[RankResult], slow: set[int]) -> list[svg.Bar]:
+    """The job's mean step, then each shown rank's, split into the breakdown's parts."""
     bars = []
     if d.breakdown.step_time > 0:
         bars.append(svg.Bar("mean, all ranks", part_segments(d.breakdown, d.breakdown.step_time / 1e3, True),
@@ -122,15 +159,12 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
                             note=ms(r.mean_step_time), marked=straggler,
                             tip=f"rank {r.rank}: mean step {ms(r.mean_step_time)} over {len(r.steps)} "
                                 f"step(s){'; straggler' if straggler else ''}"))
-    charts = []
-    legend = legend_parts(d.breakdown)
-    if bars:
-        charts.append(svg.stacked_bars("Step time per rank (mean per step)", bars, legend,
-                                       "mean step time (ms)",
-                                       desc="Each bar is one rank's mean step, split into the parts "
-                                            "of the time breakdown; stragglers are marked."))
+    return bars
+
+
+def _step_bars(shown: list[RankResult], slow: set[int]) -> list[svg.Bar]:
+    """Each traced step of the shown ranks, the first ``MAX_STEP_ROWS``."""
     step_bars: list[svg.Bar] = []
-    total_steps = sum(len(r.steps) for r in shown)
     for r in shown:
         for s in r.steps:
             if len(step_bars) >= MAX_STEP_ROWS or s.breakdown.step_time <= 0:
@@ -138,9 +172,11 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
             name = f"rank {r.rank} step {s.step}" if s.step is not None else f"rank {r.rank} (whole trace)"
             step_bars.append(svg.Bar(name, part_segments(s.breakdown, s.breakdown.step_time / 1e3, True),
                                      note=ms(s.breakdown.step_time), marked=r.rank in slow))
-    if step_bars:
-        charts.append(svg.stacked_bars("Step time per traced step", step_bars, legend, "step time (ms)"))
-    b = d.breakdown
+    return step_bars
+
+
+def _mean_rows(b: TimeBreakdown) -> list[tuple[str, str, str]]:
+    """The mean step's table: each part, then what parts of compute and host overhead hold."""
     mean_rows = [(label, ms(getattr(b, key)), pct(b.fraction(key))) for key, label, _ in PARTS]
     mean_rows[2:2] = [("compute (total)", ms(b.compute), pct(b.fraction("compute")))]
     if b.comm_work > 0:
@@ -161,31 +197,7 @@ def _breakdown(d: Diagnosis) -> dict[str, Any]:
                   ("communication (total, incl. overlapped)", ms(b.comm_total),
                    pct(b.fraction("comm_total"))),
                   ("step time", ms(b.step_time), pct(1.0 if b.step_time > 0 else None))]
-    rank_rows = []
-    for r in shown:
-        rank_rows.append({
-            "rank": r.rank, "trace": r.trace, "steps": len(r.steps),
-            "mean": ms(r.mean_step_time),
-            "parts": [pct(r.total.fraction(key)) for key, _, _ in PARTS],
-            "busy": pct(r.total.fraction("gpu_busy")), "straggler": r.rank in slow,
-        })
-    strag = None
-    if d.stragglers is not None:
-        st = d.stragglers
-        strag = (f"median step {ms(st.median_step_us)}, imbalance {pct(st.imbalance)} "
-                 f"((max - min) / median of per-rank mean step time); stragglers: "
-                 + (", ".join(f"rank {x}" for x in st.ranks) or "none"))
-    note = ""
-    if total_steps > len(step_bars) and step_bars:
-        note = f"The per-step chart shows the first {len(step_bars)} of {total_steps} steps."
-    if len(shown) < len(d.ranks):
-        note = (f"{note} " if note else "") + (
-            f"{len(shown)} of {len(d.ranks)} ranks are drawn and listed: the slowest and fastest by "
-            "mean step time, those with the most exposed communication, and the stragglers; the "
-            "distribution below covers every rank, and diagnosis.json has each one.")
-    return {"charts": [Markup(c) for c in charts], "mean_rows": mean_rows, "rank_rows": rank_rows,
-            "part_labels": SHORT_LABELS, "stragglers": strag, "note": note,
-            "spread": _spread_rows(d), "device": "GPU" if d.device.kind == "gpu" else "CPU"}
+    return mean_rows
 
 
 def _sources(d: Diagnosis) -> list[str]:

@@ -299,18 +299,7 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
     top = TITLE_H + leg_h + 6
     plot_w, plot_h = width - left - right, height - top - bottom
     pts = [p for p in points if p.x > 0 and p.y > 0 and math.isfinite(p.x) and math.isfinite(p.y)]
-    xs = [p.x for p in pts]
-    ys = [p.y for p in pts]
-    if ceil.ridge and ceil.ridge > 0:
-        xs += [ceil.ridge / 20, ceil.ridge * 20]
-    if ceil.peak and ceil.peak > 0:
-        ys += [ceil.peak * 4, ceil.peak / 1e3]  # room above the ceiling for its label
-    if not xs:
-        xs = [0.1, 100.0]
-    if not ys:
-        ys = [1.0, 1e3]
-    x0, x1 = _decades(min(xs), max(xs))
-    y0, y1 = _decades(min(ys), max(ys))
+    x0, x1, y0, y1 = _log_decades(pts, ceil)
 
     def sx(v: float) -> float:
         return left + (math.log10(v) - x0) / (x1 - x0) * plot_w
@@ -326,8 +315,59 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
     body = list(leg)
     body += x_axis_marks(xt, sx, top + plot_h, top, x_label, left + plot_w / 2, fmt, corner=True)
     body += y_axis_marks(yt, sy, left, left + plot_w, y_label, top + plot_h / 2, fmt, corner=True)
-    xlo, xhi, ylo = 10.0 ** x0, 10.0 ** x1, 10.0 ** y0
-    labels: list[str] = []  # drawn after the circles
+    plot = _LogPlot(sx, sy, left, top, plot_w, plot_h, 10.0 ** x0, 10.0 ** x1, 10.0 ** y0)
+    roof, labels = _roof_marks(ceil, plot)  # the labels drawn after the circles
+    body += roof
+    wmax = max((p.weight for p in pts), default=0.0)
+    for p in sorted(pts, key=lambda p: -p.weight):
+        r = 3 + 11 * math.sqrt(p.weight / wmax) if wmax > 0 else 4
+        body.append(f'<circle cx="{pt(sx(p.x))}" cy="{pt(sy(p.y))}" r="{pt(r)}" fill="{p.colour}" '
+                    'fill-opacity="0.75" stroke="#222" stroke-width="0.6">'
+                    f"<title>{esc(p.tip)}</title></circle>")
+    body += labels
+    return frame_svg(title, width, height, body, desc)
+
+
+@dataclass
+class _LogPlot:
+    """A log-log plot's scales and frame: where a value lands, and the decades it spans."""
+
+    sx: Callable[[float], float]
+    sy: Callable[[float], float]
+    left: float
+    top: float
+    plot_w: float
+    plot_h: float
+    xlo: float
+    xhi: float
+    ylo: float
+
+
+def _log_decades(pts: list[Point], ceil: Ceilings) -> tuple[int, int, int, int]:
+    """The decades the axes span: the points', the ridge's, and room above the peak's ceiling
+    for its label."""
+    xs = [p.x for p in pts]
+    ys = [p.y for p in pts]
+    if ceil.ridge and ceil.ridge > 0:
+        xs += [ceil.ridge / 20, ceil.ridge * 20]
+    if ceil.peak and ceil.peak > 0:
+        ys += [ceil.peak * 4, ceil.peak / 1e3]  # room above the ceiling for its label
+    if not xs:
+        xs = [0.1, 100.0]
+    if not ys:
+        ys = [1.0, 1e3]
+    x0, x1 = _decades(min(xs), max(xs))
+    y0, y1 = _decades(min(ys), max(ys))
+    return x0, x1, y0, y1
+
+
+def _roof_marks(ceil: Ceilings, plot: _LogPlot) -> tuple[list[str], list[str]]:
+    """The roofline's marks (its bandwidth slope and compute ceiling as one line, the ridge's
+    dashed line) and their labels, which the caller draws last."""
+    sx, sy = plot.sx, plot.sy
+    xlo, xhi, ylo = plot.xlo, plot.xhi, plot.ylo
+    body: list[str] = []
+    labels: list[str] = []
     roof: list[tuple[float, float]] = []
     if ceil.bandwidth and ceil.bandwidth > 0:
         end = ceil.ridge if ceil.ridge and ceil.peak else xhi
@@ -344,8 +384,8 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
         # above the line, at its left end (right of the ridge); flush right if it would not fit
         px, py = sx(start) + 6, sy(ceil.peak) - 7
         anchor = "start"
-        if px + text_width(ceil.peak_label) > left + plot_w - 4:
-            px, anchor = left + plot_w - 4, "end"
+        if px + text_width(ceil.peak_label) > plot.left + plot.plot_w - 4:
+            px, anchor = plot.left + plot.plot_w - 4, "end"
         labels.append(f'<text x="{pt(px)}" y="{pt(py)}" text-anchor="{anchor}" fill="#222" {HALO} '
                       f'pointer-events="none">{esc(ceil.peak_label)}</text>')
     if roof:
@@ -354,18 +394,12 @@ def loglog_scatter(title: str, points: list[Point], ceil: Ceilings, x_label: str
                     f"<title>{esc(ceil.peak_label)}; {esc(ceil.bandwidth_label)}</title></polyline>")
     if ceil.ridge and ceil.peak and xlo <= ceil.ridge <= xhi:
         rx = sx(ceil.ridge)
-        body.append(f'<line x1="{pt(rx)}" y1="{pt(sy(ceil.peak))}" x2="{pt(rx)}" y2="{pt(top + plot_h)}" '
+        bottom = plot.top + plot.plot_h
+        body.append(f'<line x1="{pt(rx)}" y1="{pt(sy(ceil.peak))}" x2="{pt(rx)}" y2="{pt(bottom)}" '
                     f'stroke="#555" stroke-dasharray="4 3"><title>{esc(ceil.ridge_label)}</title></line>')
-        labels.append(f'<text x="{pt(rx + 4)}" y="{pt(top + plot_h - 6)}" fill="#444" {HALO} '
+        labels.append(f'<text x="{pt(rx + 4)}" y="{pt(bottom - 6)}" fill="#444" {HALO} '
                       f'pointer-events="none">{esc(ceil.ridge_label)}</text>')
-    wmax = max((p.weight for p in pts), default=0.0)
-    for p in sorted(pts, key=lambda p: -p.weight):
-        r = 3 + 11 * math.sqrt(p.weight / wmax) if wmax > 0 else 4
-        body.append(f'<circle cx="{pt(sx(p.x))}" cy="{pt(sy(p.y))}" r="{pt(r)}" fill="{p.colour}" '
-                    'fill-opacity="0.75" stroke="#222" stroke-width="0.6">'
-                    f"<title>{esc(p.tip)}</title></circle>")
-    body += labels
-    return frame_svg(title, width, height, body, desc)
+    return body, labels
 
 
 def _slope_deg(sx: Callable[[float], float], sy: Callable[[float], float], a: float, b: float,

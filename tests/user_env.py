@@ -11,7 +11,8 @@ file and holds a fresh copy of gpudiag's own packages, so it always runs the cod
 
 Also what the root daemon's tests with second users share: a folder every user can reach
 (``open_folder``; the fixtures ``module_base`` and ``user_python``, imported by name into a test
-module) and a second user's submit (``user_job``).
+module), a second user's submit (``user_job``) and a second user's process forked from this one
+(``fork_as``, its report read by ``child_report``).
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata as md
 import importlib.util
+import json
 import os
 import pwd
 import re
 import shutil
+import signal
 import stat
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -212,3 +215,37 @@ def user_job(user: pwd.struct_passwd, sock: Path, cmd: list[str], gpus: int = 1,
         "cmd": cmd, **extra}))
     assert isinstance(answer, dict) and answer["ok"], answer
     return int(answer["id"])
+
+
+def fork_as(uid: int, gid: int, work: Callable[[], object], *, alarm_s: float = 0,
+            on_error: Callable[[str], object] = lambda e: {"error": e}) -> tuple[int, int]:
+    """``work()`` in a fork of this process that has become ``uid``:``gid`` with no other groups,
+    as a second user's process would be (this interpreter lives where other users cannot start
+    it, so a fork is how a second user's client runs here); ``alarm_s`` (whole seconds, 0: none)
+    ends one that hangs. Returns (its pid, the fd of its report: ``work``'s value as JSON, or
+    ``on_error("Type: message")`` of what it raised); ``child_report`` reads it and reaps it."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            signal.alarm(int(alarm_s))
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            out = json.dumps(work())
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out = json.dumps(on_error(f"{type(e).__name__}: {e}"))
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    return pid, r
+
+
+def child_report(child: tuple[int, int]) -> object:
+    """What a ``fork_as`` child reported (``{}`` where it wrote nothing), once it has ended."""
+    pid, fd = child
+    with os.fdopen(fd, "rb") as f:
+        out = json.loads(f.read() or b"{}")
+    os.waitpid(pid, 0)
+    return out

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
+from gpudiag.diagnosis import Diagnosis
 from gpudiag.errors import BadInput
 from gpudiag.rundir import diagnosis_path, report_path
 
@@ -14,7 +17,10 @@ MLFLOW_HELP = ("Log to MLflow: the verdict, confidence, MFU, breakdown shares an
                "or a new run. URI: the tracking server (default: $MLFLOW_TRACKING_URI).")
 
 
-def mlflow_option(f):  # a click decorator, shared with gpudiag profile
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def mlflow_option(f: F) -> F:  # a click decorator, shared with gpudiag profile
     return click.option("--mlflow", "mlflow_uri", is_flag=False, flag_value="", default=None,
                         metavar="[URI]", help=MLFLOW_HELP)(f)
 
@@ -47,7 +53,7 @@ def log(run_dir: Path, mlflow_uri: str | None) -> None:
     click.echo(run_id)
 
 
-def _complete(run_dir: Path, d: object) -> None:
+def _complete(run_dir: Path, d: Diagnosis) -> None:
     """Write diagnosis.json and report.html where the run lacks them, so both can be attached."""
     from gpudiag.reports.html import render_report
 

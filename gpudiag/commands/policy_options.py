@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -33,10 +34,10 @@ def _param(option: str) -> str:
 SLURM_DEFAULTS = {"--min-runtime": "the cluster's PreemptExemptTime (scontrol show config)"}
 
 
-def policy_options(f: Callable | None = None, *, backends: bool = False) -> Callable:
+def policy_options(f: Callable[..., Any] | None = None, *, backends: bool = False) -> Callable[..., Any]:
     """Add the options of ``OPTIONS``, defaults formatted from ``Policy()``; ``backends``: the
     command also runs the Slurm controller (``SLURM_DEFAULTS`` named in the help)."""
-    def add(f: Callable) -> Callable:
+    def add(f: Callable[..., Any]) -> Callable[..., Any]:
         for option, (field, text) in reversed(OPTIONS.items()):
             slurm = f" Default with --backend slurm: {SLURM_DEFAULTS[option]}; without:" \
                 if backends and option in SLURM_DEFAULTS else ""
@@ -49,6 +50,6 @@ def policy_options(f: Callable | None = None, *, backends: bool = False) -> Call
 
 def with_options(policy: Policy, values: dict[str, str]) -> Policy:
     """``policy`` with the options' values (click's parameters by name) applied."""
-    changes = {field: parse_duration(values[_param(option)], option)
+    changes: dict[str, Any] = {field: parse_duration(values[_param(option)], option)
                for option, (field, _) in OPTIONS.items()}
     return dataclasses.replace(policy, **changes)

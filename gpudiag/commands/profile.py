@@ -7,14 +7,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
 from gpudiag.commands.log import mlflow_option
 from gpudiag.commands.profile_signals import final_signal, signal_reporter
+from gpudiag.diagnosis import Diagnosis
 from gpudiag.durations import parse_duration, parse_interval
 from gpudiag.errors import BadInput, GpudiagError
-from gpudiag.rundir import diagnosis_path, rank_traces, report_path
+from gpudiag.rundir import RunInfo, diagnosis_path, rank_traces, report_path
 
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.01, 3600.0  # NVML sampling period
 
@@ -218,7 +220,7 @@ def _leave_analysis_on_term(code: int) -> None:
     signal.signal(signal.SIGTERM, leave)
 
 
-def _log_mlflow(d: object, run_dir: Path, uri: str) -> None:
+def _log_mlflow(d: Diagnosis, run_dir: Path, uri: str) -> None:
     """The diagnosis into MLflow; a tracker that fails is one line, the job's exit code stands."""
     from gpudiag.tracking import log_run_dir
 
@@ -230,7 +232,7 @@ def _log_mlflow(d: object, run_dir: Path, uri: str) -> None:
     _say(f"logged to MLflow run {run_id}: {where}")
 
 
-def _stall_monitor(run_dir: Path, pid: int, opts: ProfileOptions, reporter: object) -> object:
+def _stall_monitor(run_dir: Path, pid: int, opts: ProfileOptions, reporter: Callable[[], Any]) -> object:
     """The stall watch over the job started as ``pid`` (collectors/stall_monitor.py); when a stall
     begins or ends the agent hears at once (``reporter()``: the signal reporter, if any)."""
     from gpudiag.analyzers.stall import StallRule
@@ -248,7 +250,7 @@ def _stall_monitor(run_dir: Path, pid: int, opts: ProfileOptions, reporter: obje
                         profile_stall.on_resolved(run_dir), rule.describe(), on_change=changed)
 
 
-def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | None:
+def _diagnose(run_dir: Path, opts: ProfileOptions, info: RunInfo) -> Diagnosis | None:
     traces = rank_traces(run_dir)
     if not traces:
         _say(f"no trace was written: the job ran {info.last_step or 0} optimizer steps and the "
@@ -268,7 +270,7 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: object) -> object | Non
     return d
 
 
-def _write_report(run_dir: Path, d: object) -> None:
+def _write_report(run_dir: Path, d: Diagnosis) -> None:
     """report.html beside diagnosis.json; the report is a convenience, so a failure here is
     one line on stderr and changes nothing else (diagnosis.json is already written)."""
     try:

@@ -3,10 +3,16 @@ the job runs (the unprofiled estimate of the run directory), and the job's last 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.contract import ENV_AGENT_DIR, ENV_SIGNAL_INTERVAL
-from gpudiag.rundir import trace_path
+from gpudiag.rundir import RunInfo, trace_path
+
+if TYPE_CHECKING:
+    from gpudiag.collectors.job_signals import SignalReporter
+    from gpudiag.diagnosis import Diagnosis, Recommendation
 
 
 def _say(msg: str) -> None:
@@ -15,7 +21,8 @@ def _say(msg: str) -> None:
     click.echo(f"gpudiag: {msg}", err=True)
 
 
-def signal_reporter(run_dir: Path, info: object, stall: object = None) -> object:
+def signal_reporter(run_dir: Path, info: RunInfo, stall: Callable[[], Any] | None = None
+                    ) -> SignalReporter | None:
     """Signals for the node's agent, when one runs here (its spool exists). ``stall()``: the stall
     watch's view of the job (collectors.stall_monitor.JobStall), or None."""
     import os
@@ -27,7 +34,7 @@ def signal_reporter(run_dir: Path, info: object, stall: object = None) -> object
     job_id = job_id_from_env(f"{info.host}:{run_dir.name}")
     state = default_state_dir()
 
-    def extra() -> dict:
+    def extra() -> dict[str, Any]:
         from gpudiag.commands.profile_stall import stall_fields
 
         st = stall() if stall is not None else None
@@ -43,7 +50,7 @@ def signal_reporter(run_dir: Path, info: object, stall: object = None) -> object
     return reporter.start()
 
 
-def estimator(run_dir: Path):  # a closure
+def estimator(run_dir: Path) -> Callable[[float | None], dict[str, Any]]:  # a closure
     """MFU and label while the job runs, from the unprofiled estimate of the run directory.
 
     The run directory is analysed again whenever a trace window is written (the first, and
@@ -53,10 +60,10 @@ def estimator(run_dir: Path):  # a closure
     the job's own pace: the training thread's waits for cores that processes outside the job
     held are not charged to it (``job_signals.own_step``).
     """
-    cache: dict[str, object] = {}
+    cache: dict[str, Any] = {}
     trace = trace_path(run_dir, 0)
 
-    def estimate(live_step_s: float | None) -> dict:
+    def estimate(live_step_s: float | None) -> dict[str, Any]:
         try:
             mtime = trace.stat().st_mtime
         except OSError:
@@ -73,7 +80,7 @@ def estimator(run_dir: Path):  # a closure
     return estimate
 
 
-def top_recommendation(d: object) -> object | None:
+def top_recommendation(d: Diagnosis) -> Recommendation | None:
     """The recommendation that saves the most of the step (largest ``gain``), else the first:
     what the agent exports as the job's one action (a bounded series)."""
     import re
@@ -82,15 +89,15 @@ def top_recommendation(d: object) -> object | None:
     if not recs:
         return None
     gained = [r for r in recs if r.gain is not None and r.predicted_step_s is not None]
-    return max(gained, key=lambda r: r.gain) if gained else recs[0]
+    return max(gained, key=lambda r: r.gain or 0.0) if gained else recs[0]
 
 
-def signal_fields(d: object, live_step_s: float | None, traced_at: float | None) -> dict:
+def signal_fields(d: Diagnosis, live_step_s: float | None, traced_at: float | None) -> dict[str, Any]:
     """The fields of a job signal (gpudiag/jobsignal.py, v2) from a Diagnosis."""
     from gpudiag.diagnosis import verdict_breakdown
 
     b = verdict_breakdown(d)
-    out = {"bottleneck": d.verdict.label.value, "confidence": d.verdict.confidence,
+    out: dict[str, Any] = {"bottleneck": d.verdict.label.value, "confidence": d.verdict.confidence,
            "input_wait_ratio": b.input_wait / b.step_time if b.step_time > 0 else None,
            "traced_steps": max((len(r.steps) for r in d.ranks), default=0)}
     if traced_at is not None:
@@ -110,12 +117,12 @@ def signal_fields(d: object, live_step_s: float | None, traced_at: float | None)
     return out
 
 
-def final_signal(reporter: object, d: object, run_dir: Path) -> None:
+def final_signal(reporter: SignalReporter, d: Diagnosis | None, run_dir: Path) -> None:
     """The job's last signal: its MFU at its own recent pace, as every signal before it (the
     diagnosis' view would charge it the waits other processes caused)."""
     from gpudiag.collectors.job_signals import own_step
 
-    fields = {}
+    fields: dict[str, Any] = {}
     if d is not None:
         try:
             traced_at = (trace_path(run_dir, 0)).stat().st_mtime

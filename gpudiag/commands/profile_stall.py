@@ -9,6 +9,7 @@ the closures that join them live here, as ``profile``'s MFU estimator does.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ def _say(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def judge(rule: Any):  # a closure over analyzers.stall.StallRule
+def judge(rule: Any) -> Callable[[dict[int, Any], float], list[Any]]:  # over a stall.StallRule
     """(black boxes, now) -> each rank's limit, by the stall rule."""
     from gpudiag.analyzers.stall import Progress, assess
 
@@ -49,7 +50,7 @@ def save(inc: Incident, run_dir: Path, name: str) -> Path:
     return page
 
 
-def on_incident(run_dir: Path):  # a closure
+def on_incident(run_dir: Path) -> Callable[[Evidence], str]:  # a closure
     """Evidence -> verdict, saved and printed; returns the cause for the agent."""
     def run(ev: Evidence) -> str:
         from gpudiag.analyzers.hang import verdict
@@ -63,7 +64,7 @@ def on_incident(run_dir: Path):  # a closure
     return run
 
 
-def on_resolved(run_dir: Path):  # a closure
+def on_resolved(run_dir: Path) -> Callable[[str, float, str], None]:  # a closure
     def run(ident: str, when: float, why: str) -> None:
         resolve(run_dir, ident, when, why)
         _say(f"gpudiag: incident {ident}: {why}")
@@ -116,11 +117,11 @@ def after_job(run_dir: Path, monitor: Any, status: str, how: str, stopped: bool)
                 page = save(inc, run_dir, "exit")
                 _say(render_text(inc, where=str(page)))
     try:
-        v = find_straggler(read_steps(run_dir))
+        slow = find_straggler(read_steps(run_dir))
     except Exception:  # noqa: BLE001 - a torn step file is not worth failing the run's end
-        v = None
-    if v is not None:
-        inc = Incident(evidence=Evidence(id="straggler", source="steps", detected_at=now), verdict=v)
+        slow = None
+    if slow is not None:
+        inc = Incident(evidence=Evidence(id="straggler", source="steps", detected_at=now), verdict=slow)
         page = save(inc, run_dir, "straggler")
         _say(render_text(inc, where=str(page)))
     for msg in monitor.errors if monitor is not None else []:

@@ -129,3 +129,4 @@ def serve(state_dir: Path | None, gpus: str | None, slots: int | None, quota: tu
     daemon = Daemon(state_dir or default_state_dir(), Machine(ids, are_gpus), policy, parse_quotas(quota),
                     source, monitor, agent_state, cgroups, teams)
     main_loop(daemon)
+    return None

@@ -10,12 +10,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from gpudiag.contract import ENV_SLURM_STATE
 from gpudiag.errors import BadInput
+
+if TYPE_CHECKING:
+    from gpudiag.scheduler.model import Policy
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 STATE_ENV = ENV_SLURM_STATE
 # Mirrors scheduler/slurm/loop.py MIN_INTERVAL_S (kept here so --help needs no import of it).
@@ -79,7 +86,7 @@ SLURM_HINTS = {"state_dir": "the controller's ledger is --state", "agent_url": "
                "stalled_after": "see --stalled"}
 
 
-def slurm_options(f):  # a click decorator
+def slurm_options(f: F) -> F:  # a click decorator
     """The ``--backend`` switch and the Slurm controller's options, for ``gpudiag scheduler serve``."""
     for opt in reversed(_OPTIONS):
         f = opt(f)
@@ -98,7 +105,7 @@ def _flag(name: str) -> str:
     return "--" + {"as_json": "json", "teams_source": "teams"}.get(name, name).replace("_", "-")
 
 
-def check_options(backend: str, local: dict[str, object], slurm: dict[str, object]) -> None:
+def check_options(backend: str, local: Mapping[str, object], slurm: Mapping[str, object]) -> None:
     """One line and exit 2 for an option the chosen backend would not honour."""
     if backend == "slurm":
         for name in local:
@@ -122,7 +129,7 @@ def default_ledger() -> Path:
     return Path(os.path.expanduser("~/.local/state/gpudiag/slurm-controller.json"))
 
 
-def _policy(local: dict[str, object]):  # a scheduler Policy (imported lazily)
+def _policy(local: dict[str, Any]) -> Policy:
     from gpudiag.durations import parse_duration
     from gpudiag.scheduler.model import Policy
 
@@ -133,19 +140,24 @@ def _policy(local: dict[str, object]):  # a scheduler Policy (imported lazily)
     return policy
 
 
-def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | None, interval: str,
-                dry_run: bool, once: bool, as_json: bool, restore: bool, restore_only: bool, watchdog: bool,
-                state: Path | None, nice_max: int | None, takeover: bool, min_change_interval: str,
-                partitions: str | None = None) -> int:
+@dataclasses.dataclass
+class _Settings:
+    """The controller's options, checked and parsed."""
+
+    hosts: list[str]  # --agents
+    period: float  # --interval, seconds
+    change_every: float  # --min-change-interval, seconds
+    policy: Policy
+    min_runtime: float | None  # --min-runtime where given (else the cluster's PreemptExemptTime)
+    managed: frozenset[str]  # --partitions
+
+
+def _settings(local: dict[str, Any], prometheus: str | None, agents: str | None, interval: str,
+              once: bool, restore: bool, restore_only: bool, watchdog: bool, nice_max: int | None,
+              min_change_interval: str, partitions: str | None) -> _Settings:
+    """The options checked against each other and parsed: one line and exit 2 for each wrong one."""
     from gpudiag.durations import parse_duration
-    from gpudiag.scheduler.quota import parse_quotas
-    from gpudiag.scheduler.slurm.controller import Controller, Options, lease_for
-    from gpudiag.scheduler.slurm.ledger import LedgerError, LedgerStore
-    from gpudiag.scheduler.slurm.loop import MIN_INTERVAL_S, serve
-    from gpudiag.scheduler.slurm.loop import restore_only as do_restore_only
-    from gpudiag.scheduler.slurm.loop import watchdog as dog
-    from gpudiag.scheduler.slurm.slurmio import SlurmIO
-    from gpudiag.scheduler.slurm.sources import AgentsSource, PrometheusSource
+    from gpudiag.scheduler.slurm.loop import MIN_INTERVAL_S
 
     if sum((restore_only, watchdog, once)) > 1:
         raise BadInput("give one of --restore-only, --watchdog and --once")
@@ -178,6 +190,26 @@ def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | 
     managed = frozenset(p.strip() for p in (partitions or "").split(",") if p.strip())
     if partitions is not None and not managed:
         raise BadInput("--partitions: give at least one partition name (NAME[,NAME...])")
+    return _Settings(hosts, period, change_every, policy, min_runtime, managed)
+
+
+def serve_slurm(local: dict[str, Any], prometheus: str | None, agents: str | None, interval: str,
+                dry_run: bool, once: bool, as_json: bool, restore: bool, restore_only: bool, watchdog: bool,
+                state: Path | None, nice_max: int | None, takeover: bool, min_change_interval: str,
+                partitions: str | None = None) -> int:
+    """``gpudiag scheduler serve --backend slurm``: the controller's loop of rounds, or
+    ``--restore-only``, or ``--watchdog``."""
+    from gpudiag.scheduler.quota import parse_quotas
+    from gpudiag.scheduler.slurm.controller import Controller, Options, lease_for
+    from gpudiag.scheduler.slurm.ledger import LedgerError, LedgerStore
+    from gpudiag.scheduler.slurm.loop import restore_only as do_restore_only
+    from gpudiag.scheduler.slurm.loop import serve
+    from gpudiag.scheduler.slurm.loop import watchdog as dog
+    from gpudiag.scheduler.slurm.slurmio import SlurmIO
+    from gpudiag.scheduler.slurm.sources import AgentsSource, PrometheusSource
+
+    s = _settings(local, prometheus, agents, interval, once, restore, restore_only, watchdog, nice_max,
+                  min_change_interval, partitions)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     ledger = state or default_ledger()
     io = SlurmIO()
@@ -185,14 +217,15 @@ def serve_slurm(local: dict[str, object], prometheus: str | None, agents: str | 
         return do_restore_only(io, LedgerStore(ledger, readonly=dry_run), as_json, dry_run)
     if watchdog:
         return dog(io, LedgerStore(ledger))
-    source = PrometheusSource(prometheus) if prometheus else AgentsSource(hosts) if hosts else None
-    opts = Options(dry_run=dry_run, nice_max=nice_max, takeover=takeover, min_change_interval_s=change_every,
-                   lease_s=lease_for(period), min_runtime_s=min_runtime,
+    source = PrometheusSource(prometheus) if prometheus else AgentsSource(s.hosts) if s.hosts else None
+    opts = Options(dry_run=dry_run, nice_max=nice_max, takeover=takeover,
+                   min_change_interval_s=s.change_every, lease_s=lease_for(s.period),
+                   min_runtime_s=s.min_runtime,
                    quotas={t: float(n) for t, n in parse_quotas(tuple(local.get("quota") or ())).items()},
                    need_multifactor=_given("efficiency_delay") and nice_max is None,
-                   partitions=managed if partitions is not None else None)
+                   partitions=s.managed if partitions is not None else None)
     try:
-        ctl = Controller(io, source, policy, options=opts, ledger_path=ledger)
+        ctl = Controller(io, source, s.policy, options=opts, ledger_path=ledger)
     except LedgerError as e:
         raise BadInput(str(e)) from None
-    return serve(ctl, period, once, as_json, restore)
+    return serve(ctl, s.period, once, as_json, restore)

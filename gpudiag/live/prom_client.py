@@ -27,6 +27,7 @@ from pathlib import Path
 import msgspec
 
 from gpudiag import contract as c
+from gpudiag.durations import prom_duration
 from gpudiag.errors import BadInput, GpudiagError
 from gpudiag.scrape import fetch
 
@@ -249,20 +250,8 @@ class Prometheus:
         out: dict[str, float] = {}
         for t in (data or {}).get("activeTargets", []) if isinstance(data, dict) else []:
             inst = (t.get("labels") or {}).get("instance")
-            secs = parse_prom_duration(str(t.get("scrapeInterval", "")))
+            secs = prom_duration(str(t.get("scrapeInterval", "")))
             if inst and secs:
                 out[inst] = secs
         return out
 
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
-
-
-def parse_prom_duration(text: str) -> float | None:
-    """Prometheus' duration ("15s", "1m30s", "500ms") in seconds; None if it is not one."""
-    import re
-
-    parts = re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        return None
-    return sum(int(n) * _UNITS[u] for n, u in parts)

@@ -22,6 +22,7 @@ from gpudiag.scheduler.local.containment import Containment
 from gpudiag.scheduler.local.protocol import call
 from gpudiag.scheduler.local.store import read_prefix
 from tests.paths import REPO
+from tests.user_env import child_report, fork_as
 
 ROOT = REPO
 JOBS = ROOT / "tests" / "jobs"
@@ -245,27 +246,10 @@ def test_unsafe_state_dir_or_socket_is_refused(open_base, users, sched_factory):
 
 def run_as(uid: int, gid: int, fn: Callable[[], object]) -> object:
     """``fn()`` (its value as JSON) in a fork of this process that has become ``uid``:gid with
-    no other groups, as a second user's process would be (this interpreter lives where other
-    users cannot start it, so a fork is how a second user's client runs here). An exception
-    in ``fn`` comes back as {"ok": False, "error": "client failed: ..."}."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            out = json.dumps(fn())
-        except BaseException as e:  # noqa: BLE001 - reported to the parent
-            out = json.dumps({"ok": False, "error": f"client failed: {type(e).__name__}: {e}"})
-        os.write(w, out.encode())
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
+    no other groups (``user_env.fork_as``), waited for. An exception in ``fn`` comes back as
+    {"ok": False, "error": "client failed: ..."}."""
+    return child_report(fork_as(uid, gid, fn, on_error=lambda e: {"ok": False,
+                                                                    "error": f"client failed: {e}"}))
 
 
 def as_user(user: pwd.struct_passwd, sock: Path, req: dict) -> dict:

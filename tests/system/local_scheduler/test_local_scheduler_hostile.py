@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import socket
 import tempfile
 import time
@@ -27,7 +26,7 @@ from gpudiag.scheduler.local.protocol import OPS, call, connect
 from tests import user_env
 from tests.harness import unix_users
 from tests.system.local_scheduler.test_local_scheduler import WAIT_S, Sched, state_of
-from tests.user_env import PATH_ENV, user_job
+from tests.user_env import PATH_ENV, child_report, fork_as, user_job
 
 # a folder every user can reach for the module, and a venv in it every user can run
 module_base, user_python = user_env.module_base, user_env.user_python
@@ -85,41 +84,28 @@ def next_pass(s: Sched) -> None:
 def answering(user, sock: Path, stop: Path) -> tuple[int, int]:
     """A process of ``user`` asking ``queue`` and ``ping`` until ``stop`` exists: (pid, the fd of
     its report: how many it asked, what failed, the slowest answer)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(r)
-            signal.alarm(int(WAIT_S * 6))
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            out: dict = {"asked": 0, "failed": [], "worst_s": 0.0}
-            while not stop.exists():
-                for op in ("queue", "ping"):
-                    t0 = time.monotonic()
-                    try:
-                        a = call(sock, {"op": op})
-                        if not a.get("ok"):
-                            out["failed"].append(a)
-                    except OSError as e:
-                        out["failed"].append(f"{op}: {e}")
-                    out["asked"] += 1
-                    out["worst_s"] = max(out["worst_s"], time.monotonic() - t0)
-                time.sleep(0.02)
-        except BaseException as e:  # noqa: BLE001 - reported to the parent
-            out = {"error": f"{type(e).__name__}: {e}"}
-        os.write(w, json.dumps(out).encode())
-        os._exit(0)
-    os.close(w)
-    return pid, r
+    def ask() -> dict:
+        out: dict = {"asked": 0, "failed": [], "worst_s": 0.0}
+        while not stop.exists():
+            for op in ("queue", "ping"):
+                t0 = time.monotonic()
+                try:
+                    a = call(sock, {"op": op})
+                    if not a.get("ok"):
+                        out["failed"].append(a)
+                except OSError as e:
+                    out["failed"].append(f"{op}: {e}")
+                out["asked"] += 1
+                out["worst_s"] = max(out["worst_s"], time.monotonic() - t0)
+            time.sleep(0.02)
+        return out
+
+    return fork_as(user.pw_uid, user.pw_gid, ask, alarm_s=WAIT_S * 6)
 
 
 def report(child: tuple[int, int]) -> dict:
-    pid, fd = child
-    with os.fdopen(fd, "rb") as f:
-        out = json.loads(f.read() or b"{}")
-    os.waitpid(pid, 0)
+    out = child_report(child)
+    assert isinstance(out, dict), out
     return out
 
 
@@ -252,32 +238,21 @@ def send_raw(sock: Path, line: bytes) -> dict | str:
 def socket_fuzzer(user, sock: Path, seed: int, stop: Path) -> tuple[int, int]:
     """A process of ``user`` sending ``hostile_requests`` over and over until ``stop`` exists;
     its report: how many, and every answer that was not a one-line refusal or a plain answer."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(r)
-            signal.alarm(int(WAIT_S * 6))
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            lines = hostile_requests(random.Random(seed))
-            out: dict = {"sent": 0, "bad": []}
-            while not stop.exists() or out["sent"] < len(lines):
-                if out["sent"] >= FUZZ_ROUNDS * len(lines):
-                    time.sleep(0.02)   # then gently: the suite's other lanes share the machine
-                line = lines[out["sent"] % len(lines)]
-                a = send_raw(sock, line)
-                out["sent"] += 1
-                if not isinstance(a, dict) or a.get("internal") or (not a.get("ok") and (
-                        not isinstance(a.get("error"), str) or "\n" in a["error"])):
-                    out["bad"].append({"line": line[:80].decode("latin-1"), "answer": str(a)[:300]})
-        except BaseException as e:  # noqa: BLE001 - reported to the parent
-            out = {"error": f"{type(e).__name__}: {e}"}
-        os.write(w, json.dumps(out).encode())
-        os._exit(0)
-    os.close(w)
-    return pid, r
+    def fuzz() -> dict:
+        lines = hostile_requests(random.Random(seed))
+        out: dict = {"sent": 0, "bad": []}
+        while not stop.exists() or out["sent"] < len(lines):
+            if out["sent"] >= FUZZ_ROUNDS * len(lines):
+                time.sleep(0.02)   # then gently: the suite's other lanes share the machine
+            line = lines[out["sent"] % len(lines)]
+            a = send_raw(sock, line)
+            out["sent"] += 1
+            if not isinstance(a, dict) or a.get("internal") or (not a.get("ok") and (
+                    not isinstance(a.get("error"), str) or "\n" in a["error"])):
+                out["bad"].append({"line": line[:80].decode("latin-1"), "answer": str(a)[:300]})
+        return out
+
+    return fork_as(user.pw_uid, user.pw_gid, fuzz, alarm_s=WAIT_S * 6)
 
 
 def file_payloads(rng: random.Random) -> list[list[tuple[str, str, bytes]]]:

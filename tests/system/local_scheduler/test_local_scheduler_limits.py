@@ -9,7 +9,6 @@ jobs; with fewer GPUs than the running jobs held, ``queue`` was an IndexError, t
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -31,7 +30,7 @@ from tests.system.local_scheduler.test_local_scheduler import (
     run_as,
     state_of,
 )
-from tests.user_env import PATH_ENV, user_job
+from tests.user_env import PATH_ENV, child_report, fork_as, user_job
 
 FLOOD_CALLS = 25   # the issue's: 25 queue and 25 submit of another user
 
@@ -103,35 +102,23 @@ def test_a_job_that_fills_the_state_folder_is_load_not_a_crash_and_the_daemon_re
 def flood(user, sock: Path, stop: Path) -> tuple[int, int]:
     """A process of ``user`` connecting and closing at once, as fast as it can (non-blocking, so
     a full listen queue costs it nothing), until ``stop`` exists. Returns (pid, report fd)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(r)
-            signal.alarm(int(WAIT_S * 3))
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            made = full = 0
-            while not stop.exists():
-                for _ in range(200):
-                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    s.setblocking(False)
-                    try:
-                        s.connect(str(sock))
-                        made += 1
-                    except BlockingIOError:
-                        full += 1
-                    except OSError:
-                        pass
-                    s.close()
-            out = {"connects": made, "queue_full": full}
-        except BaseException as e:  # noqa: BLE001 - reported to the parent
-            out = {"error": f"{type(e).__name__}: {e}"}
-        os.write(w, json.dumps(out).encode())
-        os._exit(0)
-    os.close(w)
-    return pid, r
+    def connect_close() -> dict:
+        made = full = 0
+        while not stop.exists():
+            for _ in range(200):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.setblocking(False)
+                try:
+                    s.connect(str(sock))
+                    made += 1
+                except BlockingIOError:
+                    full += 1
+                except OSError:
+                    pass
+                s.close()
+        return {"connects": made, "queue_full": full}
+
+    return fork_as(user.pw_uid, user.pw_gid, connect_close, alarm_s=WAIT_S * 3)
 
 
 def test_a_connect_close_flood_fails_none_of_another_users_commands(open_base, users, sched_factory):
@@ -163,13 +150,9 @@ def test_a_connect_close_flood_fails_none_of_another_users_commands(open_base, u
         got = run_as(alice.pw_uid, alice.pw_gid, commands)
     finally:
         stop.touch()
-        reports = []
-        for pid, fd in flooders:
-            with os.fdopen(fd, "rb") as f:
-                reports.append(json.loads(f.read() or b"{}"))
-            os.waitpid(pid, 0)
+        reports = [child_report(child) for child in flooders]
     assert got.get("failed") == [] and len(got["latency"]) == 2 * FLOOD_CALLS, got
-    assert sum(r.get("connects", 0) for r in reports) > 0, reports
+    assert sum(r.get("connects", 0) for r in reports if isinstance(r, dict)) > 0, reports
     print(f"alice: {len(got['latency'])}/{2 * FLOOD_CALLS} answered, worst "
           f"{max(got['latency']) * 1e3:.0f} ms, all {sum(got['latency']):.1f} s; bob's flood: {reports}")
     s.wait("alice's jobs ran", lambda j: all(state_of(j, i) == "done" for i in got["ids"]))
