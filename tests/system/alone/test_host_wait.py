@@ -138,7 +138,11 @@ def test_dataloader_workers_outnumbering_the_cores_are_the_jobs_own(tmp_path):
     reads = read_bootstrap(run)[0].thread_waits
     assert reads["workers"] == 4 and reads["threads"] >= 4, reads
     assert reads["cost_per_step_s"] <= 0.01 * statistics.median(r.dt for r in rows), reads
-    assert sum(r.peer_wait_s is not None for r in rows) >= 0.9 * len(rows)
+    # every step up to the last read has its part of the wait (a read every k-th step, when
+    # reading costs more than the budget, is spread over the k; a busy machine makes the reads
+    # slower and k larger: the steps after the last read wait for the next)
+    last = max(i for i, r in enumerate(rows) if r.peer_wait_s is not None)
+    assert sum(r.peer_wait_s is not None for r in rows[:last + 1]) >= 0.9 * (last + 1), rows
 
 
 def test_the_exported_mfu_of_a_job_another_tenant_slowed_stays_near_its_quiet_value(tmp_path):
