@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -13,6 +14,9 @@ from gpudiag.commands.sim_sweep import DEFAULT_LOADS
 from gpudiag.errors import BadInput
 from gpudiag.scheduler.model import Cluster, Policy
 from gpudiag.scheduler.sim.sweep import POLICIES
+
+if TYPE_CHECKING:
+    from gpudiag.scheduler.sim.traces import Trace
 
 _GROUP = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*")
 
@@ -146,7 +150,7 @@ def _groups(given: set[str], node_sizes_: str | None, nodes: int,
     return node_sizes(node_sizes_)
 
 
-def _jobs(trace: str, seed: int, mfu_file: str | None):
+def _jobs(trace: str, seed: int, mfu_file: str | None) -> tuple[Trace, dict[int, tuple[float, str]]]:
     """The trace, and each job's (MFU, label): the synthetic model's, replaced by ``mfu_file``'s."""
     from gpudiag.scheduler.sim.mfu_model import read_mfu_file, synthesise
     from gpudiag.scheduler.sim.traces import read_trace
@@ -160,7 +164,7 @@ def _jobs(trace: str, seed: int, mfu_file: str | None):
     return tr, mfu
 
 
-def _print(m: dict, policy: str, shape: str, rack_size: int) -> None:
+def _print(m: dict[str, Any], policy: str, shape: str, rack_size: int) -> None:
     click.echo(f"{policy} on {shape} (racks of {rack_size}): "
                f"{m['jobs']} jobs, {m['rejected']} rejected")
     for k, v in m.items():
