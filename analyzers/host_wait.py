@@ -75,9 +75,11 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
     traced = [r for w in windows or [] for r in w.traced_rows if r.wait_s is not None]
     ref = [r for r in _reference(windows, steps) if r.wait_s is not None and r.dt > 0]
     ran = [r for r in ref if r.run_s is not None]  # a torn row may lack one of the two
-    wait = statistics.median(r.wait_s for r in ref) * 1e6 if ref else None
-    run = statistics.median(r.run_s for r in ran) * 1e6 if ran else None
-    cores = statistics.median(r.run_s / (r.dt + r.machine_s) for r in ran) if ran else None
+    ref_waits = [w for r in ref if (w := r.wait_s) is not None]
+    runs = [(x, r.dt + r.machine_s) for r in ran if (x := r.run_s) is not None]
+    wait = statistics.median(ref_waits) * 1e6 if ref_waits else None
+    run = statistics.median(x for x, _ in runs) * 1e6 if runs else None
+    cores = statistics.median(x / step for x, step in runs) if runs else None
     peers = [r.peer_wait_s for r in ref if r.peer_wait_s is not None]
     peer = statistics.median(peers) * 1e6 if peers else None
     machine = (statistics.median(wall(ref)) - statistics.median(r.dt for r in ref)) * 1e6 if ref else None
@@ -88,7 +90,7 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
         host = host_cpu(samples, every, boot or {}, min_samples=1)
         over = "every step, traced ones included: the untraced ones were too short for it"
     split = shares(host, cores)
-    tw = sum(r.wait_s for r in traced) / len(traced) * 1e6 if traced else None
+    tw = sum(w for r in traced if (w := r.wait_s) is not None) / len(traced) * 1e6 if traced else None
     parts = []
     if tw is not None:
         parts.append(f"{tw / 1e3:.3g} ms per traced step")
@@ -125,7 +127,7 @@ def with_waits(result: RankResult, rows: list[StepRow], wait: HostWait | None,
     if wait is None or not wait.recorded or not rows or not result.steps or result.steps[0].step is None:
         return result
     share = [r.machine_s / (r.dt + r.machine_s) for r in rows]
-    waits = [r.wait_s * 1e6 for r in rows]
+    waits = [w * 1e6 for r in rows if (w := r.wait_s) is not None]
     blocked = [(r.input_blocked_s or 0.0) / r.input_s if loader_in_thread and r.input_s else 0.0
                for r in rows]
     pair = len(rows) == len(result.steps)

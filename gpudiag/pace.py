@@ -111,12 +111,13 @@ def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
         own = r.dt
         wait = step_wait(r, loader_in_thread)
         h = _sample_for(ends, samples, r.t)
-        if wait and r.dt > 0 and h is not None:
+        run = r.run_s  # a torn row may lack it: then no split (the job is charged)
+        if wait and r.dt > 0 and h is not None and run is not None:
             other = h.machine_busy - h.cores if h.machine_busy is not None else None
-            split = wait_shares(h.cores, min(1.0, r.run_s / r.dt), other, h.runq_threads, cpus,
+            split = wait_shares(h.cores, min(1.0, run / r.dt), other, h.runq_threads, cpus,
                                 h.runnable)
             if split is not None:
-                own = max(r.run_s, r.dt - wait * split[1])
+                own = max(run, r.dt - wait * split[1])
         out.append(own)
     return out
 

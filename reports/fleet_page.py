@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from gpudiag import __version__
 from gpudiag.live.fleet_model import (
@@ -42,6 +43,9 @@ from gpudiag.reports.fleet_text import (
     utc_s,
 )
 from gpudiag.reports.page import embed_json, env
+
+if TYPE_CHECKING:
+    from markupsafe import Markup
 from gpudiag.reports.svg_columns import Stack, stacked_columns
 from gpudiag.units import seconds
 
@@ -121,7 +125,7 @@ def _mix_chart(s: FleetSummary) -> str:
                                 "jobs not run under gpudiag")
 
 
-def page_data(s: FleetSummary, listed: list[JobRow]) -> dict:
+def page_data(s: FleetSummary, listed: list[JobRow]) -> dict[str, Any]:
     """The summary as --json prints it, with the listed jobs only (``jobs_omitted`` says how
     many more the CSV and --json hold)."""
     return replace(s, jobs=listed, jobs_omitted=len(s.jobs) - len(listed)).to_json()
@@ -150,7 +154,7 @@ def render_page(s: FleetSummary, csv_href: str = "fleet.csv") -> str:
     return env().get_template("fleet.html.j2").render(ctx)
 
 
-def svg_markup(text: str):  # noqa: ANN201 - Markup
+def svg_markup(text: str) -> Markup:
     from markupsafe import Markup
 
-    return Markup(text)  # noqa: S704 - built by reports/svg*.py, which escape every string
+    return Markup(text)  # trusted: built by reports/svg*.py, which escape every string

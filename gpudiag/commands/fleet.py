@@ -11,11 +11,17 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from gpudiag import contract as c
 from gpudiag.errors import BadInput, GpudiagError
+
+if TYPE_CHECKING:
+    from gpudiag.live.fleet import SlurmJob
+    from gpudiag.live.fleet_model import FleetSummary
+    from gpudiag.live.prom_client import Prometheus
 
 MAX_RANGE_S = 400 * 86400   # beyond a year a step of hours hides every job
 
@@ -180,7 +186,7 @@ def fleet(url: str, user: str | None, password_file: Path | None, token_file: Pa
     click.echo(terminal(summary, str(out), str(csv_path)), nl=False)
 
 
-def _csv(summary) -> str:  # noqa: ANN001 - a FleetSummary
+def _csv(summary: FleetSummary) -> str:
     from gpudiag.reports.fleet_text import jobs_csv
 
     return jobs_csv(summary)
@@ -193,8 +199,8 @@ def _write(path: Path, option: str, text: str) -> None:
         raise BadInput(f"{option} {path}: cannot write: {e.strerror or e}") from None
 
 
-def read_and_sum(prom, start: float, end: float, req_end: float, explicit: float | None,  # noqa: ANN001
-                 slurm: bool):  # noqa: ANN201 - a FleetSummary
+def read_and_sum(prom: Prometheus, start: float, end: float, req_end: float, explicit: float | None,
+                 slurm: bool) -> FleetSummary:
     """Read the range and the one before it, ask Slurm about the silent jobs, sum."""
     with _no_cycle_collection():
         return _read_and_sum(prom, start, end, req_end, explicit, slurm)
@@ -216,8 +222,8 @@ def _no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
-def _read_and_sum(prom, start: float, end: float, req_end: float, explicit: float | None,  # noqa: ANN001
-                  slurm: bool):  # noqa: ANN202 - a FleetSummary
+def _read_and_sum(prom: Prometheus, start: float, end: float, req_end: float, explicit: float | None,
+                  slurm: bool) -> FleetSummary:
     from gpudiag.live.fleet import slurm_ids, summarise
     from gpudiag.live.fleet_query import QUERY_TIMEOUT_S, grid_for, left_open
     from gpudiag.live.fleet_read import PREVIOUS_QUERIES, read_fleet
@@ -229,7 +235,8 @@ def _read_and_sum(prom, start: float, end: float, req_end: float, explicit: floa
     # the previous period first, summed and dropped before this one is read: one period's
     # answers in memory at a time (Slurm is asked about each period's silent jobs in turn)
     before, _ = read_fleet(prom, grid.previous(), targets, explicit, names=PREVIOUS_QUERIES)
-    before_sum, notes = None, []
+    before_sum: FleetSummary | None = None
+    notes: list[str] = []
     if any(s.points for s in before.series.get("gpu_samples", [])):
         who, notes = _who(slurm_ids(before), slurm)
         before_sum = summarise(before, who)
@@ -243,7 +250,7 @@ def _read_and_sum(prom, start: float, end: float, req_end: float, explicit: floa
     return summarise(data, who, before_sum, read_notes + list(dict.fromkeys(slurm_notes + notes)))
 
 
-def _who(ids: set[str], slurm: bool) -> tuple[dict, list[str]]:
+def _who(ids: set[str], slurm: bool) -> tuple[dict[str, SlurmJob], list[str]]:
     from gpudiag.live.fleet_slurm import slurm_jobs
 
     return slurm_jobs(ids) if slurm else ({}, ["Slurm not asked (--no-slurm)"])

@@ -31,6 +31,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpudiag.live.fleet_model import (
     NO_JOB,
@@ -130,7 +131,7 @@ def job_mfu(data: FleetData) -> dict[str, dict[float, tuple[float, float]]]:
     """job -> window -> (its mean MFU in the window, seconds of the window it had one): the
     one place the MFU series are read. A job's MFU is the job's, whichever node took its
     signals: it applies to its GPUs on every node. Several owners or nodes: the lowest."""
-    seconds: dict[tuple, dict[float, float]] = {}
+    seconds: dict[tuple[Any, ...], dict[float, float]] = {}
     for s in data.series.get("mfu_samples", []):
         seconds[tuple(sorted(s.labels.items()))] = dict(s.points)
     out: dict[str, dict[float, tuple[float, float]]] = defaultdict(dict)
@@ -229,7 +230,7 @@ def _job_row(job: str, h: _Held, mfu: dict[float, tuple[float, float]], labels: 
     causes: dict[str, float] = defaultdict(float)
     gpus = 0
     presence, step, rest = h.presence, grid.step, NO_LABEL if signalled else NO_SIGNAL
-    none, no_labels = (0.0, 0.0), {}
+    none, no_labels = (0.0, 0.0), dict[str, float]()
     for t, held in h.held.items():     # once per window of every job: kept to plain arithmetic
         pres = presence.get(t, 0.0)
         mean, secs = mfu.get(t, none)

@@ -11,6 +11,7 @@ place and "user" in another. ``owner_uid`` remains only where it is the agent's 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 SCHEMA_VERSION = 1
 
@@ -185,9 +186,9 @@ class FleetSummary:
     users: list[Group]
     nodes: list[NodeRow]
     fixes: list[Fix]
-    most_lost: list[dict]      # {job_id, lost_gpu_hours, cause}, largest first
+    most_lost: list[dict[str, Any]]      # {job_id, lost_gpu_hours, cause}, largest first
     label_mix: LabelMix
-    scheduler: list[dict]
+    scheduler: list[dict[str, Any]]
     scrape_intervals: dict[str, float]
     queries: dict[str, str]
     notes: list[str] = field(default_factory=list)
@@ -195,7 +196,7 @@ class FleetSummary:
     attribution: dict[str, int] = field(default_factory=dict)  # source -> silent jobs it named
     jobs_omitted: int = 0      # the page lists the largest jobs; the CSV and --json all of them
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["schema_version"] = SCHEMA_VERSION
         before = self.previous.totals if self.previous else None

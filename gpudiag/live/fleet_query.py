@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -191,7 +192,7 @@ def join(parts: list[list[Series]]) -> list[Series]:
     """The answers of consecutive spans of one query, in time order, one Series per label set
     (a series alive across a span's edge is one series again); each span's points come after
     the previous span's, so the joined points are in time order too."""
-    out: dict[tuple, Series] = {}
+    out: dict[tuple[Any, ...], Series] = {}
     for part in parts:
         for s in part:
             key = tuple(s.labels.items())     # in name order (_matrix sorts them)
@@ -214,7 +215,7 @@ def keep(series: list[Series], how: str) -> list[Series]:
     return series
 
 
-def _points(values: list, how: str) -> Points:
+def _points(values: list[Any], how: str) -> Points:
     """One series' points as ``keep(how)`` would leave them (a "last" series converts only the
     point it keeps: most of an answer's points are dropped unread)."""
     isfinite = math.isfinite
@@ -292,7 +293,8 @@ def range_query(prom: Prometheus, expr: str, first: float, last: float, step_ms:
     return _decode_matrix(prom, raw, how)
 
 
-def instant_query(prom: Prometheus, expr: str, at: float, timeout: float = QUERY_TIMEOUT_S) -> list[dict]:
+def instant_query(prom: Prometheus, expr: str, at: float,
+                  timeout: float = QUERY_TIMEOUT_S) -> list[dict[str, Any]]:
     data = prom.get("/api/v1/query", {"query": expr, "time": f"{at:.3f}", "timeout": f"{timeout:g}s"},
                     timeout + 5)
     if not isinstance(data, dict) or data.get("resultType") != "vector":
@@ -366,7 +368,7 @@ def ambiguous(name: str, series: list[Series]) -> set[str]:
     return out
 
 
-def _reads(name: str, s: Series) -> tuple:
+def _reads(name: str, s: Series) -> tuple[Any, ...]:
     """What ``fleet.latest`` reads of a series: its labels but the node, and the value where
     it is the number read."""
     return (tuple((k, v) for k, v in s.labels.items() if k != "instance"),
@@ -398,7 +400,7 @@ class FleetData:
     grid: Grid
     series: dict[str, list[Series]] = field(default_factory=dict)
     intervals: dict[str, float] = field(default_factory=dict)   # instance -> seconds per sample
-    scheduler: list[dict] = field(default_factory=list)         # counters' increase over the range
+    scheduler: list[dict[str, Any]] = field(default_factory=list)         # counters' increase over the range
     requested: tuple[float, float] = (0.0, 0.0)                 # the range asked for, before clipping
     default_interval: float | None = None   # for an instance with signals but no GPU series
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 from gpudiag import contract as c
 from gpudiag.live.fleet_query import (
@@ -36,7 +37,7 @@ OLD_AGENT_QUERIES: dict[str, str] = {
 
 
 def scheduler_counters(prom: Prometheus, start: float, end: float,
-                       timeout: float = QUERY_TIMEOUT_S) -> list[dict]:
+                       timeout: float = QUERY_TIMEOUT_S) -> list[dict[str, Any]]:
     """Each ``gpudiag_scheduler_*_total`` counter's ``increase`` over (start, end], per series
     and then summed by action and tier: a reset on one instance is that series' reset."""
     data = prom.get("/api/v1/label/__name__/values",

@@ -6,7 +6,7 @@ calls them); the page renders what they return.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.live.fleet_model import Fix, Group, JobRow, LabelMix, NodeRow
 
@@ -55,7 +55,7 @@ def fixes_of(rows: list[JobRow], weeks: float, top: int = TOP_FIXES) -> list[Fix
                 win_gpu_hours_per_week=r.fix_gpu_hours / weeks if weeks > 0 else 0.0) for r in best]
 
 
-def most_lost(rows: list[JobRow], top: int = TOP_LOST) -> list[dict]:
+def most_lost(rows: list[JobRow], top: int = TOP_LOST) -> list[dict[str, Any]]:
     best = sorted((r for r in rows if r.lost_gpu_hours > 0), key=lambda r: (-r.lost_gpu_hours, r.job_id))
     return [{"job_id": r.job_id, "lost_gpu_hours": r.lost_gpu_hours, "cause": r.lost_cause}
             for r in best[:top]]
@@ -85,7 +85,7 @@ def label_mix(mix: dict[float, dict[str, float]], grid: Grid) -> LabelMix:
     return LabelMix(b, [first + i * b for i in range(n)], out)
 
 
-def nodes_of(rows: list[JobRow], nodes: dict, data: FleetData) -> list[NodeRow]:
+def nodes_of(rows: list[JobRow], nodes: dict[str, Any], data: FleetData) -> list[NodeRow]:
     """Per node (the agent's ``instance``): GPU-hours held by jobs, their useful share (each
     job's useful hours split by where it held its GPUs), idle, held by no job. ``nodes``:
     ``fleet.held_time``'s per-node totals."""
