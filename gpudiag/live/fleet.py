@@ -220,12 +220,31 @@ def attribute(job: str, f: _Facts) -> tuple[str, str, str, str]:
     return user, src, team, tsrc
 
 
+@dataclass
+class _Tally:
+    """A job's GPU-seconds over its windows, by what they were spent on."""
+
+    useful: float
+    with_mfu: float
+    no_mfu: float
+    no_signal: float
+    stalled: float
+    causes: dict[str, float]
+    gpus: int
+
+
 def _job_row(job: str, h: _Held, mfu: dict[float, tuple[float, float]], labels: dict[float, dict[str, float]],
              f: _Facts, mix: dict[float, dict[str, float]], grid: Grid, stalls: Spans) -> JobRow:
     """Every per-job number: its windows' GPU time split into stalled, with an MFU, without one
-    and without a signal, by label too (``mix`` gets the split per window). A new category is
-    one more share of a window here."""
+    and without a signal, by label too (``mix`` gets the split per window), then the job's row."""
     signalled = job in f.signalled
+    return _row(job, h, f, signalled, _windows(h, mfu, labels, signalled, mix, grid, stalls))
+
+
+def _windows(h: _Held, mfu: dict[float, tuple[float, float]], labels: dict[float, dict[str, float]],
+             signalled: bool, mix: dict[float, dict[str, float]], grid: Grid, stalls: Spans) -> _Tally:
+    """The job's windows, each split into stalled, with an MFU, without one and without a signal
+    (and by label, into ``mix``). A new category is one more share of a window here."""
     useful = with_mfu = no_mfu = no_signal = stalled = 0.0
     causes: dict[str, float] = defaultdict(float)
     gpus = 0
@@ -269,6 +288,11 @@ def _job_row(job: str, h: _Held, mfu: dict[float, tuple[float, float]], labels: 
             shown = 0.0
         cell[STALLED] += held * stuck
         cell[rest] += held * (1 - stuck - shown)
+    return _Tally(useful, with_mfu, no_mfu, no_signal, stalled, causes, gpus)
+
+
+def _row(job: str, h: _Held, f: _Facts, signalled: bool, w: _Tally) -> JobRow:
+    """The job's row: its tally in hours, who it belongs to, its last signal's values."""
     user, usrc, team, tsrc = attribute(job, f)
     last = f.last
 
@@ -280,13 +304,13 @@ def _job_row(job: str, h: _Held, mfu: dict[float, tuple[float, float]], labels: 
 
     ks = sorted(h.held)
     row = JobRow(job_id=job, user=user, user_source=usrc, team=team, team_source=tsrc,
-                 nodes=sorted(h.nodes), gpus=gpus, size_class=size_class(gpus), signalled=signalled,
-                 gpu_hours=sum(h.held.values()) / 3600, useful_gpu_hours=useful / 3600,
-                 mfu_gpu_hours=with_mfu / 3600, no_mfu_gpu_hours=no_mfu / 3600,
-                 no_signal_gpu_hours=no_signal / 3600, idle_gpu_hours=h.idle_s / 3600,
-                 stalled_gpu_hours=stalled / 3600,
-                 stall_cause=max(causes, key=causes.__getitem__) if causes else None,
-                 mfu=useful / with_mfu if with_mfu > 0 else None, label=text("label"),
+                 nodes=sorted(h.nodes), gpus=w.gpus, size_class=size_class(w.gpus), signalled=signalled,
+                 gpu_hours=sum(h.held.values()) / 3600, useful_gpu_hours=w.useful / 3600,
+                 mfu_gpu_hours=w.with_mfu / 3600, no_mfu_gpu_hours=w.no_mfu / 3600,
+                 no_signal_gpu_hours=w.no_signal / 3600, idle_gpu_hours=h.idle_s / 3600,
+                 stalled_gpu_hours=w.stalled / 3600,
+                 stall_cause=max(w.causes, key=w.causes.__getitem__) if w.causes else None,
+                 mfu=w.useful / w.with_mfu if w.with_mfu > 0 else None, label=text("label"),
                  confidence=val("confidence"), step_s=val("step"), action=text("action"),
                  predicted_step_s=val("predicted"), first_seen=ks[0] if ks else 0.0,
                  last_seen=ks[-1] if ks else 0.0)
