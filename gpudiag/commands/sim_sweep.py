@@ -16,7 +16,7 @@ import shlex
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -69,9 +69,31 @@ def run(trace: str, out: str, loads_text: str, seeds: int, nodes: int, window_jo
     tabs = table(raw["runs"])
     found = sum(r["family"] == "windows" for r in raw["runs"]) // len(sweep.POLICIES)
     name = Path(trace).name
+    meta = _meta(name, out, loads, seeds, nodes, window_jobs, windows, len(tr.jobs), found, wall, raw,
+                 load_before)
+    outdir = Path(out)
+    try:
+        paths = render(outdir, tabs, {f: targets(rows) for f, rows in tabs.items()}, METRICS, RATIOS, meta,
+                       raw["ablation"], sweep.POLICIES + tuple(raw["ablation"]))
+        (outdir / "scheduler-evaluation" / "sweep.json").write_text(
+            json.dumps({"meta": meta, **raw}, indent=None, separators=(",", ":")) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise BadInput(f"cannot write the sweep's page under {outdir}: {e.strerror or e}") from None
+    for v, status in raw["ablation"].items():
+        if status != "off":
+            click.echo(f"gpudiag sim: ablation {v}: {status}", err=True)
+    click.echo(f"sweep: {raw['replays']} replays in {wall:.0f} s on {raw['processes']} processes; "
+               f"wrote {paths[0]} and {len(paths) - 1} charts")
+
+
+def _meta(name: str, out: str, loads: list[float], seeds: int, nodes: int, window_jobs: int, windows: int,
+          n_jobs: int, found: int, wall: float, raw: dict[str, Any], load_before: str) -> dict[str, Any]:
+    """What the page says of how the sweep was made: its design, command, machine and load."""
+    from gpudiag.scheduler.sim import sweep
+
     design = (
         f"Design (`scheduler/sim/sweep.py`): each of {seeds} seed(s) replays a window of "
-        f"{min(window_jobs, len(tr.jobs)):,} consecutive jobs of `{name}` ({len(tr.jobs):,} jobs), its start "
+        f"{min(window_jobs, n_jobs):,} consecutive jobs of `{name}` ({n_jobs:,} jobs), its start "
         "and the synthetic MFU model drawn from the seed. Load by arrival rate: the window's submit times "
         "scaled so its offered load (sum of GPUs x duration over cluster GPUs x arrival span) on "
         f"{nodes} nodes x {sweep.GPUS_PER_NODE} GPUs is the load asked for. Load by cluster size: the "
@@ -94,16 +116,4 @@ def run(trace: str, out: str, loads_text: str, seeds: int, nodes: int, window_jo
             "windows_note": (f"None: no {sweep.POLLUX_HOURS:g}-hour span of `{name}` holds "
                              f"{sweep.POLLUX_JOBS} submissions, so there is no such window to replay.")
             if windows and not found else ""}
-    outdir = Path(out)
-    try:
-        paths = render(outdir, tabs, {f: targets(rows) for f, rows in tabs.items()}, METRICS, RATIOS, meta,
-                       raw["ablation"], sweep.POLICIES + tuple(raw["ablation"]))
-        (outdir / "scheduler-evaluation" / "sweep.json").write_text(
-            json.dumps({"meta": meta, **raw}, indent=None, separators=(",", ":")) + "\n", encoding="utf-8")
-    except OSError as e:
-        raise BadInput(f"cannot write the sweep's page under {outdir}: {e.strerror or e}") from None
-    for v, status in raw["ablation"].items():
-        if status != "off":
-            click.echo(f"gpudiag sim: ablation {v}: {status}", err=True)
-    click.echo(f"sweep: {raw['replays']} replays in {wall:.0f} s on {raw['processes']} processes; "
-               f"wrote {paths[0]} and {len(paths) - 1} charts")
+    return meta
