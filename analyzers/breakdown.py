@@ -129,9 +129,11 @@ def rank_breakdown(rt: RankTrace, wb: WorkBounds, cw: CpuWork | None) -> list[St
         # communication's cost inside the compute blocks, outside the compute/memory split
         for_comm = comm_work_spans(rt)
         comm_work = iv.measure_in(iv.subtract(cw.work, iv.subtract(cw.work, for_comm)), lo, hi)
-        # compute-bound share from the innermost costed ops (or top-level ops by name)
-        work = (is_cpu_work(rt, wb) & (cw.dur >= TINY_CPU_OP_US) & ~cw.dispatch
-                & ~iv.contains(for_comm, rt.cpu_ts))
+        # compute-bound share from the innermost costed ops (or top-level ops by name); those
+        # below both roofs are out of ``cw.work`` but stay in the proportions, which also split
+        # the work of unknown bound (uncosted ops: a loss's scalar ``rsub`` beside its ``clamp``):
+        # without them a per-sample loss's uncosted calls read as its model's GEMMs, compute
+        work = is_cpu_work(rt, wb) & (cw.dur >= TINY_CPU_OP_US) & ~iv.contains(for_comm, rt.cpu_ts)
         cb = _split(cw.dur[work & (wb.bound == BOUND_COMPUTE)],
                     rt.cpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi)
         mb = _split(cw.dur[work & (wb.bound == BOUND_MEMORY)],
