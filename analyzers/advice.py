@@ -154,8 +154,8 @@ def _loop_found(a: AdviceInputs) -> bool:
 def _vectorised(a: AdviceInputs) -> whatif.Prediction:
     f = a.compile_facts
     assert f is not None and a.traced is not None
-    return whatif.vectorised_loop(a.view, a.traced, f.calls, f.loops.loop_calls, f.loops.loop_iters,
-                                  f.extern_us, f.kept_us)
+    return whatif.vectorised_loop(a.view, a.traced, f.loops.loop_us, f.loops.loop_calls,
+                                  f.loops.loop_iters)
 
 
 def _micro_batches(a: AdviceInputs) -> bool:

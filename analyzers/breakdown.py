@@ -12,7 +12,9 @@ twice:
 
 On a CPU-only trace the CPU is the device: compute is operator time, communication is
 gloo / ``record_param_comms`` time, and input wait is DataLoader time. Operators shorter
-than ``TINY_CPU_OP_US`` are counted as host overhead: their cost is dispatch, not work.
+than ``TINY_CPU_OP_US`` are counted as host overhead: their cost is dispatch, not work; so
+are operators far below both roofs (``roofline.below_both_roofs``: 4-row LayerNorms taking
+30 us for 8 KB), whatever their length.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from gpudiag.analyzers.roofline import (
     BOUND_COMPUTE,
     BOUND_MEMORY,
     WorkBounds,
+    below_both_roofs,
     is_cpu_work,
 )
 from gpudiag.analyzers.stats import class_quantile
 from gpudiag.analyzers.trace_columns import CPU_COMM_RE
 from gpudiag.analyzers.trace_loader import KCLASS_COMM, KCLASS_COMPUTE, RankTrace
+from gpudiag.devices import DevicePeak
 from gpudiag.diagnosis import GpuSpanBreakdown, StepBreakdown, TimeBreakdown
 
 # An eager PyTorch CPU op costs ~5-20 us of dispatcher/Python overhead before any math
@@ -136,22 +140,26 @@ def _cpu_parts(rt: RankTrace, wb: WorkBounds, cw: CpuWork, dl: iv.Intervals, lo:
     """A CPU's steps. The collective's own calls (c10d::, record_param_comms, gloo:) are
     communication, not compute; everything else the threads run is. Gloo runs a collective on
     its own threads (DDP's reducer launches one per bucket during backward): it is exposed only
-    where no compute runs beside it, as on a GPU, and hidden where backward overlaps it."""
+    where no compute runs beside it, as on a GPU, and hidden where backward overlaps it.
+    Operators below both roofs are per-call cost: host overhead, out of compute (``cw.work``)."""
     real = cw.blocks
     comm = iv.merge(rt.cpu_comm_intervals[:, 0], rt.cpu_comm_intervals[:, 1])
     comm_x = iv.subtract(comm, iv.union(real, dl))
-    compute = iv.measure_in(real, lo, hi)
+    compute = iv.measure_in(cw.work, lo, hi)
     comm_exposed = iv.measure_in(comm_x, lo, hi)
     # the training thread's own work for the collectives (DDP's bucket copies and division):
     # communication's cost inside the compute blocks, outside the compute/memory split
     for_comm = comm_work_spans(rt)
-    # compute-bound share from the innermost costed ops (or top-level ops by name)
+    # compute-bound share from the innermost costed ops (or top-level ops by name); those
+    # below both roofs are out of ``cw.work`` but stay in the proportions, which also split
+    # the work of unknown bound (uncosted ops: a loss's scalar ``rsub`` beside its ``clamp``):
+    # without them a per-sample loss's uncosted calls read as its model's GEMMs, compute
     work = is_cpu_work(rt, wb) & (cw.dur >= TINY_CPU_OP_US) & ~iv.contains(for_comm, rt.cpu_ts)
     return _StepParts(
         busy=compute + comm_exposed, compute=compute, comm_total=iv.measure_in(comm, lo, hi),
         comm_exposed=comm_exposed, memcpy_exposed=np.zeros(lo.size),
         input_wait=iv.measure_in(dl, lo, hi),
-        comm_work=iv.measure_in(iv.subtract(real, iv.subtract(real, for_comm)), lo, hi),
+        comm_work=iv.measure_in(iv.subtract(cw.work, iv.subtract(cw.work, for_comm)), lo, hi),
         compute_bound=_split(cw.dur[work & (wb.bound == BOUND_COMPUTE)],
                              rt.cpu_ts[work & (wb.bound == BOUND_COMPUTE)], lo, hi),
         memory_bound=_split(cw.dur[work & (wb.bound == BOUND_MEMORY)],
@@ -269,16 +277,32 @@ class CpuWork:
     stalls: iv.Intervals  # the OS running other work (``stalls``)
     blocks: iv.Intervals  # the compute blocks (``cpu_compute_intervals``)
     waits: iv.Intervals  # the DataLoader waits, merged
+    # per event: a work item below both roofs (``roofline.below_both_roofs``): per-call cost
+    dispatch: np.ndarray
+    # the compute blocks less those items and the pieces under ``TINY_CPU_OP_US`` they leave:
+    # the work the breakdown counts (``blocks`` stay the thread's busy time, which hides a
+    # collective whether it dispatches or computes)
+    work: iv.Intervals
 
 
-def cpu_work(rt: RankTrace) -> CpuWork | None:
-    """None for a rank with GPU activity: there the GPU is the device."""
+def cpu_work(rt: RankTrace, wb: WorkBounds | None = None, device: DevicePeak | None = None
+             ) -> CpuWork | None:
+    """None for a rank with GPU activity: there the GPU is the device. Without ``wb`` and
+    ``device`` no operator is judged below the roofs (``CpuWork.dispatch`` all False)."""
     if rt.has_gpu:
         return None
     st = stalls(rt)
     dur = rt.cpu_dur - iv.measure_in(st, rt.cpu_ts, rt.cpu_ts + rt.cpu_dur)
     waits = iv.merge(rt.dataloader[:, 0], rt.dataloader[:, 1])
-    return CpuWork(dur=dur, stalls=st, blocks=cpu_compute_intervals(rt, st, waits), waits=waits)
+    blocks = cpu_compute_intervals(rt, st, waits)
+    disp = (below_both_roofs(rt, wb, dur, device) if wb is not None
+            else np.zeros(rt.cpu_ts.size, dtype=bool))
+    work = blocks
+    if disp.any():
+        left = iv.subtract(blocks, iv.merge(rt.cpu_ts[disp], (rt.cpu_ts + rt.cpu_dur)[disp]))
+        big = (left[1] - left[0]) >= TINY_CPU_OP_US
+        work = (left[0][big], left[1][big])
+    return CpuWork(dur=dur, stalls=st, blocks=blocks, waits=waits, dispatch=disp, work=work)
 
 
 def cpu_compute_intervals(rt: RankTrace, stalled: iv.Intervals, waits: iv.Intervals) -> iv.Intervals:

@@ -79,7 +79,7 @@ class DeviceChoice:
 
 def analyze_rank(rt: RankTrace, device: DevicePeak | None) -> RankPartial:
     wb = work_bounds(rt, device)
-    cw = cpu_work(rt)
+    cw = cpu_work(rt, wb, device)
     steps = rank_breakdown(rt, wb, cw)
     total = sum_breakdowns([s.breakdown for s in steps])
     mean_step = total.step_time / len(steps) if steps else 0.0

@@ -143,6 +143,53 @@ def _wraps_costed(rt: RankTrace, inner_idx: np.ndarray) -> np.ndarray:
     return out
 
 
+# A CPU operator whose FLOPs at the measured peak and bytes at the measured bandwidth would take
+# under this fraction of its time is below both roofs: bound by neither, its time is the fixed
+# cost of the call (the dispatcher, Python, the profiler's own ~2 us per recorded event). The
+# numbers behind it (held-out zoo 2, grad_accum: 32 micro-batches of 4 rows, 2-core EPYC, peaks
+# fp32 92.8 GFLOP/s and 18.5 GB/s): its LayerNorm, GELU and their backward on [4, 256] reached
+# 1-3% of both roofs (28-49 us a call for 4-8 KB), the weight-gradient mm of K=4 3-8% under
+# load; the [4, 256] x [256, 256] GEMM, which streams its 256 KB weight, 16% of the peak and
+# 41% of the bandwidth, and the optimizer's adds over whole weights 100-200% of the bandwidth
+# (in cache). The job's own timer put 86-91% of its step in per-call overhead (the same samples
+# in one micro-batch ran 0.10x), where gpudiag read the 1-8% calls as memory-bound work (0.86,
+# "high"). A tenth leaves a call's work at most a tenth of its time: what vectorising or larger
+# batches would keep. GPU kernels are not judged this way (their launch cost is the host's
+# already, between kernels).
+DISPATCH_ROOF_FRACTION = 0.1
+# ... and only a call whose work at the roofs takes under this long: less than the dispatch of
+# one eager CPU call (5-20 us, PyTorch's performance tuning guide). A fraction alone is not
+# enough where the machine is shared: at load 12 on 2 cores a thread runs a fraction of the
+# time, and an elementwise add over 32 MB (1.8 ms at 18.5 GB/s) read 5% of the bandwidth,
+# below the fraction, while its time was still its bytes'. The 4-row LayerNorm needs 0.44 us.
+DISPATCH_WORK_US = 5.0
+
+
+def below_both_roofs(rt: RankTrace, wb: WorkBounds, dur: np.ndarray,
+                     device: DevicePeak | None) -> np.ndarray:
+    """Mask of the CPU work items (``is_cpu_work``, with a FLOP and byte count) whose time
+    ``dur`` (the stalls out of it) is more than 1 / ``DISPATCH_ROOF_FRACTION`` times what their
+    FLOPs at the peak of their dtype and their bytes at the memory bandwidth need, that need
+    under ``DISPATCH_WORK_US``: per-call overhead, not compute or memory work. All False on a
+    GPU trace or without peaks."""
+    out = np.zeros(rt.cpu_ts.size, dtype=bool)
+    if rt.has_gpu or device is None or device.bandwidth <= 0 or not out.size:
+        return out
+    cand = np.flatnonzero(is_cpu_work(rt, wb) & wb.inner & np.isfinite(rt.cpu_flops)
+                          & np.isfinite(rt.cpu_bytes) & (dur > 0))
+    if cand.size == 0:
+        return out
+    peaks: dict[int, float] = {}
+    for d in np.unique(rt.cpu_dtype[cand]).tolist():
+        peaks[d] = device.peak_for(rt.names[d] if d >= 0 else "float")[0]
+    peak = np.array([peaks[d] for d in rt.cpu_dtype[cand].tolist()])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.maximum(np.where(peak > 0, rt.cpu_flops[cand] / peak, np.inf),
+                          rt.cpu_bytes[cand] / device.bandwidth) * 1e6  # us
+    out[cand] = (need < DISPATCH_ROOF_FRACTION * dur[cand]) & (need < DISPATCH_WORK_US)
+    return out
+
+
 def is_cpu_work(rt: RankTrace, wb: WorkBounds) -> np.ndarray:
     """CPU work items: innermost costed ops, and top-level ops with no costed op inside."""
     inner = wb.op_index >= 0

@@ -52,7 +52,10 @@ class LoopFacts:
     """Per traced step (the mean over the rank's steps), as traced."""
 
     loop_calls: float = 0.0  # top-level calls in loops over samples, forward and backward
-    loop_us: float = 0.0  # their stretches' time, the Python between the calls included
+    # their time by wall clock: from the loop's first forward call to its last (the Python between
+    # the calls included), and from its first backward node to its last (a node whose operator is
+    # one of the body's: the engine between them included)
+    loop_us: float = 0.0
     loop_iters: float = 0.0  # iterations per step of the (largest) forward loop
     passes: float = 0.0  # backward passes per step: micro-batches per optimizer step
     body: str = ""  # the largest forward loop's body, its calls in order
@@ -127,13 +130,15 @@ def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np
     first = np.ones(idx.size, dtype=bool)
     first[1:] = (step[1:] != step[:-1]) | (tid[1:] != tid[:-1])
     starts = is_bwd & (first | np.concatenate(([True], ~is_bwd[:-1])))
-    calls = iters = us = 0.0
+    calls = iters = 0.0
+    spans: list[tuple[float, float]] = []
     best_body, best_iters = "", 0
     ends = rt.cpu_ts + rt.cpu_dur
     cut = np.flatnonzero(first).tolist() + [idx.size]
     for a, b in zip(cut, cut[1:], strict=False):
         keys = rt.cpu_name[idx[a:b]]
         fwd_ops: set[str] = set()
+        fwd_lo, fwd_hi = np.inf, -np.inf
         bwd: list[tuple[int, int, int]] = []
         for s, p, r in periodic(keys):
             body = [names[k] for k in keys[s:s + p].tolist()]
@@ -144,7 +149,8 @@ def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np
                 fwd_ops |= set(body)
                 _take(mask, a + s, a + s + p * r)
                 calls += p * r
-                us += float(ends[idx[a + s + p * r - 1]] - rt.cpu_ts[idx[a + s]])
+                fwd_lo = min(fwd_lo, float(rt.cpu_ts[idx[a + s]]))
+                fwd_hi = max(fwd_hi, float(ends[idx[a + s + p * r - 1]]))
                 iters += r
                 if r > best_iters:
                     best_iters, best_body = r, ", ".join(body)
@@ -153,7 +159,15 @@ def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np
             if fwd_ops and ops <= fwd_ops:
                 _take(mask, a + s, a + s + p * r)
                 calls += p * r
-                us += float(ends[idx[a + s + p * r - 1]] - rt.cpu_ts[idx[a + s]])
+        if fwd_ops:
+            # an irregular iteration (a stall, a branch) splits a loop into stretches: the loop
+            # runs from the first's start to the last's end
+            spans.append((fwd_lo, fwd_hi))
+            seg = idx[a:b]
+            mine = [k for k in seg[is_bwd[a:b]].tolist() if _op_of_node(names[rt.cpu_name[k]]) in fwd_ops]
+            if mine:
+                spans.append((float(rt.cpu_ts[mine[0]]), float(max(ends[k] for k in mine))))
+    us = float(sum(hi - lo_ for lo_, hi in spans))
     return LoopFacts(loop_calls=calls / n_steps, loop_us=us / n_steps, loop_iters=iters / n_steps,
                      passes=float(starts.sum()) / n_steps, body=best_body), mask
 

@@ -4,6 +4,7 @@ again for the tests: a per-sample hinge loss, and many tiny micro-batches per op
 
     python loops_job.py --loss loop --batch 64 --report own.json          # loop over samples
     python loops_job.py --loss batch --micro 4 --batch 64 --report own.json  # 16 micro-batches
+    python loops_job.py --norm --micro 4 --batch 128 --report own.json  # LayerNorm/GELU on 4 rows
 
 ``--report`` writes its own step times and what it did (loss iterations and micro-batches per
 optimizer step).
@@ -21,14 +22,22 @@ ap.add_argument("--micro", type=int, default=0, help="samples per micro-batch (0
 ap.add_argument("--loss", choices=("loop", "batch"), default="batch")
 ap.add_argument("--width", type=int, default=128)
 ap.add_argument("--classes", type=int, default=20)
+ap.add_argument("--norm", action="store_true",
+                help="Linear, LayerNorm, GELU blocks (the zoo's grad_accum) instead of Linear, ReLU")
 ap.add_argument("--report", required=True)
 args = ap.parse_args()
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
-model = torch.nn.Sequential(torch.nn.Linear(32, args.width), torch.nn.ReLU(),
-                            torch.nn.Linear(args.width, args.width), torch.nn.ReLU(),
-                            torch.nn.Linear(args.width, args.classes))
+if args.norm:
+    model = torch.nn.Sequential(torch.nn.Linear(32, args.width), torch.nn.LayerNorm(args.width),
+                                torch.nn.GELU(), torch.nn.Linear(args.width, args.width),
+                                torch.nn.LayerNorm(args.width), torch.nn.GELU(),
+                                torch.nn.Linear(args.width, args.classes))
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(32, args.width), torch.nn.ReLU(),
+                                torch.nn.Linear(args.width, args.width), torch.nn.ReLU(),
+                                torch.nn.Linear(args.width, args.classes))
 opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 x = torch.randn(args.batch, 32)
 y = torch.randint(0, args.classes, (args.batch,))

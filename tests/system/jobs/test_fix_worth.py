@@ -62,6 +62,9 @@ def test_a_loss_loop_over_samples_is_not_credited_to_compile_and_vectorising_it_
     assert vec in d.verdict.recommendations, vec
     assert f"runs {BATCH} iterations per step" in vec.text, vec.text
     assert vec.gain is not None and vec.gain > 0 and "assumes" in vec.why, vec
+    # priced from the loop's own time in the trace, not the step's average per call
+    m = re.search(r"the loop's (\d+) iterations, (\d+)% of the traced step", vec.why)
+    assert m and int(m.group(1)) == BATCH and 0 < int(m.group(2)) <= 100, vec.why
     comp = fixes.get("compile-small-ops") or fixes.get("fuse-memory-bound")
     if comp is not None and comp.why:
         assert compile_calls(comp) < BATCH, comp.why
