@@ -10,7 +10,7 @@ time the step timer records, the second from the trace.
 A real 2-rank gloo DDP job (tests/jobs/ddp_grads_job.py, 57 MB of gradients) alternates steps
 as they are with steps under ``no_sync()`` (the step without its collectives), and gpudiag traces
 a window of the first kind: the communication cost it gives is held to the cost the job's own
-timer shows (its steps less its no_sync steps), within COMM_COST_MARGIN.
+timer shows (its steps less its no_sync steps), within a factor COMM_COST_FACTOR.
 """
 
 from __future__ import annotations
@@ -38,7 +38,10 @@ JOBS = TESTS / "jobs"
 # beside two other engineers' work (the truth itself nearly doubled); the exposed time alone
 # (24.7-29.2 ms) is farther in both. Costs, not shares: a share's denominator on a busy machine
 # is the step at the job's own pace (``gpudiag.pace``), which the job's own timer cannot give.
-COMM_COST_MARGIN = 0.5
+# A factor, not a margin: the truth itself ran 50.6 to 126 ms across runs (the project's CI clone
+# at load 3-10 read 82.9 ms against 50.6, exposed 21.6); the exposed time alone, what gpudiag
+# gave before the cost, falls below the factor: 0.43x there, 0.38-0.45x and 0.20-0.23x above.
+COMM_COST_FACTOR = 2.0
 SKIP_STEPS = 5  # the job's first steps: allocator and thread-pool warm-up
 
 
@@ -88,7 +91,7 @@ def test_communication_share_by_cost_is_close_to_what_no_sync_shows(ddp):
     # load ~4 the exposed time read 63.2 ms, the cost 93.1, the truth 72.3 - two estimates closer
     # to each other than the truth's own run-to-run spread, 64.5-126 ms above: a benchmark's
     # comparison, not a test's.)
-    assert abs(got - truth) <= COMM_COST_MARGIN * truth, detail
+    assert truth / COMM_COST_FACTOR <= got <= COMM_COST_FACTOR * truth, detail
 
 
 def test_the_communication_share_is_what_its_accumulation_fix_removes(ddp):
