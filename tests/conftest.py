@@ -123,28 +123,37 @@ def pytest_configure(config: pytest.Config) -> None:
 TESTS = Path(__file__).resolve().parent
 SOLO_LANE = "system/alone"
 UNIT = "unit"
-# Lanes start longest first (by a full run's per-folder seconds, 2-core AMD EPYC, 2026-11-28),
-# so that the last lane to start is a short one; a folder not named here starts after these.
-LONGEST_FIRST = ("system/slurm", "system/agent", "system/jobs", "system/local_scheduler",
-                 "system/slurm_faults", "system/labels", "system/reports", "system/fleet",
-                 "system/distributed", "unit")
+# Folders each of whose modules is a lane of its own: tests/unit (pure: nothing shared to keep on
+# one worker, so `make test-unit` spreads them over its workers) and system/jobs (CPU training jobs
+# under `gpudiag profile`, each module with its own fixtures, no daemon shared between modules):
+# as one lane, system/jobs was 681 of the first pass's 984 s in the project's CI clone at load
+# 3-10 (its lanes' tests 3,299 s over four workers: 825 s), the pass's critical path.
+PER_MODULE = (UNIT, "system/jobs")
+# Lanes start longest first (by a full run's per-folder seconds: `benchmarks/suite_lanes.py` on
+# the CI clone's JUnit files, 2-core AMD EPYC at load 3-10, 2026-11-29: local_scheduler 456 s,
+# agent 431, slurm 402, slurm_faults 340, reports 305, distributed 242, jobs' modules 6-211, fleet
+# 164, labels 84, unit's 195 in all), so that the last lane to start is a short one; a folder not
+# named here starts after these.
+LONGEST_FIRST = ("system/local_scheduler", "system/agent", "system/slurm", "system/slurm_faults",
+                 "system/reports", "system/distributed", "system/jobs", "system/fleet",
+                 "system/labels", "unit")
 
 
 def lane_of(nodeid: str) -> str:
     """The test's folder under tests/ (``system/slurm``, ...); a module directly in tests/ is its
-    own lane, and so is each module of tests/unit (pure: nothing shared to keep on one worker,
-    so `make test-unit` spreads them over its workers)."""
+    own lane, and so is each module of the folders in PER_MODULE."""
     path = nodeid.split("::")[0]
     parts = Path(path).parts
     if "tests" in parts:
         parts = parts[parts.index("tests") + 1:]
-    if parts[0] == UNIT:
+    folder = "/".join(parts[:-1])
+    if folder in PER_MODULE:
         return "/".join(parts)
-    return "/".join(parts[:-1]) or parts[-1]
+    return folder or parts[-1]
 
 
 def _folder(lane: str) -> str:
-    return UNIT if lane.startswith(UNIT + "/") else lane
+    return next((f for f in PER_MODULE if lane.startswith(f + "/")), lane)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the solo mark
