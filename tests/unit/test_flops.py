@@ -252,3 +252,27 @@ def test_mfu_reason_names_the_share_of_device_time_without_a_flop_formula():
     adamw_share = 100 * rt.gpu_dur[in_adamw].sum() / rt.gpu_dur[compute].sum()
     assert adamw_share > 3
     assert adamw_share - 0.5 <= share <= adamw_share + 2
+
+
+def test_a_loss_summed_one_scalar_at_a_time_has_its_scalar_ops_costed(tmp_path):
+    """A loss written in Python over 0-dim tensors (``d = out[0, j] - y[0, j]; loss = loss +
+    d * d``): torch records each sub, mul and add with dims ``[]`` and a float type. Read as
+    Python numbers they were uncosted, so a stall inside one (4 ms in a 2 us sub, in the
+    project's CI) was neither cut as the OS's nor judged per-call cost, and the host-bound
+    workload read memory-bound. Each is a one-element tensor op: 1 FLOP, its 4-byte reads and
+    write; a Python number beside it ("Scalar") adds nothing."""
+    out, y = torch.randn(1, 8), torch.randn(1, 8)
+
+    def step() -> None:
+        loss = torch.zeros(())
+        for j in range(8):
+            d = out[0, j] - y[0, j]
+            loss = loss + d * d
+    rt = _trace(tmp_path, step)
+    costed = np.isfinite(rt.cpu_flops)
+    for name in ("aten::sub", "aten::mul", "aten::add"):
+        ops = np.flatnonzero(np.array([rt.names[n] == name for n in rt.cpu_name]))
+        assert ops.size >= 8 * STEPS, name
+        assert costed[ops].all(), name
+        assert set(rt.cpu_flops[ops]) == {1.0}, (name, set(rt.cpu_flops[ops]))
+        assert set(rt.cpu_bytes[ops]) == {12.0}, (name, set(rt.cpu_bytes[ops]))
