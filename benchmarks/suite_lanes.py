@@ -17,6 +17,8 @@ from collections import defaultdict
 from pathlib import Path
 
 WORKERS = 4  # the Makefile's `-n 4`
+# folders each of whose modules is a lane (tests/conftest.py's PER_MODULE)
+PER_MODULE = ("unit", "system/jobs")
 
 
 def lane(classname: str) -> str:
@@ -24,10 +26,12 @@ def lane(classname: str) -> str:
     parts = classname.split(".")
     if parts and parts[0] == "tests":
         parts = parts[1:]
-    if parts and parts[0] == "unit":
-        return "/".join(parts[:2])
     modules = [p for p in parts if p.startswith("test_")]
-    return "/".join(parts[:parts.index(modules[0])]) if modules else "/".join(parts)
+    if not modules:
+        return "/".join(parts)
+    at = parts.index(modules[0])
+    folder = "/".join(parts[:at])
+    return f"{folder}/{modules[0]}" if folder in PER_MODULE else folder
 
 
 def read(path: Path) -> tuple[float, dict[str, float]]:
@@ -55,9 +59,10 @@ def main(folder: Path) -> None:
               f"bound {bound:.0f} s; wall/bound {wall / bound if bound else float('nan'):.2f}")
         big = sorted(lanes.items(), key=lambda kv: -kv[1])
         merged_unit = sum(v for k, v in big if k.startswith("unit/"))
-        rows = [kv for kv in big if not kv[0].startswith("unit/")] + [("unit (all modules)", merged_unit)]
+        rows = [kv for kv in big if not kv[0].startswith("unit/")][:12]
+        rows.append(("unit (all modules)", merged_unit))
         for k, v in rows:
-            print(f"  {k:<28} {v:7.1f} s")
+            print(f"  {k:<34} {v:7.1f} s")
 
 
 if __name__ == "__main__":
