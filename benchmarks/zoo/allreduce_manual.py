@@ -1,5 +1,5 @@
-"""Communication by hand, without DDP: 2 ranks over gloo, 12 x Linear(768, 768) + ReLU
-(7.1M parameters, 27 MB of fp32 gradients in 26 tensors), batch 4 a rank, 1 thread a rank;
+"""Communication by hand, without DDP: 2 ranks over gloo, 48 x Linear(384, 384) + ReLU
+(7.1M parameters, 27 MB of fp32 gradients in 98 tensors), batch 2 a rank, 1 thread a rank;
 after the whole backward each gradient is all-reduced by ``dist.all_reduce``, one blocking call
 per tensor, then averaged (the loop many hand-written data-parallel scripts start as).
 
@@ -20,9 +20,9 @@ import torch.nn as nn
 
 def main() -> None:
     p = _zoo.parser(__doc__, steps=30, warmup=4)
-    p.add_argument("--batch", type=int, default=4, help="per rank")
-    p.add_argument("--width", type=int, default=768)
-    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--batch", type=int, default=2, help="per rank")
+    p.add_argument("--width", type=int, default=384)
+    p.add_argument("--layers", type=int, default=48)
     p.add_argument("--accumulate", type=int, default=1,
                    help="all-reduce every K micro-batches (gradients summed locally between)")
     p.add_argument("--no-sync-all", action="store_true",

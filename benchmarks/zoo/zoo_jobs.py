@@ -313,7 +313,7 @@ HELD_OUT_3: list[Job] = [
         knobs={"overlap-communication": _comm_manual, "all-reduce-less-often": _comm_manual,
                "compile-small-ops": _no_knob("no knob: no torch.compile in this job"),
                "free-a-core": _no_knob("no knob: the ranks already run one thread each")},
-        what="2 ranks gloo, no DDP: 26 blocking dist.all_reduce a step (27 MB), batch 4"),
+        what="2 ranks gloo, no DDP: 98 blocking dist.all_reduce a step (27 MB), batch 2"),
     Job("gnn_scatter", "gnn_scatter.py", quick=("--steps", "12"), rest="memory",
         peak_threads=1, probes={"sorted": ("--sorted",)},
         knobs={"fuse-memory-bound": COMPILE, "compile-small-ops": COMPILE,
