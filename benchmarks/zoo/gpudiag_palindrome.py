@@ -95,7 +95,8 @@ def check(job, steps: int, max_s: float, work: Path, repo: str) -> dict:
     recs = (g1.get("diagnosis") or {}).get("recommendations", [])
     fixes, variants = [], {}
     for i, rec in enumerate(recs):
-        args, note = fix_args(job, rec)
+        args, note = fix_args(job, {**rec, "text": rec.get("text") or "",
+                                    "why": rec.get("why") or ""})
         fx = {"rank": i + 1, "rec": rec, "knob": note, "args": args, "variant": None}
         if args is not None:
             same = [k for k, v in variants.items() if v == args]
