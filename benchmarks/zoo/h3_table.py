@@ -18,6 +18,11 @@ def _f(x, fmt="{:.1f}"):
     return "–" if x is None else fmt.format(x)
 
 
+def _knobs(r: dict) -> dict:
+    base = r["runs"].get("base") or [{}]
+    return (base[0].get("report") or {}).get("knobs", {})
+
+
 def truth_cell(rounds: list[dict]) -> tuple[str, str, list[str]]:
     exp = []
     parts = []
@@ -43,6 +48,9 @@ def main() -> None:
     for f in args.truth.split(","):
         for r in json.loads(Path(f).read_text())["jobs"]:
             truths.setdefault(r["job"], []).append(r)
+    for name, rounds in truths.items():  # a round run with other defaults (the job changed)
+        last = _knobs(rounds[-1])
+        truths[name] = [r for r in rounds if _knobs(r) == last]
     pal = {r["job"]: r for r in json.loads(Path(args.palindrome).read_text())["jobs"]}
     print("| job | truth: alone step (top shares; load), per round | expected label | gpudiag "
           "label (confidence), run 1 · run 2 | right? | MFU gpudiag own pace / wall (run 1) "
