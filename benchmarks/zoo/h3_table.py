@@ -3,7 +3,8 @@
 
     python benchmarks/zoo/h3_table.py --truth A.json,B.json --palindrome P.json --peaks F.json
 
-MFU truth: the job's hand-counted FLOPs over its alone step (mean of the rounds' base runs)
+MFU truth: the job's hand-counted FLOPs over its alone step in the palindromes (the alone runs
+beside the profiled ones)
 against ``--peaks`` (measured on a quiet machine: a peak measured at load 12 reads 3x low).
 """
 
@@ -51,19 +52,23 @@ def main() -> None:
     for name, rounds in truths.items():  # a round run with other defaults (the job changed)
         last = _knobs(rounds[-1])
         truths[name] = [r for r in rounds if _knobs(r) == last]
-    pal = {r["job"]: r for r in json.loads(Path(args.palindrome).read_text())["jobs"]}
+    pals: dict[str, list[dict]] = {}
+    for f in args.palindrome.split(","):
+        for r in json.loads(Path(f).read_text())["jobs"]:
+            pals.setdefault(r["job"], []).append(r)
     print("| job | truth: alone step (top shares; load), per round | expected label | gpudiag "
-          "label (confidence), run 1 · run 2 | right? | MFU gpudiag own pace / wall (run 1) "
+          "label (confidence), each run | right? | MFU gpudiag own pace / wall (its first run) "
           "vs truth | each fix: predicted → measured (ratio; ±25%?) | slowed the job | "
           "would not help (gpudiag) | observer: default / --skip 1e6 over alone | load |")
     print("|" + "---|" * 11)
     for name, rounds in truths.items():
         tcell, ecell, exps = truth_cell(rounds)
-        pr = pal.get(name)
-        if not pr:
+        prs = pals.get(name)
+        if not prs:
             print(f"| {name} | {tcell} | {ecell} | not run | | | | | | | |")
             continue
-        ds = [r.get("diagnosis") or {} for r in pr["runs"] if r["mode"] == "default"]
+        ds = [r.get("diagnosis") or {} for pr in prs for r in pr["runs"]
+              if r["mode"] == "default"]
         labs = " · ".join(
             (d.get("label") or "none") + (f"/{d['tie_with']}" if d.get("tie_with") else "")
             + f" ({_f(d.get('confidence'), '{:.2f}')})" for d in ds)
@@ -78,16 +83,16 @@ def main() -> None:
         base = rounds[0]["truth"]
         flops = (base["in_job"].get("flops_per_step")
                  or base["in_job"].get("flops_per_step_per_rank"))
-        steps = [r["truth"]["base_ms"] for r in rounds]
+        steps = [pr["mean_ms"]["alone"] for pr in prs if pr["mean_ms"].get("alone")]
         dt = base["in_job"].get("dtype") if base["in_job"].get("dtype") in ("bf16", "fp64") \
             else "fp32"
         pk = peaks.get(f"{dt}_gflops_1t")
         mfu_t = flops / (sum(steps) / len(steps) / 1e3) / (pk * 1e9) if flops and pk else None
         mfu = (f"{_f(d1.get('mfu') and d1['mfu'] * 100)}% / "
                f"{_f(d1.get('mfu_wall') and d1['mfu_wall'] * 100)}% vs "
-               f"{_f(mfu_t and mfu_t * 100)}% ({dt} peak {pk})")
+               f"{_f(mfu_t and mfu_t * 100)}% ({dt}, {pk:.0f} GFLOP/s)" if pk else "")
         fl, slow = [], []
-        for fx in pr["fixes"]:
+        for fx in [f for pr in prs for f in pr["fixes"]]:
             rec = fx["rec"]
             head = f"{fx['rank']}. `{rec.get('action')}`"
             if fx["args"] is None:
@@ -105,12 +110,12 @@ def main() -> None:
             if fx.get("slows_job"):
                 slow.append(f"`{rec.get('action')}` {mb:.1f}→{ma:.1f} ms")
         na = sorted({r.get("action") for d in ds for r in d.get("not_advised") or []})
-        ob = pr["observer"]
-        obs = f"{_f(ob.get('default'), '{:.2f}x')} / {_f(ob.get('skip'), '{:.2f}x')}"
+        obs = "<br>".join(f"{_f(pr['observer'].get('default'), '{:.2f}x')} / "
+                          f"{_f(pr['observer'].get('skip'), '{:.2f}x')}" for pr in prs)
+        lr = [x for pr in prs for x in pr["load_range"]]
         print(f"| {name} | {tcell} | {ecell} | {labs} | {' · '.join(rights)} | {mfu} | "
               f"{'<br>'.join(fl) or 'none'} | {'; '.join(slow) or 'none'} | "
-              f"{', '.join(na) or '–'} | {obs} | {pr['load_range'][0]:.0f}-"
-              f"{pr['load_range'][1]:.0f} |")
+              f"{', '.join(na) or '–'} | {obs} | {min(lr):.1f}-{max(lr):.1f} |")
 
 
 if __name__ == "__main__":

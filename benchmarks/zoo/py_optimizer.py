@@ -6,7 +6,8 @@ The forward and backward are small; the optimizer is ~1,500 operator calls on te
 to 4,096 numbers. The loop has no ``torch.optim`` optimizer, so it marks its steps with
 ``gpudiag.step()`` where gpudiag is importable (its docs: loops without an optimizer).
 Truth: the step at 16x the batch (the same operators; the fixed per-step cost). Fixes: the same
-update by ``torch.optim.Adam(foreach=True)`` (``--builtin``) or ``fused=True`` (``--fused``).
+update by ``torch.optim.Adam(foreach=True)`` (``--builtin``) or ``fused=True`` (``--fused``);
+``--compile`` (the model), ``--compile-opt`` (the model and the hand-written optimizer's step).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main() -> None:
     p.add_argument("--fused", action="store_true",
                    help="torch.optim.Adam(fused=True) (one fused kernel a tensor on the CPU)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile-opt", action="store_true",
+                   help="also torch.compile the hand-written optimizer's step")
     p.set_defaults(threads=1)
     args = p.parse_args()
     threads = _zoo.setup_threads(args.threads)
@@ -71,7 +74,9 @@ def main() -> None:
            else HandAdam(model.parameters(), lr=1e-3))
     x = torch.randn(args.batch, w)
     y = torch.randint(0, 10, (args.batch,))
-    fwd = torch.compile(model) if args.compile else model
+    fwd = torch.compile(model) if (args.compile or args.compile_opt) else model
+    if args.compile_opt and not args.builtin:
+        opt.step = torch.compile(opt.step)
     timer = _zoo.Timer()
     for _ in range(args.steps):
         if timer.over(args):
@@ -93,7 +98,8 @@ def main() -> None:
              "optimizer_ms": _zoo.median(timer.parts["optimizer"][args.warmup:])}
     _zoo.finish("py_optimizer", args, timer, truth,
                 {"batch": args.batch, "builtin": args.builtin, "fused": args.fused,
-                 "compile": args.compile, "threads": threads})
+                 "compile": args.compile, "compile_opt": args.compile_opt,
+                 "threads": threads})
 
 
 if __name__ == "__main__":
