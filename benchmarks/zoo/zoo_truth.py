@@ -24,7 +24,8 @@ for th in (1, 2):
     torch.set_num_threads(th)
     # fp32 at 2048^3; bf16 at 512^3 (where the CPU has no bf16 units it is ~50x slower),
     # as matmul and as linear (autocast's path), the better of the two.
-    for name, dt, n in (("fp32", torch.float32, 2048), ("bf16", torch.bfloat16, 512)):
+    for name, dt, n in (("fp32", torch.float32, 2048), ("bf16", torch.bfloat16, 512),
+                        ("fp64", torch.float64, 1024)):
         a = torch.randn(n, n).to(dt); b = torch.randn(n, n).to(dt)
         t = min(best(lambda: a @ b, 3.0), best(lambda: F.linear(a, b), 3.0))
         out[f"{name}_gflops_{th}t"] = 2 * n**3 / t / 1e9
@@ -118,7 +119,7 @@ def truth_of(job, runs: dict[str, list[dict]], steps: dict[str, list[float]],
     mfu = mfu_cpu = None
     flops = t.get("flops_per_step") or t.get("flops_per_step_per_rank")
     if flops:
-        dt = "bf16" if t.get("dtype") == "bf16" else "fp32"
+        dt = t.get("dtype") if t.get("dtype") in ("bf16", "fp64") else "fp32"
         peak = peaks.get(f"{dt}_gflops_{job.peak_threads}t")
         step = t.get("train_step_median_ms") or base
         if peak:
