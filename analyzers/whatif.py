@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpudiag.diagnosis import TimeBreakdown
-from gpudiag.units import ms, pct_whole
+from gpudiag.units import ms, pct_whole, us
 
 
 @dataclass
@@ -353,7 +353,7 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
     return Prediction(
         view.step_time - saved,
         f"the {calls:.0f} operator calls per step torch.compile would replace ({ms(per_call * calls)} "
-        f"with the Python between them: {per_call:.3g} us a call) become {kernels:.0f} calls of "
+        f"with the Python between them: {us(per_call)} a call) become {kernels:.0f} calls of "
         "compiled kernels (fused runs, and the GEMMs and convolutions it still calls) in "
         f"{graphs:.0f} graph{'s' if graphs >= 1.5 else ''}{breaks}; what compile leaves as it is "
         "keeps its time (the optimizer, AccumulateGrad, DDP's copies where there are: "

@@ -72,6 +72,14 @@ def ms(us: float | None) -> str:
     return f"{v:,.0f} ms" if abs(v) >= 1000 else f"{v:.{SIG_DIGITS}g} ms"
 
 
+def us(v: float | None) -> str:
+    """A short duration given in microseconds: under a millisecond in microseconds (12.3 us),
+    from there on as ``ms`` (2290.0 -> '2.29 ms', not '2.29e+03 us')."""
+    if v is None or v != v:
+        return "n/a"
+    return f"{v:.{SIG_DIGITS}g} us" if abs(v) < 1000 else ms(v)
+
+
 def ms_of_seconds(s: float) -> str:
     """A duration given in seconds, in whole milliseconds (one decimal below 10 ms):
     0.2345 -> '234 ms', 0.0042 -> '4.2 ms'."""
