@@ -24,7 +24,9 @@ class DevicePeak:
 
     name: str
     # dtype family -> peak FLOP/s. Families: "fp32" (CUDA cores / vector), "tf32",
-    # "bf16", "fp16", "fp8". Missing family means the device has no such unit.
+    # "bf16", "fp16", "fp8", "fp64" (measured on a CPU; the GPU tables leave it out, so fp64
+    # work there is judged at the fp32 peak, as before it had a family). Missing family means
+    # the device has no such unit.
     flops: dict[str, float]
     bandwidth: float  # bytes/s, main memory (HBM/GDDR/DRAM)
     source: str  # "table: <datasheet>", "user", or "measured: <how>"
@@ -54,7 +56,8 @@ class DevicePeak:
 DTYPE_FAMILY: dict[str, str] = {
     "float": "fp32",
     "float32": "fp32",
-    "double": "fp32",
+    "double": "fp64",
+    "float64": "fp64",
     "tf32": "tf32",
     "c10::bfloat16": "bf16",
     "bfloat16": "bf16",

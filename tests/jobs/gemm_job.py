@@ -1,7 +1,8 @@
 """A compute-bound training job of large GEMMs, with its own step timer and its analytic FLOPs;
-optionally in bf16 (autocast) and optionally slowed by a competing process in its first steps.
+optionally in bf16 (autocast) or float64 (the model and input in double), and optionally slowed
+by a competing process in its first steps.
 
-    python gemm_job.py --steps 80 --report own.json [--dtype bf16] [--compete-steps 40]
+    python gemm_job.py --steps 80 --report own.json [--dtype bf16|fp64] [--compete-steps 40]
 
 ``--compete-steps N`` runs a process that spins on the same CPU as the job (``_compete``) until
 step N ends: the job runs about half as fast while it lives, as it would beside another
@@ -22,7 +23,7 @@ ap.add_argument("--steps", type=int, default=80)
 ap.add_argument("--layers", type=int, default=3)
 ap.add_argument("--width", type=int, default=1024)
 ap.add_argument("--batch", type=int, default=256)
-ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+ap.add_argument("--dtype", choices=["fp32", "bf16", "fp64"], default="fp32")
 ap.add_argument("--compete-steps", type=int, default=0)
 ap.add_argument("--report", required=True)
 args = ap.parse_args()
@@ -34,6 +35,8 @@ competitor = Competitor(Competitor.parse(f"1:{args.compete_steps}" if args.compe
 model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(args.layers)])
 opt = torch.optim.SGD(model.parameters(), lr=1e-5)
 x = torch.randn(args.batch, args.width)
+if args.dtype == "fp64":
+    model, x = model.double(), x.double()
 per_matmul = 2 * args.batch * args.width * args.width
 flops_per_step = per_matmul * (3 * args.layers - 1)
 
