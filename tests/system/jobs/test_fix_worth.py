@@ -105,6 +105,11 @@ def test_a_periodic_save_is_predicted_on_the_mean_step_with_its_real_period(tmp_
     rec = given(d)["checkpoint-less-often"]
     assert "every 4 steps" in rec.text and "every 8 steps" in rec.why, (rec.text, rec.why)
     # the job's own median step holds no save (3 steps in 4 do not save): the mean is longer
-    median = statistics.median(own["step_seconds"][8:])
-    assert rec.step_s is not None and rec.step_s > median, (rec.step_s, median)
+    steps = own["step_seconds"][8:]
+    assert statistics.mean(steps) > statistics.median(steps), steps
+    # and the prediction starts from the mean, longer than the verdict's median step in the same
+    # frame (both at the job's own pace: a CI clone run at load 4 read a 61 ms own-pace mean
+    # against a 125 ms wall-clock median, the machine's wait in the one and not the other)
+    view = d.unprofiled or d.breakdown
+    assert rec.step_s is not None and rec.step_s * 1e6 > view.step_time, (rec.step_s, view.step_time)
     assert "mean step" in rec.why, rec.why
