@@ -19,12 +19,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpudiag.analyzers.advice_fp32 import SLOWER_MIN_RATIO
 from gpudiag.diagnosis import Diagnosis
 from tests.paths import TESTS
 
 JOBS = TESTS / "jobs"
 STEPS, SKIP = 24, 10
-SLOWER_MIN_RATIO = 1.5  # analyzers.advice_fp32's bar, restated: the test's reading of it
 
 
 def own_cpu_step(report: Path) -> float:
