@@ -129,7 +129,14 @@ def test_two_rank_gloo_gradient_all_reduce_is_communication_bound(comm_diagnosis
     assert len(d["ranks"]) == 2 and d["world_size"] == 2
     b = d["breakdown"]
     assert b["comm_exposed"] / b["step_time"] >= 0.3, _why(d)
-    assert any("Communication not overlapped" in r["text"] for r in d["verdict"]["recommendations"])
+    # the fix that pays here is all-reducing less often (it leads); overlapping is weighed, and
+    # is a thing to do only where backward is long enough to hide the all-reduce: this job's
+    # backward is 0.3 ms beside 15 ms of all-reduce, so it is predicted +1.5% on a quiet machine
+    # and under 1% on a loaded one (a CI clone, 2026-11-29), where it is listed as not helping
+    v = d["verdict"]
+    assert v["recommendations"][0]["action"] == "all-reduce-less-often", v["recommendations"]
+    weighed = v["recommendations"] + v.get("not_advised", [])
+    assert any("Communication not overlapped" in r["text"] for r in weighed), weighed
 
 
 @_NEEDS_GLOO
