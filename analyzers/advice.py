@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gpudiag.analyzers import advice_fp32, whatif
+from gpudiag.analyzers import advice_fp32, blocked, whatif
 from gpudiag.analyzers import checkpoint as ckpt
 from gpudiag.analyzers import syncs as host_syncs
 from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the public face
@@ -143,7 +143,7 @@ def _compiled(a: AdviceInputs) -> whatif.Prediction:
     if on_gpu(a) or f is None or f.calls <= 0 or a.traced is None:
         return whatif.compiled(a.view, a.fusion_saved_share)
     return whatif.compiled_cpu(a.view, a.traced, f.calls, f.kernels, f.graphs, f.extern_us, f.kept_us,
-                               f.syncs, loop_calls=f.loops.loop_calls)
+                               f.syncs, loop_calls=f.loops.loop_calls, asleep_us=blocked.blocked_us(a))
 
 
 def _loop_found(a: AdviceInputs) -> bool:
@@ -238,6 +238,9 @@ CATALOGUE: list[Advice] = [
            lambda a, s: on_gpu(a) and a.traits.compiled and a.syncs is not None
            and a.syncs.share < host_syncs.SYNC_NOTABLE and own_launch_share(a.view) >= HOST_NOTABLE,
            compiled_graphs_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
+    # the thread asleep in a blocking call of the job's (a socket, fsync, a lock, a sleep)
+    Advice("unblock-training-thread", lambda a, s: blocked.applies(a), blocked.text, blocked.predict,
+           Bottleneck.HOST),
     Advice("free-a-core", lambda a, s: contention_share(a.view) >= HOST_NOTABLE, contention_text,
            lambda a: whatif.contention_removed(a.view), Bottleneck.HOST),
     Advice("compile-small-ops",

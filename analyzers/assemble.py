@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from gpudiag import __version__
+from gpudiag.analyzers import blocked
 from gpudiag.analyzers.advice import recommend
 from gpudiag.analyzers.advice_inputs import AdviceInputs
 from gpudiag.analyzers.breakdown import sum_breakdowns
@@ -273,8 +274,10 @@ def _analyse(job: _Job, device: DevicePeak | None, roof_acc: RooflineAcc, breakd
                            view.breakdown.comm_total, view.breakdown.comm_exposed)
     done = _Analysed(device, breakdown, view, verdict, traced_verdict, mfu, roofline, collectives,
                      syncs, raised)
-    advised = recommend(_advice_inputs(job, done, traits, stragglers, tallies, roof_acc, facts))
-    done.verdict = replace(verdict, recommendations=advised.advised, not_advised=advised.not_advised)
+    inputs = _advice_inputs(job, done, traits, stragglers, tallies, roof_acc, facts)
+    advised = recommend(inputs)
+    done.verdict = replace(blocked.named(verdict, inputs), recommendations=advised.advised,
+                           not_advised=advised.not_advised)
     return done
 
 

@@ -83,6 +83,8 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
     peers = [r.peer_wait_s for r in ref if r.peer_wait_s is not None]
     peer = statistics.median(peers) * 1e6 if peers else None
     machine = (statistics.median(wall(ref)) - statistics.median(r.dt for r in ref)) * 1e6 if ref else None
+    sleeps = [s for r in ran if (s := asleep_s(r)) is not None]
+    blocked = max(0.0, statistics.median(sleeps)) * 1e6 if sleeps else None
     traced_machine = sum(r.machine_s for r in traced) / len(traced) * 1e6 if traced else None
     over = "untraced steps"
     if host is None and samples:
@@ -103,6 +105,9 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
     if peer is not None:
         parts.append(f"its other threads (intra-op, DataLoader workers) up to {peer / 1e3:.3g} ms "
                      "per untraced step (median of the largest)")
+    if blocked is not None and blocked > 0:
+        parts.append(f"asleep outside the DataLoader, collectives and torch.save {blocked / 1e3:.3g} ms "
+                     "per untraced step (median)")
     if machine is not None and ref:
         parts.append(f"other processes' part of its untraced steps {machine / 1e3:.3g} ms of each "
                      f"{statistics.median(wall(ref)) * 1e3:.3g} ms (the job's own pace: the rest)")
@@ -111,7 +116,20 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
     return HostWait(recorded=True, note=note, traced_wait_us=tw, untraced_wait_us=wait,
                     untraced_run_us=run, own_share=split[0] if split else None,
                     other_share=split[1] if split else None, untraced_peer_wait_us=peer,
-                    untraced_machine_us=machine, traced_machine_us=traced_machine)
+                    untraced_machine_us=machine, traced_machine_us=traced_machine,
+                    untraced_blocked_us=blocked)
+
+
+def asleep_s(r: StepRow) -> float | None:
+    """Seconds of the step the training thread was neither on a core nor waiting for one,
+    less its sleeps gpudiag names elsewhere: in next(loader), the collectives' calls and
+    torch.save (their whole time: a floor). None where the clocks were not read. Row at the
+    job's own pace: ``dt`` excludes what other processes took, which is in ``wait_s``."""
+    if r.run_s is None or r.wait_s is None:
+        return None
+    colls = sum(c.get("seconds", 0.0) for c in r.collectives.values())
+    return (r.dt + r.machine_s - r.run_s - r.wait_s - (r.input_blocked_s or 0.0) - colls
+            - r.save_s)
 
 
 def with_waits(result: RankResult, rows: list[StepRow], wait: HostWait | None,

@@ -311,7 +311,7 @@ GRAPH_CALLS = 8.0
 
 
 def _cpu_region(view: TimeBreakdown, traced: TimeBreakdown, kept_us: float,
-                extern_us: float) -> tuple[float, float, float]:
+                extern_us: float, asleep_us: float = 0.0) -> tuple[float, float, float]:
     """(region, kept, extern) at the view's pace: the step's time outside what no call count
     changes (kept work, the GEMMs' own operators, waits, communication, other processes), the
     cost of its operator calls with the Python between them. Traced counts and times are
@@ -321,14 +321,14 @@ def _cpu_region(view: TimeBreakdown, traced: TimeBreakdown, kept_us: float,
     kept = kept_us * k_step
     extern = extern_us * k_work
     region = max(0.0, view.step_time - kept - extern - view.input_wait - view.comm_exposed
-                 - view.memcpy_exposed - view.host_stalled)
+                 - view.memcpy_exposed - view.host_stalled - asleep_us)
     return region, kept, extern
 
 
 def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kernels: float,
                  graphs: float, extern_us: float, kept_us: float, syncs: float = 0.0,
                  rho: float = RHO, graph_calls: float = GRAPH_CALLS,
-                 loop_calls: float = 0.0) -> Prediction:
+                 loop_calls: float = 0.0, asleep_us: float = 0.0) -> Prediction:
     """``torch.compile`` on a CPU: it removes calls, not work (``compile_facts``). The step's
     time outside what compile keeps (the optimizer, AccumulateGrad, DataLoader waits,
     collectives, the OS running other work) and outside the GEMMs' and convolutions' own
@@ -338,10 +338,11 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
     the model leaves a loss's loop as it is; held-out zoo, py_loss: the loop's calls credited
     to compile predicted -30..-91%, measured 0.92-1.37x slower). Compiled, the replaced calls
     become ``kernels`` calls and ``graphs`` graph calls, each at the cost per call the job's own
-    trace shows (``rho``, ``graph_calls``)."""
+    trace shows (``rho``, ``graph_calls``). The time the training thread slept in a blocking
+    call of the job's (``asleep_us``: ``analyzers.blocked``) is no call's cost: it keeps its time."""
     if calls <= 0 or traced.step_time <= 0:
         return Prediction(None, "no operator calls that torch.compile would replace were found")
-    region, kept, extern = _cpu_region(view, traced, kept_us, extern_us)
+    region, kept, extern = _cpu_region(view, traced, kept_us, extern_us, asleep_us)
     per_call = region / (calls + loop_calls)
     compiled = per_call * (rho * kernels + graph_calls * graphs)
     saved = per_call * calls - compiled
@@ -357,7 +358,9 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
         "compiled kernels (fused runs, and the GEMMs and convolutions it still calls) in "
         f"{graphs:.0f} graph{'s' if graphs >= 1.5 else ''}{breaks}; what compile leaves as it is "
         "keeps its time (the optimizer, AccumulateGrad, DDP's copies where there are: "
-        f"{ms(kept)}; the GEMMs' own operators: {ms(extern)}{loop}); assumes a compiled kernel "
+        f"{ms(kept)}; the GEMMs' own operators: {ms(extern)}{loop}"
+        + (f"; the thread asleep in a blocking call: {ms(asleep_us)}" if asleep_us > 0 else "")
+        + "); assumes a compiled kernel "
         f"call costs {rho:g}x, and a graph {graph_calls:g}x, an eager call of this job (on a CPU "
         "compile removes calls, not their work)" + (", and the loop runs outside the compiled "
                                                     "module" if loop_calls >= 0.5 else ""))

@@ -293,14 +293,20 @@ def _thread_sched(fds: dict[int, int]) -> tuple[int, int, int] | None:
     step row says how long that thread waited for a core: the part of a GPU job's host gaps
     the OS gave to other work. ``fds`` keeps each thread's file open: a ``pread`` at offset 0
     re-reads it, 1.8 us of CPU against 12 us for an open and read each step (this project's
-    2-core VM)."""
+    2-core VM).
+
+    The time on a core is the thread's CPU clock (``time.thread_time_ns``), not schedstat's
+    first field: the kernel brings a running thread's ``sum_exec_runtime`` up to date only at
+    a tick or a switch, so read by the thread itself it lags by up to a tick (4 ms at HZ=250:
+    a 5 ms step's time on a core read 4 or 8 ms, and the time it slept, the step less the two,
+    +0.6 ms in most steps and -3.4 ms in a few). The CPU clock brings it up to date first."""
     try:
         tid = threading.get_native_id()
         fd = fds.get(tid)
         if fd is None:
             fd = fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        run, wait, _ = os.pread(fd, 128, 0).split()
-        return tid, int(run), int(wait)
+        _, wait, _ = os.pread(fd, 128, 0).split()
+        return tid, time.thread_time_ns(), int(wait)
     except (OSError, ValueError, AttributeError):
         return None
 

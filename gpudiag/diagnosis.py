@@ -355,6 +355,9 @@ class HostWait:
     # wall step less median own step) and mean per traced step
     untraced_machine_us: float | None = None
     traced_machine_us: float | None = None
+    # the training thread asleep per reference step outside the DataLoader, collectives and
+    # torch.save (median; ``analyzers.blocked``): a blocking call of the job's; None: not recorded
+    untraced_blocked_us: float | None = None
 
 
 @dataclass

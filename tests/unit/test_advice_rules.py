@@ -158,3 +158,34 @@ def _addresses(action: str) -> Bottleneck | None:
     from gpudiag.analyzers.advice import CATALOGUE
 
     return next(c.addresses for c in CATALOGUE if c.action == action)
+
+
+def asleep(view: TimeBreakdown, blocked_us: float) -> AdviceInputs:
+    from dataclasses import replace
+
+    from gpudiag.diagnosis import HostWait
+
+    return replace(inputs(view, label=Bottleneck.HOST),
+                   host_wait=HostWait(recorded=True, note="test", untraced_blocked_us=blocked_us))
+
+
+def test_a_thread_asleep_in_a_blocking_call_is_told_to_move_it_and_compile_is_not_credited_with_it():
+    """rpc_wait's numbers (third blind zoo): a 26 ms step, 20 ms of it asleep in ``recv``, 19
+    operator calls. Moving the call beside the step leaves the longer of the rest and the wait;
+    compile is credited with the calls' Python only, not the sleep."""
+    view = breakdown(26e3, compute_bound=3e3)
+    a = asleep(view, 20e3)
+    recs = {r.action: r for r in recommend(a).advised}
+    unblock = recs["unblock-training-thread"]
+    assert unblock.predicted_step_s == 20e-3  # the wait sets the step: longer than the rest (6 ms)
+    pred = whatif.compiled_cpu(view, view, calls=19, kernels=10, graphs=1, extern_us=0, kept_us=0,
+                               asleep_us=20e3)
+    assert pred.step_us is not None and pred.step_us > 26e3 - 3e3  # the 3 ms of gaps at most
+    # a short wait leaves the rest: 10 ms asleep of a 40 ms step -> 30 ms
+    short = {r.action: r for r in recommend(asleep(breakdown(40e3, compute_bound=20e3), 10e3)).advised}
+    assert abs(short["unblock-training-thread"].predicted_step_s - 30e-3) < 1e-9
+    # under the 10% threshold, or on a GPU (a CUDA sync may sleep), nothing is said
+    assert "unblock-training-thread" not in {r.action for r in recommend(asleep(view, 2e3)).advised}
+    from dataclasses import replace
+    gpu = replace(a, device_kind="gpu")
+    assert "unblock-training-thread" not in {r.action for r in recommend(gpu).advised}

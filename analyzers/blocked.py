@@ -1,0 +1,95 @@
+"""The training thread asleep outside torch: a blocking call in the step, named and costed.
+
+Why: a step whose thread sleeps in a socket's ``recv``, a file's ``fsync``, a lock, a
+``subprocess.run`` or a ``time.sleep`` leaves the same gap in a trace as Python and operator
+dispatch: no operator runs. Read as dispatch, the fix offered is ``torch.compile`` and its
+prediction charges the sleep to each call's Python (held-out zoo, ``rpc_wait``: a thread asleep
+in ``recv`` 53-80% of the step read "launch, Python and synchronisation overhead", no advice,
+and compile predicted +120% beside "1.13e+03 us a call"; compiled, 1.00x). The thread's own
+clocks tell the two apart: per step, the step timer reads its time on a core (its CPU clock)
+and its wait for one (schedstat); the rest it slept. Taken out of that are the sleeps gpudiag
+already names: the DataLoader's (``StepRow.input_blocked_s``), the collectives' calls and
+``torch.save`` (their whole time, so what is left is a floor). What remains is a blocking call
+of the job's own (``HostWait.untraced_blocked_us``, the median over the untraced steps).
+
+On a CPU it is read within the step's host gaps: an operator's threads keep the training
+thread on a core (it runs its share of each parallel region). On a GPU the thread may also
+sleep in a CUDA synchronisation while the device works (a blocking-sync context), which is not
+this: gpudiag does not name it there (not measured on a GPU yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpudiag.analyzers.advice_inputs import AdviceInputs, on_gpu
+from gpudiag.analyzers.whatif import Prediction
+from gpudiag.diagnosis import Bottleneck, Verdict
+from gpudiag.units import ms
+
+# A blocking call named where its sleep is at least this share of the step at the job's own
+# pace (the host advice's threshold: ``advice.HOST_NOTABLE``). The thread's clocks put the sleep
+# of 15 held-out and test jobs without a blocking call at -3%..+1% of their step (median per
+# step), and of ``rpc_wait`` at 65-82%.
+BLOCKED_NOTABLE = 0.10
+
+
+def blocked_us(a: AdviceInputs) -> float:
+    """The training thread's sleep outside torch per step (us), within the view's own host gaps;
+    0 on a GPU, or where the step timer did not read the thread's clocks."""
+    w = a.host_wait
+    if on_gpu(a) or w is None or not w.untraced_blocked_us:
+        return 0.0
+    gaps = a.view.host_overhead - a.view.host_stalled
+    return max(0.0, min(w.untraced_blocked_us, gaps))
+
+
+def own_step_us(a: AdviceInputs) -> float:
+    return a.view.step_time - a.view.host_stalled
+
+
+def applies(a: AdviceInputs) -> bool:
+    own = own_step_us(a)
+    return own > 0 and blocked_us(a) / own >= BLOCKED_NOTABLE
+
+
+def text(a: AdviceInputs, s: object = None) -> str:
+    b, own = blocked_us(a), own_step_us(a)
+    return (f"The training thread sleeps {ms(b)} of each {ms(own)} step ({100 * b / own:.0f}%) "
+            "outside torch's operators, the DataLoader and collectives (its own clocks: the step "
+            "less its time on a core and its wait for one): a blocking call in the step, such as a "
+            "socket or RPC reply, a file's write or fsync, a lock, a subprocess or a sleep. Make it "
+            "beside the step: a background thread that fetches a step ahead, a non-blocking call, "
+            "or do it less often (every N steps). Where it already runs beside the step, the wait "
+            "is the call being slower than the step: make it faster, or several at once.")
+
+
+def predict(a: AdviceInputs) -> Prediction:
+    """The wait moved beside the step, one in flight at a time: the step becomes the longer of
+    the rest of the step and the wait (a wait longer than the rest still sets the pace). What
+    other processes took of the step (``host_stalled``) stays with the rest: they take the
+    thread's cores while it runs, not while it sleeps (a job asleep 15 ms in ``recv`` beside a
+    full test suite: 5.3 ms on a core, 12.7 ms waiting for one, 33 ms by the wall clock)."""
+    b, own = blocked_us(a), own_step_us(a)
+    rest = own - b + a.view.host_stalled
+    step = max(rest, b)
+    bound = (f"; the wait is longer than the rest of the step ({ms(rest)}), so it sets the step"
+             if b > rest else "")
+    return Prediction(step, f"the thread's {ms(b)} asleep moved beside the step (a background "
+                            f"thread, one call a step ahead){bound}; assumes the call takes as long "
+                            "beside the step as in it and can be made a step before its result is "
+                            "needed")
+
+
+HOST_CAUSE = ": launch, Python and synchronisation overhead"
+
+
+def named(v: Verdict, a: AdviceInputs) -> Verdict:
+    """A host-bound verdict whose gaps are mostly the thread asleep in a blocking call says so,
+    in place of dispatch overhead (the label stays: the device idles on the host either way)."""
+    if Bottleneck.HOST not in (v.label, v.tie_with) or not applies(a) or HOST_CAUSE not in v.summary:
+        return v
+    b = blocked_us(a)
+    cause = (f": the training thread asleep in a blocking call outside torch ({ms(b)} of each "
+             "step), the rest launch, Python and synchronisation overhead")
+    return replace(v, summary=v.summary.replace(HOST_CAUSE, cause))

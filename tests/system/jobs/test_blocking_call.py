@@ -1,0 +1,63 @@
+"""A training thread asleep in a blocking call is named as such, and moving the call beside
+the step is advised with what it saves (issue 37: the third blind zoo's rpc_wait slept in
+``recv`` 53-80% of its step, read "launch, Python and synchronisation overhead" with no
+advice, and compile, listed as not helping, was predicted +120% from that sleep charged to 19
+operator calls).
+
+The job asks a server process for a reply each step (``tests/jobs/rpc_job.py``, 15 ms), then
+the fix applied (``--ahead``: a background thread asks one step ahead), each alone, in a
+palindrome. On the 2-core AMD EPYC VM at load 5-7 (a test suite beside it): predicted 33 ->
+17.9 ms (0.54x), measured 40.5 -> 22.2 ms by the job's timer (0.55x).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from gpudiag.diagnosis import Bottleneck, Diagnosis
+from tests.paths import TESTS
+
+JOB = TESTS / "jobs" / "rpc_job.py"
+DELAY_MS = 15.0
+
+
+def alone(tmp: Path, name: str, *opts: str) -> float:
+    """The job's median step (its own timer, after its first five steps), run without gpudiag."""
+    report = tmp / f"{name}.json"
+    subprocess.run([sys.executable, str(JOB), "--steps", "40", "--report", str(report), *opts],
+                   check=True, timeout=300)
+    return statistics.median(json.loads(report.read_text())["step_seconds"][5:])
+
+
+def test_a_thread_asleep_in_a_blocking_call_is_named_and_moving_the_call_is_predicted(tmp_path):
+    run, own = tmp_path / "run", tmp_path / "own.json"
+    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--",
+                           sys.executable, str(JOB), "--steps", "60", "--delay-ms", str(DELAY_MS),
+                           "--report", str(own)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    d = Diagnosis.from_json((run / "diagnosis.json").read_text())
+    v = d.verdict
+    assert Bottleneck.HOST in (v.label, v.tie_with), v.summary
+    assert "asleep in a blocking call" in v.summary, v.summary
+    # the sleep the step timer read is the reply's wait the job timed itself, within a third
+    waited = statistics.median(json.loads(own.read_text())["waited_seconds"][5:]) * 1e6
+    assert d.host_wait is not None and d.host_wait.untraced_blocked_us is not None
+    assert abs(d.host_wait.untraced_blocked_us / waited - 1) < 1 / 3, (d.host_wait, waited)
+    first = v.recommendations[0]
+    assert first.action == "unblock-training-thread", [r.action for r in v.recommendations]
+    # compile does not remove a sleep: what it is credited with is the calls' Python alone
+    compiled = [r for r in v.recommendations + v.not_advised if r.action == "compile-small-ops"]
+    assert all(r.gain is None or r.gain < 0.2 for r in compiled), compiled
+    # the fix applied, against the job as it is, in a palindrome (the machine's load cancels)
+    a1, b1 = alone(tmp_path, "a1"), alone(tmp_path, "b1", "--ahead")
+    b2, a2 = alone(tmp_path, "b2", "--ahead"), alone(tmp_path, "a2")
+    measured = (b1 + b2) / (a1 + a2)
+    predicted = first.predicted_step_s / first.step_s
+    # loose: the sleep is most of the step, so the ratio holds on a busy machine (0.54x against
+    # 0.55x at load 5-7); what it proves is a prediction of the applied fix, not of no change
+    assert 2 / 3 < predicted / measured < 1.5, (predicted, measured, first.why)
