@@ -38,6 +38,10 @@ from tests.system.agent.test_agent import Agent
 cluster, agent, tidy = slurm_fixtures.cluster, slurm_fixtures.agent, slurm_fixtures.tidy
 
 LEASE_S = 15              # three rounds of the controller at INTERVAL_S
+# how long a change may take to be noticed: three rounds, and what the rounds' own Slurm calls
+# take on a busy 2-core machine (a CI clone at load 6-7 beside other work, 2026-11-29: the
+# reconfigure's reset not yet seen 15 s on); what the tests prove is the event, once
+NOTICED_S = 3 * INTERVAL_S + 45
 CRASH_SEED = 16           # the kill points of the crash test come from this seed
 KILLS = 22
 PENDING = 150
@@ -234,7 +238,7 @@ def test_reconfigure_during_rounds_preempts_once(cluster, agent, tmp_path):
         od = cluster.sbatch("od", "ondemand", 2)      # Slurm may preempt before the next round
         starts_within(cluster, od)
         wait_for("the reset seen and spot taken back", lambda: "back at PreemptMode=REQUEUE" in ctl.text()
-                 and cluster.preempt_mode("spot") == "OFF", 3 * INTERVAL_S)
+                 and cluster.preempt_mode("spot") == "OFF", NOTICED_S)
         time.sleep(2 * INTERVAL_S)                    # two more rounds: nothing more happens
     finally:
         assert ctl.stop() == 0, ctl.text()
@@ -252,7 +256,7 @@ def test_an_administrators_preempt_mode_is_theirs(cluster, agent, tmp_path):
         held(cluster)
         cluster.run("scontrol", "update", "PartitionName=spot", "PreemptMode=CANCEL")
         wait_for("the change noticed", lambda: "PreemptMode set to CANCEL by someone else" in ctl.text(),
-                 3 * INTERVAL_S)
+                 NOTICED_S)
         od = cluster.sbatch("od", "ondemand", 4)
         starts_within(cluster, od)
     finally:
@@ -545,7 +549,7 @@ def test_a_requeued_array_task_keeps_one_penalty_and_restore_clears_it(cluster, 
              and j.state == "RUNNING"), None), 60)
         assert _nice(cluster)[task].nice == penalty       # it carries its array's Nice
         wait_for("the task adopted", lambda: str(task) in json.loads(ledger.read_text())["nice"],
-                 3 * INTERVAL_S)
+                 NOTICED_S)
         cluster.run("scontrol", "requeue", str(task))
         cluster.sbatch("blk2", "reserved", 2)              # takes its GPUs: the task waits again
         wait_for("the task waiting for resources", lambda: _nice(cluster)[task].reason in ("Resources",
