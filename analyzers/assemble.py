@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from gpudiag import __version__
-from gpudiag.analyzers import blocked
+from gpudiag.analyzers import blocked, sync_fed
 from gpudiag.analyzers.advice import recommend
 from gpudiag.analyzers.advice_inputs import AdviceInputs
 from gpudiag.analyzers.breakdown import sum_breakdowns
@@ -261,12 +261,16 @@ def _analyse(job: _Job, device: DevicePeak | None, roof_acc: RooflineAcc, breakd
     traced_mfu = compute_mfu(job.results, device, mix, job.flops_per_step, job.shapes)
     n_steps = max((len(r.steps) if r.steps and r.steps[0].step is not None else 0)
                   for r in job.results) if job.results else 0
-    verdict, traced_verdict = verdicts(
-        view, breakdown, device_kind=job.kind, roofline=roofline, mfu=mfu, traced_mfu=traced_mfu,
-        n_steps=n_steps, traced_noise_=traced_noise(job.results, job.windows), events=events)
     syncs = sync_report(min(census.items())[1] if census else None,
                         mean_trace_syncs([p.syncs for p in job.partials]), job.kind,
                         view.breakdown, breakdown)
+    # the label weighs operators that fed only the syncs as host work (``sync_fed``)
+    fed = sync_fed.moved_us(view.breakdown, syncs, job.kind)
+    verdict, traced_verdict = verdicts(
+        replace(view, breakdown=sync_fed.as_host(view.breakdown, fed)), breakdown,
+        device_kind=job.kind, roofline=roofline, mfu=mfu, traced_mfu=traced_mfu,
+        n_steps=n_steps, traced_noise_=traced_noise(job.results, job.windows), events=events)
+    verdict = sync_fed.named(verdict, fed)
     if syncs is not None:
         verdict = replace(verdict, evidence={**verdict.evidence, **sync_evidence(syncs)})
     steps_summed = sum(len(r.steps) for r in job.results)

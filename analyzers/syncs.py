@@ -172,6 +172,7 @@ def sync_report(census: SyncCensus | None, trace: TraceSyncs | None, device_kind
         host = sum(t(s) for s in usable.sites) * 1e6
         feeding_ops = float(usable.feeding_ops)
         feeding = (usable.feeding_s if wall else usable.feeding_cpu_s) * 1e6
+        after = 0.0 if wall else usable.after_cpu_s * 1e6
         feeding_top = [TopItem(op, calls, (w if wall else c) * 1e6,
                                (w if wall else c) * 1e6 / feeding if feeding > 0 else 0.0)
                        for op, calls, w, c in usable.feeding_top]
@@ -186,19 +187,20 @@ def sync_report(census: SyncCensus | None, trace: TraceSyncs | None, device_kind
         assert trace is not None  # no census: the trace is what there is to report from
         by_kind = dict(trace.counts)
         per_step, host, feeding_ops, feeding, sites = trace.per_step, trace.host_us, 0.0, 0.0, []
+        after = 0.0
         source = f"the trace's sync events over {trace.steps} traced steps (no census: no call sites)"
     step = view.step_time
     idle = None
     if device_kind == "gpu":
         idle, saving, assumption = _gpu_saving(trace, view, traced)
     else:
-        saving, assumption = _cpu_saving(usable, host, feeding, trace, view, traced)
+        saving, assumption = _cpu_saving(usable, host, feeding, trace, view, traced, after)
     return SyncReport(per_step=per_step, by_kind=by_kind, sites=sites, source=source,
                       trace_per_step=trace_n, host_us=host, feeding_ops=feeding_ops,
                       feeding_us=feeding, device_idle_us=idle, saving_us=max(0.0, min(saving, step)),
                       step_us=step, assumption=assumption,
                       census_step=usable.step if usable is not None else None, notes=notes,
-                      feeding_top=feeding_top, own_step_us=step - view.host_stalled)
+                      feeding_top=feeding_top, own_step_us=step - view.host_stalled, after_us=after)
 
 
 def _gpu_saving(trace: TraceSyncs | None, view: TimeBreakdown, traced: TimeBreakdown
@@ -226,13 +228,18 @@ def _gpu_saving(trace: TraceSyncs | None, view: TimeBreakdown, traced: TimeBreak
 
 
 def _cpu_saving(census: SyncCensus | None, host: float, feeding: float, trace: TraceSyncs | None,
-                view: TimeBreakdown, traced: TimeBreakdown) -> tuple[float, str]:
+                view: TimeBreakdown, traced: TimeBreakdown, after: float = 0.0) -> tuple[float, str]:
+    """On a CPU, with a census: the calls, the operators that fed only them, and the Python right
+    after each up to the next torch call (``after``: what the loop does with the values it
+    read, which goes with the lines that read them)."""
     if census is not None:
-        return host + feeding, (
+        return host + feeding + after, (
             f"on a CPU a sync waits for nothing: removing the lines saves the calls' host work "
-            f"({ms(host)} per step) and that of the {census.feeding_ops} operators per step "
-            f"computed only to feed them ({ms(feeding)}), as timed in step {census.step} at the "
-            "job's own pace; the rest of the step keeps its time")
+            f"({ms(host)} per step), that of the {census.feeding_ops} operators per step "
+            f"computed only to feed them ({ms(feeding)}) and the Python right after them up to the "
+            f"next torch call ({ms(after)}: what the loop does with the values, formatting or "
+            f"writing them), as timed in step {census.step} at the job's own pace; the rest of the "
+            "step keeps its time")
     scale = view.step_time / traced.step_time if traced.step_time > 0 else 1.0
     return host * min(1.0, scale), (
         f"on a CPU a sync waits for nothing: removing them saves the sync operators' own time "

@@ -42,6 +42,10 @@ class SyncCensus:
     feeding_cpu_s: float = 0.0
     # (op, calls, wall s, CPU s) of the busiest operators among them
     feeding_top: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # the job's Python right after the syncs and their feeding operators, up to the next torch
+    # call: what the loop does with the values read back (``collectors.torch_syncs``)
+    after_s: float = 0.0
+    after_cpu_s: float = 0.0
     torch_calls: int = 0
     dropped_sites: int = 0
     skipped: str | None = None
@@ -75,13 +79,17 @@ def parse_census(data: Any, cwd: str | None) -> SyncCensus | None:  # parsed JSO
             _cpu(t, float(t["seconds"])))
            for t in (feed.get("top") or [])[:20] if isinstance(t, dict) and is_number(t.get("seconds"))]
     feed_wall = max(0.0, float(feed["seconds"])) if is_number(feed.get("seconds")) else 0.0
+    after_wall = max(0.0, float(feed["after_seconds"])) if is_number(feed.get("after_seconds")) else 0.0
+    after_cpu: Any = feed.get("after_cpu_seconds")
     step = data.get("step")
     return SyncCensus(
         rank=data["rank"], step=step if isinstance(step, int) else None,
         device=str(data.get("device", "cpu")), sites=sites,
         feeding_ops=int(feed.get("ops", 0)) if isinstance(feed.get("ops"), int) else 0,
         feeding_s=feed_wall, feeding_cpu_s=_cpu(feed, feed_wall),
-        feeding_top=top, torch_calls=int(data.get("torch_calls") or 0),
+        feeding_top=top, after_s=after_wall,
+        after_cpu_s=min(after_wall, max(0.0, float(after_cpu))) if is_number(after_cpu) else 0.0,
+        torch_calls=int(data.get("torch_calls") or 0),
         dropped_sites=int(data.get("dropped_sites") or 0),
         note=str(data["note"])[:500] if isinstance(data.get("note"), str) else None)
 

@@ -401,6 +401,9 @@ class SyncReport:
     # the step at the job's own pace (less the time other processes held its cores,
     # ``gpudiag.pace``): what the share is of, as the label's shares are (None: written before)
     own_step_us: float | None = None
+    # per step: the job's Python right after the syncs and their feeding operators, up to the
+    # next torch call (CPU; in the saving)
+    after_us: float = 0.0
 
     @property
     def share(self) -> float:

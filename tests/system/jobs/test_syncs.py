@@ -85,7 +85,7 @@ def test_the_diagnosis_json_counts_syncs_per_step_and_the_trace_agrees(synced):
     assert s.trace_per_step == 7
     assert s.census_step is not None and s.feeding_ops >= 6
     assert 0 < s.saving_us < s.step_us
-    assert s.saving_us == pytest.approx(s.host_us + s.feeding_us)  # a CPU: the host work, no wait
+    assert s.saving_us == pytest.approx(s.host_us + s.feeding_us + s.after_us)  # a CPU: host work, no wait
     assert d.verdict.evidence["syncs_per_step"] == 10
     # the share is of the step at the job's own pace (the wall step less other processes' time
     # on its cores), as the label's shares are: on a busy machine it is the larger of the two
