@@ -25,7 +25,7 @@ PART = "blocked"
 
 @contextmanager
 def blocked(timer: _zoo.Timer) -> Iterator[None]:
-    """Time a blocking call: wall time as the part ``blocked``, the thread's CPU as ``blocked_cpu``."""
+    """Time a blocking call: wall time as the part ``blocked``, its thread CPU ``blocked_cpu``."""
     c0 = time.thread_time()
     with timer.part(PART):
         yield

@@ -6,8 +6,9 @@ is 4 x Linear(512, 512) + a head, fp32, batch 128, SGD with momentum.
 The write lands in the page cache (a memory copy, host work) and ``fsync`` waits for the device
 (the thread asleep in the kernel). Truth, by the job's own clocks: the step (mean), the time in
 the write + flush + fsync per step (wall and the thread's CPU) and the rest. ``--async`` hands
-each record to a logger thread (a queue; the loop copies the bytes and goes on): the natural fix,
-the disk wait off the training thread. ``--log-layers 0``: no logging at all.
+each record to a logger thread (a queue of 2: the loop copies the bytes and goes on, and waits
+only when the logger is two records behind): the natural fix, the disk wait off the training
+thread. ``--log-layers 0``: no logging at all.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def main() -> None:
         f.flush()
         os.fsync(f.fileno())
 
-    records: queue.Queue = queue.Queue()
+    records: queue.Queue = queue.Queue(maxsize=2)
 
     def logger() -> None:  # --async: the disk on its own thread
         while (rec := records.get()) is not None:

@@ -6,9 +6,11 @@ which the server sends after a delay drawn per request from ``--server-ms-min``.
 While it waits the training thread is asleep in ``recv`` (no operator, no CPU): the step's time
 is neither compute, memory, input (no DataLoader) nor communication by collectives. Truth, by the
 job's own clocks: the step (mean), the time inside the round trip per step (wall and the thread's
-CPU) and the rest. ``--async`` moves the round trip to a background thread that keeps asking
-and the loop uses the latest answer it has (one or more steps stale): the natural fix, the wait
-off the training thread. ``--rpc-every 0``: no server at all.
+CPU) and the rest. ``--prefetch`` asks for the next step's answer on a background thread while
+this step computes and waits for it at the next step (one call a step ahead: the step becomes the
+longer of the call and the rest); ``--async`` never waits: a background thread keeps asking and
+the loop uses the latest answer it has (one or more steps stale). Both move the wait off the
+training thread. ``--rpc-every 0``: no server at all.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def main() -> None:
     p.add_argument("--rpc-every", type=int, default=1, help="ask every N steps; 0: never")
     p.add_argument("--async", dest="use_async", action="store_true",
                    help="ask from a background thread; the loop takes the latest answer")
+    p.add_argument("--prefetch", action="store_true",
+                   help="ask for the next step's answer a step ahead, on a background thread")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.set_defaults(threads=1)
     args = p.parse_args()
@@ -92,6 +96,15 @@ def main() -> None:
                 item = nxt
             latest[0] = ask(*item)
 
+    ahead: list = []  # --prefetch: the request in flight for the next step
+
+    def fetch_ahead(step: int, loss: float) -> None:
+        box: list[float] = []
+        th = threading.Thread(target=lambda: box.append(ask(step, loss)), daemon=True,
+                              name="lr-prefetch")
+        th.start()
+        ahead[:] = [th, box]
+
     bg = None
     if args.use_async and conn is not None:
         bg = threading.Thread(target=asker, daemon=True, name="lr-asker")
@@ -112,6 +125,13 @@ def main() -> None:
                     if bg is not None:
                         asks.put((i, loss_v))
                         scale = latest[0]
+                    elif args.prefetch:
+                        if not ahead:  # the first step asks for itself
+                            fetch_ahead(i, loss_v)
+                        th, box = ahead
+                        th.join()
+                        scale = box[0]
+                        fetch_ahead(i + args.rpc_every, loss_v)  # the next one, beside this step
                     else:
                         scale = ask(i, loss_v)
                 for g in opt.param_groups:
@@ -120,6 +140,8 @@ def main() -> None:
     if bg is not None:
         asks.put(None)
         bg.join()
+    if ahead:
+        ahead[0].join()
     if conn is not None:
         conn.close()
         server.wait(timeout=10)
@@ -129,7 +151,7 @@ def main() -> None:
                                       "server process)")}
     _zoo.finish("tcp_reply", args, timer, truth,
                 {"batch": args.batch, "rpc_every": args.rpc_every, "async": args.use_async,
-                 "compile": args.compile, "threads": threads})
+                 "prefetch": args.prefetch, "compile": args.compile, "threads": threads})
 
 
 if __name__ == "__main__":

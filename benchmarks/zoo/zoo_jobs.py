@@ -362,6 +362,12 @@ def _unblock(*args: str, note: str) -> FixMap:
     return fm
 
 
+def _unblock_knobs(fm: FixMap) -> dict[str, FixMap]:
+    """The job's natural fix under the action gpudiag gives it (``unblock-training-thread``, its
+    output's name) and under any other action whose text names the wait (``"*"``)."""
+    return {"unblock-training-thread": fm, "*": fm}
+
+
 def _producers(rec: dict) -> tuple[list[str] | None, str]:
     """queue_feed: more producer threads; as many as the advice names ("at least N"), else 3."""
     m = re.search(r"at least (\d+)", rec.get("text", "") + " " + rec.get("why", ""))
@@ -374,39 +380,49 @@ _FP32 = {"lower-precision": _no_knob("no knob (fp32 only)"),
          "bf16-activations": _no_knob("no knob (fp32 only)")}
 HELD_OUT_4: list[Job] = [
     Job("tcp_reply", "tcp_reply.py", quick=("--steps", "60"), stat="mean", rest="compute",
-        peak_threads=1, probes={"async": ("--async",), "no_rpc": ("--rpc-every", "0")},
-        knobs={"*": _unblock("--async", note="--async (the round trip on a background thread)"),
+        peak_threads=1, probes={"prefetch": ("--prefetch",), "async": ("--async",),
+                                "no_rpc": ("--rpc-every", "0")},
+        # the advice's first shape ("a background thread that fetches a step ahead") and what its
+        # prediction models (one call a step ahead); --async (never waiting, stale) is a probe
+        knobs={**_unblock_knobs(_unblock(
+                   "--prefetch", note="--prefetch (the next step's round trip on a background "
+                                      "thread, a step ahead)")),
                "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
                "remove-host-syncs": _SYNC_PAYLOAD, "free-a-core": ONE, **_FP32},
         what="a blocking TCP round trip (8-14 ms reply) to a local server process every step"),
     Job("fsync_log", "fsync_log.py", quick=("--steps", "50"), stat="mean", rest="compute",
         peak_threads=1, probes={"async": ("--async",), "no_log": ("--log-layers", "0")},
-        knobs={"*": _unblock("--async", note="--async (write and fsync on a logger thread)"),
+        knobs={**_unblock_knobs(_unblock(
+                   "--async", note="--async (write and fsync on a logger thread)")),
                "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
                "remove-host-syncs": _SYNC_PAYLOAD, "free-a-core": ONE, **_FP32},
         what="a 4 MB weight snapshot written and os.fsync-ed to a log file every step"),
     Job("lock_wait", "lock_wait.py", quick=("--steps", "60"), stat="mean", rest="compute",
         peak_threads=1, probes={"async": ("--async",), "no_publisher": ("--no-publisher",)},
-        knobs={"*": _unblock("--async", note="--async (the update posted to a queue, no lock)"),
+        knobs={**_unblock_knobs(_unblock(
+                   "--async", note="--async (the update posted to a queue, no lock)")),
                "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
                "remove-host-syncs": _SYNC_PAYLOAD, "free-a-core": ONE, **_FP32},
         what="a threading.Lock a background thread holds 14 ms of every 16, taken once a step"),
     Job("subprocess_step", "subprocess_step.py", quick=("--steps", "40"), stat="mean",
         rest="compute", peak_threads=1,
         probes={"async": ("--async",), "no_cmd": ("--every", "0")},
-        knobs={"*": _unblock("--async", note="--async (the child run from a background thread)"),
+        knobs={**_unblock_knobs(_unblock(
+                   "--async", note="--async (the child run from a background thread)")),
                "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
                "free-a-core": ONE, **_FP32},
         what="subprocess.run of a tiny python -S -c every step (fork/exec, waitpid)"),
     Job("rate_limit", "rate_limit.py", quick=("--steps", "60"), stat="mean", rest="compute",
         peak_threads=1, probes={"no_limit": ("--rate", "0")},
-        knobs={"*": _unblock("--rate", "0", note="--rate 0 (the limiter out)"),
+        knobs={**_unblock_knobs(_unblock(
+                   "--rate", "0", note="--rate 0 (the limiter out)")),
                "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
                "free-a-core": ONE, **_FP32},
         what="time.sleep to hold 60 steps/s (a 16.7 ms period) over ~9 ms of work"),
     Job("queue_feed", "queue_feed.py", quick=("--steps", "50"), stat="mean", rest="compute",
         peak_threads=1, probes={"async": ("--async",), "no_latency": ("--fetch-ms", "0")},
-        knobs={"*": _unblock("--async", note="--async (3 producer threads)"),
+        knobs={**_unblock_knobs(_unblock(
+                   "--async", note="--async (3 producer threads)")),
                "dataloader-workers": _producers, "compile-small-ops": COMPILE,
                "fuse-memory-bound": COMPILE, "free-a-core": ONE, **_FP32},
         what="Queue.get from one hand-written producer thread (24 ms a batch), no DataLoader"),
