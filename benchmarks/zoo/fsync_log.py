@@ -84,6 +84,8 @@ def main() -> None:
         bg.join()
     f.close()
     os.unlink(path)
+    if not args.log_dir:
+        os.rmdir(d)
     truth = {"flops_per_step": _blocked.mlp_flops(args.batch, args.width, args.layers),
              "log_mb": sum(w.numel() * 4 for w in weights) / 2**20,
              **_blocked.blocked_truth(args, timer, "file write + flush + os.fsync")}
