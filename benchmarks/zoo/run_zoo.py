@@ -270,7 +270,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", default="",
-                   help="comma-separated job names or sets (held_out_1, held_out_2; "
+                   help="comma-separated job names or sets (held_out_1 … held_out_4; "
                         "default: held_out_1)")
     p.add_argument("--truth-only", action="store_true",
                    help="no gpudiag: each job's truth variants and probes alone, palindromes")

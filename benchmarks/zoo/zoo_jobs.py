@@ -165,7 +165,9 @@ JOBS: list[Job] = [
 def fix_args(job: Job, rec: dict) -> tuple[list[str] | None, str]:
     """The job's knob for a recommendation, or None with the reason there is none."""
     action = rec.get("action", "")
-    fm = job.knobs.get(action) or COMMON.get(action)
+    # "*": the job's reading of any other action (held_out_4: advice about the blocking, under
+    # whatever name gpudiag gives it)
+    fm = job.knobs.get(action) or COMMON.get(action) or job.knobs.get("*")
     text = (rec.get("text", "") + " " + rec.get("why", "")).lower()
     if fm is None and "--ckpt-every" in " ".join(a for f in job.truth_variants.values()
                                                 for a in f) and (
@@ -337,6 +339,104 @@ HELD_OUT_3: list[Job] = [
         what="2 rounds of message passing by index_select/index_add_, 50k nodes, 200k edges"),
 ]
 
+
+# The fourth held-out set (2026-11-29), as blind as the others: six jobs whose training thread is
+# blocked (asleep, not computing) for part of every step outside torch's operators, the DataLoader
+# and collectives, and two controls that must not be read that way. Each blocking job times the
+# blocking call itself (the in-job truth ``blocked_share``, counted as host time) and has the
+# natural fix as a knob: the wait moved off the training thread (``--async``; more producers for
+# queue_feed; the limiter out for rate_limit).
+_BLOCK_WORDS = ("block", "sleep", "asleep", "wait", "thread", "async", "background", "overlap",
+                "lock", "fsync", "disk", "socket", "recv", "subprocess", "child", "queue",
+                "producer", "prefetch", "rate", "i/o")
+
+
+def _unblock(*args: str, note: str) -> FixMap:
+    """Advice about the blocking (any action whose text names the wait or moving it off the
+    thread): the job's natural fix; anything else has no knob here."""
+    def fm(rec: dict) -> tuple[list[str] | None, str]:
+        text = (rec.get("text", "") + " " + rec.get("why", "")).lower()
+        if any(w in text for w in _BLOCK_WORDS):
+            return list(args), note
+        return None, f"no knob in this job for `{rec.get('action')}` (its text names no wait)"
+    return fm
+
+
+def _unblock_knobs(fm: FixMap) -> dict[str, FixMap]:
+    """The job's natural fix under the action gpudiag gives it (``unblock-training-thread``, its
+    output's name) and under any other action whose text names the wait (``"*"``)."""
+    return {"unblock-training-thread": fm, "*": fm}
+
+
+def _producers(rec: dict) -> tuple[list[str] | None, str]:
+    """queue_feed: more producer threads; as many as the advice names ("at least N"), else 3."""
+    m = re.search(r"at least (\d+)", rec.get("text", "") + " " + rec.get("why", ""))
+    n = min(int(m.group(1)), 16) if m else 3
+    return ["--producers", str(n)], f"--producers {n}" + ("" if m else " (no number named: 3)")
+
+
+_SYNC_PAYLOAD = _no_knob("no knob: the one float(loss) a step is what the loop sends or keeps")
+_FP32 = {"lower-precision": _no_knob("no knob (fp32 only)"),
+         "bf16-activations": _no_knob("no knob (fp32 only)")}
+HELD_OUT_4: list[Job] = [
+    Job("tcp_reply", "tcp_reply.py", quick=("--steps", "60"), stat="mean", rest="compute",
+        peak_threads=1, probes={"prefetch": ("--prefetch",), "async": ("--async",),
+                                "no_rpc": ("--rpc-every", "0")},
+        # the advice's first shape ("a background thread that fetches a step ahead") and what its
+        # prediction models (one call a step ahead); --async (never waiting, stale) is a probe
+        knobs={**_unblock_knobs(_unblock(
+                   "--prefetch", note="--prefetch (the next step's round trip on a background "
+                                      "thread, a step ahead)")),
+               "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
+               "remove-host-syncs": _SYNC_PAYLOAD, "free-a-core": ONE, **_FP32},
+        what="a blocking TCP round trip (8-14 ms reply) to a local server process every step"),
+    Job("fsync_log", "fsync_log.py", quick=("--steps", "50"), stat="mean", rest="compute",
+        peak_threads=1, probes={"async": ("--async",), "no_log": ("--log-layers", "0")},
+        knobs={**_unblock_knobs(_unblock(
+                   "--async", note="--async (write and fsync on a logger thread)")),
+               "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
+               "remove-host-syncs": _SYNC_PAYLOAD, "free-a-core": ONE, **_FP32},
+        what="a 4 MB weight snapshot written and os.fsync-ed to a log file every step"),
+    Job("lock_wait", "lock_wait.py", quick=("--steps", "60"), stat="mean", rest="compute",
+        peak_threads=1, probes={"async": ("--async",), "no_publisher": ("--no-publisher",)},
+        knobs={**_unblock_knobs(_unblock(
+                   "--async", note="--async (the update posted to a queue, no lock)")),
+               "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
+               "remove-host-syncs": _SYNC_PAYLOAD, "free-a-core": ONE, **_FP32},
+        what="a threading.Lock a background thread holds 14 ms of every 16, taken once a step"),
+    Job("subprocess_step", "subprocess_step.py", quick=("--steps", "40"), stat="mean",
+        rest="compute", peak_threads=1,
+        probes={"async": ("--async",), "no_cmd": ("--every", "0")},
+        knobs={**_unblock_knobs(_unblock(
+                   "--async", note="--async (the child run from a background thread)")),
+               "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
+               "free-a-core": ONE, **_FP32},
+        what="subprocess.run of a tiny python -S -c every step (fork/exec, waitpid)"),
+    Job("rate_limit", "rate_limit.py", quick=("--steps", "60"), stat="mean", rest="compute",
+        peak_threads=1, probes={"no_limit": ("--rate", "0")},
+        knobs={**_unblock_knobs(_unblock(
+                   "--rate", "0", note="--rate 0 (the limiter out)")),
+               "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE,
+               "free-a-core": ONE, **_FP32},
+        what="time.sleep to hold 60 steps/s (a 16.7 ms period) over ~9 ms of work"),
+    Job("queue_feed", "queue_feed.py", quick=("--steps", "50"), stat="mean", rest="compute",
+        peak_threads=1, probes={"async": ("--async",), "no_latency": ("--fetch-ms", "0")},
+        knobs={**_unblock_knobs(_unblock(
+                   "--async", note="--async (3 producer threads)")),
+               "dataloader-workers": _producers, "compile-small-ops": COMPILE,
+               "fuse-memory-bound": COMPILE, "free-a-core": ONE, **_FP32},
+        what="Queue.get from one hand-written producer thread (24 ms a batch), no DataLoader"),
+    Job("pure_mlp", "pure_mlp.py", quick=("--steps", "30"), rest="compute", peak_threads=1,
+        knobs={"lower-precision": _flag("--bf16"), "bf16-activations": _flag("--bf16"),
+               "compile-small-ops": COMPILE, "fuse-memory-bound": COMPILE, "free-a-core": ONE},
+        what="control: 3 x Linear(1024) fp32, batch 128, nothing blocks"),
+    Job("loader_sleep", "loader_sleep.py", quick=("--steps", "50"), stat="mean", rest="compute",
+        peak_threads=1, probes={"workers2": ("--workers", "2")},
+        knobs={"dataloader-workers": _workers, "compile-small-ops": COMPILE,
+               "fuse-memory-bound": COMPILE, "free-a-core": ONE},
+        what="control: DataLoader num_workers=0, __getitem__ sleeps 0.4 ms a sample, MLP"),
+]
+
 SETS: dict[str, list[Job]] = {"held_out_1": JOBS, "held_out_2": HELD_OUT_2,
-                              "held_out_3": HELD_OUT_3}
-ALL_JOBS: list[Job] = JOBS + HELD_OUT_2 + HELD_OUT_3
+                              "held_out_3": HELD_OUT_3, "held_out_4": HELD_OUT_4}
+ALL_JOBS: list[Job] = JOBS + HELD_OUT_2 + HELD_OUT_3 + HELD_OUT_4

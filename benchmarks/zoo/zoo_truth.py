@@ -75,6 +75,14 @@ def truth_of(job, runs: dict[str, list[dict]], steps: dict[str, list[float]],
         shares["input-bound"] = t["input_wait_share"]
         facts.append(f"input wait {t['input_wait_ms']:.1f} ms of {base:.1f} ms "
                      f"({t['input_wait_share']:.0%})")
+    if "blocked_share" in t and t.get("blocked_ms"):
+        # held_out_4: the training thread asleep in a blocking call outside torch (timed around
+        # the call in the job): host time
+        shares["host-bound"] = shares.get("host-bound", 0.0) + t["blocked_share"]
+        facts.append(f"blocked in {t.get('blocked_what', '?')}: {t['blocked_ms']:.1f} ms of "
+                     f"{t['step_mean_ms']:.1f} ms ({t['blocked_share']:.0%}), the thread on a "
+                     f"core {t.get('blocked_cpu_ms', 0):.2f} ms of it; the rest "
+                     f"{t['rest_ms']:.1f} ms")
     if job.scaling and steps.get(job.scaling[0]):
         v, k = job.scaling
         tk = _mean(steps[v])
