@@ -131,10 +131,11 @@ def comm_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 
 def _collectives_per_step(a: AdviceInputs) -> float | None:
-    """All-reduces (or the job's busiest collective) per step and rank, in the view."""
+    """All-reduces (or the job's busiest collective) per step and rank, in the view (the
+    table's counts are summed over the ranks)."""
     if not a.collectives or not a.steps_per_rank:
         return None
-    return a.collectives[0].count / a.steps_per_rank
+    return a.collectives[0].count / a.steps_per_rank / max(a.ranks, 1)
 
 
 def comm_cost_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:

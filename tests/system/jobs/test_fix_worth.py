@@ -108,8 +108,11 @@ def test_a_periodic_save_is_predicted_on_the_mean_step_with_its_real_period(tmp_
     steps = own["step_seconds"][8:]
     assert statistics.mean(steps) > statistics.median(steps), steps
     # and the prediction starts from the mean, longer than the verdict's median step in the same
-    # frame (both at the job's own pace: a CI clone run at load 4 read a 61 ms own-pace mean
-    # against a 125 ms wall-clock median, the machine's wait in the one and not the other)
+    # frame (both at the job's own pace, the view's step less what other processes took: a CI
+    # clone run at load 4 read a 61 ms own-pace mean against a 125 ms wall-clock median, and one
+    # beside other tests a 44.8 ms own-pace mean against a 49.8 ms wall median, 25.1 ms of it the
+    # machine's)
     view = d.unprofiled or d.breakdown
-    assert rec.step_s is not None and rec.step_s * 1e6 > view.step_time, (rec.step_s, view.step_time)
+    own = view.step_time - view.host_stalled
+    assert rec.step_s is not None and rec.step_s * 1e6 > own, (rec.step_s, view.step_time, own)
     assert "mean step" in rec.why, rec.why
