@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gpudiag.analyzers import advice_fp32, blocked, coalesce, whatif
+from gpudiag.analyzers import advice_fp32, blocked, whatif
 from gpudiag.analyzers import checkpoint as ckpt
 from gpudiag.analyzers import syncs as host_syncs
 from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the public face
@@ -216,9 +216,6 @@ CATALOGUE: list[Advice] = [
     Advice("overlap-communication", lambda a, s: exposed_share(a) >= COMM_NOTABLE,
            comm_text,
            lambda a: whatif.communication_overlapped(a.view, cpu=not on_gpu(a), backward_us=a.backward_us),
-           Bottleneck.COMMUNICATION),
-    # one call per tensor, each paying a fixed cost: one flat buffer (not DDP's: it buckets)
-    Advice("coalesce-collectives", lambda a, s: coalesce.applies(a), coalesce.text, coalesce.predict,
            Bottleneck.COMMUNICATION),
     Advice("all-reduce-less-often",
            lambda a, s: a.traits.training and s[Bottleneck.COMMUNICATION] >= COMM_NOTABLE,

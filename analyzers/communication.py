@@ -72,10 +72,7 @@ def _bytes(kind: str, info: dict[str, Any]) -> float | None:
 
 def _new_acc() -> Acc:
     return {"count": 0, "time": 0.0, "exposed": 0.0, "bytes": 0.0, "bytes_time": 0.0,
-            "busbw_num": 0.0, "time_in_steps": 0.0, "exposed_in_steps": 0.0,
-            # sums for the least-squares line of a call's time against its bytes (MB): each call
-            # pays a fixed cost and a cost per byte (``call_cost``); sums merge across ranks
-            "fit_n": 0.0, "fit_b": 0.0, "fit_d": 0.0, "fit_bb": 0.0, "fit_bd": 0.0}
+            "busbw_num": 0.0, "time_in_steps": 0.0, "exposed_in_steps": 0.0}
 
 
 def collective_acc(rt: RankTrace, work: iv.Intervals, lo: np.ndarray, hi: np.ndarray
@@ -115,12 +112,6 @@ def collective_acc(rt: RankTrace, work: iv.Intervals, lo: np.ndarray, hi: np.nda
         n = info.get("group_size") or rt.world_size or 1
         a["bytes"] += b
         a["bytes_time"] += d
-        mb = b / 1e6
-        a["fit_n"] += 1
-        a["fit_b"] += mb
-        a["fit_d"] += d
-        a["fit_bb"] += mb * mb
-        a["fit_bd"] += mb * d
         a["busbw_num"] += b * _BUS_FACTOR.get(kind, _one)(max(n, 1))
     arr = np.array(kinds, dtype=object)
     for kind in set(kinds):
@@ -174,31 +165,6 @@ def finish_collectives(parts: list[dict[str, Acc]], device: DevicePeak | None
         out.append(CollectiveStats(
             collective=kind, count=int(a["count"]), total_time_us=a["time"], exposed_time_us=a["exposed"],
             bytes=a["bytes"] if a["bytes"] > 0 else None, algbw_gbps=algbw, busbw_gbps=busbw,
-            link_peak_gbps=link, call_us=call_cost(a),
+            link_peak_gbps=link,
         ))
     return out
-
-
-# A line through calls of one size alone says nothing about the fixed cost: the calls' sizes
-# must spread (their bytes' coefficient of variation at least this) for it to be fitted.
-FIT_MIN_SPREAD = 0.5
-FIT_MIN_CALLS = 8
-
-
-def call_cost(a: Acc) -> float | None:
-    """Each call's fixed cost (us), the intercept of the least-squares line of the calls' time
-    against their bytes, where their sizes spread enough to tell it from the cost per byte;
-    None otherwise, or where the line does not cross zero above it (no fixed cost to see).
-    Why: a loop that all-reduces each of 98 gradients pays the fixed cost 98 times a step, and
-    one flat buffer pays it once (the third blind zoo's allreduce_manual: 0.35-0.53x coalesced,
-    never suggested)."""
-    n, sb, sd, sbb, sbd = a["fit_n"], a["fit_b"], a["fit_d"], a["fit_bb"], a["fit_bd"]
-    if n < FIT_MIN_CALLS:
-        return None
-    mean_b = sb / n
-    var_b = sbb / n - mean_b * mean_b
-    if mean_b <= 0 or var_b <= 0 or var_b ** 0.5 / mean_b < FIT_MIN_SPREAD:
-        return None
-    slope = (sbd / n - mean_b * sd / n) / var_b
-    intercept = sd / n - slope * mean_b
-    return intercept if intercept > 0 and slope >= 0 else None

@@ -274,4 +274,6 @@ def predicted_step_us(r: SyncReport) -> tuple[float, str]:
         return r.step_us - r.saving_us, r.assumption
     step = (own - r.saving_us) * r.step_us / own
     return step, r.assumption + (f"; the machine's other work keeps its share of the step ("
-                                 f"{ms(r.step_us - own)} of {ms(r.step_us)} now)")
+                                 f"{ms(r.step_us - own)} of {ms(r.step_us)} now); where it keeps "
+                                 f"its time instead, {ms(r.step_us - r.saving_us)}: the step lies "
+                                 "between")

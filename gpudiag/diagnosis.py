@@ -148,9 +148,6 @@ class CollectiveStats:
     # add up to the same figure by construction
     time_per_step_us: float | None = None
     exposed_per_step_us: float | None = None
-    # each call's fixed cost (us, traced), fitted over calls of different sizes
-    # (``communication.call_cost``); None: the sizes do not spread enough to tell it
-    call_us: float | None = None
 
 
 @dataclass

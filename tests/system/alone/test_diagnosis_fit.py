@@ -321,8 +321,7 @@ def test_every_recommendation_in_the_catalogue_has_a_job_it_must_not_be_given_to
         # a CPU job is not told about CUDA graphs, pinned copies, tensor cores, fused attention
         (chain, {"cuda-graphs-or-compile", "cuda-graphs", "remove-host-syncs", "pinned-async-copies",
                  "tensor-core-shapes", "fused-attention", "batch-small-ops",
-                 "unblock-training-thread", "coalesce-collectives"},
-         "CPU, not compiled, no blocking call, no collectives"),
+                 "unblock-training-thread"}, "CPU, not compiled, no blocking call"),
         (cpu_fp32, {"tensor-core-shapes", "fused-attention", "pinned-async-copies", "fp32-instead",
                     "vectorise-sample-loop"},
          "CPU GEMMs in fp32, no Python loop over samples"),

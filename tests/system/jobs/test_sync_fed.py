@@ -54,4 +54,13 @@ def test_a_loop_whose_logging_feeds_reads_back_is_host_bound_and_dropping_the_lo
     # logging in a 13.3 ms step leaves 3.8 ms, and the step without logging runs 2.1 ms. At load
     # ~2: predicted 0.24-0.28x, measured 0.16-0.18x (1.35-1.75x the measured step; 2.0x before
     # the Python after the reads was counted)
-    assert 2 / 3 < predicted / measured < 2.2, (predicted, measured, first.why)
+    # on a busy machine the prediction is a range: the other processes' part of the step keeps
+    # its share of the shorter step (the point), or its time (the other end); a CI clone beside
+    # the suite measured 0.35x between 0.17x and 0.57x, another 0.18x where the wall-clock end
+    # alone had read 0.75x
+    s = d.syncs
+    assert s is not None
+    other_end = (s.step_us - s.saving_us) / s.step_us
+    lo, hi = min(predicted, other_end), max(predicted, other_end)
+    # the under-statement quiet (1.35-1.75x the measured step) is the lower bound's slack
+    assert lo / 2.2 < measured < hi * 1.5, (predicted, other_end, measured, first.why)
