@@ -18,7 +18,7 @@ from gpudiag.scheduler.slurm.controller import Controller, Options
 from gpudiag.scheduler.slurm.slurmio import SlurmIO
 from gpudiag.scheduler.slurm.sources import AgentsSource
 from tests import slurm_fixtures
-from tests.slurm_cluster import SlurmCluster, report
+from tests.slurm_cluster import SlurmCluster, report, wait_for
 from tests.system.slurm_faults.test_slurm_safety import running
 
 # the session cluster reset for this module, an agent beside it, tidied after each test
@@ -64,7 +64,14 @@ def test_a_rounds_nice_writes_go_in_one_scontrol_call_per_value_and_a_refused_jo
         report(agent, jid, MFUS[i % len(MFUS)])
     io = CountingIO(cluster.env)
     gone = waiting[7]
-    io.before_update = lambda: cluster.run("scancel", str(gone))   # leaves between the read and the write
+
+    def cancel() -> None:   # leaves between the read and the write
+        cluster.run("scancel", str(gone))
+        # scancel returns before slurmctld has ended the job: a write that came first was applied
+        # (a CI clone at load 4, 2026-11-29); the write must meet a job that is gone
+        wait_for(f"job {gone} cancelled", lambda: cluster.job(gone)["JobState"] == "CANCELLED", 30)
+
+    io.before_update = cancel
     ctl = Controller(io, AgentsSource([f"127.0.0.1:{agent.port}"]), options=Options(min_change_interval_s=0),
                      ledger_path=tmp_path / "ledger.json")
     try:
