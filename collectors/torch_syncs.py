@@ -169,11 +169,10 @@ class _Record:
             cpu += c
         return wall, cpu
 
-    def feeding(self) -> tuple[int, float, float, dict[str, list[float]]]:
+    def feeding(self, only: list[bool]) -> tuple[int, float, float, dict[str, list[float]]]:
         """(ops, wall seconds, CPU seconds, per op name [calls, wall, CPU]) of the calls whose
-        results were used only by syncs or by other such calls: the work that goes when the
-        syncs' lines go."""
-        only = self.only()
+        results were used only by syncs or by other such calls (``only``): the work that goes
+        when the syncs' lines go."""
         ops, seconds, cpu_s = 0, 0.0, 0.0
         names: dict[str, list[float]] = {}
         for n, (name, s, cs, sync, _) in enumerate(self.nodes):
@@ -357,8 +356,9 @@ class SyncCensus:
         if rec.last_end is not None:
             rec.tail = (max(0.0, time.perf_counter() - rec.last_end[0]),
                         max(0.0, time.thread_time() - rec.last_end[1]))
-        ops, seconds, cpu_s, names = rec.feeding()
-        after_s, after_cpu_s = rec.after(rec.only())
+        only = rec.only()
+        ops, seconds, cpu_s, names = rec.feeding(only)
+        after_s, after_cpu_s = rec.after(only)
         top = sorted(names.items(), key=lambda kv: -kv[1][1])[:10]
         out: dict[str, Any] = {
             "step": step, "wall_s": wall, "torch_calls": rec.calls,
