@@ -107,12 +107,9 @@ def test_a_periodic_save_is_predicted_on_the_mean_step_with_its_real_period(tmp_
     # the job's own median step holds no save (3 steps in 4 do not save): the mean is longer
     steps = own["step_seconds"][8:]
     assert statistics.mean(steps) > statistics.median(steps), steps
-    # and the prediction starts from the mean, longer than the verdict's median step in the same
-    # frame (both at the job's own pace, the view's step less what other processes took: a CI
-    # clone run at load 4 read a 61 ms own-pace mean against a 125 ms wall-clock median, and one
-    # beside other tests a 44.8 ms own-pace mean against a 49.8 ms wall median, 25.1 ms of it the
-    # machine's)
-    view = d.unprofiled or d.breakdown
-    own = view.step_time - view.host_stalled
-    assert rec.step_s is not None and rec.step_s * 1e6 > own, (rec.step_s, view.step_time, own)
+    # and the prediction starts from the mean: above the median of the same steps by the job's
+    # own timer (the verdict's median step is no yardstick here: with 40 steps there is no
+    # untraced view, and the traced steps carry the profiler: a CI clone run read a 24.2 ms traced
+    # median against a 20.7 ms mean of the untraced steps, whose own median was about 13 ms)
+    assert rec.step_s is not None and rec.step_s > statistics.median(steps), (rec.step_s, steps)
     assert "mean step" in rec.why, rec.why
