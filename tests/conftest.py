@@ -197,8 +197,13 @@ def traces() -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def _cpu_peak_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Keep the measured-CPU-peak cache out of the home directory."""
-    os.environ.setdefault("GPUDIAG_CACHE_DIR", str(tmp_path_factory.mktemp("gpudiag-cache")))
+    """Keep the measured-CPU-peak cache out of the home directory, one for the whole run: the
+    xdist workers share the folder above their own, so the peak is measured once (its lock
+    makes the others wait) where each worker measured it, ~10-20 s of CPU apiece."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gpudiag-cache"
+    shared.mkdir(exist_ok=True)
+    os.environ.setdefault("GPUDIAG_CACHE_DIR", str(shared))
 
 
 # -- one recorded run, shared by the tests that only read it -----------------------------------
