@@ -75,15 +75,18 @@ def predict(a: AdviceInputs) -> Prediction:
     step = max(rest, b)
     bound = (f"; the wait is longer than the rest of the step ({ms(rest)}), so it sets the step"
              if b > rest else "")
-    # the other end: a thread that no longer sleeps keeps its core, and the waits for one after
-    # each wake-up go with the sleep (held-out set 4, load 1-6: unblocked steps ran at their CPU
-    # time to within 0.1-0.3 ms, 1.3-1.9x faster than this prediction for a lock and a queue;
-    # beside a test suite at load 5-7 the waits stayed: 0.55x measured, 0.54x predicted)
+    # the other end: a thread that no longer waits at all keeps its core, and the waits for one
+    # after each wake-up go with the sleep. No longer floored by the wait: with several calls in
+    # flight or the wait gone (a lock taken out of the loop) the wait sets no pace (held-out set
+    # 4, load 1-6: a queue fed by 3 producers ran 7.5-10.4 ms where one in flight predicted
+    # 13.7-17.6, the thread's CPU 6.3-6.7; a lock taken out ran 6.7-7.5 against 8.5-13.0; beside
+    # a test suite at load 5-7 the waits for a core stayed: 0.55x measured, 0.54x predicted)
     run = a.host_wait.untraced_run_us if a.host_wait is not None else None
-    fast = max(run, b) if run else step
-    between = (f"; where the waits for a core after each wake-up go with the sleep (a thread that "
-               f"no longer sleeps keeps its core), as fast as {ms(fast)}, its time on a core: the "
-               f"step lies between" if fast < step * 0.95 else "")
+    fast = min(run, step) if run else step
+    between = (f"; with several calls in flight, or the wait gone (a lock taken out of the loop), "
+               f"and the waits for a core after each wake-up gone with the sleep (a thread that no "
+               f"longer sleeps keeps its core), as fast as {ms(fast)}, its time on a core: the step "
+               f"lies between" if fast < step * 0.95 else "")
     return Prediction(step, f"the thread's {ms(b)} asleep moved beside the step (a background "
                             f"thread, one call a step ahead){bound}; assumes the call takes as long "
                             "beside the step as in it and can be made a step before its result is "
