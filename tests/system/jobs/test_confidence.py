@@ -190,3 +190,30 @@ def test_steps_after_the_window_slowed_for_a_while_are_left_out_where_both_sides
     for later in ([0.029] * 2, [0.035] * 5):
         dil, _ = measure_dilation(60_000.0, _gpu_windows(before, after, later=later), "cpu")
         assert dil.left_out is None and dil.untraced_steps == 18, later
+
+
+def _cpu_step(compute: float, host: float, stalled: float) -> TimeBreakdown:
+    """A traced CPU step (us): operators, and host gaps of which ``stalled`` other processes took."""
+    return TimeBreakdown(step_time=compute + host, gpu_busy=compute, compute=compute, compute_bound=compute,
+                         idle=host, host_overhead=host, host_stalled=stalled)
+
+
+def test_an_estimate_scaled_from_a_window_busier_than_its_reference_says_so_and_loses_confidence():
+    """The split of the estimate comes from the traced window: where other processes took half
+    of each traced step and almost nothing of the untraced ones (a CI clone beside the suite: a
+    small-ops job read host-bound at confidence 0.78 so, where its quiet runs read compute-bound),
+    the view carries a deduction of the difference; a window as quiet as its reference, none."""
+    from gpudiag.analyzers.step_view import UNPROFILED, choose_view
+
+    def view(stalled_us: float):
+        # own-pace rows: 5 ms steps around the window, 0.1 ms of each taken by the machine
+        rows = [StepRow(step=i, t=0.0, dt=0.005, machine_s=0.0001) for i in range(20)]
+        w = [WindowSteps(0, [StepRow(step=100 + i, t=0.0, dt=0.008) for i in range(5)], rows[:10], rows[10:])]
+        return choose_view(_cpu_step(3_000.0, 5_000.0 + stalled_us, stalled_us), [], w, "cpu")
+
+    busy, quiet = view(8_000.0), view(0.0)
+    assert busy.basis == quiet.basis == UNPROFILED
+    (d,) = [x for x in busy.deductions if "busier stretch" in x.reason]
+    assert "took 50% of the traced steps and 2% of the untraced" in d.reason, d.reason
+    assert d.amount == pytest.approx(0.5 - 0.1 / 5.1, abs=0.01)
+    assert not [x for x in quiet.deductions if "busier stretch" in x.reason]

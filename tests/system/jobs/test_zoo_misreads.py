@@ -46,9 +46,13 @@ def test_a_cached_peak_the_job_outran_is_raised_not_used_to_refuse_its_mfu(tmp_p
     factor, and MFU is given; the cache keeps the raised figure."""
     cache = tmp_path / "cache"
     env = {"GPUDIAG_CACHE_DIR": str(cache)}
-    code = "from gpudiag.collectors.cpu_peak import cpu_peak\ncpu_peak()\n"
-    subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True, timeout=300)
-    data = json.loads((cache / "cpu_peak.json").read_text())
+    # the session's measured peaks (measured here if no test has yet), planted in a cache of its own
+    code = ("from gpudiag.collectors.cpu_peak import cpu_peak, cache_path\n"
+            "cpu_peak()\nprint(cache_path().read_text())\n")
+    measured = subprocess.run([sys.executable, "-c", code], check=True, timeout=300, capture_output=True,
+                              text=True).stdout
+    cache.mkdir()
+    data = json.loads(measured)
     planted = data["flops"]["bf16"] / 1000
     data["flops"]["bf16"] = planted
     (cache / "cpu_peak.json").write_text(json.dumps(data))

@@ -8,6 +8,7 @@ and the numbers behind it. Failures print the verdict's evidence shares.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +25,10 @@ TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module", autouse=True)
-def gpudiag_cache(tmp_path_factory: pytest.TempPathFactory):
-    """One CPU-peak cache for the module, away from the user's home directory."""
-    cache = tmp_path_factory.mktemp("gpudiag-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GPUDIAG_CACHE_DIR", str(cache))
-        yield cache
+def gpudiag_cache() -> Path:
+    """The session's CPU-peak cache (tests/conftest.py), away from the user's home directory:
+    measured once for the run, not once more for this module."""
+    return Path(os.environ["GPUDIAG_CACHE_DIR"])
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
