@@ -26,11 +26,22 @@ def _torchrun(report: Path, *extra: str) -> list[str]:
             "--report", str(report), *extra]
 
 
+# torch 2.13's gloo can abort a rank as its process exits, after the job's work and report are
+# done ("terminate called without an active exception", SIGABRT), though the job waits at a
+# barrier and destroys its group first: seen unobserved, with no gpudiag in the process, in a
+# CI clone (2026-11-29). The run's numbers stand; any other failure fails the test.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def ran(p: subprocess.CompletedProcess[str], report: Path) -> bool:
+    return p.returncode == 0 or (TEARDOWN_ABORT in p.stderr and report.exists())
+
+
 @pytest.fixture(scope="module")
 def unobserved(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("ddp") / "alone.json"
     p = subprocess.run(_torchrun(out), capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert ran(p, out), p.stderr[-3000:]
     return json.loads(out.read_text())
 
 
@@ -40,7 +51,7 @@ def test_each_bucket_is_timed_once_and_the_weights_train_as_unobserved(tmp_path,
     job_cmd = _torchrun(report, *(["--own-hook"] if own_hook else []))
     p = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--skip", "100000", "--out",
                         str(tmp_path / "run"), "--", *job_cmd], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
+    assert ran(p, report), p.stderr
     job = json.loads(report.read_text())
     assert job["checksum"] == pytest.approx(unobserved["checksum"], rel=1e-9)
     for rank, rows in read_steps(tmp_path / "run").items():
