@@ -35,6 +35,7 @@ import numpy as np
 from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import step_windows
 from gpudiag.analyzers.trace_columns import RankTrace
+from gpudiag.analyzers.whatif import busy_share_step
 from gpudiag.census import CensusSite, SyncCensus
 from gpudiag.diagnosis import SyncReport, SyncSite, TimeBreakdown, TopItem
 from gpudiag.units import ms
@@ -266,13 +267,13 @@ def advice_text(r: SyncReport) -> str:
 def predicted_step_us(r: SyncReport) -> tuple[float, str]:
     """The step without the syncs' lines. On a CPU the saving is the job's own time (CPU time),
     and the machine's other work keeps its share of the shorter step: on cores the job shares,
-    each ms of its own work brings the other processes' part with it (``whatif._busy_share``; a
+    each ms of its own work brings the other processes' part with it (``whatif.busy_share_step``; a
     CI clone beside other work: a 49 ms wall step of 13 ms own pace read 0.75x predicted from the
     wall step less the saving, where the job without its logging ran 0.18x)."""
     own = r.own_step_us
     if r.device_idle_us is not None or not own or own >= r.step_us or own <= r.saving_us:
         return r.step_us - r.saving_us, r.assumption
-    step = (own - r.saving_us) * r.step_us / own
+    step = busy_share_step(r.step_us, own, r.saving_us)
     return step, r.assumption + (f"; the machine's other work keeps its share of the step ("
                                  f"{ms(r.step_us - own)} of {ms(r.step_us)} now); where it keeps "
                                  f"its time instead, {ms(r.step_us - r.saving_us)}: the step lies "

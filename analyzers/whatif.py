@@ -366,14 +366,19 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
                                                     "module" if loop_calls >= 0.5 else ""))
 
 
-def _busy_share(view: TimeBreakdown, own_saved: float) -> float:
-    """The view's step with ``own_saved`` of the job's own time removed, where the machine's
-    other work keeps its share of the step (``host_stalled``): on cores the job shares, each ms
-    of its own work brings the other processes' part with it."""
-    own = view.step_time - view.host_stalled
+def busy_share_step(step: float, own: float, own_saved: float) -> float:
+    """A ``step`` of which ``own`` is the job's own time, with ``own_saved`` of that removed,
+    where the machine's other work keeps its share of the step: on cores the job shares, each
+    ms of its own work brings the other processes' part with it."""
     if own <= 0:
-        return view.step_time
-    return max(0.0, own - own_saved) * view.step_time / own
+        return step
+    return max(0.0, own - own_saved) * step / own
+
+
+def _busy_share(view: TimeBreakdown, own_saved: float) -> float:
+    """The view's step with ``own_saved`` of the job's own time removed (``busy_share_step``;
+    the machine's share is the view's ``host_stalled``)."""
+    return busy_share_step(view.step_time, view.step_time - view.host_stalled, own_saved)
 
 
 def vectorised_loop(view: TimeBreakdown, traced: TimeBreakdown, loop_us: float, loop_calls: float,
