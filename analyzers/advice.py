@@ -49,6 +49,7 @@ from gpudiag.analyzers.advice_text import (
     fuse_text,
     fused_opt_text,
     graphs_text,
+    hand_optimizer_text,
     input_text,
     micro_batches_text,
     near_peak_text,
@@ -143,7 +144,20 @@ def _compiled(a: AdviceInputs) -> whatif.Prediction:
     if on_gpu(a) or f is None or f.calls <= 0 or a.traced is None:
         return whatif.compiled(a.view, a.fusion_saved_share)
     return whatif.compiled_cpu(a.view, a.traced, f.calls, f.kernels, f.graphs, f.extern_us, f.kept_us,
-                               f.syncs, loop_calls=f.loops.loop_calls, asleep_us=blocked.blocked_us(a))
+                               f.syncs, loop_calls=f.loops.loop_calls, asleep_us=blocked.blocked_us(a),
+                               after_us=f.loops.after_us)
+
+
+def _hand_optimizer(a: AdviceInputs) -> bool:
+    f = a.compile_facts
+    return (not on_gpu(a) and not a.traits.compiled and f is not None and a.traced is not None
+            and f.hand_optimizer)
+
+
+def _compiled_update(a: AdviceInputs) -> whatif.Prediction:
+    f = a.compile_facts
+    assert f is not None and a.traced is not None
+    return whatif.compiled_update(a.view, a.traced, f.loops.after_us, f.loops.after_calls, f.params)
 
 
 def _loop_found(a: AdviceInputs) -> bool:
@@ -246,6 +260,10 @@ CATALOGUE: list[Advice] = [
     Advice("compile-small-ops",
            lambda a, s: not on_gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
            compile_small_text, _compiled, Bottleneck.HOST),
+    # a hand-written optimizer (a Python loop over the parameters after the backward): compile of
+    # the model does not reach it either
+    Advice("compile-optimizer-step", lambda a, s: _hand_optimizer(a), hand_optimizer_text,
+           _compiled_update, Bottleneck.HOST),
     # a Python loop over samples (a per-sample loss): compile of the model does not reach it
     Advice("vectorise-sample-loop", lambda a, s: _loop_found(a), vectorise_text, _vectorised,
            Bottleneck.HOST),

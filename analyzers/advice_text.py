@@ -210,10 +210,23 @@ def syncs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 def compile_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     f = a.compile_facts
-    loops = f is not None and (f.loops.loop_calls > 0 or f.loops.passes >= 2)
+    loops = f is not None and (f.loops.loop_calls > 0 or f.loops.passes >= 2 or f.hand_optimizer)
     return (f"{pct_whole(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
-            "operators (many tiny ops): fuse them with torch.compile, batch the work into fewer, "
-            "larger tensor ops" + ("." if loops else ", and vectorise Python loops."))
+            "operators (many tiny ops): fuse them with torch.compile (the model: its forward and "
+            "backward), batch the work into fewer, larger tensor ops"
+            + ("." if loops else ", and vectorise Python loops."))
+
+
+def hand_optimizer_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    f = a.compile_facts
+    assert f is not None
+    lp = f.loops
+    return (f"The optimizer is a Python loop: after the backward, {lp.after_calls:.0f} operator calls "
+            f"a step ({lp.after_inplace:.0f} in-place updates) over {f.params:.0f} parameter tensors, "
+            f"{pct_whole(lp.after_us / f.step_us if f.step_us else 0.0)} of the traced step. "
+            "torch.compile of the model does not reach it: compile the function that updates the "
+            "parameters too (torch.compile on the optimizer's step), so each tensor's update is one "
+            "fused kernel.")
 
 
 def vectorise_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:

@@ -16,6 +16,10 @@ what a fix is worth:
   whole forward/backward's per-call cost for its few rows (held-out zoo, grad_accum: 32
   micro-batches of 4, the same samples in one micro-batch 0.10x).
 
+- **the calls after the backward** (a hand-written optimizer's loop over the parameters, a
+  logged loss): outside the model, so ``torch.compile(model)`` does not replace them either;
+  how many update a tensor in place tells a hand-written optimizer (``compile_facts``).
+
 The trace holds no Python stack, so a loop is told by its repetition and what its body does;
 the module it runs in is not known (a loop over samples inside a module's forward reads the
 same: compile would unroll it, a graph break aside). Pure functions over one rank's columns.
@@ -59,13 +63,21 @@ class LoopFacts:
     loop_iters: float = 0.0  # iterations per step of the (largest) forward loop
     passes: float = 0.0  # backward passes per step: micro-batches per optimizer step
     body: str = ""  # the largest forward loop's body, its calls in order
+    # the calls after the step's last backward node (outside the model: ``torch.compile(model)``
+    # does not replace them), their time from the first's start to the last's end, and how many
+    # of them update a tensor in place (``aten::mul_``: a hand-written optimizer's loop)
+    after_calls: float = 0.0
+    after_us: float = 0.0
+    after_inplace: float = 0.0
 
     @staticmethod
     def mean(ranks: list[LoopFacts]) -> LoopFacts:
         n = max(len(ranks), 1)
         body = next((r.body for r in ranks if r.body), "")
         return LoopFacts(sum(r.loop_calls for r in ranks) / n, sum(r.loop_us for r in ranks) / n,
-                         sum(r.loop_iters for r in ranks) / n, sum(r.passes for r in ranks) / n, body)
+                         sum(r.loop_iters for r in ranks) / n, sum(r.passes for r in ranks) / n, body,
+                         sum(r.after_calls for r in ranks) / n, sum(r.after_us for r in ranks) / n,
+                         sum(r.after_inplace for r in ranks) / n)
 
 
 def periodic(keys: np.ndarray, max_period: int = LOOP_MAX_PERIOD,
@@ -110,18 +122,21 @@ def _op_of_node(name: str) -> str:
     return "aten::" + node[:cut].lower() if cut > 0 else ""
 
 
-def loop_mask(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np.ndarray]:
+def loop_mask(rt: RankTrace, idx: np.ndarray,
+              lo: np.ndarray) -> tuple[LoopFacts, np.ndarray, np.ndarray]:
     """``idx``: the steps' top-level calls compile would replace, sorted by thread, then time
     (``compile_facts``); ``lo``: the steps' starts. The loops they hold, and per item of
-    ``idx`` whether it is in a loop over samples (forward or its backward)."""
+    ``idx`` whether it is in a loop over samples (forward or its backward), and whether it
+    comes after its step's last backward node (outside the model)."""
     return _scan(rt, idx, lo)
 
 
-def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np.ndarray]:
+def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np.ndarray, np.ndarray]:
     mask = np.zeros(idx.size, dtype=bool)
+    after = np.zeros(idx.size, dtype=bool)
     n_steps = max(lo.size, 1)
     if idx.size == 0:
-        return LoopFacts(), mask
+        return LoopFacts(), mask, after
     names = rt.names
     step = np.searchsorted(lo, rt.cpu_ts[idx], side="right") - 1
     tid = rt.cpu_tid[idx]
@@ -135,7 +150,13 @@ def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np
     best_body, best_iters = "", 0
     ends = rt.cpu_ts + rt.cpu_dur
     cut = np.flatnonzero(first).tolist() + [idx.size]
+    after_spans: list[tuple[float, float]] = []
     for a, b in zip(cut, cut[1:], strict=False):
+        bw = np.flatnonzero(is_bwd[a:b])
+        if bw.size and a + int(bw[-1]) + 1 < b:   # the calls after the backward's last node
+            t0 = a + int(bw[-1]) + 1
+            after[t0:b] = True
+            after_spans.append((float(rt.cpu_ts[idx[t0]]), float(ends[idx[t0:b]].max())))
         keys = rt.cpu_name[idx[a:b]]
         fwd_ops: set[str] = set()
         fwd_lo, fwd_hi = np.inf, -np.inf
@@ -168,8 +189,17 @@ def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np
             if mine:
                 spans.append((float(rt.cpu_ts[mine[0]]), float(max(ends[k] for k in mine))))
     us = float(sum(hi - lo_ for lo_, hi in spans))
+    inplace = sum(_in_place(names[k]) for k in rt.cpu_name[idx[after]].tolist())
     return LoopFacts(loop_calls=calls / n_steps, loop_us=us / n_steps, loop_iters=iters / n_steps,
-                     passes=float(starts.sum()) / n_steps, body=best_body), mask
+                     passes=float(starts.sum()) / n_steps, body=best_body,
+                     after_calls=float(after.sum()) / n_steps,
+                     after_us=float(sum(hi - lo_ for lo_, hi in after_spans)) / n_steps,
+                     after_inplace=float(inplace) / n_steps), mask, after
+
+
+def _in_place(name: str) -> bool:
+    """``aten::mul_``, ``aten::addcdiv_``: an operator that updates its first argument."""
+    return name.startswith("aten::") and name.endswith("_") and not name.endswith("__")
 
 
 def _take(mask: np.ndarray, a: int, b: int) -> None:

@@ -328,7 +328,7 @@ def _cpu_region(view: TimeBreakdown, traced: TimeBreakdown, kept_us: float,
 def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kernels: float,
                  graphs: float, extern_us: float, kept_us: float, syncs: float = 0.0,
                  rho: float = RHO, graph_calls: float = GRAPH_CALLS,
-                 loop_calls: float = 0.0, asleep_us: float = 0.0) -> Prediction:
+                 loop_calls: float = 0.0, asleep_us: float = 0.0, after_us: float = 0.0) -> Prediction:
     """``torch.compile`` on a CPU: it removes calls, not work (``compile_facts``). The step's
     time outside what compile keeps (the optimizer, AccumulateGrad, DataLoader waits,
     collectives, the OS running other work) and outside the GEMMs' and convolutions' own
@@ -339,7 +339,9 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
     to compile predicted -30..-91%, measured 0.92-1.37x slower). Compiled, the replaced calls
     become ``kernels`` calls and ``graphs`` graph calls, each at the cost per call the job's own
     trace shows (``rho``, ``graph_calls``). The time the training thread slept in a blocking
-    call of the job's (``asleep_us``: ``analyzers.blocked``) is no call's cost: it keeps its time."""
+    call of the job's (``asleep_us``: ``analyzers.blocked``) is no call's cost: it keeps its time.
+    The calls after the backward (``after_us`` of ``kept_us``: a hand-written optimizer's loop, a
+    metric) lie outside the model that compile is given: they keep theirs."""
     if calls <= 0 or traced.step_time <= 0:
         return Prediction(None, "no operator calls that torch.compile would replace were found")
     region, kept, extern = _cpu_region(view, traced, kept_us, extern_us, asleep_us)
@@ -357,13 +359,38 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
         f"with the Python between them: {us(per_call)} a call) become {kernels:.0f} calls of "
         "compiled kernels (fused runs, and the GEMMs and convolutions it still calls) in "
         f"{graphs:.0f} graph{'s' if graphs >= 1.5 else ''}{breaks}; what compile leaves as it is "
-        "keeps its time (the optimizer, AccumulateGrad, DDP's copies where there are: "
-        f"{ms(kept)}; the GEMMs' own operators: {ms(extern)}{loop}"
+        f"keeps its time (the optimizer, AccumulateGrad, DDP's copies where there are: {ms(kept)}"
+        + (f", of which the calls after the backward, outside the model: {ms(after_us * kept / kept_us)}"
+           if after_us > 0 and kept_us > 0 else "")
+        + f"; the GEMMs' own operators: {ms(extern)}{loop}"
         + (f"; the thread asleep in a blocking call: {ms(asleep_us)}" if asleep_us > 0 else "")
         + "); assumes a compiled kernel "
         f"call costs {rho:g}x, and a graph {graph_calls:g}x, an eager call of this job (on a CPU "
         "compile removes calls, not their work)" + (", and the loop runs outside the compiled "
                                                     "module" if loop_calls >= 0.5 else ""))
+
+
+def compiled_update(view: TimeBreakdown, traced: TimeBreakdown, update_us: float, calls: float,
+                    params: float, rho: float = RHO, graph_calls: float = GRAPH_CALLS) -> Prediction:
+    """A hand-written optimizer's step compiled (``torch.compile`` on the function that updates
+    the parameters): its ``calls`` after the backward, ``update_us`` of the traced step with the
+    Python between them (brought to the view's pace by the step's ratio, as compile's kept work
+    is), become one compiled kernel per parameter tensor (each tensor's update is a chain of
+    elementwise operators, fused into one pass) and a graph call, each at the loop's own cost per
+    call. On a CPU compile removes calls, not their work: a fused kernel is taken to cost what an
+    eager call of the loop does (``rho``), as ``compiled_cpu`` takes it."""
+    if calls <= 0 or params < 1 or traced.step_time <= 0 or update_us <= 0:
+        return Prediction(None, "no hand-written optimizer loop was found after the backward")
+    loop = update_us * view.step_time / traced.step_time
+    per_call = loop / calls
+    compiled = per_call * (rho * min(params, calls) + graph_calls)
+    return Prediction(
+        view.step_time - max(0.0, loop - compiled),
+        f"the {calls:.0f} operator calls after the backward ({ms(loop)} a step at the job's pace, "
+        f"with the Python between them: {us(per_call)} a call) become one compiled kernel for each "
+        f"of the {params:.0f} parameter tensors and a graph call; assumes a compiled kernel call "
+        f"costs {rho:g}x, and a graph {graph_calls:g}x, an eager call of the loop (on a CPU compile "
+        "removes calls, not their work), and that the model's forward and backward stay as they are")
 
 
 def busy_share_step(step: float, own: float, own_saved: float) -> float:

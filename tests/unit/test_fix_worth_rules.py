@@ -80,3 +80,28 @@ def test_a_loop_is_a_body_of_calls_repeated_in_order_many_times():
     assert periodic(keys) == [(2, 3, 20)]
     assert periodic(np.array([1, 2, 3] * (LOOP_MIN_REPS - 1))) == []
     assert periodic(np.array([5] * 40)) == [(0, 1, 40)]
+
+
+def test_a_compiled_optimizer_step_makes_one_call_a_parameter_tensor_at_the_loops_cost_per_call():
+    """compile-optimizer-step: the loop's calls after the backward become one kernel a parameter
+    tensor and a graph call, each at the loop's own cost per call, at the view's pace."""
+    traced = TimeBreakdown(step_time=20e3, compute=2e3, compute_bound=1e3, memory_bound=1e3,
+                           idle=18e3, host_overhead=18e3)
+    view = TimeBreakdown(step_time=10e3, compute=1e3, compute_bound=5e2, memory_bound=5e2,
+                         idle=9e3, host_overhead=9e3)
+    p = whatif.compiled_update(view, traced, update_us=8e3, calls=800, params=100)
+    loop = 8e3 * 10e3 / 20e3   # the loop at the view's pace
+    assert p.step_us == pytest.approx(10e3 - (loop - loop / 800 * (100 + whatif.GRAPH_CALLS)))
+    assert whatif.compiled_update(view, traced, update_us=8e3, calls=800, params=0).step_us is None
+
+
+def test_calls_after_the_backward_are_a_hand_written_optimizer_only_with_enough_in_place_updates():
+    """Two calls a parameter tensor or more, a quarter of them in place: an SGD with momentum
+    (3 a tensor, 2 in place) is one; a loss logged after the step (a call or two) and a metric
+    over the parameters that updates nothing are not."""
+    from gpudiag.analyzers.compile_facts import hand_optimizer
+    from gpudiag.analyzers.step_loops import LoopFacts
+    assert hand_optimizer(LoopFacts(after_calls=300, after_inplace=200), params=100)
+    assert not hand_optimizer(LoopFacts(after_calls=2, after_inplace=0), params=100)
+    assert not hand_optimizer(LoopFacts(after_calls=300, after_inplace=10), params=100)
+    assert not hand_optimizer(LoopFacts(after_calls=300, after_inplace=300), params=0)
