@@ -104,7 +104,7 @@ def _comm_detail(a: AdviceInputs) -> str:
 def exposed_share(a: AdviceInputs) -> float:
     """Exposed communication's share of the step at the job's own pace, as ``classify.shares``
     reads it (a busy machine's part of the step left out, so the advice applies as on a quiet one)."""
-    own = a.view.step_time - a.view.host_stalled
+    own = a.view.own_step
     return a.view.comm_exposed / own if own > 0 else 0.0
 
 

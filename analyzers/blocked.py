@@ -44,17 +44,13 @@ def blocked_us(a: AdviceInputs) -> float:
     return max(0.0, min(w.untraced_blocked_us, gaps))
 
 
-def own_step_us(a: AdviceInputs) -> float:
-    return a.view.step_time - a.view.host_stalled
-
-
 def applies(a: AdviceInputs) -> bool:
-    own = own_step_us(a)
+    own = a.view.own_step
     return own > 0 and blocked_us(a) / own >= BLOCKED_NOTABLE
 
 
 def text(a: AdviceInputs, s: object = None) -> str:
-    b, own = blocked_us(a), own_step_us(a)
+    b, own = blocked_us(a), a.view.own_step
     return (f"The training thread sleeps {ms(b)} of each {ms(own)} step ({100 * b / own:.0f}%) "
             "outside torch's operators, the DataLoader and collectives (its own clocks: the step "
             "less its time on a core and its wait for one): a blocking call in the step, such as a "
@@ -70,7 +66,7 @@ def predict(a: AdviceInputs) -> Prediction:
     other processes took of the step (``host_stalled``) stays with the rest: they take the
     thread's cores while it runs, not while it sleeps (a job asleep 15 ms in ``recv`` beside a
     full test suite: 5.3 ms on a core, 12.7 ms waiting for one, 33 ms by the wall clock)."""
-    b, own = blocked_us(a), own_step_us(a)
+    b, own = blocked_us(a), a.view.own_step
     rest = own - b + a.view.host_stalled
     step = max(rest, b)
     bound = (f"; the wait is longer than the rest of the step ({ms(rest)}), so it sets the step"

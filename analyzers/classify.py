@@ -149,7 +149,7 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
     (a DDP job at load 2-6 read 73% of its own-pace step where accumulating over 4 micro-batches
     ran 0.64x, as predicted from 48% of the wall step). The other shares keep their proportions
     in the rest of the own-pace step."""
-    if b.step_time - b.host_stalled <= 0:
+    if b.own_step <= 0:
         return {k: 0.0 for k in _NOTABLE}
     known = b.compute_bound + b.memory_bound
     # communication's cost inside the compute (``comm_cost``): the training thread's work for
@@ -161,7 +161,7 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
         mb = rest * b.memory_bound / known
     else:
         cb, mb = rest, 0.0  # unknown split: counted as compute, confidence lowered
-    st = b.step_time - b.host_stalled
+    st = b.own_step
     comm = b.comm_exposed + for_comm
     others = st - comm
     k = (1 - comm / b.step_time) / others if others > 0 else 1 / st
@@ -210,7 +210,7 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
     evidence = {f"{k.value} share": round(v, 4) for k, v in s.items()}
     evidence["step time ms"] = round(b.step_time / 1e3, 3)
     if b.host_stalled > 0:
-        evidence["own step ms"] = round((b.step_time - b.host_stalled) / 1e3, 3)
+        evidence["own step ms"] = round(b.own_step / 1e3, 3)
     if mfu.value is not None:
         evidence["mfu"] = round(mfu.value, 4)
     if noise is not None:
@@ -229,7 +229,7 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
 
 def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, unit: str,
              mfu: Mfu) -> str:
-    ms = (b.step_time - b.host_stalled) / 1e3  # the job's own step (``shares``)
+    ms = b.own_step / 1e3  # the job's own step (``shares``)
     own = " at the job's own pace" if b.fraction("host_stalled") >= STALLED_NOTED else ""
     if label is Bottleneck.INPUT:
         # on a CPU the batch may be made on the cores the model uses (num_workers=0, decoding):

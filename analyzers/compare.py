@@ -197,7 +197,7 @@ def _traced_view(d: Diagnosis) -> tuple[TimeBreakdown, Bottleneck, float | None]
     if not _has_estimate(d):
         return d.breakdown, d.verdict.label, d.mfu.value
     label = (d.traced_verdict or d.verdict).label
-    m, st = d.mfu, d.breakdown.step_time - d.breakdown.host_stalled  # the job's own pace, as its MFU
+    m, st = d.mfu, d.breakdown.own_step  # the job's own pace, as its MFU
     mfu = m.flops_per_step / (st * 1e-6) / m.peak_flops if m.flops_per_step and m.peak_flops and st > 0 \
         else None
     return d.breakdown, label, mfu

@@ -74,7 +74,7 @@ def mfu_at_own_pace(results: list[RankResult], device: DevicePeak | None, mix: d
     """MFU over the view's step at the job's own pace (less ``host_stalled``: what other
     processes took), with the wall-clock MFU beside it (``own_pace.with_wall``)."""
     b = view.breakdown
-    own = compute_mfu(results, device, mix, flops_per_step, shapes, b.step_time - b.host_stalled,
+    own = compute_mfu(results, device, mix, flops_per_step, shapes, b.own_step,
                       view.mfu_basis)
     wall = compute_mfu(results, device, mix, flops_per_step, shapes, b.step_time, view.mfu_basis)
     return with_wall(own, wall, b, wait.recorded if wait is not None else None)

@@ -405,7 +405,7 @@ def busy_share_step(step: float, own: float, own_saved: float) -> float:
 def _busy_share(view: TimeBreakdown, own_saved: float) -> float:
     """The view's step with ``own_saved`` of the job's own time removed (``busy_share_step``;
     the machine's share is the view's ``host_stalled``)."""
-    return busy_share_step(view.step_time, view.step_time - view.host_stalled, own_saved)
+    return busy_share_step(view.step_time, view.own_step, own_saved)
 
 
 def vectorised_loop(view: TimeBreakdown, traced: TimeBreakdown, loop_us: float, loop_calls: float,
@@ -420,7 +420,7 @@ def vectorised_loop(view: TimeBreakdown, traced: TimeBreakdown, loop_us: float, 
     the batch, and the Python between them, not the calls, is most of a loop."""
     if loop_calls <= 0 or iters < 2 or traced.step_time <= 0 or loop_us <= 0:
         return Prediction(None, "no Python loop over samples was found")
-    view_own = view.step_time - view.host_stalled
+    view_own = view.own_step
     if view_own <= 0:
         return Prediction(None, "no time of the job's own in the step")
     share = min(1.0, loop_us / traced.step_time)
@@ -456,7 +456,7 @@ def fewer_micro_batches(view: TimeBreakdown, traced: TimeBreakdown, passes: floa
         return Prediction(None, "one forward/backward pass per optimizer step")
     k = passes / n_after
     opt = optimizer_us * view.step_time / traced.step_time
-    passes_us = max(0.0, view.step_time - view.host_stalled - view.input_wait - view.comm_exposed
+    passes_us = max(0.0, view.own_step - view.input_wait - view.comm_exposed
                     - view.memcpy_exposed - opt)
     work = flops / peak * 1e6 if flops and peak else 0.0
     fixed = max(0.0, passes_us - work)

@@ -73,6 +73,12 @@ class TimeBreakdown:
     def fraction(self, part: str) -> float:
         return getattr(self, part) / self.step_time if self.step_time > 0 else 0.0
 
+    @property
+    def own_step(self) -> float:
+        """The step at the job's own pace: less the time the OS ran other processes
+        (``host_stalled``), which a fix of the job's cannot remove and a busy machine adds."""
+        return self.step_time - self.host_stalled
+
 
 @dataclass
 class StepBreakdown:
