@@ -155,13 +155,14 @@ def _spans(rt: RankTrace, calls: np.ndarray, lo: np.ndarray) -> iv.Intervals:
     if calls.size == 0:
         return iv.EMPTY
     k = np.searchsorted(lo, rt.cpu_ts[calls], side="right") - 1
-    key = k.astype(np.int64) * (int(rt.cpu_tid.max()) + 1) + rt.cpu_tid[calls]
-    starts = np.full(key.max() + 1, np.inf)
-    stops = np.full(key.max() + 1, -np.inf)
-    np.minimum.at(starts, key, rt.cpu_ts[calls])
-    np.maximum.at(stops, key, (rt.cpu_ts + rt.cpu_dur)[calls])
-    ok = np.isfinite(starts)
-    return iv.merge(starts[ok], stops[ok])
+    # one span per (step, thread): thread ids can be any 64-bit number, so grouped, not indexed
+    _, group = np.unique(np.stack([k, rt.cpu_tid[calls]]), axis=1, return_inverse=True)
+    group = group.ravel()
+    starts = np.full(group.max() + 1, np.inf)
+    stops = np.full(group.max() + 1, -np.inf)
+    np.minimum.at(starts, group, rt.cpu_ts[calls])
+    np.maximum.at(stops, group, (rt.cpu_ts + rt.cpu_dur)[calls])
+    return iv.merge(starts, stops)
 
 
 _BACKWARD_RE = re.compile(r"^autograd::engine::")
