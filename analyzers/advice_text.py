@@ -14,6 +14,7 @@ from gpudiag.analyzers.advice_inputs import (
     job_cpu,
     on_gpu,
 )
+from gpudiag.analyzers.compile_facts import optimizer_loop
 from gpudiag.analyzers.op_flops import MODEL_OPS
 from gpudiag.diagnosis import Bottleneck, Stragglers, TimeBreakdown
 from gpudiag.units import ms, pct_whole
@@ -209,24 +210,26 @@ def syncs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 
 def compile_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    f = a.compile_facts
-    loops = f is not None and (f.loops.loop_calls > 0 or f.loops.passes >= 2 or f.hand_optimizer)
     return (f"{pct_whole(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
             "operators (many tiny ops): fuse them with torch.compile (the model: its forward and "
-            "backward), batch the work into fewer, larger tensor ops"
-            + ("." if loops else ", and vectorise Python loops."))
+            "backward), or batch the work into fewer, larger tensor ops.")
 
 
-def hand_optimizer_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+def optimizer_loop_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     f = a.compile_facts
     assert f is not None
-    lp = f.loops
-    return (f"The optimizer is a Python loop: after the backward, {lp.after_calls:.0f} operator calls "
-            f"a step ({lp.after_inplace:.0f} in-place updates) over {f.params:.0f} parameter tensors, "
-            f"{pct_whole(lp.after_us / f.step_us if f.step_us else 0.0)} of the traced step. "
-            "torch.compile of the model does not reach it: compile the function that updates the "
-            "parameters too (torch.compile on the optimizer's step), so each tensor's update is one "
-            "fused kernel.")
+    loop = optimizer_loop(f)
+    assert loop is not None
+    share = pct_whole(loop.us / f.step_us if f.step_us else 0.0)
+    counts = (f"{loop.calls:.0f} operator calls a step over {loop.params:.0f} parameter tensors, "
+              f"{share} of the traced step")
+    if loop.by_hand:
+        return (f"The optimizer is a Python loop: after the backward, {counts}. torch.compile of the "
+                "model does not reach it: compile the function that updates the parameters too "
+                "(torch.compile on the optimizer's step), so each tensor's update is one fused kernel.")
+    return (f"The optimizer's step updates one tensor at a time ({counts}): compile it "
+            "(torch.compile(optimizer.step), as PyTorch's compiled-optimizer recipe does), so each "
+            "tensor's update is one fused kernel; torch.compile of the model does not reach it.")
 
 
 def vectorise_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:

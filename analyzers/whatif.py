@@ -275,11 +275,15 @@ def contention_removed(b: TimeBreakdown) -> Prediction:
                       "syncs) and the device's work keep their time")
 
 
-def host_gaps_closed(b: TimeBreakdown) -> Prediction:
+def host_gaps_closed(b: TimeBreakdown, other_fix_us: float = 0.0, other_fix: str = "") -> Prediction:
+    """The host gaps closed, but for ``other_fix_us`` of them that ``other_fix`` addresses
+    (a CPU optimizer's per-tensor loop: ``compile-optimizer-step``), which keep their time."""
     gaps, kept = _gaps(b)
-    return Prediction(b.step_time - gaps,
-                      f"host gaps ({ms(gaps)}) closed{kept}; the device's own work and the "
-                      "input wait bound the step; assumes the device's work keeps its time")
+    other_fix_us = min(max(0.0, other_fix_us), gaps)
+    rest = (f"; {other_fix}, keeps its time ({ms(other_fix_us)})" if other_fix_us > 0 else "")
+    return Prediction(b.step_time - gaps + other_fix_us,
+                      f"host gaps ({ms(gaps - other_fix_us)}) closed{kept}{rest}; the device's own "
+                      "work and the input wait bound the step; assumes the device's work keeps its time")
 
 
 def compiled(b: TimeBreakdown, saved_share: float | None) -> Prediction:
@@ -371,9 +375,10 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
 
 
 def compiled_update(view: TimeBreakdown, traced: TimeBreakdown, update_us: float, calls: float,
-                    params: float, rho: float = RHO, graph_calls: float = GRAPH_CALLS) -> Prediction:
-    """A hand-written optimizer's step compiled (``torch.compile`` on the function that updates
-    the parameters): its ``calls`` after the backward, ``update_us`` of the traced step with the
+                    params: float, rho: float = RHO, graph_calls: float = GRAPH_CALLS,
+                    where: str = "after the backward") -> Prediction:
+    """An optimizer's per-tensor step compiled (``torch.compile`` on the function that updates
+    the parameters): its ``calls`` (``where``), ``update_us`` of the traced step with the
     Python between them (brought to the view's pace by the step's ratio, as compile's kept work
     is), become one compiled kernel per parameter tensor (each tensor's update is a chain of
     elementwise operators, fused into one pass) and a graph call, each at the loop's own cost per
@@ -386,7 +391,7 @@ def compiled_update(view: TimeBreakdown, traced: TimeBreakdown, update_us: float
     compiled = per_call * (rho * min(params, calls) + graph_calls)
     return Prediction(
         view.step_time - max(0.0, loop - compiled),
-        f"the {calls:.0f} operator calls after the backward ({ms(loop)} a step at the job's pace, "
+        f"the {calls:.0f} operator calls {where} ({ms(loop)} a step at the job's pace, "
         f"with the Python between them: {us(per_call)} a call) become one compiled kernel for each "
         f"of the {params:.0f} parameter tensors and a graph call; assumes a compiled kernel call "
         f"costs {rho:g}x, and a graph {graph_calls:g}x, an eager call of the loop (on a CPU compile "

@@ -34,6 +34,8 @@ ap.add_argument("--sync-every", type=int, default=0)
 ap.add_argument("--log-loss", action="store_true", help="read the loss back each step (after backward)")
 ap.add_argument("--compile", action="store_true", help="the 'b' steps compiled too")
 ap.add_argument("--hand-adam", action="store_true", help="a hand-written Adam loop, not torch.optim")
+ap.add_argument("--torch-adam", action="store_true",
+                help="torch.optim.Adam one tensor at a time (foreach=False, a CPU's default)")
 ap.add_argument("--phases", default="b1")
 ap.add_argument("--report", required=True)
 args = ap.parse_args()
@@ -98,6 +100,7 @@ def mark_step() -> None:
 
 model = Net()
 opt = (HandAdam(list(model.parameters())) if args.hand_adam
+       else torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False) if args.torch_adam
        else torch.optim.SGD(model.parameters(), lr=1e-3, foreach=False))
 plan = schedule(args.phases, args.steps)
 fns = {"b": torch.compile(model) if args.compile else model}
