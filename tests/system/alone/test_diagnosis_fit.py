@@ -315,7 +315,7 @@ def test_every_recommendation_in_the_catalogue_has_a_job_it_must_not_be_given_to
         # an inference loop has no optimizer, and a single-process job nothing to all-reduce
         (chain, {"fused-optimizer", "overlap-communication", "all-reduce-less-often", "fix-straggler",
                  "dataloader-workers", "cheaper-input", "checkpoint-less-often",
-                 "larger-micro-batches"},
+                 "larger-micro-batches", "compile-optimizer-step"},
          "inference, one rank, no DataLoader, no torch.save, no micro-batches"),
         (gpu["a100-alexnet"], {"fused-optimizer"}, "inference on a GPU"),
         # a CPU job is not told about CUDA graphs, pinned copies, tensor cores, fused attention
