@@ -15,7 +15,10 @@ So this module counts, per traced step: the top-level operator calls compile wou
 calls, plus one per run of other calls between them), the graphs (one per stretch of the
 region between syncs, twice in training: forward and backward), and the time of what stays.
 A Python loop over samples (``step_loops``: a per-sample loss) is not in the region: compiling
-the model does not reach it, so its calls are counted apart and keep their time.
+the model does not reach it, so its calls are counted apart and keep their time; nor are the
+calls after the backward (a hand-written optimizer, a logged loss). An optimizer that updates
+one tensor at a time, by hand or torch.optim's default on a CPU, is ``optimizer_loop``: compiling
+its step is a fix of its own.
 ``whatif.compiled_cpu`` turns them into a prediction. Measured on this project's 2-core AMD EPYC
 (torch 2.13, tiny tensors): a compiled kernel call cost 0.4-0.9x an eager operator call of the
 same model (``docs/diagnosis.md``), so the call count, not the kernels' work, decides.
@@ -201,9 +204,10 @@ def optimizer_loop(f: CompileFacts) -> OptimizerLoop | None:
 def operator_work(rt: RankTrace, calls: np.ndarray) -> float:
     """The work in ``calls`` (event indices): each call's time beyond the fastest call of the
     same operator among them (that one: its dispatch on the smallest tensor, all overhead).
-    Compiled, the calls go, their work stays, fused into one pass a tensor (fewer passes: this
-    errs towards less gain). Blind set 7's AdamW over 512x512 weights: 4.5 of its step's 6.6 ms
-    (traced) was work; counted as calls, compiling the step was predicted 0.65x, measured 0.99x."""
+    Compiled, the calls go and their work stays, fused into one pass a tensor: a share of it
+    (``whatif.compiled_update``, ``FUSED_PASSES``). Blind set 7's AdamW over 512x512 weights: 4.5
+    of its step's 6.6 ms (traced) was work; counted as calls, compiling the step was predicted
+    0.65x, measured 0.99x."""
     if calls.size == 0:
         return 0.0
     name, dur = rt.cpu_name[calls], rt.cpu_dur[calls]
