@@ -124,7 +124,7 @@ def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileF
     idx = idx[np.lexsort((rt.cpu_ts[idx], rt.cpu_tid[idx]))]
     # a loop over samples stays as it is: torch.compile(model) does not reach it; nor the calls
     # after the backward (a hand-written optimizer's loop over the parameters, a metric)
-    loops, in_loop, after = loop_mask(rt, idx, lo)
+    loops, in_loop, after, after_spans = loop_mask(rt, idx, lo)
     outside = in_loop | after
     ends = rt.cpu_ts + rt.cpu_dur
     looped = iv.contains(iv.merge(rt.cpu_ts[idx[outside]], ends[idx[outside]]), rt.cpu_ts)
@@ -134,7 +134,7 @@ def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileF
     runs = _runs(holds_extern | holds_sync | outside, rt.cpu_tid[idx])
     syncs = _forward_syncs(rt, region, sync, lo, hi) / n
     # the calls after the backward keep their time, the Python between them included
-    tail = iv.subtract(_spans(rt, idx[after], lo), cw.waits)
+    tail = iv.subtract(after_spans, cw.waits)
     params = float((acc_mark & inside).sum()) / n / max(loops.passes, 1.0)
     hand = hand_optimizer(loops, params)
     step_mark = _named(rt, _OPT_STEP_RE)
@@ -214,22 +214,6 @@ def operator_work(rt: RankTrace, calls: np.ndarray) -> float:
     fastest = np.full(int(name.max()) + 1, np.inf)
     np.minimum.at(fastest, name, dur)
     return float((dur - fastest[name]).sum())
-
-
-def _spans(rt: RankTrace, calls: np.ndarray, lo: np.ndarray) -> iv.Intervals:
-    """Per step, from the first of ``calls`` (event indices, by thread and time) to the end of
-    its last: the calls and the Python between them."""
-    if calls.size == 0:
-        return iv.EMPTY
-    k = np.searchsorted(lo, rt.cpu_ts[calls], side="right") - 1
-    # one span per (step, thread): thread ids can be any 64-bit number, so grouped, not indexed
-    _, group = np.unique(np.stack([k, rt.cpu_tid[calls]]), axis=1, return_inverse=True)
-    group = group.ravel()
-    starts = np.full(group.max() + 1, np.inf)
-    stops = np.full(group.max() + 1, -np.inf)
-    np.minimum.at(starts, group, rt.cpu_ts[calls])
-    np.maximum.at(stops, group, (rt.cpu_ts + rt.cpu_dur)[calls])
-    return iv.merge(starts, stops)
 
 
 _BACKWARD_RE = re.compile(r"^autograd::engine::")

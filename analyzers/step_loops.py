@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.trace_loader import RankTrace
 
 # A stretch is a loop where its body repeats at least LOOP_MIN_REPS times in a row (a model's
@@ -123,20 +124,22 @@ def _op_of_node(name: str) -> str:
 
 
 def loop_mask(rt: RankTrace, idx: np.ndarray,
-              lo: np.ndarray) -> tuple[LoopFacts, np.ndarray, np.ndarray]:
+              lo: np.ndarray) -> tuple[LoopFacts, np.ndarray, np.ndarray, iv.Intervals]:
     """``idx``: the steps' top-level calls compile would replace, sorted by thread, then time
     (``compile_facts``); ``lo``: the steps' starts. The loops they hold, and per item of
     ``idx`` whether it is in a loop over samples (forward or its backward), and whether it
-    comes after its step's last backward node (outside the model)."""
+    comes after its step's last backward node (outside the model); and those calls' spans, per
+    step and thread from the first's start to the last's end (the Python between them included)."""
     return _scan(rt, idx, lo)
 
 
-def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np.ndarray, np.ndarray]:
+def _scan(rt: RankTrace, idx: np.ndarray,
+          lo: np.ndarray) -> tuple[LoopFacts, np.ndarray, np.ndarray, iv.Intervals]:
     mask = np.zeros(idx.size, dtype=bool)
     after = np.zeros(idx.size, dtype=bool)
     n_steps = max(lo.size, 1)
     if idx.size == 0:
-        return LoopFacts(), mask, after
+        return LoopFacts(), mask, after, iv.EMPTY
     names = rt.names
     step = np.searchsorted(lo, rt.cpu_ts[idx], side="right") - 1
     tid = rt.cpu_tid[idx]
@@ -190,11 +193,13 @@ def _scan(rt: RankTrace, idx: np.ndarray, lo: np.ndarray) -> tuple[LoopFacts, np
                 spans.append((float(rt.cpu_ts[mine[0]]), float(max(ends[k] for k in mine))))
     us = float(sum(hi - lo_ for lo_, hi in spans))
     inplace = sum(_in_place(names[k]) for k in rt.cpu_name[idx[after]].tolist())
-    return LoopFacts(loop_calls=calls / n_steps, loop_us=us / n_steps, loop_iters=iters / n_steps,
-                     passes=float(starts.sum()) / n_steps, body=best_body,
-                     after_calls=float(after.sum()) / n_steps,
-                     after_us=float(sum(hi - lo_ for lo_, hi in after_spans)) / n_steps,
-                     after_inplace=float(inplace) / n_steps), mask, after
+    facts = LoopFacts(loop_calls=calls / n_steps, loop_us=us / n_steps, loop_iters=iters / n_steps,
+                      passes=float(starts.sum()) / n_steps, body=best_body,
+                      after_calls=float(after.sum()) / n_steps,
+                      after_us=float(sum(hi - lo_ for lo_, hi in after_spans)) / n_steps,
+                      after_inplace=float(inplace) / n_steps)
+    tail = iv.merge(np.array([a for a, _ in after_spans]), np.array([b for _, b in after_spans]))
+    return facts, mask, after, tail
 
 
 def _in_place(name: str) -> bool:

@@ -392,7 +392,7 @@ def compiled_update(view: TimeBreakdown, traced: TimeBreakdown, update_us: float
     call. On a CPU compile removes calls, not their work: a fused kernel is taken to cost what an
     eager call of the loop does (``rho``), as ``compiled_cpu`` takes it."""
     if calls <= 0 or params < 1 or traced.step_time <= 0 or update_us <= 0:
-        return Prediction(None, "no hand-written optimizer loop was found after the backward")
+        return Prediction(None, "no optimizer updating one parameter tensor at a time was found")
     k = view.step_time / traced.step_time
     loop = update_us * k
     work = min(max(0.0, work_us) * k, loop)
