@@ -26,7 +26,7 @@ import pytest
 from gpudiag.analyzers.comm_cost import cost
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.rundir import read_steps
-from tests.harness import torchrun
+from tests.harness import torchrun, torchrun_failure, torchrun_ran
 from tests.paths import TESTS
 
 JOBS = TESTS / "jobs"
@@ -55,7 +55,7 @@ def ddp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Diagnosis, dict, Path
            "--steps", "56", "--phases", "b20,a8", "--fix", "no-sync", "--report", str(own)]
     proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", "7",
                            "--", *job], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert torchrun_ran(proc, wrote=own), torchrun_failure(proc)
     return Diagnosis.from_json((run / "diagnosis.json").read_text()), json.loads(own.read_text()), run
 
 

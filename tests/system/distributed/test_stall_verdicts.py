@@ -20,7 +20,7 @@ import pytest
 
 from gpudiag.incident import Incident, read_incident
 from tests.browser import BrowserError, Chromium
-from tests.harness import torchrun
+from tests.harness import torchrun, torchrun_failure, torchrun_ran
 from tests.paths import REPO
 
 ROOT = REPO
@@ -183,7 +183,7 @@ def test_a_pause_that_ends_closes_its_incident_and_a_marked_phase_is_no_stall(tm
            "3s", "--", *torchrun(2), str(JOB), "--mode", "pauses", "--at", "5", "--steps", "16",
            "--pause-s", "6"]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=DEADLINE_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert torchrun_ran(proc, steps=16), torchrun_failure(proc)
     inc = read_incident(run / "incidents" / "1" / "incident.json")
     assert inc.verdict.kind == "idle" and "a pause, not a hang" in inc.resolution, inc.resolution
     assert inc.resolved_at > inc.evidence.detected_at
@@ -200,7 +200,7 @@ def test_a_straggler_rank_with_twice_slower_steps_is_named_with_where_its_time_g
     cmd = [sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", "1000", "--",
            *torchrun(2), str(JOB), "--mode", "straggler", "--rank", "1", "--steps", "30"]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=DEADLINE_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert torchrun_ran(proc, steps=30), torchrun_failure(proc)
     v = read_incident(run / "incidents" / "straggler" / "incident.json").verdict
     assert (v.kind, v.culprits, v.op) == ("straggler", [1], "all_reduce"), v.headline
     # the job arranged rank 1's own work at 2x the others' (an extra sleep as long as their step)
