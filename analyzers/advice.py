@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gpudiag.analyzers import advice_fp32, blocked, whatif
+from gpudiag.analyzers import advice_fp32, blocked, page_faults, whatif
 from gpudiag.analyzers import checkpoint as ckpt
 from gpudiag.analyzers import syncs as host_syncs
 from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the public face
@@ -250,6 +250,12 @@ def _ckpt_predict(a: AdviceInputs) -> whatif.Prediction:
     return whatif.Prediction(after, why, from_us=before)
 
 
+def _faults_predict(a: AdviceInputs) -> whatif.Prediction:
+    assert a.faults is not None
+    before, after, why = page_faults.predicted_step_us(a.faults)
+    return whatif.Prediction(after, why, from_us=before)
+
+
 def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
     return lambda _a: whatif.Prediction(None, why)
 
@@ -358,6 +364,12 @@ CATALOGUE: list[Advice] = [
            lambda a, s: a.saves is not None and a.saves.share >= ckpt.SAVE_NOTABLE,
            lambda a, s: ckpt.text(a.saves),  # type: ignore[arg-type]
            _ckpt_predict,
+           Bottleneck.HOST),
+    # MB-sized temporaries unmapped on free and faulted in again: kernel time inside operators
+    Advice("allocator-keep-memory",
+           lambda a, s: page_faults.notable(a.faults),
+           lambda a, s: page_faults.text(a.faults),  # type: ignore[arg-type]
+           _faults_predict,
            Bottleneck.HOST),
     Advice("fix-straggler", lambda a, s: a.stragglers is not None and bool(a.stragglers.ranks),
            straggler_text, _straggler, None),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from gpudiag.analyzers import whatif
 from gpudiag.analyzers.checkpoint import Saves
 from gpudiag.analyzers.compile_facts import CompileFacts
+from gpudiag.analyzers.page_faults import Faults
 from gpudiag.diagnosis import (
     Bottleneck,
     CollectiveStats,
@@ -62,6 +63,7 @@ class AdviceInputs:
     label: Bottleneck | None = None
     tie_with: Bottleneck | None = None
     saves: Saves | None = None  # periodic torch.save on the training thread (``checkpoint``)
+    faults: Faults | None = None  # pages the allocator faults in again each step (``page_faults``)
 
 
 

@@ -32,6 +32,7 @@ from gpudiag.analyzers.host_cpu import HostCpu, loader_busy
 from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.job_device import fp32_memory_bytes, job_floor, mfu_at_own_pace, pick_device
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
+from gpudiag.analyzers.page_faults import faults
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
 from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
@@ -331,7 +332,8 @@ def _advice_inputs(job: _Job, done: _Analysed, traits: JobTraits, stragglers: St
         compile_facts=CompileFacts.mean([f.compile for f in facts]), traced=done.breakdown,
         ranks=len(job.partials), steps_per_rank=steps_summed // max(len(job.results), 1),
         backward_us=_backward(facts, view.breakdown, done.breakdown),
-        label=done.verdict.label, tie_with=done.verdict.tie_with, saves=saves(job.windows))
+        label=done.verdict.label, tie_with=done.verdict.tie_with, saves=saves(job.windows),
+        faults=faults(job.windows))
 
 
 def _nothing_to_analyse(roof_acc: RooflineAcc, device: DevicePeak | None

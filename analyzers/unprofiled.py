@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from gpudiag.analyzers.page_faults import allocator_moved
 from gpudiag.analyzers.stats import iqr_over_median, mann_whitney_p
 from gpudiag.diagnosis import Deduction, Dilation, TimeBreakdown
 from gpudiag.steps import REFERENCE_STEPS, WindowSteps
@@ -240,10 +241,27 @@ def observer_after_effect(windows: list[WindowSteps], device_kind: str, before_u
     machine outside the job was not busier after the window than before it (host samples;
     unknown counts as not busier).
 
+    The allocator moved, either way: the process faulted pages in at twice the rate or more on
+    one side than the other (``page_faults.allocator_moved``). The profiler's buffers, freed at
+    the export, move glibc's malloc thresholds as one large free does (the job then faults its
+    MB-sized temporaries in every step, or never): tests/jobs/alloc_job.py ran 12-24 ms (mean
+    15.7-17.7) alone and 21.7 ms with 4,480 faults every step after the window on the 2-core
+    AMD EPYC VM; held-out set 8's jobs ran 3-8% faster after it.
+
     Neither: steps beyond the after side faster than both (../shared/runs/h100-resnet18-dl8's
     DataLoader warming up: 21.5 ms before, 25.3 ms after, 13.5 ms from step 28 on, 13.4 ms
     alone): the job's pace itself moved, and no side is known to be the window's."""
-    if before_us is None or after_us is None or after_us <= before_us:
+    if before_us is None or after_us is None:
+        return None
+    moved = allocator_moved(windows)
+    if moved is not None:
+        steps = sorted(r.step for w in windows for r in w.after_rows)
+        return (f"the {len(steps)} untraced steps after the window (steps {_ranges(steps)}) left out "
+                f"of the reference: they ran {after_us / 1e3:.3g} ms against {before_us / 1e3:.3g} ms "
+                f"before it, faulting {moved[1]:,.0f} pages a step against {moved[0]:,.0f}: the "
+                "profiler's buffers, freed, moved glibc's malloc thresholds, and the job's allocations "
+                "with them")
+    if after_us <= before_us:
         return None
     n_after = sum(len(w.after_rows) for w in windows)
     after_steps = sorted(r.step for w in windows for r in w.after_rows)

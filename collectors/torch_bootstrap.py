@@ -78,6 +78,8 @@ class _Bootstrap:
         self.peers = _sibling("thread_waits").PeerWaits()  # the job's other threads' waits
         self.collectives = _collectives().StepCollectives()
         self.comm_threads = _collectives().CommThreads()
+        self.faults = _sibling("page_faults").StepFaults()  # page faults and kernel time per step
+        self.fault_us: float | None = None  # what one fault costs here (measured once)
         self.buffer: list[dict[str, Any]] = []
         self.backend: str | None = None  # default process group backend, once known
         self.fr_last_record = -1  # flight recorder entries already accounted for
@@ -118,6 +120,7 @@ class _Bootstrap:
         if comm_cpu is not None:
             row["comm_cpu_s"] = comm_cpu
         row["t0"] = time.time() - row["dt"]
+        row.update(self.faults.on_step())
         if self.save_s > 0:
             row["save_s"], self.save_s = round(self.save_s, 6), 0.0
         if self.input[0] > 0:
@@ -227,7 +230,18 @@ class _Bootstrap:
             self.cupti, bool(torch.cuda.is_available()))
         self.prof = None
         _sibling("torch_syncs").write(self)
+        self._measure_fault_cost()
         self.write_meta()
+
+    def _measure_fault_cost(self) -> None:
+        """Once, in the step that exports the first trace (no pace is read from it) or at exit:
+        what a page fault costs this process, which the allocator advice turns faults into time
+        with (``analyzers.page_faults``)."""
+        if self.fault_us is None:
+            try:
+                self.fault_us = _sibling("page_faults").fault_cost_us()
+            except Exception as e:  # noqa: BLE001 - never break the job
+                self.note(f"the page fault cost was not measured: {type(e).__name__}: {e}")
 
     def _end_window(self) -> None:
         """After a window: done for good, or (re-trace interval set) wait and open another."""
@@ -256,6 +270,7 @@ class _Bootstrap:
                         self._write_trace(prof)
         except Exception as e:  # noqa: BLE001
             self.note(f"profiler stop failed: {type(e).__name__}: {e}")
+        self._measure_fault_cost()
         self.flush()
         self.write_meta()
 
@@ -275,7 +290,7 @@ class _Bootstrap:
                 "windows": self.windows[-20:], "retrace_s": self.retrace_s,
                 "cupti_teardown": self.cupti, "thread_waits": self.peers.meta(),
                 # what the DataLoader advice weighs a wait's CPU use against (analyzers.host_cpu)
-                "cpus": _cpus(), "intra_op_threads": _threads(torch)}
+                "cpus": _cpus(), "intra_op_threads": _threads(torch), "fault_us": self.fault_us}
         path = self.run_dir / "samples" / f"bootstrap-rank-{self.rank}.json"
         try:
             tmp = path.with_suffix(".partial")

@@ -238,6 +238,9 @@ class BootstrapMeta:
     cupti_teardown: dict[str, Any] = field(default_factory=dict)  # the last window's (torch_cupti)
     # what reading the other threads' waits cost the job (collectors.thread_waits.PeerWaits.meta)
     thread_waits: dict[str, Any] = field(default_factory=dict)
+    # microseconds one minor page fault cost the process (``collectors.page_faults``); None: not
+    # measured (runs from before it was)
+    fault_us: float | None = None
 
 
 def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:
@@ -306,6 +309,11 @@ class StepRow:
     input_wait_s: float | None = None
     # seconds the training process's main thread spent in torch.save over the step (0: none)
     save_s: float = 0.0
+    # the whole process over the step (``collectors.page_faults``): minor page faults, seconds
+    # in the kernel, seconds on a core (all threads); None: not recorded
+    minflt: int | None = None
+    sys_s: float | None = None
+    cpu_s: float | None = None
 
     @property
     def input_blocked_s(self) -> float | None:
@@ -343,7 +351,7 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
                                 comm_cpu_s=float(comm_cpu) if _num(comm_cpu) and comm_cpu >= 0 else None,
                                 peer_wait_s=float(peer) if _num(peer) and peer >= 0 else None,
                                 save_s=_save_s(r.get("save_s")),
-                                **_input_times(r)))
+                                **_input_times(r), **_usage(r)))
             over = r.get("peer_steps")
             if rows[-1].peer_wait_s is not None and isinstance(over, int) and over > 1:
                 _spread_peer_wait(rows, over)
@@ -357,7 +365,15 @@ def _save_s(v: object) -> float:
     return float(v) if _num(v) and v > 0 else 0.0
 
 
-def _input_times(r: dict[str, Any]) -> dict[str, float]:
+def _usage(r: dict[str, Any]) -> dict[str, Any]:
+    """The process's faults and CPU times over the step, where all three are recorded and sane."""
+    f, sys_s, cpu_s = r.get("minflt"), r.get("sys_s"), r.get("cpu_s")
+    if isinstance(f, int) and f >= 0 and _num(sys_s) and sys_s >= 0 and _num(cpu_s) and cpu_s >= 0:
+        return {"minflt": f, "sys_s": float(sys_s), "cpu_s": float(cpu_s)}
+    return {}
+
+
+def _input_times(r: dict[str, Any]) -> dict[str, Any]:
     """The loader-wait fields of a step row, each a non-negative number or left out."""
     out = {}
     for k in ("input_s", "input_run_s", "input_wait_s"):

@@ -80,6 +80,9 @@ class WindowSteps:
     # the untraced steps beyond ``after_rows`` up to the next window or the end: whether a pace
     # change after the window lasted (an observer's after-effect does) or passed
     later_rows: list[StepRow] = field(default_factory=list)
+    # microseconds one page fault cost the rank's process (``BootstrapMeta.fault_us``, as the
+    # job's file said it: read with care); None: not measured
+    fault_us: object = None
 
     @property
     def traced(self) -> list[float]:
@@ -137,7 +140,7 @@ def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS,
         out.append(WindowSteps(rank, [rows[i] for i in range(first, last + 1)
                                       if rows[i].profiler == PROFILER_TRACED], before[::-1], after,
                                _cupti_attached(meta), _outside(host, before), _outside(host, after),
-                               later))
+                               later, meta.fault_us if meta is not None else None))
     return out
 
 

@@ -92,8 +92,8 @@ def test_the_checks_see_an_import_inside_a_function(tmp_path):
 # -- docs/layout.md's table, read as the rule ----------------------------------------------------
 LAYOUT = REPO / "docs" / "layout.md"
 # run inside the job by file, without gpudiag installed (docs/layout.md): standard library and torch
-JOB_SIDE = ("torch_bootstrap", "thread_waits", "torch_cupti", "torch_syncs", "torch_collectives",
-            "stall_watch", "blackbox", "bootstrap.sitecustomize")
+JOB_SIDE = ("torch_bootstrap", "thread_waits", "page_faults", "torch_cupti", "torch_syncs",
+            "torch_collectives", "stall_watch", "blackbox", "bootstrap.sitecustomize")
 
 
 def _table_rows(text: str, first_header: str) -> list[list[str]]:

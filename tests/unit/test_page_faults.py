@@ -1,0 +1,83 @@
+"""Pages the allocator faults in again every step, as rules of ``analyzers.page_faults`` (held-out
+set 8: two jobs 22.4 and 14.4 ms by default, 13.7 and 7.7 ms with glibc's thresholds set high,
+and gpudiag named neither). The same on a real job: ``tests/system/jobs/test_allocator.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpudiag.analyzers import page_faults as pf
+from gpudiag.analyzers.unprofiled import observer_after_effect
+from gpudiag.rundir import StepRow
+from gpudiag.steps import WindowSteps
+
+
+def rows(steps: range, dt: float, faults: int, sys_s: float, cpu_s: float | None = None) -> list[StepRow]:
+    return [StepRow(step=s, t=float(s), dt=dt, minflt=faults, sys_s=sys_s,
+                    cpu_s=dt if cpu_s is None else cpu_s) for s in steps]
+
+
+def window(before: list[StepRow], after: list[StepRow], fault_us: object = 3.5,
+           later: list[StepRow] | None = None) -> WindowSteps:
+    return WindowSteps(rank=0, traced_rows=[], before_rows=before, after_rows=after,
+                       later_rows=later or [], fault_us=fault_us)
+
+
+def test_faults_cost_the_lower_of_the_probe_and_the_runs_kernel_time_per_fault_on_the_mean_step():
+    """4,000 faults a step and 8 ms of kernel time a step (2 us a fault) against a probe that read
+    3.5 us: the run's own figure is the cost, and the prediction removes 8 ms of a 20 ms step."""
+    w = window(rows(range(5, 11), 0.020, 4000, 0.008), rows(range(16, 26), 0.020, 4000, 0.008))
+    f = pf.faults([w])
+    assert f is not None and f.side == "before"
+    assert f.fault_us == pytest.approx(2.0) and f.kernel_us == pytest.approx(8000)
+    assert pf.notable(f) and f.share == pytest.approx(0.4)
+    before, after, why = pf.predicted_step_us(f)
+    assert (before, after) == (pytest.approx(20e3), pytest.approx(12e3))
+    assert "4,000 faults a step at 2 us" in why and "probe's 3.5 us" in why
+    assert "MALLOC_MMAP_THRESHOLD_=268435456" in pf.text(f)
+
+
+def test_the_kernel_time_is_read_over_the_whole_run_because_one_steps_split_is_by_clock_ticks():
+    """The kernel splits a thread's time into user and system by 4 ms ticks: the same 4,480
+    faults read 0, 4.3 or 7.7 ms of kernel time step by step (tests/jobs/alloc_job.py). A side
+    whose few steps all read 0 still gets the run's cost per fault."""
+    before = rows(range(5, 11), 0.020, 4000, 0.0)
+    after = [*rows(range(16, 21), 0.020, 4000, 0.0), *rows(range(21, 26), 0.020, 4000, 0.016)]
+    f = pf.faults([window(before, after)])
+    assert f is not None and f.run_us == pytest.approx(0.016 * 5 / (4000 * 16) * 1e6)
+    assert f.kernel_us == pytest.approx(4000 * f.run_us)
+
+
+def test_faults_on_intra_op_threads_overlap_so_the_saving_is_over_the_cores_the_step_used():
+    f = pf.faults([window(rows(range(5, 11), 0.020, 4000, 0.008, cpu_s=0.040), [])])
+    assert f is not None and f.parallel == pytest.approx(2.0)
+    assert f.saving_us == pytest.approx(4000)
+
+
+def test_a_job_that_faults_little_or_whose_cost_was_not_measured_is_not_told_about_its_allocator():
+    few = pf.faults([window(rows(range(5, 11), 0.020, 40, 0.0), [])])
+    assert few is not None and not pf.notable(few)
+    many = rows(range(5, 11), 0.020, 4000, 0.008)
+    for hostile in (None, "3.5", True, -1.0, float("nan"), 1e9):
+        assert pf.faults([window(many, [], fault_us=hostile)]) is None, hostile
+    unrecorded = [StepRow(step=s, t=float(s), dt=0.02) for s in range(5, 11)]
+    assert pf.faults([window(unrecorded, [])]) is None
+
+
+def test_steps_after_the_window_that_fault_at_another_rate_are_left_out_of_the_pace_either_way():
+    """The profiler's buffers, freed at the export, move glibc's thresholds: alloc_job ran 21.7 ms
+    with 4,480 faults every step after the window against 12-24 ms alone; held-out set 8's jobs ran
+    faster after it. Either way the after side is not the job's pace."""
+    quiet = rows(range(5, 11), 0.014, 950, 0.0015)
+    busy = rows(range(16, 26), 0.022, 4480, 0.008)
+    for before, after in ((quiet, busy), (busy, quiet)):
+        w = window(before, after)
+        assert pf.allocator_moved([w]) is not None
+        b = 1e6 * before[0].dt
+        a = 1e6 * after[0].dt
+        said = observer_after_effect([w], "cpu", b, a)
+        assert said is not None and "moved glibc's malloc thresholds" in said, said
+    # the same rate on both sides: no move; a few hundred faults either way: noise
+    assert pf.allocator_moved([window(busy, rows(range(16, 26), 0.022, 4000, 0.008))]) is None
+    assert pf.allocator_moved([window(rows(range(5, 11), 0.01, 10, 0.0),
+                                      rows(range(16, 26), 0.01, 200, 0.0))]) is None
