@@ -35,6 +35,8 @@ from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_m
 from gpudiag.analyzers.page_faults import faults
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
+from gpudiag.analyzers.step_tail import tail
+from gpudiag.analyzers.step_tail import text as tail_text
 from gpudiag.analyzers.step_view import PROFILED, StepView, choose_view, traced_noise, verdicts
 from gpudiag.analyzers.stragglers import find_stragglers, rank_spreads
 from gpudiag.analyzers.syncs import TraceSyncs, mean_trace_syncs, sync_report
@@ -352,6 +354,10 @@ def _closing_warnings(job: _Job, roof_acc: RooflineAcc, device: DevicePeak | Non
     """What the reader must know of the numbers: roofs outrun, a split from kernel names, a host
     wait not split, a busy machine's stalls, a measured peak raised."""
     warnings = roof_violations(roof_acc, device)
+    saved = saves(job.windows)
+    long_steps = tail(job.windows, saved.per_step_us if saved is not None else 0.0)
+    if long_steps is not None:
+        warnings.append(tail_text(long_steps))
     if roofline.method == "kernel-names" and job.has_gpu:
         if job.shapes:
             warnings.append("most GPU time could not be attributed to operators with recorded "

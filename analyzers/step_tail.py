@@ -1,0 +1,83 @@
+"""Long steps the median leaves out: one step in N that holds work the others do not.
+
+The verdict's view starts from the median untraced step, which is the right pace for a loop
+whose steps are alike, and hides a stretch of work that lands in one step in N: a file written
+and fsynced every few optimizer steps, an eval, a log flush. Blind set 9 (2026-11-29): a job
+whose own step was 5 optimizer steps and a 4 MB write + fsync + read read 0.472 ms a step
+against 9.8 ms by its own timer, "CPU idle 100%", and nothing said the intervals were uneven.
+Periodic ``torch.save`` has its own fix (``checkpoint``); what remains is said here, with where
+the long steps' extra time went (on a core, in the kernel, or off a core).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from gpudiag.rundir import StepRow
+from gpudiag.steps import WindowSteps
+
+# The mean step this much above the median: the tail is the job's, not the timer's noise
+# (1-4%) nor a machine that got busy for a moment (which moves the median too).
+TAIL_RATIO = 1.25
+# A step is long when it runs this many times the median.
+LONG = 2.0
+MIN_ROWS = 8
+
+
+@dataclass(frozen=True)
+class Tail:
+    median_us: float
+    mean_us: float
+    long_steps: int
+    steps: int
+    extra_us: float  # the long steps' mean time beyond the median
+    cpu_extra_us: float | None  # ...of it on a core (all threads); None: not recorded
+    sys_extra_us: float | None  # ...of that in the kernel
+
+    @property
+    def every(self) -> float:
+        return self.steps / self.long_steps
+
+
+def tail(windows: list[WindowSteps] | None, saved_us_per_step: float = 0.0) -> Tail | None:
+    """The lowest rank's long steps, where they lift the mean step ``TAIL_RATIO`` above the
+    median beyond what its timed saves explain (``saved_us_per_step``); else None."""
+    if not windows:
+        return None
+    w = min(windows, key=lambda x: x.rank)
+    rows = [*w.before_rows, *w.after_rows, *w.later_rows]
+    if len(rows) < MIN_ROWS:
+        return None
+    dts = [r.dt + r.machine_s for r in rows]
+    med, mean = statistics.median(dts), statistics.fmean(dts)
+    if med <= 0 or (mean * 1e6 - saved_us_per_step) < TAIL_RATIO * med * 1e6:
+        return None
+    long = [r for r, d in zip(rows, dts, strict=True) if d >= LONG * med]
+    if not long:
+        return None
+    short = [r for r, d in zip(rows, dts, strict=True) if d < LONG * med]
+    return Tail(median_us=med * 1e6, mean_us=mean * 1e6, long_steps=len(long), steps=len(rows),
+                extra_us=(statistics.fmean(r.dt + r.machine_s for r in long) - med) * 1e6,
+                cpu_extra_us=_extra(long, short, "cpu_s"), sys_extra_us=_extra(long, short, "sys_s"))
+
+
+def _extra(long: list[StepRow], short: list[StepRow], field: str) -> float | None:
+    a = [getattr(r, field) for r in long]
+    b = [getattr(r, field) for r in short]
+    if not b or any(x is None for x in a + b):
+        return None
+    return max(0.0, statistics.fmean(a) - statistics.fmean(b)) * 1e6
+
+
+def text(t: Tail) -> str:
+    where = ""
+    if t.cpu_extra_us is not None and t.sys_extra_us is not None:
+        off = max(0.0, t.extra_us - t.cpu_extra_us)
+        where = (f" ({t.cpu_extra_us / 1e3:.3g} ms of it on a core, {t.sys_extra_us / 1e3:.3g} ms of that in "
+                 f"the kernel; {off / 1e3:.3g} ms off a core: storage, a sleep or a lock)")
+    return (f"one untraced step in about {t.every:.2g} ran {t.extra_us / 1e3:.3g} ms longer than the median "
+            f"step{where}: the mean step is {t.mean_us / 1e3:.3g} ms against the median's "
+            f"{t.median_us / 1e3:.3g} ms, which the verdict starts from and which leaves that work out. "
+            "Where the job's own step is several optimizer steps (a loop that writes, logs or evaluates "
+            "every few), call gpudiag.step() once per step of yours")
