@@ -34,6 +34,10 @@ class Tail:
     extra_us: float  # the long steps' mean time beyond the median
     cpu_extra_us: float | None  # ...of it on a core (all threads); None: not recorded
     sys_extra_us: float | None  # ...of that in the kernel
+    # whether the long steps come at a fixed period (every gap between them within one step of
+    # the median gap, on each side of the window): the shape of a job's own step that holds
+    # several optimizer steps, as against a loader's hiccups now and then
+    periodic: bool = False
 
     @property
     def every(self) -> float:
@@ -59,7 +63,19 @@ def tail(windows: list[WindowSteps] | None, saved_us_per_step: float = 0.0) -> T
     short = [r for r, d in zip(rows, dts, strict=True) if d < LONG * med]
     return Tail(median_us=med * 1e6, mean_us=mean * 1e6, long_steps=len(long), steps=len(rows),
                 extra_us=(statistics.fmean(r.dt + r.machine_s for r in long) - med) * 1e6,
-                cpu_extra_us=_extra(long, short, "cpu_s"), sys_extra_us=_extra(long, short, "sys_s"))
+                cpu_extra_us=_extra(long, short, "cpu_s"), sys_extra_us=_extra(long, short, "sys_s"),
+                periodic=_periodic([[r.step for r in side if r.dt + r.machine_s >= LONG * med]
+                                    for side in (w.before_rows, [*w.after_rows, *w.later_rows])]))
+
+
+def _periodic(sides: list[list[int]]) -> bool:
+    """Whether the long steps' numbers, side by side (no gap spans the window), come at one
+    period: at least two gaps, each within one step of their median."""
+    gaps = [b - a for side in sides for a, b in zip(side, side[1:], strict=False)]
+    if len(gaps) < 2:
+        return False
+    mid = statistics.median(gaps)
+    return mid > 1 and all(abs(g - mid) <= 1 for g in gaps)
 
 
 def _extra(long: list[StepRow], short: list[StepRow], field: str) -> float | None:
@@ -76,8 +92,10 @@ def text(t: Tail) -> str:
         off = max(0.0, t.extra_us - t.cpu_extra_us)
         where = (f" ({t.cpu_extra_us / 1e3:.3g} ms of it on a core, {t.sys_extra_us / 1e3:.3g} ms of that in "
                  f"the kernel; {off / 1e3:.3g} ms off a core: storage, a sleep or a lock)")
-    return (f"one untraced step in about {t.every:.2g} ran {t.extra_us / 1e3:.3g} ms longer than the median "
+    said = (f"one untraced step in about {t.every:.2g} ran {t.extra_us / 1e3:.3g} ms longer than the median "
             f"step{where}: the mean step is {t.mean_us / 1e3:.3g} ms against the median's "
-            f"{t.median_us / 1e3:.3g} ms, which the verdict starts from and which leaves that work out. "
-            "Where the job's own step is several optimizer steps (a loop that writes, logs or evaluates "
-            "every few), call gpudiag.step() once per step of yours")
+            f"{t.median_us / 1e3:.3g} ms, which the verdict starts from and which leaves that work out")
+    if not t.periodic:
+        return said + " (now and then, at no fixed period)"
+    return (said + ". They come at a fixed period: where the job's own step is several optimizer steps "
+            "(a loop that writes, logs or evaluates every few), call gpudiag.step() once per step of yours")
