@@ -28,7 +28,7 @@ What removing them saves depends on the device, and the report says which it ass
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from gpudiag.analyzers import intervals as iv
 from gpudiag.analyzers.breakdown import step_windows
 from gpudiag.analyzers.trace_columns import RankTrace
 from gpudiag.analyzers.whatif import busy_share_step
-from gpudiag.census import CensusSite, SyncCensus
+from gpudiag.census import OPTIM_MARK, CensusSite, SyncCensus
 from gpudiag.diagnosis import SyncReport, SyncSite, TimeBreakdown, TopItem
 from gpudiag.units import ms
 
@@ -159,6 +159,12 @@ def sync_report(census: SyncCensus | None, trace: TraceSyncs | None, device_kind
     trace_n = trace.per_step if trace is not None else None
     feeding_top: list[TopItem] = []
     if usable is not None:
+        usable, optim = _without_optims(usable)
+        if optim:
+            notes.append(f"{optim} sync calls a step are torch.optim's own (its step reads each "
+                         "parameter's step counter back with .item() on a CPU): not the job's to "
+                         "remove, and not counted here (compile-optimizer-step takes them with the loop)")
+    if usable is not None:
         # a GPU's sync waits for the device (wall time); a CPU's is host work, its CPU time (a
         # busy machine's preemption inside a call is not the call's cost)
         wall = device_kind == "gpu"
@@ -202,6 +208,12 @@ def sync_report(census: SyncCensus | None, trace: TraceSyncs | None, device_kind
                       step_us=step, assumption=assumption,
                       census_step=usable.step if usable is not None else None, notes=notes,
                       feeding_top=feeding_top, own_step_us=step - view.host_stalled, after_us=after)
+
+
+def _without_optims(c: SyncCensus) -> tuple[SyncCensus, int]:
+    """The census less the sites torch.optim's step made (``OPTIM_MARK``), and their calls."""
+    own = [s for s in c.sites if not s.function.endswith(OPTIM_MARK)]
+    return replace(c, sites=own), sum(s.calls for s in c.sites) - sum(s.calls for s in own)
 
 
 def _gpu_saving(trace: TraceSyncs | None, view: TimeBreakdown, traced: TimeBreakdown

@@ -52,6 +52,9 @@ class SyncCensus:
     note: str | None = None
 
 
+# the end of a site's function where the sync was torch.optim's own (``collectors.torch_syncs``
+# writes it): counted, shown, never the job's to remove
+OPTIM_MARK = " in torch.optim"
 MAX_CENSUS_SITES = 1000  # sites read from one file (the bootstrap keeps at most 200)
 
 

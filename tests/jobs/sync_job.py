@@ -6,9 +6,10 @@ boolean-mask index, a nonfinite check inside ``clip_grad_norm_`` (a sync in torc
 from the marked line) and the loss's ``.item()``: the census must find each, at its line, as
 often as it runs. The batches come from a DataLoader whose dataset calls ``.tolist()`` making
 each sample: input work, not a sync of the step (marked ``# not a sync``). ``--syncs 0`` leaves
-the syncs out (the fix applied).
+the syncs out (the fix applied). ``--adam``: torch.optim.Adam, whose step reads each parameter's
+step counter back with ``.item()`` on a CPU: torch.optim's syncs, none of the job's.
 
-    python sync_job.py --steps 40 [--syncs 0]
+    python sync_job.py --steps 40 [--syncs 0] [--adam]
 """
 
 import argparse
@@ -18,6 +19,7 @@ import torch
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=40)
 ap.add_argument("--syncs", type=int, default=1)
+ap.add_argument("--adam", action="store_true")
 args = ap.parse_args()
 
 
@@ -34,7 +36,7 @@ class Samples(torch.utils.data.Dataset):
 torch.manual_seed(0)
 torch.set_num_threads(1)
 layers = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(3))
-opt = torch.optim.SGD(layers.parameters(), lr=1e-3)
+opt = (torch.optim.Adam if args.adam else torch.optim.SGD)(layers.parameters(), lr=1e-3)
 seen = []
 for x, y in torch.utils.data.DataLoader(Samples(), batch_size=16):
     opt.zero_grad(set_to_none=True)

@@ -14,6 +14,7 @@ from gpudiag.analyzers.breakdown import sum_breakdowns
 from gpudiag.analyzers.diagnose import analyze_rank
 from gpudiag.analyzers.syncs import DEVICE_WAITS, sync_report, trace_syncs
 from gpudiag.analyzers.trace_loader import load_rank
+from gpudiag.census import OPTIM_MARK
 from gpudiag.diagnosis import Diagnosis
 from gpudiag.reports.html import render_report
 from gpudiag.rundir import read_steps, read_syncs
@@ -121,6 +122,21 @@ def test_the_same_job_without_its_syncs_has_none_and_no_such_advice(tmp_path):
     d = Diagnosis.from_json((tmp_path / "run" / "diagnosis.json").read_text())
     assert d.syncs is not None and d.syncs.per_step == 0 and d.syncs.trace_per_step == 0
     assert d.syncs.saving_us == 0
+    assert "remove-host-syncs" not in {r.action for r in d.verdict.recommendations}
+
+
+def test_torch_optims_own_item_calls_are_counted_apart_and_never_advised_away(tmp_path):
+    """Adam's step on a CPU reads each parameter's step counter with ``.item()``: blind set 10
+    was told to remove 162 such calls at its ``opt.step()`` line, which had none to remove."""
+    run = tmp_path / "run"
+    p = _profile(run, "--syncs", "0", "--adam")
+    assert p.returncode == 0, p.stderr
+    (census,) = read_syncs(run).values()
+    optim = [s for s in census.sites if s.function.endswith(OPTIM_MARK)]
+    assert sum(s.calls for s in optim) == 6, census.sites   # 3 layers: 6 tensors, one read each
+    d = Diagnosis.from_json((run / "diagnosis.json").read_text())
+    assert d.syncs is not None and d.syncs.per_step == 0 and d.syncs.saving_us == 0
+    assert any("6 sync calls a step are torch.optim's own" in n for n in d.syncs.notes), d.syncs.notes
     assert "remove-host-syncs" not in {r.action for r in d.verdict.recommendations}
 
 
