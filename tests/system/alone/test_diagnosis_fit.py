@@ -28,6 +28,7 @@ from gpudiag.analyzers.breakdown import stalls
 from gpudiag.analyzers.classify import HOST_NOTABLE
 from gpudiag.analyzers.classify import shares as view_shares
 from gpudiag.analyzers.trace_loader import load_rank
+from gpudiag.analyzers.unprofiled import LOAD_CHANGE_MAX
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.pace import at_own_pace
 from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps
@@ -139,6 +140,15 @@ def test_a_window_the_machine_slowed_keeps_the_gaps_torch_compile_would_remove(t
                         "--compete-kind", "slices", opts=("--skip", "60"))
     times = own["step_seconds"]
     assert statistics.median(times[61:66]) > 1.5 * statistics.median(times[45:60]), "nothing slowed it"
+    # the premise: the steps around the window give no sign of the slow-down. A CI clone's solo
+    # lane ran the steps after it 20% slower than those before (56 against 46.7 ms, no page fault
+    # on either side), and 1 of 4 runs on the quiet VM 15.5% (49.7 against 57.4 ms by the job's
+    # own timer): the job's pace moved, and gpudiag rightly fell back to the profiled steps.
+    # Judged by the job's own timer, on the untraced steps on either side
+    before, after = statistics.median(times[45:60]), statistics.median(times[68:83])
+    if max(before, after) / min(before, after) - 1 > LOAD_CHANGE_MAX:
+        pytest.skip(f"the job's pace moved across the window: its own steps ran "
+                    f"{before * 1e3:.3g} ms before it and {after * 1e3:.3g} ms after it")
     assert d.basis == "unprofiled-estimate", d.dilation.caveats
     # the window's slow-down is found: as the machine's part of its steps where other processes
     # held the cores (the job's own pace, issue 38: on a busy machine most of it), else through
@@ -315,8 +325,8 @@ def test_every_recommendation_in_the_catalogue_has_a_job_it_must_not_be_given_to
         # an inference loop has no optimizer, and a single-process job nothing to all-reduce
         (chain, {"fused-optimizer", "overlap-communication", "all-reduce-less-often", "fix-straggler",
                  "dataloader-workers", "cheaper-input", "checkpoint-less-often",
-                 "larger-micro-batches", "compile-optimizer-step"},
-         "inference, one rank, no DataLoader, no torch.save, no micro-batches"),
+                 "larger-micro-batches", "compile-optimizer-step", "allocator-keep-memory"},
+         "inference, one rank, no DataLoader, no torch.save, no micro-batches, no MB-sized temporaries"),
         (gpu["a100-alexnet"], {"fused-optimizer"}, "inference on a GPU"),
         # a CPU job is not told about CUDA graphs, pinned copies, tensor cores, fused attention
         (chain, {"cuda-graphs-or-compile", "cuda-graphs", "remove-host-syncs", "pinned-async-copies",
