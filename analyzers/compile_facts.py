@@ -143,7 +143,9 @@ def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileF
     return CompileFacts(
         calls=float(region.sum() - outside.sum()) / n,
         kernels=(float(extern.sum()) + float((holds_sync & ~outside).sum()) + runs) / n,
-        graphs=(1.0 + syncs) * (2.0 if training else 1.0) * max(loops.passes, 1.0), extern_us=float(cw.dur[extern].sum()) / n,
+        # a forward and a backward graph per pass: micro-batches call the compiled model each
+        graphs=(1.0 + syncs) * (2.0 if training else 1.0) * max(loops.passes, 1.0),
+        extern_us=float(cw.dur[extern].sum()) / n,
         kept_us=float(iv.measure_in(iv.union(kept_work, tail), lo, hi).sum()) / n,
         kept_calls=float((top & in_kept).sum() + after.sum()) / n, syncs=syncs,
         step_us=float((hi - lo).sum()) / n,
