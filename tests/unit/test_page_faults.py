@@ -29,7 +29,7 @@ def test_faults_cost_the_lower_of_the_probe_and_the_runs_kernel_time_per_fault_o
     3.5 us: the run's own figure is the cost, and the prediction removes 8 ms of a 20 ms step."""
     w = window(rows(range(5, 11), 0.020, 4000, 0.008), rows(range(16, 26), 0.020, 4000, 0.008))
     f = pf.faults([w])
-    assert f is not None and f.steps == 16
+    assert f is not None and f.steps == 15   # the first step after the window left out
     assert f.fault_us == pytest.approx(2.0) and f.kernel_us == pytest.approx(8000)
     assert pf.notable(f) and f.share == pytest.approx(0.4)
     before, after, why = pf.predicted_step_us(f)
@@ -45,7 +45,7 @@ def test_the_kernel_time_is_read_over_the_whole_run_because_one_steps_split_is_b
     before = rows(range(5, 11), 0.020, 4000, 0.0)
     after = [*rows(range(16, 21), 0.020, 4000, 0.0), *rows(range(21, 26), 0.020, 4000, 0.016)]
     f = pf.faults([window(before, after)])
-    assert f is not None and f.run_us == pytest.approx(0.016 * 5 / (4000 * 16) * 1e6)
+    assert f is not None and f.run_us == pytest.approx(0.016 * 5 / (4000 * 15) * 1e6)
     assert f.kernel_us == pytest.approx(4000 * f.run_us)
 
 
@@ -125,3 +125,20 @@ def test_one_long_step_in_five_is_said_with_where_its_time_went_and_alike_steps_
     assert step_tail.tail([alike]) is None
     # a periodic torch.save explains its own tail: the checkpoint advice names it
     assert step_tail.tail([w], saved_us_per_step=t.mean_us) is None
+
+
+def test_the_first_step_after_the_window_faulting_the_heap_back_in_is_no_allocator_to_fix():
+    """alloc_job with glibc's thresholds already set: no fault a step before the window or
+    after, 9,217 in the first step after it (the heap where the profiler's buffers were); its
+    4% of the mean step named the fix already applied (a CI clone run)."""
+    after = rows(range(18, 28), 0.0375, 0, 0.0)
+    after[0] = StepRow(step=18, t=18.0, dt=0.056, minflt=9217, sys_s=0.0197, cpu_s=0.056)
+    f = pf.faults([window(rows(range(5, 11), 0.0375, 0, 0.0), after, fault_us=3.7)])
+    assert f is not None and f.faults == 0 and not pf.notable(f)
+    assert pf.allocator_moved([window(rows(range(5, 11), 0.0375, 0, 0.0), after)]) is None
+
+    # a heap grown once, in any untraced step: the one step that faulted more than twice any other
+    before = rows(range(5, 11), 0.0375, 0, 0.0)
+    before[1] = StepRow(step=6, t=6.0, dt=0.0587, minflt=9168, sys_s=0.02, cpu_s=0.0587)
+    g = pf.faults([window(before, rows(range(18, 28), 0.0375, 0, 0.0), fault_us=3.7)])
+    assert g is not None and g.faults == 0 and not pf.notable(g)

@@ -237,7 +237,10 @@ def test_an_input_bound_cpu_job_under_monitor_stays_input_bound(tmp_path):
     # of the job's own step: less what other processes took of it (issue 38), as the verdict reads
     assert view.input_wait / (view.step_time - view.host_stalled) >= INPUT_HIGH, why
     if d.unprofiled is not None:  # the profiler's cost came out of the ops and gaps, not the wait
-        assert d.unprofiled.input_wait == pytest.approx(d.breakdown.input_wait, rel=1e-6), why
+        # ...up to the untraced step's room for it: a CI clone's untraced steps ran 67.9 ms against
+        # a traced wait of 68.9 ms (the job is all wait), and the wait is then the step's idle time
+        kept = min(d.breakdown.input_wait, d.unprofiled.idle)
+        assert d.unprofiled.input_wait == pytest.approx(kept, rel=1e-6), why
 
 
 
