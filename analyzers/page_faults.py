@@ -82,10 +82,6 @@ class Faults:
         return faults * self.fault_us / self.parallel
 
     @property
-    def kernel_us(self) -> float:
-        return self.faults * self.fault_us
-
-    @property
     def saving_us(self) -> float:
         return min(self.cost_us(self.faults), self.step_us)
 

@@ -61,10 +61,11 @@ def tail(windows: list[WindowSteps] | None, saved_us_per_step: float = 0.0) -> T
     if not long:
         return None
     short = [r for r, d in zip(rows, dts, strict=True) if d < LONG * med]
+    at = {r.step for r in long}
     return Tail(median_us=med * 1e6, mean_us=mean * 1e6, long_steps=len(long), steps=len(rows),
                 extra_us=(statistics.fmean(r.dt + r.machine_s for r in long) - med) * 1e6,
                 cpu_extra_us=_extra(long, short, "cpu_s"), sys_extra_us=_extra(long, short, "sys_s"),
-                periodic=_periodic([[r.step for r in side if r.dt + r.machine_s >= LONG * med]
+                periodic=_periodic([[r.step for r in side if r.step in at]
                                     for side in (w.before_rows, [*w.after_rows, *w.later_rows])]))
 
 

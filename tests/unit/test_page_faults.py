@@ -30,7 +30,7 @@ def test_faults_cost_the_lower_of_the_probe_and_the_runs_kernel_time_per_fault_o
     w = window(rows(range(5, 11), 0.020, 4000, 0.008), rows(range(16, 26), 0.020, 4000, 0.008))
     f = pf.faults([w])
     assert f is not None and f.steps == 15   # the first step after the window left out
-    assert f.fault_us == pytest.approx(2.0) and f.kernel_us == pytest.approx(8000)
+    assert f.fault_us == pytest.approx(2.0) and f.cost_us(f.faults) == pytest.approx(8000)
     assert pf.notable(f) and f.share == pytest.approx(0.4)
     before, after, why = pf.predicted_step_us(f)
     assert (before, after) == (pytest.approx(20e3), pytest.approx(12e3))
@@ -46,7 +46,7 @@ def test_the_kernel_time_is_read_over_the_whole_run_because_one_steps_split_is_b
     after = [*rows(range(16, 21), 0.020, 4000, 0.0), *rows(range(21, 26), 0.020, 4000, 0.016)]
     f = pf.faults([window(before, after)])
     assert f is not None and f.run_us == pytest.approx(0.016 * 5 / (4000 * 15) * 1e6)
-    assert f.kernel_us == pytest.approx(4000 * f.run_us)
+    assert f.cost_us(f.faults) == pytest.approx(4000 * f.run_us)
 
 
 def test_faults_on_intra_op_threads_overlap_so_the_saving_is_over_the_cores_the_step_used():
