@@ -212,7 +212,19 @@ def syncs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 def compile_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     return (f"{pct_whole(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
             "operators (many tiny ops): fuse them with torch.compile (the model: its forward and "
-            "backward), or batch the work into fewer, larger tensor ops.")
+            "backward), or batch the work into fewer, larger tensor ops." + module_loop_text(a))
+
+
+def module_loop_text(a: AdviceInputs) -> str:
+    """Where a loop calls the same layers on one row at a time: what to compile, and why not
+    the module alone (each call of a compiled module is a graph call of its own)."""
+    f = a.compile_facts
+    if f is None or f.loops.module_iters < 1:
+        return ""
+    return (f" A loop calls the same layers {f.loops.module_iters:.0f} times a step, on one row "
+            f"each ({f.loops.module_body}): compile the function or module that holds the loop, "
+            "not only the module it calls, which would be a graph call per iteration; better, "
+            "call the layers once on the whole batch.")
 
 
 def optimizer_loop_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
@@ -271,7 +283,8 @@ def fuse_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     largest = f" (largest: {', '.join(fusable[:3])})" if fusable else ""
     return (f"Memory-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.MEMORY])} of step time"
             f"{largest}: fuse chains of elementwise and normalisation ops with torch.compile, "
-            "so each reads and writes its data once (it also closes the gaps between ops).")
+            "so each reads and writes its data once (it also closes the gaps between ops)."
+            + module_loop_text(a))
 
 
 def bf16_bytes_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:

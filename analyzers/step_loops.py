@@ -70,6 +70,11 @@ class LoopFacts:
     after_calls: float = 0.0
     after_us: float = 0.0
     after_inplace: float = 0.0
+    # the largest forward loop whose body indexes a row and calls a GEMM or a convolution: a
+    # module called once per sample (``[enc(x[i]) for i in ...]``), or a model's repeated blocks
+    # reading one position each; the trace cannot tell which. Its iterations per step, its body
+    module_iters: float = 0.0
+    module_body: str = ""
 
     @staticmethod
     def mean(ranks: list[LoopFacts]) -> LoopFacts:
@@ -78,7 +83,9 @@ class LoopFacts:
         return LoopFacts(sum(r.loop_calls for r in ranks) / n, sum(r.loop_us for r in ranks) / n,
                          sum(r.loop_iters for r in ranks) / n, sum(r.passes for r in ranks) / n, body,
                          sum(r.after_calls for r in ranks) / n, sum(r.after_us for r in ranks) / n,
-                         sum(r.after_inplace for r in ranks) / n)
+                         sum(r.after_inplace for r in ranks) / n,
+                         sum(r.module_iters for r in ranks) / n,
+                         next((r.module_body for r in ranks if r.module_body), ""))
 
 
 def periodic(keys: np.ndarray, max_period: int = LOOP_MAX_PERIOD,
@@ -151,6 +158,7 @@ def _scan(rt: RankTrace, idx: np.ndarray,
     calls = iters = 0.0
     spans: list[tuple[float, float]] = []
     best_body, best_iters = "", 0
+    module_iters, module_body, module_best = 0, "", 0
     ends = rt.cpu_ts + rt.cpu_dur
     cut = np.flatnonzero(first).tolist() + [idx.size]
     after_spans: list[tuple[float, float]] = []
@@ -178,6 +186,10 @@ def _scan(rt: RankTrace, idx: np.ndarray,
                 iters += r
                 if r > best_iters:
                     best_iters, best_body = r, ", ".join(body)
+            elif any(x in INDEX_OPS for x in body) and not any(x.startswith(_BWD) for x in body):
+                module_iters += r   # a GEMM or a convolution in it: the branch above says why
+                if r > module_best:
+                    module_best, module_body = r, ", ".join(body)
         for s, p, r in bwd:   # the loop's own backward: its nodes are the body's operators'
             ops = {_op_of_node(names[k]) for k in keys[s:s + p].tolist()}
             if fwd_ops and ops <= fwd_ops:
@@ -197,7 +209,8 @@ def _scan(rt: RankTrace, idx: np.ndarray,
                       passes=float(starts.sum()) / n_steps, body=best_body,
                       after_calls=float(after.sum()) / n_steps,
                       after_us=float(sum(hi - lo_ for lo_, hi in after_spans)) / n_steps,
-                      after_inplace=float(inplace) / n_steps)
+                      after_inplace=float(inplace) / n_steps,
+                      module_iters=module_iters / n_steps, module_body=module_body)
     tail = iv.merge(np.array([a for a, _ in after_spans]), np.array([b for _, b in after_spans]))
     return facts, mask, after, tail
 

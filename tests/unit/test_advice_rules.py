@@ -78,7 +78,8 @@ def test_an_input_bound_verdict_leads_with_input_advice_not_with_fusion():
     """Seen under load: an input-bound verdict (0.44) led with fuse-memory-bound (-4%)."""
     for traits in (BUSY, QUIET):
         out = recommend(inputs(DECODING, traits=traits, label=Bottleneck.INPUT))
-        assert "fuse-memory-bound" in [r.action for r in out.advised]  # a fix that does apply...
+        # a fix that does apply (on a CPU under 5% it is listed as one that would not help)...
+        assert "fuse-memory-bound" in [r.action for r in out.advised + out.not_advised]
         first = out.advised[0]
         assert first.action in ("dataloader-workers", "cheaper-input"), [r.action for r in out.advised]
     # where workers cannot help, the input advice that can leads: make a batch cheaper
@@ -108,7 +109,7 @@ def test_bf16_is_not_advised_where_the_measured_bf16_peak_is_below_fp32():
     assert not advised & {"lower-precision", "bf16-activations"}, advised
     refused = {r.action: r for r in out.not_advised}
     assert {"lower-precision", "bf16-activations"} <= set(refused), refused
-    for r in refused.values():
+    for r in (refused["lower-precision"], refused["bf16-activations"]):
         assert "bf16 0.374 GFLOP/s (0.0044x)" in r.why and "fp32 85.6 GFLOP/s" in r.why, r.why
         assert r.predicted_step_s is None  # a prediction that assumed faster bf16 is not shown
     # the same job on a CPU whose bf16 units beat fp32 (AMX): lower precision is the first fix
