@@ -221,10 +221,11 @@ def module_loop_text(a: AdviceInputs) -> str:
     f = a.compile_facts
     if f is None or f.loops.module_iters < 1:
         return ""
-    return (f" A loop calls the same layers {f.loops.module_iters:.0f} times a step, on one row "
-            f"each ({f.loops.module_body}): compile the function or module that holds the loop, "
-            "not only the module it calls, which would be a graph call per iteration; better, "
-            "call the layers once on the whole batch.")
+    return (f" A loop calls the same layers {f.loops.module_iters:.0f} times a step, on one slice "
+            f"each (x[i], x[:, t]; its body: {f.loops.module_body}): compile the function or module "
+            "that holds the loop, not only the module it calls, which would be a graph call per "
+            "iteration; where the iterations do not depend on each other (samples, not a "
+            "recurrence), better, call the layers once on the whole batch.")
 
 
 def optimizer_loop_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:

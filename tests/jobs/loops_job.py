@@ -5,6 +5,7 @@ again for the tests: a per-sample hinge loss, and many tiny micro-batches per op
     python loops_job.py --loss loop --batch 64 --report own.json          # loop over samples
     python loops_job.py --loss batch --micro 4 --batch 64 --report own.json  # 16 micro-batches
     python loops_job.py --norm --micro 4 --batch 128 --report own.json  # LayerNorm/GELU on 4 rows
+    python loops_job.py --per-sample --report own.json   # the model called on one row at a time
 
 ``--report`` writes its own step times and what it did (loss iterations and micro-batches per
 optimizer step).
@@ -24,6 +25,8 @@ ap.add_argument("--width", type=int, default=128)
 ap.add_argument("--classes", type=int, default=20)
 ap.add_argument("--norm", action="store_true",
                 help="Linear, LayerNorm, GELU blocks (the zoo's grad_accum) instead of Linear, ReLU")
+ap.add_argument("--per-sample", action="store_true",
+                help="call the model once per sample (a row at a time) and stack the scores")
 ap.add_argument("--report", required=True)
 args = ap.parse_args()
 
@@ -65,7 +68,11 @@ for _ in range(args.steps):
     opt.zero_grad(set_to_none=True)
     for m in range(n_micro):
         sl = slice(m * micro, (m + 1) * micro)
-        (loss_fn(model(x[sl]), y[sl]) / n_micro).backward()
+        xs = x[sl]
+        scores = (torch.stack([model(xs[i]) for i in range(xs.shape[0])]) if args.per_sample
+                  else model(xs))
+        (loss_fn(scores, y[sl]) / n_micro).backward()
     opt.step()
     own.lap()
-own.write(args.report, loss_iterations=args.batch if args.loss == "loop" else 0, micro_batches=n_micro)
+own.write(args.report, loss_iterations=args.batch if args.loss == "loop" else 0, micro_batches=n_micro,
+          model_calls=args.batch if args.per_sample else n_micro)

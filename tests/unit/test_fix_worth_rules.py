@@ -84,14 +84,16 @@ def test_a_loop_is_a_body_of_calls_repeated_in_order_many_times():
 
 def test_a_compiled_optimizer_step_makes_one_call_a_parameter_tensor_at_the_loops_cost_per_call():
     """compile-optimizer-step: the loop's calls after the backward become one kernel a parameter
-    tensor and a graph call, each at the loop's own cost per call, at the view's pace."""
+    tensor (with the guards on its tensors: TENSOR_CALLS of the loop's calls) and a graph call, at
+    the loop's own cost per call, at the view's pace."""
     traced = TimeBreakdown(step_time=20e3, compute=2e3, compute_bound=1e3, memory_bound=1e3,
                            idle=18e3, host_overhead=18e3)
     view = TimeBreakdown(step_time=10e3, compute=1e3, compute_bound=5e2, memory_bound=5e2,
                          idle=9e3, host_overhead=9e3)
     p = whatif.compiled_update(view, traced, update_us=8e3, calls=800, params=100)
     loop = 8e3 * 10e3 / 20e3   # the loop at the view's pace
-    assert p.step_us == pytest.approx(10e3 - (loop - loop / 800 * (100 + whatif.GRAPH_CALLS)))
+    assert p.step_us == pytest.approx(
+        10e3 - (loop - loop / 800 * (whatif.TENSOR_CALLS * 100 + whatif.GRAPH_CALLS)))
     assert whatif.compiled_update(view, traced, update_us=8e3, calls=800, params=0).step_us is None
 
 
@@ -135,7 +137,7 @@ def test_an_optimizer_updating_one_tensor_at_a_time_is_told_to_compile_its_step_
         fix = {r.action: r for r in out.advised}["compile-optimizer-step"]
         assert "Python loop" in fix.text and "after the backward" in fix.why, fix
         assert fix.predicted_step_s == pytest.approx(
-            (10e3 - (4e3 - 4e3 / 800 * (100 + whatif.GRAPH_CALLS))) * 1e-6)
+            (10e3 - (4e3 - 4e3 / 800 * (whatif.TENSOR_CALLS * 100 + whatif.GRAPH_CALLS))) * 1e-6)
         if compiled:
             gaps = {r.action: r for r in out.advised + out.not_advised}["batch-small-ops"]
             assert gaps.predicted_step_s >= 4e-3 and "compile-optimizer-step" in gaps.why, gaps
@@ -158,7 +160,7 @@ def test_an_optimizer_steps_work_on_large_tensors_stays_in_part_compiled_and_bou
     view = TimeBreakdown(step_time=10e3, compute=1e3, compute_bound=5e2, memory_bound=5e2,
                          idle=9e3, host_overhead=9e3)
     p = whatif.compiled_update(view, view, update_us=5e3, calls=250, params=25, work_us=3e3)
-    calls = (5e3 - 3e3) / 250 * (25 + whatif.GRAPH_CALLS)
+    calls = (5e3 - 3e3) / 250 * (whatif.TENSOR_CALLS * 25 + whatif.GRAPH_CALLS)
     assert p.step_us == pytest.approx(10e3 - (5e3 - calls - whatif.FUSED_PASSES * 3e3))
     assert "the step lies between" in p.why
     none = whatif.compiled_update(view, view, update_us=5e3, calls=250, params=25)
