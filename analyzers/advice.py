@@ -144,6 +144,18 @@ def _lower_precision_applies(a: AdviceInputs) -> bool:
 
 def _precision_predict(a: AdviceInputs) -> whatif.Prediction:
     fam, ratio = faster_dtype(a) or fastest_lower(a) or ("fp32", 1.0)
+    if a.autocast is not None and fam == "bf16" and not on_gpu(a):
+        p = whatif.faster_dtype_measured(a.view, fp32_share(a), ratio, a.autocast.ratio,
+                                         a.autocast.share, a.autocast.shapes)
+        if a.faults is None or a.faults.faults < page_faults.MIN_MOVED_FAULTS:
+            return p
+        # autocast's bf16 copies are new blocks every step: under glibc's defaults they fault in
+        # too (blind set 12's two 1024x1024 layers, 256 rows: 0.70x with autocast alone, 0.51x
+        # with the allocator's thresholds raised as well; predicted 0.50x)
+        return replace(p, why=p.why + (
+            f", and that autocast's bf16 copies of the weights, new blocks every step, stay in the "
+            f"heap: the job faults in {a.faults.faults:,.0f} pages a step now, and with glibc's "
+            "defaults they would fault in too; apply allocator-keep-memory with it"))
     return whatif.faster_dtype(a.view, fp32_share(a), ratio, fam)
 
 

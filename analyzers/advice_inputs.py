@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpudiag.analyzers import whatif
+from gpudiag.analyzers.autocast_gemms import AutocastGemms
 from gpudiag.analyzers.checkpoint import Saves
 from gpudiag.analyzers.compile_facts import CompileFacts
 from gpudiag.analyzers.page_faults import Faults
@@ -64,6 +65,8 @@ class AdviceInputs:
     tie_with: Bottleneck | None = None
     saves: Saves | None = None  # periodic torch.save on the training thread (``checkpoint``)
     faults: Faults | None = None  # pages the allocator faults in again each step (``page_faults``)
+    # the job's GEMM shapes timed on this CPU in bf16 with autocast's casts (``autocast_gemms``)
+    autocast: AutocastGemms | None = None
 
 
 

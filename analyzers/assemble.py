@@ -17,6 +17,7 @@ from gpudiag import __version__
 from gpudiag.analyzers import blocked, sync_fed
 from gpudiag.analyzers.advice import recommend
 from gpudiag.analyzers.advice_inputs import AdviceInputs
+from gpudiag.analyzers.autocast_gemms import AutocastGemms
 from gpudiag.analyzers.breakdown import sum_breakdowns
 from gpudiag.analyzers.checkpoint import saves
 from gpudiag.analyzers.classify import (
@@ -109,6 +110,8 @@ class _Job:
     windows: list[WindowSteps] | None
     wait: HostWait | None
     recorded_here: bool
+    # the job's own GEMM shapes timed in bf16 with autocast's casts (``autocast_gemms``)
+    autocast: AutocastGemms | None = None
 
 
 @dataclass
@@ -154,13 +157,15 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
              flops_per_step: float | None, sources: list[str],
              windows: list[WindowSteps] | None = None, workers: list[int] | None = None,
              host: HostCpu | None = None, wait: HostWait | None = None,
-             census: dict[int, SyncCensus] | None = None, recorded_here: bool = False) -> Diagnosis:
+             census: dict[int, SyncCensus] | None = None, recorded_here: bool = False,
+             autocast: AutocastGemms | None = None) -> Diagnosis:
     """One Diagnosis from the ranks' partial results; ``windows`` are the job's own step timer
     around the traced window when the input is a run directory (``steps.window_steps``);
     ``wait``: the training thread's wait for a core (``host_wait``), already charged to a GPU
     rank's traced steps, here to the unprofiled estimate; ``census``: per rank, the host syncs
     the bootstrap saw in one step (``syncs``); ``recorded_here``: a run directory this host wrote,
-    whose rates may raise a measured peak without bound (``mfu.raise_measured_peak``)."""
+    whose rates may raise a measured peak without bound (``mfu.raise_measured_peak``);
+    ``autocast``: its GEMMs timed here in bf16 (``collectors.gemm_probe``)."""
     warnings = [w for p in partials for w in p.warnings]
     has_gpu = any(p.has_gpu for p in partials)
     trace_dev_name = next((p.device_name for p in partials if p.device_name), None)
@@ -175,7 +180,7 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
     device, raised = raise_measured_peak(device, roof_acc.model_rates() if not trace_dev_name else {},
                                          recorded_here and not has_gpu)
     job = _Job(partials, [p.result for p in partials], kind, has_gpu, trace_dev_name, flops_per_step,
-               any(p.shapes_recorded for p in partials), windows, wait, recorded_here)
+               any(p.shapes_recorded for p in partials), windows, wait, recorded_here, autocast)
     collectives = finish_collectives([p.collectives for p in partials], device if has_gpu else None)
     world = _world_size(job, warnings)
     stragglers = find_stragglers(job.results)
@@ -335,7 +340,7 @@ def _advice_inputs(job: _Job, done: _Analysed, traits: JobTraits, stragglers: St
         ranks=len(job.partials), steps_per_rank=steps_summed // max(len(job.results), 1),
         backward_us=_backward(facts, view.breakdown, done.breakdown),
         label=done.verdict.label, tie_with=done.verdict.tie_with, saves=saves(job.windows),
-        faults=faults(job.windows))
+        faults=faults(job.windows), autocast=job.autocast)
 
 
 def _nothing_to_analyse(roof_acc: RooflineAcc, device: DevicePeak | None

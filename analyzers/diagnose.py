@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from gpudiag.analyzers.assemble import RankPartial, assemble
+from gpudiag.analyzers.autocast_gemms import AutocastGemms, gemm_shapes, summarise
 from gpudiag.analyzers.breakdown import (
     cpu_work,
     gpu_span_breakdown,
@@ -62,6 +63,9 @@ class DeviceChoice:
     # Called with the FLOP/s per dtype family a job ran above the measured CPU peak: a measured
     # peak is a floor, so the collector keeps the higher figure (collectors.cpu_peak.raise_floor).
     peak_floor: Callable[[dict[str, float]], None] | None = None
+    # Called with (rows, inner, out) GEMM shapes: their bf16-with-casts time over fp32's, timed
+    # on this machine (collectors.gemm_probe); only for a trace recorded here
+    gemm_probe: Callable[[list[tuple[int, int, int]]], dict[tuple[int, int, int], float]] | None = None
     # This machine's host name, where the caller measures the CPU peak here: a run directory
     # that names it was recorded on the machine whose peak it is judged against, so a job that
     # ran faster than that peak proves the peak low, whatever the factor (``mfu.raise_measured_peak``).
@@ -259,9 +263,10 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
     partials.sort(key=lambda p: p.result.rank)
     run_dir = Path(target)
     run = _RunInputs.read(run_dir, partials) if is_run_dir(run_dir) else _RunInputs()
+    here = cpu_device is not None and _recorded_on(run_dir, choice.host)
     d = assemble(partials, cpu_device, explicit, flops_per_step, [str(f.path) for f in files],
-                 run.windows, run.workers, run.host, run.wait, run.census,
-                 recorded_here=cpu_device is not None and _recorded_on(run_dir, choice.host))
+                 run.windows, run.workers, run.host, run.wait, run.census, recorded_here=here,
+                 autocast=_autocast(partials, cpu_device, choice) if here else None)
     if d.device.source.startswith("measured") and cpu_device is not None and choice.peak_floor:
         raised = {f: v for f, v in d.device.peak_flops.items() if v > cpu_device.flops.get(f, 0.0)}
         if raised:
@@ -272,6 +277,27 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
         d.run = run_summary(run_dir)
         d.timeline = run_timeline(run_dir)
     return d
+
+
+def _autocast(partials: list[RankPartial], cpu_device: DevicePeak | None,
+              choice: DeviceChoice) -> AutocastGemms | None:
+    """The job's fp32 GEMMs timed in bf16 with autocast's casts, on the CPU that ran them: only
+    where its bf16 peak beats fp32's (else lower precision is not advised at all) and the job ran
+    on the CPU."""
+    if (choice.gemm_probe is None or cpu_device is None or any(p.has_gpu for p in partials)
+            or cpu_device.flops.get("bf16", 0.0) <= cpu_device.flops.get("fp32", 0.0)):
+        return None
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for p in partials:
+        for k, v in p.roofline.groups.items():
+            acc = groups.setdefault(k, [0.0, 0.0, 0.0, 0.0])
+            for i, x in enumerate(v):
+                acc[i] += x
+    shapes = gemm_shapes(groups)
+    if not shapes:
+        return None
+    return summarise(shapes, choice.gemm_probe([s for s, _ in shapes]),
+                     sum(p.roofline.cb_time for p in partials))
 
 
 def _recorded_on(run_dir: Path, host: str | None) -> bool:

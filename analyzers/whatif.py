@@ -545,6 +545,25 @@ def faster_dtype(b: TimeBreakdown, fp32_share: float, ratio: float, family: str)
                       "peak) in both dtypes")
 
 
+def faster_dtype_measured(b: TimeBreakdown, fp32_share: float, peak_ratio: float,
+                          measured: float, share: float, shapes: int) -> Prediction:
+    """``faster_dtype`` on a CPU where the job's own fp32 GEMMs were timed on this machine in
+    bf16 with autocast's casts (``autocast_gemms``): ``share`` of the compute-bound work (those
+    GEMMs' time) at the ``measured`` time ratio, the rest (convolutions, batched GEMMs) at the
+    peaks' ``peak_ratio``."""
+    part = b.compute_bound * fp32_share
+    timed = part * share
+    saved = timed * (1 - measured) + (part - timed) * (1 - peak_ratio)
+    rest = (f", the rest ({ms(part - timed)}) at the bf16 peak, {1 / peak_ratio:.2g}x the fp32 one, "
+            "at the same efficiency" if part - timed > 0.5 else "")
+    return Prediction(b.step_time - saved,
+                      f"compute-bound fp32 work ({ms(part)}): its {shapes} largest GEMM shapes "
+                      f"({ms(timed)}) timed here in bf16 with autocast's casts of their inputs, "
+                      f"{measured:.2f}x their fp32 time (one thread){rest}; assumes the job's GEMMs "
+                      "in bf16 run as those did alone (the bf16 peak's ratio, the best of "
+                      f"512x512x512 GEMMs, is {peak_ratio:.2g}x the time)")
+
+
 def halved_bytes(b: TimeBreakdown, fp32_memory_share: float, fp32_bytes: float | None,
                  bandwidth: float, gemm_ratio: float = 1.0) -> Prediction:
     """Memory-bound fp32 work in bf16 moves half its bytes: at most half its time, and no more

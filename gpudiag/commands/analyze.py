@@ -50,13 +50,15 @@ def analyze(target: str, as_json: bool, device: str | None, peak_tflops: float |
         from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
         from gpudiag.analyzers.rank_pool import parse_ranks, parse_steps
         from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor, this_host
+        from gpudiag.collectors.gemm_probe import autocast_ratios
         from gpudiag.reports.progress import for_stderr
         from gpudiag.reports.terminal import render_terminal
 
     if flops_per_step is not None and flops_per_step <= 0:
         raise click.BadParameter("must be positive", param_hint="--flops-per-step")
     choice = DeviceChoice(name=device, peak_tflops=peak_tflops, peak_gbps=peak_gbps,
-                          cpu_peak=cpu_peak, peak_floor=raise_floor, host=this_host())
+                          cpu_peak=cpu_peak, peak_floor=raise_floor, host=this_host(),
+                          gemm_probe=autocast_ratios)
     diagnosis = diagnose(target, choice, flops_per_step=flops_per_step, jobs=jobs,
                          ranks=parse_ranks(ranks) if ranks is not None else None,
                          steps=parse_steps(steps) if steps is not None else None,

@@ -259,10 +259,12 @@ def _diagnose(run_dir: Path, opts: ProfileOptions, info: RunInfo) -> Diagnosis |
         return None
     from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
     from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor, this_host
+    from gpudiag.collectors.gemm_probe import autocast_ratios
     from gpudiag.reports.progress import for_stderr
     from gpudiag.reports.terminal import render_terminal
 
-    choice = DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor, host=this_host())
+    choice = DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor, host=this_host(),
+                          gemm_probe=autocast_ratios)
     d = diagnose(run_dir, choice, progress=for_stderr())
     diagnosis_path(run_dir).write_text(d.to_json())
     _write_report(run_dir, d)

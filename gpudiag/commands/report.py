@@ -31,8 +31,10 @@ def load_diagnosis(target: Path) -> Diagnosis:
                 return d
     from gpudiag.analyzers.diagnose import DeviceChoice, diagnose
     from gpudiag.collectors.cpu_peak import cpu_peak, raise_floor, this_host
+    from gpudiag.collectors.gemm_probe import autocast_ratios
 
-    return diagnose(target, DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor, host=this_host()))
+    return diagnose(target, DeviceChoice(cpu_peak=cpu_peak, peak_floor=raise_floor, host=this_host(),
+                          gemm_probe=autocast_ratios))
 
 
 def write_html(path: Path, html: str) -> None:
