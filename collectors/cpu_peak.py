@@ -104,7 +104,7 @@ def cache_path() -> Path:
     return Path(base) / "cpu_peak.json"
 
 
-def _cache_key() -> dict[str, Any]:
+def cache_key() -> dict[str, Any]:
     return {"version": CACHE_VERSION, "model": _cpu_model(), "cores": os.cpu_count(),
             "libraries": _versions()}
 
@@ -286,7 +286,7 @@ def _measuring(path: Path) -> Iterator[None]:
 
 def cpu_peak() -> DevicePeak:
     """The CPU as a device: measured once per CPU model, core count and library versions."""
-    key = _cache_key()
+    key = cache_key()
     path = cache_path()
     cached = _read_cache(path, key)
     if cached is None:
@@ -303,7 +303,7 @@ def cpu_peak() -> DevicePeak:
 def raise_floor(flops: dict[str, float]) -> None:
     """A job ran a family faster than its cached peak: keep the higher figure (a measured peak
     is a floor of what the machine can do, so the job's rate is one more measurement of it)."""
-    key = _cache_key()
+    key = cache_key()
     path = cache_path()
     cached = _read_cache(path, key)
     if cached is None:

@@ -5,11 +5,14 @@ had promised 0.50x and 0.84x."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpudiag.analyzers import whatif
 from gpudiag.analyzers.autocast_gemms import TOP_SHAPES, gemm_shapes, summarise
 from gpudiag.collectors.gemm_probe import autocast_ratios
+from gpudiag.contract import ENV_CACHE_DIR
 from gpudiag.diagnosis import TimeBreakdown
 
 
@@ -48,8 +51,23 @@ def test_the_timed_gemms_take_their_measured_ratio_and_the_rest_the_peaks():
     assert slower.step_us > b.step_time   # then recommend lists it as one that would not help
 
 
-def test_the_probe_times_each_shape_on_this_cpu_and_gives_a_positive_ratio():
-    got = autocast_ratios([(64, 128, 256), (32, 64, 64)])
+def test_the_probe_times_each_shape_on_this_cpu_once_and_keeps_a_hostile_cache_out(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path))
+    shapes = [(64, 128, 256), (32, 64, 64)]
+    got = autocast_ratios(shapes)
     # a torch build without bf16 GEMMs leaves shapes out; this project's CPUs all run them
-    assert set(got) == {(64, 128, 256), (32, 64, 64)}
+    assert set(got) == set(shapes)
     assert all(0.05 < r < 50 for r in got.values()), got
+    cache = tmp_path / "gemm_autocast.json"
+    data = json.loads(cache.read_text())
+    assert set(data["ratios"]) == {"64x128x256", "32x64x64"}
+    # read back, not timed again: a planted figure is what comes back
+    data["ratios"]["64x128x256"] = 0.123
+    cache.write_text(json.dumps(data))
+    assert autocast_ratios(shapes[:1]) == {(64, 128, 256): 0.123}
+    # hostile or foreign content is no figure: it is measured afresh
+    for bad in ("not json", json.dumps([1]), json.dumps({**data, "ratios": {"64x128x256": True}}),
+                json.dumps({**data, "version": -1})):
+        cache.write_text(bad)
+        again = autocast_ratios(shapes[:1])
+        assert set(again) == {(64, 128, 256)} and again[(64, 128, 256)] != 0.123, (bad, again)

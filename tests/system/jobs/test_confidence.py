@@ -147,8 +147,8 @@ def test_a_cached_cpu_peak_is_looked_up_without_importing_torch(tmp_path):
     cost 1.5 s of CPU on the 2-core AMD EPYC), and it is the version the import reports."""
     env = {**os.environ, "GPUDIAG_CACHE_DIR": str(tmp_path)}
     code = ("import sys\n"
-            "from gpudiag.collectors.cpu_peak import _cache_key\n"
-            "key = _cache_key()\n"
+            "from gpudiag.collectors.cpu_peak import cache_key\n"
+            "key = cache_key()\n"
             "print('torch' in sys.modules, key['libraries']['torch'])\n"
             "import torch\n"
             "print(torch.__version__)")
