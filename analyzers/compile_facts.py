@@ -87,7 +87,7 @@ class CompileFacts:
     after_work_us: float = 0.0
     opt_work_us: float = 0.0
     rnn_calls: float = 0.0  # nn.GRU/LSTM/RNN calls in the region: torch.compile runs them eagerly
-    # the work of the calls compile would replace and of the loops' calls (``region_work``), the
+    # the work of the calls compile would replace and of the loops' calls (``call_work``), the
     # GEMMs' and convolutions' aside: compiled, the calls go and this stays
     work_us: float = 0.0
     # of that work, what fused runs would not do if each run cost its longest member (inductor
@@ -240,18 +240,14 @@ OVERHEAD_QUANTILE = 0.05
 OVERHEAD_CAP_X = 3.0
 
 
-def region_work(rt: RankTrace, calls: np.ndarray) -> float:
-    """The work in ``calls`` (event indices; none of them holds a GEMM or a convolution): each
-    call's time beyond what a call of its operator costs with no work in it (its median call
-    among them: the fastest is a lucky one, and a tiny operator's calls spread 1.4-7 us around
-    a 2.4 us mean; at most the cap above). On a CPU ``torch.compile`` removes calls and keeps their
-    work (``whatif.compiled_cpu``): blind set 10's transformer block and CNN, whose calls were
-    mostly work, were promised 0.89x and 0.98x for their calls and ran 1.02x and 1.10x compiled."""
-    return float(call_work(rt, calls).sum())
-
-
 def call_work(rt: RankTrace, calls: np.ndarray) -> np.ndarray:
-    """``region_work`` per call."""
+    """The work in each of ``calls`` (event indices; none of them holds a GEMM or a
+    convolution): its time beyond what a call of its operator costs with no work in it (its
+    median call among them: the fastest is a lucky one, and a tiny operator's calls spread 1.4-7
+    us around a 2.4 us mean; at most the cap above). On a CPU ``torch.compile`` removes calls and
+    keeps their work (``whatif.compiled_cpu``): blind set 10's transformer block and CNN, whose
+    calls were mostly work, were promised 0.89x and 0.98x for their calls and ran 1.02x and
+    1.10x compiled."""
     if calls.size == 0:
         return np.zeros(0)
     name, dur = rt.cpu_name[calls], rt.cpu_dur[calls]

@@ -70,9 +70,10 @@ class LoopFacts:
     after_calls: float = 0.0
     after_us: float = 0.0
     after_inplace: float = 0.0
-    # the largest forward loop whose body indexes a row and calls a GEMM or a convolution: a
-    # module called once per sample (``[enc(x[i]) for i in ...]``), or a model's repeated blocks
-    # reading one position each; the trace cannot tell which. Its iterations per step, its body
+    # forward loops whose body indexes a row and calls a GEMM or a convolution: a module called
+    # once per sample (``[enc(x[i]) for i in ...]``), a recurrent cell over time steps, or a
+    # model's repeated blocks reading one position each; the trace cannot tell which. Their
+    # iterations per step, all of them, and the largest's body
     module_iters: float = 0.0
     module_body: str = ""
 

@@ -354,7 +354,7 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
     call of the job's (``asleep_us``: ``analyzers.blocked``) is no call's cost: it keeps its time.
     The calls after the backward (``after_us`` of ``kept_us``: a hand-written optimizer's loop, a
     metric) lie outside the model that compile is given: they keep theirs. Nor is the calls' work
-    (``work_us``, traced: ``compile_facts.region_work``): compiled, a fused kernel still reads and
+    (``work_us``, traced: ``compile_facts.call_work``): compiled, a fused kernel still reads and
     writes what its operators did, and this stays (compile_chain, 14 elementwise operators a
     block: 0.77x compiled where its calls alone say 0.93x; blind set 10's transformer block and
     CNN, calls mostly work, credited with all of it: promised 0.89x and 0.98x, measured 1.02x
