@@ -98,18 +98,19 @@ class Advice:
 # prediction's own assumptions are coarser than that (held-out zoo, attn_block: torch.compile
 # listed at "-0%", 230 -> 230 ms, measured 1.65x slower).
 MIN_GAIN = 0.01
-# torch.compile on a CPU: its kernels replace ATen's, and where a job's calls are mostly work
-# they can be the slower (blind set 10: a transformer block and a CNN ran 1.02x and 1.10x
-# compiled; this project's VM, a 4-conv CNN, 1.02x, predicted -0%): a gain under a step timer's
-# noise (1-4%) is no reason to compile. The jobs compile sped up by 14-66% on this VM were
-# predicted 4-65% (an encoder's loop over samples 4.4%, measured 14%).
-COMPILE_CPU_MIN_GAIN = 0.03
+# torch.compile (and bf16 autocast) on a CPU: compile's kernels replace ATen's, and where a
+# job's calls are mostly work they can be the slower (blind set 10: a transformer block and a
+# CNN ran 1.02x and 1.10x compiled; this project's VM, a 4-conv CNN, 1.02x, predicted -0%): a
+# gain under a step timer's noise (1-4%) is no reason to compile. The jobs compile sped up by
+# 14-66% on this VM were predicted 4-65% (an encoder's loop over samples 4.4%, measured 14%).
+CPU_MIN_GAIN = 0.03
 
 
-def _compile_min_gain(a: AdviceInputs) -> float:
-    """Also bf16 autocast's on a CPU: its casts are calls and copies the GEMMs' timing leaves
-    out (blind set 12's host-bound MLP: its GEMMs 0.97x in bf16 with their casts, the job 1.08x)."""
-    return MIN_GAIN if on_gpu(a) else COMPILE_CPU_MIN_GAIN
+def _cpu_min_gain(a: AdviceInputs) -> float:
+    """torch.compile's and bf16 autocast's floor: CPU_MIN_GAIN on a CPU, where autocast's casts
+    are also calls and copies that the GEMMs' timing leaves out (blind set 12's host-bound MLP:
+    its GEMMs 0.97x in bf16 with their casts, the job 1.08x)."""
+    return MIN_GAIN if on_gpu(a) else CPU_MIN_GAIN
 
 
 
@@ -361,7 +362,7 @@ CATALOGUE: list[Advice] = [
     Advice("compile-small-ops",
            lambda a, s: not on_gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
            compile_small_text, _compiled, Bottleneck.HOST, blocked=_rnn_eager,
-           min_gain=_compile_min_gain),
+           min_gain=_cpu_min_gain),
     # an optimizer that updates one tensor at a time (a Python loop of the job's own after the
     # backward, or torch.optim's default on a CPU): compile of the model does not reach it
     Advice("compile-optimizer-step", lambda a, s: _optimizer_loop_notable(a), optimizer_loop_text,
@@ -380,7 +381,7 @@ CATALOGUE: list[Advice] = [
            lambda a, s: not a.traits.compiled and s[Bottleneck.MEMORY] >= DEVICE_NOTABLE
            and a.view.memory_bound > 0 and s[Bottleneck.HOST] < HOST_NOTABLE,
            fuse_text, _compiled, Bottleneck.MEMORY, blocked=_rnn_eager,
-           min_gain=_compile_min_gain),
+           min_gain=_cpu_min_gain),
     Advice("bf16-activations",
            lambda a, s: s[Bottleneck.MEMORY] >= DEVICE_NOTABLE and a.view.memory_bound > 0
            and fp32_share(a) >= 0.5 and "bf16" in a.device_peaks,
@@ -401,7 +402,7 @@ CATALOGUE: list[Advice] = [
     Advice("lower-precision",
            lambda a, s: s[Bottleneck.COMPUTE] >= DEVICE_NOTABLE and _lower_precision_applies(a),
            precision_text, _precision_predict, Bottleneck.COMPUTE,
-           blocked=lambda a: slower_dtype(a, ("bf16", "fp16", "tf32")), min_gain=_compile_min_gain),
+           blocked=lambda a: slower_dtype(a, ("bf16", "fp16", "tf32")), min_gain=_cpu_min_gain),
     # the way back: lower precision on a device whose peak for it is below fp32's
     Advice("fp32-instead", advice_fp32.applies, advice_fp32.text, advice_fp32.predict,
            Bottleneck.COMPUTE),
