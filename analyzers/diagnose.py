@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from gpudiag.analyzers.assemble import RankPartial, assemble
-from gpudiag.analyzers.autocast_gemms import AutocastGemms, gemm_shapes, summarise
+from gpudiag.analyzers.autocast_gemms import MIN_SHARE, AutocastGemms, gemm_shapes, summarise
 from gpudiag.analyzers.breakdown import (
     cpu_work,
     gpu_span_breakdown,
@@ -293,11 +293,11 @@ def _autocast(partials: list[RankPartial], cpu_device: DevicePeak | None,
             acc = groups.setdefault(k, [0.0, 0.0, 0.0, 0.0])
             for i, x in enumerate(v):
                 acc[i] += x
-    shapes = gemm_shapes(groups)
+    cb = sum(p.roofline.cb_time for p in partials)
+    shapes = [(s, t) for s, t in gemm_shapes(groups) if t >= MIN_SHARE * cb]
     if not shapes:
         return None
-    return summarise(shapes, choice.gemm_probe([s for s, _ in shapes]),
-                     sum(p.roofline.cb_time for p in partials))
+    return summarise(shapes, choice.gemm_probe([s for s, _ in shapes]), cb)
 
 
 def _recorded_on(run_dir: Path, host: str | None) -> bool:

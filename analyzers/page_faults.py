@@ -185,7 +185,7 @@ def _counted(rows: list[StepRow]) -> list[StepRow]:
 
 
 def notable(f: Faults | None) -> bool:
-    """Worth a fix where the steps read faulted for 5% of them, or the most-faulting stretch
+    """Worth a fix where the steps read faulted for 3% of them, or the most-faulting stretch
     did: the job alone may sit in that mode (blind set 9's wide MLP: 1.4% over the steps of one
     run, 3.4% on its most-faulting side, 0.951x measured with the fix)."""
     return f is not None and max(f.share, f.worst_share) >= FAULTS_NOTABLE

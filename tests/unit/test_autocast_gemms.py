@@ -39,6 +39,8 @@ def test_the_measured_ratio_is_weighted_by_each_shapes_time_over_the_compute_bou
     assert got.ratio == pytest.approx((3000 * 0.5 + 1000 * 1.1) / 4000)
     assert got.share == pytest.approx(0.5)
     assert summarise(shapes, {}, 8000.0) is None
+    # a shape under MIN_SHARE of the compute-bound time is no figure for the step
+    assert summarise([((8, 8, 8), 50.0)], {(8, 8, 8): 4.6}, 8000.0) is None
     assert summarise(shapes, {(8, 8, 8): 0.5}, 0.0) is None
 
 
