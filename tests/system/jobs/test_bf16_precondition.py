@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from gpudiag.analyzers.advice_inputs import FASTER_DTYPE_MIN_RATIO
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from tests.paths import TESTS
 
@@ -34,7 +35,13 @@ def test_lower_precision_follows_the_cpus_measured_bf16_peak(tmp_path):
     assert shares[Bottleneck.COMPUTE.value] >= 0.1, d.verdict.summary  # the advice's share applies
     advised = {r.action: r for r in d.verdict.recommendations}
     refused = {r.action: r for r in d.verdict.not_advised}
-    if max(peaks.get("bf16", 0.0), peaks.get("fp16", 0.0)) <= peaks["fp32"]:
+    best = max(peaks.get("bf16", 0.0), peaks.get("fp16", 0.0))
+    if peaks["fp32"] < best < FASTER_DTYPE_MIN_RATIO * peaks["fp32"]:
+        # a little faster is no change worth making, and not named (a CI clone of this VM with
+        # AVX512_BF16 measured its bf16 peak under the suite's load below 1.5x fp32's)
+        assert not {"lower-precision", "bf16-activations"} & set(advised), advised
+        assert "lower-precision" not in refused, refused
+    elif best <= peaks["fp32"]:
         assert not {"lower-precision", "bf16-activations"} & set(advised), advised
         why = refused["lower-precision"].why
         assert why.startswith("would not help") and f"fp32 {peaks['fp32'] / 1e9:.3g} GFLOP/s" in why, why
