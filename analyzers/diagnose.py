@@ -287,14 +287,11 @@ def _autocast(partials: list[RankPartial], cpu_device: DevicePeak | None,
     if (choice.gemm_probe is None or cpu_device is None or any(p.has_gpu for p in partials)
             or cpu_device.flops.get("bf16", 0.0) <= cpu_device.flops.get("fp32", 0.0)):
         return None
-    groups: dict[tuple[str, str, str], list[float]] = {}
+    acc = RooflineAcc()
     for p in partials:
-        for k, v in p.roofline.groups.items():
-            acc = groups.setdefault(k, [0.0, 0.0, 0.0, 0.0])
-            for i, x in enumerate(v):
-                acc[i] += x
-    cb = sum(p.roofline.cb_time for p in partials)
-    shapes = [(s, t) for s, t in gemm_shapes(groups) if t >= MIN_SHARE * cb]
+        acc.merge(p.roofline)
+    cb = acc.cb_time
+    shapes = [(s, t) for s, t in gemm_shapes(acc.groups) if t >= MIN_SHARE * cb]
     if not shapes:
         return None
     return summarise(shapes, choice.gemm_probe([s for s, _ in shapes]), cb)
