@@ -4,10 +4,12 @@ the step is advised with what it saves (issue 37: the third blind zoo's rpc_wait
 advice, and compile, listed as not helping, was predicted +120% from that sleep charged to 19
 operator calls).
 
-The job asks a server process for a reply each step (``tests/jobs/rpc_job.py``, 15 ms), then
-the fix applied (``--ahead``: a background thread asks one step ahead), each alone, in a
-palindrome. On the 2-core AMD EPYC VM at load 5-7 (a test suite beside it): predicted 33 ->
-17.9 ms (0.54x), measured 40.5 -> 22.2 ms by the job's timer (0.55x).
+The job asks a server process for a reply each step (``tests/jobs/rpc_job.py``, 15 ms), its
+verdict and first fix in ``make test``; then, in ``make test-timing`` (a ratio of wall-clock
+runs, which a busy machine's noise decides: a CI clone under the suite's load read 0.65 against
+its 2/3 bound), the fix applied (``--ahead``: a background thread asks one step ahead), each
+alone, in a palindrome. On the 2-core AMD EPYC VM at load 5-7 (a test suite beside it):
+predicted 33 -> 17.9 ms (0.54x), measured 40.5 -> 22.2 ms by the job's timer (0.55x).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from tests.paths import TESTS
@@ -33,26 +37,38 @@ def alone(tmp: Path, name: str, *opts: str) -> float:
     return statistics.median(json.loads(report.read_text())["step_seconds"][5:])
 
 
-def test_a_thread_asleep_in_a_blocking_call_is_named_and_moving_the_call_is_predicted(tmp_path):
-    run, own = tmp_path / "run", tmp_path / "own.json"
+def profiled(tmp: Path) -> Diagnosis:
+    """The job under ``gpudiag profile``, its diagnosis (the job's own report in ``own.json``)."""
+    run = tmp / "run"
     proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--",
                            sys.executable, str(JOB), "--steps", "60", "--delay-ms", str(DELAY_MS),
-                           "--report", str(own)],
+                           "--report", str(tmp / "own.json")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    d = Diagnosis.from_json((run / "diagnosis.json").read_text())
+    return Diagnosis.from_json((run / "diagnosis.json").read_text())
+
+
+def test_a_thread_asleep_in_a_blocking_call_is_named_and_moving_the_call_comes_first(tmp_path):
+    d = profiled(tmp_path)
     v = d.verdict
     assert Bottleneck.HOST in (v.label, v.tie_with), v.summary
     assert "asleep in a blocking call" in v.summary, v.summary
     # the sleep the step timer read is the reply's wait the job timed itself, within a third
-    waited = statistics.median(json.loads(own.read_text())["waited_seconds"][5:]) * 1e6
+    waited = statistics.median(json.loads((tmp_path / "own.json").read_text())["waited_seconds"][5:]) * 1e6
     assert d.host_wait is not None and d.host_wait.untraced_blocked_us is not None
     assert abs(d.host_wait.untraced_blocked_us / waited - 1) < 1 / 3, (d.host_wait, waited)
     first = v.recommendations[0]
     assert first.action == "unblock-training-thread", [r.action for r in v.recommendations]
+    assert first.predicted_step_s < first.step_s, first.why
     # compile does not remove a sleep: what it is credited with is the calls' Python alone
     compiled = [r for r in v.recommendations + v.not_advised if r.action == "compile-small-ops"]
     assert all(r.gain is None or r.gain < 0.2 for r in compiled), compiled
+
+
+@pytest.mark.timing   # make test-timing: a wall-clock ratio of real runs, on a quiet machine
+def test_moving_the_blocking_call_beside_the_step_is_predicted_as_the_job_measures_it_applied(tmp_path):
+    first = profiled(tmp_path).verdict.recommendations[0]
+    assert first.action == "unblock-training-thread", first
     # the fix applied, against the job as it is, in a palindrome (the machine's load cancels)
     a1, b1 = alone(tmp_path, "a1"), alone(tmp_path, "b1", "--ahead")
     b2, a2 = alone(tmp_path, "b2", "--ahead"), alone(tmp_path, "a2")

@@ -4,10 +4,13 @@ calls is host-bound, not compute-bound, and removing the logging is predicted as
 (issue 37: the third blind zoo's metrics_log read compute-bound 0.37-0.79, "arithmetic
 intensity above the ridge point", where removing the logging removed 62-75% of its step).
 
-``tests/jobs/metrics_job.py`` under ``gpudiag profile``, then the fix applied (``--log-every
-0``) against the job as it is, alone, in a palindrome. On the 2-core AMD EPYC VM at load 2-3:
-the label host-bound (0.89), 8.66 ms of the 13.2 ms step sync-fed operators; the job's own
-timer: 9.5 ms of logging in a 13.2 ms step; the fix predicted 0.24-0.28x, measured 0.16-0.18x.
+``tests/jobs/metrics_job.py`` under ``gpudiag profile``; the label and the first fix in
+``make test``; the fix applied (``--log-every 0``) against the job as it is, alone, in a
+palindrome, in ``make test-timing`` (a ratio of wall-clock runs is the machine's noise on a
+busy one: a CI clone beside other work measured the fix at 0.78x, 0.16-0.18x quiet). On the
+2-core AMD EPYC VM at load 2-3: the label host-bound (0.89), 8.66 ms of the 13.2 ms step
+sync-fed operators; the job's own timer: 9.5 ms of logging in a 13.2 ms step; the fix
+predicted 0.24-0.28x, measured 0.16-0.18x.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from tests.paths import TESTS
@@ -32,18 +37,36 @@ def alone(tmp: Path, name: str, *opts: str) -> float:
     return statistics.median(json.loads(report.read_text())["step_seconds"][5:])
 
 
-def test_a_loop_whose_logging_feeds_reads_back_is_host_bound_and_dropping_the_logging_is_predicted(tmp_path):
-    run = tmp_path / "run"
+def profiled(tmp: Path) -> Diagnosis:
+    """The job under ``gpudiag profile``, its diagnosis."""
+    run = tmp / "run"
     proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--",
-                           sys.executable, str(JOB), "--steps", "40", "--report", str(tmp_path / "own.json")],
+                           sys.executable, str(JOB), "--steps", "40", "--report", str(tmp / "own.json")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    d = Diagnosis.from_json((run / "diagnosis.json").read_text())
+    return Diagnosis.from_json((run / "diagnosis.json").read_text())
+
+
+def test_a_loop_whose_logging_feeds_reads_back_is_host_bound_and_dropping_the_logging_comes_first(tmp_path):
+    d = profiled(tmp_path)
     v = d.verdict
     assert v.label is Bottleneck.HOST, (v.summary, v.evidence)
     assert "computed only for values read back" in v.summary, v.summary
     first = v.recommendations[0]
     assert first.action == "remove-host-syncs", [r.action for r in v.recommendations]
+    assert first.predicted_step_s < first.step_s, first.why
+    s = d.syncs
+    # the logging is most of this step (9.5 ms of 13.2 by the job's own timer): what the
+    # reads and the operators feeding them are credited with is a large share of it, on a busy
+    # machine too (10.3 ms of a 19.4 ms step beside other work)
+    assert s is not None and 0.25 * s.step_us <= s.saving_us < s.step_us, s
+
+
+@pytest.mark.timing   # make test-timing: a wall-clock ratio of real runs, on a quiet machine
+def test_dropping_the_logging_is_predicted_as_the_job_measures_it_applied(tmp_path):
+    d = profiled(tmp_path)
+    first = d.verdict.recommendations[0]
+    assert first.action == "remove-host-syncs", [r.action for r in d.verdict.recommendations]
     a1, b1 = alone(tmp_path, "a1"), alone(tmp_path, "b1", "--log-every", "0")
     b2, a2 = alone(tmp_path, "b2", "--log-every", "0"), alone(tmp_path, "a2")
     measured = (b1 + b2) / (a1 + a2)
