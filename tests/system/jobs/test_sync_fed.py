@@ -57,9 +57,11 @@ def test_a_loop_whose_logging_feeds_reads_back_is_host_bound_and_dropping_the_lo
     assert first.predicted_step_s < first.step_s, first.why
     s = d.syncs
     # the logging is most of this step (9.5 ms of 13.2 by the job's own timer): what the
-    # reads and the operators feeding them are credited with is a large share of it, on a busy
-    # machine too (10.3 ms of a 19.4 ms step beside other work)
-    assert s is not None and 0.25 * s.step_us <= s.saving_us < s.step_us, s
+    # reads and the operators feeding them are credited with is a large share of the step at
+    # its own pace, on a busy machine too (6.4 ms of 11.0 ms own, a 69 ms wall-clock step,
+    # under a CI pass and a scheduler replay beside it)
+    assert s is not None and s.own_step_us is not None, s
+    assert 0.25 * s.own_step_us <= s.saving_us < s.step_us, s
 
 
 @pytest.mark.timing   # make test-timing: a wall-clock ratio of real runs, on a quiet machine
