@@ -3,7 +3,8 @@
 1000000`` (never traces: the host sampler, step timer and hooks only), in a palindrome
 (alone, default, skip, skip, default, alone) so a linear drift of the machine's pace cancels.
 
-    .venv/bin/python benchmarks/zoo/observer_cost.py JOB [--rounds N] [--steps N] [--out FILE]
+    .venv/bin/python benchmarks/zoo/observer_cost.py JOB [--rounds N] [--steps N] [--threads N]
+        [--out FILE]
 
 The step is the job's median (mean for jobs judged by the mean) over its steps after warm-up,
 the traced steps included in the default run (they are the job's steps as observed). Beside it,
@@ -30,9 +31,9 @@ from _zoo import median  # noqa: E402
 from zoo_jobs import ALL_JOBS  # noqa: E402
 
 
-def one(job, mode: str, steps: int, work: Path, tag: str) -> dict:
+def one(job, mode: str, steps: int, work: Path, tag: str, threads: int = 0) -> dict:
     rep = work / f"{tag}.json"
-    extra = ["--steps", str(steps), "--report", str(rep)]
+    extra = ["--steps", str(steps), "--report", str(rep)] + (["--threads", str(threads)] if threads else [])
     cmd = run_zoo.command(job, extra, False)
     if mode != "alone":
         skip = ["--skip", "1000000"] if mode == "skip" else []
@@ -78,6 +79,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--work", default="")
+    p.add_argument("--threads", type=int, default=0,
+                   help="the job's intra-op threads (default: its own); 1 keeps a core free for "
+                        "gpudiag's own processes, where another tenant holds the other core")
     p.add_argument("--out", default="")
     args = p.parse_args()
     job = {j.name: j for j in ALL_JOBS}[args.job]
@@ -88,7 +92,7 @@ def main() -> None:
     print(f"uptime: {run_zoo._uptime()}", flush=True)
     for r in range(args.rounds):
         for i, m in enumerate(order):
-            res = one(job, m, args.steps, work, f"r{r}-{i}-{m}")
+            res = one(job, m, args.steps, work, f"r{r}-{i}-{m}", args.threads)
             runs[m].append(res)
             print(f"  {res['tag']}: {res.get('step_ms', res.get('error'))} ms "
                   f"(load {res['load_before'][0]})", flush=True)
