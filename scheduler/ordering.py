@@ -28,7 +28,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpudiag.scheduler.model import COMM_LABEL, GPU_IDLE_LABELS, Job, Policy, Running, Signal
-from gpudiag.scheduler.pending import ONE_NODE, SPREAD, WHOLE, PendingQueue
+from gpudiag.scheduler.pending import (
+    EST_COL,
+    GPUS_COL,
+    KEY_COL,
+    KIND_COL,
+    NEGTIER_COL,
+    NUM_COLS,
+    ONE_NODE,
+    SPREAD,
+    TAG_COL,
+    WHOLE,
+    PendingQueue,
+)
 from gpudiag.scheduler.priority import MfuBook, efficiency_factors, job_class, lowered
 from gpudiag.scheduler.team_queues import drain_time, interleave, team_quotas
 
@@ -118,6 +130,7 @@ class Ordering:
         self.c_charge = np.zeros(0)
         self.c_until = np.zeros(0)               # valid until then (an evidence's usable-until)
         self.c_ok = np.zeros(0, dtype=bool)
+        self.num = np.zeros((0, NUM_COLS))        # each row's queue columns (``pending.PendingQueue.num``)
         self.c_med = np.full(len(CLASSES), np.nan)
         self.c_seen = -1                          # the medians' book's observations at c_med
         self.by_key = np.zeros(0, dtype=np.int64)   # the last queue's rows by (key, row)
@@ -185,6 +198,10 @@ class Ordering:
         self.c_charge = cat([self.c_charge, np.ones(n)])
         self.c_until = cat([self.c_until, np.full(n, -np.inf)])
         self.c_ok = cat([self.c_ok, np.zeros(n, dtype=bool)])
+        num = np.zeros((n, NUM_COLS))   # (kind and key filled in by ``current``)
+        num[:, GPUS_COL], num[:, EST_COL], num[:, TAG_COL] = gpus, self.est[n0:], np.arange(n0, n0 + n)
+        num[:, NEGTIER_COL] = -self.tier[n0:]
+        self.num = cat([self.num, num])
         self.moved = cat([self.moved, np.zeros(n, dtype=bool)])
         self.mark = cat([self.mark, np.zeros(n, dtype=bool)])
         return np.arange(n0, n0 + n)
@@ -286,6 +303,7 @@ class Ordering:
             self.c_until[stale] = np.minimum(np.where(own >= now, own, np.inf),
                                              np.where(hist >= now, hist, np.inf))
             self.c_key[stale], self.c_kind[stale], self.c_charge[stale] = key, kind, charge
+            self.num[stale, KEY_COL], self.num[stale, KIND_COL] = key, kind
             self.c_ok[stale] = True
 
     def _by_key(self, rows: np.ndarray) -> np.ndarray:
@@ -413,12 +431,11 @@ class Ordering:
         else:
             live = None
         rows = self._by_key(rows)   # from here on in (key, row) order
-        keys, kinds, charge = self.c_key[rows], self.c_kind[rows], self.c_charge[rows]
-        gpus, est, tier = self.gpus[rows], self.est[rows], self.tier[rows]
+        gpus = self.gpus[rows]
         share = None
         overdue_s = math.inf
         if p.order == "priority" and p.team_queues:
-            overdue_s = min(p.team_overdue_s, drain_time(gpus, est, self.gpus[run.rows],
+            overdue_s = min(p.team_overdue_s, drain_time(gpus, self.est[rows], self.gpus[run.rows],
                                                          run.ends, now, total_gpus))
             nt = len(self.team_names)
             team = self.team_i[rows]
@@ -427,11 +444,16 @@ class Ordering:
             if not (quota > 0).all():   # who is present only sizes the equal share of teams without one
                 quota = team_quotas(present, quota, total_gpus)
             share = (self.team_names, present, held, quota, charged)
-            perm = interleave(tier, team, gpus * charge, self.sub[rows], charged, quota, now, overdue_s)
+            if len(rows) < 2:   # (most of a replay's passes at 80 nodes: the job that just arrived)
+                perm = np.zeros(len(rows), dtype=np.int64)
+            else:
+                perm = interleave(self.tier[rows], team, gpus * self.c_charge[rows], self.sub[rows], charged,
+                                  quota, now, overdue_s)
         else:
-            perm = np.argsort((2 - tier).astype(np.int8), kind="stable")
-        q = PendingQueue.ordered(self.job_arr[rows[perm]], gpus[perm], est[perm], kinds[perm],
-                                 keys[perm], rows[perm], -tier[perm], self.why(rows, now) if why else {})
+            perm = np.argsort((2 - self.tier[rows]).astype(np.int8), kind="stable")
+        ordered = rows[perm]
+        # the queue's columns are each row's own (``num``, kept by ``add`` and ``current``): one gather
+        q = PendingQueue.of_rows(self.job_arr[ordered], self.num[ordered], self.why(rows, now) if why else {})
         q.teams = share
         q.overdue_s = overdue_s
         return q, live

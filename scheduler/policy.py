@@ -42,7 +42,7 @@ from gpudiag.scheduler.model import (
 )
 from gpudiag.scheduler.ordering import Ordering, RunningCols
 from gpudiag.scheduler.pending import SPREAD, WHOLE, PendingQueue
-from gpudiag.scheduler.placement import Reservation, Rule, place, promise, reserve
+from gpudiag.scheduler.placement import Reservation, Rule, place, promise, rack_room, reserve
 from gpudiag.scheduler.preempt import MfuOf, choose_victims, reclaim_victims
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.reasons import Pass, Why, wait_reasons
@@ -74,11 +74,14 @@ def _fmt_t(t: float, now: float, unknown_after: float = math.inf) -> str:
 
 def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, np.ndarray]:
     """Largest request per kind (GPUs; whole nodes for WHOLE) that could start now: (short, long).
+    A job that may spread fits on one node or inside one rack (``placement.spread``), so no
+    more than the most free GPUs of a rack (the reserved nodes left out for a long one).
 
     "Long" jobs would still run at the head's reserved start, so they must leave its GPUs
     alone. These are necessary conditions; candidates passing them are checked exactly.
     """
-    short = np.array([state.max_free_on_a_node(), state.total_free, len(state.whole)])
+    # a job that may spread goes on one node or inside one rack: no more than a rack's free GPUs
+    short = np.array([state.max_free_on_a_node(), max(state.rack_free), len(state.whole)])
     if res is None:
         return short, short
     best = 0
@@ -92,7 +95,7 @@ def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, n
     outside = state.total_free - sum(state.free[n] for n in res.nodes)
     whole = len(state.whole) - sum(1 for n in res.nodes if state.free[n] == state.size[n]) \
         + sum(1 for n, c in caps.items() if c == state.size[n])
-    return short, np.array([best, outside + inside, whole])
+    return short, np.array([best, min(outside + inside, max(best, *rack_room(state, res.nodes))), whole])
 
 
 def _team_use(running: Sequence[Running], started: Sequence[Job],

@@ -63,8 +63,12 @@ def interleave(tier: np.ndarray, team: np.ndarray, gpus: np.ndarray, submit: np.
     g = gpus[own].astype(float)
     before = np.cumsum(g) - g
     t = team[own]
-    first = np.flatnonzero(np.concatenate(([True], t[1:] != t[:-1])))
-    before -= np.repeat(before[first], np.diff(np.append(first, n)))
+    # each team is one run of ``own``: subtract the GPUs given before the run from all of it
+    # (the run's first value, through a per-team column: one gather, not a repeat of the runs)
+    first = np.flatnonzero(t[1:] != t[:-1]) + 1
+    start = np.zeros(len(use))
+    start[t[first]] = before[first]   # (the first run's start is 0 already)
+    before -= start[t]
     ratio = np.empty(n)
     ratio[own] = (use[t] + before) / quota[t]
     one_tier = tier[0] == tier[-1] and (n < 3 or (tier == tier[0]).all())

@@ -278,7 +278,8 @@ class Replay:
     def _worth_a_pass(self, rows: np.ndarray, run: np.ndarray, now: float) -> bool:
         """Whether a pass could start or preempt anything: a pending job no larger than the free
         GPUs, a tier to preempt, or quota reclaim (``preempt.reclaim_victims``): a pending job
-        whose team stays within its quota with it, and a running job of another team that may
+        whose team stays within its quota with it, its team's GPUs counted both as held and as
+        charged (what reclaim checks for the head), and a running job of another team that may
         be its victim (not stopping, past the minimum runtime, of a team that stays at or over
         its quota without it, of its tier or lower). Necessary for any such decision."""
         if not len(rows):
@@ -296,8 +297,13 @@ class Replay:
                   & (quota[t] > 0) & (o.gpus[run] <= live[t] - quota[t] + 1e-9))
         if not victim.any():
             return False
+        # the head's team's use as the order counts it (the waste charge: ``reclaim_victims``'
+        # head_use), from the terms the pass will read (``Ordering.current`` keeps them: asking
+        # here first changes nothing the pass computes)
+        o.current(run, now)
+        charged = o.team_use(RunningCols(run, self.r_end[run], self.r_stop[run]), o.c_charge[run])[1]
         t = o.team_i[rows]
-        head = (quota[t] > 0) & (live[t] + gpus <= quota[t] + 1e-9)
+        head = (quota[t] > 0) & (np.maximum(live[t], charged[t]) + gpus <= quota[t] + 1e-9)
         return bool(head.any() and o.tier[run[victim]].min() <= o.tier[rows[head]].max())
 
     def run_pass(self, now: float, rows: np.ndarray) -> None:
