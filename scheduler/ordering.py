@@ -128,8 +128,8 @@ class Ordering:
         self.c_key = np.zeros(0)
         self.c_kind = np.zeros(0, dtype=np.int8)
         self.c_charge = np.zeros(0)
-        self.c_until = np.zeros(0)               # valid until then (an evidence's usable-until)
-        self.c_ok = np.zeros(0, dtype=bool)
+        # valid until then (an evidence's usable-until); -inf: an input changed, compute again
+        self.c_until = np.zeros(0)
         self.num = np.zeros((0, NUM_COLS))        # each row's queue columns (``pending.PendingQueue.num``)
         self.c_med = np.full(len(CLASSES), np.nan)
         self.c_seen = -1                          # the medians' book's observations at c_med
@@ -197,7 +197,6 @@ class Ordering:
         self.c_kind = cat([self.c_kind, np.zeros(n, dtype=np.int8)])
         self.c_charge = cat([self.c_charge, np.ones(n)])
         self.c_until = cat([self.c_until, np.full(n, -np.inf)])
-        self.c_ok = cat([self.c_ok, np.zeros(n, dtype=bool)])
         num = np.zeros((n, NUM_COLS))   # (kind and key filled in by ``current``)
         num[:, GPUS_COL], num[:, EST_COL], num[:, TAG_COL] = gpus, self.est[n0:], np.arange(n0, n0 + n)
         num[:, NEGTIER_COL] = -self.tier[n0:]
@@ -213,7 +212,7 @@ class Ordering:
         k = self.keys_ix.get(key)
         if k is None:
             return
-        self.c_ok[self.key_rows[k]] = False
+        self.c_until[self.key_rows[k]] = -np.inf
         h = self.book.keys.get(key) if key else None
         p = self.policy
         if h is None or h.weight < p.min_history_weight:
@@ -227,7 +226,7 @@ class Ordering:
         """The job's own latest signal, last heard from at ``at``: usable while it is younger
         than ``Policy.max_signal_age_s`` and confident enough (``priority.signal_usable``)."""
         p = self.policy
-        self.c_ok[row] = False
+        self.c_until[row] = -np.inf
         self.own_mfu[row], self.own_label[row], self.own_conf[row] = mfu, self._label(label), confidence
         self.own_at[row] = at
         self.own_until[row] = at + p.max_signal_age_s if confidence >= p.min_signal_confidence else -np.inf
@@ -242,7 +241,7 @@ class Ordering:
     def know_mfu(self, rows: np.ndarray, mfu: np.ndarray) -> None:
         """``Policy.order == "mfu"``: every job's MFU known up front (only a replay knows it)."""
         self.oracle_mfu[rows] = mfu
-        self.c_ok[rows] = False
+        self.c_until[rows] = -np.inf
 
     # --- the terms at ``now`` ----------------------------------------------------------------------
     def evidence(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -293,9 +292,9 @@ class Ordering:
             med = self._medians()
             same = (med == self.c_med) | (np.isnan(med) & np.isnan(self.c_med))
             if not same.all():   # a class median moved: every term of that class
-                self.c_ok &= same[self.cls]
+                self.c_until[~same[self.cls]] = -np.inf
                 self.c_med = med
-        stale = rows[~self.c_ok[rows] | (self.c_until[rows] < now)]
+        stale = rows[self.c_until[rows] < now]
         if len(stale) == 1 and self.policy.order != "mfu":   # (most passes: one report or one arrival)
             self._current_one(int(stale[0]), now)
         elif len(stale):
@@ -306,7 +305,6 @@ class Ordering:
                                              np.where(hist >= now, hist, np.inf))
             self.c_key[stale], self.c_kind[stale], self.c_charge[stale] = key, kind, charge
             self.num[stale, KEY_COL], self.num[stale, KIND_COL] = key, kind
-            self.c_ok[stale] = True
 
     def _current_one(self, row: int, now: float) -> None:
         """``current`` of one row in plain floats: ``keys`` and ``efficiency_factors``' arithmetic
@@ -336,7 +334,6 @@ class Ordering:
         self.c_key[row], self.c_kind[row] = key, kind
         self.c_charge[row] = 1.0 + p.waste_weight * (1.0 - factor) if self.use_waste else 1.0
         self.num[row, KEY_COL], self.num[row, KIND_COL] = key, kind
-        self.c_ok[row] = True
 
     def _by_key(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` (ascending) in (key, row) order: the last call's order, less the rows gone or

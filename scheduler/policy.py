@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -131,7 +132,7 @@ def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[flo
     victims: list[Decision] = []
     reclaim = policy.reclaim and bool(quotas) and quotas.get(head.team, 0.0) > 0
     if res is None and (policy.preemption or reclaim) and running is not None and mfu_of is not None:
-        with state.released(p for _, _, p in stopping):
+        with state.released(p for _, _, p in stopping) if stopping else nullcontext():
             if policy.preemption:
                 victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
             if not victims and reclaim:
