@@ -28,7 +28,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpudiag.scheduler.model import COMM_LABEL, GPU_IDLE_LABELS, Job, Policy, Running, Signal
-from gpudiag.scheduler.pending import ONE_NODE, SPREAD, WHOLE, PendingQueue
+from gpudiag.scheduler.pending import (
+    EST_COL,
+    GPUS_COL,
+    KEY_COL,
+    KIND_COL,
+    NEGTIER_COL,
+    NUM_COLS,
+    ONE_NODE,
+    SPREAD,
+    TAG_COL,
+    WHOLE,
+    PendingQueue,
+)
 from gpudiag.scheduler.priority import MfuBook, efficiency_factors, job_class, lowered
 from gpudiag.scheduler.team_queues import drain_time, interleave, team_quotas
 
@@ -116,8 +128,9 @@ class Ordering:
         self.c_key = np.zeros(0)
         self.c_kind = np.zeros(0, dtype=np.int8)
         self.c_charge = np.zeros(0)
-        self.c_until = np.zeros(0)               # valid until then (an evidence's usable-until)
-        self.c_ok = np.zeros(0, dtype=bool)
+        # valid until then (an evidence's usable-until); -inf: an input changed, compute again
+        self.c_until = np.zeros(0)
+        self.num = np.zeros((0, NUM_COLS))        # each row's queue columns (``pending.PendingQueue.num``)
         self.c_med = np.full(len(CLASSES), np.nan)
         self.c_seen = -1                          # the medians' book's observations at c_med
         self.by_key = np.zeros(0, dtype=np.int64)   # the last queue's rows by (key, row)
@@ -184,7 +197,10 @@ class Ordering:
         self.c_kind = cat([self.c_kind, np.zeros(n, dtype=np.int8)])
         self.c_charge = cat([self.c_charge, np.ones(n)])
         self.c_until = cat([self.c_until, np.full(n, -np.inf)])
-        self.c_ok = cat([self.c_ok, np.zeros(n, dtype=bool)])
+        num = np.zeros((n, NUM_COLS))   # (kind and key filled in by ``current``)
+        num[:, GPUS_COL], num[:, EST_COL], num[:, TAG_COL] = gpus, self.est[n0:], np.arange(n0, n0 + n)
+        num[:, NEGTIER_COL] = -self.tier[n0:]
+        self.num = cat([self.num, num])
         self.moved = cat([self.moved, np.zeros(n, dtype=bool)])
         self.mark = cat([self.mark, np.zeros(n, dtype=bool)])
         return np.arange(n0, n0 + n)
@@ -196,7 +212,7 @@ class Ordering:
         k = self.keys_ix.get(key)
         if k is None:
             return
-        self.c_ok[self.key_rows[k]] = False
+        self.c_until[self.key_rows[k]] = -np.inf
         h = self.book.keys.get(key) if key else None
         p = self.policy
         if h is None or h.weight < p.min_history_weight:
@@ -210,7 +226,7 @@ class Ordering:
         """The job's own latest signal, last heard from at ``at``: usable while it is younger
         than ``Policy.max_signal_age_s`` and confident enough (``priority.signal_usable``)."""
         p = self.policy
-        self.c_ok[row] = False
+        self.c_until[row] = -np.inf
         self.own_mfu[row], self.own_label[row], self.own_conf[row] = mfu, self._label(label), confidence
         self.own_at[row] = at
         self.own_until[row] = at + p.max_signal_age_s if confidence >= p.min_signal_confidence else -np.inf
@@ -225,7 +241,7 @@ class Ordering:
     def know_mfu(self, rows: np.ndarray, mfu: np.ndarray) -> None:
         """``Policy.order == "mfu"``: every job's MFU known up front (only a replay knows it)."""
         self.oracle_mfu[rows] = mfu
-        self.c_ok[rows] = False
+        self.c_until[rows] = -np.inf
 
     # --- the terms at ``now`` ----------------------------------------------------------------------
     def evidence(self, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -276,17 +292,48 @@ class Ordering:
             med = self._medians()
             same = (med == self.c_med) | (np.isnan(med) & np.isnan(self.c_med))
             if not same.all():   # a class median moved: every term of that class
-                self.c_ok &= same[self.cls]
+                self.c_until[~same[self.cls]] = -np.inf
                 self.c_med = med
-        stale = rows[~self.c_ok[rows] | (self.c_until[rows] < now)]
-        if len(stale):
+        stale = rows[self.c_until[rows] < now]
+        if len(stale) == 1 and self.policy.order != "mfu":   # (most passes: one report or one arrival)
+            self._current_one(int(stale[0]), now)
+        elif len(stale):
             key, kind, charge = self.keys(stale, now)
             self.moved[stale[key != self.c_key[stale]]] = True
             own, hist = self.own_until[stale], self.key_until[self.key_i[stale]]
             self.c_until[stale] = np.minimum(np.where(own >= now, own, np.inf),
                                              np.where(hist >= now, hist, np.inf))
             self.c_key[stale], self.c_kind[stale], self.c_charge[stale] = key, kind, charge
-            self.c_ok[stale] = True
+            self.num[stale, KEY_COL], self.num[stale, KIND_COL] = key, kind
+
+    def _current_one(self, row: int, now: float) -> None:
+        """``current`` of one row in plain floats: ``keys`` and ``efficiency_factors``' arithmetic
+        step by step (the same IEEE operations, so the same values), without ~30 numpy calls on
+        one element. Not for ``Policy.order == "mfu"``."""
+        p = self.policy
+        k = int(self.key_i[row])
+        own_until, hist_until = float(self.own_until[row]), float(self.key_until[k])
+        if own_until >= now:
+            mfu, label = float(self.own_mfu[row]), int(self.own_label[row])
+        elif hist_until >= now:
+            mfu, label = float(self.key_mfu[k]), int(self.key_label[k])
+        else:
+            mfu, label = math.nan, 0
+        median = float(self.c_med[self.cls[row]])   # (``current`` has just brought it up to date)
+        factor = max(p.min_efficiency_factor, mfu / median) if median > 0 and mfu < median else 1.0
+        if self.idle[label]:
+            factor = min(factor, p.idle_label_factor)
+        key = float(self.sub[row])
+        if self.use_eff:
+            key = key + (1.0 - factor) * p.max_efficiency_delay_s
+        kind = WHOLE if self.gpus[row] > self.per_node else SPREAD if self.spread[label] else ONE_NODE
+        if key != self.c_key[row]:
+            self.moved[row] = True
+        self.c_until[row] = min(own_until if own_until >= now else math.inf,
+                                hist_until if hist_until >= now else math.inf)
+        self.c_key[row], self.c_kind[row] = key, kind
+        self.c_charge[row] = 1.0 + p.waste_weight * (1.0 - factor) if self.use_waste else 1.0
+        self.num[row, KEY_COL], self.num[row, KIND_COL] = key, kind
 
     def _by_key(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` (ascending) in (key, row) order: the last call's order, less the rows gone or
@@ -413,12 +460,11 @@ class Ordering:
         else:
             live = None
         rows = self._by_key(rows)   # from here on in (key, row) order
-        keys, kinds, charge = self.c_key[rows], self.c_kind[rows], self.c_charge[rows]
-        gpus, est, tier = self.gpus[rows], self.est[rows], self.tier[rows]
+        gpus = self.gpus[rows]
         share = None
         overdue_s = math.inf
         if p.order == "priority" and p.team_queues:
-            overdue_s = min(p.team_overdue_s, drain_time(gpus, est, self.gpus[run.rows],
+            overdue_s = min(p.team_overdue_s, drain_time(gpus, self.est[rows], self.gpus[run.rows],
                                                          run.ends, now, total_gpus))
             nt = len(self.team_names)
             team = self.team_i[rows]
@@ -427,11 +473,16 @@ class Ordering:
             if not (quota > 0).all():   # who is present only sizes the equal share of teams without one
                 quota = team_quotas(present, quota, total_gpus)
             share = (self.team_names, present, held, quota, charged)
-            perm = interleave(tier, team, gpus * charge, self.sub[rows], charged, quota, now, overdue_s)
+            if len(rows) < 2:   # (most of a replay's passes at 80 nodes: the job that just arrived)
+                perm = np.zeros(len(rows), dtype=np.int64)
+            else:
+                perm = interleave(self.tier[rows], team, gpus * self.c_charge[rows], self.sub[rows], charged,
+                                  quota, now, overdue_s)
         else:
-            perm = np.argsort((2 - tier).astype(np.int8), kind="stable")
-        q = PendingQueue.ordered(self.job_arr[rows[perm]], gpus[perm], est[perm], kinds[perm],
-                                 keys[perm], rows[perm], -tier[perm], self.why(rows, now) if why else {})
+            perm = np.argsort((2 - self.tier[rows]).astype(np.int8), kind="stable")
+        ordered = rows[perm]
+        # the queue's columns are each row's own (``num``, kept by ``add`` and ``current``): one gather
+        q = PendingQueue.of_rows(self.job_arr[ordered], self.num[ordered], self.why(rows, now) if why else {})
         q.teams = share
         q.overdue_s = overdue_s
         return q, live

@@ -16,6 +16,9 @@ from gpudiag.scheduler.model import Job
 
 ONE_NODE, SPREAD, WHOLE = 0, 1, 2   # placement kinds: one node; may span nodes; whole nodes
 _GPUS, _EST, _KIND, _KEY, _TAG, _NEGTIER = range(6)
+# the columns of ``PendingQueue.num``, for a runtime that keeps them by job (``ordering.Ordering``)
+GPUS_COL, EST_COL, KIND_COL, KEY_COL, TAG_COL, NEGTIER_COL = _GPUS, _EST, _KIND, _KEY, _TAG, _NEGTIER
+NUM_COLS = 6
 
 
 def kind_of(gpus: int, per_node: int, may_spread: bool) -> int:
@@ -101,6 +104,16 @@ class PendingQueue:
         q.num = np.empty((len(jobs), 6))
         for c, col in enumerate((gpus, est, kinds, keys, tags, neg_tier)):
             q.num[:, c] = col
+        q.why = dict(why or {})
+        return q
+
+    @classmethod
+    def of_rows(cls, jobs: np.ndarray, num: np.ndarray, why: dict[int, str] | None = None) -> PendingQueue:
+        """From the columns as one array already in the order the pass walks (``num``'s layout:
+        GPUs, estimate, kind, key, tag, -tier)."""
+        q = cls()
+        q.jobs = jobs
+        q.num = num
         q.why = dict(why or {})
         return q
 

@@ -154,6 +154,16 @@ def whole_nodes(state: ClusterState, gpus: int, fewest_racks: bool,
     return pick_whole(free, state.size, state.rack, gpus, fewest_racks, state.uniform)
 
 
+def rack_room(state: ClusterState, banned: frozenset[int] = frozenset()) -> list[int]:
+    """Each rack's free GPUs, those of ``banned`` nodes left out."""
+    if not banned:
+        return state.rack_free
+    room = list(state.rack_free)
+    for n in banned:
+        room[state.rack[n]] -= state.free[n]
+    return room
+
+
 def spread(state: ClusterState, gpus: int, banned: frozenset[int] = frozenset()) -> Plan | None:
     """Fewest nodes inside one rack (the rack with the least room that suffices); never across racks.
 
@@ -162,21 +172,17 @@ def spread(state: ClusterState, gpus: int, banned: frozenset[int] = frozenset())
     """
     if state.total_free < gpus:
         return None
-
-    def nodes_of(r: int) -> list[int]:
-        return sorted((n for n in state.rack_nodes[r] if state.free[n] and n not in banned),
-                      key=lambda n: (-state.free[n], n))
-
-    def room(r: int) -> int:
-        return sum(state.free[n] for n in state.rack_nodes[r] if n not in banned) if banned \
-            else state.rack_free[r]
-
-    racks = [r for r in range(state.racks) if room(r) >= gpus]
-    if not racks:
+    room = rack_room(state, banned)
+    best = -1   # the rack with the least room that suffices, ties to the lowest index
+    for r, g in enumerate(room):
+        if g >= gpus and (best < 0 or g < room[best]):
+            best = r
+    if best < 0:
         return None
     plan: Plan = []
     need = gpus
-    for n in nodes_of(min(racks, key=lambda r: (room(r), r))):
+    for n in sorted((n for n in state.rack_nodes[best] if state.free[n] and n not in banned),
+                    key=lambda n: (-state.free[n], n)):
         take = min(need, state.free[n])
         plan.append((n, take))
         need -= take

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from gpudiag.scheduler.model import (
 )
 from gpudiag.scheduler.ordering import Ordering, RunningCols
 from gpudiag.scheduler.pending import SPREAD, WHOLE, PendingQueue
-from gpudiag.scheduler.placement import Reservation, Rule, place, promise, reserve
+from gpudiag.scheduler.placement import Reservation, Rule, place, promise, rack_room, reserve
 from gpudiag.scheduler.preempt import MfuOf, choose_victims, reclaim_victims
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.reasons import Pass, Why, wait_reasons
@@ -74,11 +75,14 @@ def _fmt_t(t: float, now: float, unknown_after: float = math.inf) -> str:
 
 def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, np.ndarray]:
     """Largest request per kind (GPUs; whole nodes for WHOLE) that could start now: (short, long).
+    A job that may spread fits on one node or inside one rack (``placement.spread``), so no
+    more than the most free GPUs of a rack (the reserved nodes left out for a long one).
 
     "Long" jobs would still run at the head's reserved start, so they must leave its GPUs
     alone. These are necessary conditions; candidates passing them are checked exactly.
     """
-    short = np.array([state.max_free_on_a_node(), state.total_free, len(state.whole)])
+    # a job that may spread goes on one node or inside one rack: no more than a rack's free GPUs
+    short = np.array([state.max_free_on_a_node(), max(state.rack_free), len(state.whole)])
     if res is None:
         return short, short
     best = 0
@@ -92,7 +96,7 @@ def _limits(state: ClusterState, res: Reservation | None) -> tuple[np.ndarray, n
     outside = state.total_free - sum(state.free[n] for n in res.nodes)
     whole = len(state.whole) - sum(1 for n in res.nodes if state.free[n] == state.size[n]) \
         + sum(1 for n, c in caps.items() if c == state.size[n])
-    return short, np.array([best, outside + inside, whole])
+    return short, np.array([best, min(outside + inside, max(best, *rack_room(state, res.nodes))), whole])
 
 
 def _team_use(running: Sequence[Running], started: Sequence[Job],
@@ -116,14 +120,19 @@ def _head(state: ClusterState, head: Job, rule: Rule, by_end: Sequence[tuple[flo
           now: float, policy: Policy, running: Sequence[Running] | None,
           mfu_of: MfuOf | None, quotas: Mapping[str, float] | None = None,
           started: Sequence[Job] = (), held: Mapping[str, float] | None = None,
-          queue: PendingQueue | None = None) -> tuple[list[Decision], Reservation | None]:
-    """Preemptions for the head, and its reservation: steps 1-3 of the module docstring."""
-    stopping = [(r.expected_end, r.job.id, r.placement) for r in running or () if r.terminating]
+          queue: PendingQueue | None = None,
+          stopping: Sequence[tuple[float, int, Placement]] | None = None
+          ) -> tuple[list[Decision], Reservation | None]:
+    """Preemptions for the head, and its reservation: steps 1-3 of the module docstring.
+    ``stopping``: the jobs of ``running`` in their grace period as (kill deadline, id,
+    placement), in ``running``'s order, where the caller knows them (else found here)."""
+    stopping = list(stopping) if stopping is not None else \
+        [(r.expected_end, r.job.id, r.placement) for r in running or () if r.terminating]
     res = promise(state, rule, stopping, now) if stopping else None
     victims: list[Decision] = []
     reclaim = policy.reclaim and bool(quotas) and quotas.get(head.team, 0.0) > 0
     if res is None and (policy.preemption or reclaim) and running is not None and mfu_of is not None:
-        with state.released(p for _, _, p in stopping):
+        with state.released(p for _, _, p in stopping) if stopping else nullcontext():
             if policy.preemption:
                 victims = choose_victims(state, head, rule, running, now, policy, mfu_of)
             if not victims and reclaim:
@@ -231,7 +240,8 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
               now: float, policy: Policy,
               running: Callable[[], Sequence[Running]] | None = None,
               mfu_of: MfuOf | None = None, quotas: Mapping[str, float] | None = None,
-              held: Mapping[str, float] | None = None) -> list[Decision]:
+              held: Mapping[str, float] | None = None,
+              stopping: Sequence[tuple[float, int, Placement]] | None = None) -> list[Decision]:
     """Decide starts (allocating them in ``state``), preemptions and the head's hold.
 
     ``by_end``: running jobs' (expected end, job id, placement), sorted by end; a job in its
@@ -239,7 +249,9 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
     grace period marked ``terminating``) lets the pass see GPUs on their way to being free;
     with ``mfu_of`` (a job's MFU, or (MFU, measured?)) it may also preempt, and with ``quotas``
     (each team's quota in GPUs) reclaim; ``held``: each team's GPUs in running jobs not in their
-    grace period, where the runtime keeps that count (else it is counted from ``running``).
+    grace period, where the runtime keeps that count (else it is counted from ``running``);
+    ``stopping``: ``running``'s jobs in their grace period as (kill deadline, job id, placement),
+    in its order, where the runtime knows them (else found by a scan of ``running``).
     """
     out = _start_in_order(state, queue, policy)
     i = len(out)
@@ -250,7 +262,8 @@ def plan_pass(state: ClusterState, queue: PendingQueue, by_end: Sequence[tuple[f
         started = [(now + queue.jobs[d.numbers["position"]].estimate_s, d.job_id, d.placement) for d in out]
         by_end = sorted([*by_end, *started], key=lambda x: x[0])
     victims, res = _head(state, head, rule, by_end, now, policy, running() if running is not None else None,
-                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out], held, queue)
+                         mfu_of, quotas, [queue.jobs[d.numbers["position"]] for d in out], held, queue,
+                         stopping)
     out.extend(victims)
     out.append(_hold(state, head, rule, i, victims, res, now, policy))
     if policy.backfill:
@@ -298,8 +311,12 @@ def decide(o: Ordering, state: ClusterState, queue: PendingQueue | np.ndarray, r
         queue, live = o.queue(queue, now, running, quotas, state.total_gpus, why, cols)
     reclaim = o.reclaim_quotas(quotas) if policy.reclaim else {}
     held = dict(zip(o.team_names, live.tolist(), strict=True)) if live is not None else None
+    stopping = None   # the jobs in their grace period, from the caller's columns (no scan of ``running``)
+    if cols is not None:
+        stopping = [(running[i].expected_end, running[i].job.id, running[i].placement)
+                    for i in np.flatnonzero(cols.stopping).tolist()]
     decisions = plan_pass(state, queue, by_end, now, policy, lambda: running, o.victim_mfu(running, now),
-                          reclaim or None, held)
+                          reclaim or None, held, stopping)
     return Pass(decisions, state, queue, policy, now)
 
 

@@ -56,21 +56,31 @@ def interleave(tier: np.ndarray, team: np.ndarray, gpus: np.ndarray, submit: np.
     n = len(tier)
     if n < 2:   # (most of a replay's passes at 80 nodes: the job that just arrived)
         return np.zeros(n, dtype=np.int64)
-    fresh = (now - submit < overdue_s).astype(np.int64)   # 0 = overdue: goes first
+    fresh = now - submit < overdue_s   # False = overdue: goes first
+    all_fresh = bool(fresh.all())
+    one_tier = tier[0] == tier[-1] and (n < 3 or (tier == tier[0]).all())
     small = np.int16 if len(use) < 5000 else np.int32
     # each team's own queue: tier, overdue first, then the rows' order; GPUs given before each job
-    own = np.argsort(((team * 3 + (2 - tier)) * 2 + fresh).astype(small), kind="stable")
-    g = gpus[own].astype(float)
+    # (one tier: the tier term orders nothing; and with no overdue job, neither does that one)
+    if one_tier:
+        own_key = team.astype(small) if all_fresh else (team * 2 + fresh).astype(small)
+    else:
+        own_key = ((team * 3 + (2 - tier)) * 2 + fresh).astype(small)
+    own = np.argsort(own_key, kind="stable")
+    g = np.asarray(gpus, float)[own]
     before = np.cumsum(g) - g
     t = team[own]
-    first = np.flatnonzero(np.concatenate(([True], t[1:] != t[:-1])))
-    before -= np.repeat(before[first], np.diff(np.append(first, n)))
+    # each team is one run of ``own``: subtract the GPUs given before the run from all of it
+    # (the run's first value, through a per-team column: one gather, not a repeat of the runs)
+    first = np.flatnonzero(t[1:] != t[:-1]) + 1
+    start = np.zeros(len(use))
+    start[t[first]] = before[first]   # (the first run's start is 0 already)
+    before -= start[t]
     ratio = np.empty(n)
     ratio[own] = (use[t] + before) / quota[t]
-    one_tier = tier[0] == tier[-1] and (n < 3 or (tier == tier[0]).all())
-    if one_tier and fresh.all():   # no overdue job, one tier: the last sort would keep the order
+    if one_tier and all_fresh:   # no overdue job, one tier: the last sort would keep the order
         return np.argsort(ratio, kind="stable")
-    ratio[fresh == 0] = 0.0   # overdue jobs: effective-submit order only
+    ratio[~fresh] = 0.0   # overdue jobs: effective-submit order only
     order = np.argsort(ratio, kind="stable")
     return order[np.argsort(((2 - tier) * 2 + fresh)[order].astype(np.int8), kind="stable")]
 

@@ -170,6 +170,7 @@ class Replay:
         self.pending = np.zeros(0, dtype=np.int64)   # pending rows, ascending (dynamic orders)
         self.arrived: list[int] = []                   # rows come since ``pending`` was last merged
         self.running: dict[int, Running] = {}
+        self._run_rows: np.ndarray | None = None   # ``running``'s rows in its order, until it changes
         self.by_end: list[tuple[float, int, Placement]] = []
         self.done: list[tuple[float, int, int]] = []      # (time, 0 finish / 1 kill, job)
         self.learn: list[tuple[float, int, float]] = []   # (time, job, its start)
@@ -188,11 +189,19 @@ class Replay:
             self.arrived.append(i)
 
     def pending_rows(self) -> np.ndarray:
-        """The pending rows, ascending, with those arrived since the last call merged in."""
+        """The pending rows, ascending, with those arrived since the last call merged in (each
+        row is pending once: inserted at its place, not the whole array sorted again)."""
         if self.arrived:
-            self.pending = np.sort(np.concatenate([self.pending, np.array(self.arrived, dtype=np.int64)]))
+            new = np.array(sorted(self.arrived), dtype=np.int64)
+            self.pending = np.insert(self.pending, np.searchsorted(self.pending, new), new)
             self.arrived.clear()
         return self.pending
+
+    def run_rows(self) -> np.ndarray:
+        """The running jobs' rows, in ``running``'s order (kept until a job starts or stops)."""
+        if self._run_rows is None:
+            self._run_rows = np.fromiter(self.running, np.int64, len(self.running))
+        return self._run_rows
 
     def reported(self, now: float) -> None:
         """Agents' first reports of the runs that have run ``LEARN_AFTER_S``."""
@@ -234,6 +243,7 @@ class Replay:
             s.first_start = now
         end = now + job.estimate_s   # what backfill plans with: a limit holds for each run
         self.running[job.id] = Running(job, placement, now, end, now)
+        self._run_rows = None
         self.r_end[job.id], self.r_start[job.id], self.r_stop[job.id] = end, now, False
         insort(self.by_end, (end, job.id, placement))
         heapq.heappush(self.done, (now + wall, 0, job.id))
@@ -256,6 +266,7 @@ class Replay:
 
     def stop(self, s: SimJob, now: float, finished: bool) -> None:
         r = self.running.pop(s.job.id)
+        self._run_rows = None
         del self.by_end[bisect_left(self.by_end, (r.expected_end, s.job.id))]
         self.state.release(r.placement)
         if not r.terminating:
@@ -278,7 +289,8 @@ class Replay:
     def _worth_a_pass(self, rows: np.ndarray, run: np.ndarray, now: float) -> bool:
         """Whether a pass could start or preempt anything: a pending job no larger than the free
         GPUs, a tier to preempt, or quota reclaim (``preempt.reclaim_victims``): a pending job
-        whose team stays within its quota with it, and a running job of another team that may
+        whose team stays within its quota with it, its team's GPUs counted both as held and as
+        charged (what reclaim checks for the head), and a running job of another team that may
         be its victim (not stopping, past the minimum runtime, of a team that stays at or over
         its quota without it, of its tier or lower). Necessary for any such decision."""
         if not len(rows):
@@ -296,14 +308,19 @@ class Replay:
                   & (quota[t] > 0) & (o.gpus[run] <= live[t] - quota[t] + 1e-9))
         if not victim.any():
             return False
+        # the head's team's use as the order counts it (the waste charge: ``reclaim_victims``'
+        # head_use), from the terms the pass will read (``Ordering.current`` keeps them: asking
+        # here first changes nothing the pass computes)
+        o.current(run, now)
+        charged = o.team_use(RunningCols(run, self.r_end[run], self.r_stop[run]), o.c_charge[run])[1]
         t = o.team_i[rows]
-        head = (quota[t] > 0) & (live[t] + gpus <= quota[t] + 1e-9)
+        head = (quota[t] > 0) & (np.maximum(live[t], charged[t]) + gpus <= quota[t] + 1e-9)
         return bool(head.any() and o.tier[run[victim]].min() <= o.tier[rows[head]].max())
 
     def run_pass(self, now: float, rows: np.ndarray) -> None:
         running = list(self.running.values())
         seen = self._inputs(now, running) if self.on_pass is not None else None
-        run = np.fromiter(self.running, np.int64, len(running))
+        run = self.run_rows()
         p = decide(self.o, self.state, self.queue if self.static else rows, running, self.by_end, now,
                    self.quotas, cols=RunningCols(run, self.r_end[run], self.r_stop[run]))
         started = []
@@ -351,7 +368,7 @@ class Replay:
                 lo, ahead = ahead, min(n, ai + PREFETCH_ROWS)
                 self.o.current(np.arange(lo, ahead), now)
             rows = self.queue.tag if self.static else self.pending_rows()
-            if self._worth_a_pass(rows, np.fromiter(self.running, np.int64, len(self.running)), now):
+            if self._worth_a_pass(rows, self.run_rows(), now):
                 self.run_pass(now, rows)
 
 
