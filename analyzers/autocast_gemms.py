@@ -49,11 +49,17 @@ def gemm_shapes(groups: dict[tuple[str, str, str], list[float]]) -> list[tuple[S
     return sorted(out.items(), key=lambda kv: -kv[1])[:TOP_SHAPES]
 
 
+def sizeable(shapes: list[tuple[Shape, float]], compute_bound_us: float) -> list[tuple[Shape, float]]:
+    """The shapes with at least ``MIN_SHARE`` of the compute-bound time: the ones worth timing,
+    and the only ones a ratio is taken over."""
+    return [(s, t) for s, t in shapes if t >= MIN_SHARE * compute_bound_us]
+
+
 def summarise(shapes: list[tuple[Shape, float]], ratios: dict[Shape, float],
               compute_bound_us: float) -> AutocastGemms | None:
     """The time-weighted ratio over the shapes measured (None: none was, or no time)."""
-    timed = [(t, ratios[s]) for s, t in shapes
-             if s in ratios and ratios[s] > 0 and t >= MIN_SHARE * compute_bound_us]
+    timed = [(t, ratios[s]) for s, t in sizeable(shapes, compute_bound_us)
+             if s in ratios and ratios[s] > 0]
     total = sum(t for t, _ in timed)
     if total <= 0 or compute_bound_us <= 0:
         return None

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from gpudiag.analyzers.assemble import RankPartial, assemble
-from gpudiag.analyzers.autocast_gemms import MIN_SHARE, AutocastGemms, gemm_shapes, summarise
+from gpudiag.analyzers.autocast_gemms import AutocastGemms, gemm_shapes, sizeable, summarise
 from gpudiag.analyzers.breakdown import (
     cpu_work,
     gpu_span_breakdown,
@@ -291,7 +291,7 @@ def _autocast(partials: list[RankPartial], cpu_device: DevicePeak | None,
     for p in partials:
         acc.merge(p.roofline)
     cb = acc.cb_time
-    shapes = [(s, t) for s, t in gemm_shapes(acc.groups) if t >= MIN_SHARE * cb]
+    shapes = sizeable(gemm_shapes(acc.groups), cb)
     if not shapes:
         return None
     return summarise(shapes, choice.gemm_probe([s for s, _ in shapes]), cb)
