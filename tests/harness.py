@@ -2,7 +2,8 @@
 
 Several test files need the same two things that are costly to get right: a real Prometheus
 server scraping a target, and real unprivileged Unix users (the agent's owner binding, the
-local scheduler's per-user jobs). One home for each, so a fix to either reaches every test.
+local scheduler's per-user jobs). One home for each, so a fix to either reaches every test;
+and a job run under ``gpudiag profile`` to its diagnosis (``profiled``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+def profiled(run: Path, job: list[str], timeout: float = 600):  # -> gpudiag's Diagnosis
+    """``job`` (a script and its arguments) run under ``gpudiag profile --out run`` with its
+    defaults; the diagnosis it wrote. The run's stderr is in the failure where it exits non-zero."""
+    from gpudiag.diagnosis import Diagnosis
+
+    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--",
+                           sys.executable, *job], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return Diagnosis.from_json((run / "diagnosis.json").read_text())
 
 
 def free_port() -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpudiag.diagnosis import Bottleneck, Diagnosis
+from tests.harness import profiled
 from tests.paths import TESTS
 
 JOB = TESTS / "jobs" / "rpc_job.py"
@@ -37,19 +38,14 @@ def alone(tmp: Path, name: str, *opts: str) -> float:
     return statistics.median(json.loads(report.read_text())["step_seconds"][5:])
 
 
-def profiled(tmp: Path) -> Diagnosis:
+def profiled_job(tmp: Path) -> Diagnosis:
     """The job under ``gpudiag profile``, its diagnosis (the job's own report in ``own.json``)."""
-    run = tmp / "run"
-    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--",
-                           sys.executable, str(JOB), "--steps", "60", "--delay-ms", str(DELAY_MS),
-                           "--report", str(tmp / "own.json")],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return Diagnosis.from_json((run / "diagnosis.json").read_text())
+    return profiled(tmp / "run", [str(JOB), "--steps", "60", "--delay-ms", str(DELAY_MS),
+                                  "--report", str(tmp / "own.json")])
 
 
 def test_a_thread_asleep_in_a_blocking_call_is_named_and_moving_the_call_comes_first(tmp_path):
-    d = profiled(tmp_path)
+    d = profiled_job(tmp_path)
     v = d.verdict
     assert Bottleneck.HOST in (v.label, v.tie_with), v.summary
     assert "asleep in a blocking call" in v.summary, v.summary
@@ -67,7 +63,7 @@ def test_a_thread_asleep_in_a_blocking_call_is_named_and_moving_the_call_comes_f
 
 @pytest.mark.timing   # make test-timing: a wall-clock ratio of real runs, on a quiet machine
 def test_moving_the_blocking_call_beside_the_step_is_predicted_as_the_job_measures_it_applied(tmp_path):
-    first = profiled(tmp_path).verdict.recommendations[0]
+    first = profiled_job(tmp_path).verdict.recommendations[0]
     assert first.action == "unblock-training-thread", first
     # the fix applied, against the job as it is, in a palindrome (the machine's load cancels)
     a1, b1 = alone(tmp_path, "a1"), alone(tmp_path, "b1", "--ahead")

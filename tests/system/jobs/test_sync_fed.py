@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from gpudiag.diagnosis import Bottleneck, Diagnosis
+from tests.harness import profiled
 from tests.paths import TESTS
 
 JOB = TESTS / "jobs" / "metrics_job.py"
@@ -37,18 +38,13 @@ def alone(tmp: Path, name: str, *opts: str) -> float:
     return statistics.median(json.loads(report.read_text())["step_seconds"][5:])
 
 
-def profiled(tmp: Path) -> Diagnosis:
+def profiled_job(tmp: Path) -> Diagnosis:
     """The job under ``gpudiag profile``, its diagnosis."""
-    run = tmp / "run"
-    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--",
-                           sys.executable, str(JOB), "--steps", "40", "--report", str(tmp / "own.json")],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return Diagnosis.from_json((run / "diagnosis.json").read_text())
+    return profiled(tmp / "run", [str(JOB), "--steps", "40", "--report", str(tmp / "own.json")])
 
 
 def test_a_loop_whose_logging_feeds_reads_back_is_host_bound_and_dropping_the_logging_comes_first(tmp_path):
-    d = profiled(tmp_path)
+    d = profiled_job(tmp_path)
     v = d.verdict
     assert v.label is Bottleneck.HOST, (v.summary, v.evidence)
     assert "computed only for values read back" in v.summary, v.summary
@@ -66,7 +62,7 @@ def test_a_loop_whose_logging_feeds_reads_back_is_host_bound_and_dropping_the_lo
 
 @pytest.mark.timing   # make test-timing: a wall-clock ratio of real runs, on a quiet machine
 def test_dropping_the_logging_is_predicted_as_the_job_measures_it_applied(tmp_path):
-    d = profiled(tmp_path)
+    d = profiled_job(tmp_path)
     first = d.verdict.recommendations[0]
     assert first.action == "remove-host-syncs", [r.action for r in d.verdict.recommendations]
     a1, b1 = alone(tmp_path, "a1"), alone(tmp_path, "b1", "--log-every", "0")
