@@ -9,9 +9,11 @@ DataLoader worker crowded off its core while the training thread waits for its b
 each step's end the bootstrap reads ``/proc/<pid>/task/<tid>/schedstat`` of every thread of
 the process and of its DataLoader workers (each file kept open and re-read with ``pread``) and
 records the largest wait any of them had over the step (``peer_wait_s``): how long the step
-could have waited on a thread that waited for a core. ``rundir.own_step_seconds`` bounds it by
-the time the training thread was not running or waiting itself (the only time it could have
-been waiting on another thread).
+could have waited on a thread that waited for a core, and that thread's time on a core over the
+same read (``peer_run_s``). ``gpudiag.pace.step_wait`` bounds the wait by the time the training
+thread was not running or waiting itself (the only time it could have been waiting on another
+thread), and takes out of that time the part the other thread spent running: its run is the
+job's own work, which a quiet machine would have had to wait for too.
 
 What it costs is measured on the job's own clock, in the job: the time spent reading, over the
 steps, written into the bootstrap's meta file. Where reading every thread every step would cost
@@ -50,7 +52,8 @@ class PeerWaits:
 
     def __init__(self) -> None:
         self.fds: dict[tuple[int, int], int] = {}  # (pid, tid) -> its schedstat, open
-        self.last: dict[tuple[int, int], int] = {}  # (pid, tid) -> ns waited at the last read
+        self.last: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, tid) -> (ns run, ns waited)
+        # at the last read
         self.workers: set[int] = set()  # DataLoader worker pids (the bootstrap's DataLoader hook)
         self.every = 1  # read every k-th step (``BUDGET``)
         self.pending = 0  # steps since the last read
@@ -88,7 +91,8 @@ class PeerWaits:
 
     def on_step(self, dt: float) -> dict[str, float | int]:
         """The fields this step's row gets: ``peer_wait_s`` (the largest wait for a core any
-        other thread of the job had since the last read), ``peers`` (how many were read) and,
+        other thread of the job had since the last read), ``peer_run_s`` (that thread's time on
+        a core since then), ``peers`` (how many were read) and,
         where the read covers more than this step, ``peer_steps``; nothing between reads."""
         self.steps += 1
         self.pending += 1
@@ -96,24 +100,26 @@ class PeerWaits:
         if self.pending < self.every or not self.fds:
             return {}
         t0 = time.perf_counter()
-        worst = 0
+        worst, worst_run = 0, 0
         gone = []
         for key, fd in self.fds.items():
             try:
-                wait = int(os.pread(fd, 128, 0).split()[1])
+                fields = os.pread(fd, 128, 0).split()
+                run, wait = int(fields[0]), int(fields[1])
             except (OSError, ValueError, IndexError):
                 gone.append(key)
                 continue
             prev = self.last.get(key)
-            self.last[key] = wait
-            if prev is not None and wait - prev > worst:
-                worst = wait - prev
+            self.last[key] = (run, wait)
+            if prev is not None and wait - prev[1] > worst:
+                worst, worst_run = wait - prev[1], run - prev[0]
         for key in gone:
             os.close(self.fds.pop(key))
             self.last.pop(key, None)
         self.read_s = time.perf_counter() - t0
         self.cost_s += self.read_s
-        row: dict[str, float | int] = {"peer_wait_s": worst / 1e9, "peers": len(self.fds)}
+        row: dict[str, float | int] = {"peer_wait_s": worst / 1e9, "peer_run_s": worst_run / 1e9,
+                                       "peers": len(self.fds)}
         if self.pending > 1:
             row["peer_steps"] = self.pending
         self.pending = 0

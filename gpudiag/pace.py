@@ -10,7 +10,9 @@ pace, from here; the wall clock is kept beside it.
 A step's wait (``step_wait``): the training thread's own wait for a core (its schedstat, read
 by the step timer), plus, while it was neither running nor waiting (asleep at the end of a
 parallel region, or waiting for a batch), the largest wait any other thread of the job had over
-the step (its intra-op threads, its DataLoader workers: ``collectors.thread_waits``), less the
+the step (its intra-op threads, its DataLoader workers: ``collectors.thread_waits``), in the
+share that thread waited of its time on the step (``peer_part``: what it ran over the sleep is
+the job's own work, which a quiet machine makes the training thread wait for too), less the
 time it was blocked asking a single-process DataLoader for a batch (a read or a sleep in
 ``__getitem__``, which no thread's wait for a core delays): a step is as slow as the slowest
 thread it waits for. The largest, not the sum: waits in parallel delay
@@ -89,7 +91,28 @@ def step_wait(r: StepRow, loader_in_thread: bool = False) -> float | None:
     # for a core delays that (with workers, the thread waits on them, and their wait does)
     if loader_in_thread:
         idle -= min(idle, r.input_blocked_s or 0.0)
-    return r.wait_s + min(idle, r.peer_wait_s or 0.0)
+    return r.wait_s + peer_part(idle, r)
+
+
+def peer_part(idle: float, r: StepRow) -> float:
+    """Of ``idle`` (seconds the training thread slept over the step, on another thread), those
+    the slowest other thread spent waiting for a core rather than running. That thread ran and
+    waited in turn as the scheduler shared its core, so over the idle it waited its share of
+    the time it was on the step (``peer_wait / (peer_run + peer_wait)``); the rest of the idle
+    it ran, which is the job's own work: on a quiet machine the training thread waits for that
+    too (an intra-op thread with more of the parallel region than the training thread). Never
+    more than the wait itself. Without the thread's run (runs recorded before it was), the
+    process's other threads' CPU over the step stands for it (more than one thread's: the job
+    is charged, not excused); without that either, the whole wait up to the idle, as before."""
+    wait = r.peer_wait_s or 0.0
+    if wait <= 0 or idle <= 0:
+        return 0.0
+    run = r.peer_run_s
+    if run is None and r.cpu_s is not None and r.run_s is not None:
+        run = max(0.0, r.cpu_s - r.run_s)
+    if run is None:
+        return min(idle, wait)
+    return min(wait, idle * wait / (wait + run))
 
 
 def _sample_for(ends: list[float], samples: Sequence[HostSample], t: float) -> HostSample | None:

@@ -298,6 +298,10 @@ class StepRow:
     # DataLoader workers: ``collectors.thread_waits``; a read that covered several steps is
     # spread over them); None: not recorded
     peer_wait_s: float | None = None
+    # that thread's seconds on a core over the same read (its run is the job's own work, which
+    # the training thread would wait for on a quiet machine too); None: not recorded (runs
+    # written before the step timer read it)
+    peer_run_s: float | None = None
     # at the job's own pace (``gpudiag.pace.at_own_pace``): the part of the wall step other
     # processes took, ``dt`` then being the rest; 0 in rows as the step timer wrote them
     machine_s: float = 0.0
@@ -342,6 +346,7 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
             prof = r.get("profiler")
             colls = r.get("collectives")
             run_s, wait_s, peer = r.get("run_s"), r.get("wait_s"), r.get("peer_wait_s")
+            peer_run = r.get("peer_run_s")
             comm_cpu = r.get("comm_cpu_s")
             rows.append(StepRow(step=step, t=float(t), dt=float(dt),
                                 profiler=prof if isinstance(prof, str) else None,
@@ -350,6 +355,8 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
                                 wait_s=float(wait_s) if _num(wait_s) and wait_s >= 0 else None,
                                 comm_cpu_s=float(comm_cpu) if _num(comm_cpu) and comm_cpu >= 0 else None,
                                 peer_wait_s=float(peer) if _num(peer) and peer >= 0 else None,
+                                peer_run_s=float(peer_run) if _num(peer) and peer >= 0
+                                and _num(peer_run) and peer_run >= 0 else None,
                                 save_s=_save_s(r.get("save_s")),
                                 **_input_times(r), **_usage(r)))
             over = r.get("peer_steps")
@@ -384,16 +391,17 @@ def _input_times(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _spread_peer_wait(rows: list[StepRow], over: int) -> None:
-    """The last row's other threads' wait was read over ``over`` steps (the reads' budget): each
-    of them, the last and the rows before it that have none, gets an even part."""
-    last = rows[-1].peer_wait_s
+    """The last row's other threads' wait (and that thread's run) was read over ``over`` steps
+    (the reads' budget): each of them, the last and the rows before it that have none, gets an
+    even part."""
+    last, run = rows[-1].peer_wait_s, rows[-1].peer_run_s
     if last is None:  # the caller spreads only a wait that was read
         return
-    share = last / over
-    rows[-1].peer_wait_s = share
+    share, run_share = last / over, (run / over if run is not None else None)
+    rows[-1].peer_wait_s, rows[-1].peer_run_s = share, run_share
     for r in rows[-over:-1]:
         if r.peer_wait_s is None:
-            r.peer_wait_s = share
+            r.peer_wait_s, r.peer_run_s = share, run_share
 
 
 def _mark_legacy_window(rows: list[StepRow], meta: BootstrapMeta) -> None:

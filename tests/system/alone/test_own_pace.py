@@ -68,16 +68,35 @@ def test_without_the_job_threads_figures_the_split_is_in_proportion_of_cpu_as_be
 
 def test_a_step_waits_on_another_thread_only_while_its_own_thread_is_asleep():
     """10 ms step: the training thread ran 3 ms and waited 2 ms, so it slept 5 ms (the end of a
-    parallel region, the loader's queue); an intra-op thread waited 8 ms, of which at most those
-    5 ms can have held the step."""
-    r = StepRow(step=5, t=100.0, dt=0.010, run_s=0.003, wait_s=0.002, peer_wait_s=0.008)
+    parallel region, the loader's queue); an intra-op thread waited 8 ms and ran nothing, so at
+    most those 5 ms can have held the step."""
+    r = StepRow(step=5, t=100.0, dt=0.010, run_s=0.003, wait_s=0.002, peer_wait_s=0.008,
+                peer_run_s=0.0)
     assert step_wait(r) == pytest.approx(0.007)
     assert step_wait(StepRow(step=5, t=100.0, dt=0.010)) is None  # not recorded
 
 
+def test_what_the_other_thread_ran_while_the_training_thread_slept_is_the_jobs_own_work():
+    """The same 5 ms asleep, the intra-op thread having run 4 ms and waited 6 ms (a core shared
+    with a busy loop: it waited 0.6 of its time on the step): of the 5 ms it waited 3 and ran 2,
+    which a quiet machine would have had the training thread wait for too. (Taking its whole
+    wait up to the sleep, as before, excused all 5 ms: a crowded MLP then read 1.7x its quiet
+    run's FLOP/s in a CI run.)"""
+    r = StepRow(step=5, t=100.0, dt=0.010, run_s=0.003, wait_s=0.002, peer_wait_s=0.006,
+                peer_run_s=0.004)
+    assert step_wait(r) == pytest.approx(0.002 + 0.003)
+    # never more than the other thread's own wait, however long the sleep
+    long_sleep = replace(r, dt=0.1)
+    assert step_wait(long_sleep) == pytest.approx(0.002 + 0.006)
+    # a run recorded before the thread's run was: the process's other threads' CPU (here 5 ms of
+    # the 8 the process ran, several threads' worth) stands for it, and excuses less
+    old = replace(r, peer_run_s=None, cpu_s=0.008)
+    assert step_wait(old) == pytest.approx(0.002 + 0.005 * 0.006 / 0.011)
+
+
 def test_the_own_step_takes_out_the_wait_others_caused_and_keeps_the_wall_where_unknown():
     rows = [StepRow(step=s, t=100.0 + 0.01 * s, dt=0.010, run_s=0.002, wait_s=0.001,
-                    peer_wait_s=0.006) for s in range(1, 4)]
+                    peer_wait_s=0.006, peer_run_s=0.0) for s in range(1, 4)]
     rows.append(StepRow(step=4, t=100.04, dt=0.010))  # no wait recorded: its wall time stays
     host = [HostSample(t=99.0, cores=0.0, runq_cores=0.0, machine_busy=None),
             HostSample(t=101.0, cores=0.4, runq_cores=0.5, machine_busy=2.0, runq_threads=1.0,
@@ -94,10 +113,11 @@ def test_a_read_of_the_other_threads_over_several_steps_is_spread_over_them(tmp_
     rows = [{"step": 1, "t": 1.0, "dt": 0.01, "run_s": 0.005, "wait_s": 0.001},
             {"step": 2, "t": 1.01, "dt": 0.01, "run_s": 0.005, "wait_s": 0.001},
             {"step": 3, "t": 1.02, "dt": 0.01, "run_s": 0.005, "wait_s": 0.001, "peer_wait_s": 0.009,
-             "peers": 4, "peer_steps": 3}]
+             "peer_run_s": 0.012, "peers": 4, "peer_steps": 3}]
     (tmp_path / "samples" / "steps-rank-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = read_steps(tmp_path, boot={})[0]
     assert [r.peer_wait_s for r in got] == pytest.approx([0.003] * 3)
+    assert [r.peer_run_s for r in got] == pytest.approx([0.004] * 3)
 
 
 def test_on_the_cpu_the_machines_part_comes_out_of_every_part_and_keeps_the_jobs_picture():
@@ -225,11 +245,23 @@ def test_the_same_job_beside_two_busy_loops_is_no_slower_at_its_own_pace(loop_ru
     this VM: 16.5 ms of each 29 ms step against 2.9 of 15.3; by wall clock +89.8%, "significantly
     slower"), and the job's own pace did not move. Where the machine was already so busy that
     the wall clock's noise hid the loops (load 20: +16.5%, noise ±17.5%), the wall clock and the
-    own pace agree and the verdict says so; where they disagree it leads with the own pace."""
+    own pace agree and the verdict says so; where they disagree it leads with the own pace.
+
+    The loops may change the job's own time on a core, which is its own pace: on this project's
+    2-core EPYC VM, in two clean-clone runs of the suite, the step's run fell from 2.1-2.2 ms to
+    1.5 ms beside them (the core kept busy between the job's 10 ms sleeps), and its own pace
+    read 6-7% faster, "significant". So the own pace must move by what the job's run moved (the
+    median run's change over the quiet step, within diff's noise floor), and no more: read by
+    wall clock, with the loops' part left in, it moved +13% that time."""
     d = gpudiag_diff(loop_runs["quiet"], loop_runs["busy"])
     own, wall = d["own_pace_change"], d["step_change"]
     assert own is not None and wall is not None, d["step_time_verdict"]
-    assert own["significant"] is False and own["direction"] == NO_CHANGE, d["step_time_verdict"]
+    quiet, busy = rows(loop_runs["quiet"]), rows(loop_runs["busy"])
+    ran = ((statistics.median(r.run_s for r in busy) - statistics.median(r.run_s for r in quiet))
+           / statistics.median(r.dt for r in quiet))
+    assert abs(own["change"] - ran) <= own["noise_floor"], (ran, d["step_time_verdict"])
+    if abs(ran) < own["noise_floor"] / 2:
+        assert own["significant"] is False and own["direction"] == NO_CHANGE, d["step_time_verdict"]
     share = {n: np.array([r.machine_s / (r.dt + r.machine_s) for r in rows(loop_runs[n])])
              for n in ("quiet", "busy")}
     # the loops took their part: a larger share of each step on average, beyond chance (the rank
@@ -239,7 +271,7 @@ def test_the_same_job_beside_two_busy_loops_is_no_slower_at_its_own_pace(loop_ru
             and mann_whitney_p(share["quiet"], share["busy"]) < ALPHA), share
     assert wall["direction"] != "faster" and not d["warnings"], d["step_time_verdict"]
     verdict = d["step_time_verdict"]
-    assert verdict.startswith("At the job's own pace: ") and NO_CHANGE in verdict.split(". By wall")[0]
+    assert verdict.startswith("At the job's own pace: ") and ". By wall clock" in verdict
     if wall["significant"]:
         assert "the machine was busier in AFTER: other processes took" in verdict
         assert d["machine_note"] in verdict
@@ -313,20 +345,25 @@ def test_a_job_whose_intra_op_thread_is_crowded_is_seen_through_that_thread(tmp_
         runs[name] = rows(run)
     crowded, quiet = runs["crowded"], runs["quiet"]
     wall = [r.dt + r.machine_s for r in crowded]
-    own, was = statistics.median(r.dt for r in crowded), statistics.median(wall)
+    # the job's steps in all (their mean): the loops crowd some steps and not others (a thread
+    # waking from its sleep may take the core from a loop), and in one run of the suite fewer
+    # than half the steps were crowded, so the median step was an uncrowded one (wall 5.3 ms
+    # against a mean of 11.9)
+    own, was = statistics.mean(r.dt for r in crowded), statistics.mean(wall)
     # the training thread's counters alone (the split before every thread was read) keep the wall
     alone = [r.__class__(**{**r.__dict__, "peer_wait_s": None, "dt": w, "machine_s": 0.0})
              for r, w in zip(crowded, wall, strict=True)]
     boot = read_bootstrap(tmp_path / "crowded")
-    main_only = statistics.median(own_step_seconds(alone, read_host_cpu(tmp_path / "crowded"),
+    main_only = statistics.mean(own_step_seconds(alone, read_host_cpu(tmp_path / "crowded"),
                                                    boot[0].cpus))
     # the two threads' work, side by side quiet, runs one after the other where one of them is
     # crowded off its core (the training thread does its part, then sleeps while the other does
     # its part): no wait shows that, so the own step may be up to the two parts, twice the quiet
     # one (seen: 1.8x at load 15-20, against the 78x the wall clock read)
-    q = statistics.median(r.dt for r in quiet)
+    q = statistics.mean(r.dt for r in quiet)
     assert own <= 2 * 1.25 * cpu_slowdown(crowded, quiet) * q, (own, was, q)
     # the crowded thread's wait, read on its own counters, takes a large part of the wall off
-    # (own step 0.31 of the wall at load 2 on a quiet run of the suite, under 0.25 at load 15,
-    # 0.55 in the project's CI); the training thread's counters alone keep all of it (1.0)
+    # (medians before the other thread's run was taken out of it: own step 0.31 of the wall at
+    # load 2 on a quiet run of the suite, under 0.25 at load 15, 0.55 in the project's CI; means
+    # since: 0.41 twice at load 2-3); the training thread's counters alone keep all of it (1.0)
     assert main_only >= 1.4 * own and own < 0.7 * was, (main_only, own, was)
