@@ -12,14 +12,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Signal, Tier
-from gpudiag.scheduler.pending import PendingQueue
+from gpudiag.scheduler.pending import KEY_COL, KIND_COL, PendingQueue
 from gpudiag.scheduler.placement import Rule, place, reserve, whole_nodes
-from gpudiag.scheduler.policy import explain, order_queue, plan_pass, schedule
+from gpudiag.scheduler.policy import _ordering, explain, order_queue, plan_pass, schedule
 from gpudiag.scheduler.priority import MfuBook, efficiency_factor, job_class
 
 NOW = 100_000.0
@@ -458,3 +459,26 @@ def test_team_under_quota_goes_first_until_an_overdue_job_of_any_team():
     assert [j.id for j in order_queue([a1, c], [busy], {}, MfuBook(1e6), NOW, p, 8, teams, 16).jobs] \
         == [30, 11]   # c: 0 / 5.33 before a: 4 / 4
     assert Policy.easy().aging_bound_s == 0.0 and p.aging_bound_s == p.team_overdue_s
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=60)
+@given(worlds(), st.floats(0, 2_000))
+def test_one_row_brought_current_in_plain_floats_gets_the_keys_the_vector_path_computes(world, later):
+    """``Ordering.current`` computes a single stale row in plain floats (``_current_one``, the
+    common pass of a replay) and several with numpy (``keys``): both must give every row the same
+    key, placement kind and waste charge, bit for bit, or a replay's decisions would depend on
+    how many rows happened to be stale together."""
+    cluster, running, pending, signals, book, policy, _ = world
+    per = max(n.gpus for n in cluster.nodes)
+    o, rows = _ordering(pending, running, signals, book, NOW, policy, per)
+    if policy.order == "mfu" or not len(rows):
+        return
+    now = NOW + later   # some signals and histories have expired by then
+    o.current(rows, now)   # all stale at once: the vector path
+    vec = o.c_key[rows].copy(), o.c_kind[rows].copy(), o.c_charge[rows].copy()
+    for r in rows.tolist():   # each alone: the plain-float path
+        o.c_until[r] = -np.inf
+        o.current(np.array([r]), now)
+    assert np.array_equal(o.c_key[rows], vec[0]) and np.array_equal(o.c_kind[rows], vec[1])
+    assert np.array_equal(o.c_charge[rows], vec[2])
+    assert np.array_equal(o.num[rows, KEY_COL], vec[0]) and np.array_equal(o.num[rows, KIND_COL], vec[1])

@@ -206,7 +206,9 @@ def _rss() -> int:
     return 0
 
 
-def test_five_thousand_scrapes_grow_rss_by_less_than_5_mb(tmp_path):
+def test_scrapes_grow_rss_by_under_a_kilobyte_each(tmp_path):
+    """2,500 scrapes of 100 jobs and a GPU, RSS after against before: a leak of a kilobyte a
+    scrape fails it (5,000 scrapes against 5 MB asked the same and cost 22 CPU-s of the suite)."""
     table = JobTable(tmp_path / "state")
     reg = CollectorRegistry()
     reg.register(GpuCollector(ReplayBackend(REPLAY), lambda pids: "job"))
@@ -219,10 +221,10 @@ def test_five_thousand_scrapes_grow_rss_by_less_than_5_mb(tmp_path):
         generate_latest(reg)
     gc.collect()
     before = _rss()
-    for _ in range(5000):
+    for _ in range(2500):
         generate_latest(reg)
     gc.collect()
-    assert _rss() - before < 5 * 2**20
+    assert _rss() - before < 2500 * 2**10
 
 
 def test_parse_signal_accepts_the_documented_format():
