@@ -82,7 +82,7 @@ def view_mfu(d: Diagnosis, own: dict, run: Path) -> float:
     the diagnosis used, by the view's statistic: the median of the reference steps, or the mean
     of the traced ones (the breakdown's) less the last, whose own timing includes the trace
     export done inside the job's step. ``own``: the job's own timer (tests/jobs/_timer.py), each
-    step less the part other processes took of it by gpudiag's step timer (``gpudiag.pace``): the
+    step less the share other processes took of it by gpudiag's step timer (``gpudiag.pace``): the
     job's own pace, as ``Mfu.value`` (issue 38; on a machine other tests load, a wall-clock truth
     holds their noise: reference steps of 12-54 ms, medians 16% apart with one step's change)."""
     from gpudiag.pace import at_own_pace
@@ -101,8 +101,14 @@ def view_mfu(d: Diagnosis, own: dict, run: Path) -> float:
         started = {max(r.step for r in w.before_rows) for w in window_steps(run) if w.before_rows}
         steps = [s for s in steps if s not in started] or steps
     boot = read_bootstrap(run)
-    machine = {r.step: r.machine_s for r in at_own_pace(read_steps(run, boot), read_host_cpu(run), boot)[0]}
-    times = [own["step_seconds"][s - 1] - machine.get(s, 0.0) for s in steps]
+    # each step's own share (own step over wall step, by gpudiag's step timer), not its seconds:
+    # the two timers' steps do not end at the same instant, and at the first traced step of a
+    # CI run the step timer's held 8.7 ms the job's did not (28.0 ms against 19.3), of which
+    # other processes took 20.0: less the seconds, the job's step read -0.7 ms and its MFU 0.77x
+    own_share = {r.step: r.dt / (r.dt + r.machine_s)
+                 for r in at_own_pace(read_steps(run, boot), read_host_cpu(run), boot)[0]
+                 if r.dt + r.machine_s > 0}
+    times = [own["step_seconds"][s - 1] * own_share.get(s, 1.0) for s in steps]
     return own["flops_per_step"] / statistic(times) / d.mfu.peak_flops
 
 
