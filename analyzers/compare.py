@@ -131,6 +131,9 @@ class OwnPace:
     change: StepChange | None  # None: a side recorded no split (``warnings`` says which)
     machine: str = ""  # one line: other processes' part of each run's typical step
     warnings: list[str] = field(default_factory=list)
+    # where the training thread's time on a core moved with the own pace: by how much, and
+    # that a busier machine can move it too (``cpu_note``)
+    cpu: str = ""
 
     def verdict(self, wall: StepChange) -> str:
         """The verdict sentence: by the job's own pace where recorded, the wall clock's beside
@@ -138,6 +141,8 @@ class OwnPace:
         if self.change is None:
             return describe(wall) + ". Compared by wall clock only: " + "; ".join(self.warnings)
         own = "At the job's own pace: " + describe(self.change)
+        if self.change.significant and self.cpu:
+            own += "; " + self.cpu
         if self.change.direction == wall.direction:
             return own + ". By wall clock the same: " + describe(wall)
         return own + ". By wall clock: " + describe(wall) + ": " + self.machine
@@ -149,10 +154,30 @@ def _machine(wall_s: Sequence[float], own_s: Sequence[float]) -> tuple[float, fl
     return max(0.0, w - float(np.median(own_s))), w
 
 
+def cpu_note(before_own: Sequence[float], before_run: Sequence[float] | None,
+             after_run: Sequence[float] | None, floor: float) -> str:
+    """Where the training thread's median time on a core per step moved by at least half the
+    noise floor of the step: by how much. The own pace takes out the waits other processes
+    caused, not a change in how fast the CPU ran the job's work, and a busier machine can make
+    that move too (on this project's 2-core VM, two busy loops on a job's CPU cut its time on a
+    core from 2.2 to 1.5 ms a step: the core kept awake between its 10 ms sleeps). Empty where
+    either side has no such times or they did not move."""
+    if not before_run or not after_run or not before_own:
+        return ""
+    rb, ra = float(np.median(before_run)), float(np.median(after_run))
+    if abs(ra - rb) < floor / 2 * float(np.median(before_own)):
+        return ""
+    return (f"the training thread's time on a core went from {rb * 1e3:.3g} to {ra * 1e3:.3g} ms a step: "
+            "the job's own work changed, or the CPU ran it at another speed (clocks, caches), which a "
+            "busier machine can change too")
+
+
 def own_pace(before_s: Sequence[float], after_s: Sequence[float], before_own: Sequence[float] | None,
-             after_own: Sequence[float] | None, floor: float) -> OwnPace:
+             after_own: Sequence[float] | None, floor: float, before_run: Sequence[float] | None = None,
+             after_run: Sequence[float] | None = None) -> OwnPace:
     """``step_change`` of the steps at the job's own pace (each less the wait other processes
-    caused: ``gpudiag.pace``), and the machine's part of each run in one line."""
+    caused: ``gpudiag.pace``), and the machine's part of each run in one line; with the training
+    thread's time on a core in the same steps, how far that moved (``cpu_note``)."""
     missing = [side for side, own in (("BEFORE", before_own), ("AFTER", after_own)) if not own]
     if missing:
         return OwnPace(None, warnings=[f"{side} {NOT_SPLIT}" for side in missing])
@@ -166,7 +191,7 @@ def own_pace(before_s: Sequence[float], after_s: Sequence[float], before_own: Se
     machine = (f"the machine was busier in {busier}: other processes took {m1 * 1e3:.3g} ms of each "
                f"{w1 * 1e3:.3g} ms step ({m0 * 1e3:.3g} of {w0 * 1e3:.3g} ms in "
                f"{'BEFORE' if busier == 'AFTER' else 'AFTER'})")
-    return OwnPace(change, machine)
+    return OwnPace(change, machine, cpu=cpu_note(before_own, before_run, after_run, floor))
 
 
 def _steps(d: Diagnosis) -> int:
@@ -210,11 +235,14 @@ STALLED_NOTABLE = 0.01
 
 def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] | None = None,
             after_steps: Sequence[float] | None = None, *, before_own: Sequence[float] | None = None,
-            after_own: Sequence[float] | None = None) -> DiagnosisDiff:
+            after_own: Sequence[float] | None = None, before_run: Sequence[float] | None = None,
+            after_run: Sequence[float] | None = None) -> DiagnosisDiff:
     """``before_steps`` / ``after_steps``: untraced step times (seconds) from each run's step
     timer, when the input was a run directory; with both, the step time is judged against noise.
     ``before_own`` / ``after_own``: the same steps at the job's own pace (``gpudiag.pace``), None
-    where that run recorded no split: with both, the verdict is the job's own (``own_pace``)."""
+    where that run recorded no split: with both, the verdict is the job's own (``own_pace``).
+    ``before_run`` / ``after_run``: the training thread's time on a core in those steps, where
+    recorded: a significant change at the job's own pace says how far that moved."""
     nb, na = _steps(before), _steps(after)
     notes = _side_notes(before, after)
     unprofiled = _has_estimate(before) and _has_estimate(after)
@@ -222,7 +250,7 @@ def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] |
     floor = CPU_RUN_TO_RUN_FLOOR if "cpu" in (before.device.kind, after.device.kind) else RUN_TO_RUN_FLOOR
     timed = bool(before_steps and after_steps)
     sc = step_change(before_steps, after_steps, floor=floor) if before_steps and after_steps else None
-    pace = (own_pace(before_steps, after_steps, before_own, after_own, floor)
+    pace = (own_pace(before_steps, after_steps, before_own, after_own, floor, before_run, after_run)
             if sc is not None and before_steps and after_steps else None)
     change, verdict = _step_time_verdict(sc, pace, bb, ab, timed)
     return DiagnosisDiff(
@@ -239,6 +267,7 @@ def compare(before: Diagnosis, after: Diagnosis, before_steps: Sequence[float] |
         step_change=sc, step_time_verdict=verdict,
         own_pace_change=pace.change if pace is not None else None,
         machine_note=pace.machine if pace is not None else "",
+        cpu_note=pace.cpu if pace is not None else "",
         warnings=pace.warnings if pace is not None else [],
     )
 
@@ -274,8 +303,10 @@ def _views(before: Diagnosis, after: Diagnosis, unprofiled: bool, notes: list[st
                 (before.mfu.value, after.mfu.value))
     (bb, lb, mb), (ab, la, ma) = _traced_view(before), _traced_view(after)
     if _has_estimate(before) or _has_estimate(after):
-        notes.append("only one side has a step timer: both are compared as traced, so labels and "
-                     "MFU here may differ from that run's own report")
+        notes.append("only one side has an unprofiled estimate (the other is traces only, or its "
+                     "steps around the trace window were too few or too unsteady to trust): both "
+                     "are compared as traced, so labels and MFU here may differ from that run's "
+                     "own report")
     return (bb, ab), (lb, la), (mb, ma)
 
 

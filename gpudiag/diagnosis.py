@@ -565,6 +565,10 @@ class DiagnosisDiff(JsonValue):
     own_pace_change: StepChange | None = None
     # one line: the machine's part of each run's step, where it differs between the runs
     machine_note: str = ""
+    # one line: how far the training thread's time on a core per step moved, where it moved by
+    # half the noise floor or more (``analyzers.compare.cpu_note``); the verdict quotes it
+    # where the own pace changed significantly
+    cpu_note: str = ""
     warnings: list[str] = field(default_factory=list)
 
 

@@ -35,8 +35,8 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
     from gpudiag.commands.report import load_diagnosis, write_html
 
     b, a = load_diagnosis(before), load_diagnosis(after)
-    (bw, bo), (aw, ao) = _untraced(before), _untraced(after)
-    result = compare(b, a, bw, aw, before_own=bo, after_own=ao)
+    (bw, bo, br), (aw, ao, ar) = _untraced(before), _untraced(after)
+    result = compare(b, a, bw, aw, before_own=bo, after_own=ao, before_run=br, after_run=ar)
     if as_json:
         click.echo(result.to_json())
         return
@@ -48,25 +48,30 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
     click.echo(f"Report: {output}")
 
 
-def _untraced(target: Path) -> tuple[list[float] | None, list[float] | None]:
+def _untraced(target: Path) -> tuple[list[float] | None, list[float] | None, list[float] | None]:
     """Untraced step times (seconds) of rank 0 from a run directory's step timer, by wall clock
-    and at the job's own pace (``gpudiag.pace``: None where the run recorded no split); (None,
+    and at the job's own pace (``gpudiag.pace``: None where the run recorded no split), and the
+    training thread's time on a core in those steps (None where not recorded); (None, None,
     None) for traces.
 
     One rank, not all pooled: the ranks of a synchronous job step together, so pooling would
     count each step several times and make the interval look tighter than the run is steady."""
+    from dataclasses import replace
+
     from gpudiag.pace import at_own_pace, recorded
     from gpudiag.rundir import is_run_dir, read_bootstrap, read_host_cpu, read_steps
     from gpudiag.steps import split_step_rows
 
     if not is_run_dir(target):
-        return None, None
+        return None, None, None
     boot = read_bootstrap(target)
     rows = read_steps(target, boot, rank=0)
     if 0 not in rows:
-        return None, None
+        return None, None, None
     wall = split_step_rows(0, rows[0], meta=boot.get(0)).untraced
     if not recorded(rows):
-        return wall, None
+        return wall, None, None
     own = at_own_pace(rows, read_host_cpu(target), boot)[0]
-    return wall, split_step_rows(0, own, meta=boot.get(0)).untraced
+    ran = [replace(r, dt=r.run_s) for r in own if r.run_s is not None]
+    return (wall, split_step_rows(0, own, meta=boot.get(0)).untraced,
+            split_step_rows(0, ran, meta=boot.get(0)).untraced or None)

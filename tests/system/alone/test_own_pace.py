@@ -160,6 +160,25 @@ def test_a_diff_that_disagrees_with_the_wall_clock_leads_with_the_jobs_own_pace(
     assert own_pace(before, after, None, own, floor=0.05).change is None
 
 
+def test_an_own_pace_that_moved_says_how_far_the_threads_time_on_a_core_moved_with_it():
+    """The loop job's case, by hand: 12 ms own steps before, 11.3 after, its time on a core 2.2 ms
+    a step before and 1.5 after (the busy loops kept its core awake): the own pace is
+    significantly faster, and the verdict says the time on a core went from 2.2 to 1.5 ms, which
+    the job or the CPU's speed may have moved. A move under half the noise floor says nothing."""
+    own_b = [0.012 * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(40)]
+    own_a = [x - 0.0007 for x in own_b]
+    run_b, run_a = [0.0022] * 40, [0.0015] * 40
+    p = own_pace(own_b, [x + 0.002 for x in own_a], own_b, own_a, floor=0.05,
+                 before_run=run_b, after_run=run_a)
+    assert p.change is not None and p.change.direction == "faster"
+    assert "time on a core went from 2.2 to 1.5 ms a step" in p.cpu
+    assert p.cpu in p.verdict(step_change(own_b, [x + 0.002 for x in own_a], floor=0.05))
+    still = own_pace(own_b, own_a, own_b, own_a, floor=0.05, before_run=run_b,
+                     after_run=[0.0021] * 40)   # 0.1 ms of a 12 ms step: under 2.5%
+    assert still.cpu == ""
+    assert own_pace(own_b, own_a, own_b, own_a, floor=0.05).cpu == ""   # not recorded
+
+
 # --- real jobs beside real busy processes ---------------------------------------------------------
 
 def busy_loops(n: int, cpus: set[int] | None = None) -> list[subprocess.Popen]:
@@ -262,6 +281,9 @@ def test_the_same_job_beside_two_busy_loops_is_no_slower_at_its_own_pace(loop_ru
     assert abs(own["change"] - ran) <= own["noise_floor"], (ran, d["step_time_verdict"])
     if abs(ran) < own["noise_floor"] / 2:
         assert own["significant"] is False and own["direction"] == NO_CHANGE, d["step_time_verdict"]
+    elif own["significant"] and abs(ran) >= 0.6 * own["noise_floor"]:   # clear of the note's edge
+        # it moved, and the verdict says the time on a core moved with it
+        assert d["cpu_note"] and d["cpu_note"] in d["step_time_verdict"], d["step_time_verdict"]
     share = {n: np.array([r.machine_s / (r.dt + r.machine_s) for r in rows(loop_runs[n])])
              for n in ("quiet", "busy")}
     # the loops took their part: a larger share of each step on average, beyond chance (the rank
