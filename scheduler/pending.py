@@ -15,9 +15,9 @@ import numpy as np
 from gpudiag.scheduler.model import Job
 
 ONE_NODE, SPREAD, WHOLE = 0, 1, 2   # placement kinds: one node; may span nodes; whole nodes
-_GPUS, _EST, _KIND, _KEY, _TAG, _NEGTIER = range(6)
-# the columns of ``PendingQueue.num``, for a runtime that keeps them by job (``ordering.Ordering``)
-GPUS_COL, EST_COL, KIND_COL, KEY_COL, TAG_COL, NEGTIER_COL = _GPUS, _EST, _KIND, _KEY, _TAG, _NEGTIER
+# the columns of ``PendingQueue.num`` (also for a runtime that keeps them by job:
+# ``ordering.Ordering``)
+GPUS_COL, EST_COL, KIND_COL, KEY_COL, TAG_COL, NEGTIER_COL = range(6)
 NUM_COLS = 6
 
 
@@ -73,27 +73,27 @@ class PendingQueue:
 
     def request(self, i: int) -> tuple[int, int]:
         """(GPUs, placement kind) of the job at position ``i``."""
-        return int(self.num[i, _GPUS]), int(self.num[i, _KIND])
+        return int(self.num[i, GPUS_COL]), int(self.num[i, KIND_COL])
 
     @property
     def gpus(self) -> np.ndarray:
-        return self.num[:, _GPUS].astype(np.int64)
+        return self.num[:, GPUS_COL].astype(np.int64)
 
     @property
     def est(self) -> np.ndarray:
-        return self.num[:, _EST]
+        return self.num[:, EST_COL]
 
     @property
     def kind(self) -> np.ndarray:
-        return self.num[:, _KIND].astype(np.int8)
+        return self.num[:, KIND_COL].astype(np.int8)
 
     @property
     def key(self) -> np.ndarray:
-        return self.num[:, _KEY]
+        return self.num[:, KEY_COL]
 
     @property
     def tag(self) -> np.ndarray:
-        return self.num[:, _TAG].astype(np.int64)
+        return self.num[:, TAG_COL].astype(np.int64)
 
     @classmethod
     def ordered(cls, jobs: np.ndarray, gpus: np.ndarray, est: np.ndarray, kinds: np.ndarray, keys: np.ndarray,
@@ -120,11 +120,11 @@ class PendingQueue:
     def insert(self, key: float, job: Job, kind: int, why: str = "", tag: int = -1) -> None:
         """At its place in (tier, key, tag) order: ties in key go to the lower tag."""
         neg = -int(job.tier)
-        tiers = self.num[:, _NEGTIER]
+        tiers = self.num[:, NEGTIER_COL]
         lo, hi = int(np.searchsorted(tiers, neg, "left")), int(np.searchsorted(tiers, neg, "right"))
-        keys = self.num[lo:hi, _KEY]
+        keys = self.num[lo:hi, KEY_COL]
         a, b = lo + int(np.searchsorted(keys, key, "left")), lo + int(np.searchsorted(keys, key, "right"))
-        i = a + int(np.searchsorted(self.num[a:b, _TAG], tag, "left"))
+        i = a + int(np.searchsorted(self.num[a:b, TAG_COL], tag, "left"))
         self.jobs = _insert(self.jobs, i, None)
         self.jobs[i] = job
         self.num = _insert(self.num, i, (job.gpus, job.estimate_s, kind, key, tag, neg))
@@ -144,4 +144,4 @@ class PendingQueue:
 
     @property
     def neg_tier(self) -> np.ndarray:
-        return self.num[:, _NEGTIER]
+        return self.num[:, NEGTIER_COL]
