@@ -137,13 +137,17 @@ class OwnPace:
 
     def verdict(self, wall: StepChange) -> str:
         """The verdict sentence: by the job's own pace where recorded, the wall clock's beside
-        it where the two disagree, with the machine's part; else the wall clock's."""
+        it, with the machine's part where the two disagree or their changes differ by more than
+        the noise (a blind check: "+13%, significantly slower" at its own pace and "+117%" by
+        wall clock read "By wall clock the same", and the machine's part was left out); else
+        the wall clock's."""
         if self.change is None:
             return describe(wall) + ". Compared by wall clock only: " + "; ".join(self.warnings)
         own = "At the job's own pace: " + describe(self.change)
         if self.change.significant and self.cpu:
             own += "; " + self.cpu
-        if self.change.direction == wall.direction:
+        apart = abs(wall.change - self.change.change) >= max(wall.noise_floor, self.change.noise_floor)
+        if self.change.direction == wall.direction and not apart:
             return own + ". By wall clock the same: " + describe(wall)
         return own + ". By wall clock: " + describe(wall) + ": " + self.machine
 
