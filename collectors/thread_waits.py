@@ -52,8 +52,8 @@ class PeerWaits:
 
     def __init__(self) -> None:
         self.fds: dict[tuple[int, int], int] = {}  # (pid, tid) -> its schedstat, open
-        self.last: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, tid) -> (ns run, ns waited)
-        # at the last read
+        # (pid, tid) -> (ns on a core, ns waited for one) at the last read
+        self.last: dict[tuple[int, int], tuple[int, int]] = {}
         self.workers: set[int] = set()  # DataLoader worker pids (the bootstrap's DataLoader hook)
         self.every = 1  # read every k-th step (``BUDGET``)
         self.pending = 0  # steps since the last read
