@@ -285,13 +285,12 @@ def _larger_micro(a: AdviceInputs) -> whatif.Prediction:
 
 def _optimizer_us(a: AdviceInputs) -> float | None:
     """The optimizer's step and zero_grad per step at the view's own pace (CPU traces: its host
-    time is its work): its share of the traced step, both by wall clock, of the view's own time
-    (``whatif.fewer_micro_batches``); None where the trace does not tell it apart (a GPU's
-    kernels)."""
+    time is its work: ``whatif.own_of_traced``); None where the trace does not tell it apart (a
+    GPU's kernels)."""
     f, t = a.compile_facts, a.traced
     if on_gpu(a) or not a.traits.optimizer or f is None or t is None or t.step_time <= 0 or f.step_us <= 0:
         return None
-    return f.opt_us * a.view.own_step / t.step_time
+    return whatif.own_of_traced(a.view, t, f.opt_us)
 
 
 def _straggler(a: AdviceInputs) -> whatif.Prediction:
