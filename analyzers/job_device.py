@@ -10,7 +10,7 @@ from __future__ import annotations
 from gpudiag.analyzers.mfu import compute_mfu, raise_measured_peak
 from gpudiag.analyzers.own_pace import with_wall
 from gpudiag.analyzers.roofline import RooflineAcc
-from gpudiag.analyzers.step_view import StepView
+from gpudiag.analyzers.step_view import StepView, traced_step_floor
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak, lookup_device, match_device
 from gpudiag.diagnosis import HostWait, Mfu, RankResult
 
@@ -74,10 +74,17 @@ def mfu_at_own_pace(results: list[RankResult], device: DevicePeak | None, mix: d
     """MFU over the view's step at the job's own pace (less ``host_stalled``: what other
     processes took), with the wall-clock MFU beside it (``own_pace.with_wall``)."""
     b = view.breakdown
-    own = compute_mfu(results, device, mix, flops_per_step, shapes, b.own_step,
+    step, floor = b.own_step, traced_step_floor(view)
+    held = floor is not None and step < floor
+    own = compute_mfu(results, device, mix, flops_per_step, shapes, floor if held else step,
                       view.mfu_basis)
     wall = compute_mfu(results, device, mix, flops_per_step, shapes, b.step_time, view.mfu_basis)
-    return with_wall(own, wall, b, wait.recorded if wait is not None else None)
+    out = with_wall(own, wall, b, wait.recorded if wait is not None else None)
+    if held and out.value is not None:
+        out.reason += (f"; held to {floor / 1e3:.3g} ms, the faster side of the untraced steps "
+                       f"around the window: the traced steps read {step / 1e3:.3g} ms at the job's "
+                       "own pace, faster than the job ran unobserved, which the profiler cannot cause")
+    return out
 
 
 def job_floor(device: DevicePeak | None, mfu: Mfu, mix: dict[str, float], results: list[RankResult],
