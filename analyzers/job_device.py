@@ -80,7 +80,7 @@ def mfu_at_own_pace(results: list[RankResult], device: DevicePeak | None, mix: d
                       view.mfu_basis)
     wall = compute_mfu(results, device, mix, flops_per_step, shapes, b.step_time, view.mfu_basis)
     out = with_wall(own, wall, b, wait.recorded if wait is not None else None)
-    if held and out.value is not None:
+    if held and floor is not None and out.value is not None:
         out.reason += (f"; held to {floor / 1e3:.3g} ms, the faster side of the untraced steps "
                        f"around the window: the traced steps read {step / 1e3:.3g} ms at the job's "
                        "own pace, faster than the job ran unobserved, which the profiler cannot cause")
