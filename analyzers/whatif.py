@@ -323,16 +323,24 @@ GRAPH_CALLS = 12.0
 
 def _cpu_region(view: TimeBreakdown, traced: TimeBreakdown, kept_us: float,
                 extern_us: float, asleep_us: float = 0.0) -> tuple[float, float, float]:
-    """(region, kept, extern) at the view's pace: the step's time outside what no call count
-    changes (kept work, the GEMMs' own operators, waits, communication, other processes), the
-    cost of its operator calls with the Python between them. Traced counts and times are
-    brought to the view's pace: the kept work by the step's ratio, the GEMMs by the compute's."""
-    k_step = view.step_time / traced.step_time
-    k_work = view.compute / traced.compute if traced.compute > 0 else k_step
-    kept = kept_us * k_step
-    extern = extern_us * k_work
-    region = max(0.0, view.step_time - kept - extern - view.input_wait - view.comm_exposed
-                 - view.memcpy_exposed - view.host_stalled - asleep_us)
+    """(region, kept, extern) of the view's own step: its time outside what no call count
+    changes (kept work, the GEMMs' own operators, waits, communication), the cost of its
+    operator calls with the Python between them. Traced times are brought to the view's own
+    time: the kept work by its share of the traced step (``own_of_traced``), the GEMMs' own
+    operators by the job's own share of the traced step (their durations in the trace hold
+    the machine's time as the step does: ``own_pace.charge`` takes it out of every part in
+    proportion), then by the compute's ratio (the profiler's cost in operator time). Taken of
+    the wall step and then less the machine's part, the machine's time inside those was taken
+    out twice: beside the suite's other tests a per-sample model read no region left, and
+    compile "1.00x"."""
+    if traced.step_time <= 0:
+        return 0.0, 0.0, 0.0
+    k_work = (view.compute / traced.compute if traced.compute > 0 else
+              view.own_step / traced.own_step if traced.own_step > 0 else 1.0)
+    kept = own_of_traced(view, traced, kept_us)
+    extern = extern_us * traced.own_step / traced.step_time * k_work
+    region = max(0.0, view.own_step - kept - extern - view.input_wait - view.comm_exposed
+                 - view.memcpy_exposed - asleep_us)
     return region, kept, extern
 
 
@@ -362,8 +370,8 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
     if calls <= 0 or traced.step_time <= 0:
         return Prediction(None, "no operator calls that torch.compile would replace were found")
     region, kept, extern = _cpu_region(view, traced, kept_us, extern_us, asleep_us)
-    work = min(max(0.0, work_us) * view.step_time / traced.step_time, region)
-    fusable = min(max(0.0, fusable_us) * view.step_time / traced.step_time, work)
+    work = min(own_of_traced(view, traced, max(0.0, work_us)), region)
+    fusable = min(own_of_traced(view, traced, max(0.0, fusable_us)), work)
     per_call = (region - work) / (calls + loop_calls)
     compiled = per_call * (rho * kernels + graph_calls * graphs)
     saved = per_call * calls - compiled
@@ -372,10 +380,11 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
     loop = (f"; the {loop_calls:.0f} calls of the Python loop over samples keep theirs "
             f"({ms(per_call * loop_calls)}): compiling the model does not reach a loop outside it"
             if loop_calls >= 0.5 else "")
-    step = view.step_time - saved
+    step = _busy_share(view, saved)
+    fused_step = _busy_share(view, saved + fusable)
     fused = (f"; fused runs reading their data once (each run costing its longest member's work) "
-             f"would save up to {ms(fusable)} more: ≈ {ms(step - fusable)} "
-             f"({(step - fusable) / view.step_time:.2f}x), where inductor's kernels beat ATen's "
+             f"would save up to {ms(step - fused_step)} more: ≈ {ms(fused_step)} "
+             f"({fused_step / view.step_time:.2f}x), where inductor's kernels beat ATen's "
              "(not assumed: on a CPU they can also be the slower)" if fusable > 0 else "")
     return Prediction(
         step,
@@ -394,7 +403,7 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
         f"call costs {rho:g}x, and a graph {graph_calls:g}x, an eager call of this job (on a CPU "
         "compile removes calls, not their work)" + (", and the loop runs outside the compiled "
                                                     "module" if loop_calls >= 0.5 else "") + fused,
-        best_us=step - fusable if fusable > 0 else None)
+        best_us=fused_step if fusable > 0 else None)
 
 
 # A per-tensor update fused into one kernel reads and writes each of the tensor's buffers once

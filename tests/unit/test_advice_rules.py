@@ -9,6 +9,7 @@ over many generated jobs; ``test_advice_device.py`` checks the same on real jobs
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -197,3 +198,26 @@ def test_a_thread_asleep_in_a_blocking_call_is_told_to_move_it_and_compile_is_no
     assert "unblock-training-thread" not in {r.action for r in recommend(asleep(view, 2e3)).advised}
     gpu = replace(a, device_kind="gpu")
     assert "unblock-training-thread" not in {r.action for r in recommend(gpu).advised}
+
+
+def test_compiles_gain_on_a_cpu_is_the_same_share_of_the_step_beside_a_busy_process():
+    """The same job quiet and beside a process that took half of every traced and untraced
+    step (each operator's duration in the trace twice its quiet length, as the step's): at its
+    own pace nothing changed, so compile's predicted step is the same share of the step. Taken
+    of the wall step and less the machine's part, the kept work and the GEMMs lost their part
+    of the machine's time twice: the calls' region shrank to nothing and compile read 1.00x
+    beside the suite's other tests."""
+    from gpudiag.analyzers.own_pace import charge
+
+    quiet = TimeBreakdown(step_time=10e3, gpu_busy=6e3, compute=6e3, compute_bound=6e3, idle=4e3,
+                          host_overhead=4e3)
+    wall = TimeBreakdown(step_time=20e3, gpu_busy=12e3, compute=12e3, compute_bound=12e3, idle=8e3,
+                         host_overhead=8e3)
+    busy = charge(wall, "cpu", 10e3)
+    assert busy.own_step == pytest.approx(10e3) and busy.compute == pytest.approx(6e3)
+    args = dict(calls=400, kernels=40, graphs=1)
+    q = whatif.compiled_cpu(quiet, quiet, extern_us=3e3, kept_us=1e3, work_us=1e3, fusable_us=0.5e3, **args)
+    b = whatif.compiled_cpu(busy, busy, extern_us=6e3, kept_us=2e3, work_us=2e3, fusable_us=1e3, **args)
+    assert q.step_us is not None and b.step_us is not None and q.step_us < 0.9 * quiet.step_time
+    assert b.step_us / busy.step_time == pytest.approx(q.step_us / quiet.step_time)
+    assert b.best_us / busy.step_time == pytest.approx(q.best_us / quiet.step_time)
