@@ -9,11 +9,31 @@ steps, ``time.thread_time``) and ``process_cpu_seconds`` (every thread of the pr
 thread's time on a core (tests/system/alone/test_own_pace_bounds.py)."""
 
 import json
+import os
 import time
+
+# A test that crowds the job's steps with busy processes starts them once the job is ready to
+# step, not while it imports torch (1-3 CPU-s that eight loops on two cores stretch 5x): the job
+# touches READY here and steps once GO exists.
+READY, GO = "TEST_JOB_READY", "TEST_JOB_GO"
+
+
+def start_gate() -> None:
+    """Where the test asked (``READY``, ``GO`` in the environment): say the job is ready to step
+    and wait for the test's go, at most 5 minutes."""
+    ready, go = os.environ.get(READY), os.environ.get(GO)
+    if not ready or not go:
+        return
+    with open(ready, "a"):
+        pass
+    deadline = time.monotonic() + 300
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 class OwnTimer:
     def __init__(self) -> None:
+        start_gate()
         self.seconds: list[float] = []
         self.thread_cpu: list[float] = []
         self.process_cpu: list[float] = []

@@ -10,6 +10,7 @@ import sys
 import time
 
 import torch
+from _timer import start_gate
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=20)
@@ -28,6 +29,7 @@ model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(args.batch, 256)
 y = torch.randn(args.batch, 1)
+start_gate()
 step = 0
 while args.forever or step < args.steps:
     time.sleep(args.sleep)
