@@ -47,8 +47,10 @@ def _open(path: str) -> int | None:
 
 class PeerWaits:
     """The threads of the job but the one that ends each step, and their waits since the last
-    read. ``discover`` (about once a second, at the step file's flush) finds new threads and
-    workers and lets go of those that ended; ``on_step`` reads them."""
+    read. ``discover`` (about once a second, at the step file's flush, and at the end of a step
+    in which the process's thread count changed: ``threads_changed``) finds new threads and
+    workers and lets go of those that ended; ``on_step`` reads them. A thread that starts and
+    ends within one step is never seen: its counters end with it."""
 
     def __init__(self) -> None:
         self.fds: dict[tuple[int, int], int] = {}  # (pid, tid) -> its schedstat, open
@@ -61,13 +63,30 @@ class PeerWaits:
         self.cost_s = 0.0  # seconds spent reading and discovering, in the job, so far
         self.steps = 0  # steps seen
         self.read_s = 0.0  # the last read's cost
+        self.own_threads = 0  # threads of this process at the last discovery, the stepping one too
 
     def add_workers(self, pids: Iterable[int]) -> None:
         self.workers.update(int(p) for p in pids if p)
 
-    def discover(self, stepping_tid: int) -> None:
+    def threads_changed(self) -> bool:
+        """Whether this process has another number of threads than at the last discovery (one
+        ``stat`` of its task directory, whose link count is its threads + 2: about 3 us), so
+        that a thread started since is found at the end of the step it started in, not up to a
+        second later, when the steps it held were written without it."""
+        t0 = time.perf_counter()
+        try:
+            n = os.stat("/proc/self/task").st_nlink - 2
+        except OSError:
+            return False
+        finally:
+            self.cost_s += time.perf_counter() - t0
+        return n != self.own_threads
+
+    def discover(self, stepping_tid: int, fresh: bool = False) -> None:
         """Open the schedstat of every thread of this process (but the stepping thread) and of
-        the live DataLoader workers; close those of threads that ended."""
+        the live DataLoader workers; close those of threads that ended. ``fresh``: the thread
+        set was checked at the end of the last step (``threads_changed``), so a thread found now
+        started within this step, and its whole time since it started is this step's."""
         t0 = time.perf_counter()
         me = os.getpid()
         want: set[tuple[int, int]] = set()
@@ -77,6 +96,8 @@ class PeerWaits:
             except OSError:
                 self.workers.discard(pid)
                 continue
+            if pid == me:
+                self.own_threads = len(tids)
             want.update((pid, int(t)) for t in tids if not (pid == me and int(t) == stepping_tid))
         for key in [k for k in self.fds if k not in want]:
             os.close(self.fds.pop(key))
@@ -87,6 +108,8 @@ class PeerWaits:
                        else f"/proc/{pid}/task/{tid}/schedstat")
             if fd is not None:
                 self.fds[key] = fd
+                if fresh and pid == me:
+                    self.last[key] = (0, 0)
         self.cost_s += time.perf_counter() - t0
 
     def on_step(self, dt: float) -> dict[str, float | int]:

@@ -135,6 +135,8 @@ class _Bootstrap:
             try:
                 if self.step == 1 or time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
                     self.peers.discover(sched[0])
+                elif self.peers.threads_changed():
+                    self.peers.discover(sched[0], fresh=True)
                 row.update(self.peers.on_step(row["dt"]))
             except Exception as e:  # noqa: BLE001 - the step's row is written without them
                 self.note(f"the other threads' waits for a core were not read: {type(e).__name__}: {e}")
