@@ -26,7 +26,7 @@ import pytest
 
 from gpudiag.analyzers.step_loops import LOOP_MIN_REPS
 from gpudiag.diagnosis import Diagnosis, Recommendation
-from gpudiag.rundir import read_steps
+from gpudiag.steps import window_steps
 from tests.paths import TESTS
 
 JOBS = TESTS / "jobs"
@@ -134,21 +134,23 @@ def test_a_periodic_save_is_predicted_on_the_mean_step_with_its_real_period(tmp_
     rec = given(d)["checkpoint-less-often"]
     assert "every 4 steps" in rec.text and "every 8 steps" in rec.why, (rec.text, rec.why)
     # the job's own median step holds no save (3 steps in 4 do not save): the mean is longer.
-    # Judged on the steps the profiler did not trace: its window follows the 8 skipped steps, and
-    # its slow steps made the median of all of them the longer in a CI clone run (47.4 against a
-    # 47.1 ms mean)
-    steps = own["step_seconds"][8:]
-    traced = {r.step for r in read_steps(tmp_path / "run")[0] if r.profiler}
-    quiet = [t for i, t in enumerate(own["step_seconds"]) if i >= 8 and i + 1 not in traced]
-    assert traced, traced
-    if statistics.mean(quiet) <= statistics.median(quiet):
+    # Judged by the job's own timer over the steps the prediction reads (the untraced ones just
+    # around the trace window, ``steps.window_steps``): over all the steps after the skip, the
+    # traced ones and the export in them, a CI clone read a 53.9 ms median against the
+    # prediction's 52.6 ms mean, and over every untraced step one beside a busy helper read 39.39
+    # against 39.38 ms
+    w = window_steps(tmp_path / "run")[0]
+    around = [own["step_seconds"][r.step - 1] for r in (*w.before_rows, *w.after_rows)]
+    assert len(around) >= 8, around
+    if statistics.mean(around) <= 1.02 * statistics.median(around):
         # the premise failed, not gpudiag: a CI clone's busy lanes ran this job's untraced steps
         # from 12.8 to 69.8 ms, the saves within that noise (mean 33.7 against a 34.7 ms median)
-        pytest.skip(f"the job's own untraced steps: mean {statistics.mean(quiet) * 1e3:.3g} ms, median "
-                    f"{statistics.median(quiet) * 1e3:.3g} ms: its saves are within this machine's noise")
-    # and the prediction starts from the mean: above the median of the same steps by the job's
-    # own timer (the verdict's median step is no yardstick here: with 40 steps there is no
-    # untraced view, and the traced steps carry the profiler: a CI clone run read a 24.2 ms traced
-    # median against a 20.7 ms mean of the untraced steps, whose own median was about 13 ms)
-    assert rec.step_s is not None and rec.step_s > statistics.median(steps), (rec.step_s, steps)
+        pytest.skip(f"the job's own steps around the window: mean {statistics.mean(around) * 1e3:.3g} ms, "
+                    f"median {statistics.median(around) * 1e3:.3g} ms: its saves are within this "
+                    "machine's noise")
+    # and the prediction starts from the mean: above the median of the same steps (the verdict's
+    # median step is no yardstick here: with 40 steps there is no untraced view, and the traced
+    # steps carry the profiler: a CI clone run read a 24.2 ms traced median against a 20.7 ms
+    # mean of the untraced steps, whose own median was about 13 ms)
+    assert rec.step_s is not None and rec.step_s > statistics.median(around), (rec.step_s, around)
     assert "mean step" in rec.why, rec.why
