@@ -3,9 +3,10 @@ temporaries glibc unmaps on free and faults in again (tests/jobs/alloc_job.py) i
 them in the heap, with a predicted step; the fix applied as the advice says it (glibc's
 thresholds in the job's environment) faults no more, is no longer advised, and runs the job
 faster by its own timer. Fault counts are exact, so the advice's presence is no timing
-threshold; the one timing check is the fix's direction: on the 2-core AMD EPYC VM, 104 ms
-against 37 ms (predicted 101 -> 37.8 ms; the prediction against the fix applied is
-benchmarks/predicted_vs_applied.py's, where timing belongs).
+threshold; the one timing check is the fix's direction, by the job's own clock of its
+thread's time on a core, which load beside it does not move (by wall clock, on the 2-core AMD
+EPYC VM quiet, 104 ms against 37 ms; predicted 101 -> 37.8 ms; the prediction against the fix
+applied is benchmarks/predicted_vs_applied.py's, where timing belongs).
 """
 
 from __future__ import annotations
@@ -44,11 +45,14 @@ def _profile(tmp: Path, fixed: bool) -> tuple[Diagnosis, Path]:
     return Diagnosis.from_json((run / "diagnosis.json").read_text()), run
 
 
-def _alone(tmp: Path, fixed: bool) -> float:
+def _alone(tmp: Path, fixed: bool) -> tuple[float, float]:
+    """The job unobserved, by its own clocks: (mean wall step, mean CPU seconds of its training
+    thread per step), after start-up."""
     report = tmp / f"alone-{fixed}.json"
     subprocess.run([sys.executable, str(JOB), *SHAPE, "--steps", str(STEPS), "--report", str(report)],
                    env=_env(fixed), check=True, timeout=600)
-    return statistics.fmean(json.loads(report.read_text())["step_seconds"][5:])
+    own = json.loads(report.read_text())
+    return statistics.fmean(own["step_seconds"][5:]), statistics.fmean(own["thread_cpu_seconds"][5:])
 
 
 def test_faulted_temporaries_are_told_to_stay_in_the_heap_and_the_fix_applied_faults_no_more(tmp_path):
@@ -69,5 +73,9 @@ def test_faulted_temporaries_are_told_to_stay_in_the_heap_and_the_fix_applied_fa
              if r.profiler is None and r.step > 3 and r.minflt is not None]
     assert statistics.median(after) < 64, after
 
-    # the fix applied, unobserved, by the job's own timer: faster, never slower
-    assert _alone(tmp_path, fixed=True) < _alone(tmp_path, fixed=False)
+    # the fix applied, unobserved, by the job's own clocks: less of its thread's time on a core a
+    # step (the faults' kernel time gone), which another process's load does not change. By wall
+    # clock, one run each in the suite's first pass beside a busy loop read the fix slower (0.32
+    # against 0.21 s a step): the load moved more than the fix
+    (wall_fixed, cpu_fixed), (wall_default, cpu_default) = _alone(tmp_path, True), _alone(tmp_path, False)
+    assert cpu_fixed < cpu_default, (cpu_fixed, cpu_default, wall_fixed, wall_default)
