@@ -74,16 +74,15 @@ def mfu_at_own_pace(results: list[RankResult], device: DevicePeak | None, mix: d
     """MFU over the view's step at the job's own pace (less ``host_stalled``: what other
     processes took), with the wall-clock MFU beside it (``own_pace.with_wall``)."""
     b = view.breakdown
-    step, floor = b.own_step, traced_step_floor(view)
-    held = floor is not None and step < floor
-    own = compute_mfu(results, device, mix, flops_per_step, shapes, floor if held else step,
-                      view.mfu_basis)
+    floor = traced_step_floor(view)
+    held = floor if floor is not None and b.own_step < floor else None
+    own = compute_mfu(results, device, mix, flops_per_step, shapes, held or b.own_step, view.mfu_basis)
     wall = compute_mfu(results, device, mix, flops_per_step, shapes, b.step_time, view.mfu_basis)
     out = with_wall(own, wall, b, wait.recorded if wait is not None else None)
-    if held and floor is not None and out.value is not None:
-        out.reason += (f"; held to {floor / 1e3:.3g} ms, the faster side of the untraced steps "
-                       f"around the window: the traced steps read {step / 1e3:.3g} ms at the job's "
-                       "own pace, faster than the job ran unobserved, which the profiler cannot cause")
+    if held is not None and out.value is not None:
+        out.reason += (f"; held to {held / 1e3:.3g} ms, the faster side of the untraced steps "
+                       f"around the window: the traced steps read {b.own_step / 1e3:.3g} ms at the "
+                       "job's own pace, faster than the job ran unobserved, which the profiler cannot cause")
     return out
 
 

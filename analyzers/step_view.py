@@ -144,7 +144,7 @@ def traced_step_floor(view: StepView) -> float | None:
     pace: its own pace took out more than the machine's part. Seen on this project's 2-core
     EPYC VM, an fp32 MLP beside eight busy loops: the training thread waited for a core while
     its intra-op thread finished its share of each parallel region, so the step read the
-    training thread's run alone (3.66 ms traced against 4.39 and 6.52 ms unobserved around the
+    training thread's run alone (3.63 ms traced against 4.39 and 6.52 ms unobserved around the
     window, 4.1-4.4 ms quiet) and MFU 1.5x its quiet run's. None where there is no such side."""
     dil = view.dilation
     if view.basis == UNPROFILED or dil is None:
@@ -167,8 +167,7 @@ def at_faster_side(view: StepView, traced: TimeBreakdown, device_kind: str,
         return None
     events = own_events(events, traced)
     traced = without_machine(traced)  # the sides are at the job's own pace
-    sides = [x for x in (dil.before_step_us, dil.after_step_us) if x]
-    fastest = min(sides) if sides else dil.untraced_step_us
+    fastest = traced_step_floor(view) or dil.untraced_step_us
     if fastest <= 0 or fastest >= traced.step_time * (1 - NOISE_FLOOR):
         return None
     at = replace(dil, untraced_step_us=fastest, factor=traced.step_time / fastest, caveats=[])
