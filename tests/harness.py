@@ -18,10 +18,12 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.jobs._timer import GO, READY
 
 
 def profiled(run: Path, job: list[str], timeout: float = 600):  # -> gpudiag's Diagnosis
@@ -175,3 +177,20 @@ def unix_users(prefix: str, count: int = 2) -> Iterator[list[pwd.struct_passwd]]
         for n in made:
             subprocess.run(["pkill", "-KILL", "-u", n], capture_output=True)
             subprocess.run(["userdel", "-f", n], capture_output=True)
+
+
+def start_when_ready(run: Path, job: subprocess.Popen, start: Callable[[], list[subprocess.Popen]]
+                     ) -> list[subprocess.Popen]:
+    """Start the processes that crowd a job once it is ready to step (``tests/jobs/_timer.start_gate``:
+    it touched ``gate_env(run)``'s READY file, or ended), then let it step; what ``start`` started."""
+    gate = gate_env(run)
+    while not Path(gate[READY]).exists() and job.poll() is None:
+        time.sleep(0.005)
+    procs = start()
+    Path(gate[GO]).touch()
+    return procs
+
+
+def gate_env(run: Path) -> dict[str, str]:
+    """The environment that makes a test job wait at its start gate, its files beside ``run``."""
+    return {READY: str(run.with_name(run.name + ".ready")), GO: str(run.with_name(run.name + ".go"))}

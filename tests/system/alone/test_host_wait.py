@@ -30,7 +30,7 @@ from gpudiag.reports.terminal import render_terminal
 from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps
 from gpudiag.steps import window_steps
 from tests.conftest import SHARED
-from tests.jobs._timer import GO, READY
+from tests.harness import gate_env, start_when_ready
 from tests.paths import REPO
 
 # Each test here makes its own competitor (spinners, CPU slices) and compares with its own quiet
@@ -68,18 +68,14 @@ def profile(run: Path, job: list[str], *opts: str, env: dict[str, str] | None = 
     GEMM job pins itself to the lowest one) from its first step (``tests/jobs/_timer.start_gate``),
     stopped once ``spin_steps`` step rows are written, or when the job ends."""
     cpu = min(os.sched_getaffinity(0))
-    gate = {READY: str(run.with_name(run.name + ".ready")), GO: str(run.with_name(run.name + ".go"))}
     procs: list[subprocess.Popen] = []
     try:
         job_p = subprocess.Popen([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), *opts, "--",
                                   sys.executable, *job],
-                                 env={**os.environ, **(env or {}), **(gate if spin else {})},
+                                 env={**os.environ, **(env or {}), **(gate_env(run) if spin else {})},
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if spin:
-            while not Path(gate[READY]).exists() and job_p.poll() is None:
-                time.sleep(0.005)
-            procs = spinners(spin, cpu)
-            Path(gate[GO]).touch()
+            procs = start_when_ready(run, job_p, lambda: spinners(spin, cpu))
         steps = run / "samples" / "steps-rank-0.jsonl"
         while procs and job_p.poll() is None:
             if ((spin_steps is not None and steps.is_file() and steps.read_text().count("\n") >= spin_steps)

@@ -40,7 +40,7 @@ from gpudiag.diagnosis import Bottleneck, Diagnosis, Dilation, Mfu, TimeBreakdow
 from gpudiag.pace import at_own_pace, own_step_seconds, step_wait, wait_shares
 from gpudiag.rundir import HostSample, StepRow, read_bootstrap, read_host_cpu, read_steps
 from tests.conftest import view_steps
-from tests.jobs._timer import GO, READY
+from tests.harness import gate_env, start_when_ready
 from tests.paths import REPO
 
 JOBS = REPO / "tests" / "jobs"
@@ -241,17 +241,13 @@ def profile(run: Path, job: list[str], *, loops: int = 0, loop_cpus: set[int] | 
     keeps; ``cpus``: the job (not gpudiag) pinned there."""
     pin = ([sys.executable, "-c", f"import os, sys; os.sched_setaffinity(0, {sorted(cpus)!r}); "
             "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"] if cpus else [sys.executable])
-    gate = {READY: str(run.with_name(run.name + ".ready")), GO: str(run.with_name(run.name + ".go"))}
     procs: list[subprocess.Popen] = []
     try:
         p = subprocess.Popen([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--",
                               *pin, *job], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, env={**os.environ, **gate} if loops else None)
+                             text=True, env={**os.environ, **gate_env(run)} if loops else None)
         if loops:
-            while not Path(gate[READY]).exists() and p.poll() is None:
-                time.sleep(0.005)
-            procs = busy_loops(loops, loop_cpus)
-            Path(gate[GO]).touch()
+            procs = start_when_ready(run, p, lambda: busy_loops(loops, loop_cpus))
         while procs and p.poll() is None:
             if (until is not None and until.exists()) or job_ended(run):
                 stop(procs)  # the analysis (and the CPU peak it may measure) runs without them
