@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gpudiag.analyzers.classify import PENALTY_STALLED_MAX, classify, extreme_dilation, shares
+from gpudiag.analyzers.classify import (
+    STALLED_NOTED,
+    classify,
+    extreme_dilation,
+    machine_penalty,
+    shares,
+)
 from gpudiag.analyzers.own_pace import own_events, reference_machine_us, with_machine, without_machine
 from gpudiag.analyzers.stats import iqr_over_median
 from gpudiag.analyzers.unprofiled import (
@@ -41,32 +47,30 @@ UNPROFILED = "unprofiled-estimate"
 MACHINE_NOTED = 0.01
 
 
-# From this much more of the traced steps than of the untraced ones taken by other processes, the
-# split the verdict reads was measured in a busier stretch than the steps it is scaled to.
-WINDOW_BUSIER = 0.10
-
-
 def busier_window(traced: TimeBreakdown, machine_us: float, untraced_own_us: float) -> list[Deduction]:
-    """A deduction where other processes took much more of the traced steps than of the untraced
-    ones around them, by the difference of the two shares (at most ``PENALTY_STALLED_MAX``). The
-    split of the step comes from the traced window alone; taken at the job's own pace it still
-    holds what a crowded window does to the job's own work (its operators' threads waiting for a
-    core, caches shared), which the quiet steps it is scaled to did not have. Seen beside a CI
-    clone's test suite: a job of ~7,600 small ops whose quiet runs read compute 0.48-0.57 read
-    host-bound 0.65 at confidence 0.78 ("high") from a window where the machine took 52% of each
-    step, scaled to untraced steps where it took 2%."""
+    """A deduction where other processes took more of the traced steps than of the untraced ones
+    around them: what the machine's share of the window costs (``classify.machine_penalty``)
+    less what its share of the untraced steps already costs the estimate's label (classify reads
+    the estimate's step, whose ``host_stalled`` is theirs). The split of the step comes from the
+    traced window alone; taken at the job's own pace it still holds what a crowded window does to
+    the job's own work (its operators' threads waiting for a core, caches shared), which the
+    quiet steps it is scaled to did not have. Seen beside a CI clone's test suite: a job of
+    ~7,600 small ops whose quiet runs read compute 0.48-0.57 read host-bound 0.65 at confidence
+    0.78 ("high") from a window where the machine took 52% of each step, scaled to untraced steps
+    where it took 2%; and, charged only from 10 points above the reference, compute-bound at
+    "medium" in one run and another label at "medium" in the next, beside one busy loop."""
     if traced.step_time <= 0:
         return []
     window = traced.host_stalled / traced.step_time
     wall = untraced_own_us + machine_us
     reference = machine_us / wall if wall > 0 else 0.0
-    gap = window - reference
-    if gap < WINDOW_BUSIER:
+    extra = machine_penalty(window) - (machine_penalty(reference) if reference >= STALLED_NOTED else 0.0)
+    if window < STALLED_NOTED or extra <= 0:
         return []
     return [Deduction(f"other processes took {pct_whole(window)} of the traced steps and "
                       f"{pct_whole(reference)} of the untraced ones around them: the split was "
-                      "measured in a busier stretch than the steps it describes",
-                      round(min(PENALTY_STALLED_MAX, gap), 3))]
+                      "measured in a busier stretch than the steps it describes, and a crowded "
+                      "step moves each share by up to the machine's part", round(extra, 3))]
 
 
 @dataclass

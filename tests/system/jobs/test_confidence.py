@@ -202,7 +202,10 @@ def test_an_estimate_scaled_from_a_window_busier_than_its_reference_says_so_and_
     """The split of the estimate comes from the traced window: where other processes took half
     of each traced step and almost nothing of the untraced ones (a CI clone beside the suite: a
     small-ops job read host-bound at confidence 0.78 so, where its quiet runs read compute-bound),
-    the view carries a deduction of the difference; a window as quiet as its reference, none."""
+    the view carries a deduction of twice the window's share less what the untraced steps' share
+    already costs; a window a tenth busy beside a quiet reference pays 0.2 less that (it was
+    charged nothing from under 10 points above the reference, and one busy loop then gave the
+    small-ops job two labels at "medium"); a window as quiet as its reference, none."""
     from gpudiag.analyzers.step_view import UNPROFILED, choose_view
 
     def view(stalled_us: float):
@@ -211,9 +214,13 @@ def test_an_estimate_scaled_from_a_window_busier_than_its_reference_says_so_and_
         w = [WindowSteps(0, [StepRow(step=100 + i, t=0.0, dt=0.008) for i in range(5)], rows[:10], rows[10:])]
         return choose_view(_cpu_step(3_000.0, 5_000.0 + stalled_us, stalled_us), [], w, "cpu")
 
-    busy, quiet = view(8_000.0), view(0.0)
-    assert busy.basis == quiet.basis == UNPROFILED
+    busy, tenth, quiet = view(8_000.0), view(8_000.0 / 9), view(0.0)
+    assert busy.basis == tenth.basis == quiet.basis == UNPROFILED
+    reference = 2 * 0.1 / 5.1   # what classify charges the estimate's step, twice its 2%
     (d,) = [x for x in busy.deductions if "busier stretch" in x.reason]
     assert "took 50% of the traced steps and 2% of the untraced" in d.reason, d.reason
-    assert d.amount == pytest.approx(0.5 - 0.1 / 5.1, abs=0.01)
+    assert d.amount == pytest.approx(0.5 - reference, abs=0.002)   # at most 0.5 in all
+    (d,) = [x for x in tenth.deductions if "busier stretch" in x.reason]
+    assert "took 10% of the traced steps" in d.reason, d.reason
+    assert d.amount == pytest.approx(0.2 - reference, abs=0.002)
     assert not [x for x in quiet.deductions if "busier stretch" in x.reason]
