@@ -477,15 +477,15 @@ def recommend(a: AdviceInputs) -> Advised:
         step_s = (a.view.step_time if p.from_us is None else p.from_us) * 1e-6
         pred = None if p.step_us is None else max(0.0, p.step_us) * 1e-6
         gain = None if pred is None else 1 - pred / step_s
+        best = None if p.best_us is None or pred is None else min(pred, max(0.0, p.best_us) * 1e-6)
         rec = Recommendation(action=c.action, text=c.text(a, s), predicted_step_s=pred, why=p.why,
-                             step_s=step_s, gain=gain)
+                             step_s=step_s, gain=gain, best_step_s=best)
         blocked = c.blocked(a)
         if blocked is not None:
             refused.append(_not_helping(rec, blocked, keep_prediction=False))
             continue
         floor = c.min_gain(a)
         if pred is not None and gain is not None and gain < floor:   # gain is None exactly when pred is
-            best = None if p.best_us is None else max(0.0, p.best_us) * 1e-6
             maybe = (f"; at its other end it would be {ms(best * 1e6)} ({best / step_s:.2f}x): only "
                      "a run with it applied can tell" if best is not None and 1 - best / step_s >= floor
                      else "")

@@ -239,6 +239,9 @@ class Recommendation:
     why: str = ""  # how the prediction was made and what bounds it, or why there is none
     step_s: float | None = None  # the step time it starts from (the verdict's view)
     gain: float | None = None  # 1 - predicted / step: the share of the step the fix saves
+    # the step at the prediction's faster end, where it states a range (``why`` says what each
+    # end assumes): torch.compile on a CPU, whose compiled calls' cost only a run can settle
+    best_step_s: float | None = None
 
 
 @dataclass

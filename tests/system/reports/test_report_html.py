@@ -448,3 +448,20 @@ def test_caveats_and_a_differing_traced_verdict_are_shown(gemm):
     assert "Caveat: CAVEAT-ONE <b>" in text and "Caveat: CAVEAT-TWO" in text
     assert "traced steps alone would read host-bound (47%)" in text
     assert "How the unprofiled step was estimated: a model sentence" in text
+
+
+def test_a_prediction_stating_a_range_shows_both_ends_in_the_terminal_and_the_report(gemm):
+    """compile on a CPU states its other end (``Recommendation.best_step_s``): the user sees it
+    beside the prediction in both views, and the JSON keeps it."""
+    from gpudiag.reports.terminal import render_terminal as render
+
+    d = copy.deepcopy(gemm)
+    d.verdict.recommendations = [Recommendation("compile-small-ops", "Compile the model.", 5.65e-3,
+                                                "calls become kernels", step_s=10e-3, gain=0.435,
+                                                best_step_s=4.66e-3)]
+    line = "step 10 ms \u2192 \u2248 5.65 ms (-44%; \u2248 4.66 ms (-53%) at its other end)"
+    assert line in render(d, width=400), render(d, width=400)
+    text = render_report(d)
+    both = r"5\.65.{0,40}ms \(.{1,12}44%; \u2248 4\.66.{0,40}ms \(.{1,12}53%\) at its other end"
+    assert re.search(both, text)
+    assert Diagnosis.from_json(d.to_json()).verdict.recommendations[0].best_step_s == 4.66e-3
