@@ -303,7 +303,12 @@ def _workers_step(a: AdviceInputs) -> whatif.Prediction:
     unmeasured = workers_unmeasured(a)
     if unmeasured:
         return whatif.Prediction(None, unmeasured)
-    return whatif.input_hidden(a.view, job_cpu(a.traits), on_gpu(a))
+    return whatif.input_hidden(a.view, job_cpu(a.traits), on_gpu(a), workers=has_workers(a))
+
+
+def has_workers(a: AdviceInputs) -> bool:
+    """The job's DataLoader has worker processes already (as the bootstrap saw them)."""
+    return any(n > 0 for n in a.traits.dataloader_workers)
 
 
 def _ckpt_predict(a: AdviceInputs) -> whatif.Prediction:
@@ -325,7 +330,8 @@ def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
 CATALOGUE: list[Advice] = [
     Advice("dataloader-workers", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE, input_text,
            _workers_step, Bottleneck.INPUT,
-           blocked=lambda a: whatif.no_core_for_workers(a.view, job_cpu(a.traits), on_gpu(a))),
+           blocked=lambda a: whatif.no_core_for_workers(a.view, job_cpu(a.traits), on_gpu(a),
+                                                        workers=has_workers(a))),
     Advice("cheaper-input", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE and cpu_loading(a),
            cheaper_input_text,
            _none("how much cheaper a batch gets is the job's choice: each ms of a batch's work "

@@ -129,9 +129,11 @@ def loader_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork:
     return LoaderWork(b.input_wait * k, main * k, cpu.available)
 
 
-def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> Prediction:
+def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
+                 workers: bool = False) -> Prediction:
     """The rest of the step bounds it, and so do the cores: hiding a wait behind workers moves
-    the loading's work to other processes, it does not remove it."""
+    the loading's work to other processes, it does not remove it. ``workers``: the loader has
+    workers already, whose work is in the job's processes' CPU (``tree_bound``)."""
     rest, w = _hidden_rest(b, cpu, gpu)
     step = rest if w is None else max(rest, w.bound_us)
     bound = ""
@@ -140,13 +142,35 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) 
                  f"training process needs {ms(w.main_us)} of core time per step beside it, which "
                  f"the {w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves cannot do "
                  f"in less than {ms(step)}")
-    workers = workers_needed(b, cpu, gpu)
-    need = (f"; needs at least {workers} DataLoader worker{'s' if workers > 1 else ''} producing a "
-            "batch in that time") if workers else ""
+    tree = tree_bound(cpu) if workers and cpu is not None else None
+    if tree is not None and cpu is not None and tree > step:
+        rest = rest * cpu.unobserved(b)
+        step = max(rest, tree)
+        waiting = (f", and {cpu.runq_cores:.2g} of its threads waited for a core on average"
+                   if cpu.runq_cores >= 0.05 else "")
+        bound = (f"; the job's processes (its workers among them) already keep {cpu.cores_used:.3g} "
+                 f"of the {cpu.available:.3g} cores the machine's other work leaves busy{waiting}: "
+                 "more workers move the loading's work, they do not remove it, so the step cannot "
+                 f"be shorter than that work over those cores, {ms(tree)}")
+    needed = None if workers else workers_needed(b, cpu, gpu)
+    need = (f"; needs at least {needed} DataLoader worker{'s' if needed > 1 else ''} producing a "
+            "batch in that time") if needed else ""
     return Prediction(step, f"input wait ({ms(b.input_wait)}) hidden behind the rest of the step "
                             f"({ms(rest)} of compute, communication and gaps), which bounds it"
                             f"{bound}{need}; assumes a worker makes a batch in the time the main "
                             "thread takes now")
+
+
+def tree_bound(cpu: JobCpu) -> float | None:
+    """The shortest step a loader that has workers can reach with more of them: its processes'
+    CPU per untraced step (the workers' decoding, the model's threads) over the cores the
+    machine's other work leaves. Where they already keep those cores busy, more workers only
+    take turns on them: six workers decoding on 2 cores (1.86-1.98 of them busy) were told
+    "raise num_workers", -44%, and ran slower with more; the suite's feed job, 4 workers at
+    1.66-1.81 cores, ran 0.82x with 6 (issue 37's blind check and its repeat, 2026-11-29)."""
+    if cpu.step_us is None or cpu.step_us <= 0:
+        return None
+    return cpu.cores_used * cpu.step_us / cpu.available
 
 
 def workers_needed(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> int | None:
@@ -171,11 +195,23 @@ def _hidden_rest(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool) -> tuple[float
     return rest * cpu.unobserved(b), loader_work(b, cpu, gpu)
 
 
-def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True) -> str | None:
+# A loader with workers whose processes keep this share of the cores the machine leaves busy has
+# none to give more workers: within a step timer's noise on a CPU (``advice.CPU_MIN_GAIN``).
+CORES_FULL = 0.97
+
+
+def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True,
+                        workers: bool = False) -> str | None:
     """Why DataLoader workers would not help, or None: the loading is CPU work and the cores the
     machine's other work leaves are no more than the training process keeps busy beside it, so
     a worker would run on a core the model needs, and the step at which workers keep up
-    (``LoaderWork.bound_us``) is no shorter than today's, where the main thread loads in turn."""
+    (``LoaderWork.bound_us``) is no shorter than today's, where the main thread loads in turn.
+    ``workers``: the loader has workers, and the job's processes already keep the cores the
+    machine leaves busy (``tree_bound``: the step they bound is today's)."""
+    if workers and cpu is not None and cpu.cores_used >= CORES_FULL * cpu.available:
+        return (f"the job's processes (its workers among them) already keep {cpu.cores_used:.3g} of the "
+                f"{cpu.available:.3g} cores the machine's other work leaves busy: more workers would "
+                "have no core of their own, and would take turns with those there")
     rest, w = _hidden_rest(b, cpu, gpu)
     if w is None or cpu is None or max(rest, w.bound_us) < b.step_time * cpu.unobserved(b):
         return None

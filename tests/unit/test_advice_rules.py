@@ -9,6 +9,8 @@ over many generated jobs; ``test_advice_device.py`` checks the same on real jobs
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -241,3 +243,42 @@ def test_compiles_cpu_prediction_states_its_other_end_at_the_cheapest_compiled_c
     # with nothing to fuse and no call left to make cheaper, no range is stated
     one = whatif.compiled_cpu(quiet, quiet, calls=400, kernels=0, graphs=0, extern_us=3e3, kept_us=1e3)
     assert one.best_us is None and "other end" not in one.why
+
+
+# A loader with six workers decoding on 2 cores: the main thread waits for a batch 13 of each
+# 30 ms, asleep on the workers' queue (loader_busy near 0, as storage reads), while the job's
+# processes keep 1.9 of the 2 cores busy with a core's worth of threads waiting for one.
+FED = breakdown(30e3, input_wait=13e3, compute_bound=10e3, memory_bound=5e3)
+
+
+def _fed(cores_used: float) -> JobTraits:
+    return JobTraits(training=True, optimizer=True, dataloader_workers=[6], cores_used=cores_used,
+                     cpus=2, intra_op_threads=1, other_cores=0.0, runq_cores=1.0, cpu_step_s=0.030,
+                     loader_busy=0.02)
+
+
+def test_more_workers_for_a_loader_whose_processes_fill_the_cores_are_held_to_their_work_over_them():
+    """Issue 37: six workers decoding on 2 cores (1.86-1.98 busy) were told "raise num_workers",
+    -44%, as if the wait were storage, and ran slower with more. The job's processes' CPU per step
+    over the cores the machine leaves bounds the step more workers can reach: 1.9 x 30 / 2 =
+    28.5 ms (-5%), not the 17 ms of the step less its wait. Where its processes kept a core idle
+    (1.2 busy), the same bound leaves the fix its gain (18 ms); where they keep 97% of them busy
+    (``CORES_FULL``), the fix is listed as one that would not help; a loader without workers
+    keeps the single-process model."""
+    full = recommend(inputs(FED, traits=_fed(1.9), label=Bottleneck.INPUT))
+    rec = next(r for r in full.advised if r.action == "dataloader-workers")
+    assert rec.predicted_step_s == pytest.approx(28.5e-3), rec
+    assert "already keep 1.9 of the 2 cores the machine's other work leaves busy" in rec.why, rec.why
+    assert "busy, and 1 of its threads waited for a core on average" in rec.why, rec.why
+    # where they keep 97% of them or more, more workers have no core of their own
+    packed = recommend(inputs(FED, traits=_fed(1.95), label=Bottleneck.INPUT))
+    assert "dataloader-workers" not in [r.action for r in packed.advised]
+    [no] = [r for r in packed.not_advised if r.action == "dataloader-workers"]
+    assert no.why.startswith("would not help") and "would have no core of their own" in no.why, no.why
+    spare = recommend(inputs(FED, traits=_fed(1.2), label=Bottleneck.INPUT))
+    rec = next(r for r in spare.advised if r.action == "dataloader-workers")
+    assert rec.predicted_step_s == pytest.approx(18e-3), rec
+    none = dataclasses.replace(_fed(1.9), dataloader_workers=[0])
+    rec = next(r for r in recommend(inputs(FED, traits=none, label=Bottleneck.INPUT)).advised
+               if r.action == "dataloader-workers")
+    assert rec.predicted_step_s == pytest.approx(17e-3) and "already keep" not in rec.why, rec
