@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -179,6 +180,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if lane_of(item.nodeid) == SOLO_LANE:
             item.add_marker(pytest.mark.solo)
     items.sort(key=lambda item: rank.get(_folder(lane_of(item.nodeid)), len(rank)))  # stable: file order kept
+
+
+CPU_AT_START = pytest.StashKey[float]()
+
+
+def _cpu_used() -> float:
+    """This process's CPU seconds and its reaped children's (the jobs and gpudiag processes a test
+    ran, a daemon once its fixture stops it)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[CPU_AT_START] = _cpu_used()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Each test's CPU seconds, setup to teardown, as the JUnit property ``cpu_s``: the first pass
+    keeps both cores busy, so its wall time falls only with the suite's CPU
+    (`benchmarks/suite_lanes.py` sums it per lane)."""
+    outcome = yield
+    if call.when == "teardown" and CPU_AT_START in item.stash:
+        outcome.get_result().user_properties.append(
+            ("cpu_s", round(_cpu_used() - item.stash[CPU_AT_START], 3)))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # xdist's types
