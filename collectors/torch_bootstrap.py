@@ -89,6 +89,7 @@ class _Bootstrap:
         self.discard = False  # a window cut short at exit after a complete one: not written
         self.notes: list[str] = []
         self.dataloader_workers: set[int] = set()
+        self.prefetch = 0  # the most batches one of its loaders' workers hold ready
         # the stepping thread's time in next(loader) this step: wall, on a core, runnable
         # waiting for one (``_patch_dataloader``); the rest it was blocked (storage, a sleep,
         # the workers' queue)
@@ -288,6 +289,7 @@ class _Bootstrap:
                 "torch": getattr(torch, "__version__", None),
                 "skip": self.skip, "steps": self.steps, "notes": self.notes,
                 "dataloader_workers": sorted(self.dataloader_workers),
+                "dataloader_prefetch": self.prefetch,
                 "explicit_steps": self.explicit, "traced_steps": self.traced_steps,
                 "windows": self.windows[-20:], "retrace_s": self.retrace_s,
                 "cupti_teardown": self.cupti, "thread_waits": self.peers.meta(),
@@ -465,7 +467,10 @@ def _patch_dataloader(torch: Any) -> None:
     def it(self: Any) -> Any:
         st = _get_state()
         if st is not None:
-            st.dataloader_workers.add(int(getattr(self, "num_workers", 0)))
+            workers = int(getattr(self, "num_workers", 0))
+            st.dataloader_workers.add(workers)
+            if workers > 0:  # the batches its workers can hold ready (torch's default factor: 2)
+                st.prefetch = max(st.prefetch, workers * int(getattr(self, "prefetch_factor", None) or 2))
         out = orig_iter(self)
         if st is not None:  # its workers' threads are the job's: their waits are read too
             st.peers.add_workers(getattr(w, "pid", None) for w in getattr(out, "_workers", ()))

@@ -230,6 +230,10 @@ class BootstrapMeta:
     torch: str | None = None
     notes: list[str] = field(default_factory=list)
     dataloader_workers: list[int] = field(default_factory=list)
+    # the most batches one of the job's DataLoaders holds ready (num_workers x prefetch_factor):
+    # the queue its workers fill while the traced steps run slow, and the steps after the window
+    # drain (``steps.window_steps``); as the job's file said it: read with ``prefetch_depth``
+    dataloader_prefetch: object = 0
     explicit_steps: bool = False
     traced_steps: list[int] = field(default_factory=list)  # job step numbers in the trace(s)
     windows: list[dict[str, Any]] = field(default_factory=list)  # one per trace window written

@@ -101,7 +101,8 @@ def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS,
                  boot: dict[int, BootstrapMeta] | None = None,
                  steps: dict[int, list[StepRow]] | None = None) -> list[WindowSteps]:
     """Per rank with a step file, the traced window and up to ``reference`` untraced steps on
-    each side of it: after the job's first ``STARTUP_STEPS``, and never across another window
+    each side of it: after the job's first ``STARTUP_STEPS``, past the steps that drain its
+    DataLoader's queue after the window (``prefetch_depth``), and never across another window
     (the steps beyond one belong to another phase of the job, or another trace). ``boot`` and
     ``steps``: the run's bootstrap files and step rows where the caller has read them already."""
     boot = read_bootstrap(run_dir) if boot is None else boot
@@ -130,6 +131,9 @@ def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS,
         j = last + 1
         while j < len(rows) and rows[j].profiler == PROFILER_EXPORT:
             j += 1
+        drained = 0
+        while j < len(rows) and rows[j].profiler is None and drained < prefetch_depth(meta):
+            j, drained = j + 1, drained + 1
         while j < len(rows) and rows[j].profiler is None and len(after) < reference:
             after.append(rows[j])
             j += 1
@@ -142,6 +146,19 @@ def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS,
                                _cupti_attached(meta), _outside(host, before), _outside(host, after),
                                later, meta.fault_us if meta is not None else None))
     return out
+
+
+# A job's file may claim any depth; beyond this many batches, no reference would be left after it.
+MAX_PREFETCH = 64
+
+
+def prefetch_depth(meta: BootstrapMeta | None) -> int:
+    """The steps after a window that take the batches a DataLoader's workers queued while the
+    traced steps ran slow: they get each batch at once, faster than the job's pace, and are no
+    reference for it (a loader's job beside a load read its own pace 0.44-0.92 of its timer's,
+    its after-steps those draining the queue). 0 without workers or a record of them."""
+    n = meta.dataloader_prefetch if meta is not None else 0
+    return min(n, MAX_PREFETCH) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
 def _cupti_attached(meta: BootstrapMeta | None) -> bool | None:
