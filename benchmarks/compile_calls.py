@@ -10,7 +10,10 @@ eager top-level operator calls per block and the calls compiled code makes inste
 one per run of other calls between them, counted from a profile of the eager model as
 ``analyzers.compile_facts`` counts a job's trace), and the graph's own cost (the intercept).
 Prints per model: eager us per call, compiled us per kernel call, their ratio (rho), and the
-graph's cost in eager calls. Times are the lower quartile of 80 runs after a warm-up.
+graph's cost in eager calls. Times are the lower quartile of 80 runs after a warm-up. Last, 16
+trained blocks in one forward with 0, 1, 3 and 7 values read back into Python and branched on
+(graph breaks): what a break costs compiled (``advice._forward_breaks``: compile is not advised on
+a CPU where the forward reads values back into Python).
 """
 
 from __future__ import annotations
@@ -46,6 +49,46 @@ class Chain(torch.nn.Module):
         for i in range(self.n):
             x = torch.relu(x * 0.9 + 0.01 * i) if i % 3 == 0 else x * 1.01 - 0.001 * i
         return x
+
+
+class Checked(torch.nn.Module):
+    """16 blocks in one forward, a value read back into Python and branched on (``.item()``) after
+    every ``every``-th block but the last: 16 / every - 1 graph breaks in one frame, as a job
+    that checks a value every few blocks has."""
+
+    def __init__(self, every: int) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(16))
+        self.every = every
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, b in enumerate(self.blocks):
+            x = b(x)
+            if (i + 1) % self.every == 0 and i < 15 and x.abs().mean().item() > 1e6:
+                x = x * 0.5
+        return x
+
+
+def break_cost() -> None:
+    """What a graph break costs compiled, trained: the compiled step of ``Checked`` at 0, 1, 3
+    and 7 breaks, its slope per break over the eager step's cost per top-level call. A break
+    splits the forward and the backward (two graphs, as ``compile_facts`` counts them)."""
+    x = torch.randn(4, W)
+    eager, comp = {}, {}
+    for every in (16, 8, 4, 2):
+        m = Checked(every)
+        cm = torch.compile(m)
+        cm(x).sum().backward()
+        comp[16 // every - 1] = quartile_us(lambda cm=cm: cm(x).sum().backward())
+        eager[16 // every - 1] = quartile_us(lambda m=m: m(x).sum().backward())
+    plain = Checked(16)
+    calls = counts(lambda: plain(x).sum().backward())[0]
+    call_us = eager[0] / calls
+    slope = (comp[7] - comp[0]) / 7
+    print(f"16 blocks trained, eager {eager[0]:.0f} us ({calls} calls, {call_us:.2f} us each); compiled at "
+          f"0/1/3/7 breaks {comp[0]:.0f}/{comp[1]:.0f}/{comp[3]:.0f}/{comp[7]:.0f} us (eager "
+          f"{eager[1]:.0f}/{eager[3]:.0f}/{eager[7]:.0f}); a break {slope:.0f} us, a graph split off by "
+          f"one {slope / 2:.0f} us = {slope / 2 / call_us:.1f} eager calls", flush=True)
 
 
 def quartile_us(f, n: int = 80) -> float:
@@ -111,6 +154,7 @@ def main() -> None:
               f"{per_c / kernels:6.2f} us/kernel ({kernels:.0f} kernels/block): rho "
               f"{per_c / kernels / call_us:.2f}; graph {graph:.0f} us = {graph / call_us:.1f} eager calls",
               flush=True)
+    break_cost()
     load = os.getloadavg()
     print(f"load average after: {load[0]:.1f}")
 

@@ -210,3 +210,26 @@ def test_larger_micro_batches_beside_a_busy_machine_take_the_optimizers_share_of
     p = whatif.fewer_micro_batches(view, traced, passes=16, optimizer_us=19.15e3, flops=None, peak=None)
     assert p.step_us is not None and p.step_us < view.step_time, p.why
     assert "the optimizer's 1.53 ms once a step aside" in p.why, p.why
+
+
+def test_compile_is_not_advised_on_a_cpu_where_the_forward_reads_values_back_into_python():
+    """Blind check 16's model of 16 blocks with an .item() branch every 4 was told compile
+    0.78-0.84x, once at high confidence, and ran 1.27-1.41x slower compiled: a read in the
+    forward splits the graph, and inside a loop over blocks Dynamo compiles each block apart
+    (benchmarks/compile_calls.py: 16 trained blocks 1.1 ms compiled, 3.1 ms with one break, 1.8 ms
+    eager). Listed as one that would not help, saying why and what to do first; the same model
+    without the reads keeps its advice."""
+    from gpudiag.analyzers.compile_facts import CompileFacts
+    from gpudiag.analyzers.step_loops import LoopFacts
+
+    def facts(syncs: float) -> CompileFacts:
+        return CompileFacts(calls=295, kernels=88, graphs=2 * (1 + syncs), kept_us=0.5e3, step_us=10e3,
+                            params=32, syncs=syncs, loops=LoopFacts(passes=1))
+
+    broken = recommend(_cpu_inputs(facts(4), compiled=False, optimizer=True))
+    assert "compile-small-ops" not in {r.action for r in broken.advised}
+    [no] = [r for r in broken.not_advised if r.action == "compile-small-ops"]
+    assert no.why.startswith("would not help") and "reads 4 values a step back into Python" in no.why, no.why
+    assert "capture_scalar_outputs" in no.why
+    clean = recommend(_cpu_inputs(facts(0), compiled=False, optimizer=True))
+    assert "compile-small-ops" in {r.action for r in clean.advised}

@@ -126,16 +126,17 @@ def test_compiles_predicted_saving_is_bounded_by_the_dispatch_it_removes(eager):
 
 def test_graph_breaks_at_values_read_back_cost_compile_its_gain(eager, syncs):
     """The same job reading ``.item()`` every 3 blocks: each read ends a compiled graph (forward
-    and backward), so compile is predicted to gain less of the step, or to lose."""
+    and backward), and inside the loop over blocks Dynamo compiles each block apart: compile is
+    listed as one that would not help, with the reads to remove first (this job measured 1.28-1.5x
+    slower compiled; ``advice._forward_breaks``)."""
     f = facts(syncs[1])
     assert f.syncs == pytest.approx(BLOCKS / 3), f
     assert f.graphs == pytest.approx(2 * (1 + BLOCKS / 3)), f
-    plain, broken = compile_rec(eager[0]), compile_rec(syncs[0])
-    # never more than the plain job's gain; less wherever the plain job has one to lose (at load
-    # 10-16 the plain job's own was none: the OS's share of its step kept with the calls)
-    assert broken.gain is None or broken.gain <= plain.gain, (plain, broken)
-    assert broken.gain is None or plain.gain == 0 or broken.gain < plain.gain, (plain, broken)
-    assert "graph breaks" in broken.why
+    broken = compile_rec(syncs[0])
+    assert broken in syncs[0].verdict.not_advised and broken.gain is None, broken
+    assert "back into Python" in broken.why and "capture_scalar_outputs" in broken.why, broken.why
+    assert compile_rec(eager[0]) not in eager[0].verdict.not_advised or "back into Python" not in \
+        compile_rec(eager[0]).why
 
 
 def test_a_compiled_region_that_would_make_as_many_calls_is_not_advised():
