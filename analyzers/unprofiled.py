@@ -146,7 +146,8 @@ def measure_dilation(traced_step_us: float, windows: list[WindowSteps], device_k
     window, pooled over ranks (in a synchronous job every rank runs at the job's pace).
     None when the reference has too few steps. ``trusted`` is False, with the reasons as
     deductions, where the traced view must be used instead. The steps after the window are
-    left out where the observer slowed them (``observer_after_effect``)."""
+    left out where the observer slowed them (``observer_after_effect``), those before it where
+    the job was still warming up (``warming_before``)."""
     before = [x for w in windows for x in w.before]
     after = [x for w in windows for x in w.after]
     traced = [x for w in windows for x in w.traced]
@@ -159,9 +160,12 @@ def measure_dilation(traced_step_us: float, windows: list[WindowSteps], device_k
                and mann_whitney_p(np.array(before), np.array(after)) < LOAD_CHANGE_ALPHA)
     left_out = (observer_after_effect(windows, device_kind, mb, ma)
                 if changed and len(before) >= MIN_UNTRACED_STEPS else None)
-    used = [r for w in windows for r in w.before_rows]
+    warming = (warming_before(windows, mb, ma)
+               if changed and left_out is None and len(after) >= MIN_UNTRACED_STEPS else None)
+    used = [] if warming else [r for w in windows for r in w.before_rows]
     if left_out is None:
         used += [r for w in windows for r in w.after_rows]
+    left_out = left_out or warming
     ref = [r.dt for r in used]
     u = statistics.median(ref) * 1e6
     if u <= 0:
@@ -170,12 +174,14 @@ def measure_dilation(traced_step_us: float, windows: list[WindowSteps], device_k
     steps = sorted({r.step for r in used})
     where = (f"untraced steps just before ({len(before)}) and after ({len(after)}) the traced window"
              if left_out is None else
+             f"the {len(after)} untraced steps just after the traced window only" if warming else
              f"the {len(before)} untraced steps just before the traced window only")
     dil = Dilation(traced_step_us=traced_step_us, untraced_step_us=u, factor=traced_step_us / u,
                    traced_steps=len(traced), untraced_steps=len(ref), untraced_spread=spread,
                    model=MODEL, reference=f"{where} (steps {_ranges(steps)})",
                    before_step_us=mb, after_step_us=ma, load_change=change,
-                   reference_steps=steps, left_out=left_out)
+                   reference_steps=steps, left_out=left_out,
+                   left_out_side=None if left_out is None else "before" if warming else "after")
     if left_out is not None:
         dil.caveats.append(left_out)
         return dil, [Deduction(left_out, PENALTY_ONE_SIDE), *_trust(dil, 0.0, False)]
@@ -217,6 +223,34 @@ def _trust(dil: Dilation, change: float, changed: bool) -> list[Deduction]:
         out.append(Deduction(fallback, PENALTY_TRACED_VIEW))
         dil.caveats.extend([*why, fallback])
     return out
+
+
+def warming_before(windows: list[WindowSteps], before_us: float | None, after_us: float | None) -> str | None:
+    """Why the untraced steps before the window are not the job's pace, or None: the job was
+    still warming up there. They ran slower than the steps after the window, fell across the
+    side (its first half slower than its second by more than LOAD_CHANGE_MAX), and the steps
+    beyond the after side agree with it (within LOAD_CHANGE_MAX): the pace the window sits in is
+    the one after it. Blind check 16 (2026-11-30): a 2.6 ms job whose first steps took 20-100 ms
+    read 5.2 ms before the default window (after 10 steps) and 2.7 ms after it, was told its pace
+    changed "(load on the machine or a change of phase)" and fell back to its traced steps, 9.9-
+    11.5 ms a step, every prediction stated from those; with --skip 30 it read its own pace."""
+    if before_us is None or after_us is None or before_us <= after_us:
+        return None
+    rows = [r for w in windows for r in w.before_rows]
+    half = len(rows) // 2
+    later = [r.dt for w in windows for r in w.later_rows]
+    if half < 2 or len(later) < MIN_SIDE_STEPS:
+        return None
+    first, second = (statistics.median(r.dt for r in part) for part in (rows[:half], rows[half:]))
+    later_us = statistics.median(later) * 1e6
+    if first <= second * (1 + LOAD_CHANGE_MAX) or abs(later_us / after_us - 1) > LOAD_CHANGE_MAX:
+        return None
+    steps = sorted(r.step for r in rows)
+    return (f"the {len(rows)} untraced steps before the window (steps {_ranges(steps)}) left out of the "
+            f"reference: they ran {before_us / 1e3:.3g} ms against {after_us / 1e3:.3g} ms after it, "
+            f"falling from {first * 1e3:.3g} to {second * 1e3:.3g} ms across them, and the "
+            f"{len(later)} steps beyond the after side agree on {later_us / 1e3:.3g} ms: the job was "
+            "still warming up before the window (a larger --skip starts the window after it)")
 
 
 def observer_after_effect(windows: list[WindowSteps], device_kind: str, before_us: float | None,

@@ -337,9 +337,11 @@ class Dilation:
     load_change: float = 0.0  # |before / after - 1|: the job's pace changed across the window
     trusted: bool = True
     # (4) the job's step numbers the reference used, and why the untraced steps on one side
-    # were left out (None: both sides used): the observer slowed them (CUPTI left attached)
+    # were left out (None: both sides used): the observer slowed those after the window (CUPTI
+    # left attached, the export's aftermath), or the job was still warming up before it
     reference_steps: list[int] = field(default_factory=list)
     left_out: str | None = None
+    left_out_side: str | None = None  # "before" or "after" the window, where one was left out
 
 
 @dataclass

@@ -94,10 +94,12 @@ def dilation_line(dil: Dilation) -> str:
         sides = f": {ms(dil.before_step_us)} before, {ms(dil.after_step_us)} after"
     verb = "slowed" if dil.trusted else "appears to have slowed"
     where = "around the window"
-    if dil.left_out:  # one side slowed by the observer itself (CUPTI left attached)
+    if dil.left_out:  # one side left out: slowed by the observer, or the job still warming up
         steps = dil.reference_steps
         span = f" (steps {steps[0]}-{steps[-1]})" if steps else ""
-        where = f"before the window{span}; those after it left out, slowed by the observer"
+        where = (f"after the window{span}; those before it left out, the job still warming up"
+                 if dil.left_out_side == "before" else
+                 f"before the window{span}; those after it left out, slowed by the observer")
     return (f"profiler {verb} traced steps {dil.factor:.2g}\u00d7 ({ms(dil.traced_step_us)} vs "
             f"{ms(dil.untraced_step_us)} untraced, {dil.untraced_steps} untraced step"
             f"{'s' if dil.untraced_steps != 1 else ''} {where}{sides}; noise {noise(dil)} "

@@ -18,6 +18,7 @@ import pytest
 from gpudiag.analyzers.classify import CONFIDENCE_BASE, CONFIDENCE_MIN, classify, with_deductions
 from gpudiag.analyzers.unprofiled import (
     LOAD_CHANGE_MAX,
+    PENALTY_ONE_SIDE,
     PENALTY_PROPORTIONAL_MAX,
     PENALTY_TRACED_VIEW,
     TRUST_SHARE,
@@ -190,6 +191,26 @@ def test_steps_after_the_window_slowed_for_a_while_are_left_out_where_both_sides
     for later in ([0.029] * 2, [0.035] * 5):
         dil, _ = measure_dilation(60_000.0, _gpu_windows(before, after, later=later), "cpu")
         assert dil.left_out is None and dil.untraced_steps == 18, later
+
+
+def test_steps_before_the_window_still_warming_up_are_left_out_where_the_steps_after_agree():
+    """Blind check 16's 2.6 ms job, its first steps 20-100 ms: the default window after 10 steps
+    had 5.2 ms steps before it and 2.7 ms after, and fell back to its traced steps (9.9-11.5 ms).
+    Steps before the window that fell across their side, with the steps beyond the after side at
+    the after side's pace, are the job warming up: the reference is the after side, and says so.
+    A before side slow throughout (a load that left), or steps beyond that do not agree: both
+    sides, as before."""
+    warm = [0.008, 0.007, 0.006, 0.005, 0.003, 0.0029, 0.0028, 0.0027]
+    after = [0.0027, 0.0028] * 5
+    dil, cost = measure_dilation(9_000.0, _gpu_windows(warm, after, later=[0.0027] * 5), "cpu")
+    assert dil.left_out_side == "before" and "still warming up" in dil.left_out, dil.left_out
+    assert "falling from 6.5 to 2.85 ms" in dil.left_out, dil.left_out
+    assert dil.untraced_steps == 10 and dil.untraced_step_us == pytest.approx(2_750), dil
+    assert dil.reference.startswith("the 10 untraced steps just after the traced window only")
+    assert dil.trusted and [d.amount for d in cost] == [PENALTY_ONE_SIDE]
+    for before, later in (([0.005] * 8, [0.0027] * 5), (warm, [0.005] * 5), (warm, [0.0027] * 2)):
+        dil, _ = measure_dilation(9_000.0, _gpu_windows(before, after, later=later), "cpu")
+        assert dil.left_out is None and dil.untraced_steps == 18, (before, later)
 
 
 def _cpu_step(compute: float, host: float, stalled: float) -> TimeBreakdown:
