@@ -299,11 +299,13 @@ class Replay:
         if not len(rows):
             return False
         gpus = self.o.gpus[rows]
-        st = self.state
-        if st.total_free and gpus.min() <= st.total_free:
-            whole = gpus > self.per
+        st, least = self.state, int(gpus.min())
+        if st.total_free and least <= st.total_free:
             room = max(st.rack_free) if self.policy.spread_small else st.max_free_on_a_node()
-            if (np.where(whole, -(-gpus // self.per), gpus) <= np.where(whole, len(st.whole), room)).any():
+            if least <= min(room, self.per):
+                return True
+            whole = gpus[gpus > self.per]   # (in whole nodes)
+            if len(whole) and -(-int(whole.min()) // self.per) <= len(st.whole):
                 return True
         if self.preemptive:
             return True
