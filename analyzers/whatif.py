@@ -155,10 +155,11 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
     needed = None if workers else workers_needed(b, cpu, gpu)
     need = (f"; needs at least {needed} DataLoader worker{'s' if needed > 1 else ''} producing a "
             "batch in that time") if needed else ""
+    assumes = ("assumes more workers make batches as fast as the step takes them" if workers else
+               "assumes a worker makes a batch in the time the main thread takes now")
     return Prediction(step, f"input wait ({ms(b.input_wait)}) hidden behind the rest of the step "
                             f"({ms(rest)} of compute, communication and gaps), which bounds it"
-                            f"{bound}{need}; assumes a worker makes a batch in the time the main "
-                            "thread takes now")
+                            f"{bound}{need}; {assumes}")
 
 
 def tree_bound(cpu: JobCpu) -> float | None:
@@ -167,9 +168,14 @@ def tree_bound(cpu: JobCpu) -> float | None:
     machine's other work leaves. Where they already keep those cores busy, more workers only
     take turns on them: six workers decoding on 2 cores (1.86-1.98 of them busy) were told
     "raise num_workers", -44%, and ran slower with more; the suite's feed job, 4 workers at
-    1.66-1.81 cores, ran 0.82x with 6 (issue 37's blind check and its repeat, 2026-11-29)."""
-    if cpu.step_us is None or cpu.step_us <= 0:
-        return None
+    1.66-1.81 cores, ran 0.82x with 6 (issue 37's blind check and its repeat, 2026-11-29).
+    Only where the cores hold the step: its threads wanted every core the machine leaves
+    (on one or waiting for one). Not all of that CPU is work a step must do (intra-op threads
+    spin at a region's end, a process polls): blind check 17's loader asleep on storage, its
+    processes at 0.5 of 1.9 cores, was held to 11.5 ms this way, and ran 6.1-6.3 ms with 7
+    workers (2026-11-30)."""
+    if cpu.step_us is None or cpu.step_us <= 0 or cpu.cores_used + cpu.runq_cores < cpu.available:
+        return None  # the cores are not what holds the step: its threads did not want them all
     return cpu.cores_used * cpu.step_us / cpu.available
 
 

@@ -262,7 +262,8 @@ def test_more_workers_for_a_loader_whose_processes_fill_the_cores_are_held_to_th
     -44%, as if the wait were storage, and ran slower with more. The job's processes' CPU per step
     over the cores the machine leaves bounds the step more workers can reach: 1.9 x 30 / 2 =
     28.5 ms (-5%), not the 17 ms of the step less its wait. Where its processes kept a core idle
-    (1.2 busy), the same bound leaves the fix its gain (18 ms); where they keep 97% of them busy
+    (1.2 busy, a core's worth waiting), the same bound leaves the fix its gain (18 ms); where its
+    threads did not want every core, none is applied; where they keep 97% of them busy
     (``CORES_FULL``), the fix is listed as one that would not help; a loader without workers
     keeps the single-process model."""
     full = recommend(inputs(FED, traits=_fed(1.9), label=Bottleneck.INPUT))
@@ -278,6 +279,13 @@ def test_more_workers_for_a_loader_whose_processes_fill_the_cores_are_held_to_th
     spare = recommend(inputs(FED, traits=_fed(1.2), label=Bottleneck.INPUT))
     rec = next(r for r in spare.advised if r.action == "dataloader-workers")
     assert rec.predicted_step_s == pytest.approx(18e-3), rec
+    assert "assumes more workers make batches as fast as the step takes them" in rec.why, rec.why
+    # where its threads did not want every core (0.5 busy, 0.1 waiting: blind check 17's loader
+    # asleep on storage, held to 11.5 ms this way, ran 6.1-6.3 ms with 7 workers), no cores bound
+    asleep = dataclasses.replace(_fed(0.5), runq_cores=0.1)
+    rec = next(r for r in recommend(inputs(FED, traits=asleep, label=Bottleneck.INPUT)).advised
+               if r.action == "dataloader-workers")
+    assert rec.predicted_step_s == pytest.approx(17e-3) and "already keep" not in rec.why, rec
     none = dataclasses.replace(_fed(1.9), dataloader_workers=[0])
     rec = next(r for r in recommend(inputs(FED, traits=none, label=Bottleneck.INPUT)).advised
                if r.action == "dataloader-workers")
