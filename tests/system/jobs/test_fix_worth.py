@@ -140,17 +140,25 @@ def test_a_periodic_save_is_predicted_on_the_mean_step_with_its_real_period(tmp_
     # prediction's 52.6 ms mean, and over every untraced step one beside a busy helper read 39.39
     # against 39.38 ms
     w = window_steps(tmp_path / "run")[0]
-    around = [own["step_seconds"][r.step - 1] for r in (*w.before_rows, *w.after_rows)]
+    rows = [*w.before_rows, *w.after_rows]
+    around = [own["step_seconds"][r.step - 1] for r in rows]
+    timed = [r.dt + r.machine_s for r in rows]   # gpudiag's step timer, by wall clock
     assert len(around) >= 8, around
-    if statistics.mean(around) <= 1.02 * statistics.median(around):
-        # the premise failed, not gpudiag: a CI clone's busy lanes ran this job's untraced steps
-        # from 12.8 to 69.8 ms, the saves within that noise (mean 33.7 against a 34.7 ms median)
-        pytest.skip(f"the job's own steps around the window: mean {statistics.mean(around) * 1e3:.3g} ms, "
-                    f"median {statistics.median(around) * 1e3:.3g} ms: its saves are within this "
-                    "machine's noise")
-    # and the prediction starts from the mean: above the median of the same steps (the verdict's
-    # median step is no yardstick here: with 40 steps there is no untraced view, and the traced
-    # steps carry the profiler: a CI clone run read a 24.2 ms traced median against a 20.7 ms
-    # mean of the untraced steps, whose own median was about 13 ms)
-    assert rec.step_s is not None and rec.step_s > statistics.median(around), (rec.step_s, around)
+    for steps, whose in ((around, "the job's own timer"), (timed, "gpudiag's step timer")):
+        if statistics.mean(steps) <= 1.02 * statistics.median(steps):
+            # the premise failed, not gpudiag: a CI clone's busy lanes ran this job's untraced
+            # steps from 12.8 to 69.8 ms, the saves within that noise (mean 33.7 against a 34.7 ms
+            # median)
+            pytest.skip(f"{whose} over the steps around the window: mean {statistics.mean(steps) * 1e3:.3g} "
+                        f"ms, median {statistics.median(steps) * 1e3:.3g} ms: its saves are within this "
+                        "machine's noise")
+    # and the prediction starts from the mean of those steps, saves included, not their median.
+    # Held to gpudiag's own timer over the same steps: its steps end where the job's do not, and
+    # beside a CI clone's lanes (steps 24-94 ms) the mean of one (56.8 ms) fell under the median of
+    # the other (57.8 ms) though each timer's mean was over its own median. (The verdict's median
+    # step is no yardstick: with 40 steps there is no untraced view, and the traced steps carry
+    # the profiler: a CI clone run read a 24.2 ms traced median against a 20.7 ms mean of the
+    # untraced steps, whose own median was about 13 ms.)
+    assert rec.step_s == pytest.approx(statistics.fmean(timed)), (rec.step_s, timed)
+    assert rec.step_s > statistics.median(timed), (rec.step_s, timed)
     assert "mean step" in rec.why, rec.why
