@@ -144,7 +144,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
                  f"in less than {ms(step)}")
     tree = tree_bound(cpu) if workers and cpu is not None else None
     if tree is not None and cpu is not None and tree > step:
-        rest = rest * cpu.unobserved(b)
+        rest = rest * cpu.unobserved(b) if w is None else rest   # at the pace the CPU was read at
         step = max(rest, tree)
         waiting = (f", and {cpu.runq_cores:.2g} of its threads waited for a core on average"
                    if cpu.runq_cores >= 0.05 else "")
