@@ -140,7 +140,10 @@ def with_deductions(v: Verdict, extra: list[Deduction]) -> Verdict:
 
 
 def machine_penalty(share: float) -> float:
-    """What the machine taking ``share`` of the steps a split was read in costs its label."""
+    """What the machine taking ``share`` of the steps a split was read in costs its label: nothing
+    under ``STALLED_NOTED``."""
+    if share < STALLED_NOTED:
+        return 0.0
     return round(min(PENALTY_STALLED_MAX, MACHINE_MOVES_SPLIT * share), 3)
 
 

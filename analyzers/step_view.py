@@ -11,13 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gpudiag.analyzers.classify import (
-    STALLED_NOTED,
-    classify,
-    extreme_dilation,
-    machine_penalty,
-    shares,
-)
+from gpudiag.analyzers.classify import classify, extreme_dilation, machine_penalty, shares
 from gpudiag.analyzers.own_pace import own_events, reference_machine_us, with_machine, without_machine
 from gpudiag.analyzers.stats import iqr_over_median
 from gpudiag.analyzers.unprofiled import (
@@ -64,8 +58,8 @@ def busier_window(traced: TimeBreakdown, machine_us: float, untraced_own_us: flo
     window = traced.host_stalled / traced.step_time
     wall = untraced_own_us + machine_us
     reference = machine_us / wall if wall > 0 else 0.0
-    extra = machine_penalty(window) - (machine_penalty(reference) if reference >= STALLED_NOTED else 0.0)
-    if window < STALLED_NOTED or extra <= 0:
+    extra = machine_penalty(window) - machine_penalty(reference)
+    if extra <= 0:
         return []
     return [Deduction(f"other processes took {pct_whole(window)} of the traced steps and "
                       f"{pct_whole(reference)} of the untraced ones around them: the split was "

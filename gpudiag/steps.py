@@ -131,9 +131,9 @@ def window_steps(run_dir: Path, reference: int = REFERENCE_STEPS,
         j = last + 1
         while j < len(rows) and rows[j].profiler == PROFILER_EXPORT:
             j += 1
-        drained = 0
-        while j < len(rows) and rows[j].profiler is None and drained < prefetch_depth(meta):
-            j, drained = j + 1, drained + 1
+        drain_end = j + prefetch_depth(meta)
+        while j < min(len(rows), drain_end) and rows[j].profiler is None:
+            j += 1
         while j < len(rows) and rows[j].profiler is None and len(after) < reference:
             after.append(rows[j])
             j += 1

@@ -199,9 +199,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
-    """Each test's CPU seconds, setup to teardown, as the JUnit property ``cpu_s``: the first pass
-    keeps both cores busy, so its wall time falls only with the suite's CPU
-    (`benchmarks/suite_lanes.py` sums it per lane)."""
+    """Each test's CPU seconds, setup to teardown, as the JUnit property ``cpu_s``: beside each
+    lane's wall time, what it spent computing and what waiting (`benchmarks/suite_lanes.py` sums
+    both per lane; a clean clone's first pass, 2026-11-30: 906 CPU-s over 602 s, the Slurm lanes
+    628 s of it for 50 CPU-s)."""
     outcome = yield
     if call.when == "teardown" and CPU_AT_START in item.stash:
         outcome.get_result().user_properties.append(
