@@ -38,10 +38,21 @@ def _sigterms(s: Sched, jobs: list[int]) -> list[int]:
     return sorted(i for i in jobs if "SIGTERM" in s.cli("logs", str(i)).stdout)
 
 
+def _ready(s: Sched, jobs: list[int]) -> None:
+    """Wait until each job printed ``started``: its checkpoint handler is in place.
+
+    The daemon marks a job running when it spawns it; a SIGTERM during the interpreter's start-up
+    would kill it at once, with no checkpoint, and the test would see one victim, not two.
+    """
+    s.wait("checkpoint handlers installed",
+           lambda j: all("started" in s.cli("logs", str(i)).stdout for i in jobs))
+
+
 def test_a_preemptor_gets_only_the_victims_it_needs_while_they_checkpoint(sched, tmp_path):
     s = sched
     spots = [s.submit("--gpus", "1", "--tier", "spot", "--grace", "30s", "--", *SLOW) for _ in range(4)]
     s.wait("four spot jobs running", lambda j: all(state_of(j, i) == "running" for i in spots))
+    _ready(s, spots)
     gate = tmp_path / "gate"
     od = s.submit("--gpus", "2", "--tier", "on-demand", "--", "sh", "-c",
                   f"while [ ! -e {gate} ]; do sleep 0.05; done")
@@ -76,6 +87,7 @@ def test_a_backfill_never_takes_the_slots_promised_to_a_preemptor(sched):
     s = sched
     a = s.submit("--gpus", "2", "--tier", "spot", "--grace", "30s", "--", *SLOW)
     s.wait("A running", lambda j: state_of(j, a) == "running")
+    _ready(s, [a])
     b = s.submit("--gpus", "4", "--tier", "on-demand", "--", "sh", "-c", "echo B")
     s.wait("A stopping", lambda j: state_of(j, a) == "stopping")
     # during A's grace a reserved job with a time limit arrives; 2 slots are free all along
