@@ -46,6 +46,7 @@ from gpudiag.analyzers.page_faults import allocator_moved
 from gpudiag.analyzers.stats import iqr_over_median, mann_whitney_p
 from gpudiag.diagnosis import Deduction, Dilation, TimeBreakdown
 from gpudiag.steps import REFERENCE_STEPS, WindowSteps
+from gpudiag.units import pct_whole
 
 # Fewer reference steps than this give no reference worth correcting by (a median of 2 is
 # one outlier away from anything); fewer than MIN_SIDE_STEPS on a side, and that side's median
@@ -91,6 +92,18 @@ PENALTY_TRACED_VIEW = 0.1
 PENALTY_PER_SLOWER = 1.0  # per point by which the reference was slower than the traced steps
 PENALTY_ESTIMATE_REPAIR = 0.1
 PENALTY_CPU_MODEL = 0.05
+# ...and the CPU's per-event model decides how much of the profiler's extra time was operator
+# time and how much the gaps': what it charges to operator time (long operators' slow-down and
+# the per-event cost inside them) is that much of the unobserved step moved from compute to
+# host, and an error of CPU_CHARGE_ERROR in that charge moves the margin between the two by
+# twice that error. The charge per event of the small-ops job (1,221 events a step, the same
+# events each run) ranged 1.52-2.71 us over 12 quiet runs on this project's 2-core AMD VM
+# (2026-11-30): +-30% around its median; over them its model charged 0.28-0.51 of the step to
+# operator time and read host 0.44-0.52 against compute 0.36-0.44, and in a CI clone two runs
+# of it read compute 0.54 / host 0.32 and host 0.56 / compute 0.33, both at "medium". So 2 x
+# 0.3 points per point of the step charged, at least PENALTY_CPU_MODEL, at most
+# PENALTY_PROPORTIONAL_MAX.
+CPU_CHARGE_ERROR = 0.3
 PENALTY_ONE_SIDE = 0.05  # a reference from one side of the window (the other slowed by the observer)
 
 # The job's own host time per operator it calls from the gaps (Python, the dispatcher: a few
@@ -453,8 +466,21 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
         host = 0.0
         caveat("the profiler's extra time per step exceeded what its recorded events account for "
                "in the gaps: the rest was taken from operator time", PENALTY_ESTIMATE_REPAIR)
-    caveat(_cpu_split_text(traced.step_time, step, stalled, slowed, per_event, events), PENALTY_CPU_MODEL)
+    charged = min(traced.compute, slowed + max(0.0, per_event) * n_compute)
+    caveat(_cpu_split_text(traced.step_time, step, stalled, slowed, per_event, events)
+           + f". Of it, this model charged {charged / 1e3:.3g} ms a step to operator time "
+           f"({pct_whole(charged / step)} of the untraced step), and its charge per event varies by "
+           f"+-{pct_whole(CPU_CHARGE_ERROR)} between runs of one job: the compute/host split moves with it",
+           cpu_model_penalty(charged / step))
     return _cpu_unobserved(traced, step, compute, host, stalled)
+
+
+def cpu_model_penalty(charged_share: float) -> float:
+    """What the CPU's per-event model costs a label: its charge to operator time (a share of
+    the untraced step) times CPU_CHARGE_ERROR, twice (both shares move), between
+    PENALTY_CPU_MODEL and PENALTY_PROPORTIONAL_MAX."""
+    moved = 2 * CPU_CHARGE_ERROR * max(0.0, charged_share)
+    return round(min(PENALTY_PROPORTIONAL_MAX, max(PENALTY_CPU_MODEL, moved)), 3)
 
 
 def _at_window_pace(traced: TimeBreakdown, events: CpuEvents, stalled: float, slowed: float,
