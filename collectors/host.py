@@ -67,8 +67,9 @@ def tree(root: int) -> list[int]:
     return ProcessTree(root).pids()
 
 
-def _cpu_and_rss(pid: int) -> tuple[float, int, int] | None:
-    """(CPU seconds, RSS bytes, parent pid) of a process, from its stat file."""
+def _cpu_and_rss(pid: int) -> tuple[float, int, int, float] | None:
+    """(CPU seconds, RSS bytes, parent pid, CPU seconds of its children it has reaped) of a
+    process, from its stat file."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             rest = f.read()
@@ -76,8 +77,9 @@ def _cpu_and_rss(pid: int) -> tuple[float, int, int] | None:
         return None
     fields = rest[rest.rfind(b")") + 2:].split()
     cpu = (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+    reaped = (int(fields[13]) + int(fields[14])) / _TICK  # cutime + cstime
     rss = int(fields[21]) * _PAGE
-    return cpu, rss, int(fields[1])
+    return cpu, rss, int(fields[1]), reaped
 
 
 def _machine_busy() -> float | None:
@@ -133,6 +135,28 @@ def _runnable() -> int | None:
         return None
 
 
+def _since(prev: dict[int, float], pid: int, now: float) -> float:
+    """A counter's value at the last sample: a pid the tree did not hold then was born since
+    (the tree is found afresh each sample), so its counters started at 0 within this interval.
+    Counted from its first sighting instead, a DataLoader worker (re)started each epoch had its
+    first second's CPU read as other processes' (blind check 17: "other processes took 17.8 ms
+    of each traced step" where only the job ran). On the first sample nothing has a baseline."""
+    if not prev:
+        return now
+    return prev.get(pid, 0.0)
+
+
+def _reaped_since(reaped: float, prev: dict[int, float], cur: dict[int, float]) -> float:
+    """CPU seconds of the tree's processes that ended since the last sample: a reaped child's
+    whole time lands in its parent's ``cutime``/``cstime`` (``reaped``, the tree's growth in
+    them), less what the last sample already counted of those gone (their last own time). A
+    worker that exits and is joined between samples (``persistent_workers=False`` at an epoch's
+    end) is otherwise lost, and the machine's busy cores read as another process's. One that
+    left the tree without being reaped by it (re-parented) adds nothing here: never negative."""
+    gone = sum(v for pid, v in prev.items() if pid not in cur)
+    return max(0.0, reaped - gone)
+
+
 class HostSampler:
     """Every ``interval`` seconds: process count, CPU utilisation (cores) and RSS of the tree,
     and the cores the whole machine kept busy (the job's and everybody else's): a DataLoader's
@@ -160,6 +184,7 @@ class HostSampler:
 
     def _run(self) -> None:
         prev: dict[int, float] = {}
+        prev_c: dict[int, float] = {}
         prev_q: dict[int, float] = {}
         prev_t = time.monotonic()
         prev_busy = _machine_busy()
@@ -175,8 +200,10 @@ class HostSampler:
                 now = time.monotonic()
                 cpu_total = rss_total = q_total = qt_total = 0.0
                 cur: dict[int, float] = {}
+                cur_c: dict[int, float] = {}
                 cur_q: dict[int, float] = {}
                 cur_qt: dict[int, float] = {}
+                reaped = 0.0
                 pids = procs.pids()
                 for pid in pids:
                     r = _cpu_and_rss(pid)
@@ -184,13 +211,15 @@ class HostSampler:
                         continue
                     if pid != self.root:
                         procs.refresh(pid, r[2])
-                    cur[pid] = r[0]
-                    cpu_total += r[0] - prev.get(pid, r[0])
+                    cur[pid], cur_c[pid] = r[0], r[3]
                     cur_q[pid] = _runq_s(pid)
-                    q_total += cur_q[pid] - prev_q.get(pid, cur_q[pid])
                     cur_qt[pid] = _threads_runq_s(pid)
-                    qt_total += max(0.0, cur_qt[pid] - prev_qt.get(pid, cur_qt[pid]))
+                    cpu_total += r[0] - _since(prev, pid, r[0])
+                    reaped += r[3] - _since(prev_c, pid, r[3])
+                    q_total += cur_q[pid] - _since(prev_q, pid, cur_q[pid])
+                    qt_total += max(0.0, cur_qt[pid] - _since(prev_qt, pid, cur_qt[pid]))
                     rss_total += r[1]
+                cpu_total += _reaped_since(reaped, prev, cur)
                 util = cpu_total / (now - prev_t) if prev else 0.0
                 busy = _machine_busy()
                 row = {"t": time.time(), "processes": len(cur), "cpu_cores": round(util, 3),
@@ -203,6 +232,6 @@ class HostSampler:
                 counts = [n for n in running if n is not None]
                 if len(counts) == len(running):
                     row["machine_runnable"] = round(sum(counts) / len(counts), 2)
-                prev, prev_q, prev_qt, prev_t, prev_busy = cur, cur_q, cur_qt, now, busy
+                prev, prev_c, prev_q, prev_qt, prev_t, prev_busy = cur, cur_c, cur_q, cur_qt, now, busy
                 f.write(json.dumps(row) + "\n")
                 f.flush()
