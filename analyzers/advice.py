@@ -31,6 +31,7 @@ from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the p
     job_cpu,
     on_gpu,
     slower_dtype,
+    worker_count,
 )
 from gpudiag.analyzers.advice_text import (
     attention_text,
@@ -328,7 +329,8 @@ def _workers_step(a: AdviceInputs) -> whatif.Prediction:
     unmeasured = workers_unmeasured(a)
     if unmeasured:
         return whatif.Prediction(None, unmeasured)
-    return whatif.input_hidden(a.view, job_cpu(a.traits), on_gpu(a), workers=has_workers(a))
+    return whatif.input_hidden(a.view, job_cpu(a.traits), on_gpu(a), workers=has_workers(a),
+                               count=worker_count(a))
 
 
 def has_workers(a: AdviceInputs) -> bool:

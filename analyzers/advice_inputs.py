@@ -128,3 +128,9 @@ def job_cpu(t: JobTraits) -> whatif.JobCpu | None:
                          t.runq_cores or 0.0, t.cpu_step_s * 1e6 if t.cpu_step_s else None,
                          t.loader_busy)
 
+
+def worker_count(a: AdviceInputs) -> int:
+    """The workers the job's DataLoader has, where the bootstrap saw one count (several loaders
+    with different counts: which one the step waits on is not known, 0)."""
+    counts = [n for n in a.traits.dataloader_workers if n > 0]
+    return counts[0] if len(counts) == 1 else 0

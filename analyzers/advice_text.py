@@ -13,6 +13,7 @@ from gpudiag.analyzers.advice_inputs import (
     fastest_lower,
     job_cpu,
     on_gpu,
+    worker_count,
 )
 from gpudiag.analyzers.compile_facts import optimizer_loop
 from gpudiag.analyzers.op_flops import MODEL_OPS
@@ -41,14 +42,23 @@ def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
 
 
 def input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    workers = " with num_workers=0" if a.traits.single_process_loader else ""
     cpu = job_cpu(a.traits)
+    pin = ", set pin_memory=True" if on_gpu(a) else ""
+    share = pct_whole(s[Bottleneck.INPUT])
+    if any(n > 0 for n in a.traits.dataloader_workers):   # the loading is in workers already
+        count = worker_count(a)
+        step = whatif.input_hidden(a.view, cpu, on_gpu(a), workers=True, count=count).step_us
+        more = whatif.more_workers_needed(a.view, step, count) if step and count else None
+        raise_to = f" to about {more}" if more else ""
+        now = f" with num_workers={count}" if count else ""
+        return (f"The DataLoader wait is {share} of step time{now}: raise "
+                f"num_workers{raise_to}{pin} and prefetch_factor.{_loading(a, cpu)}")
+    workers = " with num_workers=0" if a.traits.single_process_loader else ""
     need = (whatif.workers_needed(a.view, cpu, on_gpu(a))
             if a.traits.single_process_loader and not workers_unmeasured(a) else None)
     raise_to = f" to at least {need}" if need else ""
-    pin = ", set pin_memory=True" if on_gpu(a) else ""
     onto = " (or onto the GPU)" if on_gpu(a) else ""
-    return (f"The DataLoader wait is {pct_whole(s[Bottleneck.INPUT])} of step time{workers}: raise "
+    return (f"The DataLoader wait is {share} of step time{workers}: raise "
             f"num_workers{raise_to}{pin} and prefetch_factor, and move decoding/augmentation out "
             f"of the training process{onto}.{_loading(a, cpu)}")
 

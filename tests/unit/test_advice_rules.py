@@ -290,3 +290,21 @@ def test_more_workers_for_a_loader_whose_processes_fill_the_cores_are_held_to_th
     rec = next(r for r in recommend(inputs(FED, traits=none, label=Bottleneck.INPUT)).advised
                if r.action == "dataloader-workers")
     assert rec.predicted_step_s == pytest.approx(17e-3) and "already keep" not in rec.why, rec
+
+
+def test_a_loader_with_workers_is_told_the_count_that_keeps_up_not_to_move_its_decoding():
+    """Blind check 17: every loader with workers read "raise num_workers and prefetch_factor, and
+    move decoding/augmentation out of the training process", with no count, where the loading
+    ran in workers already. With 6 workers and a 30 ms step each makes a batch in 180 ms; the
+    18 ms step predicted takes one every 18 ms: 10 workers."""
+    spare = recommend(inputs(FED, traits=_fed(1.2), label=Bottleneck.INPUT))
+    rec = next(r for r in spare.advised if r.action == "dataloader-workers")
+    assert "with num_workers=6: raise num_workers to about 10 and prefetch_factor." in rec.text, rec.text
+    assert "out of the training process" not in rec.text, rec.text
+    assert "needs about 10 workers: with 6 now, each makes a batch in about 6 steps (180 ms)" in rec.why
+    # two loaders with different counts: which one the step waits on is not known, no count
+    two = dataclasses.replace(_fed(1.2), dataloader_workers=[2, 6])
+    rec = next(r for r in recommend(inputs(FED, traits=two, label=Bottleneck.INPUT)).advised
+               if r.action == "dataloader-workers")
+    assert "about" not in rec.text and "needs about" not in rec.why, (rec.text, rec.why)
+    assert "out of the training process" not in rec.text, rec.text

@@ -138,3 +138,19 @@ def test_waiting_runnable_for_a_core_counts_as_decoding_on_a_busy_machine() -> N
     assert whatif.loading_cores(STEP, busy) == pytest.approx(1.0)
     # without the waiting, the same CPU would read as a wait that is mostly not CPU work
     assert whatif.loading_cores(STEP, whatif.JobCpu(0.5, 2, 1, 1.5)) < whatif.CPU_LOADING
+
+
+def test_a_loader_with_workers_is_told_how_many_hide_its_wait() -> None:
+    """Blind check 17's storage loader: 1 worker, a 43.8 ms step of which 37.8 ms waiting. The
+    worker makes a batch a step (43.8 ms); the 6.0 ms left takes one every 6.0 ms: 8 workers.
+    Applied, 7 ran 6.1-6.3 ms a step (mean), 3 ran 14.2-14.5 ms."""
+    b = TimeBreakdown(step_time=43.8e3, compute=6.0e3, idle=37.8e3, input_wait=37.8e3)
+    p = whatif.input_hidden(b, workers=True, count=1)
+    assert p.step_us == pytest.approx(6.0e3)
+    assert whatif.more_workers_needed(b, p.step_us, 1) == 8
+    assert "needs about 8 workers: with 1 now, each makes a batch in about 1 step (43.8 ms)" in p.why
+    # the same step with 4 workers: each takes 4 steps a batch, so 30 of them
+    assert whatif.more_workers_needed(b, p.step_us, 4) == math.ceil(4 * 43.8 / 6.0)
+    # no more than there are: nothing to add (and no count in the text)
+    assert whatif.more_workers_needed(b, 43.8e3, 1) is None
+    assert "needs about" not in whatif.input_hidden(b, workers=True, count=0).why
