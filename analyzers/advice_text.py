@@ -15,10 +15,20 @@ from gpudiag.analyzers.advice_inputs import (
     on_gpu,
     worker_count,
 )
+from gpudiag.analyzers.classify import STALLED_NOTED
 from gpudiag.analyzers.compile_facts import optimizer_loop
 from gpudiag.analyzers.op_flops import MODEL_OPS
 from gpudiag.diagnosis import Bottleneck, Stragglers, TimeBreakdown
 from gpudiag.units import ms, pct_whole
+
+
+def of_step(a: AdviceInputs) -> str:
+    """What a share in the advice is of: the step at the job's own pace (``classify.shares``),
+    named so where other processes took part of the view's step and its rows (of the wall step)
+    read otherwise. Blind check 17: "The DataLoader wait is 85% of step time" beside a
+    breakdown row of 36%."""
+    return ("of the step at the job's own pace" if a.view.fraction("host_stalled") >= STALLED_NOTED
+            else "of step time")
 
 
 def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
@@ -51,14 +61,14 @@ def input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
         more = whatif.more_workers_needed(a.view, step, count) if step and count else None
         raise_to = f" to about {more}" if more else ""
         now = f" with num_workers={count}" if count else ""
-        return (f"The DataLoader wait is {share} of step time{now}: raise "
+        return (f"The DataLoader wait is {share} {of_step(a)}{now}: raise "
                 f"num_workers{raise_to}{pin} and prefetch_factor.{_loading(a, cpu)}")
     workers = " with num_workers=0" if a.traits.single_process_loader else ""
     need = (whatif.workers_needed(a.view, cpu, on_gpu(a))
             if a.traits.single_process_loader and not workers_unmeasured(a) else None)
     raise_to = f" to at least {need}" if need else ""
     onto = " (or onto the GPU)" if on_gpu(a) else ""
-    return (f"The DataLoader wait is {share} of step time{workers}: raise "
+    return (f"The DataLoader wait is {share} {of_step(a)}{workers}: raise "
             f"num_workers{raise_to}{pin} and prefetch_factor, and move decoding/augmentation out "
             f"of the training process{onto}.{_loading(a, cpu)}")
 
@@ -91,7 +101,7 @@ def workers_unmeasured(a: AdviceInputs) -> str | None:
 def cheaper_input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     cpu = job_cpu(a.traits)
     batch_us = whatif.loader_work(a.view, cpu, on_gpu(a)).batch_us if cpu else a.view.input_wait
-    return (f"The DataLoader wait is {pct_whole(s[Bottleneck.INPUT])} of step time and it is CPU work "
+    return (f"The DataLoader wait is {pct_whole(s[Bottleneck.INPUT])} {of_step(a)} and it is CPU work "
             f"({ms(batch_us)} a batch on the thread that makes it): make each batch cheaper to "
             "produce - decode once and store the decoded (or smaller) samples, move augmentation "
             "to the accelerator, or load on other machines - since workers only move that work to "
@@ -137,7 +147,7 @@ def comm_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     else:
         how = "overlap it with compute (async_op=True, and wait only where the result is needed)"
     link = ", and check the interconnect" if on_gpu(a) else ""
-    return (f"Communication not overlapped with compute is {pct_whole(exposed_share(a))} of step time"
+    return (f"Communication not overlapped with compute is {pct_whole(exposed_share(a))} {of_step(a)}"
             f"{_comm_detail(a)}: {how}{link}.")
 
 
@@ -158,7 +168,7 @@ def comm_cost_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
         parts.append(f"{ms(b.comm_contention)} of compute slowed beside the collectives (the cores "
                      "and memory they took)")
     k = whatif.ACCUMULATE_STEPS
-    return (f"Communication costs {pct_whole(s[Bottleneck.COMMUNICATION])} of step time "
+    return (f"Communication costs {pct_whole(s[Bottleneck.COMMUNICATION])} {of_step(a)} "
             f"({', '.join(parts)}): all-reduce less often - accumulate gradients over {k} micro-batches "
             "under DDP's no_sync() and all-reduce on the last (each step then moves the same bytes "
             f"for {k} times the samples, where the larger effective batch suits the training) - or send "
@@ -214,13 +224,13 @@ def compiled_graphs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 
 def syncs_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"The GPU is idle {pct_whole(s[Bottleneck.HOST])} of step time with no input wait although "
+    return (f"The GPU is idle {pct_whole(s[Bottleneck.HOST])} {of_step(a)} with no input wait although "
             "the step is compiled: remove host syncs (.item(), .cpu(), print of tensors) and graph "
             "breaks from the loop, and grow the batch so each launch does more work.")
 
 
 def compile_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"{pct_whole(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
+    return (f"{pct_whole(s[Bottleneck.HOST])} {of_step(a)} is dispatch overhead and gaps between "
             f"operators (many tiny ops): fuse them with torch.compile ({compile_target(a)}), or batch "
             "the work into fewer, larger tensor ops." + module_loop_text(a))
 
@@ -290,7 +300,7 @@ def micro_batches_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 
 def batch_small_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"{pct_whole(s[Bottleneck.HOST])} of step time is dispatch overhead and gaps between "
+    return (f"{pct_whole(s[Bottleneck.HOST])} {of_step(a)} is dispatch overhead and gaps between "
             "operators although the step is compiled: batch the work into fewer, larger tensor "
             "ops, vectorise Python loops, and grow the batch.")
 
@@ -302,7 +312,7 @@ def _largest(a: AdviceInputs) -> str:
 def fuse_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     fusable = [n for n in a.top_memory_ops if n not in MODEL_OPS]
     largest = f" (largest: {', '.join(fusable[:3])})" if fusable else ""
-    return (f"Memory-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.MEMORY])} of step time"
+    return (f"Memory-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.MEMORY])} {of_step(a)}"
             f"{largest}: fuse chains of elementwise and normalisation ops with torch.compile"
             + ("" if a.compile_facts is None or a.compile_facts.loops.module_iters < 1
                else f" ({compile_target(a)})")
@@ -311,7 +321,7 @@ def fuse_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 
 def bf16_bytes_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"Memory-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.MEMORY])} of step time in fp32"
+    return (f"Memory-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.MEMORY])} {of_step(a)} in fp32"
             f"{_largest(a)}: keep activations in bf16 (torch.autocast) to halve the bytes moved.")
 
 
@@ -336,7 +346,7 @@ def precision_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     else:
         how = ("run matmuls in bf16 (torch.autocast('cpu', dtype=torch.bfloat16)): this CPU's "
                f"measured {fam} GEMM peak is {1 / ratio:.2g}x its fp32 one")
-    return (f"Compute-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.COMPUTE])} of step time in fp32"
+    return (f"Compute-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.COMPUTE])} {of_step(a)} in fp32"
             f"{mfu}: {how}.")
 
 
@@ -353,7 +363,7 @@ def shapes_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
 
 
 def near_peak_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    return (f"Compute-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.COMPUTE])} of step time at MFU "
+    return (f"Compute-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.COMPUTE])} {of_step(a)} at MFU "
             f"{pct_whole(a.mfu.value or 0.0)}, near what the math allows: gains now come from doing "
             "fewer FLOPs (a smaller model, less recomputation) or from more devices.")
 
