@@ -196,7 +196,7 @@ def test_low_mfu_key_gets_a_larger_nice_slurm_starts_the_other_first_and_restore
         b = sbatch(cluster, agent, tmp_path, "fastkey", "reserved", 4, "compute", seconds=20)
         nice_a = int(wait_for("a Nice on the slow key's job", lambda: int(job(cluster, a)["Nice"]), 30))
         assert nice_a > 0
-        assert int(job(cluster, b)["Nice"]) == 0
+        assert int(job(cluster, b)["Nice"]) == 0, ctl.text()[-4000:]
         assert f"nice {a}: 0 -> {nice_a}" in ctl.text() and "input-bound" in ctl.text(), ctl.text()
         assert int(job(cluster, a)["Priority"]) < int(job(cluster, b)["Priority"])
         cluster.run("scancel", str(blocker))
