@@ -236,8 +236,9 @@ def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True,
     machine leaves busy (``tree_bound``: the step they bound is today's)."""
     if workers and cpu is not None and cpu.cores_used >= CORES_FULL * cpu.available:
         return (f"the job's processes (its workers among them) already keep {cpu.cores_used:.3g} of the "
-                f"{cpu.available:.3g} cores the machine's other work leaves busy: more workers would "
-                "have no core of their own, and would take turns with those there")
+                f"{cpu.available:.3g} cores the machine's other work leaves busy ({pct_whole(CORES_FULL)} "
+                "or more): more workers would have no core of their own, and would take turns with "
+                "those there")
     rest, w = _hidden_rest(b, cpu, gpu)
     if w is None or cpu is None or max(rest, w.bound_us) < b.step_time * cpu.unobserved(b):
         return None
