@@ -43,6 +43,10 @@ class HostCpu:
     # (``gpudiag.pace.wait_shares``); None where the samples did not record them
     runq_threads: float | None = None
     runnable: float | None = None
+    # the training processes' own CPU (each rank's, its threads, not its children) over the same
+    # steps, from the step timer's rows (``StepRow.cpu_s``): the rest of ``cores_used`` is their
+    # children's, the DataLoader workers' (None: not recorded)
+    proc_cores: float | None = None
 
 
 def loader_busy(rows: Sequence[StepRow]) -> float | None:
@@ -114,4 +118,20 @@ def host_cpu(samples: Sequence[HostSample], steps: Mapping[int, Sequence[StepRow
     return HostCpu(round(job, 3), round(mean(lambda h: h.runq_cores), 3), other, len(used),
                    meta.cpus if meta else None, meta.intra_op_threads if meta else None,
                    sum(dts) / len(dts) if dts else None, known(lambda h: h.runq_threads),
-                   known(lambda h: h.runnable))
+                   known(lambda h: h.runnable), _proc_cores(steps, sampled))
+
+
+def _proc_cores(steps: Mapping[int, Sequence[StepRow]], sampled: Callable[[float], bool]) -> float | None:
+    """The ranks' own CPU in cores over their untraced steps the samples cover: per rank, its
+    process's CPU seconds over those steps' wall seconds, summed over ranks (None where a rank's
+    rows did not record it)."""
+    total = 0.0
+    for rows in steps.values():
+        rs = [r for r in rows if r.profiler is None and r.step > STARTUP_STEPS and sampled(r.t)]
+        if not rs or any(r.cpu_s is None for r in rs):
+            return None
+        wall = sum(r.dt for r in rs)
+        if wall <= 0:
+            return None
+        total += sum(r.cpu_s or 0.0 for r in rs) / wall
+    return round(total, 3)

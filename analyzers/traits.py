@@ -63,5 +63,6 @@ def job_traits(per_rank: list[dict[str, bool]], dataloader_workers: list[int] | 
         cpus=host.cpus if host else None,
         intra_op_threads=host.intra_op_threads if host else None,
         cpu_step_s=host.step_s if host else None,
+        proc_cores=host.proc_cores if host else None,
         loader_busy=loader_busy,
     )

@@ -59,6 +59,9 @@ class JobCpu:
     step_us: float | None = None  # the untraced step cores_used was measured over
     # the loader's own time busy in next(loader) (``JobTraits.loader_busy``), where recorded
     loader_busy: float | None = None
+    # of cores_used, the training processes' own; the rest is their DataLoader workers' (None:
+    # not recorded)
+    proc_cores: float | None = None
 
     def unobserved(self, b: TimeBreakdown) -> float:
         """What brings the view's times to the job's unobserved pace: the untraced step the
@@ -129,6 +132,24 @@ def loader_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork:
     return LoaderWork(b.input_wait * k, main * k, cpu.available)
 
 
+def workers_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork | None:
+    """What a loader's workers and the training process cost in cores per step, where the step
+    timer recorded the training processes' own CPU: the rest of the tree's CPU per untraced step
+    is the workers' (a batch a step, in a step the loader holds), and the training process needs
+    the rest of the step beside them (``loader_work``'s ``main_us``). Only the workers' CPU
+    counts as the loading's, not the training process's: its threads' spinning and polling,
+    which a shorter step does less of (blind check 17's loader asleep on storage, its processes
+    at 0.5 of 1.9 cores, ran 6.1-6.3 ms with 7 workers where a bound on all of it said 11.5).
+    Blind check 18's decoding loader, 1 worker, its processes at 1.17 of 2 cores, was told 0.15x
+    with 7 workers and ran 0.59x by the mean step with 2 to 10 of them: the cores held it."""
+    if cpu.proc_cores is None or not cpu.step_us:
+        return None
+    rest = b.step_time - b.input_wait
+    main = rest if gpu else rest + (cpu.model_cores - 1) * min(b.compute, rest)
+    workers = max(0.0, cpu.cores_used - cpu.proc_cores)
+    return LoaderWork(workers * cpu.step_us, main * cpu.unobserved(b), cpu.available)
+
+
 def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
                  workers: bool = False, count: int = 0) -> Prediction:
     """The rest of the step bounds it, and so do the cores: hiding a wait behind workers moves
@@ -143,9 +164,20 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
                  f"training process needs {ms(w.main_us)} of core time per step beside it, which "
                  f"the {w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves cannot do "
                  f"in less than {ms(step)}")
+    # the bounds below are at the pace the CPU was read at (the untraced steps'), and so is the
+    # rest of the step beside them
+    paced = rest * cpu.unobserved(b) if w is None and cpu is not None else rest
+    ww = workers_work(b, cpu, gpu) if workers and cpu is not None else None
+    if ww is not None and cpu is not None and ww.bound_us > step:
+        rest = paced
+        step = max(rest, ww.bound_us)
+        bound = (f"; its workers used {cpu.cores_used - (cpu.proc_cores or 0.0):.3g} cores over the "
+                 f"untraced steps ({ms(ww.batch_us)} of CPU a batch) and the training process needs "
+                 f"{ms(ww.main_us)} of core time per step beside them, which the {ww.cores:.3g} of "
+                 f"{cpu.cpus} cores the machine's other work leaves cannot do in less than {ms(step)}")
     tree = tree_bound(cpu) if workers and cpu is not None else None
     if tree is not None and cpu is not None and tree > step:
-        rest = rest * cpu.unobserved(b) if w is None else rest   # at the pace the CPU was read at
+        rest = paced
         step = max(rest, tree)
         waiting = (f", and {cpu.runq_cores:.2g} of its threads waited for a core on average"
                    if cpu.runq_cores >= 0.05 else "")

@@ -447,6 +447,9 @@ class JobTraits:
     cpus: int | None = None
     intra_op_threads: int | None = None
     cpu_step_s: float | None = None  # the untraced step cores_used was measured over
+    # of cores_used, the training processes' own (the rest: their DataLoader workers'); None:
+    # not recorded
+    proc_cores: float | None = None
     # the training thread's time on a core or waiting for one while in next(loader), over its
     # time there (the step timer's DataLoader hook, untraced steps): with num_workers=0, a
     # loader that decodes reads near 1, one waiting on storage (or asleep) near 0; None: not

@@ -3,6 +3,7 @@ that does to the workers advised and to the step predicted once the wait is hidd
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -154,3 +155,44 @@ def test_a_loader_with_workers_is_told_how_many_hide_its_wait() -> None:
     # no more than there are: nothing to add (and no count in the text)
     assert whatif.more_workers_needed(b, 43.8e3, 1) is None
     assert "needs about" not in whatif.input_hidden(b, workers=True, count=0).why
+
+
+def test_a_loader_with_workers_and_a_spare_core_is_held_to_its_workers_cpu_over_the_cores() -> None:
+    """Blind check 18's decoding loader: 1 worker, an 18 ms step, 15.2 ms of it waiting, its
+    processes at 1.17 of 2 cores, 0.14 of them the training process's own (the step timer's
+    rows). Its threads did not want every core, so the tree's bound did not apply and it was told
+    0.15x with 7 workers; it ran 0.59x by the mean step with 2 to 10. Its workers' CPU, 1.03 cores
+    over the 16.4 ms untraced step (16.9 ms a batch), and the 2.7 ms the training process needs
+    beside it, over the 2 cores: 9.8 ms, 0.55x, with 2 workers."""
+    b = TimeBreakdown(step_time=17.95e3, compute=2.74e3, idle=15.21e3, input_wait=15.21e3)
+    cpu = whatif.JobCpu(cores_used=1.17, cpus=2, threads=1, other_cores=0.0, runq_cores=0.2,
+                        step_us=16.43e3, loader_busy=0.066, proc_cores=0.14)
+    p = whatif.input_hidden(b, cpu, gpu=False, workers=True, count=1)
+    batch = (1.17 - 0.14) * 16.43e3
+    assert p.step_us == pytest.approx((batch + 2.74e3 * 16.43 / 17.95) / 2)
+    assert 0.5 < p.step_us / b.step_time < 0.6
+    assert "its workers used 1.03 cores over the untraced steps" in p.why, p.why
+    assert whatif.more_workers_needed(b, p.step_us, 1) == 2
+    # the same figures without the training process's own CPU recorded: no such bound
+    old = dataclasses.replace(cpu, proc_cores=None)
+    assert whatif.input_hidden(b, old, gpu=False, workers=True, count=1).step_us == pytest.approx(2.74e3)
+    # a loader asleep on storage: its workers use next to no CPU, and the rest of the step holds
+    asleep = dataclasses.replace(cpu, cores_used=0.2, proc_cores=0.14, runq_cores=0.0)
+    assert whatif.input_hidden(b, asleep, gpu=False, workers=True, count=1).step_us == pytest.approx(2.74e3)
+
+
+def test_the_training_processes_own_cpu_is_read_from_the_step_rows_over_the_sampled_steps() -> None:
+    """Of the tree's cores (the host sampler), the ranks' own (their step rows' process CPU) over
+    the same untraced steps: the rest is their DataLoader workers'."""
+    def ranked(cpu_s: float) -> list[StepRow]:
+        return [dataclasses.replace(r, cpu_s=cpu_s) for r in rows(12, 1.0, 100.0, traced=range(6, 8))]
+
+    s = [HostSample(101.5, 0.0, 0.0, None), HostSample(102.5, 9.0, 0.0, 9.0),
+         HostSample(103.5, 1.5, 0.0, 2.0), HostSample(104.5, 1.5, 0.0, 2.0),
+         HostSample(109.5, 1.5, 0.0, 2.0), HostSample(112.05, 1.5, 0.0, 2.0)]
+    h = host_cpu(s, {0: ranked(0.25), 1: ranked(0.5)}, {0: BootstrapMeta(rank=0, cpus=4)})
+    assert h is not None and h.cores_used == pytest.approx(1.5)
+    assert h.proc_cores == pytest.approx(0.75)   # 0.25 + 0.5 cores: the rest, 0.75, the workers'
+    # a rank whose rows did not record it: not known
+    h = host_cpu(s, {0: ranked(0.25), 1: rows(12, 1.0, 100.0, traced=range(6, 8))}, {})
+    assert h is not None and h.proc_cores is None
