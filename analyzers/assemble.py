@@ -22,6 +22,7 @@ from gpudiag.analyzers.breakdown import sum_breakdowns
 from gpudiag.analyzers.checkpoint import saves
 from gpudiag.analyzers.classify import (
     HOST_NOTABLE,
+    STALLED_NOTED,
     lost_events,
     refuse_for_lost_gpu_events,
     with_deductions,
@@ -375,7 +376,9 @@ def _closing_warnings(job: _Job, roof_acc: RooflineAcc, device: DevicePeak | Non
     unsplit = job.kind == "gpu" and wait is not None and not wait.recorded
     if wait is not None and unsplit and breakdown.fraction("host_overhead") >= HOST_NOTABLE:
         warnings.append(wait.note)  # worth splitting there
-    if breakdown.host_stalled > 0 and job.kind == "cpu":
+    # from a share worth naming on (the verdict's own threshold): blind check 18 read "a busy
+    # machine" for 0.08 ms of an 18 ms step (0.5%) on a machine nobody else used
+    if breakdown.fraction("host_stalled") >= STALLED_NOTED and job.kind == "cpu":
         warnings.append(f"{breakdown.host_stalled / 1e3:.3g} ms per traced step the OS ran other work "
                         "while an operator of the job waited (operators 20x slower than the median of "
                         "their kind: a busy machine): host time, shown apart from the job's own "
