@@ -58,7 +58,11 @@ def input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     if any(n > 0 for n in a.traits.dataloader_workers):   # the loading is in workers already
         count = worker_count(a)
         step = whatif.input_hidden(a.view, cpu, on_gpu(a), workers=True, count=count).step_us
-        more = whatif.more_workers_needed(a.view, step, count) if step and count else None
+        # no count where more would not help (no core for them, or no faster step): blind check
+        # 19 read "raise num_workers to about 4" in the text of a fix listed as not helping
+        helps = (step is not None and step < a.view.step_time
+                 and whatif.no_core_for_workers(a.view, cpu, on_gpu(a), workers=True) is None)
+        more = whatif.more_workers_needed(a.view, step, count) if step and count and helps else None
         raise_to = f" to about {more}" if more else ""
         now = f" with num_workers={count}" if count else ""
         return (f"The DataLoader wait is {share} {of_step(a)}{now}: raise "
