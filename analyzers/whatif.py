@@ -110,6 +110,9 @@ class LoaderWork:
     batch_us: float  # a batch's work: the main thread's time in the wait (num_workers=0 does it there)
     main_us: float  # core-time the training process needs per step outside the loading
     cores: float  # cores the machine's other work leaves the job
+    # why main_us is what the training process spent, not what its work needs (its threads
+    # spinning beside the batch), in words; "" where it is the work
+    spent: str = ""
 
     @property
     def bound_us(self) -> float:
@@ -128,8 +131,31 @@ def loader_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork:
     device, the model's intra-op threads too, through its operators."""
     k = cpu.unobserved(b)
     rest = b.step_time - b.input_wait
-    main = rest if gpu else rest + (cpu.model_cores - 1) * min(b.compute, rest)
-    return LoaderWork(b.input_wait * k, main * k, cpu.available)
+    main = (rest if gpu else rest + (cpu.model_cores - 1) * min(b.compute, rest)) * k
+    batch = b.input_wait * k
+    spent = spent_beside(cpu, batch)
+    if spent <= main:
+        return LoaderWork(batch, main, cpu.available)
+    threads = (f"; with fewer than its {cpu.threads} intra-op threads (torch.set_num_threads) more "
+               "of the cores go to the workers" if cpu.threads > 1 else "")
+    return LoaderWork(batch, spent, cpu.available,
+                      f"measured: its process's CPU a step beyond the batch, where its operators need "
+                      f"{ms(main)}; the rest is its threads' waiting, which OpenMP threads spend "
+                      f"spinning{threads}")
+
+
+def spent_beside(cpu: JobCpu, batch_us: float) -> float:
+    """Core-time the training process spent per untraced step beyond the batch it made (its
+    own CPU, the step timer's ``cpu_s``, less the loading's): its threads' work, and their
+    spinning, where they spin. Workers compete with all of it for the cores: blind check 19's
+    decoding loader in the training process (num_workers=0, torch's 2 intra-op threads, its
+    process at 1.5 of 2 cores) was told 0.53x with 2 workers from the threads' work alone (2.5 ms
+    a step beside a 15.7 ms batch) and ran 1.00-1.08x by the mean step; its process had spent 10
+    ms a step beyond the batch, and with one intra-op thread the same 2 workers ran 0.58x.
+    0 where not recorded."""
+    if cpu.proc_cores is None or not cpu.step_us:
+        return 0.0
+    return max(0.0, cpu.proc_cores * cpu.step_us - batch_us)
 
 
 def workers_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork | None:
@@ -160,10 +186,11 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
     step = rest if w is None else max(rest, w.bound_us)
     bound = ""
     if w is not None and cpu is not None and w.bound_us > rest:   # a bound needs the cores
+        spent = f" ({w.spent})" if w.spent else ""
         bound = (f"; a batch is {ms(w.batch_us)} of work on the thread that makes it and the "
-                 f"training process needs {ms(w.main_us)} of core time per step beside it, which "
-                 f"the {w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves cannot do "
-                 f"in less than {ms(step)}")
+                 f"training process needs {ms(w.main_us)} of core time per step beside it{spent}, "
+                 f"which the {w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves "
+                 f"cannot do in less than {ms(step)}")
     # the bounds below are at the pace the CPU was read at (the untraced steps'), and so is the
     # rest of the step beside them
     paced = rest * cpu.unobserved(b) if w is None and cpu is not None else rest
