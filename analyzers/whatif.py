@@ -162,10 +162,12 @@ def workers_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork | None:
     """What a loader's workers and the training process cost in cores per step, where the step
     timer recorded the training processes' own CPU: the rest of the tree's CPU per untraced step
     is the workers' (a batch a step, in a step the loader holds), and the training process needs
-    the rest of the step beside them (``loader_work``'s ``main_us``). Only the workers' CPU
-    counts as the loading's, not the training process's: its threads' spinning and polling,
-    which a shorter step does less of (blind check 17's loader asleep on storage, its processes
-    at 0.5 of 1.9 cores, ran 6.1-6.3 ms with 7 workers where a bound on all of it said 11.5).
+    the rest of the step beside them (its operators' need, as ``loader_work`` before its
+    ``spent_beside``). Only the workers' CPU counts as the loading's, and the training process's
+    spinning and polling is not charged: blind check 17's loader asleep on storage, its
+    processes at 0.5 of 1.9 cores, ran 6.1-6.3 ms with 7 workers where a bound on all of it said
+    11.5 (its workers needed no core, so spinning took none from them; whether it does where
+    workers decode, as it does for a single-process loader's, is not measured yet).
     Blind check 18's decoding loader, 1 worker, its processes at 1.17 of 2 cores, was told 0.15x
     with 7 workers and ran 0.59x by the mean step with 2 to 10 of them: the cores held it."""
     if cpu.proc_cores is None or not cpu.step_us:
