@@ -270,8 +270,9 @@ def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, un
                     f"waiting for input: launch, Python and synchronisation overhead")
         # where the CPU is the device it is busy in the gaps too, with the job's own Python and
         # dispatch (blind check 18: "the CPU is idle for 100%" of a tiny-ops job's step)
+        # (the cause's words are those ``blocked.named`` and ``sync_fed.named`` rewrite)
         return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is spent between model operators, "
-                "not waiting for input: Python, operator dispatch and synchronisation overhead")
+                "not waiting for input: launch, Python and synchronisation overhead")
     mfu_txt = f", MFU {pct_whole(mfu.value)}" if mfu.value is not None else ""
     if label is Bottleneck.COMPUTE:
         return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is compute-bound {unit} work "
