@@ -28,6 +28,7 @@ from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the p
     faster_dtype,
     fastest_lower,
     fp32_share,
+    has_workers,
     job_cpu,
     on_gpu,
     slower_dtype,
@@ -331,11 +332,6 @@ def _workers_step(a: AdviceInputs) -> whatif.Prediction:
         return whatif.Prediction(None, unmeasured)
     return whatif.input_hidden(a.view, job_cpu(a.traits), on_gpu(a), workers=has_workers(a),
                                count=worker_count(a))
-
-
-def has_workers(a: AdviceInputs) -> bool:
-    """The job's DataLoader has worker processes already (as the bootstrap saw them)."""
-    return any(n > 0 for n in a.traits.dataloader_workers)
 
 
 def _ckpt_predict(a: AdviceInputs) -> whatif.Prediction:

@@ -129,6 +129,11 @@ def job_cpu(t: JobTraits) -> whatif.JobCpu | None:
                          t.loader_busy, t.proc_cores)
 
 
+def has_workers(a: AdviceInputs) -> bool:
+    """The job's DataLoader has worker processes already (as the bootstrap saw them)."""
+    return any(n > 0 for n in a.traits.dataloader_workers)
+
+
 def worker_count(a: AdviceInputs) -> int:
     """The workers the job's DataLoader has, where the bootstrap saw one count (several loaders
     with different counts: which one the step waits on is not known, 0)."""

@@ -11,6 +11,7 @@ from gpudiag.analyzers.advice_inputs import (
     device_unit,
     faster_dtype,
     fastest_lower,
+    has_workers,
     job_cpu,
     on_gpu,
     worker_count,
@@ -55,7 +56,7 @@ def input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     cpu = job_cpu(a.traits)
     pin = ", set pin_memory=True" if on_gpu(a) else ""
     share = pct_whole(s[Bottleneck.INPUT])
-    if any(n > 0 for n in a.traits.dataloader_workers):   # the loading is in workers already
+    if has_workers(a):   # the loading is in workers already
         count = worker_count(a)
         step = whatif.input_hidden(a.view, cpu, on_gpu(a), workers=True, count=count).step_us
         # no count where more would not help (no core for them, or no faster step): blind check

@@ -108,8 +108,7 @@ def host_cpu(samples: Sequence[HostSample], steps: Mapping[int, Sequence[StepRow
         k = bisect.bisect_left(ends, t)
         return k < len(used) and used[k][1].t - used[k][0] < t
 
-    dts = [r.dt for r in steps[min(steps)]
-           if r.profiler is None and r.step > STARTUP_STEPS and sampled(r.t)]
+    dts = [r.dt for r in _sampled_rows(steps[min(steps)], sampled)]
     meta = boot.get(min(steps))
 
     def known(f: Callable[[HostSample], float | None]) -> float | None:  # a HostSample field getter
@@ -127,7 +126,7 @@ def _proc_cores(steps: Mapping[int, Sequence[StepRow]], sampled: Callable[[float
     rows did not record it)."""
     total = 0.0
     for rows in steps.values():
-        rs = [r for r in rows if r.profiler is None and r.step > STARTUP_STEPS and sampled(r.t)]
+        rs = _sampled_rows(rows, sampled)
         if not rs or any(r.cpu_s is None for r in rs):
             return None
         wall = sum(r.dt for r in rs)
@@ -135,3 +134,8 @@ def _proc_cores(steps: Mapping[int, Sequence[StepRow]], sampled: Callable[[float
             return None
         total += sum(r.cpu_s or 0.0 for r in rs) / wall
     return round(total, 3)
+
+
+def _sampled_rows(rows: Sequence[StepRow], sampled: Callable[[float], bool]) -> list[StepRow]:
+    """A rank's untraced steps after start-up whose end a used host sample covers."""
+    return [r for r in rows if r.profiler is None and r.step > STARTUP_STEPS and sampled(r.t)]

@@ -63,6 +63,12 @@ class JobCpu:
     # not recorded)
     proc_cores: float | None = None
 
+    @property
+    def worker_cores(self) -> float | None:
+        """Of ``cores_used``, what the training processes' children (DataLoader workers) used;
+        None where the processes' own CPU was not recorded."""
+        return None if self.proc_cores is None else max(0.0, self.cores_used - self.proc_cores)
+
     def unobserved(self, b: TimeBreakdown) -> float:
         """What brings the view's times to the job's unobserved pace: the untraced step the
         host samples cover over the view's step, at most 1. In a traced view (the profiler's
@@ -130,8 +136,7 @@ def loader_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork:
     training process needs its main thread through the rest of the step; where the CPU is the
     device, the model's intra-op threads too, through its operators."""
     k = cpu.unobserved(b)
-    rest = b.step_time - b.input_wait
-    main = (rest if gpu else rest + (cpu.model_cores - 1) * min(b.compute, rest)) * k
+    main = operators_need(b, cpu, gpu) * k
     batch = b.input_wait * k
     spent = spent_beside(cpu, batch)
     if spent <= main:
@@ -142,6 +147,14 @@ def loader_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork:
                       f"measured: its process's CPU a step beyond the batch, where its operators need "
                       f"{ms(main)}; the rest is its threads' waiting, which OpenMP threads spend "
                       f"spinning{threads}")
+
+
+def operators_need(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> float:
+    """Core-time the training process's work needs per step outside the loading, at the view's
+    pace: its main thread through the rest of the step and, where the CPU is the device, the
+    model's other intra-op threads through its operators."""
+    rest = b.step_time - b.input_wait
+    return rest if gpu else rest + (cpu.model_cores - 1) * min(b.compute, rest)
 
 
 def spent_beside(cpu: JobCpu, batch_us: float) -> float:
@@ -170,12 +183,11 @@ def workers_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork | None:
     workers decode, as it does for a single-process loader's, is not measured yet).
     Blind check 18's decoding loader, 1 worker, its processes at 1.17 of 2 cores, was told 0.15x
     with 7 workers and ran 0.59x by the mean step with 2 to 10 of them: the cores held it."""
-    if cpu.proc_cores is None or not cpu.step_us:
+    workers = cpu.worker_cores
+    if workers is None or not cpu.step_us:
         return None
-    rest = b.step_time - b.input_wait
-    main = rest if gpu else rest + (cpu.model_cores - 1) * min(b.compute, rest)
-    workers = max(0.0, cpu.cores_used - cpu.proc_cores)
-    return LoaderWork(workers * cpu.step_us, main * cpu.unobserved(b), cpu.available)
+    return LoaderWork(workers * cpu.step_us, operators_need(b, cpu, gpu) * cpu.unobserved(b),
+                      cpu.available)
 
 
 def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
@@ -200,7 +212,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
     if ww is not None and cpu is not None and ww.bound_us > step:
         rest = paced
         step = max(rest, ww.bound_us)
-        bound = (f"; its workers used {cpu.cores_used - (cpu.proc_cores or 0.0):.3g} cores over the "
+        bound = (f"; its workers used {cpu.worker_cores:.3g} cores over the "
                  f"untraced steps ({ms(ww.batch_us)} of CPU a batch) and the training process needs "
                  f"{ms(ww.main_us)} of core time per step beside them, which the {ww.cores:.3g} of "
                  f"{cpu.cpus} cores the machine's other work leaves cannot do in less than {ms(step)}")
