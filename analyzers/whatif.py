@@ -306,14 +306,30 @@ def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True,
     a worker would run on a core the model needs, and the step at which workers keep up
     (``LoaderWork.bound_us``) is no shorter than today's, where the main thread loads in turn.
     ``workers``: the loader has workers, and the job's processes already keep the cores the
-    machine leaves busy (``tree_bound``: the step they bound is today's)."""
+    machine leaves busy (``tree_bound``: the step they bound is today's).
+
+    On a CPU, a single-process loader's workers would share the cores with the model's intra-op
+    threads where those already number the cores: the threads meet at each operator's end, so
+    one of them waiting for a core holds them all. Blind checks 19 and 20 (2026-11-30, 2-core
+    AMD VM, torch's default 2 threads): decoding and text parsing in the training process, told
+    0.53x and 0.83-0.93x with workers, ran 1.00-1.08x and 1.16-1.26x by the mean step; with one
+    intra-op thread the first ran 0.58x with 2 workers (the second 0.92-1.10x with 1), and a
+    third job at one thread (blind check 20, job 2) ran 0.57x, as told (0.50-0.52x)."""
     if workers and cpu is not None and cpu.cores_used >= CORES_FULL * cpu.available:
         return (f"the job's processes (its workers among them) already keep {cpu.cores_used:.3g} of the "
                 f"{cpu.available:.3g} cores the machine's other work leaves busy ({pct_whole(CORES_FULL)} "
                 "or more): more workers would have no core of their own, and would take turns with "
                 "those there")
     rest, w = _hidden_rest(b, cpu, gpu)
-    if w is None or cpu is None or max(rest, w.bound_us) < b.step_time * cpu.unobserved(b):
+    if w is None or cpu is None:
+        return None
+    if not gpu and cpu.threads > 1 and cpu.threads >= cpu.available:
+        return (f"the loading is CPU work ({ms(w.batch_us)} a batch on the thread that makes it) and "
+                f"the model's {cpu.threads} intra-op threads already take the {cpu.available:.3g} of "
+                f"{cpu.cpus} cores the machine's other work leaves: a worker would take turns with "
+                "them, and each operator waits at its end for its slowest thread; first leave the "
+                f"workers cores (torch.set_num_threads below {cpu.threads}), then profile again")
+    if max(rest, w.bound_us) < b.step_time * cpu.unobserved(b):
         return None
     return (f"the loading is CPU work ({ms(w.batch_us)} a batch on the thread that makes it) and the "
             f"{w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves are what the training "

@@ -77,6 +77,23 @@ def test_workers_with_no_core_to_run_on_are_not_advised_and_say_why():
     assert yes.gain is not None and yes.gain > 0
 
 
+def test_workers_beside_intra_op_threads_that_take_every_core_are_not_advised_and_say_set_num_threads():
+    """Blind check 20's text parsing in the training process (num_workers=0, torch's 2 intra-op
+    threads on 2 idle cores) was told 0.83-0.93x with a worker and ran 1.16-1.26x: the worker
+    took turns with the threads. With one intra-op thread, the same loader's workers are advised."""
+    parsing = breakdown(20.4e3, input_wait=15e3, compute_bound=3.7e3, memory_bound=1.0e3)
+    two = JobTraits(training=True, optimizer=True, single_process_loader=True, cores_used=1.84,
+                    cpus=2, intra_op_threads=2, other_cores=0.02, cpu_step_s=0.0204)
+    out = recommend(inputs(parsing, traits=two, label=Bottleneck.INPUT))
+    assert "dataloader-workers" not in [r.action for r in out.advised]
+    [no] = [r for r in out.not_advised if r.action == "dataloader-workers"]
+    assert no.why.startswith("would not help") and "torch.set_num_threads" in no.why, no.why
+    one = recommend(inputs(parsing, traits=dataclasses.replace(two, intra_op_threads=1),
+                           label=Bottleneck.INPUT))
+    [yes] = [r for r in one.advised if r.action == "dataloader-workers"]
+    assert yes.gain is not None and yes.gain > 0
+
+
 def test_an_input_bound_verdict_leads_with_input_advice_not_with_fusion():
     """Seen under load: an input-bound verdict (0.44) led with fuse-memory-bound (-4%)."""
     for traits in (BUSY, QUIET):
