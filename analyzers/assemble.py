@@ -34,6 +34,7 @@ from gpudiag.analyzers.host_cpu import HostCpu, loader_busy
 from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.job_device import fp32_memory_bytes, job_floor, mfu_at_own_pace, pick_device
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
+from gpudiag.analyzers.own_pace import stalls_owner
 from gpudiag.analyzers.page_faults import faults
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
@@ -379,10 +380,12 @@ def _closing_warnings(job: _Job, roof_acc: RooflineAcc, device: DevicePeak | Non
     # from a share worth naming on (the verdict's own threshold): blind check 18 read "a busy
     # machine" for 0.08 ms of an 18 ms step (0.5%) on a machine nobody else used
     if breakdown.fraction("host_stalled") >= STALLED_NOTED and job.kind == "cpu":
+        machine = wait.traced_machine_us if wait is not None and wait.recorded else None
         warnings.append(f"{breakdown.host_stalled / 1e3:.3g} ms per traced step the OS ran other work "
                         "while an operator of the job waited (operators 20x slower than the median of "
-                        "their kind: a busy machine): host time, shown apart from the job's own "
-                        "overhead; no verdict or prediction counts it as overhead a fix removes")
+                        f"their kind: {stalls_owner(breakdown.host_stalled, machine)}): host time, shown "
+                        "apart from the job's own overhead; no verdict or prediction counts it as "
+                        "overhead a fix removes")
     for fam, rate in raised.items():
         warnings.append(f"the job ran {fam} at {rate / 1e9:.4g} GFLOP/s, above the measured peak: a "
                         "measured peak is a floor, so it is raised to that")

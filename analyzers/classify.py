@@ -216,9 +216,10 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
         mine.append(Deduction("fewer than two profiler steps", PENALTY_ONE_STEP))
     stalled = b.fraction("host_stalled")
     if stalled >= STALLED_NOTED:
-        mine.append(Deduction(f"the OS ran other work for {pct_whole(stalled)} of the step (a busy machine): "
-                              "the label rests on the rest, and a crowded step moves each share by "
-                              "up to that much", machine_penalty(stalled)))
+        mine.append(Deduction(f"the OS ran other work for {pct_whole(stalled)} of the step while the "
+                              "job's threads waited for a core (whose work, the warnings say): the "
+                              "label rests on the rest, and a crowded step moves each share by up to "
+                              "that much", machine_penalty(stalled)))
     tie = runner_up if (noise is not None and runner_up is not None and second_share > 0
                         and 0 <= margin < noise) else None
 

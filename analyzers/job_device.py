@@ -10,7 +10,7 @@ from __future__ import annotations
 from gpudiag.analyzers.mfu import compute_mfu, raise_measured_peak
 from gpudiag.analyzers.own_pace import with_wall
 from gpudiag.analyzers.roofline import RooflineAcc
-from gpudiag.analyzers.step_view import StepView, traced_step_floor
+from gpudiag.analyzers.step_view import UNPROFILED, StepView, traced_step_floor
 from gpudiag.devices import DTYPE_FAMILY, DevicePeak, lookup_device, match_device
 from gpudiag.diagnosis import HostWait, Mfu, RankResult
 
@@ -78,7 +78,8 @@ def mfu_at_own_pace(results: list[RankResult], device: DevicePeak | None, mix: d
     held = floor if floor is not None and b.own_step < floor else None
     own = compute_mfu(results, device, mix, flops_per_step, shapes, held or b.own_step, view.mfu_basis)
     wall = compute_mfu(results, device, mix, flops_per_step, shapes, b.step_time, view.mfu_basis)
-    out = with_wall(own, wall, b, wait.recorded if wait is not None else None)
+    traced = wait.traced_machine_us if wait is not None and view.basis != UNPROFILED else None
+    out = with_wall(own, wall, b, wait.recorded if wait is not None else None, traced)
     if held is not None and out.value is not None:
         out.reason += (f"; held to {held / 1e3:.3g} ms, the faster side of the untraced steps "
                        f"around the window: the traced steps read {b.own_step / 1e3:.3g} ms at the "

@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from gpudiag.analyzers.classify import classify, extreme_dilation, machine_penalty, shares
-from gpudiag.analyzers.own_pace import own_events, reference_machine_us, with_machine, without_machine
+from gpudiag.analyzers.own_pace import (
+    OTHERS_MOSTLY,
+    own_events,
+    reference_machine_us,
+    stalls_owner,
+    with_machine,
+    without_machine,
+)
 from gpudiag.analyzers.stats import iqr_over_median
 from gpudiag.analyzers.unprofiled import (
     NOISE_FLOOR,
@@ -116,10 +123,16 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
     machine = reference_machine_us(windows, dil.reference_steps)
     if (traced.host_stalled >= MACHINE_NOTED * traced.step_time
             or machine >= MACHINE_NOTED * dil.untraced_step_us):
+        rows = [r for w in windows for r in w.traced_rows if r.wait_s is not None]
+        split = sum(r.machine_s for r in rows) / len(rows) * 1e6 if rows else None
+        took = (f"the OS ran other work for {traced.host_stalled / 1e3:.3g} ms of each traced step "
+                f"({stalls_owner(traced.host_stalled, split)}; {traced.step_time / 1e3:.3g} ms by wall clock)"
+                if split is not None and split < OTHERS_MOSTLY * traced.host_stalled else
+                f"other processes took {traced.host_stalled / 1e3:.3g} ms of each traced step "
+                f"({traced.step_time / 1e3:.3g} ms by wall clock)")
         dil.caveats.append(
-            f"traced and untraced steps compared at the job's own pace: other processes took "
-            f"{traced.host_stalled / 1e3:.3g} ms of each traced step ({traced.step_time / 1e3:.3g} ms "
-            f"by wall clock) and {machine / 1e3:.3g} ms of each untraced one "
+            f"traced and untraced steps compared at the job's own pace: {took} and other processes "
+            f"{machine / 1e3:.3g} ms of each untraced one "
             f"({(dil.untraced_step_us + machine) / 1e3:.3g} ms), shown apart as the OS running other work")
     if not dil.trusted:
         return StepView(PROFILED, traced, noise, dilation=dil, deductions=deductions + traced_cost)
