@@ -23,6 +23,7 @@ from gpudiag.analyzers.checkpoint import saves
 from gpudiag.analyzers.classify import (
     HOST_NOTABLE,
     STALLED_NOTED,
+    host_cause_of,
     lost_events,
     refuse_for_lost_gpu_events,
     with_deductions,
@@ -276,11 +277,14 @@ def _analyse(job: _Job, device: DevicePeak | None, roof_acc: RooflineAcc, breakd
                         view.breakdown, breakdown)
     # the label weighs operators that fed only the syncs as host work (``sync_fed``)
     fed = sync_fed.moved_us(view.breakdown, syncs, job.kind)
+    # a host-bound summary names what of its host share was measured apart
+    asleep = blocked.cause(view.breakdown, job.wait, job.kind == "gpu")
+    named = [c for c in (sync_fed.cause(fed), asleep) if c is not None]
     verdict, traced_verdict = verdicts(
         replace(view, breakdown=sync_fed.as_host(view.breakdown, fed)), breakdown,
         device_kind=job.kind, roofline=roofline, mfu=mfu, traced_mfu=traced_mfu,
-        n_steps=n_steps, traced_noise_=traced_noise(job.results, job.windows), events=events)
-    verdict = sync_fed.named(verdict, fed)
+        n_steps=n_steps, traced_noise_=traced_noise(job.results, job.windows), events=events,
+        host_cause=host_cause_of(named, rest=asleep is not None))
     if syncs is not None:
         verdict = replace(verdict, evidence={**verdict.evidence, **sync_evidence(syncs)})
     steps_summed = sum(len(r.steps) for r in job.results)
@@ -290,7 +294,7 @@ def _analyse(job: _Job, device: DevicePeak | None, roof_acc: RooflineAcc, breakd
                      syncs, raised)
     inputs = _advice_inputs(job, done, traits, stragglers, tallies, roof_acc, facts)
     advised = recommend(inputs)
-    done.verdict = replace(blocked.named(verdict, inputs), recommendations=advised.advised,
+    done.verdict = replace(verdict, recommendations=advised.advised,
                            not_advised=advised.not_advised)
     return done
 

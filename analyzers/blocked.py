@@ -20,11 +20,9 @@ this: gpudiag does not name it there (not measured on a GPU yet).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gpudiag.analyzers.advice_inputs import AdviceInputs, on_gpu
 from gpudiag.analyzers.whatif import Prediction
-from gpudiag.diagnosis import Bottleneck, Verdict
+from gpudiag.diagnosis import HostWait, TimeBreakdown
 from gpudiag.units import ms
 
 # A blocking call named where its sleep is at least this share of the step at the job's own
@@ -34,19 +32,33 @@ from gpudiag.units import ms
 BLOCKED_NOTABLE = 0.10
 
 
-def blocked_us(a: AdviceInputs) -> float:
-    """The training thread's sleep outside torch per step (us), within the view's own host gaps;
+def asleep_us(b: TimeBreakdown, w: HostWait | None, gpu: bool) -> float:
+    """The training thread's sleep outside torch per step (us), within ``b``'s own host gaps;
     0 on a GPU, or where the step timer did not read the thread's clocks."""
-    w = a.host_wait
-    if on_gpu(a) or w is None or not w.untraced_blocked_us:
+    if gpu or w is None or not w.untraced_blocked_us:
         return 0.0
-    gaps = a.view.host_overhead - a.view.host_stalled
-    return max(0.0, min(w.untraced_blocked_us, gaps))
+    return max(0.0, min(w.untraced_blocked_us, b.host_overhead - b.host_stalled))
+
+
+def notable(b: TimeBreakdown, w: HostWait | None, gpu: bool) -> bool:
+    return b.own_step > 0 and asleep_us(b, w, gpu) / b.own_step >= BLOCKED_NOTABLE
+
+
+def blocked_us(a: AdviceInputs) -> float:
+    return asleep_us(a.view, a.host_wait, on_gpu(a))
 
 
 def applies(a: AdviceInputs) -> bool:
-    own = a.view.own_step
-    return own > 0 and blocked_us(a) / own >= BLOCKED_NOTABLE
+    return notable(a.view, a.host_wait, on_gpu(a))
+
+
+def cause(b: TimeBreakdown, w: HostWait | None, gpu: bool) -> str | None:
+    """What a host-bound summary names of its host share: the thread asleep in a blocking call,
+    where that is notable (the label stays: the device idles on the host either way)."""
+    if not notable(b, w, gpu):
+        return None
+    return (f"the training thread asleep in a blocking call outside torch ({ms(asleep_us(b, w, gpu))} "
+            "of each step)")
 
 
 def text(a: AdviceInputs, s: object = None) -> str:
@@ -87,17 +99,3 @@ def predict(a: AdviceInputs) -> Prediction:
                             f"thread, one call a step ahead){bound}; assumes the call takes as long "
                             "beside the step as in it and can be made a step before its result is "
                             f"needed, and the machine's other work keeps its part of the step{between}")
-
-
-HOST_CAUSE = "launch, Python and synchronisation overhead"
-
-
-def named(v: Verdict, a: AdviceInputs) -> Verdict:
-    """A host-bound verdict whose gaps are mostly the thread asleep in a blocking call says so,
-    in place of dispatch overhead (the label stays: the device idles on the host either way)."""
-    if Bottleneck.HOST not in (v.label, v.tie_with) or not applies(a) or HOST_CAUSE not in v.summary:
-        return v
-    b = blocked_us(a)
-    cause = (f"the training thread asleep in a blocking call outside torch ({ms(b)} of each "
-             "step), the rest launch, Python and synchronisation overhead")
-    return replace(v, summary=v.summary.replace(HOST_CAUSE, cause))

@@ -139,6 +139,17 @@ def with_deductions(v: Verdict, extra: list[Deduction]) -> Verdict:
                    deductions=[*v.deductions, *extra])
 
 
+# What a host-bound summary says the host share is, where nothing more is known of it.
+HOST_CAUSE = "launch, Python and synchronisation overhead"
+
+
+def host_cause_of(named: list[str], rest: bool) -> str:
+    """A host-bound summary's cause: the parts of the host share measured apart (``named``, in
+    order), then the rest (``rest``: say "the rest" where a named part is the thread asleep, not
+    overhead) as launch, Python and synchronisation overhead."""
+    return ", ".join([*named, ("the rest " if rest else "") + HOST_CAUSE])
+
+
 def machine_penalty(share: float) -> float:
     """What the machine taking ``share`` of the steps a split was read in costs its label: nothing
     under ``STALLED_NOTED``."""
@@ -189,11 +200,14 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
 
 
 def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu, n_steps: int,
-             deductions: list[Deduction] | None = None, noise: float | None = None) -> Verdict:
+             deductions: list[Deduction] | None = None, noise: float | None = None,
+             host_cause: str = HOST_CAUSE) -> Verdict:
     """The label, its confidence (the margin over the runner-up, less every deduction) and
     evidence. ``noise`` is the step-time noise of the view (half the interquartile range over
     the median): a label whose margin is within it is a tie with the runner-up.
-    Recommendations are added by ``advice.recommend``."""
+    Recommendations are added by ``advice.recommend``. ``host_cause``: what a host-bound
+    summary says the host share is (``host_cause_of``: the syncs' operators, a blocking call,
+    named where the trace and the step timer measured them)."""
     s = shares(b)
     ranked = sorted(s.items(), key=lambda kv: -kv[1])
     label, top = ranked[0]
@@ -232,7 +246,7 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
     if noise is not None:
         evidence["step-time noise"] = round(noise, 4)
     unit = "GPU" if device_kind == "gpu" else "CPU"
-    summary = _summary(label, s, b, unit, mfu)
+    summary = _summary(label, s, b, unit, mfu, host_cause)
     if tie is not None and noise is not None:   # a tie is only called within the noise
         summary = (f"a tie between {label.value} ({pct_whole(s[label])}) and {tie.value} "
                    f"({pct_whole(s[tie])}): their margin is within the step-time noise "
@@ -244,7 +258,7 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
 
 
 def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, unit: str,
-             mfu: Mfu) -> str:
+             mfu: Mfu, host_cause: str) -> str:
     ms = b.own_step / 1e3  # the job's own step (``shares``)
     own = " at the job's own pace" if b.fraction("host_stalled") >= STALLED_NOTED else ""
     if label is Bottleneck.INPUT:
@@ -268,12 +282,11 @@ def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, un
     if label is Bottleneck.HOST:
         if unit == "GPU":
             return (f"the GPU is idle for {pct_whole(s[label])} of each {ms:.3g} ms step{own} without "
-                    f"waiting for input: launch, Python and synchronisation overhead")
+                    f"waiting for input: {host_cause}")
         # where the CPU is the device it is busy in the gaps too, with the job's own Python and
         # dispatch (blind check 18: "the CPU is idle for 100%" of a tiny-ops job's step)
-        # (the cause's words are those ``blocked.named`` and ``sync_fed.named`` rewrite)
         return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is spent between model operators, "
-                "not waiting for input: launch, Python and synchronisation overhead")
+                f"not waiting for input: {host_cause}")
     mfu_txt = f", MFU {pct_whole(mfu.value)}" if mfu.value is not None else ""
     if label is Bottleneck.COMPUTE:
         return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is compute-bound {unit} work "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpudiag.diagnosis import Bottleneck, SyncReport, TimeBreakdown, Verdict
+from gpudiag.diagnosis import SyncReport, TimeBreakdown
 from gpudiag.units import ms
 
 
@@ -41,15 +41,10 @@ def as_host(b: TimeBreakdown, us: float) -> TimeBreakdown:
                    host_overhead=b.host_overhead + us, idle=b.idle + us)
 
 
-HOST_CAUSE = ": launch, Python and synchronisation overhead"
-
-
-def named(v: Verdict, us: float) -> Verdict:
-    """A host-bound verdict whose host share holds sync-fed operators says how much (the CPU is
-    not idle then: it runs no model work)."""
-    if us <= 0 or Bottleneck.HOST not in (v.label, v.tie_with) or HOST_CAUSE not in v.summary:
-        return v
-    cause = (f": operators computed only for values read back into Python ({ms(us)} a step: the "
-             "loop's logging or checks), launch, Python and synchronisation overhead")
-    return replace(v, summary=v.summary.replace(HOST_CAUSE, cause).replace(" is idle for ",
-                                                                           " runs no model work for "))
+def cause(us: float) -> str | None:
+    """What a host-bound summary names of its host share: the operators that fed only the syncs
+    (the CPU is not idle then: it runs no model work); None where there are none."""
+    if us <= 0:
+        return None
+    return (f"operators computed only for values read back into Python ({ms(us)} a step: the "
+            "loop's logging or checks)")
