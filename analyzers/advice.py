@@ -86,7 +86,9 @@ from gpudiag.units import ms
 class Advice:
     action: str
     applies: Callable[[AdviceInputs, dict[Bottleneck, float]], bool]
-    text: Callable[[AdviceInputs, dict[Bottleneck, float]], str]
+    # (inputs, shares), or with ``reads_decision`` (inputs, shares, its prediction, whether it is
+    # advised): a text that names a figure only where the fix helps (a worker count)
+    text: Callable[..., str]
     predict: Callable[[AdviceInputs], whatif.Prediction]
     addresses: Bottleneck | None  # the share it works on (orders those without a prediction)
     # a precondition the device or the machine must meet for the fix to help at all: None when
@@ -94,6 +96,7 @@ class Advice:
     blocked: Callable[[AdviceInputs], str | None] = lambda _a: None
     # the least predicted gain worth listing it as a thing to do (``recommend``)
     min_gain: Callable[[AdviceInputs], float] = lambda _a: MIN_GAIN
+    reads_decision: bool = False
 
 
 # A fix predicted to save less than this share of the step is not listed as one to do: the
@@ -354,7 +357,8 @@ CATALOGUE: list[Advice] = [
     Advice("dataloader-workers", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE, input_text,
            _workers_step, Bottleneck.INPUT,
            blocked=lambda a: whatif.no_core_for_workers(a.view, job_cpu(a.traits), on_gpu(a),
-                                                        workers=has_workers(a))),
+                                                        workers=has_workers(a)),
+           reads_decision=True),
     Advice("cheaper-input", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE and cpu_loading(a),
            cheaper_input_text,
            _none("how much cheaper a batch gets is the job's choice: each ms of a batch's work "
@@ -455,13 +459,13 @@ CATALOGUE: list[Advice] = [
     # a periodic save on the training thread: host work no operator shows
     Advice("checkpoint-less-often",
            lambda a, s: a.saves is not None and a.saves.share >= ckpt.SAVE_NOTABLE,
-           lambda a, s: ckpt.text(a.saves),  # type: ignore[arg-type]
+           lambda a, s: ckpt.text(a.saves),
            _ckpt_predict,
            Bottleneck.HOST),
     # MB-sized temporaries unmapped on free and faulted in again: kernel time inside operators
     Advice("allocator-keep-memory",
            lambda a, s: page_faults.notable(a.faults),
-           lambda a, s: page_faults.text(a.faults),  # type: ignore[arg-type]
+           lambda a, s: page_faults.text(a.faults),
            _faults_predict,
            Bottleneck.HOST),
     Advice("fix-straggler", lambda a, s: a.stragglers is not None and bool(a.stragglers.ranks),
@@ -508,14 +512,17 @@ def recommend(a: AdviceInputs) -> Advised:
         pred = None if p.step_us is None else max(0.0, p.step_us) * 1e-6
         gain = None if pred is None else 1 - pred / step_s
         best = None if p.best_us is None or pred is None else min(pred, max(0.0, p.best_us) * 1e-6)
-        rec = Recommendation(action=c.action, text=c.text(a, s), predicted_step_s=pred, why=p.why,
-                             step_s=step_s, gain=gain, best_step_s=best)
         blocked = c.blocked(a)
+        floor = c.min_gain(a)
+        slower = pred is not None and gain is not None and gain < floor  # gain is None exactly when pred is
+        text = c.text(a, s, p, blocked is None and not slower) if c.reads_decision else c.text(a, s)
+        rec = Recommendation(action=c.action, text=text, predicted_step_s=pred, why=p.why,
+                             step_s=step_s, gain=gain, best_step_s=best)
         if blocked is not None:
             refused.append(_not_helping(rec, blocked, keep_prediction=False))
             continue
-        floor = c.min_gain(a)
-        if pred is not None and gain is not None and gain < floor:   # gain is None exactly when pred is
+        if slower:
+            assert pred is not None and gain is not None
             maybe = (f"; at its other end it would be {ms(best * 1e6)} ({best / step_s:.2f}x): only "
                      "a run with it applied can tell" if best is not None and 1 - best / step_s >= floor
                      else "")

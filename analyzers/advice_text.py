@@ -52,25 +52,24 @@ def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
     return (f" The wait is not CPU work ({by}): workers waiting on storage need no core of their own.")
 
 
-def input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+def input_text(a: AdviceInputs, s: dict[Bottleneck, float], p: whatif.Prediction, helps: bool) -> str:
+    """``p``: the fix's prediction; ``helps``: whether ``advice.recommend`` advises it."""
     cpu = job_cpu(a.traits)
     pin = ", set pin_memory=True" if on_gpu(a) else ""
     share = pct_whole(s[Bottleneck.INPUT])
     if has_workers(a):   # the loading is in workers already
         count = worker_count(a)
-        step = whatif.input_hidden(a.view, cpu, on_gpu(a), workers=True, count=count).step_us
+        step = p.step_us
         # no count where more would not help (no core for them, or no faster step): blind check
         # 19 read "raise num_workers to about 4" in the text of a fix listed as not helping
-        helps = (step is not None and step < a.view.step_time
-                 and whatif.no_core_for_workers(a.view, cpu, on_gpu(a), workers=True) is None)
         more = whatif.more_workers_needed(a.view, step, count) if step and count and helps else None
         raise_to = f" to about {more}" if more else ""
         now = f" with num_workers={count}" if count else ""
         return (f"The DataLoader wait is {share} {of_step(a)}{now}: raise "
                 f"num_workers{raise_to}{pin} and prefetch_factor.{_loading(a, cpu)}")
     workers = " with num_workers=0" if a.traits.single_process_loader else ""
-    need = (whatif.workers_needed(a.view, cpu, on_gpu(a))
-            if a.traits.single_process_loader and not workers_unmeasured(a) else None)
+    need = (whatif.workers_needed(a.view, p.step_us)
+            if a.traits.single_process_loader and p.step_us and helps else None)
     raise_to = f" to at least {need}" if need else ""
     onto = " (or onto the GPU)" if on_gpu(a) else ""
     return (f"The DataLoader wait is {share} {of_step(a)}{workers}: raise "

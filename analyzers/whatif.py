@@ -226,7 +226,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
                  f"of the {cpu.available:.3g} cores the machine's other work leaves busy{waiting}: "
                  "more workers move the loading's work, they do not remove it, so the step cannot "
                  f"be shorter than that work over those cores, {ms(tree)}")
-    needed = more_workers_needed(b, step, count) if workers else workers_needed(b, cpu, gpu)
+    needed = more_workers_needed(b, step, count) if workers else workers_needed(b, step)
     need = ""
     if needed and workers:
         need = (f"; needs about {needed} workers: with {count} now, each makes a batch in about "
@@ -259,11 +259,10 @@ def tree_bound(cpu: JobCpu) -> float | None:
     return cpu.cores_used * cpu.step_us / cpu.available
 
 
-def workers_needed(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> int | None:
+def workers_needed(b: TimeBreakdown, step: float) -> int | None:
     """Workers that hide a single-process loader's wait: each makes a batch in the time the
-    main process now waits for one, and the step left must cover it (a step that the cores
-    bound is longer, and needs fewer of them)."""
-    step = input_hidden_step(b, cpu, gpu)
+    main process now waits for one, and the predicted step (``input_hidden``) must cover it (a
+    step that the cores bound is longer, and needs fewer of them)."""
     if b.input_wait <= 0 or step <= 0:
         return None
     return max(1, math.ceil(b.input_wait / step))

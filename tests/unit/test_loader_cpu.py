@@ -54,7 +54,7 @@ def test_a_wait_on_storage_is_hidden_by_as_many_workers_as_it_takes() -> None:
     assert whatif.loading_cores(STEP, cpu) == 0.0
     p = whatif.input_hidden(STEP, cpu)
     assert p.step_us == pytest.approx(20e3)
-    assert whatif.workers_needed(STEP, cpu) == 4            # a batch every 80 ms / 20 ms
+    assert whatif.workers_needed(STEP, p.step_us) == 4  # a batch every 80 ms / 20 ms
     assert "cannot do in less" not in p.why
     # the machine's other work does not bound it: workers waiting on storage sleep
     busy = whatif.JobCpu(cores_used=0.2, cpus=2, threads=1, other_cores=1.8)
@@ -70,7 +70,7 @@ def test_decoding_in_the_wait_bounds_the_hidden_step_by_the_cores_left_to_the_jo
     assert "cannot do in less than 100 ms" in p.why
     idle_machine = whatif.JobCpu(cores_used=1.0, cpus=2, threads=1)
     assert whatif.input_hidden(STEP, idle_machine).step_us == pytest.approx(50e3)
-    assert whatif.workers_needed(STEP, idle_machine) == math.ceil(80 / 50)
+    assert whatif.workers_needed(STEP, whatif.input_hidden_step(STEP, idle_machine)) == math.ceil(80 / 50)
 
 
 def test_the_cpu_a_step_costs_is_the_untraced_steps_not_the_traced_views() -> None:
@@ -116,7 +116,7 @@ def test_a_batch_costs_the_loading_threads_time_not_the_cores_its_intra_op_threa
     w = whatif.loader_work(step, cpu, gpu=True)
     assert (w.batch_us, w.main_us) == (pytest.approx(460e3), pytest.approx(40e3))
     assert whatif.input_hidden_step(step, cpu, gpu=True) == pytest.approx(40e3)
-    assert whatif.workers_needed(step, cpu, gpu=True) == math.ceil(460 / 40)
+    assert whatif.workers_needed(step, whatif.input_hidden_step(step, cpu, gpu=True)) == math.ceil(460 / 40)
     # fewer cores left (4 of 16 by other work): the cores bound the step, not the rest of it
     busy = whatif.JobCpu(cores_used=3.0, cpus=16, threads=16, other_cores=12.0, step_us=500e3)
     assert whatif.input_hidden_step(step, busy, gpu=True) == pytest.approx((460e3 + 40e3) / 4)
