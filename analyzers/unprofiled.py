@@ -194,7 +194,8 @@ def measure_dilation(traced_step_us: float, windows: list[WindowSteps], device_k
                    model=MODEL, reference=f"{where} (steps {_ranges(steps)})",
                    before_step_us=mb, after_step_us=ma, load_change=change,
                    reference_steps=steps, left_out=left_out,
-                   left_out_side=None if left_out is None else "before" if warming else "after")
+                   left_out_side=None if left_out is None else "before" if warming else "after",
+                   untraced_mean_us=statistics.fmean(ref) * 1e6)
     if left_out is not None:
         dil.caveats.append(left_out)
         return dil, [Deduction(left_out, PENALTY_ONE_SIDE), *_trust(dil, 0.0, False)]
@@ -223,8 +224,12 @@ def _trust(dil: Dilation, change: float, changed: bool) -> list[Deduction]:
         out.append(Deduction(text, round(min(PENALTY_PROPORTIONAL_MAX, PENALTY_PER_LOAD_CHANGE * change), 3)))
     if spread > UNSTEADY_SPREAD and spread / 2 > TRUST_SHARE * correction:
         why.append(f"the untraced steps around the window vary a lot (interquartile range "
-                   f"{100 * spread:.0f}% of their median), as much as the profiler's slowdown "
-                   f"({dil.factor:.2g}x) they would correct")
+                   f"{100 * spread:.0f}% of their median), " + (
+                       f"and are skewed (median {dil.untraced_step_us / 1e3:.3g} ms, mean "
+                       f"{(dil.untraced_mean_us or 0.0) / 1e3:.3g} ms: a few long steps hold much of the "
+                       f"time): the traced window's {dil.traced_steps} "
+                       "steps are too few to compare with them" if dil.skewed else
+                       f"as much as the profiler's slowdown ({dil.factor:.2g}x) they would correct"))
     if dil.factor < 1 - max(NOISE_FLOOR, spread / 2):  # slower by more than the noise
         why.append(f"the untraced steps around the window were slower than the traced ones "
                    f"({dil.factor:.2f}x): the job changed phase or its steps differ")

@@ -311,6 +311,13 @@ class Timeline:
     traced: list[list[float]] = field(default_factory=list)  # [start, end] spans, seconds
 
 
+# Untraced steps whose mean is this much above their median are skewed: a few long steps hold
+# much of the time (a loader whose batch is ready or not: blind check 20's FFT loader with one
+# worker ran steps of 1-170 ms, median 4.77 ms, mean ~40), and a window of a few traced steps
+# compared with their median read "the profiler slowed traced steps 6.1x".
+DILATION_SKEWED = 1.25
+
+
 @dataclass
 class Dilation:
     """How much observing the job slowed it, from the job's own step timer.
@@ -342,6 +349,16 @@ class Dilation:
     reference_steps: list[int] = field(default_factory=list)
     left_out: str | None = None
     left_out_side: str | None = None  # "before" or "after" the window, where one was left out
+    # the mean of the reference's steps (the job's throughput pace): beside the median where the
+    # steps are skewed (``unprofiled.SKEWED``), whose few traced steps no median or mean of the
+    # untraced ones can correct
+    untraced_mean_us: float | None = None
+
+    @property
+    def skewed(self) -> bool:
+        """The untraced steps' mean is over ``DILATION_SKEWED`` times their median."""
+        mean = self.untraced_mean_us
+        return mean is not None and mean > DILATION_SKEWED * self.untraced_step_us
 
 
 @dataclass

@@ -100,6 +100,12 @@ def dilation_line(dil: Dilation) -> str:
         where = (f"after the window{span}; those before it left out, the job still warming up"
                  if dil.left_out_side == "before" else
                  f"before the window{span}; those after it left out, slowed by the observer")
+    if not dil.trusted and dil.skewed:
+        return (f"profiler's slowdown not measured: traced steps {ms(dil.traced_step_us)} (mean of "
+                f"{dil.traced_steps}) against {ms(dil.untraced_step_us)} median and "
+                f"{ms(dil.untraced_mean_us or 0.0)} mean untraced ({dil.untraced_steps} untraced steps "
+                f"{where}{sides}): those are skewed, and {dil.traced_steps} traced steps too few to "
+                "compare with them")
     return (f"profiler {verb} traced steps {dil.factor:.2g}\u00d7 ({ms(dil.traced_step_us)} vs "
             f"{ms(dil.untraced_step_us)} untraced, {dil.untraced_steps} untraced step"
             f"{'s' if dil.untraced_steps != 1 else ''} {where}{sides}; noise {noise(dil)} "

@@ -1,0 +1,42 @@
+"""A reference of skewed untraced steps does not read as the profiler's slowdown: a loader whose
+batch is ready or not (blind check 20's FFT loader with one worker: steps of 1-170 ms, median 4.77
+ms, mean ~40) told "the profiler slowed traced steps 6.1x" from 5 traced steps of 29 ms against
+the median; their mean is the job's pace, and 5 steps cannot be compared with either."""
+
+from __future__ import annotations
+
+from gpudiag.analyzers.unprofiled import measure_dilation
+from gpudiag.rundir import StepRow
+from gpudiag.steps import WindowSteps
+from reports.views import dilation_line
+
+
+def rows(first: int, seconds: list[float]) -> list[StepRow]:
+    return [StepRow(step=first + i, t=float(first + i), dt=s) for i, s in enumerate(seconds)]
+
+
+def window(side: list[float]) -> WindowSteps:
+    return WindowSteps(rank=0, traced_rows=rows(12, [0.029] * 5), before_rows=rows(2, side),
+                       after_rows=rows(17, side))
+
+
+def test_skewed_untraced_steps_say_the_slowdown_is_not_measured_not_a_factor():
+    # 6 fast steps and 3 long ones a side: median 4.8 ms, mean ~60 ms
+    measured = measure_dilation(29e3, [window([0.004, 0.0048, 0.005, 0.0045, 0.17, 0.0042, 0.16,
+                                               0.0047, 0.17])], "cpu")
+    assert measured is not None
+    dil, _ = measured
+    assert not dil.trusted and dil.skewed, dil
+    line = dilation_line(dil)
+    assert line.startswith("profiler's slowdown not measured") and "mean untraced" in line, line
+    assert "slowed traced steps" not in line
+    assert any("skewed" in c for c in dil.caveats), dil.caveats
+
+
+def test_steady_untraced_steps_still_give_the_profilers_factor():
+    measured = measure_dilation(29e3, [window([0.0101, 0.0099, 0.0100, 0.0102, 0.0098, 0.0100,
+                                               0.0101, 0.0099, 0.0100])], "cpu")
+    assert measured is not None
+    dil, _ = measured
+    assert dil.trusted and not dil.skewed
+    assert dilation_line(dil).startswith("profiler slowed traced steps 2.9")
