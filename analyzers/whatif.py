@@ -27,7 +27,7 @@ bound it, there is none, and the reason says why. Pure functions: breakdown in, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -70,11 +70,15 @@ class JobCpu:
         return None if self.proc_cores is None else max(0.0, self.cores_used - self.proc_cores)
 
     def unobserved(self, b: TimeBreakdown) -> float:
-        """What brings the view's times to the job's unobserved pace: the untraced step the
-        host samples cover over the view's step, at most 1. In a traced view (the profiler's
-        step, longer by its cost) that removes the profiler; in the unprofiled view the two are
-        the mean and the median of the same steps, within a few percent."""
-        return min(1.0, self.step_us / b.step_time) if self.step_us and b.step_time > 0 else 1.0
+        """What brings the view's times to the job's unobserved pace, the pace the host samples
+        measured its cores at: the untraced step they cover (the mean: its CPU over its wall
+        time) over the view's step. In a traced view (the profiler's step, longer by its cost)
+        that removes the profiler; in the unprofiled view (the median step's) it is the mean
+        over the median, near 1 but for skewed steps: blind check 19's one-worker augmenting
+        loader (median 12-15 ms, mean 17-19) compared a cores bound at its mean pace with its
+        median step and flipped between 0.70x and 1.25x over four profiles of the same job, and
+        read "would not help" twice where 3 workers ran 0.85x."""
+        return self.step_us / b.step_time if self.step_us and b.step_time > 0 else 1.0
 
     @property
     def available(self) -> float:
@@ -198,6 +202,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
     many, where known (``more_workers_needed``)."""
     rest, w = _hidden_rest(b, cpu, gpu)
     step = rest if w is None else max(rest, w.bound_us)
+    paced_at = w is not None  # the prediction is at the pace the cores were measured at
     bound = ""
     if w is not None and cpu is not None and w.bound_us > rest:   # a bound needs the cores
         spent = f" ({w.spent})" if w.spent else ""
@@ -210,7 +215,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
     paced = rest * cpu.unobserved(b) if w is None and cpu is not None else rest
     ww = workers_work(b, cpu, gpu) if workers and cpu is not None else None
     if ww is not None and cpu is not None and ww.bound_us > step:
-        rest = paced
+        rest, paced_at = paced, True
         step = max(rest, ww.bound_us)
         bound = (f"; its workers used {cpu.worker_cores:.3g} cores over the "
                  f"untraced steps ({ms(ww.batch_us)} of CPU a batch) and the training process needs "
@@ -218,7 +223,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
                  f"{cpu.cpus} cores the machine's other work leaves cannot do in less than {ms(step)}")
     tree = tree_bound(cpu) if workers and cpu is not None else None
     if tree is not None and cpu is not None and tree > step:
-        rest = paced
+        rest, paced_at = paced, True
         step = max(rest, tree)
         waiting = (f", and {cpu.runq_cores:.2g} of its threads waited for a core on average"
                    if cpu.runq_cores >= 0.05 else "")
@@ -226,20 +231,26 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
                  f"of the {cpu.available:.3g} cores the machine's other work leaves busy{waiting}: "
                  "more workers move the loading's work, they do not remove it, so the step cannot "
                  f"be shorter than that work over those cores, {ms(tree)}")
-    needed = more_workers_needed(b, step, count) if workers else workers_needed(b, step)
+    # today's step at that pace: the step the prediction starts from (in the unprofiled view the
+    # mean where the view holds the median; in a traced view the untraced step, not the
+    # profiler's)
+    now = b.step_time * cpu.unobserved(b) if paced_at and cpu is not None else b.step_time
+    at = replace(b, step_time=now, input_wait=b.input_wait * now / b.step_time) if b.step_time > 0 else b
+    needed = more_workers_needed(at, step, count) if workers else workers_needed(at, step)
     need = ""
     if needed and workers:
         need = (f"; needs about {needed} workers: with {count} now, each makes a batch in about "
-                f"{count} step{'s' if count > 1 else ''} ({ms(count * b.step_time)}), and the step "
+                f"{count} step{'s' if count > 1 else ''} ({ms(count * now)}), and the step "
                 f"left takes one every {ms(step)}")
     elif needed:
         need = (f"; needs at least {needed} DataLoader worker{'s' if needed > 1 else ''} producing a "
                 "batch in that time")
     assumes = ("assumes more workers make batches as fast as the step takes them" if workers else
                "assumes a worker makes a batch in the time the main thread takes now")
-    return Prediction(step, f"input wait ({ms(b.input_wait)}) hidden behind the rest of the step "
+    return Prediction(step, f"input wait ({ms(at.input_wait)}) hidden behind the rest of the step "
                             f"({ms(rest)} of compute, communication and gaps), which bounds it"
-                            f"{bound}{need}; {assumes}")
+                            f"{bound}{need}; {assumes}",
+                      from_us=now if now != b.step_time else None)
 
 
 def tree_bound(cpu: JobCpu) -> float | None:

@@ -216,3 +216,23 @@ def test_a_single_process_loaders_workers_compete_with_what_the_process_spent_be
     # not recorded: the operators' need alone, as before
     old = whatif.input_hidden(b, dataclasses.replace(cpu, proc_cores=None), gpu=False)
     assert old.step_us / b.step_time < 0.55 and "intra-op" not in old.why
+
+
+def test_a_cores_bound_is_compared_with_the_step_at_the_pace_the_cores_were_measured_at() -> None:
+    """Blind check 19's augmenting loader, one worker, steps skewed (median 12-15 ms, mean
+    17-19): the view holds the median step, the host samples measured the cores over the mean
+    one. A bound at the mean's pace set against the median step read "would not help" in two of
+    four profiles, where 2 workers ran 0.71x and 3 ran 0.85x by the mean step. Both ends of the
+    prediction are now at the mean's pace."""
+    b = TimeBreakdown(step_time=12.73e3, compute=2.01e3, idle=10.72e3, input_wait=3.44e3,
+                      host_overhead=7.27e3, host_stalled=4.17e3)
+    cpu = whatif.JobCpu(cores_used=1.654, cpus=2, threads=2, other_cores=0.0, runq_cores=0.397,
+                        step_us=19.3e3, loader_busy=0.337, proc_cores=0.938)
+    p = whatif.input_hidden(b, cpu, gpu=False, workers=True, count=1)
+    assert p.from_us == pytest.approx(19.3e3)      # today's step at the cores' pace: the mean
+    assert p.step_us == pytest.approx(1.654 * 19.3e3 / 2)   # the tree's bound, 0.83x
+    assert "needs about 2 workers" in p.why, p.why
+    # a view already at that pace keeps its own step as the start
+    at_pace = whatif.input_hidden(b, dataclasses.replace(cpu, step_us=12.73e3), gpu=False,
+                                  workers=True, count=1)
+    assert at_pace.from_us is None
