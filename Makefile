@@ -66,7 +66,8 @@ typecheck: $(VENV)/.installed-test
 
 # pytest in two passes: the lanes (tests/unit and each folder of tests/system, tests/conftest.py)
 # in four workers at once, most of them waiting on real daemons, then tests/system/alone (marked
-# `solo` by its folder) with nothing beside it. The type check and
+# `solo` by its folder, and collected alone: the whole tree's collection, to deselect it, was ~6.5
+# CPU-s of that pass) with nothing beside it. The type check and
 # the wheel check run beside the first pass (its lanes mostly wait: load 2-3 on 2 cores), their
 # output printed after it; every step runs whatever the others gave, and make fails if any did.
 test: $(VENV)/.installed-test system-deps
@@ -86,7 +87,7 @@ test: $(VENV)/.installed-test system-deps
 		cat .checks/$$c.log; \
 		[ "$$(cat .checks/$$c.rc)" = 0 ] || { echo "make test: $$c failed (above)"; rc=1; }; \
 	done; \
-	$(BIN)/python -m pytest -q -m solo --junitxml=.checks/solo.xml || rc=$$?; \
+	$(BIN)/python -m pytest -q -m solo tests/system/alone --junitxml=.checks/solo.xml || rc=$$?; \
 	exit $$rc
 
 # the sdist, then a wheel built from it (so the wheel holds only what the sdist ships), with

@@ -176,6 +176,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The folder is the test's lane and, under system/alone, its ``solo`` mark; items are put in
     lane order (LONGEST_FIRST) so that every xdist worker collects the same order to hand out."""
     rank = {lane: i for i, lane in enumerate(LONGEST_FIRST)}
+    # `make test`'s solo pass collects tests/system/alone alone (collecting the whole tree to
+    # deselect it cost that pass ~6.5 CPU-s, as long on 2 cores): a test marked solo elsewhere
+    # would run in neither pass, so the mark is the folder's only
+    stray = [item.nodeid for item in items
+             if lane_of(item.nodeid) != SOLO_LANE and item.get_closest_marker("solo")]
+    if stray:
+        raise pytest.UsageError(f"marked solo outside tests/{SOLO_LANE} (move them there): {stray}")
     for item in items:
         if lane_of(item.nodeid) == SOLO_LANE:
             item.add_marker(pytest.mark.solo)
