@@ -241,10 +241,16 @@ def _cpu_peak_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep the measured-CPU-peak cache out of the home directory, one for the whole run: the
     xdist workers share the folder above their own, so the peak is measured once (its lock
     makes the others wait) where each worker measured it, ~10-20 s of CPU apiece."""
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gpudiag-cache"
+    shared = run_wide(tmp_path_factory) / "gpudiag-cache"
     shared.mkdir(exist_ok=True)
     os.environ.setdefault("GPUDIAG_CACHE_DIR", str(shared))
+
+
+def run_wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary folder of the whole pytest run: the one above each xdist worker's own,
+    which every worker of the run shares; without xdist, the session's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 # -- one recorded run, shared by the tests that only read it -----------------------------------
@@ -260,13 +266,24 @@ def replayed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     3-5 traced) with an H200's recorded counters replayed through the sampler every 50 ms, so it
     has a GPU timeline. Profiled once for the session: the HTML report's, the browser's and the
     sampler's tests only read it (each had profiled the same job again). A test that changes a
-    run directory works on ``replayed_run_copy``."""
-    run = tmp_path_factory.mktemp("replayed") / "run"
-    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--backend",
-                           f"replay:{H200_REPLAY}", "--interval", "50ms", "--skip", "2", "--steps", "3", "--",
-                           sys.executable, str(LOOP_JOB), "--steps", "12", "--sleep", "0.05"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
+    run directory works on ``replayed_run_copy``. Once for the whole run, not per xdist worker
+    (the sampler's lane and the reports' ran it one each, ~4 CPU-s apiece): the first worker to
+    need it profiles it under a lock the others wait on, then all read the one run."""
+    import fcntl
+
+    shared = run_wide(tmp_path_factory) / "replayed"
+    shared.mkdir(exist_ok=True)
+    run, done = shared / "run", shared / "done"
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # released as the file closes
+        if not done.exists():
+            shutil.rmtree(run, ignore_errors=True)   # a worker's failed attempt: profile afresh
+            proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run),
+                                   "--backend", f"replay:{H200_REPLAY}", "--interval", "50ms", "--skip", "2",
+                                   "--steps", "3", "--", sys.executable, str(LOOP_JOB), "--steps", "12",
+                                   "--sleep", "0.05"], capture_output=True, text=True, timeout=300, cwd=REPO)
+            assert proc.returncode == 0, proc.stderr
+            done.touch()
     return run
 
 
