@@ -16,26 +16,64 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gpudiag.diagnosis import Bottleneck, Diagnosis
+from tests.harness import gate_env, start_when_ready
 from tests.paths import TESTS
 
 JOBS = TESTS / "jobs"
 
 
 def profile(tmp: Path, job: list[str], env: dict[str, str] | None = None,
-            cpu: int | None = None) -> Diagnosis:
-    """``gpudiag profile --skip 8`` of a job; with ``cpu``, pinned to that core."""
+            cpu: int | None = None, spin: bool = False) -> Diagnosis:
+    """``gpudiag profile --skip 8`` of a job; with ``cpu``, pinned to that core, and with ``spin``
+    a process spinning there from the job's first step (``tests/jobs/_timer.start_gate``) to its
+    end: not over its start-up, where it only stretched the job's imports (~3 CPU-s of torch)
+    and took half the core for it, nor over the analysis after it."""
     run = tmp / "run"
     pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
-    proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", "8",
-                           "--", sys.executable, *job], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})}, preexec_fn=pin)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cmd = [sys.executable, "-m", "gpudiag", "profile", "--out", str(run), "--skip", "8", "--",
+           sys.executable, *job]
+    tmp.mkdir(parents=True, exist_ok=True)
+    with open(tmp / "profile.err", "w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, preexec_fn=pin,
+                                env={**os.environ, **(env or {}), **(gate_env(run) if spin else {})})
+        spinners: list[subprocess.Popen] = []
+        try:
+            if spin:
+                spinners = start_when_ready(run, proc, lambda: [subprocess.Popen(
+                    [sys.executable, "-c", "while True: pass"], preexec_fn=pin)])
+            while spinners and proc.poll() is None and not job_ended(run):
+                time.sleep(0.05)
+            stop(spinners)
+            proc.wait(timeout=600)
+        finally:
+            stop(spinners)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        assert proc.returncode == 0, err.read()[-3000:]
     return Diagnosis.from_json((run / "diagnosis.json").read_text())
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+    procs.clear()
+
+
+def job_ended(run: Path) -> bool:
+    """``gpudiag profile`` recorded the job's end (run.json leaves "running" before the analysis)."""
+    try:
+        return json.loads((run / "run.json").read_text()).get("status") != "running"
+    except (OSError, ValueError):
+        return False
 
 
 # -- 1. the bf16 peak ---------------------------------------------------------------------------
@@ -122,16 +160,10 @@ def test_a_sleep_in_the_loader_keeps_its_length_beside_a_busy_process(tmp_path):
     the machine's part is taken out of the step, but the loader's 40 ms sleep a batch is not
     the machine's: the input wait the verdict's view reads is at least the sleep (a sleep is
     never shorter than asked)."""
-    cpu = min(os.sched_getaffinity(0))
-    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
-    try:
-        d = profile(tmp_path, [str(JOBS / "feed_job.py"), "--workers", "0", "--steps", "40",
-                               "--read-ms", str(SLEEP_MS), "--width", "512", "--batch", "64",
-                               "--report", str(tmp_path / "own.json")], cpu=cpu)
-    finally:
-        spin.kill()
-        spin.wait()
+    d = profile(tmp_path, [str(JOBS / "feed_job.py"), "--workers", "0", "--steps", "40",
+                           "--read-ms", str(SLEEP_MS), "--width", "512", "--batch", "64",
+                           "--report", str(tmp_path / "own.json")], cpu=min(os.sched_getaffinity(0)),
+                spin=True)
     view = d.unprofiled or d.breakdown
     detail = (f"input wait {view.input_wait / 1e3:.1f} ms, machine's part {view.host_stalled / 1e3:.1f} "
               f"of {view.step_time / 1e3:.1f} ms; {d.verdict.summary}")
