@@ -59,17 +59,15 @@ def input_text(a: AdviceInputs, s: dict[Bottleneck, float], p: whatif.Prediction
     share = pct_whole(s[Bottleneck.INPUT])
     if has_workers(a):   # the loading is in workers already
         count = worker_count(a)
-        step = p.step_us
         # no count where more would not help (no core for them, or no faster step): blind check
         # 19 read "raise num_workers to about 4" in the text of a fix listed as not helping
-        more = whatif.more_workers_needed(a.view, step, count) if step and count and helps else None
+        more = p.workers if count and helps else None
         raise_to = f" to about {more}" if more else ""
         now = f" with num_workers={count}" if count else ""
         return (f"The DataLoader wait is {share} {of_step(a)}{now}: raise "
                 f"num_workers{raise_to}{pin} and prefetch_factor.{_loading(a, cpu)}")
     workers = " with num_workers=0" if a.traits.single_process_loader else ""
-    need = (whatif.workers_needed(a.view, p.step_us)
-            if a.traits.single_process_loader and p.step_us and helps else None)
+    need = p.workers if a.traits.single_process_loader and helps else None
     raise_to = f" to at least {need}" if need else ""
     onto = " (or onto the GPU)" if on_gpu(a) else ""
     return (f"The DataLoader wait is {share} {of_step(a)}{workers}: raise "

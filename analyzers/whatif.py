@@ -45,6 +45,8 @@ class Prediction:
     # the step at the prediction's other end where it states one that a run of the fix alone
     # can settle (torch.compile on a CPU: its fused kernels reading each run's data once)
     best_us: float | None = None
+    # the DataLoader workers the predicted step needs, where it names a count (``input_hidden``)
+    workers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -250,7 +252,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
     return Prediction(step, f"input wait ({ms(at.input_wait)}) hidden behind the rest of the step "
                             f"({ms(rest)} of compute, communication and gaps), which bounds it"
                             f"{bound}{need}; {assumes}",
-                      from_us=now if now != b.step_time else None)
+                      from_us=now if now != b.step_time else None, workers=needed)
 
 
 def tree_bound(cpu: JobCpu) -> float | None:
