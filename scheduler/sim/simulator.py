@@ -46,7 +46,7 @@ import numpy as np
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Decision, Job, Placement, Policy, Running, Signal
 from gpudiag.scheduler.ordering import Ordering, RunningCols
-from gpudiag.scheduler.pending import PendingQueue
+from gpudiag.scheduler.pending import SPREAD, PendingQueue
 from gpudiag.scheduler.policy import decide
 from gpudiag.scheduler.priority import MfuBook, job_class
 from gpudiag.scheduler.sim.slowdown import slowdown
@@ -288,9 +288,9 @@ class Replay:
     # --- the pass ------------------------------------------------------------------------------------
     def _worth_a_pass(self, rows: np.ndarray, run: np.ndarray, now: float) -> bool:
         """Whether a pass could start or preempt anything: a pending job that could be placed
-        now (no larger than the most free GPUs of a node, or of a rack where jobs may spread;
-        whole nodes for a job larger than a node: ``policy._limits``: it skips 1,436 of the 25,273
-        passes of Philly's first 20,000 jobs at 80 nodes), a tier to preempt, or quota reclaim
+        now by its placement kind (no larger than the most free GPUs of a node, of a rack for a
+        job that may spread, whole nodes for a job larger than a node: ``policy._limits``, what
+        a pass's backfill asks first), a tier to preempt, or quota reclaim
         (``preempt.reclaim_victims``): a pending job whose team stays within its quota with it,
         its team's GPUs counted both as held and as charged (what reclaim checks for the head),
         and a running job of another team that may be its victim (not stopping, past the minimum
@@ -301,9 +301,13 @@ class Replay:
         gpus = self.o.gpus[rows]
         st, least = self.state, int(gpus.min())
         if st.total_free and least <= st.total_free:
-            room = max(st.rack_free) if self.policy.spread_small else st.max_free_on_a_node()
-            if least <= min(room, self.per):
+            if least <= min(st.max_free_on_a_node(), self.per):
                 return True
+            if self.policy.spread_small and least <= max(st.rack_free):   # a job that may spread?
+                self.o.current(rows, now)   # (the terms the pass reads: asking first changes nothing)
+                spread = gpus[self.o.c_kind[rows] == SPREAD]
+                if len(spread) and int(spread.min()) <= max(st.rack_free):
+                    return True
             whole = gpus[gpus > self.per]   # (in whole nodes)
             if len(whole) and -(-int(whole.min()) // self.per) <= len(st.whole):
                 return True
@@ -349,9 +353,10 @@ class Replay:
             return
         q, pol = p.queue, self.policy   # the aging bound, checked on the order this pass walked
         cap = pol.max_efficiency_delay_s if pol.efficiency and pol.order == "priority" else 0.0
-        if pol.order != "mfu":
-            self.aging_violations += aging_violations(
-                self.o.sub[q.tag], q.neg_tier, max(cap, q.overdue_s if pol.uses_team_queues else 0.0))
+        bound = max(cap, q.overdue_s if pol.uses_team_queues else 0.0)
+        # (none is broken while the oldest pending job waited no longer: rows are in submit order)
+        if pol.order != "mfu" and now - self.o.sub[rows[0]] > bound:
+            self.aging_violations += aging_violations(self.o.sub[q.tag], q.neg_tier, bound)
         if started:
             keep = np.ones(len(self.pending), dtype=bool)
             keep[np.searchsorted(self.pending, started)] = False
