@@ -392,9 +392,9 @@ class Ordering:
                 rows = self.rows(running)
                 mfu, _, own, hist = self.evidence(rows, now)
                 med = np.nan_to_num(self._medians()[self.cls[rows]], nan=1.0)
-                known = own | hist
-                got.update((x.job.id, (float(m) if k else float(d), bool(k)))
-                           for x, m, d, k in zip(running, mfu, med, known, strict=True))
+                known = own | hist   # (pairs zipped in C: a reclaim asks for hundreds of jobs)
+                pairs = zip(np.where(known, mfu, med).tolist(), known.tolist(), strict=True)
+                got.update(zip([x.job.id for x in running], pairs, strict=True))
             return got[r.job.id]
 
         return mfu_of
