@@ -145,6 +145,12 @@ def loader_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork:
     main = operators_need(b, cpu, gpu) * k
     batch = b.input_wait * k
     spent = spent_beside(cpu, batch)
+    if not gpu and cpu.proc_cores is not None and spent < main:
+        # its operators' need read from the wall clock holds their waits for a core; what the
+        # process spent is what they took
+        return LoaderWork(batch, spent, cpu.available,
+                          f"measured: its process's CPU a step beyond the batch, less than the "
+                          f"{ms(main)} its operators' time would say, which holds their waits for a core")
     if spent <= main:
         return LoaderWork(batch, main, cpu.available)
     threads = (f"; with fewer than its {cpu.threads} intra-op threads (torch.set_num_threads) more "

@@ -236,3 +236,19 @@ def test_a_cores_bound_is_compared_with_the_step_at_the_pace_the_cores_were_meas
     at_pace = whatif.input_hidden(b, dataclasses.replace(cpu, step_us=12.73e3), gpu=False,
                                   workers=True, count=1)
     assert at_pace.from_us is None
+
+
+def test_a_training_process_is_not_said_to_need_more_core_time_than_it_spent() -> None:
+    """Blind check 21's JSON-parsing loader at one intra-op thread on a busy 2-core VM: the
+    training process was said to need 68.3 ms of core time a step beside its batch, read from
+    its operators' wall time (which held their waits for a core), where its whole process spent
+    about 23 ms a step, the batch's ~14 ms included."""
+    b = TimeBreakdown(step_time=81.2e3, compute=60e3, idle=21.2e3, input_wait=13e3,
+                      host_overhead=8.2e3)
+    cpu = whatif.JobCpu(cores_used=0.3, cpus=2, threads=1, other_cores=1.69, step_us=81.2e3,
+                        loader_busy=0.99, proc_cores=23e3 / 81.2e3)
+    w = whatif.loader_work(b, cpu, gpu=False)
+    assert w.main_us == pytest.approx(23e3 - 13e3)
+    assert "measured: its process's CPU a step beyond the batch" in w.spent
+    # on a GPU the main thread's need stays the rest of the step
+    assert whatif.loader_work(b, cpu, gpu=True).main_us == pytest.approx(81.2e3 - 13e3)
