@@ -25,6 +25,7 @@ back at once, well within the job's GraceTime.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -32,6 +33,13 @@ from gpudiag.scheduler.slurm.actions import PREEMPT_OFF, Action
 from gpudiag.scheduler.slurm.slurmconf import Partition, same_mode
 from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO, SlurmUnreachable
 from gpudiag.scheduler.slurm.squeue import BadSlurmOutput, SlurmJob
+
+# squeue read again this many times, this far apart, right after a take before the partitions go
+# back to Slurm: slurmctld applying the mode changes (a reconfigure of its partitions each) can
+# fail one read on a loaded machine (a CI run at load 6-8 gave two partitions back at once), and
+# half a second is far within any job's GraceTime
+AFTER_TAKE_READS = 3
+AFTER_TAKE_RETRY_S = 0.25
 
 NOT_CHANGED = "not changed"
 NOT_REQUEUED = "not requeued"
@@ -67,11 +75,19 @@ class Fresh:
         the writes that give them back."""
         if not taken:
             return []
-        try:
-            jobs = self.io.jobs()
-        except (SlurmError, BadSlurmOutput):
+        jobs: list[SlurmJob] | None = None
+        for attempt in range(AFTER_TAKE_READS):
+            try:
+                jobs = self.io.jobs()
+                break
+            except (SlurmError, BadSlurmOutput) as e:
+                failed = e
+                if attempt + 1 < AFTER_TAKE_READS:
+                    time.sleep(AFTER_TAKE_RETRY_S)
+        if jobs is None:
             return [Action("preempt_mode", name, PREEMPT_OFF, orig, "preemption given back to Slurm: "
-                           "squeue could not be read right after taking it") for name, orig in taken.items()]
+                           f"squeue could not be read right after taking it ({failed})")
+                    for name, orig in taken.items()]
         out = []
         for name, orig in sorted(taken.items()):
             busy = [j.id for j in jobs if j.partition == name and j.holds and j.preempt_time > 0]

@@ -9,12 +9,14 @@ without writes; this test counts the calls and checks every value in Slurm.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpudiag.scheduler.slurm.actions import restore
 from gpudiag.scheduler.slurm.controller import Controller, Options
+from gpudiag.scheduler.slurm.fresh import AFTER_TAKE_READS, Fresh
 from gpudiag.scheduler.slurm.slurmio import SlurmIO
 from gpudiag.scheduler.slurm.sources import AgentsSource
 from tests import slurm_fixtures
@@ -95,3 +97,32 @@ def test_a_rounds_nice_writes_go_in_one_scontrol_call_per_value_and_a_refused_jo
         ctl.release()
     assert not r.failed and len(io.nice_calls()) == 1, (r.failed, io.nice_calls())   # all back to 0 at once
     assert set(nices(cluster).values()) == {0}
+
+
+class FailingSqueue(SlurmIO):
+    """Slurm's real commands, but the first ``fails`` squeue reads fail as slurmctld's can while it
+    applies a partition's new mode on a loaded machine (a clean-clone CI run at load 6-8)."""
+
+    def __init__(self, env: dict[str, str], fails: int) -> None:
+        super().__init__(env=env)
+        self.fails = fails
+        self.json_ok = True   # as a controller's after its first round's read
+
+    def _spawn(self, argv):  # SlurmIO's
+        if argv[0] == "squeue" and self.fails > 0:
+            self.fails -= 1
+            return subprocess.CompletedProcess(list(argv), 1, "", "slurm_load_jobs error: Resource "
+                                               "temporarily unavailable")
+        return super()._spawn(argv)
+
+
+def test_a_failed_squeue_right_after_a_take_is_read_again_before_the_partition_goes_back(cluster):
+    """One failed read right after taking a partition gave it (and every partition taken with it)
+    back to Slurm in a CI run; read again, the partition stays taken. Reads that keep failing
+    still give it back, with squeue's own words."""
+    once = Fresh(FailingSqueue(cluster.env, fails=1), jobs={}, parts={}, mode_for={})
+    assert once.after_take({"spot": "REQUEUE"}) == []
+    always = Fresh(FailingSqueue(cluster.env, fails=AFTER_TAKE_READS), jobs={}, parts={}, mode_for={})
+    [back] = always.after_take({"spot": "REQUEUE"})
+    assert back.target == "spot" and back.new == "REQUEUE", back
+    assert "Resource temporarily unavailable" in back.reason, back.reason
