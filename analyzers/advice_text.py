@@ -57,17 +57,21 @@ def input_text(a: AdviceInputs, s: dict[Bottleneck, float], p: whatif.Prediction
     cpu = job_cpu(a.traits)
     pin = ", set pin_memory=True" if on_gpu(a) else ""
     share = pct_whole(s[Bottleneck.INPUT])
+    if not helps:   # a refused fix's text says so first (blind check 21 read "raise num_workers to
+        # at least 1" as the advice of an entry listed as not helping)
+        count = worker_count(a) if has_workers(a) else 0 if a.traits.single_process_loader else None
+        now = f" with num_workers={count}" if count is not None else ""
+        return (f"The DataLoader wait is {share} {of_step(a)}{now}, but more DataLoader workers "
+                f"would not help here.{_loading(a, cpu)}")
     if has_workers(a):   # the loading is in workers already
         count = worker_count(a)
-        # no count where more would not help (no core for them, or no faster step): blind check
-        # 19 read "raise num_workers to about 4" in the text of a fix listed as not helping
-        more = p.workers if count and helps else None
+        more = p.workers if count else None
         raise_to = f" to about {more}" if more else ""
         now = f" with num_workers={count}" if count else ""
         return (f"The DataLoader wait is {share} {of_step(a)}{now}: raise "
                 f"num_workers{raise_to}{pin} and prefetch_factor.{_loading(a, cpu)}")
     workers = " with num_workers=0" if a.traits.single_process_loader else ""
-    need = p.workers if a.traits.single_process_loader and helps else None
+    need = p.workers if a.traits.single_process_loader else None
     raise_to = f" to at least {need}" if need else ""
     onto = " (or onto the GPU)" if on_gpu(a) else ""
     return (f"The DataLoader wait is {share} {of_step(a)}{workers}: raise "
