@@ -144,8 +144,9 @@ class SlurmIO:
             except SlurmUnreachable:
                 raise
             except SlurmError as e:
-                if self.json_ok is None and ("unrecognized option" in str(e) or "invalid option" in str(e)
-                                             or "json" in str(e).lower()):
+                said = str(e).split(": ", 1)[-1]   # squeue's words, not the command ("squeue --json")
+                if self.json_ok is None and ("unrecognized option" in said or "invalid option" in said
+                                             or "json" in said.lower()):
                     self.json_ok = False
                 else:
                     raise

@@ -14,10 +14,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from gpudiag.scheduler.slurm.actions import restore
 from gpudiag.scheduler.slurm.controller import Controller, Options
 from gpudiag.scheduler.slurm.fresh import AFTER_TAKE_READS, Fresh
-from gpudiag.scheduler.slurm.slurmio import SlurmIO
+from gpudiag.scheduler.slurm.slurmio import SlurmError, SlurmIO
 from gpudiag.scheduler.slurm.sources import AgentsSource
 from tests import slurm_fixtures
 from tests.slurm_cluster import SlurmCluster, report, wait_for
@@ -126,3 +128,16 @@ def test_a_failed_squeue_right_after_a_take_is_read_again_before_the_partition_g
     [back] = always.after_take({"spot": "REQUEUE"})
     assert back.target == "spot" and back.new == "REQUEUE", back
     assert "Resource temporarily unavailable" in back.reason, back.reason
+
+
+def test_a_first_squeue_read_that_fails_does_not_turn_json_off(cluster):
+    """A failed first ``squeue --json`` read was taken for a squeue without JSON whenever its
+    error text held "json", which the command's own name in it always did: one transient failure
+    at a controller's start put it on the fixed-width format for good."""
+    io = FailingSqueue(cluster.env, fails=1)
+    io.json_ok = None   # a controller's first read
+    with pytest.raises(SlurmError, match="Resource temporarily unavailable"):
+        io.jobs()
+    assert io.json_ok is None
+    io.jobs()
+    assert io.json_ok is True
