@@ -332,7 +332,10 @@ def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True,
     AMD VM, torch's default 2 threads): decoding and text parsing in the training process, told
     0.53x and 0.83-0.93x with workers, ran 1.00-1.08x and 1.16-1.26x by the mean step; with one
     intra-op thread the first ran 0.58x with 2 workers (the second 0.92-1.10x with 1), and a
-    third job at one thread (blind check 20, job 2) ran 0.57x, as told (0.50-0.52x)."""
+    third job at one thread (blind check 20, job 2) ran 0.57x, as told (0.50-0.52x). Beside other
+    processes' work it is not so: blind check 21 (the same VM at load 3-8) ran 0.50-0.90x with 1-2
+    workers where this said they would not help, taking cores from that work too; both refusals
+    here take the cores the other work leaves as fixed (not mended: issue 37's note)."""
     if workers and cpu is not None and cpu.cores_used >= CORES_FULL * cpu.available:
         return (f"the job's processes (its workers among them) already keep {cpu.cores_used:.3g} of the "
                 f"{cpu.available:.3g} cores the machine's other work leaves busy ({pct_whole(CORES_FULL)} "

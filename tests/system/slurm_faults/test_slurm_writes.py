@@ -10,6 +10,7 @@ without writes; this test counts the calls and checks every value in Slurm.
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,17 +34,23 @@ MFUS = (0.02, 0.05, 0.08, 0.12, 0.16, 0.2)       # six efficiency factors: six N
 
 
 class CountingIO(SlurmIO):
-    """Slurm's real commands, each counted; ``before_update`` runs ahead of the first Nice write."""
+    """Slurm's real commands, each counted; ``before_update`` runs ahead of every Nice write. The
+    controller makes several Nice calls at once (``actions.NICE_CALLS_AT_ONCE``): the others wait
+    for the hook, else one of them could reach Slurm first (a clean-clone CI run wrote the
+    cancelled job's Nice 10 ms before the hook's scancel)."""
 
     def __init__(self, env: dict[str, str]) -> None:
         super().__init__(env=env)
         self.argv: list[tuple[str, ...]] = []
         self.before_update = None
+        self.hook_lock = threading.Lock()
 
     def _spawn(self, argv):  # SlurmIO's
-        if argv[:2] == ("scontrol", "update") and argv[2].startswith("JobId=") and self.before_update:
-            hook, self.before_update = self.before_update, None
-            hook()
+        if argv[:2] == ("scontrol", "update") and argv[2].startswith("JobId="):
+            with self.hook_lock:
+                if self.before_update:
+                    hook, self.before_update = self.before_update, None
+                    hook()
         self.argv.append(tuple(argv))
         return super()._spawn(argv)
 
