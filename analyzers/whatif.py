@@ -350,7 +350,9 @@ def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True,
                 f"{cpu.cpus} cores the machine's other work leaves: a worker would take turns with "
                 "them, and each operator waits at its end for its slowest thread; first leave the "
                 f"workers cores (torch.set_num_threads below {cpu.threads}), then profile again")
-    if max(rest, w.bound_us) < b.step_time * cpu.unobserved(b):
+    # within CORES_FULL of today's step is no shorter: where the process spent all the cores
+    # left, the bound is today's step itself (beside a busy loop: 52.9 ms against 52.9 ms)
+    if max(rest, w.bound_us) < CORES_FULL * b.step_time * cpu.unobserved(b):
         return None
     return (f"the loading is CPU work ({ms(w.batch_us)} a batch on the thread that makes it) and the "
             f"{w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves are what the training "
