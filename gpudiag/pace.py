@@ -148,12 +148,45 @@ def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
 def at_own_pace(steps: Mapping[int, Sequence[StepRow]], samples: Sequence[HostSample],
                 boot: Mapping[int, BootstrapMeta]) -> dict[int, list[StepRow]]:
     """Per rank, its step rows at the job's own pace: ``dt`` the own step, ``machine_s`` the part
-    of the wall step other processes took (``dt + machine_s`` is the wall clock)."""
+    of the wall step other processes took (``dt + machine_s`` is the wall clock), a crowded
+    peer's part included where the rank waited for it in a collective (``peers_crowded``)."""
     out = {}
     for rank, rows in steps.items():
         meta = boot.get(rank)
         own = own_step_seconds(rows, samples, meta.cpus if meta else None, loads_in_thread(meta))
         out[rank] = [replace(r, dt=o, machine_s=r.dt - o) for r, o in zip(rows, own, strict=True)]
+    return peers_crowded(out)
+
+
+def exposed_s(r: StepRow) -> float:
+    """Seconds the step's thread waited in collectives (their exposed time)."""
+    return sum(c.get("exposed", 0.0) for c in r.collectives.values())
+
+
+def peers_crowded(ranks: Mapping[int, Sequence[StepRow]]) -> dict[int, list[StepRow]]:
+    """Ranks at their own pace, each excused the largest part other processes took of any rank's
+    same step, up to the time it waited in that step's collectives. Why: synchronous ranks meet
+    in the all-reduce, so a rank whose core a busy loop crowded holds the others there: they
+    wait for it asleep, which no wait for a core of theirs shows. Read alone, the uncrowded rank
+    kept its wall step (two gloo ranks beside four busy loops: rank 0 waited about 1 ms a step
+    for a core and 19-27 ms in the all-reduce while rank 1 waited 9-21 ms for a core, so rank
+    0's own pace read 1.6x its time on a core where the crowded rank's read 1.2x). Only a wait
+    in a collective is excused (a rank that does not meet the others waits for nobody), never
+    more than the crowded rank's part, and never below the rank's own time on a core."""
+    if len(ranks) < 2:
+        return {k: list(v) for k, v in ranks.items()}
+    most: dict[int, float] = {}
+    for rows in ranks.values():
+        for r in rows:
+            most[r.step] = max(most.get(r.step, 0.0), r.machine_s)
+    out = {}
+    for rank, rows in ranks.items():
+        fixed = []
+        for r in rows:
+            extra = min(max(0.0, most[r.step] - r.machine_s), exposed_s(r))
+            own = max(r.run_s or 0.0, r.dt - extra) if extra > 0 else r.dt
+            fixed.append(replace(r, dt=own, machine_s=r.machine_s + r.dt - own) if own < r.dt else r)
+        out[rank] = fixed
     return out
 
 

@@ -55,7 +55,8 @@ def _untraced(target: Path) -> tuple[list[float] | None, list[float] | None, lis
     None) for traces.
 
     One rank, not all pooled: the ranks of a synchronous job step together, so pooling would
-    count each step several times and make the interval look tighter than the run is steady."""
+    count each step several times and make the interval look tighter than the run is steady.
+    Every rank is read for the own pace, which excuses rank 0 a crowded peer's part."""
     from dataclasses import replace
 
     from gpudiag.pace import at_own_pace, recorded
@@ -65,7 +66,7 @@ def _untraced(target: Path) -> tuple[list[float] | None, list[float] | None, lis
     if not is_run_dir(target):
         return None, None, None
     boot = read_bootstrap(target)
-    rows = read_steps(target, boot, rank=0)
+    rows = read_steps(target, boot)  # every rank: a crowded peer holds rank 0 in collectives
     if 0 not in rows:
         return None, None, None
     wall = split_step_rows(0, rows[0], meta=boot.get(0)).untraced

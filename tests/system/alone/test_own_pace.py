@@ -357,6 +357,10 @@ def test_reading_every_thread_costs_the_job_under_one_percent_of_its_step(loop_r
         assert cost["steps"] >= 60 and cost["cost_per_step_s"] <= 0.01 * step, (cost, step)
 
 
+# the MLP's step whose end stops the busy loops beside it
+LOAD_UNTIL = 30
+
+
 @pytest.fixture(scope="module")
 def mlp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Diagnosis, dict, Path]]:
     """The fp32 MLP (known FLOPs, 120 steps) quiet, and with eight busy loops crowding both cores
@@ -367,22 +371,24 @@ def mlp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Diagno
     for name, n in (("quiet", 0), ("busy", 8)):
         run = root / name
         job = [str(JOBS / "mlp_job.py"), "--steps", "120", "--report", str(root / f"{name}.json"),
-               "--mark-step", "30", "--mark", str(root / f"{name}.mark")]
+               "--mark-step", str(LOAD_UNTIL), "--mark", str(root / f"{name}.mark")]
         d = profile(run, job, loops=n, until=root / f"{name}.mark")
         out[name] = (d, json.loads((root / f"{name}.json").read_text()), run)
     return out
 
 
-def quiet_band(run: Path, basis: str) -> tuple[float, float]:
+def quiet_band(run: Path, basis: str, after_load: list[StepRow]) -> tuple[float, float]:
     """Seconds a step of the quiet job took by its own timer: the 10th and 90th percentiles of
-    its untraced steps after start-up, the upper one at least the mean of its profiled steps
-    where the diagnosis read those (``basis``: its traced view). On this project's 2-core EPYC
-    VM the MLP alone runs at two paces, in turns within one run (its training thread waiting
-    0.8 or 1.5 ms a step for its intra-op thread: 3.4 or 5.0 ms steps), and a diagnosis reads
-    whichever its window fell in: one quiet run read 4.96 ms around its window where the run's
-    median was 3.41."""
+    its untraced steps after start-up and of the busy run's steps once its load had stopped
+    (``after_load``), the upper one at least the mean of the quiet run's profiled steps where
+    the diagnosis read those (``basis``: its traced view). On this project's 2-core EPYC VM the
+    MLP alone runs at two paces, in turns within one run or one for a whole run (its training
+    thread waiting 0.8 or 1.5 ms a step for its intra-op thread: 3.4 or 5.0 ms steps), and a
+    diagnosis reads whichever its window fell in: one quiet run read 4.96 ms around its window
+    where the run's median was 3.41, and in one CI clone the quiet run held 4.2-4.5 ms
+    throughout while the busy run's own pace was 3.3 ms. Both runs' quiet steps hold both."""
     steps = rows(run, set(range(3, 10_000)))
-    untraced = sorted(r.dt for r in steps if r.profiler is None)
+    untraced = sorted([r.dt for r in steps if r.profiler is None] + [r.dt for r in after_load])
     low, high = untraced[len(untraced) // 10], untraced[(9 * len(untraced)) // 10]
     if basis != "untraced steps":
         high = max(high, statistics.mean(r.dt for r in steps if r.profiler == "traced"))
@@ -402,7 +408,8 @@ def test_an_mlp_crowded_over_its_trace_window_gets_the_label_and_mfu_of_its_quie
         ("the loops did not crowd the window's reference", busy.mfu)
     assert quiet.verdict.label is Bottleneck.COMPUTE, quiet.verdict.summary
     assert busy.verdict.label is Bottleneck.COMPUTE, busy.verdict.summary
-    low, high = quiet_band(qrun, busy.mfu.step_time_basis)
+    after_load = [r for r in rows(brun) if r.step > LOAD_UNTIL + 2]
+    low, high = quiet_band(qrun, busy.mfu.step_time_basis, after_load)
     k = cpu_slowdown(rows(brun, view_steps(busy, brun)), rows(qrun, view_steps(quiet, qrun)))
     step = busy.mfu.step_time_us / 1e6
     assert low / 1.25 <= step <= 1.25 * k * high, (step, low, high, k, busy.mfu.reason)
