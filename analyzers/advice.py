@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gpudiag.analyzers import advice_fp32, blocked, page_faults, whatif
+from gpudiag.analyzers import advice_fp32, advice_threads, blocked, page_faults, whatif
 from gpudiag.analyzers import checkpoint as ckpt
 from gpudiag.analyzers import syncs as host_syncs
 from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the public face
@@ -393,6 +393,10 @@ CATALOGUE: list[Advice] = [
            Bottleneck.HOST),
     Advice("free-a-core", lambda a, s: contention_share(a.view) >= HOST_NOTABLE, contention_text,
            lambda a: whatif.contention_removed(a.view), Bottleneck.HOST),
+    # a CPU job's intra-op threads outnumbering the cores other processes leave: the machine's
+    # part of the step, which no share shows, is partly the threads waiting for one another
+    Advice("fewer-intra-op-threads", lambda a, s: advice_threads.crowded(a) is not None,
+           advice_threads.text, advice_threads.predict, None),
     Advice("compile-small-ops",
            lambda a, s: not on_gpu(a) and not a.traits.compiled and s[Bottleneck.HOST] >= HOST_NOTABLE,
            compile_small_text, _compiled, Bottleneck.HOST, blocked=_compile_blocked,

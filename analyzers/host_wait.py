@@ -82,7 +82,8 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
     cores = statistics.median(x / step for x, step in runs) if runs else None
     peers = [r.peer_wait_s for r in ref if r.peer_wait_s is not None]
     peer = statistics.median(peers) * 1e6 if peers else None
-    machine = (statistics.median(wall(ref)) - statistics.median(r.dt for r in ref)) * 1e6 if ref else None
+    walls = statistics.median(wall(ref)) * 1e6 if ref else None
+    machine = walls - statistics.median(r.dt for r in ref) * 1e6 if walls is not None else None
     sleeps = [s for r in ran if (s := asleep_s(r)) is not None]
     blocked = max(0.0, statistics.median(sleeps)) * 1e6 if sleeps else None
     traced_machine = sum(r.machine_s for r in traced) / len(traced) * 1e6 if traced else None
@@ -108,16 +109,16 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
     if blocked is not None and blocked > 0:
         parts.append(f"asleep outside the DataLoader, collectives and torch.save {blocked / 1e3:.3g} ms "
                      "per untraced step (median)")
-    if machine is not None and ref:
+    if machine is not None and walls is not None:
         parts.append(f"other processes' part of its untraced steps {machine / 1e3:.3g} ms of each "
-                     f"{statistics.median(wall(ref)) * 1e3:.3g} ms (the job's own pace: the rest)")
+                     f"{walls / 1e3:.3g} ms (the job's own pace: the rest)")
     note = ("the training thread waited for a core " + (", ".join(parts) or "(no step to say)")
             + whose)
     return HostWait(recorded=True, note=note, traced_wait_us=tw, untraced_wait_us=wait,
                     untraced_run_us=run, own_share=split[0] if split else None,
                     other_share=split[1] if split else None, untraced_peer_wait_us=peer,
                     untraced_machine_us=machine, traced_machine_us=traced_machine,
-                    untraced_blocked_us=blocked)
+                    untraced_blocked_us=blocked, untraced_wall_us=walls)
 
 
 def asleep_s(r: StepRow) -> float | None:

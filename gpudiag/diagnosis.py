@@ -386,6 +386,8 @@ class HostWait:
     # the training thread asleep per reference step outside the DataLoader, collectives and
     # torch.save (median; ``analyzers.blocked``): a blocking call of the job's; None: not recorded
     untraced_blocked_us: float | None = None
+    # the reference steps' wall clock (median): what ``untraced_machine_us`` is a part of
+    untraced_wall_us: float | None = None
 
 
 @dataclass

@@ -458,3 +458,26 @@ def test_a_job_whose_intra_op_thread_is_crowded_is_seen_through_that_thread(tmp_
     # since: 0.41 twice at load 2-3); the training thread's counters alone keep all of it (1.0)
     assert main_only >= 1.4 * own and own < 0.7 * was, (main_only, own, was)
 
+
+
+
+
+@pytest.fixture(scope="module")
+def threads_busy(tmp_path_factory: pytest.TempPathFactory) -> Diagnosis:
+    """The MLP on torch's default intra-op threads (one per core) beside two busy loops per
+    core for its whole run, long enough for the host sampler to measure its cores (2 s of
+    untraced steps or more)."""
+    root = tmp_path_factory.mktemp("threads")
+    job = [str(JOBS / "mlp_job.py"), "--steps", "550", "--report", str(root / "own.json")]
+    return profile(root / "busy", job, loops=2 * len(os.sched_getaffinity(0)))
+
+
+def test_an_mlp_whose_threads_others_crowd_is_told_to_use_fewer(threads_busy):
+    """Beside the loops the MLP gets less than a core for its threads, which wait for one
+    another at each operator's end (``analyzers.advice_threads``; an idle machine's job is not
+    told it: ``tests/unit/test_advice_threads.py``)."""
+    busy = threads_busy
+    assert busy.traits.cores_used is not None, "the host sampler did not measure the job's cores"
+    advised = {r.action: r for r in busy.verdict.recommendations}
+    assert "fewer-intra-op-threads" in advised, (list(advised), busy.traits, busy.host_wait)
+    assert "torch.set_num_threads(" in advised["fewer-intra-op-threads"].text

@@ -1,0 +1,64 @@
+"""Fewer intra-op threads where other processes leave a CPU job fewer cores than it has threads,
+and not elsewhere (``analyzers.advice_threads``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from gpudiag.analyzers.advice import recommend
+from gpudiag.analyzers.diagnose import diagnose
+from gpudiag.diagnosis import Bottleneck, HostWait, JobTraits
+from tests.paths import TESTS
+from tests.unit.test_advice_rules import breakdown, inputs
+
+# blind check 21's job A (JSON parsing in the training process, torch's 2 threads, a 2-core
+# VM at load 3-8): the job used 0.61 cores, other processes 1.39, and took 66.8 ms of each
+# 102 ms untraced step; one thread ran it at 0.14x its mean step
+PARSING = breakdown(35e3, input_wait=4e3, compute_bound=8e3, memory_bound=18e3)
+CROWDED = JobTraits(training=True, optimizer=True, single_process_loader=True, cores_used=0.61,
+                    cpus=2, intra_op_threads=2, other_cores=1.39, cpu_step_s=0.102)
+MACHINE = HostWait(recorded=True, note="", untraced_machine_us=66.8e3, untraced_wall_us=102e3)
+
+
+def advice(traits: JobTraits, wait: HostWait | None, device: str = "cpu") -> list[str]:
+    a = dataclasses.replace(inputs(PARSING, traits=traits, label=Bottleneck.MEMORY), host_wait=wait,
+                            device_kind=device)
+    return [r.action for r in recommend(a).advised]
+
+
+def test_a_cpu_job_whose_threads_outnumber_the_cores_others_leave_is_told_to_use_fewer():
+    a = dataclasses.replace(inputs(PARSING, traits=CROWDED, label=Bottleneck.MEMORY), host_wait=MACHINE)
+    [rec] = [r for r in recommend(a).advised if r.action == "fewer-intra-op-threads"]
+    assert "torch.set_num_threads(1)" in rec.text and "66.8 ms of each 102 ms" in rec.text, rec.text
+    assert rec.predicted_step_s is None and "a run with it applied tells" in rec.why  # not predicted
+
+
+def test_threads_that_have_their_cores_or_a_machine_that_takes_little_are_not_told_it():
+    """An idle machine (the threads have their cores: fewer would leave one idle), other
+    processes' part under a tenth of the step, one thread already, or a GPU job."""
+    idle = dataclasses.replace(CROWDED, cores_used=1.9, other_cores=0.05)
+    assert "fewer-intra-op-threads" not in advice(idle, MACHINE)
+    little = HostWait(recorded=True, note="", untraced_machine_us=8e3, untraced_wall_us=102e3)
+    assert "fewer-intra-op-threads" not in advice(CROWDED, little)
+    assert "fewer-intra-op-threads" not in advice(dataclasses.replace(CROWDED, intra_op_threads=1), MACHINE)
+    assert "fewer-intra-op-threads" not in advice(CROWDED, None)
+    assert "fewer-intra-op-threads" not in advice(CROWDED, MACHINE, device="gpu")
+
+
+def test_the_count_is_the_whole_cores_left():
+    """Eight threads, 2.4 of 8 cores left: two threads."""
+    many = dataclasses.replace(CROWDED, cpus=8, intra_op_threads=8, cores_used=2.4, other_cores=5.6)
+    a = dataclasses.replace(inputs(PARSING, traits=many, label=Bottleneck.MEMORY), host_wait=MACHINE)
+    [rec] = [r for r in recommend(a).advised if r.action == "fewer-intra-op-threads"]
+    assert "torch.set_num_threads(2)" in rec.text, rec.text
+
+
+def test_a_recorded_job_whose_two_threads_had_the_idle_machines_two_cores_is_not_told_it(tmp_path: Path):
+    """Blind check 20's job (2 threads, a worker, the idle 2-core VM: 2.0 cores left to it)."""
+    copy = tmp_path / "run"
+    shutil.copytree(TESTS / "fixtures" / "cpu-fft-worker-own-stalls", copy)
+    d = diagnose(copy, jobs=1)
+    assert d.traits.intra_op_threads == 2 and d.traits.cores_used is not None
+    assert "fewer-intra-op-threads" not in [r.action for r in d.verdict.recommendations]
