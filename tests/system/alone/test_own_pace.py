@@ -358,19 +358,20 @@ def test_reading_every_thread_costs_the_job_under_one_percent_of_its_step(loop_r
 
 
 # the MLP's step whose end stops the busy loops beside it
-LOAD_UNTIL = 30
+LOAD_UNTIL = 200
 
 
 @pytest.fixture(scope="module")
 def mlp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Diagnosis, dict, Path]]:
-    """The fp32 MLP (known FLOPs, 120 steps) quiet, and with eight busy loops crowding both cores
-    until its step 30 ends: its trace window (steps 11-16) and the untraced steps around it that
-    the diagnosis compares it with (up to ten a side: 1-10 and 18-27) inside them."""
+    """The fp32 MLP (known FLOPs, 280 steps) quiet, and with eight busy loops crowding both cores
+    until its step 200 ends: its trace window (steps 11-16), the untraced steps around it that
+    the diagnosis compares it with (up to ten a side: 1-10 and 18-27), and 3 s or more of
+    untraced steps for the host sampler to measure the job's cores inside them."""
     root = tmp_path_factory.mktemp("mlp")
     out = {}
     for name, n in (("quiet", 0), ("busy", 8)):
         run = root / name
-        job = [str(JOBS / "mlp_job.py"), "--steps", "120", "--report", str(root / f"{name}.json"),
+        job = [str(JOBS / "mlp_job.py"), "--steps", "280", "--report", str(root / f"{name}.json"),
                "--mark-step", str(LOAD_UNTIL), "--mark", str(root / f"{name}.mark")]
         d = profile(run, job, loops=n, until=root / f"{name}.mark")
         out[name] = (d, json.loads((root / f"{name}.json").read_text()), run)
@@ -462,21 +463,12 @@ def test_a_job_whose_intra_op_thread_is_crowded_is_seen_through_that_thread(tmp_
 
 
 
-@pytest.fixture(scope="module")
-def threads_busy(tmp_path_factory: pytest.TempPathFactory) -> Diagnosis:
-    """The MLP on torch's default intra-op threads (one per core) beside two busy loops per
-    core for its whole run, long enough for the host sampler to measure its cores (2 s of
-    untraced steps or more)."""
-    root = tmp_path_factory.mktemp("threads")
-    job = [str(JOBS / "mlp_job.py"), "--steps", "550", "--report", str(root / "own.json")]
-    return profile(root / "busy", job, loops=2 * len(os.sched_getaffinity(0)))
 
-
-def test_an_mlp_whose_threads_others_crowd_is_told_to_use_fewer(threads_busy):
-    """Beside the loops the MLP gets less than a core for its threads, which wait for one
+def test_an_mlp_whose_threads_others_crowd_is_told_to_use_fewer(mlp_runs):
+    """Beside the loops the MLP gets less than a core for its two threads, which wait for one
     another at each operator's end (``analyzers.advice_threads``; an idle machine's job is not
     told it: ``tests/unit/test_advice_threads.py``)."""
-    busy = threads_busy
+    busy = mlp_runs["busy"][0]
     assert busy.traits.cores_used is not None, "the host sampler did not measure the job's cores"
     advised = {r.action: r for r in busy.verdict.recommendations}
     assert "fewer-intra-op-threads" in advised, (list(advised), busy.traits, busy.host_wait)
