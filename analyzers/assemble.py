@@ -67,6 +67,7 @@ from gpudiag.diagnosis import (
     Verdict,
 )
 from gpudiag.steps import WindowSteps
+from gpudiag.units import ms
 
 
 @dataclass
@@ -304,7 +305,8 @@ def _view(job: _Job, breakdown: TimeBreakdown, traits: JobTraits, facts: list[Ra
     """The view of the step the verdict describes, with the reference steps' own wait for a
     core, and on a CPU what gloo's threads took of the ranks' cores charged to communication;
     and the traced steps' breakdown with that contention."""
-    view = choose_view(breakdown, job.results, job.windows, job.kind, events)
+    split = job.wait.traced_machine_us if job.wait is not None and job.wait.recorded else None
+    view = choose_view(breakdown, job.results, job.windows, job.kind, events, split)
     if view.unprofiled is not None:
         # a GPU's from the reference steps' own wait; the CPU's are its stalls
         est = unprofiled_waits(view.unprofiled, job.wait, job.kind)
@@ -385,7 +387,7 @@ def _closing_warnings(job: _Job, roof_acc: RooflineAcc, device: DevicePeak | Non
     # machine" for 0.08 ms of an 18 ms step (0.5%) on a machine nobody else used
     if breakdown.fraction("host_stalled") >= STALLED_NOTED and job.kind == "cpu":
         machine = wait.traced_machine_us if wait is not None and wait.recorded else None
-        warnings.append(f"{breakdown.host_stalled / 1e3:.3g} ms per traced step the OS ran other work "
+        warnings.append(f"{ms(breakdown.host_stalled)} per traced step the OS ran other work "
                         "while an operator of the job waited (operators 20x slower than the median of "
                         f"their kind: {stalls_owner(breakdown.host_stalled, machine)}): host time, shown "
                         "apart from the job's own overhead; no verdict or prediction counts it as "

@@ -27,6 +27,7 @@ from gpudiag.diagnosis import Mfu, TimeBreakdown
 from gpudiag.pace import wall
 from gpudiag.rundir import StepRow
 from gpudiag.steps import WindowSteps
+from gpudiag.units import ms
 
 # The parts a CPU step's machine share is taken from (in proportion): every part the job's
 # threads spend time in. ``host_overhead`` stands for its gaps beyond what is stalled already.
@@ -119,13 +120,9 @@ def stalls_owner(stalled_us: float, machine_us: float | None) -> str:
     if machine_us is None:
         return "a busy machine, or the job's own threads: the step timer did not split these steps"
     if machine_us >= OTHERS_MOSTLY * stalled_us:
-        return f"a busy machine: the step timer puts other processes' part at {_ms(machine_us)}"
+        return f"a busy machine: the step timer puts other processes' part at {ms(max(0.0, machine_us))}"
     return ("mostly the job's own workers and threads, or the profiler's: the step timer puts other "
-            f"processes' part at only {_ms(machine_us)}")
-
-
-def _ms(us: float) -> str:
-    return f"{max(0.0, us) / 1e3:.3g} ms"
+            f"processes' part at only {ms(max(0.0, machine_us))}")
 
 
 def with_wall(own: Mfu, wall_mfu: Mfu, b: TimeBreakdown, recorded: bool | None,
@@ -140,19 +137,19 @@ def with_wall(own: Mfu, wall_mfu: Mfu, b: TimeBreakdown, recorded: bool | None,
     if own.value is None or wall_mfu.value is None or b.host_stalled <= 0:
         return own
     shown = own.value > (1 + WALL_MFU_SHOWN) * wall_mfu.value
+    stalled = ms(max(0.0, b.host_stalled))
     if machine_us is not None and machine_us < OTHERS_MOSTLY * b.host_stalled:
-        own = replace(own, reason=own.reason + f", less the {_ms(b.host_stalled)} of each step the OS ran "
-                      f"other work while its operators waited ({stalls_owner(b.host_stalled, machine_us)})")
-        why = (f"the OS ran other work for {_ms(b.host_stalled)} of each {_ms(b.step_time)} traced step "
-               f"while the job's operators waited for a core: {stalls_owner(b.host_stalled, machine_us)}")
-        return replace(own, wall_value=wall_mfu.value, wall_step_time_us=wall_mfu.step_time_us,
-                       pace=why if shown else "")
-    own = replace(own, reason=own.reason + f", less the {b.host_stalled / 1e3:.3g} ms of each step other "
-                  "processes took: the job's own pace")
-    why = (f"other processes took {b.host_stalled / 1e3:.3g} ms of each {b.step_time / 1e3:.3g} ms "
-           "step: the OS ran their work while the job's threads waited for a core")
-    return replace(own, wall_value=wall_mfu.value, wall_step_time_us=wall_mfu.step_time_us,
-                   pace=why if shown else "")
+        owner = stalls_owner(b.host_stalled, machine_us)
+        reason = (f", less the {stalled} of each step the OS ran other work while its operators waited "
+                  f"({owner})")
+        why = (f"the OS ran other work for {stalled} of each {ms(b.step_time)} traced step while the "
+               f"job's operators waited for a core: {owner}")
+    else:
+        reason = f", less the {stalled} of each step other processes took: the job's own pace"
+        why = (f"other processes took {stalled} of each {ms(b.step_time)} step: the OS ran their work "
+               "while the job's threads waited for a core")
+    return replace(own, reason=own.reason + reason, wall_value=wall_mfu.value,
+                   wall_step_time_us=wall_mfu.step_time_us, pace=why if shown else "")
 
 
 def own_events(events: CpuEvents | None, traced: TimeBreakdown) -> CpuEvents | None:

@@ -39,7 +39,7 @@ from gpudiag.diagnosis import (
     Verdict,
 )
 from gpudiag.steps import WindowSteps
-from gpudiag.units import pct_whole
+from gpudiag.units import ms, pct_whole
 
 PROFILED = "profiled-steps"
 UNPROFILED = "unprofiled-estimate"
@@ -97,10 +97,14 @@ def traced_noise(results: list[RankResult], windows: list[WindowSteps] | None) -
 
 
 def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[WindowSteps] | None,
-                device_kind: str, events: CpuEvents | None = None) -> StepView:
+                device_kind: str, events: CpuEvents | None = None,
+                traced_machine_us: float | None = None) -> StepView:
     """The unprofiled estimate where the reference around the traced window can be trusted;
     otherwise the traced steps, saying why. ``events``: what a CPU trace's steps hold that tells
     the profiler's cost from the job's (``unprofiled.CpuEvents``, ``unprofiled._cpu_per_event``).
+    ``traced_machine_us``: the step timer's part of other processes in a traced step
+    (``HostWait.traced_machine_us``; None where not split), which names whose work the trace's
+    stalls were.
 
     At the job's own pace: ``windows`` are its step rows less the part other processes took
     (``gpudiag.pace.at_own_pace``), and the traced steps are taken without theirs
@@ -123,17 +127,16 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
     machine = reference_machine_us(windows, dil.reference_steps)
     if (traced.host_stalled >= MACHINE_NOTED * traced.step_time
             or machine >= MACHINE_NOTED * dil.untraced_step_us):
-        rows = [r for w in windows for r in w.traced_rows if r.wait_s is not None]
-        split = sum(r.machine_s for r in rows) / len(rows) * 1e6 if rows else None
-        took = (f"the OS ran other work for {traced.host_stalled / 1e3:.3g} ms of each traced step "
-                f"({stalls_owner(traced.host_stalled, split)}; {traced.step_time / 1e3:.3g} ms by wall clock)"
+        split = traced_machine_us
+        took = (f"the OS ran other work for {ms(traced.host_stalled)} of each traced step "
+                f"({stalls_owner(traced.host_stalled, split)}; {ms(traced.step_time)} by wall clock)"
                 if split is not None and split < OTHERS_MOSTLY * traced.host_stalled else
-                f"other processes took {traced.host_stalled / 1e3:.3g} ms of each traced step "
-                f"({traced.step_time / 1e3:.3g} ms by wall clock)")
+                f"other processes took {ms(traced.host_stalled)} of each traced step "
+                f"({ms(traced.step_time)} by wall clock)")
         dil.caveats.append(
             f"traced and untraced steps compared at the job's own pace: {took} and other processes "
-            f"{machine / 1e3:.3g} ms of each untraced one "
-            f"({(dil.untraced_step_us + machine) / 1e3:.3g} ms), shown apart as the OS running other work")
+            f"{ms(machine)} of each untraced one "
+            f"({ms(dil.untraced_step_us + machine)}), shown apart as the OS running other work")
     if not dil.trusted:
         return StepView(PROFILED, traced, noise, dilation=dil, deductions=deductions + traced_cost)
     # the traced view's own classify names its machine share; the estimate's split needs this
