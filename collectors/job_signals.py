@@ -11,13 +11,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gpudiag.jobsignal import run_dir_field, team_from_env, write_signal
-from gpudiag.pace import loads_in_thread, own_step_seconds
-from gpudiag.rundir import StepRow, read_bootstrap, read_host_cpu, read_steps
+from gpudiag.pace import at_own_pace
+from gpudiag.rundir import StepRow, read_bootstrap, read_host_cpu, read_steps, samples_dir
 from gpudiag.steps import split_step_rows
 
 RECENT_STEPS = 50
@@ -45,14 +44,21 @@ def step_stats(run_dir: Path, rows: list[StepRow] | None = None
 
 def own_step(run_dir: Path, rows: list[StepRow] | None = None) -> float | None:
     """The median of the recent untraced steps of rank 0 at the job's own pace: each less the
-    wait for cores that processes outside the job caused, on its training thread or the
-    threads it waited for (``pace.own_step_seconds``). What MFU is exported from, so that
-    another tenant's load is not charged to the job (its own workers and threads are its own)."""
+    wait for cores that processes outside the job caused, on its training thread, the threads
+    it waited for, or a peer rank it waited for in a collective (``pace.at_own_pace``). What MFU
+    is exported from, so that another tenant's load is not charged to the job (its own workers,
+    threads and ranks are its own). The other ranks' files are read only where they exist (a
+    job of one rank reads rank 0's, as before), and only their recent steps are used."""
     rows = rank0_rows(run_dir) if rows is None else rows
-    meta = read_bootstrap(run_dir).get(0)
-    own = own_step_seconds(rows, read_host_cpu(run_dir), meta.cpus if meta else None, loads_in_thread(meta))
-    rows = [replace(r, dt=o) for r, o in zip(rows, own, strict=True)]
-    return split_step_rows(0, rows, last=RECENT_STEPS).median_untraced()
+    boot = read_bootstrap(run_dir)
+    steps = {0: rows}
+    if rows and any(samples_dir(run_dir).glob("steps-rank-[1-9]*.jsonl")):
+        first = rows[max(0, len(rows) - 2 * RECENT_STEPS)].step
+        for rank, peer in read_steps(run_dir, boot).items():
+            if rank != 0:
+                steps[rank] = [r for r in peer if r.step >= first]
+    own = at_own_pace(steps, read_host_cpu(run_dir), boot)[0]
+    return split_step_rows(0, own, last=RECENT_STEPS).median_untraced()
 
 
 class SignalReporter:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from gpudiag.collectors import job_signals
 from gpudiag.diagnosis import Diagnosis
 from tests.harness import torchrun, torchrun_failure, torchrun_ran
 from tests.paths import REPO
@@ -153,10 +154,14 @@ def test_two_gloo_ranks_beside_busy_loops_are_at_their_pace_alone_whichever_rank
     and unobserved (its own timer) over the measured rise of rank 0's time on a core, with 25%
     for the noise. The loops may crowd either rank's core; where they crowd rank 1's, rank 0
     waits for it in the all-reduce, asleep, which no wait of its own shows (``pace
-    .peers_crowded``). Read rank by rank, rank 0 kept that wait: 31-35 ms steps at its own pace
-    in 2 runs of 8 on this project's 2-core EPYC VM, where the job alone stepped in 23-24."""
+    .peers_crowded``); the agent's live step as the diagnosis'. Read rank by rank, rank 0 kept
+    that wait: 31-35 ms steps at its own pace in 2 runs of 8 on this project's 2-core EPYC VM,
+    where the job alone stepped in 23-24."""
     _, own, run = ddp_busy
     k = slowdown(own, ddp_alone)
     alone_step = statistics.median(ddp_alone["step_seconds"][FIRST:])
     own_step = statistics.median(r.dt for r in rows(run))
     assert own_step <= 1.25 * k * alone_step, (own_step, alone_step, k)
+    # the step the agent's live MFU divides by reads every rank too (``job_signals.own_step``)
+    live = job_signals.own_step(run)
+    assert live is not None and live <= 1.25 * k * alone_step, (live, alone_step, k)
