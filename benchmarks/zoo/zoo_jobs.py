@@ -59,6 +59,13 @@ def _workers(rec: dict) -> tuple[list[str] | None, str]:
     return ["--workers", str(n)], note
 
 
+def _threads(rec: dict) -> tuple[list[str] | None, str]:
+    """fewer-intra-op-threads: the count its text names (torch.set_num_threads(N))."""
+    m = re.search(r"set_num_threads\((\d+)\)", rec.get("text", ""))
+    n = m.group(1) if m else "1"
+    return ["--threads", n], f"--threads {n}" + ("" if m else " (the advice names no count: 1 taken)")
+
+
 def _no_knob(why: str) -> FixMap:
     return lambda rec: (None, why)
 
@@ -83,6 +90,7 @@ FOREACH = _flag("--foreach")
 COMMON: dict[str, FixMap] = {
     "fused-optimizer": FOREACH,
     "free-a-core": _flag("--threads", "1", note="--threads 1 (one intra-op thread: a core freed)"),
+    "fewer-intra-op-threads": _threads,
     "fewer-flops": _no_knob("no knob: the model is the job"),
     "fix-straggler": _no_knob("no knob: one machine, no straggler to fix"),
     "cheaper-input": _no_knob("no knob: the batch's decoding is the job"),
