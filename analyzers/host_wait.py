@@ -34,6 +34,7 @@ from gpudiag.diagnosis import HostWait, RankResult, TimeBreakdown
 from gpudiag.pace import wait_shares, wall
 from gpudiag.rundir import STARTUP_STEPS, BootstrapMeta, HostSample, StepRow
 from gpudiag.steps import WindowSteps
+from gpudiag.units import pct_whole
 
 NOT_RECORDED = ("the training thread's wait for a core was not recorded (a run directory written "
                 "before gpudiag's step timer read /proc schedstat, or not Linux): the host time is "
@@ -48,6 +49,11 @@ def _reference(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]
             return w.before_rows + w.after_rows
     rows = steps.get(min(steps), []) if steps else []
     return [r for r in rows if r.profiler is None and r.step > STARTUP_STEPS]
+
+
+# a wait for a core (the training thread's and its slowest other thread's) under this share of
+# the step is not split by whose work it was in the note
+HARDLY = 0.01
 
 
 def shares(host: HostCpu | None, thread_cores: float | None) -> tuple[float, float] | None:
@@ -103,6 +109,10 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
              f"and threads, {100 * split[1]:.0f}% other processes (host sampler, {over})"
              if split else "; who held the cores is unknown (too few host samples, or none of the "
              "machine's)")
+    if split and walls and (wait or 0.0) + (peer or 0.0) < HARDLY * walls:
+        # shares of next to nothing read as "other processes took it all" (blind check 22: an idle
+        # VM's "0% the job's own, 100% other processes" of a 0.0004 ms wait)
+        whose = f"; under {pct_whole(HARDLY)} of its step, too little to say whose work it waited for"
     if peer is not None:
         parts.append(f"its other threads (intra-op, DataLoader workers) up to {peer / 1e3:.3g} ms "
                      "per untraced step (median of the largest)")
