@@ -424,7 +424,7 @@ CATALOGUE: list[Advice] = [
            lambda a, s: s[Bottleneck.MEMORY] >= DEVICE_NOTABLE and a.view.memory_bound > 0
            and fp32_share(a) >= 0.5 and "bf16" in a.device_peaks,
            bf16_bytes_text, _bf16_bytes_predict, Bottleneck.MEMORY,
-           blocked=lambda a: slower_dtype(a, ("bf16",))),
+           blocked=lambda a: slower_dtype(a, ("bf16",)), min_gain=_cpu_min_gain),
     # a GPU's: one kernel per parameter tensor is what fusing removes; on a CPU, 14 held-out
     # jobs it was listed for measured 0.95-1.72x with it applied, never a clear gain
     Advice("fused-optimizer",

@@ -335,3 +335,16 @@ def test_a_loader_that_more_workers_would_not_help_is_told_so_not_to_raise_them(
     [no] = [r for r in packed.not_advised if r.action == "dataloader-workers"]
     assert "about" not in no.text and "raise num_workers" not in no.text, no.text
     assert "with num_workers=6, but more DataLoader workers would not help here." in no.text, no.text
+
+
+def test_autocast_fixes_on_a_cpu_take_the_cpu_floor_alike():
+    """bf16-activations is the same torch.autocast line as lower-precision: on a CPU both are
+    listed only for a predicted gain of CPU_MIN_GAIN or more (blind check 22: bf16-activations
+    listed at a predicted 0.990 where lower-precision was refused at 0.984); on a GPU, MIN_GAIN."""
+    from gpudiag.analyzers.advice import CATALOGUE, CPU_MIN_GAIN, MIN_GAIN
+
+    a = inputs(breakdown(10e3, memory_bound=5e3))
+    floors = {c.action: c for c in CATALOGUE}
+    for action in ("bf16-activations", "lower-precision"):
+        assert floors[action].min_gain(a) == CPU_MIN_GAIN
+        assert floors[action].min_gain(dataclasses.replace(a, device_kind="gpu")) == MIN_GAIN
