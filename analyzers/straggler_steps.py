@@ -14,22 +14,13 @@ from __future__ import annotations
 import statistics
 
 from gpudiag.incident import STRAGGLER, Verdict
-from gpudiag.rundir import STARTUP_STEPS, StepRow
+from gpudiag.rundir import STARTUP_STEPS, StepRow, collective_wait, collectives_wait_s
 from gpudiag.units import ms_of_seconds
 
 # 1.5x: a rank 50% slower costs every other rank a third of its step; below that, the other
 # ranks' collective waits are within what a shared machine's jitter gives them anyway.
 STRAGGLER_RATIO = 1.5
 MIN_STEPS = 5
-
-
-def _exposed(c: object) -> float:
-    """How long the step waited for one collective type (its ``exposed`` seconds, else its time)."""
-    return float(c.get("exposed", c.get("seconds", 0.0)) or 0.0) if isinstance(c, dict) else 0.0
-
-
-def _waited(r: StepRow) -> float:
-    return sum(_exposed(c) for c in r.collectives.values())
 
 
 def find_straggler(steps: dict[int, list[StepRow]]) -> Verdict | None:
@@ -39,7 +30,7 @@ def find_straggler(steps: dict[int, list[StepRow]]) -> Verdict | None:
     rows = {k: v for k, v in rows.items() if len(v) >= MIN_STEPS}
     if len(rows) < 2:
         return None
-    own = {k: statistics.median(max(0.0, r.dt - _waited(r)) for r in v) for k, v in rows.items()}
+    own = {k: statistics.median(max(0.0, r.dt - collectives_wait_s(r)) for r in v) for k, v in rows.items()}
     slow = max(own, key=lambda k: own[k])
     others = statistics.median(v for k, v in own.items() if k != slow)
     if others <= 0 or own[slow] < STRAGGLER_RATIO * others:
@@ -47,13 +38,13 @@ def find_straggler(steps: dict[int, list[StepRow]]) -> Verdict | None:
     mine = rows[slow]
     run = [r.run_s for r in mine if r.run_s is not None]
     wait = [r.wait_s for r in mine if r.wait_s is not None]
-    waits = {k: statistics.median(_waited(r) for r in v) for k, v in rows.items() if k != slow}
+    waits = {k: statistics.median(collectives_wait_s(r) for r in v) for k, v in rows.items() if k != slow}
     colls: dict[str, float] = {}
     for k, v in rows.items():
         if k != slow:
             for r in v:
                 for name, c in r.collectives.items():
-                    colls[name] = colls.get(name, 0.0) + _exposed(c)
+                    colls[name] = colls.get(name, 0.0) + collective_wait(c)
     where = max(colls, key=lambda n: colls[n]) if colls else "collectives"
     ratio = own[slow] / others
     step = statistics.median(r.dt for r in mine)

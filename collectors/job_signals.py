@@ -52,11 +52,12 @@ def own_step(run_dir: Path, rows: list[StepRow] | None = None) -> float | None:
     rows = rank0_rows(run_dir) if rows is None else rows
     boot = read_bootstrap(run_dir)
     steps = {0: rows}
-    if rows and any(samples_dir(run_dir).glob("steps-rank-[1-9]*.jsonl")):
-        first = rows[max(0, len(rows) - 2 * RECENT_STEPS)].step
-        for rank, peer in read_steps(run_dir, boot).items():
-            if rank != 0:
-                steps[rank] = [r for r in peer if r.step >= first]
+    first = rows[max(0, len(rows) - 2 * RECENT_STEPS)].step if rows else 0
+    for f in samples_dir(run_dir).glob("steps-rank-*.jsonl") if rows else ():
+        name = f.name[len("steps-rank-"):-len(".jsonl")]
+        if name.isdigit() and int(name) != 0:  # rank 0's rows are the caller's, read once
+            rank = int(name)
+            steps[rank] = [r for r in read_steps(run_dir, boot, rank=rank).get(rank, []) if r.step >= first]
     own = at_own_pace(steps, read_host_cpu(run_dir), boot)[0]
     return split_step_rows(0, own, last=RECENT_STEPS).median_untraced()
 

@@ -30,7 +30,7 @@ from gpudiag.incident import (
     stacks_path,
     user_frame,
 )
-from gpudiag.rundir import gpu_samples_path, read_host_cpu, read_jsonl, read_steps
+from gpudiag.rundir import collectives_wait_s, gpu_samples_path, read_host_cpu, read_jsonl, read_steps
 
 TIMELINE_STEPS = 30
 # the CPU each thread used is read twice, this far apart at least: the kernel counts in 10 ms
@@ -186,9 +186,7 @@ def timeline(run_dir: Path, boxes: dict[int, BlackBox]) -> dict[str, list[list[f
                 end -= dt
             out[str(rank)] = made[::-1]
             continue
-        out[str(rank)] = [[r.step, r.t, r.dt, sum(float(c.get("exposed", c.get("seconds", 0.0)) or 0.0)
-                                                   for c in r.collectives.values() if isinstance(c, dict))]
-                          for r in rows[-TIMELINE_STEPS:]]
+        out[str(rank)] = [[r.step, r.t, r.dt, collectives_wait_s(r)] for r in rows[-TIMELINE_STEPS:]]
     return out
 
 

@@ -43,7 +43,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from gpudiag.rundir import BootstrapMeta, HostSample, StepRow
+from gpudiag.rundir import BootstrapMeta, HostSample, StepRow, collectives_wait_s
 
 
 def wait_shares(job_cores: float, thread_cores: float, other_cores: float | None,
@@ -158,11 +158,6 @@ def at_own_pace(steps: Mapping[int, Sequence[StepRow]], samples: Sequence[HostSa
     return peers_crowded(out)
 
 
-def exposed_s(r: StepRow) -> float:
-    """Seconds the step's thread waited in collectives (their exposed time)."""
-    return sum(c.get("exposed", 0.0) for c in r.collectives.values())
-
-
 def peers_crowded(ranks: Mapping[int, Sequence[StepRow]]) -> dict[int, list[StepRow]]:
     """Ranks at their own pace, each excused the largest part other processes took of any rank's
     same step, up to the time it waited in that step's collectives. Why: synchronous ranks meet
@@ -183,7 +178,7 @@ def peers_crowded(ranks: Mapping[int, Sequence[StepRow]]) -> dict[int, list[Step
     for rank, rows in ranks.items():
         fixed = []
         for r in rows:
-            extra = min(max(0.0, most[r.step] - r.machine_s), exposed_s(r))
+            extra = min(max(0.0, most[r.step] - r.machine_s), collectives_wait_s(r))
             own = max(r.run_s or 0.0, r.dt - extra) if extra > 0 else r.dt
             fixed.append(replace(r, dt=own, machine_s=r.machine_s + r.dt - own) if own < r.dt else r)
         out[rank] = fixed

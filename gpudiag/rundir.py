@@ -331,6 +331,20 @@ class StepRow:
         return max(0.0, self.input_s - self.input_run_s - self.input_wait_s)
 
 
+def collective_wait(c: object) -> float:
+    """Seconds a step waited for one collective type (a step row's ``collectives`` entry): its
+    ``exposed`` seconds, else its time; nothing for an entry a torn or hostile file made."""
+    if not isinstance(c, dict):
+        return 0.0
+    v = c.get("exposed", c.get("seconds", 0.0))
+    return float(v) if _num(v) and v > 0 else 0.0
+
+
+def collectives_wait_s(r: StepRow) -> float:
+    """Seconds the step's thread waited in collectives, over every type."""
+    return sum(collective_wait(c) for c in r.collectives.values())
+
+
 def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
                rank: int | None = None) -> dict[int, list[StepRow]]:
     """Per rank (or only ``rank``), the step timer's rows (torn or malformed lines are skipped),

@@ -39,3 +39,12 @@ def test_a_rank_without_collectives_or_alone_is_not_excused_anything():
     assert out[0][0] == quiet
     alone = {0: [row(5, 0.040, 0.0, 0.022, 0.020)]}
     assert peers_crowded(alone) == alone
+
+
+def test_a_collectives_entry_a_hostile_file_made_counts_no_wait():
+    """A step file the job writes may hold anything: an entry that is not a mapping, or a wait
+    that is not a number, counts nothing instead of failing the analysis."""
+    bad = StepRow(step=5, t=105.0, dt=0.040, run_s=0.02, wait_s=0.0,
+                  collectives={"all_reduce": 3, "broadcast": {"exposed": "x"}})
+    out = peers_crowded({0: [bad], 1: [row(5, 0.028, 0.015, 0.005, 0.021)]})
+    assert out[0][0] == bad
