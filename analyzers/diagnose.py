@@ -8,8 +8,9 @@ than one core, ranks are analysed in worker processes (``rank_pool``), one per c
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,8 +216,9 @@ class _RunInputs:
         boot = read_bootstrap(run_dir)
         steps_read = read_steps(run_dir, boot)
         samples = read_host_cpu(run_dir)
-        # the job's own pace: every step less the part other processes took (gpudiag.pace)
-        own = at_own_pace(steps_read, samples, boot)
+        # the job's own pace: every step less the part other processes took (gpudiag.pace), on a
+        # GPU never below the device's busy time per traced step
+        own = at_own_pace(steps_read, samples, boot, device_busy_s([p.result for p in partials if p.has_gpu]))
         windows = window_steps(run_dir, boot=boot, steps=own)
         workers = [w for m in boot.values() for w in m.dataloader_workers]
         host = host_cpu(samples, steps_read, boot)
@@ -227,6 +229,13 @@ class _RunInputs:
                 p.result = with_waits(p.result, traced.get(p.result.rank, []), wait,
                                       "gpu" if p.has_gpu else "cpu", loads_in_thread(boot.get(p.result.rank)))
         return _RunInputs(windows, workers, host, wait, census)
+
+
+def device_busy_s(results: Sequence[RankResult]) -> dict[int, float]:
+    """Per rank of a GPU job, the median of its traced steps' device busy time (seconds): what
+    no wait of the host for a core can shorten a step below (``gpudiag.pace.own_step_seconds``)."""
+    return {r.rank: statistics.median(s.breakdown.gpu_busy for s in r.steps) / 1e6
+            for r in results if r.steps}
 
 
 def diagnose(target: str | Path, choice: DeviceChoice | None = None,

@@ -122,12 +122,17 @@ def _sample_for(ends: list[float], samples: Sequence[HostSample], t: float) -> H
 
 
 def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
-                     cpus: int | None = None, loader_in_thread: bool = False) -> list[float]:
+                     cpus: int | None = None, loader_in_thread: bool = False,
+                     device_s: float = 0.0) -> list[float]:
     """Each step's wall time less the part of its wait for a core that processes outside the job
     caused (``step_wait`` x the other share of the host sample covering the step's end): the
     job's own pace, which another tenant's load does not change. Never below the training
-    thread's own time on a core. A step without a recorded wait, or with no sample to split it
-    by, keeps its wall time (the job is charged, not excused)."""
+    thread's own time on a core, nor below ``device_s``, the accelerator's busy time per step
+    (from the trace): the host's wait overlaps the kernels it queued, so only what runs past
+    them delays the step (on an H200, an LM beside two busy loops per core read 14.5-19.6 ms a
+    step at its own pace before the traced window, its GPU busy 21.6 ms of each, the job alone
+    25-27 ms). A step without a recorded wait, or with no sample to split it by, keeps its wall
+    time (the job is charged, not excused)."""
     ends = [h.t for h in samples]
     out = []
     for r in rows:
@@ -140,25 +145,29 @@ def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
             split = wait_shares(h.cores, min(1.0, run / r.dt), other, h.runq_threads, cpus,
                                 h.runnable)
             if split is not None:
-                own = max(run, r.dt - wait * split[1])
+                own = min(r.dt, max(run, device_s, r.dt - wait * split[1]))
         out.append(own)
     return out
 
 
 def at_own_pace(steps: Mapping[int, Sequence[StepRow]], samples: Sequence[HostSample],
-                boot: Mapping[int, BootstrapMeta]) -> dict[int, list[StepRow]]:
+                boot: Mapping[int, BootstrapMeta],
+                device_s: Mapping[int, float] | None = None) -> dict[int, list[StepRow]]:
     """Per rank, its step rows at the job's own pace: ``dt`` the own step, ``machine_s`` the part
     of the wall step other processes took (``dt + machine_s`` is the wall clock), a crowded
-    peer's part included where the rank waited for it in a collective (``peers_crowded``)."""
+    peer's part included where the rank waited for it in a collective (``peers_crowded``).
+    ``device_s``: per rank, its accelerator's busy seconds per step, where a trace says."""
     out = {}
     for rank, rows in steps.items():
         meta = boot.get(rank)
-        own = own_step_seconds(rows, samples, meta.cpus if meta else None, loads_in_thread(meta))
+        own = own_step_seconds(rows, samples, meta.cpus if meta else None, loads_in_thread(meta),
+                               (device_s or {}).get(rank, 0.0))
         out[rank] = [replace(r, dt=o, machine_s=r.dt - o) for r, o in zip(rows, own, strict=True)]
-    return peers_crowded(out)
+    return peers_crowded(out, device_s)
 
 
-def peers_crowded(ranks: Mapping[int, Sequence[StepRow]]) -> dict[int, list[StepRow]]:
+def peers_crowded(ranks: Mapping[int, Sequence[StepRow]],
+                  device_s: Mapping[int, float] | None = None) -> dict[int, list[StepRow]]:
     """Ranks at their own pace, each excused the largest part other processes took of any rank's
     same step, up to the time it waited in that step's collectives. Why: synchronous ranks meet
     in the all-reduce, so a rank whose core a busy loop crowded holds the others there: they
@@ -167,7 +176,8 @@ def peers_crowded(ranks: Mapping[int, Sequence[StepRow]]) -> dict[int, list[Step
     for a core and 19-27 ms in the all-reduce while rank 1 waited 9-21 ms for a core, so rank
     0's own pace read 1.6x its time on a core where the crowded rank's read 1.2x). Only a wait
     in a collective is excused (a rank that does not meet the others waits for nobody), never
-    more than the crowded rank's part, and never below the rank's own time on a core."""
+    more than the crowded rank's part, and never below the rank's own time on a core or its
+    accelerator's busy time per step (``device_s``, as in ``own_step_seconds``)."""
     if len(ranks) < 2:
         return {k: list(v) for k, v in ranks.items()}
     most: dict[int, float] = {}
@@ -179,7 +189,8 @@ def peers_crowded(ranks: Mapping[int, Sequence[StepRow]]) -> dict[int, list[Step
         fixed = []
         for r in rows:
             extra = min(max(0.0, most[r.step] - r.machine_s), collectives_wait_s(r))
-            own = max(r.run_s or 0.0, r.dt - extra) if extra > 0 else r.dt
+            floor = max(r.run_s or 0.0, (device_s or {}).get(rank, 0.0))
+            own = max(floor, r.dt - extra) if extra > 0 else r.dt
             fixed.append(replace(r, dt=own, machine_s=r.machine_s + r.dt - own) if own < r.dt else r)
         out[rank] = fixed
     return out

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from gpudiag.diagnosis import Diagnosis
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,7 +39,7 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
     from gpudiag.commands.report import load_diagnosis, write_html
 
     b, a = load_diagnosis(before), load_diagnosis(after)
-    (bw, bo, br), (aw, ao, ar) = _untraced(before), _untraced(after)
+    (bw, bo, br), (aw, ao, ar) = _untraced(before, _device_s(b)), _untraced(after, _device_s(a))
     result = compare(b, a, bw, aw, before_own=bo, after_own=ao, before_run=br, after_run=ar)
     if as_json:
         click.echo(result.to_json())
@@ -48,7 +52,15 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
     click.echo(f"Report: {output}")
 
 
-def _untraced(target: Path) -> tuple[list[float] | None, list[float] | None, list[float] | None]:
+def _device_s(d: Diagnosis) -> dict[int, float]:
+    """Per rank of a GPU run, its traced steps' device busy time: the floor of its own pace."""
+    from gpudiag.analyzers.diagnose import device_busy_s
+
+    return device_busy_s(d.ranks) if d.device is not None and d.device.kind == "gpu" else {}
+
+
+def _untraced(target: Path, device_s: dict[int, float] | None = None,
+              ) -> tuple[list[float] | None, list[float] | None, list[float] | None]:
     """Untraced step times (seconds) of rank 0 from a run directory's step timer, by wall clock
     and at the job's own pace (``gpudiag.pace``: None where the run recorded no split), and the
     training thread's time on a core in those steps (None where not recorded); (None, None,
@@ -72,7 +84,7 @@ def _untraced(target: Path) -> tuple[list[float] | None, list[float] | None, lis
     wall = split_step_rows(0, rows[0], meta=boot.get(0)).untraced
     if not recorded(rows):
         return wall, None, None
-    own = at_own_pace(rows, read_host_cpu(target), boot)[0]
+    own = at_own_pace(rows, read_host_cpu(target), boot, device_s)[0]
     ran = [replace(r, dt=r.run_s) for r in own if r.run_s is not None]
     return (wall, split_step_rows(0, own, meta=boot.get(0)).untraced,
             split_step_rows(0, ran, meta=boot.get(0)).untraced or None)
