@@ -102,8 +102,9 @@ class Session:
                 *(["--small"] if self.small else []), *extra]
 
     def run(self, job: str, config: str, rnd: int, opts: list[str] | None, kind: str, steps: int,
-            extra: list[str] | None = None, timeout: float = 150.0) -> dict | None:
-        """One run of ``kind`` alone (opts None) or under ``gpudiag profile opts``; its row."""
+            extra: list[str] | None = None, timeout: float = 150.0, loops: int = 0) -> dict | None:
+        """One run of ``kind`` alone (opts None) or under ``gpudiag profile opts``; its row.
+        ``loops``: that many busy loops run beside it, started before the job, killed after it."""
         if self.left() < 40:
             self.say(f"budget spent: {job} {config} round {rnd} not run")
             return None
@@ -115,11 +116,17 @@ class Session:
         cmd = self.job_cmd(kind, steps, report, extra or [])
         if opts is not None:
             cmd = [sys.executable, "-m", "gpudiag", "profile", "--out", str(run_dir), *opts, "--", *cmd]
-        t = time.perf_counter()
-        code, log = run_group(cmd, self.work, min(timeout, self.left() + 60))
-        ended, wall = time.time(), time.perf_counter() - t
+        beside = busy_loops(loops)
+        try:
+            t = time.perf_counter()
+            code, log = run_group(cmd, self.work, min(timeout, self.left() + 60))
+            ended, wall = time.time(), time.perf_counter() - t
+        finally:
+            for p in beside:
+                p.kill()
+                p.wait()
         row: dict = {"job": job, "config": config, "round": rnd, "exit": code, "wall_s": round(wall, 1),
-                     "options": opts, "extra": extra or []}
+                     "options": opts, "extra": extra or [], "loops": loops}
         (self.work / f"{name}.log").write_text(log)
         if report.exists():
             rep = json.loads(report.read_text())
@@ -139,6 +146,7 @@ class Session:
             except Exception as e:  # noqa: BLE001 - a row says what failed, the session goes on
                 row["diagnosis_error"] = f"{type(e).__name__}: {e}"
             row["recommendations"] = recommendations(run_dir)
+            row.update(own_pace(run_dir))
         if code != 0:
             row["log_tail"] = log[-1500:]
         self.runs.append(row)
@@ -171,18 +179,52 @@ class Session:
         dest.with_suffix(".partial").replace(dest)
 
 
+def busy_loops(n: int) -> list[subprocess.Popen]:
+    """``n`` processes that each spin on a core: other work on a shared node, as in issue 38."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+            for _ in range(n)]
+
+
+def diff_row(before: Path, after: Path) -> dict:
+    """``gpudiag diff BEFORE AFTER --json``: the wall-clock and own-pace changes and the verdict."""
+    p = subprocess.run([sys.executable, "-m", "gpudiag", "diff", str(before), str(after), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        return {"error": (p.stderr or p.stdout)[-800:]}
+    d = json.loads(p.stdout)
+    keep = ("change", "ci_low", "ci_high", "significant", "direction", "before_median_us", "after_median_us")
+    return {"step_change": {k: (d.get("step_change") or {}).get(k) for k in keep},
+            "own_pace_change": {k: (d.get("own_pace_change") or {}).get(k) for k in keep},
+            "verdict": d.get("step_time_verdict"), "machine_note": d.get("machine_note"),
+            "labels": [d.get("label_before"), d.get("label_after")],
+            "mfu": [d.get("mfu_before"), d.get("mfu_after")], "warnings": d.get("warnings")}
+
+
 def run_group(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
-    """Run ``cmd`` in its own process group; past ``timeout`` kill the whole group (gpudiag, the
-    job, its DataLoader workers), so nothing is left holding the GPU for the next run."""
+    """Run ``cmd`` in its own session; past ``timeout`` kill every process of that session
+    (gpudiag, the job in the process group gpudiag gave it, its DataLoader workers), so nothing
+    is left holding the GPU, or the output pipe, for the next run."""
     p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     try:
         out, _ = p.communicate(timeout=timeout)
         return p.returncode, out
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
+        kill_session(p.pid)
         out, _ = p.communicate()
-        return -1, (out or "") + f"\ntimed out after {timeout:.0f} s: the process group was killed"
+        return -1, (out or "") + f"\ntimed out after {timeout:.0f} s: the session's processes were killed"
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process whose session is ``sid``: killing one process group is not enough,
+    since ``gpudiag profile`` starts the job in a group of its own."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:  # after the command: state, ppid, pgrp, session
+                os.kill(int(stat.parent.name), 9)
+        except (OSError, ValueError, IndexError):
+            continue
 
 
 def own_steps(rep: dict, run_dir: Path | None) -> dict:
@@ -203,6 +245,17 @@ def own_steps(rep: dict, run_dir: Path | None) -> dict:
                                  if len(waits) > 5 else None),
             "analytic_flops_per_step": rep.get("analytic_flops_per_step"),
             "step_seconds": [round(x, 6) for x in s]}
+
+
+def own_pace(run_dir: Path) -> dict:
+    """The diagnosis' own pace: its MFU's step (and the wall-clock one beside it) and how much of
+    each untraced step other processes took (``host_wait``)."""
+    d = json.loads((run_dir / "diagnosis.json").read_text())
+    m, h = d.get("mfu") or {}, d.get("host_wait") or {}
+    return {"mfu_step_ms": (m.get("step_time_us") or 0) / 1e3, "mfu_wall": m.get("wall_value"),
+            "mfu_wall_step_ms": (m.get("wall_step_time_us") or 0) / 1e3, "mfu_pace": m.get("pace"),
+            "machine_ms": (h.get("untraced_machine_us") or 0) / 1e3,
+            "wall_ms": (h.get("untraced_wall_us") or 0) / 1e3, "host_note": h.get("note")}
 
 
 def recommendations(run_dir: Path) -> list[dict]:
@@ -401,7 +454,9 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="tiny models on the CPU: checks the script only")
     ap.add_argument("--plan", default="lm1,cnn1,dl,lm2,cnn2,lm3a",
                     help="phases in order: lm1 lm2 (every config), lm3 (all but defaults), lm3a lm4a (alone "
-                         "and the auto configs), cnn1 cnn2a (alone and three modes), cnn2 (the modes), dl")
+                         "and the auto configs), cnn1 cnn2a (alone and three modes), cnn2 (the modes), dl, "
+                         "dlbusy (dl beside a busy loop per four cores), pace1 pace2 (the LM quiet and beside"
+                         " two busy loops per core, alone and profiled, and gpudiag diff between them)")
     ap.add_argument("--tables", type=Path, nargs="+", metavar="SESSION_JSON",
                     help="print the tables of recorded sessions and exit (no GPU needed)")
     args = ap.parse_args()
@@ -463,33 +518,62 @@ def main() -> int:
 
     dl_job = DL_JOB
 
-    def dataloader() -> None:
-        r = s.run("dl", "w0-profile", 1, [], "cnn", 24, dl_job, timeout=150)
+    def dataloader(job: str = "dl", loops: int = 0) -> None:
+        """The workers advice of the ``num_workers=0`` job, applied to the same job alone; with
+        ``loops``, every run of it beside that many busy loops (the advice must count the cores
+        they leave)."""
+        key = "dataloader" if not loops else "dataloader_busy"
+        r = s.run(job, "w0-profile", 1, [], "cnn", 24, dl_job, timeout=200, loops=loops)
         if not r:
             return
         need, before, predicted = dl_workers(r)
-        s.summary["dataloader"] = {"advice_workers": need, "step_s": before, "predicted_step_s": predicted}
+        s.summary[key] = {"advice_workers": need, "step_s": before, "predicted_step_s": predicted,
+                          "loops": loops}
         s.save()
         if need is None:
             s.say(f"no dataloader-workers advice with a worker count: {r.get('recommendations')}")
-            s.pack("dl")
+            s.pack(job)
             return
-        alone0 = s.run("dl", "w0-alone", 1, None, "cnn", 16, dl_job, timeout=120)
+        alone0 = s.run(job, "w0-alone", 1, None, "cnn", 16, dl_job, timeout=120, loops=loops)
         fixed = dl_job.copy()
         fixed[1] = str(need)
-        applied = s.run("dl", f"w{need}-alone", 1, None, "cnn", 60, fixed + ["--close-loader"], timeout=150)
+        applied = s.run(job, f"w{need}-alone", 1, None, "cnn", 60, fixed + ["--close-loader"], timeout=150,
+                        loops=loops)
         if applied and "step_seconds" in applied:
             steady = applied["step_seconds"][10:] or applied["step_seconds"]
             measured = statistics.median(steady)
-            s.summary["dataloader"].update({
+            s.summary[key].update({
                 "measured_step_s": measured, "ratio_predicted_over_measured": (predicted or 0) / measured,
                 "within": abs((predicted or 0) / measured - 1) <= TOLERANCE_DL,
                 "w0_alone_step_s": (statistics.median(alone0["step_seconds"][4:]) if alone0 and
                                     "step_seconds" in alone0 else None)})
-            s.say(f"DataLoader: advice {need} workers, predicted {before} -> {predicted} s; applied: "
-                  f"{measured:.4f} s ({s.summary['dataloader']['ratio_predicted_over_measured']:.2f}x)")
+            s.say(f"DataLoader ({loops} loops beside): advice {need} workers, predicted {before} -> "
+                  f"{predicted} s; applied: {measured:.4f} s "
+                  f"({s.summary[key]['ratio_predicted_over_measured']:.2f}x)")
         s.save()
-        s.pack("dl")
+        s.pack(job)
+
+    def pace_round(rnd: int) -> None:
+        """Issue 38 on a GPU: the LM quiet and beside twice as many busy loops as cores, alone
+        (its own timer: the truth) and under gpudiag's defaults; then ``gpudiag diff`` of every
+        quiet profiled run against every busy one (own pace: no significant change) and of the
+        quiet runs against each other."""
+        n = 2 * (os.cpu_count() or 2)
+        order = [("alone", None, 0), ("defaults", [], 0), ("alone-busy", None, n), ("defaults-busy", [], n)]
+        for cfg, opts, loops in (order if rnd % 2 else order[::-1]):
+            s.run("pace", cfg, rnd, opts, "lm", args.lm_steps, loops=loops)
+        done = {(r["config"], r["round"]) for r in s.runs if r["job"] == "pace" and r.get("measured")}
+        quiet = sorted(k for k in done if k[0] == "defaults")
+        busy = sorted(k for k in done if k[0] == "defaults-busy")
+        pairs = [(q, b) for q in quiet for b in busy] + [(q[0], q[1]) for q in (quiet, busy) if len(q) > 1]
+        diffs = s.summary.setdefault("pace_diffs", {})
+        for a, b in pairs:
+            name = f"{a[0]}-{a[1]} -> {b[0]}-{b[1]}"
+            if name not in diffs and s.left() > 20:
+                diffs[name] = diff_row(s.work / f"pace-{a[0]}-{a[1]}", s.work / f"pace-{b[0]}-{b[1]}")
+                s.say(f"diff {name}: {json.dumps(diffs[name])[:900]}")
+        s.save()
+        s.pack("pace")
 
     every_lm, auto_lm = list(LM_CONFIGS), ["alone", "prof-auto", "mon-auto"]
     phases = {"lm1": lambda: lm_round(1, every_lm), "lm2": lambda: lm_round(2, every_lm),
@@ -497,7 +581,9 @@ def main() -> int:
               "lm3a": lambda: lm_round(3, auto_lm), "lm4a": lambda: lm_round(4, auto_lm),
               "cnn1": lambda: cnn_round(1, list(CNN_CONFIGS)),
               "cnn2": lambda: cnn_round(2, [c for c in CNN_CONFIGS if c != "alone"]),
-              "cnn2a": lambda: cnn_round(2, list(CNN_CONFIGS)), "dl": dataloader}
+              "cnn2a": lambda: cnn_round(2, list(CNN_CONFIGS)), "dl": dataloader,
+              "dlbusy": lambda: dataloader("dlb", (os.cpu_count() or 4) // 4),
+              "pace1": lambda: pace_round(1), "pace2": lambda: pace_round(2)}
     for phase in args.plan.split(","):
         if phase not in phases:
             print(f"--plan: unknown phase {phase!r}: use {', '.join(phases)}", file=sys.stderr)
@@ -509,7 +595,7 @@ def main() -> int:
     s.say("observer: " + json.dumps({k: {m: {x: round(y, 4) for x, y in v.items() if x != "ratios"}
                                           for m, v in d.items()} for k, d in s.summary["observer"].items()}))
     s.say("validation: " + " | ".join(s.summary["validation"]["judge"]["lines"]))
-    s.say(f"dataloader: {s.summary.get('dataloader')}")
+    s.say(f"dataloader: {s.summary.get('dataloader')}; beside loops: {s.summary.get('dataloader_busy')}")
     return 0
 
 
