@@ -11,6 +11,7 @@ import importlib.util
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -113,7 +114,15 @@ def view_mfu(d: Diagnosis, own: dict, run: Path) -> float:
     return own["flops_per_step"] / statistic(times) / d.mfu.peak_flops
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (a CI's timeout, `kill`) as Ctrl-C: pytest then tears the fixtures down, so the
+    Slurm, munge, Prometheus and agent daemons they started are stopped, not left running."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
     if not TRACES.is_dir():
         raise pytest.UsageError(
             f"test data missing: {TRACES} (lay the shared test data at {REPO.parent / 'shared'} "
