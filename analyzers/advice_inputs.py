@@ -126,7 +126,7 @@ def job_cpu(t: JobTraits) -> whatif.JobCpu | None:
         return None
     return whatif.JobCpu(t.cores_used, t.cpus, t.intra_op_threads or 1, t.other_cores or 0.0,
                          t.runq_cores or 0.0, t.cpu_step_s * 1e6 if t.cpu_step_s else None,
-                         t.loader_busy, t.proc_cores)
+                         t.loader_busy, t.proc_cores, t.wants, t.others_runnable)
 
 
 def has_workers(a: AdviceInputs) -> bool:

@@ -48,6 +48,19 @@ class HostCpu:
     # children's, the DataLoader workers' (None: not recorded)
     proc_cores: float | None = None
 
+    @property
+    def wants(self) -> float | None:
+        """Cores' worth the job's threads wanted: on a core, or waiting runnable for one."""
+        return None if self.runq_threads is None else round(self.cores_used + self.runq_threads, 3)
+
+    @property
+    def others_runnable(self) -> float | None:
+        """The machine's runnable tasks outside the job: what a new thread of the job shares
+        the cores with (``whatif.JobCpu.cores_with``); at least the cores the rest kept busy."""
+        if self.runnable is None or self.wants is None:
+            return None
+        return round(max(self.other_cores or 0.0, self.runnable - self.wants), 3)
+
 
 def loader_busy(rows: Sequence[StepRow]) -> float | None:
     """Over the untraced steps after start-up: the training thread's time on a core or

@@ -65,4 +65,6 @@ def job_traits(per_rank: list[dict[str, bool]], dataloader_workers: list[int] | 
         cpu_step_s=host.step_s if host else None,
         proc_cores=host.proc_cores if host else None,
         loader_busy=loader_busy,
+        wants=host.wants if host else None,
+        others_runnable=host.others_runnable if host else None,
     )

@@ -64,6 +64,10 @@ class JobCpu:
     # of cores_used, the training processes' own; the rest is their DataLoader workers' (None:
     # not recorded)
     proc_cores: float | None = None
+    # cores' worth the job's threads wanted (on a core or waiting for one) and the machine's
+    # runnable tasks outside the job, over the same steps (``HostCpu``; None: not recorded)
+    wants: float | None = None
+    others_runnable: float | None = None
 
     @property
     def worker_cores(self) -> float | None:
@@ -86,6 +90,30 @@ class JobCpu:
     def available(self) -> float:
         """Cores the job can count on: what the other work leaves, and at least what it has."""
         return max(self.cores_used, self.cpus - self.other_cores, 1e-9)
+
+    def cores_with(self, extra: float = 1.0) -> float:
+        """Cores the job would have with ``extra`` more runnable threads (DataLoader workers):
+        the scheduler shares the cores among the runnable threads, so beside other processes'
+        runnable work a new one takes its share from that work too, not only from the job's own
+        threads (by the fair share of ``gpudiag.pace.wait_shares``: the job has ``cpus x want /
+        (want + others)`` of them where all together want more than there are). Blind check 21
+        (2-core VM, load 3-8): three single-process loaders were told workers would have no
+        core of their own, with the other work's cores taken as fixed, and 1-2 workers ran
+        0.50-0.90x by the mean step. On an idle machine it is what the other work leaves: a
+        worker then only takes turns with the job's threads. At least ``available``."""
+        if self.wants is None or self.others_runnable is None:
+            return self.available
+        want = self.wants + extra
+        total = want + self.others_runnable
+        share = self.cpus * want / total if total > self.cpus else want
+        return max(self.available, min(share, float(self.cpus)))
+
+    def cores_words(self, cores: float) -> str:
+        """``cores`` in words: what the other work leaves, or the fair share with a worker more."""
+        if cores > self.available + 1e-9:
+            return (f"the {cores:.3g} of {self.cpus} cores the job would have with a worker more beside "
+                    f"the machine's other work (its fair share; {self.available:.3g} now)")
+        return f"the {cores:.3g} of {self.cpus} cores the machine's other work leaves"
 
     @property
     def model_cores(self) -> int:
@@ -121,7 +149,7 @@ class LoaderWork:
 
     batch_us: float  # a batch's work: the main thread's time in the wait (num_workers=0 does it there)
     main_us: float  # core-time the training process needs per step outside the loading
-    cores: float  # cores the machine's other work leaves the job
+    cores: float  # cores the job has with a worker more (``JobCpu.cores_with``)
     # why main_us is what the training process spent, not what its work needs (its threads
     # spinning beside the batch), in words; "" where it is the work
     spent: str = ""
@@ -148,14 +176,14 @@ def loader_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork:
     if not gpu and cpu.proc_cores is not None and spent < main:
         # its operators' need read from the wall clock holds their waits for a core; what the
         # process spent is what they took
-        return LoaderWork(batch, spent, cpu.available,
+        return LoaderWork(batch, spent, cpu.cores_with(1),
                           f"measured: its process's CPU a step beyond the batch, less than the "
                           f"{ms(main)} its operators' time would say, which holds their waits for a core")
     if spent <= main:
-        return LoaderWork(batch, main, cpu.available)
+        return LoaderWork(batch, main, cpu.cores_with(1))
     threads = (f"; with fewer than its {cpu.threads} intra-op threads (torch.set_num_threads) more "
                "of the cores go to the workers" if cpu.threads > 1 else "")
-    return LoaderWork(batch, spent, cpu.available,
+    return LoaderWork(batch, spent, cpu.cores_with(1),
                       f"measured: its process's CPU a step beyond the batch, where its operators need "
                       f"{ms(main)}; the rest is its threads' waiting, which OpenMP threads spend "
                       f"spinning{threads}")
@@ -199,7 +227,7 @@ def workers_work(b: TimeBreakdown, cpu: JobCpu, gpu: bool) -> LoaderWork | None:
     if workers is None or not cpu.step_us:
         return None
     return LoaderWork(workers * cpu.step_us, operators_need(b, cpu, gpu) * cpu.unobserved(b),
-                      cpu.available)
+                      cpu.cores_with(1))
 
 
 def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
@@ -216,8 +244,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
         spent = f" ({w.spent})" if w.spent else ""
         bound = (f"; a batch is {ms(w.batch_us)} of work on the thread that makes it and the "
                  f"training process needs {ms(w.main_us)} of core time per step beside it{spent}, "
-                 f"which the {w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves "
-                 f"cannot do in less than {ms(step)}")
+                 f"which {cpu.cores_words(w.cores)} cannot do in less than {ms(step)}")
     # the bounds below are at the pace the CPU was read at (the untraced steps'), and so is the
     # rest of the step beside them
     paced = rest * cpu.unobserved(b) if w is None and cpu is not None else rest
@@ -227,8 +254,8 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
         step = max(rest, ww.bound_us)
         bound = (f"; its workers used {cpu.worker_cores:.3g} cores over the "
                  f"untraced steps ({ms(ww.batch_us)} of CPU a batch) and the training process needs "
-                 f"{ms(ww.main_us)} of core time per step beside them, which the {ww.cores:.3g} of "
-                 f"{cpu.cpus} cores the machine's other work leaves cannot do in less than {ms(step)}")
+                 f"{ms(ww.main_us)} of core time per step beside them, which "
+                 f"{cpu.cores_words(ww.cores)} cannot do in less than {ms(step)}")
     tree = tree_bound(cpu) if workers and cpu is not None else None
     if tree is not None and cpu is not None and tree > step:
         rest, paced_at = paced, True
@@ -238,7 +265,7 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
         bound = (f"; the job's processes (its workers among them) already keep {cpu.cores_used:.3g} "
                  f"of the {cpu.available:.3g} cores the machine's other work leaves busy{waiting}: "
                  "more workers move the loading's work, they do not remove it, so the step cannot "
-                 f"be shorter than that work over those cores, {ms(tree)}")
+                 f"be shorter than that work over {cpu.cores_words(cpu.cores_with(1))}, {ms(tree)}")
     # today's step at that pace: the step the prediction starts from (in the unprofiled view the
     # mean where the view holds the median; in a traced view the untraced step, not the
     # profiler's)
@@ -272,10 +299,11 @@ def tree_bound(cpu: JobCpu) -> float | None:
     (on one or waiting for one). Not all of that CPU is work a step must do (intra-op threads
     spin at a region's end, a process polls): blind check 17's loader asleep on storage, its
     processes at 0.5 of 1.9 cores, was held to 11.5 ms this way, and ran 6.1-6.3 ms with 7
-    workers (2026-11-30)."""
+    workers (2026-11-30). Over the cores the job would have with a worker more
+    (``JobCpu.cores_with``): beside other processes' runnable work, a worker takes its share."""
     if cpu.step_us is None or cpu.step_us <= 0 or cpu.cores_used + cpu.runq_cores < cpu.available:
         return None  # the cores are not what holds the step: its threads did not want them all
-    return cpu.cores_used * cpu.step_us / cpu.available
+    return cpu.cores_used * cpu.step_us / cpu.cores_with(1)
 
 
 def workers_needed(b: TimeBreakdown, step: float) -> int | None:
@@ -334,9 +362,11 @@ def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True,
     intra-op thread the first ran 0.58x with 2 workers (the second 0.92-1.10x with 1), and a
     third job at one thread (blind check 20, job 2) ran 0.57x, as told (0.50-0.52x). Beside other
     processes' work it is not so: blind check 21 (the same VM at load 3-8) ran 0.50-0.90x with 1-2
-    workers where this said they would not help, taking cores from that work too; both refusals
-    here take the cores the other work leaves as fixed (not mended: issue 37's note)."""
-    if workers and cpu is not None and cpu.cores_used >= CORES_FULL * cpu.available:
+    workers where this said they would not help, taking cores from that work too: the refusals
+    here now count the cores a worker more would have by the fair share (``JobCpu.cores_with``),
+    and the first two hold only where a worker would bring the job no more cores."""
+    if (workers and cpu is not None and cpu.cores_used >= CORES_FULL * cpu.available
+            and cpu.available >= CORES_FULL * cpu.cores_with(1)):
         return (f"the job's processes (its workers among them) already keep {cpu.cores_used:.3g} of the "
                 f"{cpu.available:.3g} cores the machine's other work leaves busy ({pct_whole(CORES_FULL)} "
                 "or more): more workers would have no core of their own, and would take turns with "
@@ -344,7 +374,8 @@ def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True,
     rest, w = _hidden_rest(b, cpu, gpu)
     if w is None or cpu is None:
         return None
-    if not gpu and cpu.threads > 1 and cpu.threads >= cpu.available:
+    if (not gpu and cpu.threads > 1 and cpu.threads >= cpu.available
+            and cpu.available >= CORES_FULL * cpu.cores_with(1)):
         return (f"the loading is CPU work ({ms(w.batch_us)} a batch on the thread that makes it) and "
                 f"the model's {cpu.threads} intra-op threads already take the {cpu.available:.3g} of "
                 f"{cpu.cpus} cores the machine's other work leaves: a worker would take turns with "
@@ -354,10 +385,10 @@ def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True,
     # left, the bound is today's step itself (beside a busy loop: 52.9 ms against 52.9 ms)
     if max(rest, w.bound_us) < CORES_FULL * b.step_time * cpu.unobserved(b):
         return None
-    return (f"the loading is CPU work ({ms(w.batch_us)} a batch on the thread that makes it) and the "
-            f"{w.cores:.3g} of {cpu.cpus} cores the machine's other work leaves are what the training "
-            f"process needs beside it ({ms(w.main_us)} of core time per step): workers would have no "
-            "core of their own, and would take turns with the model as the main thread does now")
+    return (f"the loading is CPU work ({ms(w.batch_us)} a batch on the thread that makes it) and "
+            f"{cpu.cores_words(w.cores)} are what the training process needs beside it "
+            f"({ms(w.main_us)} of core time per step): workers would have no core of their own, and "
+            "would take turns with the model as the main thread does now")
 
 
 def input_hidden_step(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True) -> float:

@@ -474,6 +474,11 @@ class JobTraits:
     # loader that decodes reads near 1, one waiting on storage (or asleep) near 0; None: not
     # recorded
     loader_busy: float | None = None
+    # cores' worth the job's threads wanted (on a core or waiting for one), and the machine's
+    # runnable tasks outside the job, over its untraced steps: the fair share a DataLoader
+    # worker more would have (``whatif.JobCpu.cores_with``); None: not recorded
+    wants: float | None = None
+    others_runnable: float | None = None
 
 
 @dataclass

@@ -252,3 +252,36 @@ def test_a_training_process_is_not_said_to_need_more_core_time_than_it_spent() -
     assert "measured: its process's CPU a step beyond the batch" in w.spent
     # on a GPU the main thread's need stays the rest of the step
     assert whatif.loader_work(b, cpu, gpu=True).main_us == pytest.approx(81.2e3 - 13e3)
+
+
+def test_a_worker_more_takes_its_fair_share_of_the_cores_from_other_processes_too() -> None:
+    """The scheduler shares the cores among runnable threads: beside four runnable tasks of other
+    processes on 2 cores, a job whose threads want 1.82 cores' worth has 2 x 1.82 / 5.82 = 0.63
+    of them, and a worker more 2 x 2.82 / 6.82 = 0.83 (blind check 21's JSON loader, load 5.8:
+    1-2 workers ran 0.50-0.76x where gpudiag had said they would have no core). On an idle
+    machine the job's threads already have every core: a worker more brings none."""
+    busy = whatif.JobCpu(cores_used=0.61, cpus=2, threads=2, other_cores=1.39, wants=1.82,
+                         others_runnable=4.0)
+    assert busy.available == pytest.approx(0.61)
+    assert busy.cores_with(1) == pytest.approx(2 * 2.82 / 6.82)
+    assert busy.cores_with(2) > busy.cores_with(1)
+    idle = whatif.JobCpu(cores_used=1.9, cpus=2, threads=2, other_cores=0.05, wants=2.2,
+                         others_runnable=0.05)
+    assert idle.available <= idle.cores_with(1) < idle.available / whatif.CORES_FULL  # none to speak of
+    # runs recorded without the machine's runnable tasks keep what the other work leaves
+    unrecorded = whatif.JobCpu(cores_used=0.61, cpus=2, threads=2, other_cores=1.39)
+    assert unrecorded.cores_with(1) == pytest.approx(0.61)
+
+
+def test_workers_are_refused_for_the_intra_op_threads_only_where_a_worker_brings_no_core() -> None:
+    """A single-process loader decoding beside the model's 2 intra-op threads: on an idle
+    machine a worker takes turns with those threads (refused: blind checks 19 and 20 measured
+    1.00-1.26x); beside other processes' runnable work it takes its share from them, and the
+    refusal no longer holds (the bound over the fair share decides)."""
+    b = TimeBreakdown(step_time=60e3, compute=30e3, idle=30e3, input_wait=25e3, host_overhead=5e3)
+    idle = whatif.JobCpu(cores_used=1.9, cpus=2, threads=2, other_cores=0.05, step_us=60e3,
+                         loader_busy=0.99, wants=2.2, others_runnable=0.05)
+    assert "intra-op threads already take" in (whatif.no_core_for_workers(b, idle, gpu=False) or "")
+    busy = dataclasses.replace(idle, cores_used=0.61, other_cores=1.39, wants=1.82, others_runnable=4.0)
+    why = whatif.no_core_for_workers(b, busy, gpu=False)
+    assert why is None or "intra-op threads already take" not in why
