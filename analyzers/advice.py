@@ -347,7 +347,7 @@ def _ckpt_predict(a: AdviceInputs) -> whatif.Prediction:
 def _faults_predict(a: AdviceInputs) -> whatif.Prediction:
     assert a.faults is not None
     before, after, why = page_faults.predicted_step_us(a.faults)
-    return whatif.Prediction(after, why, from_us=before)
+    return whatif.Prediction(after, why, from_us=before, own_work=True)
 
 
 def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
@@ -509,11 +509,17 @@ def own_pace(p: whatif.Prediction, view: TimeBreakdown, mfu_step_us: float | Non
     if view.host_stalled <= 0 or own <= 0 or base <= 0:
         return p
     k = own / base
-    scaled = (f"; from the step at the job's own pace ({ms(own)}, less the {ms(view.host_stalled)} of "
-              f"each step other processes took), the same ratio" + (
-                  f": {ms(own)} -> {ms(p.step_us * k)}" if p.step_us is not None else ""))
-    return replace(p, step_us=None if p.step_us is None else p.step_us * k,
-                   best_us=None if p.best_us is None else p.best_us * k, from_us=own,
+    step: float | None
+    if p.own_work and p.step_us is not None:  # the saving is the job's own work: taken off whole
+        step = max(0.0, own - (base - p.step_us))
+        scaled = (f"; from the step at the job's own pace ({ms(own)}, less the {ms(view.host_stalled)} of "
+                  f"each step other processes took), less the same {ms(base - p.step_us)}: {ms(step)}")
+    else:
+        step = None if p.step_us is None else p.step_us * k
+        scaled = (f"; from the step at the job's own pace ({ms(own)}, less the {ms(view.host_stalled)} of "
+                  "each step other processes took), the same ratio" + (
+                      f": {ms(own)} -> {ms(step)}" if step is not None else ""))
+    return replace(p, step_us=step, best_us=None if p.best_us is None else p.best_us * k, from_us=own,
                    why=p.why + scaled if p.why else p.why)
 
 
