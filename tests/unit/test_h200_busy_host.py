@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from gpudiag.analyzers.diagnose import device_busy_s, diagnose
 from gpudiag.cli import main
+from gpudiag.commands.profile_signals import signal_fields
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.pace import at_own_pace
 from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps
@@ -95,3 +96,15 @@ def test_a_gpu_steps_own_pace_never_reads_below_its_device_busy_time(runs) -> No
     walls = {r.step: r.dt for r in steps[0]}
     assert all(r.dt >= min(walls[r.step], device[0]) - 1e-9 for r in floored)
     assert busy.dilation is not None and busy.dilation.before_step_us >= 1e6 * device[0] - 1
+
+
+def test_the_live_signal_of_a_crowded_gpu_job_is_held_to_its_device_busy_time(runs) -> None:
+    """The agent's MFU divides by the recent untraced steps at the job's own pace; like the
+    diagnosis', never by less than the device's busy time per step: a live own step of 15 ms
+    (what the unfloored pace read before the window) exports the MFU at the device's 21.6 ms."""
+    busy = runs["busy"][1]
+    device = device_busy_s(busy.ranks)[0]
+    fields = signal_fields(busy, 0.015, None)
+    assert fields["mfu_ratio"] == pytest.approx(busy.mfu.flops_per_step / device / busy.mfu.peak_flops)
+    slower = signal_fields(busy, 0.030, None)  # a step longer than the device's: as it is
+    assert slower["mfu_ratio"] == pytest.approx(busy.mfu.flops_per_step / 0.030 / busy.mfu.peak_flops)
