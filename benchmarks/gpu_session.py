@@ -364,6 +364,39 @@ def paired(row: dict) -> dict:
             "window_cost_s": sum(s[lo:hi + 1]) - (hi + 1 - lo) * a}
 
 
+def pace_table(rows: list[dict], peak: float | None, summaries: list[dict]) -> list[str]:
+    """Issue 38 on a GPU (phases pace1/pace2): per run, the job's own median step (alone or
+    profiled, quiet or beside the loops), gpudiag's label, MFU at the job's own pace and by wall
+    clock, and the analytic MFU at the quiet alone run's step; then each ``gpudiag diff``."""
+    runs = [r for r in rows if r["job"] == "pace" and r.get("step_seconds")]
+    if not runs:
+        return []
+    quiet = [x for r in runs if r["config"] == "alone" for x in r["step_seconds"][20:]]
+    flops = next((r["analytic_flops_per_step"] for r in runs if r.get("analytic_flops_per_step")), None)
+    analytic = flops / statistics.median(quiet) / peak if quiet and flops and peak else None
+    out = ["", "The job's own pace on a busy host (LM; loops: busy loops beside it)"
+           + (f"; analytic MFU at the quiet alone step: {100 * analytic:.1f}%" if analytic else ""),
+           "| config | round | loops | own timer median (ms) | label (confidence) | MFU own pace | "
+           "MFU by wall | other processes' part of the untraced step |", "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        label = f"{r['measured']} ({r['confidence']:.2f})" if r.get("measured") else "-"
+        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
+        wall = f"{100 * r['mfu_wall']:.1f}%" if r.get("mfu_wall") else "-"
+        part = (f"{r['machine_ms']:.1f} of {r['wall_ms']:.1f} ms" if r.get("wall_ms") else "-")
+        own = 1e3 * statistics.median(r["step_seconds"][20:])
+        out.append(f"| {r['config']} | {r['round']} | {r.get('loops', 0)} | {own:.2f} | {label} | {mfu} | "
+                   f"{wall} | {part} |")
+    for summary in summaries:
+        for name, d in (summary.get("pace_diffs") or {}).items():
+            if "error" in d:
+                out.append(f"- diff {name}: failed: {d['error'][:200]}")
+                continue
+            own, wall = d["own_pace_change"], d["step_change"]
+            out.append(f"- diff {name}: own pace {own['change']:+.1%} ({own['direction']}), wall clock "
+                       f"{wall['change']:+.1%} ({wall['direction']}); {d.get('machine_note') or ''}")
+    return out
+
+
 def tables(paths: list[Path]) -> str:
     """The closing note's tables from recorded sessions (raw ``session.json`` files, or the
     compact one in tests/fixtures/h200-2026-11-28): observer cost, validation, DataLoader."""
@@ -428,6 +461,9 @@ def tables(paths: list[Path]) -> str:
             lines.append(f"| {job} | {MODE_OF[r['config']]} | {r['call']}, {r['round']} | "
                          f"{r['measured']}{tie} | {r['confidence']:.2f} | {100 * r['mfu']:.1f}% | "
                          f"{r['mfu'] / analytic - 1:+.1%} | {r['mfu'] / own - 1:+.1%} |")
+    pace = pace_table(rows, peak, [json.loads(p.read_text()).get("summary", {}) for p in paths])
+    # a session without the LM and CNN phases (2026-11-30's) prints its own tables alone
+    lines = lines + pace if any(r["job"] in ("lm", "cnn") for r in rows) else pace[1:]
     for r in rows:
         if r["job"] == "dl" and r["config"] == "w0-profile":
             need, before, predicted = dl_workers(r)

@@ -11,9 +11,11 @@ is held to is the quiet run's: the job did the same work on the same GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ from gpudiag.commands.profile_signals import signal_fields
 from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.pace import at_own_pace
 from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps
-from tests.paths import TESTS
+from tests.paths import REPO, TESTS
 
 FIXTURES = TESTS / "fixtures" / "h200-2026-11-30"
 BF16_PEAK = 989.4e12  # the H200's dense bf16 peak in gpudiag's device table
@@ -108,3 +110,20 @@ def test_the_live_signal_of_a_crowded_gpu_job_is_held_to_its_device_busy_time(ru
     assert fields["mfu_ratio"] == pytest.approx(busy.mfu.flops_per_step / device / busy.mfu.peak_flops)
     slower = signal_fields(busy, 0.030, None)  # a step longer than the device's: as it is
     assert slower["mfu_ratio"] == pytest.approx(busy.mfu.flops_per_step / 0.030 / busy.mfu.peak_flops)
+
+
+def test_the_sessions_tables_print_each_run_and_the_diff() -> None:
+    """``benchmarks/gpu_session.py --tables`` on this session: one row a run, and the diff's
+    line with both changes (what the closing note quotes)."""
+    spec = importlib.util.spec_from_file_location("gpu_session", REPO / "benchmarks" / "gpu_session.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(REPO / "benchmarks"))  # it imports gpu_validation beside it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    out = module.tables([FIXTURES / "session.json"])
+    assert out.startswith("The job's own pace on a busy host")
+    assert "| defaults-busy | 1 | 32 | 72.01 | memory-bound (0.05) | 23.1% | 10.5% |" in out
+    assert "own pace +11.0% (no significant change), wall clock +177.3% (slower)" in out
