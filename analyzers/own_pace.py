@@ -140,12 +140,13 @@ def with_wall(own: Mfu, wall_mfu: Mfu, b: TimeBreakdown, recorded: bool | None,
     stalled = ms(max(0.0, b.host_stalled))
     if machine_us is not None and machine_us < OTHERS_MOSTLY * b.host_stalled:
         owner = stalls_owner(b.host_stalled, machine_us)
-        reason = (f", less the {stalled} of each step the OS ran other work while its operators waited "
-                  f"({owner})")
+        reason = (f": {ms(b.step_time)} by wall clock less the {stalled} of each step the OS ran other "
+                  f"work while its operators waited ({owner})")
         why = (f"the OS ran other work for {stalled} of each {ms(b.step_time)} traced step while the "
                f"job's operators waited for a core: {owner}")
     else:
-        reason = f", less the {stalled} of each step other processes took: the job's own pace"
+        reason = (f": the job's own pace, {ms(b.step_time)} by wall clock less the {stalled} of each step "
+                  "other processes took")
         why = (f"other processes took {stalled} of each {ms(b.step_time)} step: the OS ran their work "
                "while the job's threads waited for a core")
     return replace(own, reason=own.reason + reason, wall_value=wall_mfu.value,
