@@ -383,8 +383,9 @@ def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True,
         return (f"the loading is CPU work ({ms(w.batch_us)} a batch on the thread that makes it) and "
                 f"the model's {cpu.threads} intra-op threads already take the {cpu.available:.3g} of "
                 f"{cpu.cpus} cores the machine's other work leaves: a worker would take turns with "
-                "them, and each operator waits at its end for its slowest thread; first leave the "
-                f"workers cores (torch.set_num_threads below {cpu.threads}), then profile again")
+                "them, and each operator waits at its end for its slowest thread. The change to try "
+                f"is the two together: workers and torch.set_num_threads below {cpu.threads}, which "
+                "leaves them cores (fewer threads alone may be slower), then profile again")
     # within CORES_FULL of today's step is no shorter: where the process spent all the cores
     # left, the bound is today's step itself (beside a busy loop: 52.9 ms against 52.9 ms)
     if max(rest, w.bound_us) < CORES_FULL * b.step_time * cpu.unobserved(b):
