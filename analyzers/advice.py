@@ -75,6 +75,7 @@ from gpudiag.analyzers.classify import (
 )
 from gpudiag.analyzers.comm_cost import cost
 from gpudiag.analyzers.compile_facts import OptimizerLoop, optimizer_loop
+from gpudiag.analyzers.own_pace import WALL_MFU_SHOWN
 from gpudiag.diagnosis import (
     Bottleneck,
     Recommendation,
@@ -501,12 +502,16 @@ def own_pace(p: whatif.Prediction, view: TimeBreakdown, mfu_step_us: float | Non
     """The prediction from the step at the job's own pace, where other processes took part of the
     view's (``host_stalled``): the step MFU divides by (``mfu_step_us``, else the view's less that
     part), the ratio kept (the fix changes the job's work, not the machine's share of each step).
-    Blind check 22 (a busy 2-core VM) read entries from the traced steps' wall time, 1,467 ms
+    Where the diagnosis shows both MFUs (the wall clock's more than 10% off). Blind check 22 (a
+    busy 2-core VM) read entries from the traced steps' wall time, 1,467 ms
     where MFU's step was 74 ms and the job's own timer's median 112 ms, beside a text that said
     "each 345 ms step"."""
     own = mfu_step_us or view.step_time - view.host_stalled
     base = view.step_time if p.from_us is None else p.from_us
-    if view.host_stalled <= 0 or own <= 0 or base <= 0:
+    # only where the diagnosis shows both MFUs (own_pace.WALL_MFU_SHOWN): a machine part of a
+    # fraction of a percent on a quiet machine leaves each entry in its own frame (the allocator's
+    # mean step, where the job's modes alternate)
+    if view.step_time <= (1 + WALL_MFU_SHOWN) * own or own <= 0 or base <= 0:
         return p
     k = own / base
     step: float | None

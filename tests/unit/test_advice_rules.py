@@ -372,3 +372,6 @@ def test_on_a_busy_machine_a_fix_starts_from_the_step_mfu_divides_by_with_its_ra
     quiet = TimeBreakdown(step_time=30e3, compute=30e3)
     same = whatif.Prediction(20e3, "x")
     assert own_pace(same, quiet, 30e3) is same
+    # a machine part too small for the wall clock's MFU to be shown (10%) leaves the frame alone
+    nearly = TimeBreakdown(step_time=30e3, compute=29.9e3, host_stalled=0.1e3)
+    assert own_pace(same, nearly, 29.9e3) is same
