@@ -4,7 +4,7 @@ them is ``advice``."""
 
 from __future__ import annotations
 
-from gpudiag.analyzers import whatif
+from gpudiag.analyzers import advice_threads, whatif
 from gpudiag.analyzers.advice_inputs import (
     TENSOR_CORE_MULTIPLE,
     AdviceInputs,
@@ -69,14 +69,31 @@ def input_text(a: AdviceInputs, s: dict[Bottleneck, float], p: whatif.Prediction
         raise_to = f" to about {more}" if more else ""
         now = f" with num_workers={count}" if count else ""
         return (f"The DataLoader wait is {share} {of_step(a)}{now}: raise "
-                f"num_workers{raise_to}{pin} and prefetch_factor.{_loading(a, cpu)}")
+                f"num_workers{raise_to}{pin} and prefetch_factor.{_loading(a, cpu)}{_with_fewer_threads(a)}")
     workers = " with num_workers=0" if a.traits.single_process_loader else ""
     need = p.workers if a.traits.single_process_loader else None
     raise_to = f" to at least {need}" if need else ""
     onto = " (or onto the GPU)" if on_gpu(a) else ""
     return (f"The DataLoader wait is {share} {of_step(a)}{workers}: raise "
             f"num_workers{raise_to}{pin} and prefetch_factor, and move decoding/augmentation out "
-            f"of the training process{onto}.{_loading(a, cpu)}")
+            f"of the training process{onto}.{_loading(a, cpu)}{_with_fewer_threads(a)}")
+
+
+def _with_fewer_threads(a: AdviceInputs) -> str:
+    """Where the model's intra-op threads outnumber the cores the machine's other work leaves
+    (``advice_threads.crowded``), the workers' text names fewer threads with them: a worker takes
+    turns with those threads, whose operators each wait for the slowest. Blind check 23 (2-core
+    VM, two busy loops, four loaders at torch's 2 threads): 1 worker alone ran 0.68x, 0.94x,
+    0.95x and 1.69x by the mean step; 1 worker at one thread 0.17-0.36x; one thread alone
+    0.19-0.43x."""
+    found = advice_threads.crowded(a)
+    if found is None:
+        return ""
+    cpu = found[0]
+    return (f" The model's {cpu.threads} intra-op threads outnumber the {cpu.available:.2g} cores the "
+            "machine's other work leaves it, and a worker takes turns with them: run the workers "
+            f"with torch.set_num_threads({advice_threads.threads_to_use(cpu)}) (fewer-intra-op-threads), "
+            "which gives them the cores the threads held.")
 
 
 def cpu_loading(a: AdviceInputs) -> bool:

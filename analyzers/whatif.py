@@ -344,6 +344,11 @@ def _hidden_rest(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool) -> tuple[float
     return rest * cpu.unobserved(b), loader_work(b, cpu, gpu)
 
 
+# The share of the step a single-process loader's wait must hold for the workers-with-fewer-threads
+# pair to be named where workers alone would take turns with the model's threads
+# (``no_core_for_workers``)
+PAIR_LOADING = 0.5
+
 # A loader with workers whose processes keep this share of the cores the machine leaves busy has
 # none to give more workers: within a step timer's noise on a CPU (``advice.CPU_MIN_GAIN``).
 CORES_FULL = 0.97
@@ -380,12 +385,16 @@ def no_core_for_workers(b: TimeBreakdown, cpu: JobCpu | None, gpu: bool = True,
         return None
     if (not gpu and cpu.threads > 1 and cpu.threads >= cpu.available
             and cpu.available >= CORES_FULL * cpu.cores_with(1)):
+        # the pair (workers with fewer threads) only where the loading is most of the step: blind
+        # check 23's idle VM ran it 0.75x and 0.82x where the loading was 55-70% of the step,
+        # 1.02x at 90%, and 1.48x where it was 15%
+        pair = (" The change to try is the two together: workers and torch.set_num_threads below "
+                f"{cpu.threads}, which leaves them cores (fewer threads alone may be slower), then profile "
+                "again" if b.input_wait >= PAIR_LOADING * b.step_time else "")
         return (f"the loading is CPU work ({ms(w.batch_us)} a batch on the thread that makes it) and "
                 f"the model's {cpu.threads} intra-op threads already take the {cpu.available:.3g} of "
                 f"{cpu.cpus} cores the machine's other work leaves: a worker would take turns with "
-                "them, and each operator waits at its end for its slowest thread. The change to try "
-                f"is the two together: workers and torch.set_num_threads below {cpu.threads}, which "
-                "leaves them cores (fewer threads alone may be slower), then profile again")
+                f"them, and each operator waits at its end for its slowest thread.{pair}")
     # within CORES_FULL of today's step is no shorter: where the process spent all the cores
     # left, the bound is today's step itself (beside a busy loop: 52.9 ms against 52.9 ms)
     if max(rest, w.bound_us) < CORES_FULL * b.step_time * cpu.unobserved(b):

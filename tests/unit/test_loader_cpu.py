@@ -285,3 +285,15 @@ def test_workers_are_refused_for_the_intra_op_threads_only_where_a_worker_brings
     busy = dataclasses.replace(idle, cores_used=0.61, other_cores=1.39, wants=1.82, others_runnable=4.0)
     why = whatif.no_core_for_workers(b, busy, gpu=False)
     assert why is None or "intra-op threads already take" not in why
+
+
+def test_the_workers_with_fewer_threads_pair_is_named_only_where_the_loading_is_most_of_the_step() -> None:
+    """Blind check 23, idle VM: workers at one thread ran 0.75x and 0.82x where the loading was
+    55-70% of the step, and 1.48x where it was 15%."""
+    idle = whatif.JobCpu(cores_used=1.9, cpus=2, threads=2, other_cores=0.05, step_us=60e3,
+                         loader_busy=0.99, wants=2.2, others_runnable=0.05)
+    most = TimeBreakdown(step_time=60e3, compute=30e3, idle=30e3, input_wait=35e3, host_overhead=5e3)
+    little = TimeBreakdown(step_time=60e3, compute=45e3, idle=15e3, input_wait=9e3, host_overhead=6e3)
+    assert "two together" in (whatif.no_core_for_workers(most, idle, gpu=False) or "")
+    why = whatif.no_core_for_workers(little, idle, gpu=False)
+    assert why is not None and "intra-op threads already take" in why and "two together" not in why
