@@ -75,11 +75,9 @@ from gpudiag.analyzers.classify import (
 )
 from gpudiag.analyzers.comm_cost import cost
 from gpudiag.analyzers.compile_facts import OptimizerLoop, optimizer_loop
-from gpudiag.analyzers.own_pace import WALL_MFU_SHOWN
 from gpudiag.diagnosis import (
     Bottleneck,
     Recommendation,
-    TimeBreakdown,
 )
 from gpudiag.units import ms
 
@@ -348,7 +346,7 @@ def _ckpt_predict(a: AdviceInputs) -> whatif.Prediction:
 def _faults_predict(a: AdviceInputs) -> whatif.Prediction:
     assert a.faults is not None
     before, after, why = page_faults.predicted_step_us(a.faults)
-    return whatif.Prediction(after, why, from_us=before, own_work=True)
+    return whatif.Prediction(after, why, from_us=before)
 
 
 def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
@@ -508,36 +506,6 @@ def _not_helping(rec: Recommendation, reason: str, keep_prediction: bool) -> Rec
 CROWDING_FIRST = "fewer-intra-op-threads"
 
 
-def own_pace(p: whatif.Prediction, view: TimeBreakdown, mfu_step_us: float | None) -> whatif.Prediction:
-    """The prediction from the step at the job's own pace, where other processes took part of the
-    view's (``host_stalled``): the step MFU divides by (``mfu_step_us``, else the view's less that
-    part), the ratio kept (the fix changes the job's work, not the machine's share of each step).
-    Where the diagnosis shows both MFUs (the wall clock's more than 10% off). Blind check 22 (a
-    busy 2-core VM) read entries from the traced steps' wall time, 1,467 ms
-    where MFU's step was 74 ms and the job's own timer's median 112 ms, beside a text that said
-    "each 345 ms step"."""
-    own = mfu_step_us or view.step_time - view.host_stalled
-    base = view.step_time if p.from_us is None else p.from_us
-    # only where the diagnosis shows both MFUs (own_pace.WALL_MFU_SHOWN): a machine part of a
-    # fraction of a percent on a quiet machine leaves each entry in its own frame (the allocator's
-    # mean step, where the job's modes alternate)
-    if view.step_time <= (1 + WALL_MFU_SHOWN) * own or own <= 0 or base <= 0:
-        return p
-    k = own / base
-    step: float | None
-    if p.own_work and p.step_us is not None:  # the saving is the job's own work: taken off whole
-        step = max(0.0, own - (base - p.step_us))
-        scaled = (f"; from the step at the job's own pace ({ms(own)}, less the {ms(view.host_stalled)} of "
-                  f"each step other processes took), less the same {ms(base - p.step_us)}: {ms(step)}")
-    else:
-        step = None if p.step_us is None else p.step_us * k
-        scaled = (f"; from the step at the job's own pace ({ms(own)}, less the {ms(view.host_stalled)} of "
-                  "each step other processes took), the same ratio" + (
-                      f": {ms(own)} -> {ms(step)}" if step is not None else ""))
-    return replace(p, step_us=step, best_us=None if p.best_us is None else p.best_us * k, from_us=own,
-                   why=p.why + scaled if p.why else p.why)
-
-
 def recommend(a: AdviceInputs) -> Advised:
     """The fixes that apply to this job: first those for the verdict's label (or its tie), then
     the others, each group ranked by what they are predicted to save. A fix is never listed as a
@@ -553,7 +521,7 @@ def recommend(a: AdviceInputs) -> Advised:
     for c in CATALOGUE:
         if not c.applies(a, s):
             continue
-        p = own_pace(c.predict(a), a.view, a.mfu.step_time_us)
+        p = c.predict(a)
         step_s = (a.view.step_time if p.from_us is None else p.from_us) * 1e-6
         pred = None if p.step_us is None else max(0.0, p.step_us) * 1e-6
         gain = None if pred is None else 1 - pred / step_s

@@ -47,10 +47,6 @@ class Prediction:
     best_us: float | None = None
     # the DataLoader workers the predicted step needs, where it names a count (``input_hidden``)
     workers: int | None = None
-    # what the fix saves (``from_us`` less ``step_us``) is the job's own CPU work (the kernel's
-    # time in page faults), which other processes' share of a step does not shrink: at the job's
-    # own pace it is taken off whole (``advice.own_pace``), not in proportion
-    own_work: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudiag.analyzers import whatif
-from gpudiag.analyzers.advice import AdviceInputs, own_pace, recommend
+from gpudiag.analyzers.advice import AdviceInputs, recommend
 from gpudiag.analyzers.classify import shares
 from gpudiag.diagnosis import Bottleneck, JobTraits, Mfu, Roofline, TimeBreakdown
 
@@ -348,30 +348,3 @@ def test_autocast_fixes_on_a_cpu_take_the_cpu_floor_alike():
     for action in ("bf16-activations", "lower-precision"):
         assert floors[action].min_gain(a) == CPU_MIN_GAIN
         assert floors[action].min_gain(dataclasses.replace(a, device_kind="gpu")) == MIN_GAIN
-
-
-def test_on_a_busy_machine_a_fix_starts_from_the_step_mfu_divides_by_with_its_ratio_kept() -> None:
-    """Blind check 22: a crowded traced view's entries started from its wall step, 1,467 ms, where
-    MFU's step at the job's own pace was 74 ms; each entry now starts from MFU's step and keeps
-    its predicted ratio. Where nothing crowded the job the prediction is left as it was."""
-    crowded = TimeBreakdown(step_time=1467e3, host_stalled=1393e3, host_overhead=1000e3, compute=74e3)
-    p = own_pace(whatif.Prediction(852e3, "dispatch removed", best_us=300e3), crowded, 74.1e3)
-    assert p.from_us == pytest.approx(74.1e3)
-    assert p.step_us / p.from_us == pytest.approx(852 / 1467)
-    assert p.best_us / p.from_us == pytest.approx(300 / 1467)
-    assert "at the job's own pace (74.1 ms" in p.why
-    # a prediction with its own starting step (the mean step) keeps its ratio to that one
-    mean = own_pace(whatif.Prediction(160e3, "loader", from_us=170e3), crowded, 74.1e3)
-    assert mean.step_us / mean.from_us == pytest.approx(160 / 170)
-    # a saving of the job's own CPU work (its page faults' kernel time) is taken off whole:
-    # blind check 22's embedding job beside two busy loops was told 0.944x from 338 ms by wall
-    # clock less 19 ms of faults, and ran 0.59x by its mean step
-    faults = own_pace(whatif.Prediction(318.5e3, "faults", from_us=338e3, own_work=True),
-                      TimeBreakdown(step_time=338e3, host_stalled=227e3, compute=111e3), 111.1e3)
-    assert faults.step_us == pytest.approx(111.1e3 - 19.5e3)
-    quiet = TimeBreakdown(step_time=30e3, compute=30e3)
-    same = whatif.Prediction(20e3, "x")
-    assert own_pace(same, quiet, 30e3) is same
-    # a machine part too small for the wall clock's MFU to be shown (10%) leaves the frame alone
-    nearly = TimeBreakdown(step_time=30e3, compute=29.9e3, host_stalled=0.1e3)
-    assert own_pace(same, nearly, 29.9e3) is same

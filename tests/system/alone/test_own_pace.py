@@ -415,9 +415,6 @@ def test_an_mlp_crowded_over_its_trace_window_gets_the_label_and_mfu_of_its_quie
     step = busy.mfu.step_time_us / 1e6
     assert low / 1.25 <= step <= 1.25 * k * high, (step, low, high, k, busy.mfu.reason)
     assert busy.mfu.pace and "other processes took" in busy.mfu.pace
-    # every fix starts from that step, not from a wall clock the loops stretched
-    for r in busy.verdict.recommendations + busy.verdict.not_advised:
-        assert r.step_s == pytest.approx(step, rel=1e-6), (r.action, r.step_s, step)
 
 
 def test_a_job_whose_intra_op_thread_is_crowded_is_seen_through_that_thread(tmp_path):
