@@ -508,7 +508,8 @@ CROWDING_FIRST = "fewer-intra-op-threads"
 
 def recommend(a: AdviceInputs) -> Advised:
     """The fixes that apply to this job: first those for the verdict's label (or its tie), then
-    the others, each group ranked by what they are predicted to save. A fix is never listed as a
+    the others, each group ranked by what they are predicted to save (``CROWDING_FIRST`` leads
+    where it applies). A fix is never listed as a
     thing to do where it would not speed the job up: its precondition fails here (``Advice
     .blocked``), or its predicted step is not faster than today's; it goes to ``not_advised``
     with the reason instead."""
