@@ -13,7 +13,9 @@ def test_a_thread_started_within_a_step_is_found_at_its_end_with_its_time_since_
     peers = PeerWaits()
     me = threading.get_native_id()
     peers.discover(me)
-    peers.on_step(0.01)                      # the baseline read of the threads found at step 1
+    # the baseline read of the threads found at step 1; a long step, so that the read-cost budget
+    # (0.5% of the step) reads every step even where a busy machine slows the read
+    peers.on_step(1.0)
     assert not peers.threads_changed()
     started, stop = threading.Event(), threading.Event()
     spun: list[float] = []
@@ -37,7 +39,7 @@ def test_a_thread_started_within_a_step_is_found_at_its_end_with_its_time_since_
     assert not peers.threads_changed()
     key = next(k for k in peers.fds if k[1] == th.native_id)
     assert peers.last[key] == (0, 0)         # counted from its start, not from this read
-    peers.on_step(0.06)
+    peers.on_step(1.0)
     stop.set()
     th.join()
     assert peers.last[key][0] / 1e9 >= 0.9 * spun[0], (peers.last[key], spun)
