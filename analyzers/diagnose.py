@@ -238,6 +238,12 @@ def device_busy_s(results: Sequence[RankResult]) -> dict[int, float]:
             for r in results if r.steps}
 
 
+def diagnosis_device_busy_s(d: Diagnosis) -> dict[int, float]:
+    """``device_busy_s`` of a finished diagnosis: its ranks where it ran on a GPU, else none (a
+    CPU's own pace has no device floor). ``gpudiag diff`` and the live signal read it."""
+    return device_busy_s(d.ranks) if d.device is not None and d.device.kind == "gpu" else {}
+
+
 def diagnose(target: str | Path, choice: DeviceChoice | None = None,
              flops_per_step: float | None = None, jobs: int | None = None,
              ranks: list[int] | None = None, steps: tuple[int, int] | None = None,

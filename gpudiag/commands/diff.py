@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
-
-if TYPE_CHECKING:
-    from gpudiag.diagnosis import Diagnosis
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -39,7 +35,10 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
     from gpudiag.commands.report import load_diagnosis, write_html
 
     b, a = load_diagnosis(before), load_diagnosis(after)
-    (bw, bo, br), (aw, ao, ar) = _untraced(before, _device_s(b)), _untraced(after, _device_s(a))
+    from gpudiag.analyzers.diagnose import diagnosis_device_busy_s
+
+    (bw, bo, br), (aw, ao, ar) = (_untraced(before, diagnosis_device_busy_s(b)),
+                                  _untraced(after, diagnosis_device_busy_s(a)))
     result = compare(b, a, bw, aw, before_own=bo, after_own=ao, before_run=br, after_run=ar)
     if as_json:
         click.echo(result.to_json())
@@ -50,13 +49,6 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
     write_html(output, render_diff(result, b, a))
     click.echo(render_diff_terminal(result))
     click.echo(f"Report: {output}")
-
-
-def _device_s(d: Diagnosis) -> dict[int, float]:
-    """Per rank of a GPU run, its traced steps' device busy time: the floor of its own pace."""
-    from gpudiag.analyzers.diagnose import device_busy_s
-
-    return device_busy_s(d.ranks) if d.device is not None and d.device.kind == "gpu" else {}
 
 
 def _untraced(target: Path, device_s: dict[int, float] | None = None,

@@ -110,12 +110,12 @@ def signal_fields(d: Diagnosis, live_step_s: float | None, traced_at: float | No
         if top.predicted_step_s is not None:
             out["predicted_step_seconds"] = top.predicted_step_s
     mfu = d.mfu
-    if live_step_s and d.device is not None and d.device.kind == "gpu":
+    if live_step_s:
         # never below the device's busy time per step, as the diagnosis' own pace (gpudiag.pace):
         # the host's wait for a core overlaps the kernels it queued
-        from gpudiag.analyzers.diagnose import device_busy_s
+        from gpudiag.analyzers.diagnose import diagnosis_device_busy_s
 
-        live_step_s = max(live_step_s, device_busy_s(d.ranks).get(0, 0.0))
+        live_step_s = max(live_step_s, diagnosis_device_busy_s(d).get(0, 0.0))
     if mfu.flops_per_step and mfu.peak_flops and live_step_s:
         out["mfu_ratio"] = min(1.0, mfu.flops_per_step / live_step_s / mfu.peak_flops)
     elif mfu.value is not None:
