@@ -40,7 +40,7 @@ from gpudiag.diagnosis import Bottleneck, Diagnosis, Dilation, Mfu, TimeBreakdow
 from gpudiag.pace import at_own_pace, own_step_seconds, step_wait, wait_shares
 from gpudiag.rundir import HostSample, StepRow, read_bootstrap, read_host_cpu, read_steps
 from tests.conftest import view_steps
-from tests.harness import gate_env, start_when_ready
+from tests.harness import gate_env, start_when_ready, torchrun_ran
 from tests.paths import REPO
 
 JOBS = REPO / "tests" / "jobs"
@@ -234,11 +234,15 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def profile(run: Path, job: list[str], *, loops: int = 0, loop_cpus: set[int] | None = None,
-            until: Path | None = None, cpus: set[int] | None = None) -> Diagnosis:
+            until: Path | None = None, cpus: set[int] | None = None,
+            torchrun_steps: int | None = None) -> Diagnosis:
     """The job under ``gpudiag profile``, beside ``loops`` busy loops from its first step (the job
     says when it is ready to step: ``tests/jobs/_timer.start_gate``) until ``until`` exists (the
     job marks a step) or else the job ends, before the analysis measures a CPU peak the session
-    keeps; ``cpus``: the job (not gpudiag) pinned there."""
+    keeps; ``cpus``: the job (not gpudiag) pinned there. ``torchrun_steps``: a torchrun job of
+    that many steps, whose rank gloo's teardown may abort once every step was counted (a run to
+    its end: ``tests.harness.torchrun_ran``; it failed the two-rank bounds test in 1 of 3 local
+    runs beside a busy loop, 2026-11-30)."""
     pin = ([sys.executable, "-c", f"import os, sys; os.sched_setaffinity(0, {sorted(cpus)!r}); "
             "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"] if cpus else [sys.executable])
     procs: list[subprocess.Popen] = []
@@ -256,7 +260,9 @@ def profile(run: Path, job: list[str], *, loops: int = 0, loop_cpus: set[int] | 
         _, err = p.communicate(timeout=900)
     finally:
         stop(procs)
-    assert p.returncode == 0, err[-3000:]
+    ran = subprocess.CompletedProcess(p.args, p.returncode, "", err)
+    assert p.returncode == 0 or (torchrun_steps is not None and torchrun_ran(ran, steps=torchrun_steps)), \
+        err[-3000:]
     return Diagnosis.from_json((run / "diagnosis.json").read_text())
 
 

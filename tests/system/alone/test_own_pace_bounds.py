@@ -111,7 +111,8 @@ def ddp_busy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Diagnosis, dict,
     both cores: each rank's all-reduce waits for the other, which the loops slow."""
     root = tmp_path_factory.mktemp("ddp-bounds")
     report = root / "busy.json"
-    return (profile(root / "busy", [*torchrun(2)[1:], *DDP_JOB, "--report", str(report)], loops=4),
+    return (profile(root / "busy", [*torchrun(2)[1:], *DDP_JOB, "--report", str(report)], loops=4,
+                    torchrun_steps=STEPS),
             json.loads(report.read_text()), root / "busy")
 
 
