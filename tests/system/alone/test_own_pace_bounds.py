@@ -34,6 +34,8 @@ import pytest
 
 from gpudiag.collectors import job_signals
 from gpudiag.diagnosis import Diagnosis
+from gpudiag.pace import at_own_pace
+from gpudiag.rundir import collectives_wait_s, read_bootstrap, read_host_cpu, read_steps
 from tests.harness import torchrun, torchrun_failure, torchrun_ran
 from tests.paths import REPO
 from tests.system.alone.test_own_pace import profile, rows
@@ -130,6 +132,28 @@ def ddp_alone(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads(report.read_text())
 
 
+def ranks_detail(run: Path) -> str:
+    """Per rank, the medians (ms) a failure of the bounds needs to be read: the wall step, the
+    own step, the machine's part, the training thread's run and wait for a core, the job's
+    other threads' wait, and the wait in the all-reduce (the project's CI read rank 0 at 37.6 ms
+    against 24.6 alone, 2026-11-30, with nothing more to go on)."""
+    boot = read_bootstrap(run)
+    raw = read_steps(run, boot)
+    own = at_own_pace(raw, read_host_cpu(run), boot)
+    out = []
+    for rank, rs in sorted(own.items()):
+        keep = [r for r in rs if r.profiler is None and r.step > 2]
+        walls = {r.step: r.dt for r in raw[rank]}
+        cols = {"wall": [walls[r.step] for r in keep], "own": [r.dt for r in keep],
+                "machine": [r.machine_s for r in keep], "run": [r.run_s for r in keep],
+                "wait": [r.wait_s for r in keep], "peer wait": [r.peer_wait_s for r in keep],
+                "in all-reduce": [collectives_wait_s(r) for r in keep]}
+        out.append(f"rank {rank}: " + ", ".join(
+            f"{k} {statistics.median(v) * 1e3:.1f}" if (v := [x for x in vals if x is not None])
+            else f"{k} -" for k, vals in cols.items()))
+    return "; ".join(out)
+
+
 def test_two_gloo_ranks_own_pace_is_never_shorter_than_a_ranks_time_on_a_core(ddp_busy):
     """Each rank's training thread runs its compute and DDP's copies; gloo's threads run the
     all-reduce beside it, and the ranks wait for each other in it. Crowded by the loops (its
@@ -162,7 +186,7 @@ def test_two_gloo_ranks_beside_busy_loops_are_at_their_pace_alone_whichever_rank
     k = slowdown(own, ddp_alone)
     alone_step = statistics.median(ddp_alone["step_seconds"][FIRST:])
     own_step = statistics.median(r.dt for r in rows(run))
-    assert own_step <= 1.25 * k * alone_step, (own_step, alone_step, k)
+    assert own_step <= 1.25 * k * alone_step, (own_step, alone_step, k, ranks_detail(run))
     # the step the agent's live MFU divides by reads every rank too (``job_signals.own_step``)
     live = job_signals.own_step(run)
     assert live is not None and live <= 1.25 * k * alone_step, (live, alone_step, k)
