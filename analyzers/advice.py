@@ -506,6 +506,19 @@ def _not_helping(rec: Recommendation, reason: str, keep_prediction: bool) -> Rec
 CROWDING_FIRST = "fewer-intra-op-threads"
 
 
+def _unobserved_frame(a: AdviceInputs, p: whatif.Prediction) -> float | None:
+    """Where the view is the traced steps (the reference around the window not trusted), what
+    brings a prediction made on them to the untraced steps' wall step, the one the job's own
+    timer reads and a run with the fix applied is measured against: the ratio kept, the frame
+    the job's. None where the view's step is already that frame, or the prediction names the
+    step it starts from (``Prediction.from_us``). Blind check 22: a job crowded in its traced
+    window was told "1,467 ms -> ..." where its own timer read 112 ms a step."""
+    if a.untraced_wall_us is None or p.from_us is not None or a.view.step_time <= 0:
+        return None
+    k = a.untraced_wall_us / a.view.step_time
+    return k if abs(k - 1) > 1e-3 else None
+
+
 def recommend(a: AdviceInputs) -> Advised:
     """The fixes that apply to this job: first those for the verdict's label (or its tie), then
     the others, each group ranked by what they are predicted to save (``CROWDING_FIRST`` leads
@@ -527,6 +540,14 @@ def recommend(a: AdviceInputs) -> Advised:
         pred = None if p.step_us is None else max(0.0, p.step_us) * 1e-6
         gain = None if pred is None else 1 - pred / step_s
         best = None if p.best_us is None or pred is None else min(pred, max(0.0, p.best_us) * 1e-6)
+        k = _unobserved_frame(a, p)
+        if k is not None:
+            step_s *= k
+            pred, best = (None if x is None else x * k for x in (pred, best))
+            p = replace(p, why=(p.why + "; " if p.why else "") + (
+                f"predicted on the traced steps ({ms(a.view.step_time)} by wall clock: the profiler's "
+                f"cost and other processes' part in them) and shown at the untraced steps' "
+                f"{ms(step_s * 1e6)} by the same ratio"))
         blocked = c.blocked(a)
         floor = c.min_gain(a)
         slower = pred is not None and gain is not None and gain < floor  # gain is None exactly when pred is

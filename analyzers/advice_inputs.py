@@ -67,6 +67,10 @@ class AdviceInputs:
     faults: Faults | None = None  # pages the allocator faults in again each step (``page_faults``)
     # the job's GEMM shapes timed on this CPU in bf16 with autocast's casts (``autocast_gemms``)
     autocast: AutocastGemms | None = None
+    # where the view is the traced steps for want of a trusted reference: the untraced steps'
+    # median wall step around the window (us; ``own_pace.untraced_wall_us``), the frame each
+    # entry's step is shown in (``advice.recommend``); None: the view's own step is that frame
+    untraced_wall_us: float | None = None
 
 
 

@@ -35,7 +35,7 @@ from gpudiag.analyzers.host_cpu import HostCpu, loader_busy
 from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.job_device import fp32_memory_bytes, job_floor, mfu_at_own_pace, pick_device
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
-from gpudiag.analyzers.own_pace import stalls_owner
+from gpudiag.analyzers.own_pace import stalls_owner, untraced_wall_us
 from gpudiag.analyzers.page_faults import faults
 from gpudiag.analyzers.rank_facts import RankFacts
 from gpudiag.analyzers.roofline import RooflineAcc, build_roofline, roof_violations
@@ -348,7 +348,9 @@ def _advice_inputs(job: _Job, done: _Analysed, traits: JobTraits, stragglers: St
         ranks=len(job.partials), steps_per_rank=steps_summed // max(len(job.results), 1),
         backward_us=_backward(facts, view.breakdown, done.breakdown),
         label=done.verdict.label, tie_with=done.verdict.tie_with, saves=saves(job.windows),
-        faults=faults(job.windows), autocast=job.autocast)
+        faults=faults(job.windows), autocast=job.autocast,
+        untraced_wall_us=(untraced_wall_us(job.windows) if job.windows and view.basis == PROFILED
+                          and view.dilation is not None else None))
 
 
 def _nothing_to_analyse(roof_acc: RooflineAcc, device: DevicePeak | None

@@ -95,6 +95,13 @@ def reference_machine_us(windows: list[WindowSteps], steps: list[int]) -> float:
     return max(0.0, statistics.median(wall(rows)) - statistics.median(r.dt for r in rows)) * 1e6
 
 
+def untraced_wall_us(windows: list[WindowSteps]) -> float | None:
+    """The median wall step (us) of the untraced steps around the traced windows, the machine's
+    part included: the step the job's own timer reads between windows. None without them."""
+    rows = [r for w in windows for r in (*w.before_rows, *w.after_rows)]
+    return statistics.median(wall(rows)) * 1e6 if rows else None
+
+
 # The wall-clock MFU is shown beside the job's own where the two differ by more than this
 # (the issue's 10%): less is within the step-to-step noise of most jobs on a shared machine.
 WALL_MFU_SHOWN = 0.10
