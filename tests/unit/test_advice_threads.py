@@ -4,10 +4,13 @@ and not elsewhere (``analyzers.advice_threads``)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
+import statistics
 from pathlib import Path
 
 from gpudiag.analyzers.advice import OPERATOR_WORK, recommend
+from gpudiag.analyzers.classify import HOST_NOTABLE
 from gpudiag.analyzers.diagnose import diagnose
 from gpudiag.diagnosis import Bottleneck, HostWait, JobTraits
 from tests.paths import TESTS
@@ -88,17 +91,29 @@ def test_fixes_of_the_operators_work_wait_for_fewer_threads_where_others_crowd_t
     assert rec.predicted_step_s is not None and "The prediction:" in rec.why
 
 
-# The H200 ResNet-50 of 2026-11-30 (benchmarks/gpu_session.py, phase dlbusy; its step rows and
-# host samples): num_workers=0, batch 64 of 320 px with ColorJitter, 16 intra-op threads on 16
-# cores, beside four busy loops. Alone it stepped in 507 ms; here 18.3 s (median), its process
-# at 12.4 cores, its training thread waiting 3.0 s a step for a core and its slowest other
-# thread 6.3 s, while the machine's other work kept 3.5 cores busy. (The run was cut before its
-# trace: these are its recorded medians; the part of the step the split gives other processes
-# is set at what the fair share gives four loops of twenty runnable threads.)
-H200_LOADER = JobTraits(training=True, optimizer=True, single_process_loader=True, cores_used=12.4,
-                        cpus=16, intra_op_threads=16, other_cores=3.5, cpu_step_s=18.3)
-H200_WAIT = HostWait(recorded=True, note="", untraced_wait_us=3.01e6, untraced_peer_wait_us=6.26e6,
-                     untraced_machine_us=0.6e6, untraced_wall_us=18.3e6)
+# The H200 ResNet-50 of 2026-11-30 (tests/fixtures/h200-2026-11-30/dlbusy, its README): a
+# num_workers=0 loader on 16 intra-op threads, 16 cores, beside four busy loops; 507 ms a step
+# alone, 18.3 s here. The run was cut before its trace, so the advice's inputs are built from
+# its recorded step rows and host samples; the part of the step the split gives other
+# processes is set at their fair share of the wait (four loops of twenty runnable threads).
+H200_RUN = TESTS / "fixtures" / "h200-2026-11-30" / "dlbusy"
+
+
+def h200_loader() -> tuple[JobTraits, HostWait]:
+    rows = [json.loads(x) for x in (H200_RUN / "steps-rank-0.jsonl").read_text().splitlines()][2:]
+    host = [json.loads(x) for x in (H200_RUN / "host.jsonl").read_text().splitlines()]
+    span = [h for h in host if rows[0]["t0"] <= h["t"] <= rows[-1]["t"]]
+    other = statistics.median(h["machine_cores_busy"] - h["cpu_cores"] for h in span)
+    used = statistics.median(h["cpu_cores"] for h in span)
+
+    def med(k: str) -> float:
+        return statistics.median(r[k] for r in rows) * 1e6
+    wall, wait = med("dt"), med("wait_s")
+    traits = JobTraits(training=True, optimizer=True, single_process_loader=True, cores_used=used,
+                       cpus=16, intra_op_threads=16, other_cores=other, cpu_step_s=wall * 1e-6)
+    return traits, HostWait(recorded=True, note="", untraced_wait_us=wait,
+                            untraced_peer_wait_us=med("peer_wait_s"), untraced_machine_us=wait * 4 / 20,
+                            untraced_wall_us=wall)
 
 
 def test_threads_spinning_on_a_many_core_machine_are_told_by_their_wait_and_the_count_by_the_cores_left():
@@ -106,14 +121,16 @@ def test_threads_spinning_on_a_many_core_machine_are_told_by_their_wait_and_the_
     running), but the threads waited a sixth of the step for a core while four loops held 3.5
     cores: fewer threads leads, and the count is the cores the loops leave (12), not the 12.4 the
     job's spinning process used."""
+    traits, wait = h200_loader()
+    assert wait.untraced_machine_us < HOST_NOTABLE * wait.untraced_wall_us  # the split alone misses it
     loading = breakdown(18.3e6, input_wait=17.5e6, compute_bound=0.4e6, memory_bound=0.4e6)
-    a = dataclasses.replace(inputs(loading, traits=H200_LOADER, label=Bottleneck.INPUT), host_wait=H200_WAIT,
+    a = dataclasses.replace(inputs(loading, traits=traits, label=Bottleneck.INPUT), host_wait=wait,
                             device_kind="gpu")
     advised = recommend(a).advised
     assert advised[0].action == "fewer-intra-op-threads", [r.action for r in advised]
     rec = advised[0]
     assert "torch.set_num_threads(12)" in rec.text, rec.text
-    assert "and its threads waited 6,260 ms of each 18,300 ms step for a core (34%)" in rec.text, rec.text
-    quiet = dataclasses.replace(H200_WAIT, untraced_wait_us=0.2e6, untraced_peer_wait_us=0.3e6)
+    assert "and its threads waited 6,256 ms of each 18,284 ms step for a core (34%)" in rec.text, rec.text
+    quiet = dataclasses.replace(wait, untraced_wait_us=0.2e6, untraced_peer_wait_us=0.3e6)
     advised = recommend(dataclasses.replace(a, host_wait=quiet)).advised
     assert "fewer-intra-op-threads" not in [r.action for r in advised]
