@@ -118,7 +118,7 @@ def h200_loader() -> tuple[JobTraits, HostWait]:
 
 def test_threads_spinning_on_a_many_core_machine_are_told_by_their_wait_and_the_count_by_the_cores_left():
     """Other processes' part of the step is small (the spinning threads count as the job's own
-    running), but the threads waited a sixth of the step for a core while four loops held 3.5
+    running), but its threads waited a third of the step for a core while four loops held 3.6
     cores: fewer threads leads, and the count is the cores the loops leave (12), not the 12.4 the
     job's spinning process used."""
     traits, wait = h200_loader()
