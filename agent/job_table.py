@@ -241,7 +241,8 @@ class JobTable(Collector):
         if j.last_step_at is not None:
             fams["last_step"].add_metric(lv, j.last_step_at)
         for key, v in (("mfu", j.mfu_at(now)), ("step", j.step_seconds), ("wait", j.input_wait_ratio),
-                       ("conf", j.confidence), ("dil", j.dilation), ("traced", j.traced_steps)):
+                       ("conf", j.confidence), ("mfu_conf", j.mfu_confidence), ("dil", j.dilation),
+                       ("traced", j.traced_steps)):
             if v is not None:
                 fams[key].add_metric(lv, float(v))
         if j.traced_at is not None:
@@ -281,6 +282,8 @@ def _job_families() -> dict[str, Family]:
     label = gauge(c.JOB_BOTTLENECK, "1 for the job's current bottleneck label.",
                   (*JOB_LABELS, "label"))
     conf = gauge(c.JOB_CONFIDENCE, "Confidence (0-1) of the job's bottleneck label.")
+    mfu_conf = gauge(c.JOB_MFU_CONFIDENCE, "Confidence (0-1) of the job's MFU: of the step it divides "
+                     "by, which a busy machine does not lower as it lowers the label's.")
     age = gauge(c.JOB_SIGNAL_AGE,
                 "Time since the trace behind the job's label and FLOPs was taken.")
     dil = gauge(c.JOB_DILATION,
@@ -310,7 +313,8 @@ def _job_families() -> dict[str, Family]:
                     "idle, busy, exited, unknown, or no-steps while it is being judged.",
                     (*JOB_LABELS, "cause"))
     last_step = gauge(c.JOB_LAST_STEP, "When the job last finished a step.")
-    return {"mfu": mfu, "step": step, "wait": wait, "label": label, "conf": conf, "age": age, "dil": dil,
+    return {"mfu": mfu, "step": step, "wait": wait, "label": label, "conf": conf, "mfu_conf": mfu_conf,
+            "age": age, "dil": dil,
             "traced": traced, "coll": coll, "seen": seen, "run": run, "ended": ended, "rec": rec,
             "pred": pred, "team": team, "user": user, "stalled": stalled, "last_step": last_step}
 

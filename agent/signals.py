@@ -18,7 +18,7 @@ process — the embedded scheduler's ``SignalSource`` — can read it at any mom
 
     {"schema_version": 3, "kind": "gpudiag-job-table", "written_at": <unix time>,
      "jobs": [{"job_id", "owner_uid", "ts", "received_at", "signals_applied",
-               "step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at",
+               "step_seconds", "mfu_ratio", "bottleneck", "confidence", "mfu_confidence", "traced_at",
                "dilation", "traced_steps", "input_wait_ratio",
                "run_dir", "collective_seconds_total", "ended", "last_step_at", "stall_after_s",
                "stall_cause"}, ...]}
@@ -97,6 +97,7 @@ class JobSignal:
     mfu_ratio: float | None = None
     bottleneck: str | None = None
     confidence: float | None = None
+    mfu_confidence: float | None = None  # of ``mfu_ratio`` (the step it divides by), 0..1
     traced_at: float | None = None
     dilation: float | None = None
     traced_steps: int | None = None
@@ -138,7 +139,8 @@ class JobSignal:
 
 # fields a signal may omit, so that the previous signal's value stands (``stall_cause`` is not
 # one: it belongs to the stall that began at its signal's ``last_step_at``, see JobTable._apply)
-OPTIONAL_FIELDS = ("step_seconds", "mfu_ratio", "bottleneck", "confidence", "traced_at", "dilation",
+OPTIONAL_FIELDS = ("step_seconds", "mfu_ratio", "bottleneck", "confidence", "mfu_confidence", "traced_at",
+                   "dilation",
                    "traced_steps", "input_wait_ratio", "run_dir", "action", "predicted_step_seconds",
                    "team", "last_step_at", "stall_after_s")
 
@@ -213,6 +215,7 @@ def _signal_from_dict(d: dict[str, Any]) -> JobSignal:
         mfu_ratio=_opt_float(d, "mfu_ratio", 0, 1.0),
         bottleneck=label,
         confidence=_opt_float(d, "confidence", 0, 1.0),
+        mfu_confidence=_opt_float(d, "mfu_confidence", 0, 1.0),
         traced_at=_opt_float(d, "traced_at", 0, MAX_UNIX_TIME),
         dilation=_opt_float(d, "dilation", 0, MAX_DILATION, lo_open=True),
         traced_steps=_opt_int(d, "traced_steps", 0, MAX_TRACED_STEPS),

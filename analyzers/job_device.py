@@ -68,6 +68,30 @@ def pick_device(cpu_device: DevicePeak | None, explicit: DevicePeak | None, has_
     return cpu_device, "cpu"
 
 
+# What each doubt about the step MFU divides by takes from its confidence (``mfu_confidence``).
+# The traced steps are the profiler's (dilated, or held to a side of the window where the
+# reference disagreed), so MFU there is a bound, not the job's figure; a step without its split
+# holds other processes' time; the step's own spread (half the IQR over the median) is taken
+# as it is, up to MFU_NOISE_MAX.
+MFU_TRACED_DOUBT = 0.3
+MFU_NOT_SPLIT_DOUBT = 0.3
+MFU_NOISE_MAX = 0.3
+
+
+def mfu_confidence(mfu: Mfu, view: StepView, recorded: bool | None) -> float | None:
+    """How far the MFU can be trusted, 0..1: 1 less the doubts about the step it divides by (the
+    FLOPs are the trace's shapes or the job's own figure, and the peak the device's, in every
+    case where there is a value). None without a value."""
+    if mfu.value is None:
+        return None
+    doubt = min(MFU_NOISE_MAX, view.noise or 0.0)
+    if view.basis != UNPROFILED:
+        doubt += MFU_TRACED_DOUBT
+    if recorded is False:
+        doubt += MFU_NOT_SPLIT_DOUBT
+    return round(max(0.0, 1.0 - doubt), 3)
+
+
 def mfu_at_own_pace(results: list[RankResult], device: DevicePeak | None, mix: dict[str, float],
                      flops_per_step: float | None, shapes: bool, view: StepView,
                      wait: HostWait | None) -> Mfu:
@@ -84,6 +108,7 @@ def mfu_at_own_pace(results: list[RankResult], device: DevicePeak | None, mix: d
         out.reason += (f"; held to {held / 1e3:.3g} ms, the faster side of the untraced steps "
                        f"around the window: the traced steps read {b.own_step / 1e3:.3g} ms at the "
                        "job's own pace, faster than the job ran unobserved, which the profiler cannot cause")
+    out.confidence = mfu_confidence(out, view, wait.recorded if wait is not None else None)
     return out
 
 

@@ -178,6 +178,11 @@ class Mfu:
     wall_value: float | None = None
     wall_step_time_us: float | None = None
     pace: str = ""
+    # how far ``value`` can be trusted, 0..1 (``analyzers.job_device.mfu_confidence``): the
+    # step it divides by, not the label's evidence. The label's confidence falls on a busy
+    # machine (its shares move by the machine's part); MFU at the job's own pace does not, so
+    # the scheduler weighs a job's MFU by this one. None: no MFU, or a file from before it
+    confidence: float | None = None
 
 
 @dataclass

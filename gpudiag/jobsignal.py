@@ -15,6 +15,8 @@ value the job's previous signal gave it.
 | ``mfu_ratio`` | unprofiled MFU at the job's own pace (waits other processes caused left out), 0..1 |
 | ``bottleneck`` | the label (compute-bound, memory-bound, ...) of the unprofiled estimate |
 | ``confidence`` | (v2) confidence of that label, 0..1 |
+| ``mfu_confidence`` | (v2, optional) confidence of ``mfu_ratio``, 0..1: of the step it divides by, which a |
+| | busy machine does not lower as it lowers the label's (``Mfu.confidence``) |
 | ``traced_at`` | (v2) unix time of the trace the label and FLOPs come from |
 | ``dilation`` | (v2) traced / untraced step time: how much the profiler slowed the steps |
 | ``traced_steps`` | (v2) how many steps that trace holds |

@@ -109,6 +109,19 @@ class Signal:
     # the agent then exports MFU 0), and the stall's cause (gpudiag.incident.CAUSES)
     stalled_s: float | None = None
     stall_cause: str | None = None
+    # 0..1, the analyzer's confidence in ``mfu`` (the step it divides by: ``Mfu.confidence``);
+    # None where the agent exports none (then ``confidence`` stands for it). A busy machine lowers
+    # the label's confidence, not the MFU's: an H200 LM beside 32 busy loops read 0.05 and 0.87
+    mfu_confidence: float | None = None
+
+    def scheduled(self, floor: float) -> Signal:
+        """The signal as the policy weighs it: ``confidence`` the MFU's, and the label "unknown"
+        where its own confidence is under ``floor`` (``Policy.min_signal_confidence``): the MFU
+        of a job on a busy machine still orders it, its label does not (GPU-idle caps, placement)."""
+        if self.mfu_confidence is None:
+            return self
+        label = self.label if self.confidence >= floor else "unknown"
+        return Signal(self.mfu, label, self.mfu_confidence, self.age_s, self.stalled_s, self.stall_cause)
 
 
 @dataclass(slots=True)

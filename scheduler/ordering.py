@@ -236,6 +236,7 @@ class Ordering:
         for jid, sig in signals.items():
             row = self.row_of.get(jid)
             if row is not None:
+                sig = sig.scheduled(self.policy.min_signal_confidence)
                 self.hear(row, sig.mfu, sig.label, sig.confidence, now - sig.age_s)
 
     def know_mfu(self, rows: np.ndarray, mfu: np.ndarray) -> None:

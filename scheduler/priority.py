@@ -92,8 +92,12 @@ def fmt_mfu(x: float) -> str:
 
 
 def signal_usable(sig: Signal | None, policy: Policy) -> bool:
-    return sig is not None and sig.confidence >= policy.min_signal_confidence \
-        and sig.age_s <= policy.max_signal_age_s
+    """Whether the job's own MFU orders it: fresh, and its MFU's confidence (``Signal
+    .mfu_confidence``, else the label's) at the floor."""
+    if sig is None:
+        return False
+    trust = sig.mfu_confidence if sig.mfu_confidence is not None else sig.confidence
+    return trust >= policy.min_signal_confidence and sig.age_s <= policy.max_signal_age_s
 
 
 def efficiency_factors(mfu, median, idle, policy: Policy):
@@ -110,6 +114,7 @@ def efficiency_factors(mfu, median, idle, policy: Policy):
 def efficiency_factor(job: Job, signal: Signal | None, history: KeyHistory | None, policy: Policy,
                       class_median: float | None) -> tuple[float, str]:
     """(factor in (0, 1], reason): 1 is neutral; lower factors wait longer (never forever)."""
+    signal = signal.scheduled(policy.min_signal_confidence) if signal is not None else None
     if signal_usable(signal, policy):
         mfu, label, src = signal.mfu, signal.label, "its signal"
     elif history is not None and history.weight >= policy.min_history_weight:

@@ -22,7 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpudiag.contract import JOB_BOTTLENECK, JOB_CONFIDENCE, JOB_LAST_SIGNAL, JOB_MFU, JOB_STALLED
+from gpudiag.contract import (
+    JOB_BOTTLENECK,
+    JOB_CONFIDENCE,
+    JOB_LAST_SIGNAL,
+    JOB_MFU,
+    JOB_MFU_CONFIDENCE,
+    JOB_STALLED,
+)
 from gpudiag.scheduler.model import LABELS, Signal
 
 # A report dated further ahead of this clock than this comes from a clock that cannot be trusted
@@ -79,6 +86,7 @@ def parse_metrics(text: str, now: float, prefix: str = "") -> dict[JobKey, Signa
     mfu: dict[JobKey, float] = {}
     stalled: dict[JobKey, tuple[float, str]] = {}
     conf: dict[JobKey, float] = {}
+    mfu_conf: dict[JobKey, float] = {}
     last: dict[JobKey, float] = {}
     label: dict[JobKey, str] = {}
     for fam in text_string_to_metric_families(text):
@@ -93,13 +101,16 @@ def parse_metrics(text: str, now: float, prefix: str = "") -> dict[JobKey, Signa
                 stalled[key] = (float(s.value), s.labels.get("cause", ""))
             elif s.name == JOB_CONFIDENCE:
                 conf[key] = float(s.value)
+            elif s.name == JOB_MFU_CONFIDENCE:
+                mfu_conf[key] = float(s.value)
             elif s.name == JOB_LAST_SIGNAL:
                 last[key] = float(s.value)
             elif s.name == JOB_BOTTLENECK and s.value == 1 and s.labels.get("label") in LABELS:
                 label[key] = s.labels["label"]
     return {k: Signal(mfu=min(1.0, max(0.0, m)), label=label.get(k, "unknown"), confidence=conf.get(k, 0.0),
                       age_s=age_of(last.get(k), now), stalled_s=stalled[k][0] if k in stalled else None,
-                      stall_cause=(stalled[k][1] or None) if k in stalled else None)
+                      stall_cause=(stalled[k][1] or None) if k in stalled else None,
+                      mfu_confidence=mfu_conf.get(k))
             for k, m in mfu.items() if math.isfinite(m)}
 
 

@@ -120,6 +120,8 @@ def signal_fields(d: Diagnosis, live_step_s: float | None, traced_at: float | No
         out["mfu_ratio"] = min(1.0, mfu.flops_per_step / live_step_s / mfu.peak_flops)
     elif mfu.value is not None:
         out["mfu_ratio"] = mfu.value
+    if "mfu_ratio" in out and mfu.confidence is not None:
+        out["mfu_confidence"] = mfu.confidence
     return out
 
 

@@ -123,7 +123,10 @@ class Daemon:
         self.jobs.late_signals(self._live, now)
 
     def _live(self, row: JobRow) -> Signal | None:
-        return self.signals.of(f"{self.store.prefix}:{row.id}", row.uid)  # only its own user's
+        """The job's signal from its own user (only), as the policy weighs it (``Signal.scheduled``:
+        what the rows store, ``sig_conf`` the MFU's confidence where the agent exports one)."""
+        s = self.signals.of(f"{self.store.prefix}:{row.id}", row.uid)
+        return s.scheduled(self.policy.min_signal_confidence) if s is not None else None
 
     def signal_map(self, now: float) -> dict[int, Signal]:
         out = {}

@@ -48,7 +48,8 @@ class JobTableSource:
             out[key] = Signal(mfu=s.mfu_at(now), label=s.bottleneck or "unknown",
                               confidence=s.confidence if s.confidence is not None else 0.0,
                               age_s=max(0.0, now - heard), stalled_s=stalled,
-                              stall_cause=(s.stall_cause or "no-steps") if stalled is not None else None)
+                              stall_cause=(s.stall_cause or "no-steps") if stalled is not None else None,
+                              mfu_confidence=s.mfu_confidence)
         return SignalRead(out)
 
 

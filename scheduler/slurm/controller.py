@@ -386,7 +386,8 @@ class Controller:
         for r in model.running:
             s = signals.get(r.job.id)
             j = by_id[r.job.id]
-            if signal_usable(s, policy):
+            if s is not None and signal_usable(s, policy):
+                s = s.scheduled(policy.min_signal_confidence)
                 self.history.observe(f"{j.id}@{j.submit:.0f}#{j.restarts}", r.job.key, job_class(r.job.gpus),
                                      s.mfu, s.label, now)
 

@@ -30,6 +30,7 @@ from gpudiag.contract import (
     JOB_CONFIDENCE,
     JOB_LAST_SIGNAL,
     JOB_MFU,
+    JOB_MFU_CONFIDENCE,
     JOB_STALLED,
     METRICS_PATH,
 )
@@ -46,12 +47,13 @@ HTTP_TIMEOUT_S = 5.0
 # decisions close to what it read.
 ROUND_DEADLINE_S = HTTP_TIMEOUT_S
 MAX_PARALLEL = 64        # agents read at once (threads); more wait for a free one within the deadline
-# one selector per series, all Slurm jobs at once: five HTTP queries per round, whatever the load
+# one selector per series, all Slurm jobs at once: six HTTP queries per round, whatever the load
 _SEL = f'{{job_id=~"{JOB_PREFIX}[0-9]+"}}'
 QUERIES = {
     "mfu": f"{JOB_MFU}{_SEL}",
     "label": f"{JOB_BOTTLENECK}{_SEL} == 1",
     "confidence": f"{JOB_CONFIDENCE}{_SEL}",
+    "mfu_confidence": f"{JOB_MFU_CONFIDENCE}{_SEL}",
     "seen": f"{JOB_LAST_SIGNAL}{_SEL}",
     "stalled": f"{JOB_STALLED}{_SEL}",
 }
@@ -62,6 +64,7 @@ class _Partial:
     mfu: float | None = None
     label: str = "unknown"
     confidence: float = 0.0
+    mfu_confidence: float | None = None
     age: float = math.inf
     stalled: float | None = None
     cause: str | None = None
@@ -74,7 +77,8 @@ def _combine(rows: dict[tuple[JobKey, str], _Partial]) -> dict[JobKey, Signal]:
         if p.mfu is None or not math.isfinite(p.mfu):
             continue
         s = Signal(mfu=min(1.0, max(0.0, p.mfu)), label=p.label if p.label in LABELS else "unknown",
-                   confidence=p.confidence, age_s=p.age, stalled_s=p.stalled, stall_cause=p.cause)
+                   confidence=p.confidence, age_s=p.age, stalled_s=p.stalled, stall_cause=p.cause,
+                   mfu_confidence=p.mfu_confidence)
         if job not in best or s.age_s < best[job].age_s:
             best[job] = s
     return best
@@ -103,6 +107,8 @@ def parse_prometheus_answers(answers: dict[str, dict], now: float) -> dict[JobKe
                 p.label = metric.get("label", "unknown")
             elif what == "confidence":
                 p.confidence = v
+            elif what == "mfu_confidence":
+                p.mfu_confidence = v
             elif what == "seen":  # when the agent last heard from the job, by the agent's clock
                 p.age = age_of(v, now)
             elif what == "stalled":  # no step for this long, past its limit (its MFU is exported as 0)

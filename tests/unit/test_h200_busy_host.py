@@ -112,6 +112,17 @@ def test_the_live_signal_of_a_crowded_gpu_job_is_held_to_its_device_busy_time(ru
     assert slower["mfu_ratio"] == pytest.approx(busy.mfu.flops_per_step / 0.030 / busy.mfu.peak_flops)
 
 
+def test_the_busy_runs_mfu_is_trusted_as_the_quiet_runs_though_its_label_is_not(runs) -> None:
+    """The label's confidence falls beside the loops (each share moves by the machine's part);
+    the MFU's, of the step it divides by, does not: the scheduler weighs the busy job's MFU,
+    right as above, by it (``Signal.mfu_confidence``), and the signal carries it."""
+    (_, quiet), (_, busy) = runs["quiet"], runs["busy"]
+    assert busy.verdict.confidence < 0.5 <= quiet.verdict.confidence
+    assert quiet.mfu.confidence is not None and busy.mfu.confidence is not None
+    assert busy.mfu.confidence >= 0.5 and busy.mfu.confidence == pytest.approx(quiet.mfu.confidence, abs=0.1)
+    assert signal_fields(busy, 0.030, None)["mfu_confidence"] == busy.mfu.confidence
+
+
 def test_the_sessions_tables_print_each_run_and_the_diff() -> None:
     """``benchmarks/gpu_session.py --tables`` on this session: one row a run, and the diff's
     line with both changes (what the closing note quotes)."""

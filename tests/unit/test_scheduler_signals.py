@@ -28,6 +28,8 @@ gpudiag_job_bottleneck{{job_id="slurm:7",label="input-bound",owner_uid="{MALLORY
 # TYPE gpudiag_job_signal_confidence gauge
 gpudiag_job_signal_confidence{{job_id="slurm:7",owner_uid="{ALICE}"}} 0.8
 gpudiag_job_signal_confidence{{job_id="slurm:7",owner_uid="{MALLORY}"}} 1.0
+# TYPE gpudiag_job_mfu_confidence gauge
+gpudiag_job_mfu_confidence{{job_id="slurm:7",owner_uid="{ALICE}"}} 0.9
 # TYPE gpudiag_job_signal_age_seconds gauge
 gpudiag_job_signal_age_seconds{{job_id="slurm:7",owner_uid="{ALICE}"}} 540.0
 # TYPE gpudiag_job_last_signal_timestamp_seconds gauge
@@ -75,6 +77,7 @@ def test_prometheus_answers_give_the_same_signals():
                "label": vec("gpudiag_job_bottleneck", [(ALICE, 1, {"label": "memory-bound"}),
                                                        (MALLORY, 1, {"label": "input-bound"})]),
                "confidence": vec("gpudiag_job_signal_confidence", [(ALICE, 0.8, {}), (MALLORY, 1.0, {})]),
+               "mfu_confidence": vec("gpudiag_job_mfu_confidence", [(ALICE, 0.9, {})]),
                "seen": vec("gpudiag_job_last_signal_timestamp_seconds", [(ALICE, NOW - 12, {}),
                                                                          (MALLORY, NOW - 1, {})]),
                "stalled": vec("gpudiag_job_stalled_seconds", [(MALLORY, 95.0, {"cause": "hung"})])}
@@ -117,3 +120,23 @@ def test_squeue_gives_each_jobs_user_id_in_both_formats():
             f"gres:gpu:1|1|4|n1|{ALICE}|my|job")
     (job,) = parse_squeue_fixed(line + "\n")
     assert (job.user_id, job.name) == (ALICE, "my|job")
+
+
+def test_a_busy_machines_signal_orders_by_its_mfu_and_leaves_its_label_out():
+    """The H200 LM beside 32 busy loops (tests/fixtures/h200-2026-11-30/busy): its label at
+    confidence 0.05 (a busy machine moves every share), its MFU at 0.87 (23.1% at its own pace,
+    23.6% quiet). Its MFU orders it; its label does not (no GPU-idle cap, no placement by it).
+    Without an MFU confidence exported (an older agent), the label's stands for both, as before."""
+    busy = EXPOSITION.replace(f'signal_confidence{{job_id="slurm:7",owner_uid="{ALICE}"}} 0.8',
+                              f'signal_confidence{{job_id="slurm:7",owner_uid="{ALICE}"}} 0.05')
+    busy = busy.replace(f'mfu_confidence{{job_id="slurm:7",owner_uid="{ALICE}"}} 0.9',
+                        f'mfu_confidence{{job_id="slurm:7",owner_uid="{ALICE}"}} 0.87')
+    sig = parse_metrics(busy, NOW, prefix="slurm:")[("slurm:7", ALICE)]
+    assert (sig.confidence, sig.mfu_confidence) == (0.05, 0.87)
+    assert signal_usable(sig, Policy())
+    weighed = sig.scheduled(Policy().min_signal_confidence)
+    assert (weighed.mfu, weighed.label, weighed.confidence) == (0.31, "unknown", 0.87)
+    older = [x for x in busy.splitlines() if "mfu_confidence" not in x]
+    old_sig = parse_metrics("\n".join(older) + "\n", NOW, prefix="slurm:")[("slurm:7", ALICE)]
+    assert old_sig.mfu_confidence is None and not signal_usable(old_sig, Policy())
+    assert old_sig.scheduled(Policy().min_signal_confidence) is old_sig

@@ -87,7 +87,8 @@ def promtool_check(text: str) -> subprocess.CompletedProcess:
 def full_signal(job_id: str, **over: object) -> dict:
     now = time.time()
     return {"job_id": job_id, "ts": now, "mfu_ratio": 0.31, "bottleneck": "memory-bound",
-            "confidence": 0.8, "traced_at": now - 120.0, "dilation": 1.25, "traced_steps": 5,
+            "confidence": 0.8, "mfu_confidence": 0.87, "traced_at": now - 120.0, "dilation": 1.25,
+            "traced_steps": 5,
             "step_seconds": 0.2, "input_wait_ratio": 0.03, "collective_seconds_total": {"all_reduce": 3.0},
             **over}
 
@@ -106,6 +107,7 @@ def test_metrics_pass_promtool_with_gpu_and_job_series(agent):
     assert ('gpudiag_job_collective_seconds_total{collective="all_reduce",job_id="slurm:7",owner_uid="0"} 3.0'
             in text)
     assert 'gpudiag_job_signal_confidence{job_id="slurm:7",owner_uid="0"} 0.8' in text
+    assert 'gpudiag_job_mfu_confidence{job_id="slurm:7",owner_uid="0"} 0.87' in text
     assert 'gpudiag_job_profiler_dilation_ratio{job_id="slurm:7",owner_uid="0"} 1.25' in text
     assert 'gpudiag_job_signal_traced_steps{job_id="slurm:7",owner_uid="0"} 5.0' in text
     age = sample_value(text, 'gpudiag_job_signal_age_seconds{job_id="slurm:7",owner_uid="0"}')
