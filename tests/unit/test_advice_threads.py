@@ -4,7 +4,6 @@ and not elsewhere (``analyzers.advice_threads``)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import statistics
 from pathlib import Path
@@ -13,6 +12,8 @@ from gpudiag.analyzers.advice import OPERATOR_WORK, recommend
 from gpudiag.analyzers.classify import HOST_NOTABLE
 from gpudiag.analyzers.diagnose import diagnose
 from gpudiag.diagnosis import Bottleneck, HostWait, JobTraits
+from gpudiag.pace import at_own_pace
+from gpudiag.rundir import BootstrapMeta, read_host_cpu, read_steps
 from tests.paths import TESTS
 from tests.unit.test_advice_rules import breakdown, inputs
 
@@ -93,44 +94,40 @@ def test_fixes_of_the_operators_work_wait_for_fewer_threads_where_others_crowd_t
 
 # The H200 ResNet-50 of 2026-11-30 (tests/fixtures/h200-2026-11-30/dlbusy, its README): a
 # num_workers=0 loader on 16 intra-op threads, 16 cores, beside four busy loops; 507 ms a step
-# alone, 18.3 s here. The run was cut before its trace, so the advice's inputs are built from
-# its recorded step rows and host samples; the part of the step the split gives other
-# processes is set at their fair share of the wait (four loops of twenty runnable threads).
+# alone, 18.3 s here. The run was cut before its trace (and its bootstrap file), so the advice's
+# inputs come from its recorded step rows and host samples through the pace's own code, with the
+# bootstrap the job's command line and the device give: 16 cores, 16 threads, num_workers=0.
 H200_RUN = TESTS / "fixtures" / "h200-2026-11-30" / "dlbusy"
 
 
 def h200_loader() -> tuple[JobTraits, HostWait]:
-    rows = [json.loads(x) for x in (H200_RUN / "steps-rank-0.jsonl").read_text().splitlines()][2:]
-    host = [json.loads(x) for x in (H200_RUN / "host.jsonl").read_text().splitlines()]
-    span = [h for h in host if rows[0]["t0"] <= h["t"] <= rows[-1]["t"]]
-    other = statistics.median(h["machine_cores_busy"] - h["cpu_cores"] for h in span)
-    used = statistics.median(h["cpu_cores"] for h in span)
-
-    def med(k: str) -> float:
-        return statistics.median(r[k] for r in rows) * 1e6
-    wall, wait = med("dt"), med("wait_s")
-    traits = JobTraits(training=True, optimizer=True, single_process_loader=True, cores_used=used,
-                       cpus=16, intra_op_threads=16, other_cores=other, cpu_step_s=wall * 1e-6)
-    return traits, HostWait(recorded=True, note="", untraced_wait_us=wait,
-                            untraced_peer_wait_us=med("peer_wait_s"), untraced_machine_us=wait * 4 / 20,
-                            untraced_wall_us=wall)
+    boot = {0: BootstrapMeta(rank=0, cpus=16, intra_op_threads=16, dataloader_workers=[0])}
+    rows = read_steps(H200_RUN, boot)
+    host = read_host_cpu(H200_RUN)
+    own = [r for r in at_own_pace(rows, host, boot)[0] if r.step > 2]
+    span = [h for h in host if own[0].t - own[0].dt - own[0].machine_s <= h.t <= own[-1].t]
+    other = statistics.median(h.machine_busy - h.cores for h in span if h.machine_busy is not None)
+    wall = statistics.median(r.dt + r.machine_s for r in own)
+    traits = JobTraits(training=True, optimizer=True, single_process_loader=True,
+                       cores_used=statistics.median(h.cores for h in span), cpus=16, intra_op_threads=16,
+                       other_cores=other, cpu_step_s=wall)
+    return traits, HostWait(recorded=True, note="", untraced_wall_us=wall * 1e6,
+                            untraced_machine_us=(wall - statistics.median(r.dt for r in own)) * 1e6)
 
 
-def test_threads_spinning_on_a_many_core_machine_are_told_by_their_wait_and_the_count_by_the_cores_left():
-    """Other processes' part of the step is small (the spinning threads count as the job's own
-    running), but its threads waited a third of the step for a core while four loops held 3.6
-    cores: fewer threads leads, and the count is the cores the loops leave (12), not the 12.4 the
-    job's spinning process used."""
+def test_a_gpu_jobs_loader_threads_crowded_by_other_processes_are_told_and_the_count_is_the_cores_left():
+    """The GPU job's loading runs on its 16 intra-op threads (num_workers=0): beside the loops,
+    fewer threads leads, as for a CPU job, and the count is the cores the loops leave, not the
+    cores the job's spinning process used. With the machine's part under a tenth, not told."""
     traits, wait = h200_loader()
-    assert wait.untraced_machine_us < HOST_NOTABLE * wait.untraced_wall_us  # the split alone misses it
+    assert wait.untraced_machine_us >= HOST_NOTABLE * wait.untraced_wall_us, wait  # the recorded case
     loading = breakdown(18.3e6, input_wait=17.5e6, compute_bound=0.4e6, memory_bound=0.4e6)
     a = dataclasses.replace(inputs(loading, traits=traits, label=Bottleneck.INPUT), host_wait=wait,
                             device_kind="gpu")
     advised = recommend(a).advised
     assert advised[0].action == "fewer-intra-op-threads", [r.action for r in advised]
-    rec = advised[0]
-    assert "torch.set_num_threads(12)" in rec.text, rec.text
-    assert "and its threads waited 6,256 ms of each 18,284 ms step for a core (34%)" in rec.text, rec.text
-    quiet = dataclasses.replace(wait, untraced_wait_us=0.2e6, untraced_peer_wait_us=0.3e6)
-    advised = recommend(dataclasses.replace(a, host_wait=quiet)).advised
+    assert "torch.set_num_threads(12)" in advised[0].text, advised[0].text
+    assert "its DataLoader's work runs on them" in advised[0].text, advised[0].text
+    little = dataclasses.replace(wait, untraced_machine_us=0.05 * wait.untraced_wall_us)
+    advised = recommend(dataclasses.replace(a, host_wait=little)).advised
     assert "fewer-intra-op-threads" not in [r.action for r in advised]
