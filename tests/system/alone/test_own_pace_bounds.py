@@ -115,7 +115,8 @@ def ddp_busy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Diagnosis, dict,
     report = root / "busy.json"
     return (profile(root / "busy", [*torchrun(2)[1:], *DDP_JOB, "--report", str(report)], loops=4,
                     torchrun_steps=STEPS),
-            json.loads(report.read_text()), root / "busy")
+            {**json.loads(report.read_text()), "rank1": json.loads(Path(f"{report}.rank1").read_text())},
+            root / "busy")
 
 
 DDP_JOB = [str(JOBS / "ddp_grads_job.py"), "--steps", str(STEPS), "--width", "512", "--layers", "4",
@@ -129,7 +130,9 @@ def ddp_alone(tmp_path_factory: pytest.TempPathFactory) -> dict:
     proc = subprocess.run([*torchrun(2), *DDP_JOB, "--report", str(report)], capture_output=True,
                           text=True, timeout=300)
     assert torchrun_ran(proc, wrote=report), torchrun_failure(proc)
-    return json.loads(report.read_text())
+    rank1 = Path(f"{report}.rank1")
+    assert rank1.exists() or torchrun_ran(proc, wrote=rank1), torchrun_failure(proc)
+    return {**json.loads(report.read_text()), "rank1": json.loads(rank1.read_text())}
 
 
 def ranks_detail(run: Path) -> str:
@@ -176,14 +179,16 @@ def test_two_gloo_ranks_own_pace_is_never_shorter_than_a_ranks_time_on_a_core(dd
 def test_two_gloo_ranks_beside_busy_loops_are_at_their_pace_alone_whichever_rank_was_crowded(
         ddp_busy, ddp_alone):
     """Upper bound: rank 0's steps at the job's own pace are no longer than the job's step alone
-    and unobserved (its own timer) over the measured rise of rank 0's time on a core, with 25%
+    and unobserved (its own timer) over the measured rise of a rank's time on a core (the larger
+    of the two ranks': rank 0 waits in the all-reduce for its peer's slower cycles), with 25%
     for the noise. The loops may crowd either rank's core; where they crowd rank 1's, rank 0
     waits for it in the all-reduce, asleep, which no wait of its own shows (``pace
     .peers_crowded``); the agent's live step as the diagnosis'. Read rank by rank, rank 0 kept
     that wait: 31-35 ms steps at its own pace in 2 runs of 8 on this project's 2-core EPYC VM,
     where the job alone stepped in 23-24."""
     _, own, run = ddp_busy
-    k = slowdown(own, ddp_alone)
+    # rank 0 waits in the all-reduce for rank 1's slower cycles too, which no wait shows
+    k = max(slowdown(own, ddp_alone), slowdown(own["rank1"], ddp_alone["rank1"]))
     alone_step = statistics.median(ddp_alone["step_seconds"][FIRST:])
     own_step = statistics.median(r.dt for r in rows(run))
     assert own_step <= 1.25 * k * alone_step, (own_step, alone_step, k, ranks_detail(run))
