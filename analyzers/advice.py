@@ -544,8 +544,7 @@ def recommend(a: AdviceInputs) -> Advised:
     fits = {x for x in (a.label, a.tie_with) if x is not None}
     out: list[tuple[tuple[int, int, float], Recommendation]] = []
     refused: list[Recommendation] = []
-    # (a CPU job's: a GPU's kernels do not wait for its host threads at each operator's end)
-    crowded = not on_gpu(a) and advice_threads.crowded(a) is not None
+    crowded = advice_threads.crowded(a) is not None
     for c in CATALOGUE:
         if not c.applies(a, s):
             continue
