@@ -504,17 +504,6 @@ def _not_helping(rec: Recommendation, reason: str, keep_prediction: bool) -> Rec
 # any fix applied in ten of the eleven (the eleventh's allocator fix ran 0.59x, threads 0.71x),
 # where the entry, unpredicted, was listed last.
 CROWDING_FIRST = "fewer-intra-op-threads"
-# Fixes that shorten the operators' own work. Where ``CROWDING_FIRST`` applies, each operator's
-# parallel region waits at its end for its slowest thread, one waiting for a core, and that wait
-# is most of the step: less work inside the region does not shorten it. Blind check 23 (two busy
-# loops on the 2-core VM): compile-optimizer-step ran 1.09x and lower-precision 1.06x where
-# 0.80x and 0.84x were told; one intra-op thread ran the same jobs 0.19-0.43x.
-OPERATOR_WORK = frozenset({"compile-small-ops", "compile-optimizer-step", "fuse-memory-bound",
-                           "bf16-activations", "lower-precision", "batch-small-ops"})
-CROWDED_WHY = ("other processes crowd the job's intra-op threads (fewer-intra-op-threads, listed "
-               "first): each operator waits at its end for its slowest thread, one waiting for a "
-               "core, and this fix does not shorten that wait. Run with fewer threads, then profile "
-               "again")
 
 
 def _unobserved_frame(a: AdviceInputs, p: whatif.Prediction) -> float | None:
@@ -533,8 +522,7 @@ def _unobserved_frame(a: AdviceInputs, p: whatif.Prediction) -> float | None:
 def recommend(a: AdviceInputs) -> Advised:
     """The fixes that apply to this job: first those for the verdict's label (or its tie), then
     the others, each group ranked by what they are predicted to save (``CROWDING_FIRST`` leads
-    where it applies, and the fixes of the operators' work, ``OPERATOR_WORK``, wait for it). A
-    fix is never listed as a
+    where it applies). A fix is never listed as a
     thing to do where it would not speed the job up: its precondition fails here (``Advice
     .blocked``), or its predicted step is not faster than today's; it goes to ``not_advised``
     with the reason instead."""
@@ -544,7 +532,6 @@ def recommend(a: AdviceInputs) -> Advised:
     fits = {x for x in (a.label, a.tie_with) if x is not None}
     out: list[tuple[tuple[int, int, float], Recommendation]] = []
     refused: list[Recommendation] = []
-    crowded = advice_threads.crowded(a) is not None
     for c in CATALOGUE:
         if not c.applies(a, s):
             continue
@@ -569,9 +556,6 @@ def recommend(a: AdviceInputs) -> Advised:
                              step_s=step_s, gain=gain, best_step_s=best)
         if blocked is not None:
             refused.append(_not_helping(rec, blocked, keep_prediction=False))
-            continue
-        if crowded and c.action in OPERATOR_WORK:
-            refused.append(_not_helping(rec, CROWDED_WHY, keep_prediction=True))
             continue
         if slower:
             assert pred is not None and gain is not None
