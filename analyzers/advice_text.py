@@ -85,15 +85,19 @@ def _with_fewer_threads(a: AdviceInputs) -> str:
     turns with those threads, whose operators each wait for the slowest. Blind check 23 (2-core
     VM, two busy loops, four loaders at torch's 2 threads): 1 worker alone ran 0.68x, 0.94x,
     0.95x and 1.69x by the mean step; 1 worker at one thread 0.17-0.36x; one thread alone
-    0.19-0.43x."""
+    0.19-0.43x. It names the training process: blind check 24 read "run the workers with
+    torch.set_num_threads(1)" as a setting for the workers, which run one thread already."""
     found = advice_threads.crowded(a)
     if found is None:
         return ""
     cpu = found[0]
-    return (f" The model's {cpu.threads} intra-op threads outnumber the {cpu.available:.2g} cores the "
-            "machine's other work leaves it, and a worker takes turns with them: run the workers "
-            f"with torch.set_num_threads({advice_threads.threads_to_use(cpu)}) (fewer-intra-op-threads), "
-            "which gives them the cores the threads held.")
+    left = max(0.0, cpu.cpus - cpu.other_cores)
+    return (f" The model's {cpu.threads} intra-op threads outnumber the {left:.2g} cores the "
+            "machine's other work leaves it, and a worker takes turns with them: add the workers "
+            "and call torch.set_num_threads("
+            f"{advice_threads.threads_to_use(cpu)}) in the training process, not in the workers, "
+            "which run one thread each already (fewer-intra-op-threads); that gives the workers the "
+            "cores the threads held.")
 
 
 def cpu_loading(a: AdviceInputs) -> bool:
