@@ -504,6 +504,9 @@ def _not_helping(rec: Recommendation, reason: str, keep_prediction: bool) -> Rec
 # any fix applied in ten of the eleven (the eleventh's allocator fix ran 0.59x, threads 0.71x),
 # where the entry, unpredicted, was listed last.
 CROWDING_FIRST = "fewer-intra-op-threads"
+# (where the job's operators are short: long ones amortise the wait at their ends,
+# ``advice_threads.long_operators``; blind check 24's 2048-wide MLP, 5.9 ms a call, ran 0.96-1.00x
+# with one thread, and its lower-precision entry 0.68-0.73x, told 0.78x)
 
 
 def _unobserved_frame(a: AdviceInputs, p: whatif.Prediction) -> float | None:
@@ -570,7 +573,7 @@ def recommend(a: AdviceInputs) -> Advised:
         first = 0 if c.addresses in fits else 1
         key = (first, 0, -gain) if gain is not None else (
             first, 1, -(s[c.addresses] if c.addresses else 1.0))
-        if c.action == CROWDING_FIRST:
+        if c.action == CROWDING_FIRST and advice_threads.long_operators(a) is None:
             key = (-1, 0, 0.0)
         out.append((key, rec))
     out.sort(key=lambda kv: kv[0])

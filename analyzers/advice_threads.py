@@ -48,6 +48,24 @@ def crowded(a: AdviceInputs) -> tuple[whatif.JobCpu, float, float] | None:
     return cpu, machine, wall
 
 
+# From this traced time per top-level operator call (us), the operators are long: the wait at
+# each one's end for a thread that waits for a core (about a scheduler slice, 1-3 ms beside busy
+# loops) is a small part of it, and fewer threads do not lead. Blind check 24 (2-core VM, two
+# busy loops): one thread ran 0.96-1.00x on a 2048-wide MLP at 5.9 ms a call, and 0.37-0.90x on
+# three jobs at 66-242 us a call, where it was the largest win.
+LONG_OPERATOR_US = 2000.0
+
+
+def long_operators(a: AdviceInputs) -> float | None:
+    """The traced time per top-level operator call (us) where it is LONG_OPERATOR_US or more (a
+    CPU trace's count of calls, ``CompileFacts``); None where shorter or not counted."""
+    f = a.compile_facts
+    if f is None or f.step_us <= 0 or f.calls + f.kept_calls <= 0:
+        return None
+    per = f.step_us / (f.calls + f.kept_calls)
+    return per if per >= LONG_OPERATOR_US else None
+
+
 def threads_to_use(cpu: whatif.JobCpu) -> int:
     """As many threads as whole cores the other work leaves, at least one (not the cores the job
     used: threads spinning at an operator's end count there)."""
@@ -63,9 +81,12 @@ def text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     fewer = f"fewer than its {cpu.threads} intra-op threads{where}"
     took = (f"Other processes took {ms(machine)} of each {ms(wall)} step ({pct_whole(machine / wall)}) "
             f"and left the job {left:.2g} of its {cpu.cpus} cores, {fewer}")
+    long = long_operators(a)
+    amortised = (f" Its operators are long ({ms(long)} a call as traced), so that wait is a small part "
+                 "of each: fewer threads may gain little." if long is not None else "")
     return (f"{took}: each operator waits at its end for its slowest thread, so one waiting for a "
             "core holds the others (with OpenMP's default wait policy they spin meanwhile, taking "
-            "cores from it). While the machine is this busy, run with "
+            f"cores from it).{amortised} While the machine is this busy, run with "
             f"torch.set_num_threads({threads_to_use(cpu)}), or give the job cores of its own "
             "(taskset, a cgroup), then profile again.")
 
