@@ -103,7 +103,12 @@ def test_removing_the_syncs_is_recommended_with_a_predicted_step(synced):
     # the job's own time less the saving, the machine's other work keeping its share of the step
     s = d.syncs
     own = s.own_step_us if s.own_step_us and s.own_step_us < s.step_us else s.step_us
-    assert rec.predicted_step_s == pytest.approx((own - s.saving_us) * s.step_us / own * 1e-6)
+    # as a ratio: where the view is the traced steps (a window the machine slowed, as in a CI run
+    # at load 4), the entry is shown at the untraced steps' wall step, its ratio kept
+    # (``advice._unobserved_frame``); elsewhere ``step_s`` is the syncs' step itself
+    assert rec.predicted_step_s / rec.step_s == pytest.approx((own - s.saving_us) / own)
+    if d.unprofiled is not None:
+        assert rec.step_s == pytest.approx(s.step_us * 1e-6)
     assert d.syncs.sites[0].site in rec.text  # the busiest call site, named in the advice
 
 
