@@ -82,8 +82,9 @@ def text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     took = (f"Other processes took {ms(machine)} of each {ms(wall)} step ({pct_whole(machine / wall)}) "
             f"and left the job {left:.2g} of its {cpu.cpus} cores, {fewer}")
     long = long_operators(a)
-    amortised = (f" Its operators are long ({ms(long)} a call as traced), so that wait is a small part "
-                 "of each: fewer threads may gain little." if long is not None else "")
+    amortised = (f" Its operators are long ({ms(long)} a call as traced), so that wait is a smaller part "
+                 "of each, and the fixes that shorten them are listed first; fewer threads may still "
+                 "gain (a run tells)." if long is not None else "")
     return (f"{took}: each operator waits at its end for its slowest thread, so one waiting for a "
             "core holds the others (with OpenMP's default wait policy they spin meanwhile, taking "
             f"cores from it).{amortised} While the machine is this busy, run with "
