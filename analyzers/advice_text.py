@@ -91,7 +91,7 @@ def _with_fewer_threads(a: AdviceInputs) -> str:
     if found is None:
         return ""
     cpu = found[0]
-    left = max(0.0, cpu.cpus - cpu.other_cores)
+    left = advice_threads.cores_left(cpu)
     return (f" The model's {cpu.threads} intra-op threads outnumber the {left:.2g} cores the "
             "machine's other work leaves it, and a worker takes turns with them: add the workers "
             "and call torch.set_num_threads("

@@ -66,17 +66,22 @@ def long_operators(a: AdviceInputs) -> float | None:
     return per if per >= LONG_OPERATOR_US else None
 
 
+def cores_left(cpu: whatif.JobCpu) -> float:
+    """The cores the machine's other work leaves the job (not the cores the job used: threads
+    spinning at an operator's end count there)."""
+    return max(0.0, cpu.cpus - cpu.other_cores)
+
+
 def threads_to_use(cpu: whatif.JobCpu) -> int:
-    """As many threads as whole cores the other work leaves, at least one (not the cores the job
-    used: threads spinning at an operator's end count there)."""
-    return max(1, math.floor(cpu.cpus - cpu.other_cores + 1e-9))
+    """As many threads as whole cores the other work leaves, at least one."""
+    return max(1, math.floor(cores_left(cpu) + 1e-9))
 
 
 def text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     found = crowded(a)
     assert found is not None
     cpu, machine, wall = found
-    left = max(0.0, cpu.cpus - cpu.other_cores)
+    left = cores_left(cpu)
     where = " (its DataLoader's work runs on them, in the training process)" if on_gpu(a) else ""
     fewer = f"fewer than its {cpu.threads} intra-op threads{where}"
     took = (f"Other processes took {ms(machine)} of each {ms(wall)} step ({pct_whole(machine / wall)}) "

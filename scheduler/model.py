@@ -8,7 +8,7 @@ the runtime (the simulator's starts at the first submission).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 
@@ -114,6 +114,11 @@ class Signal:
     # the label's confidence, not the MFU's: an H200 LM beside 32 busy loops read 0.05 and 0.87
     mfu_confidence: float | None = None
 
+    @property
+    def trust(self) -> float:
+        """How far the policy trusts ``mfu``: its own confidence where exported, else the label's."""
+        return self.mfu_confidence if self.mfu_confidence is not None else self.confidence
+
     def scheduled(self, floor: float) -> Signal:
         """The signal as the policy weighs it: ``confidence`` the MFU's, and the label "unknown"
         where its own confidence is under ``floor`` (``Policy.min_signal_confidence``): the MFU
@@ -121,7 +126,7 @@ class Signal:
         if self.mfu_confidence is None:
             return self
         label = self.label if self.confidence >= floor else "unknown"
-        return Signal(self.mfu, label, self.mfu_confidence, self.age_s, self.stalled_s, self.stall_cause)
+        return replace(self, label=label, confidence=self.trust, mfu_confidence=None)
 
 
 @dataclass(slots=True)

@@ -94,10 +94,8 @@ def fmt_mfu(x: float) -> str:
 def signal_usable(sig: Signal | None, policy: Policy) -> bool:
     """Whether the job's own MFU orders it: fresh, and its MFU's confidence (``Signal
     .mfu_confidence``, else the label's) at the floor."""
-    if sig is None:
-        return False
-    trust = sig.mfu_confidence if sig.mfu_confidence is not None else sig.confidence
-    return trust >= policy.min_signal_confidence and sig.age_s <= policy.max_signal_age_s
+    return sig is not None and sig.trust >= policy.min_signal_confidence \
+        and sig.age_s <= policy.max_signal_age_s
 
 
 def efficiency_factors(mfu, median, idle, policy: Policy):
