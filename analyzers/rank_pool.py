@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue as queue_mod
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -173,11 +174,19 @@ def run_ranks(fn: Callable[..., Any], files: list[RankFile], args: Callable[[Ran
     """``fn(*args(f), on_bytes=...)`` for every file, in ``jobs`` worker processes (one per
     core by default); results in the order of ``files``.
 
-    With one worker (or one file) everything runs in this process: the same code path, and
-    what ``--jobs 1`` means. Results do not depend on the number of workers: each rank is
-    computed alone and the caller combines them in rank order.
+    With one worker (or one file), or where this process already runs other threads (forking
+    it could leave a child waiting on a lock one of them held), everything runs in this
+    process: the same code path, and what ``--jobs 1`` means. Results do not depend on the
+    number of workers: each rank is computed alone and the caller combines them in rank order.
     """
     workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
+    if threading.active_count() > 1:
+        # the pool forks, and a child forked while another thread of this process held a lock
+        # (logging's, a stream's, the allocator's) waits on it forever: gpudiag's CLI has one
+        # thread here, but a caller that embeds diagnose() in a threaded process (a daemon, a
+        # pytest-xdist worker, whose execnet thread is always running) does not. A project CI
+        # run hung 78 min in such a fork (HTA's pool, 2026-12-01); its ranks are read here
+        workers = 1
     if progress is not None:
         progress.start(sum(f.size for f in files), len(files))
     try:
