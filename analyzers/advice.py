@@ -573,8 +573,10 @@ def recommend(a: AdviceInputs) -> Advised:
         first = 0 if c.addresses in fits else 1
         key = (first, 0, -gain) if gain is not None else (
             first, 1, -(s[c.addresses] if c.addresses else 1.0))
-        if c.action == CROWDING_FIRST and advice_threads.long_operators(a) is None:
-            key = (-1, 0, 0.0)
+        if c.action == CROWDING_FIRST:
+            # short operators: it leads; long: after the fixes with a prediction of their own
+            # (its middle is a guess between two ends, not a prediction to rank by)
+            key = (-1, 0, 0.0) if advice_threads.long_operators(a) is None else (first, 1, 0.0)
         out.append((key, rec))
     out.sort(key=lambda kv: kv[0])
     advised = [r for _, r in out]

@@ -44,7 +44,9 @@ def test_a_cpu_job_whose_threads_outnumber_the_cores_others_leave_is_told_to_use
         assert ("torch.set_num_threads(1) in the training process, not in the workers" in w.text
                 or "set_num_threads" in w.why), w
     assert "torch.set_num_threads(1)" in rec.text and "66.8 ms of each 102 ms" in rec.text, rec.text
-    assert rec.predicted_step_s is None and "a run with it applied tells" in rec.why  # not predicted
+    # short operators (none counted here): the untraced step at the job's own pace, from that step
+    assert rec.step_s == 0.102 and abs(rec.predicted_step_s - (102e3 - 66.8e3) * 1e-6) < 1e-9, rec
+    assert rec.best_step_s is None and "its own pace" in rec.why, rec.why
 
 
 def test_threads_that_have_their_cores_or_a_machine_that_takes_little_are_not_told_it():
@@ -114,6 +116,8 @@ def test_a_gpu_jobs_loader_threads_crowded_by_other_processes_are_told_and_the_c
     assert advised[0].action == "fewer-intra-op-threads", [r.action for r in advised]
     assert "torch.set_num_threads(12)" in advised[0].text, advised[0].text
     assert "its DataLoader's work runs on them" in advised[0].text, advised[0].text
+    # its threads' spinning, not a wait, was the 36x: no pace reads it, so no prediction
+    assert advised[0].predicted_step_s is None and "a run with it applied tells" in advised[0].why
     little = dataclasses.replace(wait, untraced_machine_us=0.05 * wait.untraced_wall_us)
     advised = recommend(dataclasses.replace(a, host_wait=little)).advised
     assert "fewer-intra-op-threads" not in [r.action for r in advised]
@@ -136,3 +140,6 @@ def test_fewer_threads_lead_only_where_the_operators_are_short():
     rec = later[actions.index("fewer-intra-op-threads")]
     assert "Its operators are long (5.91 ms a call as traced)" in rec.text, rec.text
     assert "gain little" not in rec.text  # blind check 25: one thread still ran 0.67x and 0.80x there
+    # a range: from the own pace (35.2 ms of 102) to today's step, the middle shown
+    assert abs(rec.best_step_s - 35.2e-3) < 1e-9 and abs(rec.predicted_step_s - (35.2e-3 + 0.102) / 2) < 1e-9
+    assert "its other end" in rec.why and "operators are long" in rec.why, rec.why
