@@ -30,6 +30,7 @@ import math
 from gpudiag.analyzers import whatif
 from gpudiag.analyzers.advice_inputs import AdviceInputs, job_cpu, on_gpu
 from gpudiag.analyzers.classify import HOST_NOTABLE
+from gpudiag.analyzers.compile_facts import LONG_CALL_US, long_share
 from gpudiag.diagnosis import Bottleneck
 from gpudiag.units import ms, pct_whole
 
@@ -54,22 +55,23 @@ def crowded(a: AdviceInputs) -> tuple[whatif.JobCpu, float, float] | None:
     return cpu, machine, wall
 
 
-# From this traced time per top-level operator call (us), the operators are long: the wait at
-# each one's end for a thread that waits for a core (about a scheduler slice, 1-3 ms beside busy
-# loops) is a small part of it, and fewer threads do not lead. Blind check 24 (2-core VM, two
-# busy loops): one thread ran 0.96-1.00x on a 2048-wide MLP at 5.9 ms a call, and 0.37-0.90x on
-# three jobs at 66-242 us a call, where it was the largest win.
-LONG_OPERATOR_US = 2000.0
+# From this share of the operators' typical time in long ones (``compile_facts.long_share``:
+# median call 2 ms or more), the operators are long: the wait at each one's end for a thread
+# that waits for a core (about a scheduler slice, 1-3 ms beside busy loops) is a small part of
+# it, and fewer threads do not lead. Blind check 24 (2-core VM, two busy loops): one thread ran
+# 0.96-1.00x on a 2048-wide MLP at 5.9 ms a call, and 0.37-0.90x on three jobs at 66-242 us a
+# call, where it was the largest win. Blind check 26's 1D conv net (five 86 ms convolutions a
+# step among ~400 short calls, 2 ms a call on average) led with it, predicted 0.50x, and ran
+# 0.92x, where bf16 ran 0.59x: by the mean call it read as short.
+LONG_SHARE = 0.5
 
 
 def long_operators(a: AdviceInputs) -> float | None:
-    """The traced time per top-level operator call (us) where it is LONG_OPERATOR_US or more (a
-    CPU trace's count of calls, ``CompileFacts``); None where shorter or not counted."""
+    """The share of the operators' typical time in long ones where it is LONG_SHARE or more (a
+    CPU trace's ``CompileFacts``); None where less or not counted."""
     f = a.compile_facts
-    if f is None or f.step_us <= 0 or f.calls + f.kept_calls <= 0:
-        return None
-    per = f.step_us / (f.calls + f.kept_calls)
-    return per if per >= LONG_OPERATOR_US else None
+    share = None if f is None else long_share(f)
+    return share if share is not None and share >= LONG_SHARE else None
 
 
 def cores_left(cpu: whatif.JobCpu) -> float:
@@ -93,7 +95,8 @@ def text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     took = (f"Other processes took {ms(machine)} of each {ms(wall)} step ({pct_whole(machine / wall)}) "
             f"and left the job {left:.2g} of its {cpu.cpus} cores, {fewer}")
     long = long_operators(a)
-    amortised = (f" Its operators are long ({ms(long)} a call as traced), so that wait is a smaller part "
+    amortised = (f" Its operators are long ({pct_whole(long)} of their time in operators of "
+                 f"{ms(LONG_CALL_US)} a call or more, as traced), so that wait is a smaller part "
                  "of each, and the fixes that shorten them are listed first; fewer threads may still "
                  "gain (a run tells)." if long is not None else "")
     return (f"{took}: each operator waits at its end for its slowest thread, so one waiting for a "

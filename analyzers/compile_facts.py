@@ -93,6 +93,11 @@ class CompileFacts:
     # of that work, what fused runs would not do if each run cost its longest member (inductor
     # reading a run's data once): the most fusion could save (``fused_runs_saving``)
     fusable_us: float = 0.0
+    # the top-level operator calls' time per step as each call of an operator typically takes
+    # (its median call, times its calls: a call the OS preempted does not count as long), and
+    # the part of it in operators whose median call is LONG_CALL_US or more (``long_share``)
+    typical_us: float = 0.0
+    long_us: float = 0.0
 
     @staticmethod
     def mean(ranks: list[CompileFacts]) -> CompileFacts:
@@ -101,6 +106,35 @@ class CompileFacts:
                                for f in fields(CompileFacts) if f.name not in ("loops", "hand_optimizer")},
                             loops=LoopFacts.mean([r.loops for r in ranks]),
                             hand_optimizer=any(r.hand_optimizer for r in ranks))
+
+
+# An operator whose median call takes this long (us) is long: beside busy loops a thread's wait
+# for a core (a scheduler slice, 1-3 ms) at its end is a small part of it (``advice_threads``)
+LONG_CALL_US = 2000.0
+
+
+def long_share(f: CompileFacts) -> float | None:
+    """The share of the top-level operators' typical time per step that is in long operators
+    (median call LONG_CALL_US or more); None where no call was counted. By the median call, not
+    the mean: a 1D conv net's five 86 ms convolutions a step sat beside ~400 calls of its
+    optimizer's per-tensor updates, 2 ms a call on average, and beside busy loops a short call
+    preempted mid-way lasts a scheduler slice."""
+    return f.long_us / f.typical_us if f.typical_us > 0 else None
+
+
+def _typical(rt: RankTrace, mark: np.ndarray) -> tuple[float, float]:
+    """(each operator's median call times its calls, summed; the same over the operators whose
+    median call is LONG_CALL_US or more) of the events in ``mark``, us."""
+    names, dur = rt.cpu_name[mark], rt.cpu_dur[mark]
+    if names.size == 0:
+        return 0.0, 0.0
+    o = np.lexsort((dur, names))
+    names, dur = names[o], dur[o]
+    start = np.flatnonzero(np.r_[True, names[1:] != names[:-1]])
+    count = np.diff(np.r_[start, names.size])
+    lo, hi = start + (count - 1) // 2, start + count // 2
+    typical = (dur[lo] + dur[hi]) / 2 * count
+    return float(typical.sum()), float(typical[(dur[lo] + dur[hi]) / 2 >= LONG_CALL_US].sum())
 
 
 def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileFacts:
@@ -150,7 +184,8 @@ def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileF
     step_mark = _named(rt, _OPT_STEP_RE)
     step_span = iv.merge(rt.cpu_ts[step_mark], ends[step_mark])
     in_step = top & iv.contains(step_span, rt.cpu_ts)
-    return CompileFacts(
+    typical_us, long_us = _typical(rt, top)
+    return CompileFacts(typical_us=typical_us / n, long_us=long_us / n,
         calls=float(region.sum() - outside.sum()) / n,
         kernels=(float(extern.sum()) + float((holds_sync & ~outside).sum()) + runs) / n,
         # a forward and a backward graph per pass: micro-batches call the compiled model each

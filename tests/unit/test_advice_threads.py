@@ -126,20 +126,27 @@ def test_a_gpu_jobs_loader_threads_crowded_by_other_processes_are_told_and_the_c
 def test_fewer_threads_lead_only_where_the_operators_are_short():
     """Blind check 24 beside two busy loops: one thread ran 0.37-0.90x on three jobs whose traced
     operators took 66-242 us a call, and 0.96-1.00x on a 2048-wide MLP at 5.9 ms a call, whose
-    lower-precision entry ran 0.68-0.73x. Counted from each job's trace (``CompileFacts``): the
-    small-op model's 1,411 + 1,620 calls in a 199 ms step lead with fewer threads; the MLP's
-    23 + 32 calls in 325 ms list it after the fixes with a prediction, and say why."""
-    small = CompileFacts(calls=1411, kept_calls=1620, step_us=199.1e3)
-    wide = CompileFacts(calls=23, kept_calls=32, step_us=324.9e3)
+    lower-precision entry ran 0.68-0.73x. Blind check 26's 1D conv net, five 86 ms convolutions
+    a step among ~400 short calls (2 ms a call on average), ran 0.92x with one thread and 0.59x
+    in bf16. Long is by the operators' typical (median) call, weighted by their time
+    (``CompileFacts.long_us`` of ``typical_us``): the small-op model leads with fewer threads;
+    the conv net lists it after the fixes with a prediction, says why, and states a range."""
+    small = CompileFacts(calls=1411, kept_calls=1620, step_us=199.1e3, typical_us=80e3, long_us=0.0)
+    conv = CompileFacts(calls=150, kept_calls=250, step_us=808e3, typical_us=700e3, long_us=640e3)
     base = dataclasses.replace(inputs(PARSING, traits=CROWDED, label=Bottleneck.MEMORY), host_wait=MACHINE)
     first = recommend(dataclasses.replace(base, compile_facts=small)).advised
     assert first[0].action == "fewer-intra-op-threads", [r.action for r in first]
-    later = recommend(dataclasses.replace(base, compile_facts=wide)).advised
+    later = recommend(dataclasses.replace(base, compile_facts=conv)).advised
     actions = [r.action for r in later]
     assert "fewer-intra-op-threads" in actions and actions[0] != "fewer-intra-op-threads", actions
     rec = later[actions.index("fewer-intra-op-threads")]
-    assert "Its operators are long (5.91 ms a call as traced)" in rec.text, rec.text
+    assert "Its operators are long (91% of their time in operators of 2 ms a call or more" in rec.text, \
+        rec.text
     assert "gain little" not in rec.text  # blind check 25: one thread still ran 0.67x and 0.80x there
     # a range: from the own pace (35.2 ms of 102) to today's step, the middle shown
     assert abs(rec.best_step_s - 35.2e-3) < 1e-9 and abs(rec.predicted_step_s - (35.2e-3 + 0.102) / 2) < 1e-9
     assert "its other end" in rec.why and "operators are long" in rec.why, rec.why
+    # under half the typical time in long operators: short
+    half = dataclasses.replace(conv, long_us=0.45 * conv.typical_us)
+    half_first = recommend(dataclasses.replace(base, compile_facts=half)).advised[0]
+    assert half_first.action == "fewer-intra-op-threads", half_first
