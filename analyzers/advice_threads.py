@@ -113,8 +113,11 @@ def predict(a: AdviceInputs) -> whatif.Prediction:
     one thread against the same job's busy runs, by its own timer: on five jobs whose operators
     took 66-242 us a call, 0.39-0.59x the step where its own pace was 0.49-0.55x of it; on three
     at 4.9-9.0 ms a call, 0.67-0.98x where it was 0.50x. Blind check 21's jobs, at load 3-8,
-    gained more (0.14-0.28x): threads spinning at each operator's end take cores from the job
-    too, which the own pace keeps as the job's; this predicts the pace, not that."""
+    gained more (0.14-0.28x), as did blind check 26's two new short-operator jobs (told 0.51x
+    and 0.40x, ran 0.36-0.42x beside two loops and 0.19x beside three): threads spinning at each
+    operator's end take cores from the job too, which the own pace keeps as the job's; this
+    predicts the pace, not that, and so under-promises there. Its long-operator job (attention,
+    three loops) was told 0.69x, its other end 0.38x, and ran 0.76-0.80x."""
     found = crowded(a)
     if found is None or on_gpu(a):
         return whatif.Prediction(None, "what it saves is the threads' wait for one another and their "
