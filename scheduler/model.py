@@ -24,7 +24,8 @@ class Tier(IntEnum):
 TIER_NAMES = {Tier.SPOT: "spot", Tier.RESERVED: "reserved", Tier.ON_DEMAND: "on-demand"}
 
 # The bottleneck labels gpudiag's analyzers assign (gpudiag/diagnosis.py), plus "unknown".
-LABELS = ("compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound", "unknown")
+UNKNOWN = "unknown"  # a label no signal gave with confidence
+LABELS = ("compute-bound", "memory-bound", "communication-bound", "input-bound", "host-bound", UNKNOWN)
 # A GPU that waits for input or for the host is idle however "busy" nvidia-smi says it is.
 GPU_IDLE_LABELS = frozenset({"input-bound", "host-bound"})
 COMM_LABEL = "communication-bound"
@@ -125,7 +126,7 @@ class Signal:
         of a job on a busy machine still orders it, its label does not (GPU-idle caps, placement)."""
         if self.mfu_confidence is None:
             return self
-        label = self.label if self.confidence >= floor else "unknown"
+        label = self.label if self.confidence >= floor else UNKNOWN
         return replace(self, label=label, confidence=self.trust, mfu_confidence=None)
 
 

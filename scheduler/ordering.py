@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpudiag.scheduler.model import COMM_LABEL, GPU_IDLE_LABELS, Job, Policy, Running, Signal
+from gpudiag.scheduler.model import COMM_LABEL, GPU_IDLE_LABELS, UNKNOWN, Job, Policy, Running, Signal
 from gpudiag.scheduler.pending import (
     EST_COL,
     GPUS_COL,
@@ -46,7 +46,6 @@ from gpudiag.scheduler.team_queues import drain_time, interleave, team_quotas
 
 _CLASS_GPUS = (1, 2, 9)                               # a job size of each class ...
 CLASSES = tuple(job_class(g) for g in _CLASS_GPUS)   # ... and priority.job_class's name for it
-UNKNOWN = "unknown"
 # Policy.order == "mfu" (the calibration oracle): 1e-4 of MFU outweighs any submit-time
 # difference (< 1e7 s), so the order is by MFU first.
 ORACLE_SPAN_S = 1e11

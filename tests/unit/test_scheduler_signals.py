@@ -9,7 +9,7 @@ import json
 import math
 
 from gpudiag.scheduler.model import Policy
-from gpudiag.scheduler.priority import signal_usable
+from gpudiag.scheduler.priority import MfuBook, signal_usable
 from gpudiag.scheduler.signals import SignalRead, parse_metrics
 from gpudiag.scheduler.slurm.sources import QUERIES, parse_prometheus_answers, slurm_signals
 from gpudiag.scheduler.slurm.squeue import SlurmJob, parse_squeue_fixed, parse_squeue_json
@@ -140,3 +140,16 @@ def test_a_busy_machines_signal_orders_by_its_mfu_and_leaves_its_label_out():
     old_sig = parse_metrics("\n".join(older) + "\n", NOW, prefix="slurm:")[("slurm:7", ALICE)]
     assert old_sig.mfu_confidence is None and not signal_usable(old_sig, Policy())
     assert old_sig.scheduled(Policy().min_signal_confidence) is old_sig
+
+
+def test_a_keys_history_keeps_its_last_known_label_through_a_window_whose_label_was_not_trusted():
+    """A busy window's signal orders by its MFU and leaves its label out (``Signal.scheduled``):
+    the key's history then learns the MFU, and keeps the label it knew (a Slurm test's input-bound
+    key read "unknown" after one such window, and its reason lost the label, 2026-12-01)."""
+    book = MfuBook(half_life_s=1e9)
+    book.observe("root/slowkey", "2-8 GPUs", 0.02, "input-bound", 0.0)
+    book.observe("root/slowkey", "2-8 GPUs", 0.04, "unknown", 1.0)
+    h = book.lookup("root/slowkey", 1.0)
+    assert h is not None and h.label == "input-bound" and abs(h.mfu - 0.03) < 1e-9, h
+    book.observe("root/slowkey", "2-8 GPUs", 0.5, "compute-bound", 2.0)   # a known label replaces it
+    assert book.lookup("root/slowkey", 2.0).label == "compute-bound"
