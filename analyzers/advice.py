@@ -521,9 +521,9 @@ OWN_WORK_FIXES = frozenset({"lower-precision", "bf16-activations"})
 def _machine_share(a: AdviceInputs, c: Advice, p: whatif.Prediction) -> float | None:
     """Other processes' share of the view's step, where an own-work fix's saving is to be
     scaled by it (a CPU job, the prediction from the view's step, their share a tenth or more)."""
-    if c.action not in OWN_WORK_FIXES or p.from_us is not None or on_gpu(a) or a.view.step_time <= 0:
+    if c.action not in OWN_WORK_FIXES or p.from_us is not None or on_gpu(a):
         return None
-    m = a.view.host_stalled / a.view.step_time
+    m = a.view.fraction("host_stalled")
     return m if HOST_NOTABLE <= m < 0.95 else None
 
 

@@ -132,9 +132,9 @@ def _typical(rt: RankTrace, mark: np.ndarray) -> tuple[float, float]:
     names, dur = names[o], dur[o]
     start = np.flatnonzero(np.r_[True, names[1:] != names[:-1]])
     count = np.diff(np.r_[start, names.size])
-    lo, hi = start + (count - 1) // 2, start + count // 2
-    typical = (dur[lo] + dur[hi]) / 2 * count
-    return float(typical.sum()), float(typical[(dur[lo] + dur[hi]) / 2 >= LONG_CALL_US].sum())
+    median = (dur[start + (count - 1) // 2] + dur[start + count // 2]) / 2
+    typical = median * count
+    return float(typical.sum()), float(typical[median >= LONG_CALL_US].sum())
 
 
 def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileFacts:
