@@ -71,6 +71,13 @@ class MfuBook:
         self._median.pop(cls, None)
         self.observations += 1
 
+    def relabel(self, key: str, label: str) -> None:
+        """A key's label read later than its MFU (``slurm.history.History.observe``): the label
+        changes, the MFU and its weight do not (no second observation)."""
+        h = self.keys.get(key)
+        if h is not None:
+            h.label = label
+
     def lookup(self, key: str, now: float) -> KeyHistory | None:
         h = self.keys.get(key)
         return None if h is None else KeyHistory(h.mfu, h.label, self._decayed(h, now), now)

@@ -5,7 +5,9 @@ The policy's ``MfuBook`` is rebuilt at start by replaying the stored observation
 rule to keep equal). Bounded: observations older than ``MAX_HALF_LIVES`` half-lives (their
 weight is below 1/1000 of a fresh one) are dropped, and at most ``MAX_OBSERVATIONS`` are kept,
 the newest. Each observation names its job run (``JobRef`` as ``id@submit#restarts``): a run
-teaches its key once, also across a restart of the controller.
+teaches its key once, also across a restart of the controller: its first usable signal's MFU, and
+its label from the first signal that gives one (a busy machine's first signals may trust the MFU
+and not the label, ``Signal.scheduled``).
 
 A separate file from the ledger (``<ledger>.history.json``): the ledger is rewritten several
 times a round and must stay small; this one changes only when a job first reports.
@@ -19,6 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpudiag.scheduler.model import UNKNOWN
 from gpudiag.scheduler.priority import MfuBook
 
 HISTORY_SCHEMA = 1
@@ -36,13 +39,28 @@ class History:
     seen: set[str] = field(default_factory=set)          # job runs that taught their key already
     rows: list[list] = field(default_factory=list)       # [run, key, class, mfu, label, t]
     dirty: bool = False
+    unlabelled: dict[str, list] = field(default_factory=dict)   # run -> its row, label UNKNOWN
 
     def observe(self, run: str, key: str, cls: str, mfu: float, label: str, now: float) -> bool:
+        """Whether the history changed. A run already seen changes it once more at most: the
+        first known label of a run that taught its key an UNKNOWN one. (Taught once and for
+        all, a Slurm test's input-bound key stayed "unknown" after its jobs' first signals on a
+        loaded VM gave no label, 2026-12-01, and its jobs were never capped as GPU-idle.)"""
         if run in self.seen:
-            return False
+            row = self.unlabelled.get(run) if label != UNKNOWN else None
+            if row is None:
+                return False
+            del self.unlabelled[run]
+            row[4] = label
+            self.book.relabel(key, label)
+            self.dirty = True
+            return True
         self.book.observe(key, cls, mfu, label, now)
         self.seen.add(run)
-        self.rows.append([run, key, cls, mfu, label, now])
+        row = [run, key, cls, mfu, label, now]
+        self.rows.append(row)
+        if label == UNKNOWN:
+            self.unlabelled[run] = row
         self.dirty = True
         return True
 
@@ -62,6 +80,7 @@ def load_history(path: Path | None, half_life_s: float, now: float) -> tuple[His
             h.book.observe(str(key), str(cls), float(mfu), str(label), float(t))
             h.seen.add(str(run))
         h.rows = [list(r) for r in rows]
+        h.unlabelled = {str(r[0]): r for r in h.rows if r[4] == UNKNOWN}
     except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
         return History(MfuBook(half_life_s)), f"{path}: unreadable MFU history ({e}): starting empty"
     return h, ""
@@ -72,6 +91,7 @@ def save_history(path: Path | None, h: History, now: float) -> None:
         return
     h.rows = [r for r in h.rows if now - r[5] <= MAX_HALF_LIVES * h.book.half_life_s][-MAX_OBSERVATIONS:]
     h.seen = {r[0] for r in h.rows}
+    h.unlabelled = {run: r for run, r in h.unlabelled.items() if run in h.seen}
     fd, tmp = tempfile.mkstemp(prefix=".history-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:

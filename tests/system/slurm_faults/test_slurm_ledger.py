@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from gpudiag.scheduler.model import UNKNOWN
 from gpudiag.scheduler.priority import MfuBook
 from gpudiag.scheduler.slurm.actions import Action, confirm, reconcile, record_intents
 from gpudiag.scheduler.slurm.history import MAX_HALF_LIVES, History, load_history, save_history
@@ -187,6 +188,22 @@ def test_history_is_replayed_through_the_policys_decay_and_bounded(tmp_path):
     path.write_text("{not json")
     empty, warn = load_history(path, 86400.0, now)
     assert "starting empty" in warn and not empty.book.keys
+
+
+def test_a_run_whose_first_signal_had_no_label_teaches_its_key_the_first_label_it_gives(tmp_path):
+    path = tmp_path / "h.json"
+    h = History(MfuBook(86400.0))
+    assert h.observe("3@0#0", "u/slow", "2-8 GPUs", 0.0, UNKNOWN, 100.0)   # a busy machine's first read
+    assert not h.observe("3@0#0", "u/slow", "2-8 GPUs", 0.0, UNKNOWN, 105.0)
+    assert h.observe("3@0#0", "u/slow", "2-8 GPUs", 0.3, "input-bound", 110.0)
+    assert not h.observe("3@0#0", "u/slow", "2-8 GPUs", 0.0, "host-bound", 115.0)   # once labelled, kept
+    key = h.book.lookup("u/slow", 110.0)
+    assert key is not None and key.label == "input-bound"
+    assert key.mfu == 0.0 and key.weight == pytest.approx(1.0, abs=1e-3)   # one observation, its first MFU
+    save_history(path, h, 120.0)
+    back, warn = load_history(path, 86400.0, 120.0)
+    assert warn == "" and back.book.lookup("u/slow", 120.0).label == "input-bound"
+    assert not back.observe("3@0#0", "u/slow", "2-8 GPUs", 0.0, "compute-bound", 130.0)
 
 
 def test_squeue_json_fields_the_controller_relies_on():
