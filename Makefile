@@ -65,9 +65,13 @@ typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy $(TYPECHECKED)
 
 # pytest in two passes: the lanes (tests/unit and each folder of tests/system, tests/conftest.py)
-# in four workers at once, most of them waiting on real daemons, then tests/system/alone (marked
+# in five workers at once, many of them waiting on real daemons, then tests/system/alone (marked
 # `solo` by its folder, and collected alone: the whole tree's collection, to deselect it, was ~6.5
-# CPU-s of that pass) with nothing beside it. The type check and
+# CPU-s of that pass) with nothing beside it. Five, not four: the Slurm lanes (a third of the
+# pass's test time) wait on Slurm's own delays with almost no CPU (54 CPU-s over their 688 s in a
+# clean clone's pass), and with four workers the pytest tree used 1.5 of the 2 cores; with five,
+# the same tests' pass took 708 s where four took 813-885 s beside the same niced process (the
+# 2-core AMD EPYC VM, 2026-12-01). The type check and
 # the wheel check run beside the first pass (its lanes mostly wait: load 2-3 on 2 cores), their
 # output printed after it; every step runs whatever the others gave, and make fails if any did.
 test: $(VENV)/.installed-test system-deps
@@ -81,7 +85,7 @@ test: $(VENV)/.installed-test system-deps
 	for c in typecheck wheel-run; do \
 		( $(MAKE) -s $$c > .checks/$$c.log 2>&1; echo $$? > .checks/$$c.rc ) & \
 	done; \
-	$(BIN)/python -m pytest -q -n 4 -m 'not timing and not solo' --junitxml=.checks/pass1.xml || rc=$$?; \
+	$(BIN)/python -m pytest -q -n 5 -m 'not timing and not solo' --junitxml=.checks/pass1.xml || rc=$$?; \
 	wait; \
 	for c in typecheck wheel-run; do \
 		cat .checks/$$c.log; \

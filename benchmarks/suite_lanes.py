@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-WORKERS = 4  # the Makefile's `-n 4`
+WORKERS = 5  # the Makefile's `-n 5`
 # folders each of whose modules is a lane (tests/conftest.py's PER_MODULE)
 PER_MODULE = ("unit", "system/jobs")
 
