@@ -170,8 +170,10 @@ def reclaim_victims(state: ClusterState, head: Job, rule: Rule, running: Sequenc
         q = quotas.get(team, 0.0)
         return use.get(team, 0.0) - q if q > 0 else -1.0
 
-    eligible = [r for r in running if r.job.tier <= head.tier and r.job.team != head.team
-                and _eligible(r, head, now, policy) and r.job.gpus <= spare(r.job.team) + 1e-9
+    # the test that rules out most running jobs first: few teams hold GPUs above their quota
+    above = {t: spare(t) + 1e-9 for t in quotas if t != head.team}
+    eligible = [r for r in running if r.job.gpus <= above.get(r.job.team, -1.0) and r.job.tier <= head.tier
+                and _eligible(r, head, now, policy)
                 and not (overdue is not None and r.job.tier == head.tier and now - r.job.submit >= overdue)]
     mfu = {r.job.id: _mfu(mfu_of, r) for r in eligible}
     cost = {r.job.id: lost_work(r, mfu[r.job.id][0], now) for r in eligible}
