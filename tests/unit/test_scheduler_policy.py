@@ -466,6 +466,21 @@ def test_team_queues_interleave_by_charged_quota_and_keep_the_starvation_bound(w
                     assert NOW - earlier.submit >= overdue_s
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds(), st.floats(0, 60_000), st.sampled_from([0.0, 1.0, 3.0]), st.booleans())
+def test_the_head_found_alone_is_the_job_the_order_puts_first(world, overdue_s, weight, quotas):
+    """``Ordering.head`` (a replay skips a reclaim-only pass on it) names the job ``queue``
+    puts first, overdue or not, with and without quotas, tiers and waste charges mixed."""
+    cluster, running, pending, signals, book, _, teams = world
+    policy = dataclasses.replace(Policy(), team_overdue_s=overdue_s, waste_weight=weight)
+    o, rows = _ordering(pending, running, signals, book, NOW, policy, 8)
+    if not len(rows):
+        return
+    teams = teams if quotas else None
+    q = o.queue(rows, NOW, running, teams, cluster.total_gpus)[0]
+    assert o.jobs[o.head(rows, NOW, o.running_cols(running), teams, cluster.total_gpus)] is q.jobs[0]
+
+
 def test_team_under_quota_goes_first_until_an_overdue_job_of_any_team():
     cluster = Cluster.uniform(2, 8, 1)
     state = ClusterState(cluster)
