@@ -36,6 +36,7 @@ goes ahead of every job of its tier that is not.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import TIER_NAMES, Decision, Job, Policy, Running, n_gpus
@@ -56,16 +57,21 @@ def _mfu(mfu_of: MfuOf, r: Running) -> tuple[float, bool]:
     return v if isinstance(v, tuple) else (v, True)
 
 
+_cost_then_id = itemgetter(0, 1)
+
+
 def _on(r: Running, node: int) -> int:
     return sum(len(idx) for n, idx in r.placement.slots if n == node)
 
 
 def _one_node(state: ClusterState, rule: Rule, eligible: Sequence[Running],
               cost: dict[int, float]) -> list[Running]:
-    on_node: dict[int, list[Running]] = {}
+    # per node: (cost, job id, its GPUs there, the job), so that the sorts below compare tuples
+    # (a replay reclaims thousands of times over hundreds of running jobs)
+    on_node: dict[int, list[tuple[float, int, int, Running]]] = {}
     for r in eligible:
         for n in r.placement.nodes:
-            on_node.setdefault(n, []).append(r)
+            on_node.setdefault(n, []).append((cost[r.job.id], r.job.id, _on(r, n), r))
     best: tuple[float, int, int] | None = None
     chosen: list[Running] = []
     for n, rs in on_node.items():
@@ -73,20 +79,20 @@ def _one_node(state: ClusterState, rule: Rule, eligible: Sequence[Running],
         if need <= 0 or not state.usable[n] or state.size[n] < rule.gpus:
             continue
         got, picked = 0, []
-        for r in sorted(rs, key=lambda r: (cost[r.job.id], r.job.id)):
-            got += _on(r, n)
-            picked.append(r)
+        for e in sorted(rs, key=_cost_then_id):
+            got += e[2]
+            picked.append(e)
             if got >= need:
                 break
         if got < need:
             continue
-        for r in sorted(picked, key=lambda r: (-cost[r.job.id], -r.job.id)):   # drop the redundant
-            if got - _on(r, n) >= need:
-                got -= _on(r, n)
-                picked.remove(r)
-        total = sum(cost[r.job.id] for r in picked)
+        for e in picked[::-1]:   # drop the redundant, the costliest first
+            if got - e[2] >= need:
+                got -= e[2]
+                picked.remove(e)
+        total = sum(e[0] for e in picked)
         if best is None or (total, len(picked), n) < best:
-            best, chosen = (total, len(picked), n), picked
+            best, chosen = (total, len(picked), n), [e[3] for e in picked]
     return chosen
 
 
@@ -170,8 +176,10 @@ def reclaim_victims(state: ClusterState, head: Job, rule: Rule, running: Sequenc
         q = quotas.get(team, 0.0)
         return use.get(team, 0.0) - q if q > 0 else -1.0
 
-    eligible = [r for r in running if r.job.tier <= head.tier and r.job.team != head.team
-                and _eligible(r, head, now, policy) and r.job.gpus <= spare(r.job.team) + 1e-9
+    # the test that rules out most running jobs first: few teams hold GPUs above their quota
+    above = {t: spare(t) + 1e-9 for t in quotas if t != head.team}
+    eligible = [r for r in running if r.job.gpus <= above.get(r.job.team, -1.0) and r.job.tier <= head.tier
+                and _eligible(r, head, now, policy)
                 and not (overdue is not None and r.job.tier == head.tier and now - r.job.submit >= overdue)]
     mfu = {r.job.id: _mfu(mfu_of, r) for r in eligible}
     cost = {r.job.id: lost_work(r, mfu[r.job.id][0], now) for r in eligible}

@@ -46,7 +46,8 @@ import numpy as np
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Decision, Job, Placement, Policy, Running, Signal
 from gpudiag.scheduler.ordering import Ordering, RunningCols
-from gpudiag.scheduler.pending import SPREAD, PendingQueue
+from gpudiag.scheduler.pending import SPREAD, WHOLE, PendingQueue
+from gpudiag.scheduler.placement import Rule, promise
 from gpudiag.scheduler.policy import decide
 from gpudiag.scheduler.priority import MfuBook, job_class
 from gpudiag.scheduler.sim.slowdown import slowdown
@@ -291,11 +292,13 @@ class Replay:
         now by its placement kind (no larger than the most free GPUs of a node, of a rack for a
         job that may spread, whole nodes for a job larger than a node: ``policy._limits``, what
         a pass's backfill asks first), a tier to preempt, or quota reclaim
-        (``preempt.reclaim_victims``): a pending job whose team stays within its quota with it,
-        its team's GPUs counted both as held and as charged (what reclaim checks for the head),
-        and a running job of another team that may be its victim (not stopping, past the minimum
-        runtime, of a team that stays at or over its quota without it, of its tier or lower).
-        Necessary for any such decision."""
+        (``preempt.reclaim_victims``): the head - with per-team queues the job the order puts
+        first (``Ordering.head``), else any pending job - whose team stays within its quota with
+        it, its team's GPUs counted both as held and as charged (what reclaim checks for the
+        head), and a running job of another team that may be its victim (not stopping, past the
+        minimum runtime, of a team that stays at or over its quota without it, of its tier or
+        lower), and the jobs in their grace period not enough to place it (else it is promised
+        their GPUs and reclaims nothing). Necessary for any such decision."""
         if not len(rows):
             return False
         gpus = self.o.gpus[rows]
@@ -329,9 +332,25 @@ class Replay:
         # head_use), from the terms the pass will read (``Ordering.current`` keeps them: asking
         # here first changes nothing the pass computes)
         o.current(run, now)
-        charged = o.team_use(RunningCols(run, self.r_end[run], self.r_stop[run]), o.c_charge[run])[1]
+        cols = RunningCols(run, self.r_end[run], self.r_stop[run])
+        charged = o.team_use(cols, o.c_charge[run])[1]
         head = room & (np.maximum(live[head_t], charged[head_t]) + gpus <= quota[head_t] + 1e-9)
-        return bool(head.any() and o.tier[run[victim]].min() <= o.tier[rows[head]].max())
+        if not head.any():
+            return False
+        if not self.policy.uses_team_queues:
+            return bool(o.tier[run[victim]].min() <= o.tier[rows[head]].max())
+        # only the job the order puts first may reclaim (nothing else starts in this pass): its
+        # team must have room, and a victim of another team, of its tier or lower, be there
+        h = o.head(rows, now, cols, self.quotas, st.total_gpus)
+        victim &= t != o.team_i[h]
+        if not (head[np.searchsorted(rows, h)] and victim.any()) or o.tier[run[victim]].min() > o.tier[h]:
+            return False
+        # nor does it reclaim while the jobs in their grace period will free its place (``_head``'s
+        # promise, on the same stopping jobs in the same order)
+        stopping = [(r.expected_end, r.job.id, r.placement) for r in self.running.values() if r.terminating]
+        kind = int(o.c_kind[h])
+        rule = Rule(int(o.gpus[h]), kind == WHOLE, o.policy.label_aware_placement, kind == SPREAD)
+        return not stopping or promise(st, rule, stopping, now) is None
 
     def run_pass(self, now: float, rows: np.ndarray) -> None:
         running = list(self.running.values())

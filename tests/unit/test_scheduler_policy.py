@@ -16,6 +16,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpudiag.scheduler import team_queues
 from gpudiag.scheduler.cluster_state import ClusterState
 from gpudiag.scheduler.model import Cluster, Job, Node, Placement, Policy, Running, Signal, Tier
 from gpudiag.scheduler.pending import KEY_COL, KIND_COL, PendingQueue
@@ -411,6 +412,32 @@ def _greedy_team_order(q0, running, quota, now, overdue_s, charge=lambda j: 1.0)
     return [j.id for j in out]
 
 
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 8), st.sampled_from([1.0, 1.5, 2.0])),
+                max_size=40),
+       st.lists(st.integers(0, 6), min_size=4, max_size=4),
+       st.lists(st.sampled_from([1.0, 2.0, 4.0, 3.0]), min_size=4, max_size=4))
+def test_interleave_is_the_greedy_merge_with_ties_to_the_earlier_row(jobs, use, quota):
+    """``team_queues.interleave`` (one tier, nothing overdue) is the greedy merge its docstring
+    states: the next job comes from the team whose (GPUs in use + GPUs given earlier) / quota is
+    lowest, ties to the earlier row. GPUs and quotas are exact binary fractions, so ratios tie
+    often and exactly: the merge of the teams' runs must fall back to the rows' order there."""
+    team = np.array([t for t, _, _ in jobs], dtype=np.int64)
+    gpus = np.array([g * c for _, g, c in jobs])
+    use_a, quota_a = np.array(use, float), np.array(quota)
+    n = len(jobs)
+    got = team_queues.interleave(np.ones(n, dtype=np.int64), team, gpus, np.zeros(n), use_a, quota_a,
+                                 0.0, 1e9).tolist()
+    given_ = use_a.copy()
+    todo = {t: [i for i in range(n) if team[i] == t] for t in range(4)}
+    want = []
+    while len(want) < n:
+        t = min((t for t in todo if todo[t]), key=lambda t: (given_[t] / quota_a[t], todo[t][0]))
+        i = todo[t].pop(0)
+        want.append(i)
+        given_[t] += gpus[i]
+    assert got == want
+
+
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds(), st.floats(0, 60_000), st.sampled_from([0.0, 1.0, 3.0]))
 def test_team_queues_interleave_by_charged_quota_and_keep_the_starvation_bound(world, overdue_s, weight):
@@ -439,6 +466,21 @@ def test_team_queues_interleave_by_charged_quota_and_keep_the_starvation_bound(w
                     assert NOW - earlier.submit >= overdue_s
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds(), st.floats(0, 60_000), st.sampled_from([0.0, 1.0, 3.0]), st.booleans())
+def test_the_head_found_alone_is_the_job_the_order_puts_first(world, overdue_s, weight, quotas):
+    """``Ordering.head`` (a replay skips a reclaim-only pass on it) names the job ``queue``
+    puts first, overdue or not, with and without quotas, tiers and waste charges mixed."""
+    cluster, running, pending, signals, book, _, teams = world
+    policy = dataclasses.replace(Policy(), team_overdue_s=overdue_s, waste_weight=weight)
+    o, rows = _ordering(pending, running, signals, book, NOW, policy, 8)
+    if not len(rows):
+        return
+    teams = teams if quotas else None
+    q = o.queue(rows, NOW, running, teams, cluster.total_gpus)[0]
+    assert o.jobs[o.head(rows, NOW, o.running_cols(running), teams, cluster.total_gpus)] is q.jobs[0]
+
+
 def test_team_under_quota_goes_first_until_an_overdue_job_of_any_team():
     cluster = Cluster.uniform(2, 8, 1)
     state = ClusterState(cluster)
@@ -463,9 +505,9 @@ def test_team_under_quota_goes_first_until_an_overdue_job_of_any_team():
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=60)
 @given(worlds(), st.floats(0, 2_000))
-def test_one_row_brought_current_in_plain_floats_gets_the_keys_the_vector_path_computes(world, later):
-    """``Ordering.current`` computes a single stale row in plain floats (``_current_one``, the
-    common pass of a replay) and several with numpy (``keys``): both must give every row the same
+def test_rows_brought_current_in_plain_floats_get_the_keys_the_vector_path_computes(world, later):
+    """``Ordering.current`` computes a few stale rows in plain floats (``_current_one``, the
+    common pass of a replay) and more with numpy (``keys``): both must give every row the same
     key, placement kind and waste charge, bit for bit, or a replay's decisions would depend on
     how many rows happened to be stale together."""
     cluster, running, pending, signals, book, policy, _ = world
@@ -474,8 +516,8 @@ def test_one_row_brought_current_in_plain_floats_gets_the_keys_the_vector_path_c
     if policy.order == "mfu" or not len(rows):
         return
     now = NOW + later   # some signals and histories have expired by then
-    o.current(rows, now)   # all stale at once: the vector path
-    vec = o.c_key[rows].copy(), o.c_kind[rows].copy(), o.c_charge[rows].copy()
+    o.current(rows, now)   # (brings the class medians up to date)
+    vec = o.keys(rows, now)   # the vector path, on all rows at once
     for r in rows.tolist():   # each alone: the plain-float path
         o.c_until[r] = -np.inf
         o.current(np.array([r]), now)
