@@ -65,6 +65,11 @@ class History:
         return True
 
 
+def _unlabelled(rows: list[list]) -> dict[str, list]:
+    """The rows whose run taught its key no label yet, by run (``History.unlabelled``)."""
+    return {str(r[0]): r for r in rows if r[4] == UNKNOWN}
+
+
 def load_history(path: Path | None, half_life_s: float, now: float) -> tuple[History, str]:
     """(history, a warning or ""): an unreadable file starts an empty history and says so."""
     h = History(MfuBook(half_life_s))
@@ -80,7 +85,7 @@ def load_history(path: Path | None, half_life_s: float, now: float) -> tuple[His
             h.book.observe(str(key), str(cls), float(mfu), str(label), float(t))
             h.seen.add(str(run))
         h.rows = [list(r) for r in rows]
-        h.unlabelled = {str(r[0]): r for r in h.rows if r[4] == UNKNOWN}
+        h.unlabelled = _unlabelled(h.rows)
     except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
         return History(MfuBook(half_life_s)), f"{path}: unreadable MFU history ({e}): starting empty"
     return h, ""
@@ -91,7 +96,7 @@ def save_history(path: Path | None, h: History, now: float) -> None:
         return
     h.rows = [r for r in h.rows if now - r[5] <= MAX_HALF_LIVES * h.book.half_life_s][-MAX_OBSERVATIONS:]
     h.seen = {r[0] for r in h.rows}
-    h.unlabelled = {run: r for run, r in h.unlabelled.items() if run in h.seen}
+    h.unlabelled = _unlabelled(h.rows)
     fd, tmp = tempfile.mkstemp(prefix=".history-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:

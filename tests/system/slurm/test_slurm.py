@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from gpudiag.scheduler.model import UNKNOWN
 from tests.harness import free_port, prometheus_server
 from tests.paths import REPO
 from tests.slurm_cluster import (
@@ -103,7 +104,7 @@ def learned(hist: Path) -> set[str]:
         rows = json.loads(hist.read_text())["rows"]
     except (OSError, ValueError):
         return set()
-    return {r[1] for r in rows if r[4] != "unknown"}
+    return {r[1] for r in rows if r[4] != UNKNOWN}
 
 
 class Controller:
