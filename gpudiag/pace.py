@@ -31,7 +31,9 @@ R_job is what the host sampler saw the job's tree run and wait for (all its thre
 worth), R_others the machine's runnable tasks (``/proc/loadavg``, read ten times a sample) less
 the job's, at least the cores the rest of the machine kept busy. C is the cores the job may run
 on (its affinity); others on cores it may not use count as crowding it, which makes the job's
-own part read low only where the job crowds itself.
+own part read low only where the job crowds itself. Threads that take turns (a rank's gloo
+threads run its all-reduce while its training thread sleeps in it) are counted once
+(``taking_turns``).
 Where no core was short on average (a 1 s sample) the wait is wake-up latency or short bursts:
 split in proportion to the CPU the job's other threads and the rest of the machine used.
 """
@@ -115,6 +117,24 @@ def peer_part(idle: float, r: StepRow) -> float:
     return min(wait, idle * wait / (wait + run))
 
 
+def taking_turns(r: StepRow, ranks: int = 1) -> float:
+    """Cores' worth of the job's threads' wanting a core (run and wait) that its collectives' own
+    threads (gloo's) did while its training threads slept in their collectives, over ``ranks``
+    ranks alike: they take turns, so they never wanted a core at once, and the fair share must
+    not count them as wanting two. Why: the job's own part of a wait is read from how many of
+    its threads wanted a core (``wait_shares``); beside busy loops a rank's gloo threads wait for
+    a core in the all-reduce, runnable the longer the longer they wait, and summed with the
+    training thread's they read as more threads than cores, as though the job crowded itself.
+    Two gloo ranks beside four busy loops in the project's CI read rank 0 at 37.2 ms a step at
+    its own pace, 70 ms by the wall clock, where the job alone stepped in 23 ms. The slowest
+    other thread's wait (``peer_wait_s``) stands for the gloo threads' (a rank asleep in its
+    collective has no intra-op work running); never more than the training thread's wait in
+    the collectives. Nothing without the gloo threads' CPU (NCCL's run on the GPU)."""
+    if not r.comm_cpu_s or r.dt <= 0:
+        return 0.0
+    return ranks * min(collectives_wait_s(r), r.comm_cpu_s + (r.peer_wait_s or 0.0)) / r.dt
+
+
 def _sample_for(ends: list[float], samples: Sequence[HostSample], t: float) -> HostSample | None:
     """The host sample whose interval holds ``t`` (the first sample has none: no interval)."""
     k = bisect.bisect_left(ends, t)
@@ -123,7 +143,7 @@ def _sample_for(ends: list[float], samples: Sequence[HostSample], t: float) -> H
 
 def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
                      cpus: int | None = None, loader_in_thread: bool = False,
-                     device_s: float = 0.0) -> list[float]:
+                     device_s: float = 0.0, ranks: int = 1) -> list[float]:
     """Each step's wall time less the part of its wait for a core that processes outside the job
     caused (``step_wait`` x the other share of the host sample covering the step's end): the
     job's own pace, which another tenant's load does not change. Never below the training
@@ -132,7 +152,8 @@ def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
     them delays the step (on an H200, an LM beside two busy loops per core read 14.5-19.6 ms a
     step at its own pace before the traced window, its GPU busy 21.6 ms of each, the job alone
     25-27 ms). A step without a recorded wait, or with no sample to split it by, keeps its wall
-    time (the job is charged, not excused)."""
+    time (the job is charged, not excused). ``ranks``: the job's ranks on this machine, whose
+    collectives' threads take turns with their training threads (``taking_turns``)."""
     ends = [h.t for h in samples]
     out = []
     for r in rows:
@@ -142,8 +163,10 @@ def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
         run = r.run_s  # a torn row may lack it: then no split (the job is charged)
         if wait and r.dt > 0 and h is not None and run is not None:
             other = h.machine_busy - h.cores if h.machine_busy is not None else None
-            split = wait_shares(h.cores, min(1.0, run / r.dt), other, h.runq_threads, cpus,
-                                h.runnable)
+            runq = h.runq_threads
+            if runq is not None:
+                runq = max(0.0, runq - taking_turns(r, ranks))
+            split = wait_shares(h.cores, min(1.0, run / r.dt), other, runq, cpus, h.runnable)
             if split is not None:
                 own = min(r.dt, max(run, device_s, r.dt - wait * split[1]))
         out.append(own)
@@ -161,7 +184,7 @@ def at_own_pace(steps: Mapping[int, Sequence[StepRow]], samples: Sequence[HostSa
     for rank, rows in steps.items():
         meta = boot.get(rank)
         own = own_step_seconds(rows, samples, meta.cpus if meta else None, loads_in_thread(meta),
-                               (device_s or {}).get(rank, 0.0))
+                               (device_s or {}).get(rank, 0.0), len(steps))
         out[rank] = [replace(r, dt=o, machine_s=r.dt - o) for r, o in zip(rows, own, strict=True)]
     return peers_crowded(out, device_s)
 

@@ -37,7 +37,7 @@ from gpudiag.analyzers.stats import mann_whitney_p
 from gpudiag.analyzers.step_view import PROFILED, StepView
 from gpudiag.devices import DevicePeak
 from gpudiag.diagnosis import Bottleneck, Diagnosis, Dilation, Mfu, TimeBreakdown
-from gpudiag.pace import at_own_pace, own_step_seconds, step_wait, wait_shares
+from gpudiag.pace import at_own_pace, own_step_seconds, step_wait, taking_turns, wait_shares
 from gpudiag.rundir import HostSample, StepRow, read_bootstrap, read_host_cpu, read_steps
 from tests.conftest import view_steps
 from tests.harness import gate_env, start_when_ready, torchrun_ran
@@ -108,6 +108,28 @@ def test_the_own_step_takes_out_the_wait_others_caused_and_keeps_the_wall_where_
     own = own_step_seconds(rows, host, cpus=2)
     assert own[:3] == pytest.approx([0.010 - 0.001 - 0.006] * 3)  # all others': the job fits 2 cores
     assert own[3] == 0.010
+
+
+def test_a_ranks_gloo_threads_taking_turns_with_its_training_thread_are_not_the_job_crowding_itself():
+    """Two gloo ranks on two cores beside four busy loops, a rank's step as the project's CI read
+    it (2026-12-01): 69.7 ms by the wall clock, its training thread ran 20.4 ms and waited 41.8
+    for a core, slept 11.7 in the all-reduce where its gloo threads ran 3 ms and waited 17; the
+    job alone stepped in 23 ms. The host figures are the fair share's for those threads: the
+    job's tree ran 0.67 cores and its threads waited 1.69 cores' worth, beside 4 loops. Summed,
+    the threads want 2.36 cores, more than the two, so the share charged the job a fifth of the
+    wait (32 ms at its own pace; the CI's own read 37.2). But each rank's gloo threads run while
+    its training thread sleeps in the all-reduce: they take turns, and the job alone fits its
+    cores. Without the gloo threads' CPU (NCCL's runs on the GPU) nothing changes."""
+    r = StepRow(step=9, t=100.0, dt=0.0697, run_s=0.0204, wait_s=0.0418, peer_wait_s=0.017,
+                peer_run_s=0.003, comm_cpu_s=0.003, collectives={"allreduce": {"seconds": 0.0117}})
+    host = [HostSample(t=99.0, cores=0.0, runq_cores=0.0, machine_busy=None),
+            HostSample(t=101.0, cores=0.67, runq_cores=1.2, machine_busy=2.0, runq_threads=1.69,
+                       runnable=6.36)]
+    assert taking_turns(r, ranks=2) == pytest.approx(2 * 0.0117 / 0.0697)
+    [own] = own_step_seconds([r], host, cpus=2, ranks=2)
+    assert r.run_s is not None and r.run_s <= own <= 1.1 * 0.023, own
+    [counted_apart] = own_step_seconds([replace(r, comm_cpu_s=None)], host, cpus=2, ranks=2)
+    assert counted_apart > 0.03, counted_apart  # as before: the turns summed as crowding
 
 
 def test_a_read_of_the_other_threads_over_several_steps_is_spread_over_them(tmp_path):
