@@ -410,10 +410,15 @@ def test_workers_advice_tells_a_wait_on_storage_from_decoding(tmp_path):
     """The same input-bound job, its batch once read from slow storage (a sleep) and once
     decompressed (zlib): the host samples tell them apart, so the storage wait is told any
     number of workers may hide it, and the decoding is told the cores bound the step."""
-    common = ("--workers", "0", "--steps", "80", "--passes", "1")
-    storage, _, _ = profile(tmp_path, "storage", "feed_job.py", *common, "--read-ms", "60")
-    decoding, _, _ = profile(tmp_path, "decoding", "feed_job.py", *common, "--read-ms", "0",
-                             "--decode-mb", "30")
+    common = ("--workers", "0", "--passes", "1")
+    # each job's untraced steps after its trace window span at least two of the host sampler's
+    # 1 s intervals, whatever their phase: decoding steps ~35 ms on this project's 2-core EPYC VM,
+    # and at 80 steps its 2.1 s after the window held one whole interval in a run (no cores
+    # read, the advice's input missing)
+    storage, _, _ = profile(tmp_path, "storage", "feed_job.py", *common, "--steps", "80",
+                            "--read-ms", "60")
+    decoding, _, _ = profile(tmp_path, "decoding", "feed_job.py", *common, "--steps", "160",
+                             "--read-ms", "0", "--decode-mb", "30")
     for d in (storage, decoding):
         assert d.traits.single_process_loader and d.traits.cores_used is not None, d.traits
     [s] = [r for r in storage.verdict.recommendations if r.action == "dataloader-workers"]
