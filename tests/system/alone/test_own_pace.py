@@ -406,6 +406,21 @@ def mlp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Diagno
     return out
 
 
+def uncrowded(report: dict, run: Path) -> list[float]:
+    """The busy run's untraced steps under load, by the job's own timer, in which its training
+    thread did not wait for a core (its schedstat: under 5% of the step). Why: beside the loops
+    the job may run faster than quiet where they leave its thread alone. On a 2-core Intel Xeon
+    VM (2026-12-01) these steps took 2.34-2.48 ms (median, 3 runs) where the quiet run's took
+    3.07-3.10 and the busy run's once the loops stopped 2.98-3.11. Its threads sleep at the end
+    of each parallel region (OMP_WAIT_POLICY=PASSIVE) until woken, and a virtual CPU that was
+    idle wakes later than one kept running: the MLP alone stepped in 2.97-3.04 ms, beside two
+    SCHED_IDLE loops (which never take a core from it) in 2.30-2.32, 3 rounds each. A step the
+    job ran at beside the loops is its own pace too."""
+    return [report["step_seconds"][r.step - 1] for r in rows(run)
+            if r.profiler is None and 2 < r.step <= LOAD_UNTIL and r.wait_s is not None
+            and r.wait_s < 0.05 * r.dt and r.step <= len(report["step_seconds"])]
+
+
 def quiet_band(run: Path, basis: str, after_load: list[StepRow]) -> tuple[float, float]:
     """Seconds a step of the quiet job took by its own timer: the 10th and 90th percentiles of
     its untraced steps after start-up and of the busy run's steps once its load had stopped
@@ -425,11 +440,12 @@ def quiet_band(run: Path, basis: str, after_load: list[StepRow]) -> tuple[float,
 
 
 def test_an_mlp_crowded_over_its_trace_window_gets_the_label_and_mfu_of_its_quiet_run(mlp_runs):
-    """The busy run's MFU divides by a step the quiet job ran at, within 25%. The loops slow the
-    job's own time on a core too (on this project's 2-core EPYC VM the training thread ran up
-    to 1.7x longer per step beside them: caches, clocks, the host's other guests), which no wait
-    shows: the upper bound allows the rise the same runs measured (``cpu_slowdown``)."""
-    (quiet, _, qrun), (busy, _, brun) = mlp_runs["quiet"], mlp_runs["busy"]
+    """The busy run's MFU divides by a step the job ran at, quiet or beside the loops where they
+    did not crowd it, within 25%. The loops slow the job's own time on a core too (on this
+    project's 2-core EPYC VM the training thread ran up to 1.7x longer per step beside them:
+    caches, clocks, the host's other guests), which no wait shows: the upper bound allows the
+    rise the same runs measured (``cpu_slowdown``)."""
+    (quiet, _, qrun), (busy, breport, brun) = mlp_runs["quiet"], mlp_runs["busy"]
     assert busy.host_wait.untraced_machine_us is not None
     # the loops crowded the window's reference: they took at least a quarter of its steps (a CI
     # clone run at load 3-6: 1.87 ms of each 4.36, 43%; 0.5 of them asked there failed it)
@@ -439,6 +455,10 @@ def test_an_mlp_crowded_over_its_trace_window_gets_the_label_and_mfu_of_its_quie
     assert busy.verdict.label is Bottleneck.COMPUTE, busy.verdict.summary
     after_load = [r for r in rows(brun) if r.step > LOAD_UNTIL + 2]
     low, high = quiet_band(qrun, busy.mfu.step_time_basis, after_load)
+    # the lower bound: the quicker of the quiet pace and the pace the job kept beside the loops
+    # where they did not crowd it (``uncrowded``; 10th percentile, where there are ten such steps)
+    if len(fast := sorted(uncrowded(breport, brun))) >= 10:
+        low = min(low, fast[len(fast) // 10])
     k = cpu_slowdown(rows(brun, view_steps(busy, brun)), rows(qrun, view_steps(quiet, qrun)))
     step = busy.mfu.step_time_us / 1e6
     assert low / 1.25 <= step <= 1.25 * k * high, (step, low, high, k, busy.mfu.reason)
