@@ -319,9 +319,13 @@ def restore(io: SlurmIO, store: LedgerStore, modes_only: bool = False, dry_run: 
     restored (a crash here leaves them for the next restore). ``modes_only``: the watchdog's
     restore (preemption back to Slurm; Nice values stay for the controller's next start).
     The reload mark is dropped with the last entry, unless an administrator's runtime mode
-    (``theirs_modes``) still needs it to tell their next reload."""
+    (``theirs_modes``) still needs it to tell their next reload. The watchdog's restore reads the
+    ledger without waiting for its lock (``LedgerStore.peek``: its holder may be the stopped
+    controller whose lease lapsed) and gives preemption back in Slurm first; its entries leave
+    the ledger once the lock is free (the same entries only: a controller back from its hang may
+    have made new ones)."""
     out = Restored()
-    ledger = store.read()
+    ledger = store.peek() if modes_only else store.read()
     if not ledger.modes and (modes_only or not ledger.nice):
         return out
     try:

@@ -234,6 +234,14 @@ class LedgerStore:
         with self._locked():
             return self._load()
 
+    def peek(self) -> Ledger:
+        """The ledger as last written, without the lock (writes are renames, so never torn).
+        The watchdog's read: a controller stopped (SIGSTOP, a hung file system) inside one of
+        its updates holds the lock, and a watchdog that waited for it would never give
+        preemption back (the project's CI: the lease lapsed with the watchdog asleep in
+        ``flock`` until the test killed the stopped controller, 25 s on)."""
+        return self._load()
+
     @contextlib.contextmanager
     def update(self) -> Iterator[Ledger]:
         """Read, let the caller change, write back - all under the lock; nothing written on error."""

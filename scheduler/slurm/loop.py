@@ -214,7 +214,7 @@ def watchdog(io: SlurmIO, store: LedgerStore, poll_s: float = WATCHDOG_POLL_S,
     log.info("watchdog on %s: gives preemption back to Slurm if the controller's lease lapses", store.path)
     while not stop.is_set():
         try:
-            ledger = store.read()
+            ledger = store.peek()   # not store.read(): the lock's holder may be the stopped controller
             now = time.time()
             if ledger.modes and (ledger.lease is None or not ledger.lease.live(now)):
                 lease = ledger.lease

@@ -11,7 +11,9 @@ and no job may be preempted twice or killed where it would have been requeued.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import random
 import signal
 import subprocess
@@ -153,7 +155,26 @@ def test_sigkill_at_random_points_of_rounds_then_restore_only_puts_every_value_b
     assert mid_change >= KILLS // 3, f"only {mid_change} of {KILLS} kills landed mid-change"
 
 
+def hold_lock(ledger: Path, within_s: float = 5.0) -> int | None:
+    """The ledger's lock taken by the test (its fd), as a controller stopped inside one of its
+    updates holds it; None where the stopped controller already holds it (it was in one)."""
+    fd = os.open(f"{ledger}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            time.sleep(0.1)
+    os.close(fd)
+    return None
+
+
 def test_lease_lapse_gives_preemption_back_and_slurm_preempts_for_the_on_demand_job(cluster, agent, tmp_path):
+    """A controller stopped while it holds the ledger's lock (inside one of its updates) still
+    has its preemption given back when its lease lapses: the test holds the lock over the stop,
+    as the project's CI once had the controller do by chance (the watchdog then slept in
+    ``flock`` until the stopped controller was killed)."""
     spot = cluster.sbatch("spot", "spot", 4)
     running(cluster, spot)
     report(agent, spot, 0.4)
@@ -164,9 +185,12 @@ def test_lease_lapse_gives_preemption_back_and_slurm_preempts_for_the_on_demand_
         held(cluster)
         ctl.proc.send_signal(signal.SIGSTOP)   # hung: alive, but renewing nothing
         t0 = time.monotonic()
+        lock = hold_lock(ledger)
         wait_for("preemption back after the lease lapsed", lambda: cluster.preempt_mode("spot") == "REQUEUE",
                  LEASE_S + 10)
         assert LEASE_S - 6 <= time.monotonic() - t0 <= LEASE_S + 5   # when the lease ran out, not before
+        if lock is not None:
+            os.close(lock)
         ctl.proc.send_signal(signal.SIGCONT)
         held(cluster)                   # back from its hang, it takes over again
         ctl.stop(signal.SIGKILL)        # dead, not restarted
