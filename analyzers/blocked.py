@@ -9,8 +9,10 @@ and compile predicted +120% beside "1.13e+03 us a call"; compiled, 1.00x). The t
 clocks tell the two apart: per step, the step timer reads its time on a core (its CPU clock)
 and its wait for one (schedstat); the rest it slept. Taken out of that are the sleeps gpudiag
 already names: the DataLoader's (``StepRow.input_blocked_s``), the collectives' calls and
-``torch.save`` (their whole time, so what is left is a floor). What remains is a blocking call
-of the job's own (``HostWait.untraced_blocked_us``, the median over the untraced steps).
+``torch.save`` (their whole time, so what is left is a floor), and the short sleeps of a thread
+whose intra-op peers it waits for at each parallel region's end (``host_wait.blocked_s``: a
+short wait per wake-up). What remains is a blocking call of the job's own
+(``HostWait.untraced_blocked_us``, the median over the untraced steps).
 
 On a CPU it is read within the step's host gaps: an operator's threads keep the training
 thread on a core (it runs its share of each parallel region). On a GPU the thread may also

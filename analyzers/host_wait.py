@@ -31,7 +31,7 @@ from gpudiag.analyzers.breakdown import sum_breakdowns
 from gpudiag.analyzers.host_cpu import HostCpu, host_cpu
 from gpudiag.analyzers.own_pace import charge
 from gpudiag.diagnosis import HostWait, RankResult, TimeBreakdown
-from gpudiag.pace import wait_shares, wall
+from gpudiag.pace import peer_part, wait_shares, wall
 from gpudiag.rundir import STARTUP_STEPS, BootstrapMeta, HostSample, StepRow
 from gpudiag.steps import WindowSteps
 from gpudiag.units import pct_whole
@@ -90,7 +90,7 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
     peer = statistics.median(peers) * 1e6 if peers else None
     walls = statistics.median(wall(ref)) * 1e6 if ref else None
     machine = walls - statistics.median(r.dt for r in ref) * 1e6 if walls is not None else None
-    sleeps = [s for r in ran if (s := asleep_s(r)) is not None]
+    sleeps = [s for r in ran if (s := blocked_s(r)) is not None]
     blocked = max(0.0, statistics.median(sleeps)) * 1e6 if sleeps else None
     traced_machine = sum(r.machine_s for r in traced) / len(traced) * 1e6 if traced else None
     over = "untraced steps"
@@ -118,7 +118,7 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
                      "per untraced step (median of the largest)")
     if blocked is not None and blocked > 0:
         parts.append(f"asleep outside the DataLoader, collectives and torch.save {blocked / 1e3:.3g} ms "
-                     "per untraced step (median)")
+                     "per untraced step (median; beyond the short waits of a parallel region's end)")
     if machine is not None and walls is not None:
         parts.append(f"other processes' part of its untraced steps {machine / 1e3:.3g} ms of each "
                      f"{walls / 1e3:.3g} ms (the job's own pace: the rest)")
@@ -141,6 +141,32 @@ def asleep_s(r: StepRow) -> float | None:
     colls = sum(c.get("seconds", 0.0) for c in r.collectives.values())
     return (r.dt + r.machine_s - r.run_s - r.wait_s - (r.input_blocked_s or 0.0) - colls
             - r.save_s)
+
+
+# The longest a wake-up is taken to have slept at a parallel region's end (an intra-op thread's
+# barrier under OpenMP's passive wait policy): measured on the 2-core AMD EPYC VM, quiet, the
+# MLP of tests/jobs (2 threads) slept 1.02 ms a 5.24 ms step over 24 wake-ups, 43 us each, and
+# at width 1024 2.13 ms of 41.5 ms over 21 (100 us each); a reply awaited in recv, 5.2 ms over 1
+# wake-up; a lock held by a publisher thread, 9.07 ms over 31.
+SHORT_SLEEP_S = 50e-6
+
+
+def blocked_s(r: StepRow) -> float | None:
+    """What the training thread slept over the step in long sleeps (``asleep_s``, less
+    ``SHORT_SLEEP_S`` per time it was put back on a core): a floor of a blocking call's sleep.
+    Why: a thread with intra-op peers sleeps inside torch's operators too, at the end of each
+    parallel region until the slowest peer is done (OpenMP's passive wait policy), and the
+    clocks alone cannot tell that sleep from a call's (the 2-thread MLP was told to move "a
+    blocking call" of 0.64 ms of its 3.3 ms step off the step, where it had none: its step
+    measured 2.98 ms passive, 1.35 ms with the threads spinning, on the 2-core Intel Xeon VM).
+    Those sleeps are many and short, a blocking call's few and long. A peer crowded off its
+    core makes the waits at the region's end long: the share of the sleep the slowest other
+    thread spent waiting for a core (``pace.peer_part``, as the own pace reads it) is left out
+    too. Runs recorded before the count: the whole sleep."""
+    sleep = asleep_s(r)
+    if sleep is None or r.slices is None:
+        return sleep
+    return max(0.0, sleep - peer_part(max(0.0, sleep), r) - r.slices * SHORT_SLEEP_S)
 
 
 def with_waits(result: RankResult, rows: list[StepRow], wait: HostWait | None,

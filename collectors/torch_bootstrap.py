@@ -131,6 +131,7 @@ class _Bootstrap:
         if sched is not None and self.sched is not None and sched[0] == self.sched[0]:
             row["run_s"] = (sched[1] - self.sched[1]) / 1e9
             row["wait_s"] = (sched[2] - self.sched[2]) / 1e9
+            row["slices"] = sched[3] - self.sched[3]
         self.sched = sched
         if sched is not None:
             try:
@@ -304,8 +305,9 @@ class _Bootstrap:
             pass
 
 
-def _thread_sched(fds: dict[int, int]) -> tuple[int, int, int] | None:
-    """(thread id, ns on a core, ns runnable but waiting for one) of the calling thread, from
+def _thread_sched(fds: dict[int, int]) -> tuple[int, int, int, int] | None:
+    """(thread id, ns on a core, ns runnable but waiting for one, times put on a core) of the
+    calling thread, from
     its ``/proc/self/task/<tid>/schedstat`` (Linux; None elsewhere). Read at each step boundary
     by the thread that ends the step (the optimizer's hook or ``gpudiag.step()`` runs in the
     training loop's thread, whatever DataLoader workers or intra-op threads exist), so each
@@ -324,8 +326,8 @@ def _thread_sched(fds: dict[int, int]) -> tuple[int, int, int] | None:
         fd = fds.get(tid)
         if fd is None:
             fd = fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        _, wait, _ = os.pread(fd, 128, 0).split()
-        return tid, time.thread_time_ns(), int(wait)
+        _, wait, slices = os.pread(fd, 128, 0).split()
+        return tid, time.thread_time_ns(), int(wait), int(slices)
     except (OSError, ValueError, AttributeError):
         return None
 

@@ -295,6 +295,9 @@ class StepRow:
     # run directories written before the step timer read them)
     run_s: float | None = None
     wait_s: float | None = None
+    # the times that thread was put on a core over the step (schedstat's third field: each wake
+    # from a sleep, each return after a preemption); None: not recorded (runs written before)
+    slices: int | None = None
     # CPU seconds the collectives' own threads (gloo's) ran over the step; None: none ran, or
     # not recorded (``collectors.torch_collectives.CommThreads``)
     comm_cpu_s: float | None = None
@@ -371,6 +374,7 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
                                 collectives=colls if isinstance(colls, dict) else {},
                                 run_s=float(run_s) if _num(run_s) and run_s >= 0 else None,
                                 wait_s=float(wait_s) if _num(wait_s) and wait_s >= 0 else None,
+                                slices=sl if type(sl := r.get("slices")) is int and sl >= 0 else None,
                                 comm_cpu_s=float(comm_cpu) if _num(comm_cpu) and comm_cpu >= 0 else None,
                                 peer_wait_s=float(peer) if _num(peer) and peer >= 0 else None,
                                 peer_run_s=float(peer_run) if _num(peer) and peer >= 0
