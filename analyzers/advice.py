@@ -390,7 +390,7 @@ CATALOGUE: list[Advice] = [
            compiled_graphs_text, lambda a: whatif.host_gaps_closed(a.view), Bottleneck.HOST),
     # the thread asleep in a blocking call of the job's (a socket, fsync, a lock, a sleep)
     Advice("unblock-training-thread", lambda a, s: blocked.applies(a), blocked.text, blocked.predict,
-           Bottleneck.HOST),
+           Bottleneck.HOST, blocked=blocked.unsure),
     Advice("free-a-core", lambda a, s: contention_share(a.view) >= HOST_NOTABLE, contention_text,
            lambda a: whatif.contention_removed(a.view), Bottleneck.HOST),
     # a CPU job's intra-op threads outnumbering the cores other processes leave: the machine's

@@ -46,6 +46,18 @@ def notable(b: TimeBreakdown, w: HostWait | None, gpu: bool) -> bool:
     return b.own_step > 0 and asleep_us(b, w, gpu) / b.own_step >= BLOCKED_NOTABLE
 
 
+def unsure(a: AdviceInputs) -> str | None:
+    """Why the sleep may not be a blocking call at all (``HostWait.passive_threads``), else None:
+    the advice is then listed as one that would not help, with this reason."""
+    n = a.host_wait.passive_threads if a.host_wait is not None else None
+    if not n:
+        return None
+    return (f"the job runs {n} intra-op threads under OMP_WAIT_POLICY=PASSIVE, which sleep at the "
+            "end of each parallel region inside torch's operators, the training thread with them: "
+            "its clocks cannot tell that sleep from a blocking call's. Profile it once with "
+            "OMP_WAIT_POLICY unset (or torch.set_num_threads(1)): a sleep that stays is a blocking call")
+
+
 def blocked_us(a: AdviceInputs) -> float:
     return asleep_us(a.view, a.host_wait, on_gpu(a))
 
@@ -57,7 +69,7 @@ def applies(a: AdviceInputs) -> bool:
 def cause(b: TimeBreakdown, w: HostWait | None, gpu: bool) -> str | None:
     """What a host-bound summary names of its host share: the thread asleep in a blocking call,
     where that is notable (the label stays: the device idles on the host either way)."""
-    if not notable(b, w, gpu):
+    if not notable(b, w, gpu) or (w is not None and w.passive_threads):
         return None
     return (f"the training thread asleep in a blocking call outside torch ({ms(asleep_us(b, w, gpu))} "
             "of each step)")

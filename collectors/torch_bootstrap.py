@@ -295,7 +295,10 @@ class _Bootstrap:
                 "windows": self.windows[-20:], "retrace_s": self.retrace_s,
                 "cupti_teardown": self.cupti, "thread_waits": self.peers.meta(),
                 # what the DataLoader advice weighs a wait's CPU use against (analyzers.host_cpu)
-                "cpus": _cpus(), "intra_op_threads": _threads(torch), "fault_us": self.fault_us}
+                "cpus": _cpus(), "intra_op_threads": _threads(torch), "fault_us": self.fault_us,
+                # as the job left it (set before torch loads libgomp): a passive policy's threads
+                # sleep at each parallel region's end (analyzers.host_wait.passive_threads)
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
         path = self.run_dir / "samples" / f"bootstrap-rank-{self.rank}.json"
         try:
             tmp = path.with_suffix(".partial")

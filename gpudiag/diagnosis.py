@@ -393,6 +393,10 @@ class HostWait:
     untraced_blocked_us: float | None = None
     # the reference steps' wall clock (median): what ``untraced_machine_us`` is a part of
     untraced_wall_us: float | None = None
+    # torch's intra-op threads where the job ran more than one under OMP_WAIT_POLICY=PASSIVE:
+    # they sleep at each parallel region's end, which the training thread's clocks cannot tell
+    # from a blocking call's sleep (``analyzers.blocked``); None: not so, or not recorded
+    passive_threads: int | None = None
 
 
 @dataclass

@@ -245,6 +245,14 @@ class BootstrapMeta:
     # microseconds one minor page fault cost the process (``collectors.page_faults``); None: not
     # measured (runs from before it was)
     fault_us: float | None = None
+    # the job's OMP_WAIT_POLICY as it left it (None: unset, or runs from before it was read);
+    # as the job's file said it: read with ``passive_policy``
+    omp_wait_policy: object = None
+
+    @property
+    def passive_policy(self) -> bool:
+        """Whether the job's OpenMP threads sleep while they wait (OMP_WAIT_POLICY=PASSIVE)."""
+        return isinstance(self.omp_wait_policy, str) and self.omp_wait_policy.strip().upper() == "PASSIVE"
 
 
 def read_bootstrap(run_dir: Path) -> dict[int, BootstrapMeta]:

@@ -370,3 +370,22 @@ def test_own_work_a_fix_saves_beside_other_processes_shortens_the_step_by_their_
     assert abs(saved_busy / saved_quiet - 429 / 214) < 1e-6, (saved_quiet, saved_busy)
     assert "other processes took 50% of the step" in b.why, b.why
     assert "other processes took" not in q.why
+
+
+def test_a_sleep_beside_passive_intra_op_threads_is_not_called_a_blocking_call():
+    """Two intra-op threads under OMP_WAIT_POLICY=PASSIVE sleep at each parallel region's end,
+    the training thread with them: the same 20 ms asleep is listed as not helping, with why and
+    how to tell (a blind check's 16-block model with no call read 9.1 ms of 31 "in a blocking
+    call"), and the summary's cause names no blocking call."""
+    from dataclasses import replace
+
+    from gpudiag.analyzers import blocked
+
+    a = asleep(breakdown(26e3, compute_bound=3e3), 20e3)
+    passive = replace(a, host_wait=replace(a.host_wait, passive_threads=2))
+    got = recommend(passive)
+    assert "unblock-training-thread" not in {r.action for r in got.advised}
+    refused = {r.action: r for r in got.not_advised}["unblock-training-thread"]
+    assert "OMP_WAIT_POLICY=PASSIVE" in refused.why and "unset" in refused.why, refused.why
+    assert blocked.cause(passive.view, passive.host_wait, False) is None
+    assert blocked.cause(a.view, a.host_wait, False) is not None

@@ -50,3 +50,19 @@ def test_the_wake_up_count_is_read_back_and_a_hostile_one_dropped(tmp_path):
     (samples / "steps-rank-0.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     got = read_steps(tmp_path)[0]
     assert [r.slices for r in got] == [7, None, None, None]
+
+
+def test_passive_intra_op_threads_are_read_from_the_bootstrap_and_a_hostile_policy_ignored():
+    from gpudiag.analyzers.host_wait import passive_threads
+    from gpudiag.rundir import BootstrapMeta
+
+    def meta(policy: object, threads: object) -> dict[int, BootstrapMeta]:
+        return {0: BootstrapMeta(rank=0, omp_wait_policy=policy, intra_op_threads=threads)}  # type: ignore[arg-type]
+
+    assert passive_threads(meta("passive ", 2)) == 2
+    assert passive_threads(meta("PASSIVE", 1)) is None      # one thread: no peer to wait for
+    assert passive_threads(meta("ACTIVE", 2)) is None
+    assert passive_threads(meta(None, 2)) is None           # unset: libgomp spins first
+    assert passive_threads(meta(["PASSIVE"], 2)) is None    # a hostile file's value
+    assert passive_threads(meta("PASSIVE", "2")) is None
+    assert passive_threads(None) is None
