@@ -33,7 +33,7 @@ from gpudiag.diagnosis import Bottleneck, Diagnosis
 from gpudiag.pace import at_own_pace
 from gpudiag.rundir import read_bootstrap, read_host_cpu, read_steps
 from tests.conftest import labels_of, view_mfu
-from tests.harness import torchrun
+from tests.harness import torchrun, torchrun_failure, torchrun_ran
 from tests.paths import TESTS
 
 # Each test here makes its own competitor (spinners, CPU slices) and compares with its own quiet
@@ -56,7 +56,10 @@ def profile(tmp: Path, name: str, job: str, *args: str, opts: tuple[str, ...] = 
         cmd = [sys.executable, *cmd]
     proc = subprocess.run([sys.executable, "-m", "gpudiag", "profile", "--out", str(run), *opts, "--",
                            *cmd], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # a torchrun job runs to its end where a rank gloo's teardown aborted once the job's report
+    # was written (``torchrun_ran``; the DDP test's rank 0 did so beside a busy loop in a clean
+    # clone's run, 2026-12-02: "terminate called without an active exception")
+    assert proc.returncode == 0 or (ranks > 1 and torchrun_ran(proc, wrote=own)), torchrun_failure(proc)
     return Diagnosis.from_json((run / "diagnosis.json").read_text()), json.loads(own.read_text()), run
 
 
