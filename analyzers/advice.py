@@ -153,25 +153,36 @@ def _lower_precision_applies(a: AdviceInputs) -> bool:
 def _precision_predict(a: AdviceInputs) -> whatif.Prediction:
     fam, ratio = faster_dtype(a) or fastest_lower(a) or ("fp32", 1.0)
     if a.autocast is not None and fam == "bf16" and not on_gpu(a):
-        p = whatif.faster_dtype_measured(a.view, fp32_share(a), ratio, a.autocast.ratio,
-                                         a.autocast.share, a.autocast.shapes)
-        if a.faults is None or a.faults.faults < page_faults.MIN_MOVED_FAULTS:
-            return p
-        # autocast's bf16 copies are new blocks every step: under glibc's defaults they fault in
-        # too (blind set 12's two 1024x1024 layers, 256 rows: 0.70x with autocast alone, 0.51x
-        # with the allocator's thresholds raised as well; predicted 0.50x)
-        return replace(p, why=p.why + (
-            f", and that autocast's bf16 copies of the weights, new blocks every step, stay in the "
-            f"heap: the job faults in {a.faults.faults:,.0f} pages a step now, and with glibc's "
-            "defaults they would fault in too; apply allocator-keep-memory with it"))
+        return _autocast_cpu(a, ratio)
     return whatif.faster_dtype(a.view, fp32_share(a), ratio, fam)
+
+
+def _autocast_cpu(a: AdviceInputs, peak_ratio: float) -> whatif.Prediction:
+    """bf16 autocast on a CPU where the job's layers were timed here (``whatif.autocast_measured``):
+    lower-precision and bf16-activations are the same torch.autocast line, one prediction."""
+    assert a.autocast is not None
+    p = whatif.autocast_measured(a.view, fp32_share(a), peak_ratio, a.autocast, a.fp32_memory_bytes,
+                                 a.bandwidth, _optimizer_us(a))
+    if a.faults is None or a.faults.faults < page_faults.MIN_MOVED_FAULTS:
+        return p
+    # autocast's bf16 copies are new blocks every step: under glibc's defaults they fault in
+    # too (blind set 12's two 1024x1024 layers, 256 rows: 0.70x with autocast alone, 0.51x
+    # with the allocator's thresholds raised as well; predicted 0.50x. 2026-12-02, 4 x
+    # Linear(1024) at batch 32: 0.66x alone, 0.50x with them, predicted 0.49x)
+    return replace(p, why=p.why + (
+        f", and that autocast's bf16 copies of the weights, new blocks every step, stay in the "
+        f"heap: the job faults in {a.faults.faults:,.0f} pages a step now, and with glibc's "
+        "defaults they would fault in too; apply allocator-keep-memory with it"))
 
 
 def _bf16_bytes_predict(a: AdviceInputs) -> whatif.Prediction:
     """Half the bytes of the memory-bound fp32 work; autocast also runs the matmuls in bf16, so
-    where the device's bf16 peak is below fp32's their time grows by the peaks' ratio."""
+    where the device's bf16 peak is below fp32's their time grows by the peaks' ratio. On a CPU
+    whose run timed the job's layers, the measured prediction (``_autocast_cpu``)."""
     fp32, bf16 = a.device_peaks.get("fp32"), a.device_peaks.get("bf16")
     ratio = fp32 / bf16 if fp32 and bf16 else 1.0
+    if a.autocast is not None and not on_gpu(a):
+        return _autocast_cpu(a, ratio)
     return whatif.halved_bytes(a.view, fp32_share(a), a.fp32_memory_bytes, a.bandwidth,
                                gemm_ratio=ratio)
 

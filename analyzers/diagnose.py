@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gpudiag.analyzers.assemble import RankPartial, assemble
-from gpudiag.analyzers.autocast_gemms import AutocastGemms, gemm_shapes, sizeable, summarise
+from gpudiag.analyzers.autocast_gemms import AutocastGemms, Probe, gemm_work, sizeable, summarise
 from gpudiag.analyzers.breakdown import (
     cpu_work,
     gpu_span_breakdown,
@@ -29,7 +29,7 @@ from gpudiag.analyzers.breakdown import (
 from gpudiag.analyzers.communication import collective_acc
 from gpudiag.analyzers.host_cpu import HostCpu, host_cpu
 from gpudiag.analyzers.host_wait import host_wait, with_waits
-from gpudiag.analyzers.job_device import trace_device
+from gpudiag.analyzers.job_device import fp32_memory_bytes, trace_device
 from gpudiag.analyzers.rank_facts import rank_facts
 from gpudiag.analyzers.rank_pool import ProgressSink, RankFile, peek, run_ranks, select
 from gpudiag.analyzers.roofline import BOUND_MEMORY, RooflineAcc, work_bounds
@@ -64,9 +64,10 @@ class DeviceChoice:
     # Called with the FLOP/s per dtype family a job ran above the measured CPU peak: a measured
     # peak is a floor, so the collector keeps the higher figure (collectors.cpu_peak.raise_floor).
     peak_floor: Callable[[dict[str, float]], None] | None = None
-    # Called with (rows, inner, out) GEMM shapes: their bf16-with-casts time over fp32's, timed
-    # on this machine (collectors.gemm_probe); only for a trace recorded here
-    gemm_probe: Callable[[list[tuple[int, int, int]]], dict[tuple[int, int, int], float]] | None = None
+    # Called with the job's Linear layers and lone GEMM shapes (``autocast_gemms.Probe``): their
+    # time as bf16 autocast runs them over fp32's, timed on this machine (collectors.gemm_probe);
+    # only for a trace recorded here
+    gemm_probe: Callable[[list[Probe]], dict[Probe, float]] | None = None
     # This machine's host name, where the caller measures the CPU peak here: a run directory
     # that names it was recorded on the machine whose peak it is judged against, so a job that
     # ran faster than that peak proves the peak low, whatever the factor (``mfu.raise_measured_peak``).
@@ -296,20 +297,21 @@ def diagnose(target: str | Path, choice: DeviceChoice | None = None,
 
 def _autocast(partials: list[RankPartial], cpu_device: DevicePeak | None,
               choice: DeviceChoice) -> AutocastGemms | None:
-    """The job's fp32 GEMMs timed in bf16 with autocast's casts, on the CPU that ran them: only
-    where its bf16 peak beats fp32's (else lower precision is not advised at all) and the job ran
-    on the CPU."""
+    """The job's fp32 layers and GEMMs timed in bf16 as autocast runs them, on the CPU that ran
+    them: only where its bf16 peak beats fp32's (else lower precision is not advised at all)
+    and the job ran on the CPU."""
     if (choice.gemm_probe is None or cpu_device is None or any(p.has_gpu for p in partials)
             or cpu_device.flops.get("bf16", 0.0) <= cpu_device.flops.get("fp32", 0.0)):
         return None
     acc = RooflineAcc()
     for p in partials:
         acc.merge(p.roofline)
-    cb = acc.cb_time
-    shapes = sizeable(gemm_shapes(acc.groups), cb)
-    if not shapes:
+    ridge = cpu_device.ridge("float")
+    works = sizeable(gemm_work(acc.groups, ridge), acc.cb_time + acc.mb_time)
+    if not works:
         return None
-    return summarise(shapes, choice.gemm_probe([s for s, _ in shapes]), cb)
+    return summarise(works, choice.gemm_probe([w.probe for w in works]), acc.cb_time,
+                     acc.mb_time, fp32_memory_bytes(acc, cpu_device, 1) or 0.0)
 
 
 def _recorded_on(run_dir: Path, host: str | None) -> bool:

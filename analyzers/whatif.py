@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from gpudiag.analyzers.autocast_gemms import AutocastGemms
 from gpudiag.diagnosis import TimeBreakdown
 from gpudiag.units import ms, pct_whole, us
 
@@ -790,23 +791,47 @@ def faster_dtype(b: TimeBreakdown, fp32_share: float, ratio: float, family: str)
                       "peak) in both dtypes")
 
 
-def faster_dtype_measured(b: TimeBreakdown, fp32_share: float, peak_ratio: float,
-                          measured: float, share: float, shapes: int) -> Prediction:
-    """``faster_dtype`` on a CPU where the job's own fp32 GEMMs were timed on this machine in
-    bf16 with autocast's casts (``autocast_gemms``): ``share`` of the compute-bound work (those
-    GEMMs' time) at the ``measured`` time ratio, the rest (convolutions, batched GEMMs) at the
-    peaks' ``peak_ratio``."""
-    part = b.compute_bound * fp32_share
-    timed = part * share
-    saved = timed * (1 - measured) + (part - timed) * (1 - peak_ratio)
-    rest = (f", the rest ({ms(part - timed)}) at the bf16 peak, {1 / peak_ratio:.2g}x the fp32 one, "
-            "at the same efficiency" if part - timed > 0.5 else "")
-    return Prediction(b.step_time - saved,
-                      f"compute-bound fp32 work ({ms(part)}): its {shapes} largest GEMM shapes "
-                      f"({ms(timed)}) timed here in bf16 with autocast's casts of their inputs, "
-                      f"{measured:.2f}x their fp32 time (one thread){rest}; assumes the job's GEMMs "
-                      "in bf16 run as those did alone (the bf16 peak's ratio, the best of "
-                      f"512x512x512 GEMMs, is {peak_ratio:.2g}x the time)")
+def autocast_measured(b: TimeBreakdown, fp32_share: float, peak_ratio: float, ac: AutocastGemms,
+                      fp32_bytes: float | None, bandwidth: float, optimizer_us: float | None) -> Prediction:
+    """torch.autocast to bf16 on a CPU, where the job's own layers were timed on this machine as
+    autocast runs them (``autocast_gemms``): the timed GEMMs' time, compute-bound and
+    memory-bound apart, at their measured ratios; the compute-bound rest (convolutions, batched
+    GEMMs) at the peaks' ``peak_ratio``; and the memory-bound rest that autocast reaches (the
+    activations' operators; not the optimizer's step, which updates fp32 weights outside
+    autocast) moving half its bytes, no more than half its bytes take at the bandwidth. The same
+    change whichever label called for it, so one prediction for both."""
+    cb, mb = b.compute_bound * fp32_share, b.memory_bound * fp32_share
+    cb_timed, mb_timed = cb * ac.share, mb * ac.mem_share
+    cb_rest = cb - cb_timed
+    saved = cb_timed * (1 - ac.ratio) + cb_rest * (1 - peak_ratio) + mb_timed * (1 - ac.mem_ratio)
+    opt = min(optimizer_us or 0.0, max(0.0, mb - mb_timed))
+    act = max(0.0, mb - mb_timed - opt)
+    halved = act / 2
+    bound = ""
+    if fp32_bytes is not None and bandwidth > 0 and act > 0:
+        by_bytes = fp32_bytes * (1 - ac.mem_bytes_share) / 2 / bandwidth * 1e6
+        if by_bytes < halved:
+            halved, bound = by_bytes, f", half its {fp32_bytes * (1 - ac.mem_bytes_share) / 1e6:.3g} MB at " \
+                                      f"{bandwidth / 1e9:.3g} GB/s bounds it"
+    saved += halved
+    kind = "layer" if ac.layers else "GEMM"
+    what = (f"the job's largest {kind} shape" if ac.shapes == 1 else
+            f"the job's {ac.shapes} largest {kind} shapes")
+    timed = [f"their compute-bound time ({ms(cb_timed)}) at {ac.ratio:.2f}x"] if cb_timed > 0 else []
+    if mb_timed > 0:
+        timed.append(f"their memory-bound time ({ms(mb_timed)}, a small batch's) at {ac.mem_ratio:.2f}x")
+    parts = [f"{what} timed here forward and backward as autocast runs them (its casts included, "
+             f"one thread): " + " and ".join(timed or ["no time of the step"])]
+    if cb_rest > 0.5:
+        parts.append(f"the other compute-bound fp32 work ({ms(cb_rest)}) at the bf16 peak, "
+                     f"{1 / peak_ratio:.2g}x the fp32 one")
+    if act > 0.5:
+        parts.append(f"the activations' memory-bound work ({ms(act)}) moving half its bytes{bound}")
+    if opt > 0.5:
+        parts.append(f"the optimizer's step ({ms(opt)}) unchanged, fp32 outside autocast")
+    return Prediction(b.step_time - saved, "; ".join(parts) + "; assumes the job's layers in bf16 "
+                      f"run as those did alone (the bf16 peak's ratio, the best of 512x512x512 "
+                      f"GEMMs, is {peak_ratio:.2g}x the time)")
 
 
 def halved_bytes(b: TimeBreakdown, fp32_memory_share: float, fp32_bytes: float | None,

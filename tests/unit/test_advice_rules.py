@@ -146,6 +146,28 @@ def test_bf16_activations_counts_the_slower_matmuls_that_autocast_brings():
     assert whatif.halved_bytes(view, 1.0, None, 0.0).step_us == 70e3  # bf16 no slower: half of 60 ms
 
 
+def test_a_small_batchs_memory_bound_layers_take_their_measured_autocast_ratio_not_half_the_bytes():
+    """A 4 x Linear(512) MLP at batch 8 on one thread (2-core AMD EPYC, bf16 units): its GEMMs
+    are memory-bound (the weights' bytes), and bf16-activations promised 0.67x by halving every
+    memory-bound byte; autocast ran it 0.86-0.96x, since it casts each weight to bf16 and each
+    weight's gradient back, and leaves the optimizer's fp32 update alone. Where the run timed the
+    layers here, the same torch.autocast line gets one prediction from them, whichever label."""
+    from gpudiag.analyzers.autocast_gemms import AutocastGemms
+
+    view = breakdown(2.1e3, compute_bound=0.1e3, memory_bound=1.5e3)
+    a = dataclasses.replace(inputs(view, peaks=dict(SAPPHIRE_RAPIDS), label=Bottleneck.MEMORY),
+                            fp32_memory_bytes=46e6)
+    halved = recommend(a)
+    got = {r.action: r for r in halved.advised + halved.not_advised}["bf16-activations"]
+    assert got.predicted_step_s is not None and got.predicted_step_s < 0.8 * got.step_s   # the old promise
+    measured = dataclasses.replace(a, autocast=AutocastGemms(
+        ratio=0.9, share=1.0, shapes=1, mem_ratio=0.9, mem_share=0.8, mem_bytes_share=0.9, layers=1))
+    out = recommend(measured)
+    rec = {r.action: r for r in out.advised + out.not_advised}["bf16-activations"]
+    assert rec.predicted_step_s is not None and rec.predicted_step_s > 0.85 * rec.step_s, rec
+    assert "a small batch's) at 0.90x" in rec.why, rec.why
+
+
 @settings(max_examples=300, deadline=None)
 @given(step=st.floats(1e3, 1e6), parts=st.lists(st.floats(0, 1), min_size=5, max_size=5),
        cores=st.floats(0.05, 2.0), other=st.floats(0, 4), cpus=st.integers(1, 16),

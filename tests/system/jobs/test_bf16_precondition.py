@@ -2,7 +2,7 @@
 measured bf16 GEMM peak is below its fp32 one (this project's AMD EPYC, no AVX512_BF16 or AMX:
 bf16 29.5 GFLOP/s against fp32 256 in the issue, the MLP 2.6x slower under autocast) neither
 ``lower-precision`` nor ``bf16-activations`` is a thing to do; where bf16 beats fp32 (AMX,
-AVX512_BF16) the job's own GEMM shapes are timed here in bf16 and decide
+AVX512_BF16) the job's own layers are timed here as autocast runs them and decide
 (``collectors.gemm_probe``). A real compute-bound fp32 job (tests/jobs/autocast_job.py) under
 ``gpudiag profile``; which branch holds depends on this machine's measured peaks, and the test
 says which it took.
@@ -46,11 +46,11 @@ def test_lower_precision_follows_the_cpus_measured_bf16_peak(tmp_path):
         why = refused["lower-precision"].why
         assert why.startswith("would not help") and f"fp32 {peaks['fp32'] / 1e9:.3g} GFLOP/s" in why, why
         assert refused["lower-precision"].predicted_step_s is None
-    else:  # a CPU with bf16 units: the job's own GEMM shapes timed here in bf16 decide
+    else:  # a CPU with bf16 units: the job's own layers timed here as autocast runs them decide
         rec = advised.get("lower-precision") or refused.get("lower-precision")
         assert rec is not None, (advised, refused)
         if peaks.get("bf16", 0.0) > peaks["fp32"]:   # (fp16 alone faster: the peaks decide)
-            assert "timed here in bf16 with autocast's casts" in rec.why, rec.why
+            assert "timed here forward and backward as autocast runs them" in rec.why, rec.why
         if rec in advised.values():
             assert rec.gain is not None and rec.gain >= 0.03, rec
         else:   # a loaded machine may time them no faster: then not a thing to do, and why
