@@ -36,6 +36,7 @@ from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the p
 )
 from gpudiag.analyzers.advice_text import (
     attention_text,
+    autocast_after_allocator,
     batch_small_text,
     bf16_bytes_text,
     cheaper_input_text,
@@ -163,16 +164,31 @@ def _autocast_cpu(a: AdviceInputs, peak_ratio: float) -> whatif.Prediction:
     assert a.autocast is not None
     p = whatif.autocast_measured(a.view, fp32_share(a), peak_ratio, a.autocast, a.fp32_memory_bytes,
                                  a.bandwidth, _optimizer_us(a))
-    if a.faults is None or a.faults.faults < page_faults.MIN_MOVED_FAULTS:
+    if not autocast_after_allocator(a):
         return p
     # autocast's bf16 copies are new blocks every step: under glibc's defaults they fault in
-    # too (blind set 12's two 1024x1024 layers, 256 rows: 0.70x with autocast alone, 0.51x
-    # with the allocator's thresholds raised as well; predicted 0.50x. 2026-12-02, 4 x
-    # Linear(1024) at batch 32: 0.66x alone, 0.50x with them, predicted 0.49x)
-    return replace(p, why=p.why + (
-        f", and that autocast's bf16 copies of the weights, new blocks every step, stay in the "
-        f"heap: the job faults in {a.faults.faults:,.0f} pages a step now, and with glibc's "
-        "defaults they would fault in too; apply allocator-keep-memory with it"))
+    # too. Blind set 12's two 1024x1024 layers, 256 rows: 0.70x with autocast alone, 0.51x with
+    # the allocator's thresholds raised as well; predicted 0.50x. Blind check 31 (2026-12-02,
+    # 2-core AMD EPYC with bf16 units): four jobs told 0.53-0.67x ran 0.47-0.66x against the
+    # step with the allocator's thresholds raised, 0.31-0.50x against today's; a 2 x
+    # Linear(2048) MLP at batch 4 told 0.63x ran 1.03-1.29x with autocast alone. So the
+    # prediction starts from the step after allocator-keep-memory, and the text says to apply
+    # it first.
+    assert a.faults is not None
+    before, after, _why = page_faults.predicted_step_us(a.faults)
+    if before <= 0 or a.view.step_time <= 0 or p.step_us is None:
+        return p
+    # in the frame the other fixes are shown in: the untraced steps' wall clock where the view
+    # is the traced steps (``_unobserved_frame``, which a prediction with its own start skips)
+    today = a.untraced_wall_us or a.view.step_time
+    start = today * min(1.0, after / before)
+    return whatif.Prediction(
+        start * p.step_us / a.view.step_time,
+        f"from the step after allocator-keep-memory ({ms(start)}, {start / today:.2f}x today's "
+        f"{ms(today)} by its own prediction): the job faults in {a.faults.faults:,.0f} pages a step now, "
+        "and autocast's bf16 copies of the weights, new blocks every step, would fault in too under "
+        f"glibc's defaults; the same share of that step: {p.why}",
+        from_us=start)
 
 
 def _bf16_bytes_predict(a: AdviceInputs) -> whatif.Prediction:

@@ -4,7 +4,7 @@ them is ``advice``."""
 
 from __future__ import annotations
 
-from gpudiag.analyzers import advice_threads, whatif
+from gpudiag.analyzers import advice_threads, page_faults, whatif
 from gpudiag.analyzers.advice_inputs import (
     TENSOR_CORE_MULTIPLE,
     AdviceInputs,
@@ -347,7 +347,29 @@ def fuse_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
             + module_loop_text(a))
 
 
+def autocast_after_allocator(a: AdviceInputs) -> bool:
+    """bf16 autocast on a CPU whose job faults in pages every step: autocast's bf16 copies of
+    the weights are new blocks every step and would fault in too, so its prediction is from the
+    step after allocator-keep-memory (``advice._autocast_cpu``) and the text says to apply that
+    first."""
+    return (not on_gpu(a) and a.autocast is not None and a.faults is not None
+            and a.faults.faults >= page_faults.MIN_MOVED_FAULTS)
+
+
+ALLOCATOR_FIRST = (" Apply allocator-keep-memory first: autocast makes new bf16 copies of the weights "
+                   "every step, and under glibc's defaults they fault in every step as the job's "
+                   "temporaries do now (bf16 alone can then be slower than fp32); the prediction is "
+                   "from the step after it.")
+
+
 def bf16_bytes_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
+    if a.autocast is not None and not on_gpu(a):
+        # the layers were timed: the same autocast line as lower-precision, said as it is
+        return (f"Memory-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.MEMORY])} {of_step(a)} in "
+                f"fp32{_largest(a)}: run the forward in bf16 (torch.autocast('cpu', "
+                "dtype=torch.bfloat16)); the layers' GEMMs then read bf16 copies of the weights and "
+                "the activations move half the bytes."
+                + (ALLOCATOR_FIRST if autocast_after_allocator(a) else ""))
     return (f"Memory-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.MEMORY])} {of_step(a)} in fp32"
             f"{_largest(a)}: keep activations in bf16 (torch.autocast) to halve the bytes moved.")
 
@@ -374,7 +396,7 @@ def precision_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
         how = ("run matmuls in bf16 (torch.autocast('cpu', dtype=torch.bfloat16)): this CPU's "
                f"measured {fam} GEMM peak is {1 / ratio:.2g}x its fp32 one")
     return (f"Compute-bound {device_unit(a)} work is {pct_whole(s[Bottleneck.COMPUTE])} {of_step(a)} in fp32"
-            f"{mfu}: {how}.")
+            f"{mfu}: {how}." + (ALLOCATOR_FIRST if autocast_after_allocator(a) else ""))
 
 
 def attention_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
