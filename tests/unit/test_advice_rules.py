@@ -188,7 +188,8 @@ def test_autocast_on_a_job_that_faults_every_step_is_predicted_after_the_allocat
     rec = {r.action: r for r in recommend(dataclasses.replace(a, faults=faults)).advised}["lower-precision"]
     assert "Apply allocator-keep-memory first" in rec.text, rec.text
     # from the step less its faults' 5 ms, the same share saved as without them
-    assert rec.step_s == pytest.approx(15e-3) and rec.why.startswith("from the step after allocator-keep-memory")
+    assert rec.step_s == pytest.approx(15e-3)
+    assert rec.why.startswith("from the step after allocator-keep-memory"), rec.why
     assert rec.predicted_step_s / rec.step_s == pytest.approx(plain.predicted_step_s / plain.step_s)
 
 
