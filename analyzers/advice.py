@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gpudiag.analyzers import advice_fp32, advice_threads, blocked, page_faults, whatif
+from gpudiag.analyzers import advice_fp32, advice_threads, blocked, omp_wait, page_faults, whatif
 from gpudiag.analyzers import checkpoint as ckpt
 from gpudiag.analyzers import syncs as host_syncs
 from gpudiag.analyzers.advice_inputs import (  # AdviceInputs and job_cpu: the public face
@@ -418,6 +418,10 @@ CATALOGUE: list[Advice] = [
     # the thread asleep in a blocking call of the job's (a socket, fsync, a lock, a sleep)
     Advice("unblock-training-thread", lambda a, s: blocked.applies(a), blocked.text, blocked.predict,
            Bottleneck.HOST, blocked=blocked.unsure),
+    # a CPU job's intra-op threads put to sleep at every parallel region's end (OpenMP's passive
+    # wait policy): the wake-ups are in the operators' time, no share of the step
+    Advice("omp-wait-policy", lambda a, s: omp_wait.applies(a), omp_wait.text, omp_wait.predict,
+           None, blocked=omp_wait.no_core_to_spin),
     Advice("free-a-core", lambda a, s: contention_share(a.view) >= HOST_NOTABLE, contention_text,
            lambda a: whatif.contention_removed(a.view), Bottleneck.HOST),
     # a CPU job's intra-op threads outnumbering the cores other processes leave: the machine's

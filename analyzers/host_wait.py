@@ -92,6 +92,10 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
     machine = walls - statistics.median(r.dt for r in ref) * 1e6 if walls is not None else None
     sleeps = [s for r in ran if (s := blocked_s(r)) is not None]
     blocked = max(0.0, statistics.median(sleeps)) * 1e6 if sleeps else None
+    asleeps = [s for r in ran if (s := asleep_s(r)) is not None]
+    asleep = max(0.0, statistics.median(asleeps)) * 1e6 if asleeps else None
+    counts = [r.slices for r in ran if r.slices is not None]
+    slices = float(statistics.median(counts)) if counts else None
     traced_machine = sum(r.machine_s for r in traced) / len(traced) * 1e6 if traced else None
     over = "untraced steps"
     if host is None and samples:
@@ -131,7 +135,8 @@ def host_wait(windows: list[WindowSteps] | None, steps: dict[int, list[StepRow]]
                     untraced_run_us=run, own_share=split[0] if split else None,
                     other_share=split[1] if split else None, untraced_peer_wait_us=peer,
                     untraced_machine_us=machine, traced_machine_us=traced_machine,
-                    untraced_blocked_us=blocked, untraced_wall_us=walls, passive_threads=passive)
+                    untraced_blocked_us=blocked, untraced_wall_us=walls, passive_threads=passive,
+                    untraced_asleep_us=asleep, untraced_slices=slices)
 
 
 def passive_threads(boot: Mapping[int, BootstrapMeta] | None) -> int | None:

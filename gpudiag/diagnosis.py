@@ -397,6 +397,11 @@ class HostWait:
     # they sleep at each parallel region's end, which the training thread's clocks cannot tell
     # from a blocking call's sleep (``analyzers.blocked``); None: not so, or not recorded
     passive_threads: int | None = None
+    # the training thread's whole sleep outside the DataLoader, collectives and torch.save per
+    # reference step (median; ``host_wait.asleep_s``), and the times it was put back on a core
+    # (median; schedstat's count): what the passive policy's advice reads (``omp_wait``)
+    untraced_asleep_us: float | None = None
+    untraced_slices: float | None = None
 
 
 @dataclass

@@ -347,7 +347,8 @@ def test_every_recommendation_in_the_catalogue_has_a_job_it_must_not_be_given_to
         # a GPU job is not given the CPU's small-op advice, nor the compiled one's if not compiled
         # and host gaps with no wait for a core recorded are not read as cores its threads hold
         (gpu["a100-nccl-2rank"], {"compile-small-ops", "batch-small-ops", "remove-host-syncs",
-                                  "cuda-graphs", "free-a-core", "fewer-intra-op-threads"},
+                                  "cuda-graphs", "free-a-core", "fewer-intra-op-threads",
+                                  "omp-wait-policy"},
          "GPU, host-bound, not compiled"),
         # a bf16 job is not told to use bf16; one on SDPA not told to use it; low MFU is not near peak
         (gpt, {"lower-precision", "bf16-activations", "fused-attention", "fewer-flops"},
