@@ -42,7 +42,11 @@ from tests.paths import TESTS
 
 JOBS = TESTS / "jobs"
 MFU_TOLERANCE = 0.15  # relative, as the issue asks
-HOST_OVERHEAD_OF_ADDS = 1.0  # the DataLoader job's own host overhead, at most this share of its big adds
+# the DataLoader job's own host overhead, at most this share of its big adds: 0.52-0.65x on the
+# 2-core AMD EPYC VMs of the issue, 1.05x on a Zen 5 one (avx512_bf16; its adds 3.8 ms, its
+# Python 4.0 ms a step); the adds read as host overhead put it at their own share plus that,
+# 1.55x or more on the issue's VM (host 8.7-12.4 ms over adds of 4.7-5.6) and 2x on the Zen 5
+HOST_OVERHEAD_OF_ADDS = 1.4
 ADDS_CUT_AS_STALLS = 0.5  # the share of its big adds' time the stall cut may take (the bug: 0.99)
 
 
@@ -241,7 +245,7 @@ def test_a_weights_gradient_is_work_though_the_biases_adds_share_its_name(tmp_pa
     assert cut < ADDS_CUT_AS_STALLS * adds, (cut, adds)
     # the job's own host overhead (less the OS's stalls) is its ~3 ms of Python, not the adds:
     # 0.52-0.54x the adds on a 2-core AMD EPYC in the issue, 0.58-0.65x in 4 runs on another,
-    # under 0.5x on Intel Xeon. The bound is 1.5x above the highest.
+    # under 0.5x on Intel Xeon, 1.05x on a Zen 5 EPYC whose adds are faster (HOST_OVERHEAD_OF_ADDS)
     b = d.breakdown
     assert b.host_overhead - b.host_stalled < HOST_OVERHEAD_OF_ADDS * adds, (b, adds)
 
