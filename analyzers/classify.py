@@ -172,8 +172,9 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
     slowed beside it) are timed by wall clock, other processes' time inside them included, and
     over the own-pace step they read as much as half again larger than the step the fix removes
     (a DDP job at load 2-6 read 73% of its own-pace step where accumulating over 4 micro-batches
-    ran 0.64x, as predicted from 48% of the wall step). The other shares keep their proportions
-    in the rest of the own-pace step."""
+    ran 0.64x, as predicted from 48% of the wall step); its exposed wait, which the own pace took
+    other processes' part out of (``TimeBreakdown.comm_stalled``), with that part back. The
+    other shares keep their proportions in the rest of the own-pace step."""
     if b.own_step <= 0:
         return {k: 0.0 for k in _NOTABLE}
     known = b.compute_bound + b.memory_bound
@@ -187,8 +188,8 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
     else:
         cb, mb = rest, 0.0  # unknown split: counted as compute, confidence lowered
     st = b.own_step
-    comm = b.comm_exposed + for_comm
-    others = st - comm
+    comm = b.comm_exposed + b.comm_stalled + for_comm   # ``comm_cost.cost``: by the wall clock
+    others = st - (b.comm_exposed + for_comm)
     k = (1 - comm / b.step_time) / others if others > 0 else 1 / st
     return {
         Bottleneck.COMPUTE: cb * k,
@@ -276,7 +277,7 @@ def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, un
             return (f"{pct_whole(s[label])} of each {wall:.3g} ms step{at} is communication not overlapped "
                     f"with compute")
         return (f"{pct_whole(s[label])} of each {wall:.3g} ms step{at} is communication's cost: "
-                f"{pct_whole(b.comm_exposed / b.step_time)} not overlapped with compute, "
+                f"{pct_whole((b.comm_exposed + b.comm_stalled) / b.step_time)} not overlapped with compute, "
                 f"{pct_whole(inner / b.step_time)} inside the compute (the collectives' copies on the "
                 f"training thread, and the compute slowed beside them: their threads on the ranks' cores)")
     if label is Bottleneck.HOST:

@@ -153,6 +153,10 @@ def with_contention(b: TimeBreakdown, cpu_us: float | None, traits: JobTraits | 
 
 
 def cost(b: TimeBreakdown) -> float:
-    """Communication's cost per step in ``b``: exposed, the training thread's work for it, and
-    the compute its threads took (the ``classify.shares`` communication share, times the step)."""
-    return b.comm_exposed + min(b.compute, b.comm_work + b.comm_contention)
+    """Communication's cost per step in ``b``: exposed (by the wall clock: with the part other
+    processes took of it, ``comm_stalled``), the training thread's work for it, and the compute
+    its threads took (the ``classify.shares`` communication share, times the step). Why the wall
+    clock for the exposed wait too: a 2-rank gloo job whose all-reduce was 92% of its step read
+    host-bound beside a test suite, its exposed wait taken at its own pace (11.4 ms) over the
+    wall step (31.2 ms), 36%, and its 1 ms of Python scaled up to the rest."""
+    return b.comm_exposed + b.comm_stalled + min(b.compute, b.comm_work + b.comm_contention)

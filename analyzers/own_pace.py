@@ -58,7 +58,8 @@ def charge(b: TimeBreakdown, device_kind: str, machine_us: float, wait_us: float
     out = replace(b, compute=b.compute * k, compute_bound=b.compute_bound * k,
                   memory_bound=b.memory_bound * k, gpu_busy=b.gpu_busy * k,
                   comm_total=b.comm_total - b.comm_exposed * (1 - k),
-                  comm_exposed=b.comm_exposed * k, memcpy_exposed=b.memcpy_exposed * k,
+                  comm_exposed=b.comm_exposed * k, comm_stalled=b.comm_stalled + b.comm_exposed * (1 - k),
+                  memcpy_exposed=b.memcpy_exposed * k,
                   input_wait=kept + (b.input_wait - kept) * k, host_stalled=b.host_stalled + pool * (1 - k))
     out.host_overhead = gaps * k + out.host_stalled
     out.host_waiting = out.host_stalled
@@ -72,17 +73,24 @@ def without_machine(b: TimeBreakdown) -> TimeBreakdown:
     if s <= 0:
         return b
     return replace(b, step_time=b.step_time - s, host_overhead=b.host_overhead - s, idle=b.idle - s,
-                   host_waiting=max(0.0, b.host_waiting - s), host_stalled=0.0)
+                   host_waiting=max(0.0, b.host_waiting - s), host_stalled=0.0, comm_stalled=0.0)
 
 
-def with_machine(b: TimeBreakdown, machine_us: float) -> TimeBreakdown:
+def with_machine(b: TimeBreakdown, machine_us: float, device_kind: str = "gpu") -> TimeBreakdown:
     """``b`` (at the job's own pace) with ``machine_us`` other processes took added to its step as
-    ``host_stalled``: the wall-clock step, with the machine's part a row of its own."""
+    ``host_stalled``: the wall-clock step, with the machine's part a row of its own. On a CPU the
+    other processes took it from every part the cores ran, as ``charge`` reads a traced step: the
+    exposed communication's part of it is ``comm_stalled`` (what its fix removes by the wall
+    clock, ``comm_cost.cost``)."""
     if machine_us <= 0:
         return b
+    comm_stalled = b.comm_stalled
+    if device_kind != "gpu":
+        pool = sum(getattr(b, p) for p in _CPU_PARTS) + b.host_overhead - b.host_stalled
+        comm_stalled += machine_us * b.comm_exposed / pool if pool > 0 else 0.0
     return replace(b, step_time=b.step_time + machine_us, host_overhead=b.host_overhead + machine_us,
                    idle=b.idle + machine_us, host_waiting=b.host_waiting + machine_us,
-                   host_stalled=b.host_stalled + machine_us)
+                   host_stalled=b.host_stalled + machine_us, comm_stalled=comm_stalled)
 
 
 def reference_machine_us(windows: list[WindowSteps], steps: list[int]) -> float:

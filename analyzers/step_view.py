@@ -142,7 +142,7 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
     # the traced view's own classify names its machine share; the estimate's split needs this
     deductions = deductions + busier_window(traced, machine, dil.untraced_step_us)
     unprofiled, repairs = estimate_unprofiled(own, dil, device_kind, own_events(events, traced))
-    unprofiled = with_machine(unprofiled, machine)
+    unprofiled = with_machine(unprofiled, machine, device_kind)
     noise = dil.untraced_spread / 2
     deductions += (repairs + extreme_dilation(dil.factor)
                    + noise_deduction(noise, "the untraced steps around the window"))

@@ -460,7 +460,10 @@ def accumulated(b: TimeBreakdown, comm_cost: float, k: int = ACCUMULATE_STEPS,
             "(the gain is under-stated by what it costs)")
     return Prediction(b.step_time - saved,
                       f"per micro-batch: communication's cost ({ms(comm_cost)} a step: exposed "
-                      f"{ms(b.comm_exposed)}, the training thread's copies for it {ms(b.comm_work)}, "
+                      f"{ms(b.comm_exposed + b.comm_stalled)}"
+                      + (f" by the wall clock ({ms(b.comm_stalled)} of it other processes')"
+                         if b.comm_stalled > 0.5 else "")
+                      + f", the training thread's copies for it {ms(b.comm_work)}, "
                       f"compute slowed beside it {ms(b.comm_contention)}) paid once every {k} "
                       f"micro-batches{step}; assumes a micro-batch's forward and backward are the step's "
                       "and the all-reduce of accumulated gradients costs what one step's does")

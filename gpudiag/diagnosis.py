@@ -69,6 +69,11 @@ class TimeBreakdown:
     # were short (``analyzers.comm_cost``). Optional: older files read them as 0.
     comm_work: float = 0.0
     comm_contention: float = 0.0
+    # The part of the exposed communication's wall time other processes took, which
+    # ``own_pace.charge`` moved into ``host_stalled`` with the other CPU parts' (a CPU job only):
+    # removing the wait removes that part of the wall step too, since other processes take a
+    # share of the cores' time, not a fixed part of each step (``comm_cost.cost``). Optional.
+    comm_stalled: float = 0.0
 
     def fraction(self, part: str) -> float:
         return getattr(self, part) / self.step_time if self.step_time > 0 else 0.0
