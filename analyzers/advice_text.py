@@ -188,18 +188,24 @@ def _collectives_per_step(a: AdviceInputs) -> float | None:
 
 def comm_cost_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     b = a.view
-    parts = [f"{ms(b.comm_exposed)} exposed"]
+    exposed = b.comm_exposed + b.comm_stalled   # by the wall clock, as the share (``comm_cost.cost``)
+    parts = [f"{ms(exposed)} exposed"]
     if b.comm_work > 0:
         parts.append(f"{ms(b.comm_work)} of the training thread's copies into and out of DDP's buckets")
     if b.comm_contention > 0:
         parts.append(f"{ms(b.comm_contention)} of compute slowed beside the collectives (the cores "
                      "and memory they took)")
     k = whatif.ACCUMULATE_STEPS
+    # a job that calls dist.all_reduce itself has no no_sync() or comm hook (blind check 33: a
+    # manual 32 MB all-reduce a step was told to use "DDP's no_sync()")
+    how, fewer = (("under DDP's no_sync() and all-reduce on the last",
+                   "DDP's bf16_compress_hook or fp16_compress_hook, PowerSGD") if a.traits.ddp else
+                  ("and all-reduce their sum once, on the last",
+                   "all-reduce a bf16 or fp16 copy, or a low-rank one as PowerSGD does"))
     return (f"Communication costs {pct_whole(s[Bottleneck.COMMUNICATION])} {of_step(a)} "
             f"({', '.join(parts)}): all-reduce less often - accumulate gradients over {k} micro-batches "
-            "under DDP's no_sync() and all-reduce on the last (each step then moves the same bytes "
-            f"for {k} times the samples, where the larger effective batch suits the training) - or send "
-            "fewer bytes (DDP's bf16_compress_hook or fp16_compress_hook, PowerSGD)"
+            f"{how} (each step then moves the same bytes for {k} times the samples, where the larger "
+            f"effective batch suits the training) - or send fewer bytes ({fewer})"
             + ("; on a CPU, gloo's threads run on the ranks' own cores: where the ranks share one "
                "machine, one process with more intra-op threads needs no all-reduce at all"
                if not on_gpu(a) and a.ranks > 1 else "")

@@ -193,6 +193,18 @@ def test_autocast_on_a_job_that_faults_every_step_is_predicted_after_the_allocat
     assert rec.predicted_step_s / rec.step_s == pytest.approx(plain.predicted_step_s / plain.step_s)
 
 
+def test_a_manual_all_reduce_is_not_told_to_use_ddps_no_sync():
+    """Blind check 33: a job calling dist.all_reduce on a 32 MB tensor each step (no DDP) was told
+    to accumulate "under DDP's no_sync()" and to use DDP's compress hooks."""
+    view = breakdown(30e3, compute_bound=2e3, comm=25e3)
+    for ddp, says in ((False, "all-reduce their sum once"), (True, "no_sync()")):
+        traits = JobTraits(training=True, optimizer=True, ddp=ddp)
+        out = recommend(inputs(view, traits=traits, label=Bottleneck.COMMUNICATION))
+        less = {r.action: r for r in out.advised}["all-reduce-less-often"]
+        assert says in less.text, less.text
+        assert ("DDP" in less.text) is ddp, less.text
+
+
 @settings(max_examples=300, deadline=None)
 @given(step=st.floats(1e3, 1e6), parts=st.lists(st.floats(0, 1), min_size=5, max_size=5),
        cores=st.floats(0.05, 2.0), other=st.floats(0, 4), cpus=st.integers(1, 16),
