@@ -188,8 +188,7 @@ def _collectives_per_step(a: AdviceInputs) -> float | None:
 
 def comm_cost_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     b = a.view
-    exposed = b.comm_exposed + b.comm_stalled   # by the wall clock, as the share (``comm_cost.cost``)
-    parts = [f"{ms(exposed)} exposed"]
+    parts = [f"{ms(b.comm_exposed_wall)} exposed"]   # by the wall clock, as the share
     if b.comm_work > 0:
         parts.append(f"{ms(b.comm_work)} of the training thread's copies into and out of DDP's buckets")
     if b.comm_contention > 0:

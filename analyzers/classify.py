@@ -188,7 +188,7 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
     else:
         cb, mb = rest, 0.0  # unknown split: counted as compute, confidence lowered
     st = b.own_step
-    comm = b.comm_exposed + b.comm_stalled + for_comm   # ``comm_cost.cost``: by the wall clock
+    comm = b.comm_exposed_wall + for_comm   # ``comm_cost.cost``: by the wall clock
     others = st - (b.comm_exposed + for_comm)
     k = (1 - comm / b.step_time) / others if others > 0 else 1 / st
     return {
@@ -277,7 +277,7 @@ def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, un
             return (f"{pct_whole(s[label])} of each {wall:.3g} ms step{at} is communication not overlapped "
                     f"with compute")
         return (f"{pct_whole(s[label])} of each {wall:.3g} ms step{at} is communication's cost: "
-                f"{pct_whole((b.comm_exposed + b.comm_stalled) / b.step_time)} not overlapped with compute, "
+                f"{pct_whole(b.comm_exposed_wall / b.step_time)} not overlapped with compute, "
                 f"{pct_whole(inner / b.step_time)} inside the compute (the collectives' copies on the "
                 f"training thread, and the compute slowed beside them: their threads on the ranks' cores)")
     if label is Bottleneck.HOST:

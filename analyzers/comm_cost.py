@@ -159,4 +159,4 @@ def cost(b: TimeBreakdown) -> float:
     clock for the exposed wait too: a 2-rank gloo job whose all-reduce was 92% of its step read
     host-bound beside a test suite, its exposed wait taken at its own pace (11.4 ms) over the
     wall step (31.2 ms), 36%, and its 1 ms of Python scaled up to the rest."""
-    return b.comm_exposed + b.comm_stalled + min(b.compute, b.comm_work + b.comm_contention)
+    return b.comm_exposed_wall + min(b.compute, b.comm_work + b.comm_contention)

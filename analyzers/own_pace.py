@@ -34,6 +34,12 @@ from gpudiag.units import ms
 _CPU_PARTS = ("compute", "comm_exposed", "memcpy_exposed", "input_wait")
 
 
+def _cpu_pool(b: TimeBreakdown) -> float:
+    """The parts of a CPU step the cores ran, which other processes take their part from: the
+    work, the exposed waits and the job's own host gaps."""
+    return float(sum(getattr(b, p) for p in _CPU_PARTS)) + b.host_overhead - b.host_stalled
+
+
 def charge(b: TimeBreakdown, device_kind: str, machine_us: float, wait_us: float = 0.0,
            blocked_input: float = 0.0) -> TimeBreakdown:
     """``b`` with ``machine_us`` of it held by other processes as ``host_stalled`` (at least what
@@ -52,7 +58,7 @@ def charge(b: TimeBreakdown, device_kind: str, machine_us: float, wait_us: float
         return replace(b, host_waiting=max(b.host_waiting, b.host_stalled))
     gaps = b.host_overhead - b.host_stalled
     kept = b.input_wait * min(1.0, max(0.0, blocked_input))  # blocked: no process took it
-    pool = sum(getattr(b, p) for p in _CPU_PARTS) + gaps - kept
+    pool = _cpu_pool(b) - kept
     extra = min(extra, pool)
     k = max(0.0, 1 - extra / pool) if pool > 0 else 1.0
     out = replace(b, compute=b.compute * k, compute_bound=b.compute_bound * k,
@@ -86,7 +92,7 @@ def with_machine(b: TimeBreakdown, machine_us: float, device_kind: str = "gpu") 
         return b
     comm_stalled = b.comm_stalled
     if device_kind != "gpu":
-        pool = sum(getattr(b, p) for p in _CPU_PARTS) + b.host_overhead - b.host_stalled
+        pool = _cpu_pool(b)
         comm_stalled += machine_us * b.comm_exposed / pool if pool > 0 else 0.0
     return replace(b, step_time=b.step_time + machine_us, host_overhead=b.host_overhead + machine_us,
                    idle=b.idle + machine_us, host_waiting=b.host_waiting + machine_us,

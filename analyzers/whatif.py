@@ -460,7 +460,7 @@ def accumulated(b: TimeBreakdown, comm_cost: float, k: int = ACCUMULATE_STEPS,
             "(the gain is under-stated by what it costs)")
     return Prediction(b.step_time - saved,
                       f"per micro-batch: communication's cost ({ms(comm_cost)} a step: exposed "
-                      f"{ms(b.comm_exposed + b.comm_stalled)}"
+                      f"{ms(b.comm_exposed_wall)}"
                       + (f" by the wall clock ({ms(b.comm_stalled)} of it other processes')"
                          if b.comm_stalled > 0.5 else "")
                       + f", the training thread's copies for it {ms(b.comm_work)}, "

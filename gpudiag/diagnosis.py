@@ -79,6 +79,12 @@ class TimeBreakdown:
         return getattr(self, part) / self.step_time if self.step_time > 0 else 0.0
 
     @property
+    def comm_exposed_wall(self) -> float:
+        """The exposed communication by the wall clock: with the part other processes took of
+        it (``comm_stalled``), what a fix that removes the wait removes (``comm_cost.cost``)."""
+        return self.comm_exposed + self.comm_stalled
+
+    @property
     def own_step(self) -> float:
         """The step at the job's own pace: less the time the OS ran other processes
         (``host_stalled``), which a fix of the job's cannot remove and a busy machine adds."""
