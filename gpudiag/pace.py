@@ -47,25 +47,39 @@ from dataclasses import replace
 
 from gpudiag.rundir import BootstrapMeta, HostSample, StepRow, collectives_wait_s
 
+# Cores' worth the rest of the machine must have run over a host sample before its runnable
+# tasks (beyond the job's) are read as crowding the job. Below it the excess is the count's noise
+# (ten instant reads of /proc/loadavg while the job's threads come and go) or tasks so low in
+# priority that they hardly ran: an idle 2-core VM read 0.2-0.5 more runnable tasks than the
+# 2-rank gloo test job's own while the rest of the machine used 0.00-0.03 cores, and the job's
+# whole wait for a core (its ranks' gloo threads crowding each other) was read as other
+# processes', a third of each step (2026-12-02).
+OTHERS_RAN = 0.1
+
 
 def wait_shares(job_cores: float, thread_cores: float, other_cores: float | None,
                 job_runq: float | None = None, cpus: int | None = None,
-                runnable: float | None = None) -> tuple[float, float] | None:
+                runnable: float | None = None, turns: float = 0.0) -> tuple[float, float] | None:
     """(own, other): of the wait for a core a job's thread saw, the share the job's own threads
     and processes caused and the share processes outside it caused (module docstring). Inputs
     are cores' worth over one host sample: what the job's tree ran (``job_cores``), what the
     stepping thread ran (``thread_cores``), what the rest of the machine kept busy
     (``other_cores``), what the job's threads waited for a core (``job_runq``, all threads), the
     cores it may use (``cpus``) and the machine's runnable tasks (``runnable``, the job's
-    included: what the rest wanted is that less the job's). None where the machine's figure is
-    unknown or nothing competed. Without ``job_runq`` or ``cpus`` (runs recorded before they
-    were), the split is in proportion to the CPU used, the scheduler's fair share assumed."""
+    included: what the rest wanted is that less the job's, read only where the rest ran at least
+    ``OTHERS_RAN`` cores). ``turns``: cores' worth of ``job_runq`` that threads taking turns
+    added (``taking_turns``), out of the job's demand but in the runnable count, which saw the
+    threads as they were. None where the machine's figure is unknown or nothing competed.
+    Without ``job_runq`` or ``cpus`` (runs recorded before they were), the split is in
+    proportion to the CPU used, the scheduler's fair share assumed."""
     if other_cores is None:
         return None
     other = max(0.0, other_cores)
     if job_runq is not None and cpus:
-        want = max(0.0, job_cores) + max(0.0, job_runq)
-        rest = max(other, runnable - want) if runnable is not None else other
+        want = max(0.0, job_cores) + max(0.0, job_runq - turns)
+        rest = other
+        if runnable is not None and other >= OTHERS_RAN:
+            rest = max(other, runnable - max(0.0, job_cores) - max(0.0, job_runq))
         crowded = 1 - cpus / (want + rest) if want + rest > cpus else 0.0
         if crowded > 0:
             alone = 1 - cpus / want if want > cpus else 0.0
@@ -135,6 +149,17 @@ def taking_turns(r: StepRow, ranks: int = 1) -> float:
     return ranks * min(collectives_wait_s(r), r.comm_cpu_s + (r.peer_wait_s or 0.0)) / r.dt
 
 
+def others_ran(other_cores: float | None, dt: float) -> float:
+    """Seconds of a step's wait other processes can have caused at most: what they ran over it.
+    Why: the step's wait (``step_wait``) is the training thread's and, while it slept, the
+    slowest other thread's, in turn, so each instant of it is one thread waiting for a core that
+    another task held; a task of another process held it no longer than it ran. The fair share
+    (``wait_shares``) counts runnable tasks alike, but a task at a low priority (nice 10, a
+    background build) runnable beside the job ran a tenth of a core or less, and the share read a
+    job that fits its cores as waiting on it for all its own wait."""
+    return max(0.0, other_cores or 0.0) * dt
+
+
 def _sample_for(ends: list[float], samples: Sequence[HostSample], t: float) -> HostSample | None:
     """The host sample whose interval holds ``t`` (the first sample has none: no interval)."""
     k = bisect.bisect_left(ends, t)
@@ -163,12 +188,11 @@ def own_step_seconds(rows: Sequence[StepRow], samples: Sequence[HostSample],
         run = r.run_s  # a torn row may lack it: then no split (the job is charged)
         if wait and r.dt > 0 and h is not None and run is not None:
             other = h.machine_busy - h.cores if h.machine_busy is not None else None
-            runq = h.runq_threads
-            if runq is not None:
-                runq = max(0.0, runq - taking_turns(r, ranks))
-            split = wait_shares(h.cores, min(1.0, run / r.dt), other, runq, cpus, h.runnable)
+            turns = taking_turns(r, ranks) if h.runq_threads is not None else 0.0
+            split = wait_shares(h.cores, min(1.0, run / r.dt), other, h.runq_threads, cpus,
+                                h.runnable, turns)
             if split is not None:
-                own = min(r.dt, max(run, device_s, r.dt - wait * split[1]))
+                own = min(r.dt, max(run, device_s, r.dt - min(wait * split[1], others_ran(other, r.dt))))
         out.append(own)
     return out
 

@@ -45,3 +45,14 @@ def test_the_estimates_machine_part_is_spread_over_a_cpu_steps_parts_as_a_traced
     assert shares(cpu)[Bottleneck.COMMUNICATION] == pytest.approx((11.4 + 18.8 * 11.4 / 12.4) / 31.2)
     # a GPU's collectives run on the device: other processes on the cores do not lengthen them
     assert with_machine(own, 18.8e3, "gpu").comm_stalled == 0
+
+
+def test_overlapping_names_the_frame_of_its_exposed_figure_beside_the_wall_clocks():
+    """The same busy step: all-reduce-less-often quotes the exposed wait by the wall clock (28.7
+    ms), so overlap-communication's 'exposed communication' at the job's own pace (about 10 ms)
+    says which it is and gives the wall clock's beside it; a quiet step's text is as before."""
+    from gpudiag.analyzers.whatif import communication_overlapped
+    busy = charge(WALL, "cpu", machine_us=18.8e3)
+    why = communication_overlapped(busy, cpu=True).why
+    assert "at the job's own pace; 28.7 ms by the wall clock" in why, why
+    assert "own pace" not in communication_overlapped(WALL, cpu=True).why

@@ -56,11 +56,26 @@ def test_a_job_that_fits_its_cores_waits_only_because_of_other_processes():
 
 def test_a_job_that_crowds_itself_owns_its_wait_and_others_the_rest():
     """Fourteen DataLoader workers wanting a core each on two cores: alone each runnable thread
-    waits 1 - 2/14 of its time; beside two more busy tasks 1 - 2/16: the job's own part is
-    (12/14) / (14/16) = 0.98; and beside nothing, all of it."""
-    own, other = wait_shares(2.0, 0.15, 0.0, job_runq=12.0, cpus=2, runnable=16.0)
+    waits 1 - 2/14 of its time; beside two more busy tasks 1 - 2/16 (they get 2/16 of the two
+    cores): the job's own part is (12/14) / (14/16) = 0.98; and beside nothing, all of it."""
+    own, other = wait_shares(2.0, 0.15, 0.25, job_runq=12.0, cpus=2, runnable=16.0)
     assert own == pytest.approx((1 - 2 / 14) / (1 - 2 / 16), abs=1e-3) and other == pytest.approx(1 - own)
     assert wait_shares(2.0, 0.15, 0.0, job_runq=12.0, cpus=2, runnable=14.0) == (1.0, 0.0)
+
+
+def test_runnable_tasks_that_never_ran_are_the_counts_noise_not_other_processes():
+    """The 2-rank gloo test job alone on an idle 2-core VM (a host sample of its profile,
+    2026-12-02): its tree ran 1.78 cores, its threads waited 0.09 cores' worth (its ranks' gloo
+    threads, which take turns with their training threads: 1.8 of the step's cores' worth), the
+    rest of the machine ran 0.01 cores, and ten reads of the runnable count averaged 2.3. The
+    0.43 runnable beyond the job's own read as others crowding a job that fits its cores, which
+    made every wait theirs ("other processes took 12 ms of each 40 ms step"). Nothing else ran:
+    the wait is the job's. Where the others did run (two busy loops: a core's worth), the same
+    count is read as their demand."""
+    own, _ = wait_shares(1.78, 0.05, 0.01, job_runq=0.09, cpus=2, runnable=2.3, turns=1.8)
+    assert own > 0.99
+    own, other = wait_shares(1.0, 0.05, 1.0, job_runq=0.09, cpus=2, runnable=3.1, turns=1.8)
+    assert other == 1.0  # the job alone fits its cores: every wait is the loops'
 
 
 def test_without_the_job_threads_figures_the_split_is_in_proportion_of_cpu_as_before():
@@ -108,6 +123,24 @@ def test_the_own_step_takes_out_the_wait_others_caused_and_keeps_the_wall_where_
     own = own_step_seconds(rows, host, cpus=2)
     assert own[:3] == pytest.approx([0.010 - 0.001 - 0.006] * 3)  # all others': the job fits 2 cores
     assert own[3] == 0.010
+
+
+def test_a_low_priority_process_takes_from_the_step_no_more_than_it_ran():
+    """A 40 ms step that waited 12 ms for a core (its threads crowding each other) beside one
+    process at nice 10: runnable all the time, it ran 0.15 cores. The fair share reads a job that
+    fits its two cores as waiting on it for all 12 ms; it held a core for at most 6 ms of the
+    step, so the own step is never less than 34 ms."""
+    r = StepRow(step=9, t=100.0, dt=0.040, run_s=0.002, wait_s=0.002, peer_wait_s=0.010,
+                peer_run_s=0.0)
+    host = [HostSample(t=99.0, cores=0.0, runq_cores=0.0, machine_busy=None),
+            HostSample(t=101.0, cores=1.8, runq_cores=0.1, machine_busy=1.95, runq_threads=0.1,
+                       runnable=2.9)]
+    [own] = own_step_seconds([r], host, cpus=2)
+    assert own == pytest.approx(0.040 - 0.15 * 0.040)
+    # beside two busy loops at the same priority (a core's worth) the whole wait is theirs
+    busy = [host[0], replace(host[1], machine_busy=2.0, cores=1.0, runnable=3.1)]
+    [own] = own_step_seconds([r], busy, cpus=2)
+    assert own == pytest.approx(0.040 - 0.012)
 
 
 def test_a_ranks_gloo_threads_taking_turns_with_its_training_thread_are_not_the_job_crowding_itself():
