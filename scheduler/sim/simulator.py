@@ -1,35 +1,10 @@
 """Trace replay: the policy core's one decision function driven by simulated time (Tiresias: tiresias.py).
 
-Event semantics (those of published simulators, so numbers compare): at one instant the
-agents' first reports, then all completions, then all arrivals, then one scheduling pass.
-Durations are the trace's, except that a job of at most one node's GPUs that gpudiag spreads
-over several nodes runs longer by the ``slowdown`` model - the one placement the baselines
-never make. A job of more GPUs than a node replays its recorded duration under every policy (as
-the baselines' semantics require); what spanning more racks than needed would cost it under the
-model is recorded for every policy in ``rack_cost_gpu_s`` and printed by the benchmark.
-
-Every pass is ``policy.decide`` - the function the local daemon and the Slurm controller call
-through ``policy.plan`` - on the same inputs a runtime holds: the pending and running jobs, each
-job's own latest signal, the key history, the teams' quotas; every term is computed at the
-pass's ``now`` (tests/unit/test_scheduler_same_decisions.py replays a trace window through this and
-through the local daemon's engine and compares every decision). What the replay adds is a model
-of what happens between passes:
-
-- an agent's first report comes ``LEARN_AFTER_S`` after a job (re)starts (its first estimate
-  needs a traced step; ten minutes is a conservative stand-in): from then on the running job's
-  own signal is fresh, and its key's history learns it (as the Slurm controller learns from a
-  run's first usable signal); a requeued job keeps its last report for
-  ``Policy.max_signal_age_s``. ``oracle``: every job's MFU and label known at submission.
-- a job ends at its (slowed) duration; a preempted one gets its grace period, then its GPUs are
-  free, the work since its last periodic checkpoint (every ``CHECKPOINT_INTERVAL_S`` of run
-  time) is lost, and it is requeued with the rest.
-- a pass runs at an instant where it could decide something (``_worth_a_pass``): a pending job
-  that could fit the free GPUs, or a victim someone may take. The condition is necessary for
-  any start or preemption, so a pass skipped decides nothing a pass run would have.
-
-Quotas (``quotas_from_load``): each team's share of the offered load. Preemption needs tiers
-(sacct exports; Philly and Tiresias traces have one tier); quota reclaim (``Policy.reclaim``)
-needs only quotas.
+Every pass is ``policy.decide``, the function the local daemon and the Slurm controller call
+through ``policy.plan``, on the inputs a runtime holds (tests/unit/test_scheduler_same_decisions.py
+compares them). What the replay models between passes (event order, agents' first reports after
+``LEARN_AFTER_S``, checkpoints every ``CHECKPOINT_INTERVAL_S``, which instants get a pass, quotas
+from load): docs/scheduler-modelling.md, "Between passes".
 """
 
 from __future__ import annotations
