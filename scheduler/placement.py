@@ -1,7 +1,7 @@
 """Gang placement: where a job's GPUs go, all at once or not at all, and the head's reservation.
 
 One node best fit for a job of at most a node (a known, not communication-bound label may spread
-over one rack's nodes: ``policy.may_spread``); wholly free nodes for a larger one (baselines: the
+over one rack's nodes: ``ordering.may_spread``); wholly free nodes for a larger one (baselines: the
 lowest-indexed; gpudiag: the fewest, from the fewest racks, ``pick_whole``). EASY's reservation
 releases running jobs by expected end until the head fits; a head that may spread is reserved its
 one-node placement (a rack-wide one starved the backfill: +12% mean JCT on Philly).
