@@ -263,34 +263,39 @@ class Replay:
 
     # --- the pass ------------------------------------------------------------------------------------
     def _worth_a_pass(self, rows: np.ndarray, run: np.ndarray, now: float) -> bool:
-        """Whether a pass could start or preempt anything: a pending job that could be placed
-        now by its placement kind (no larger than the most free GPUs of a node, of a rack for a
-        job that may spread, whole nodes for a job larger than a node: ``policy._limits``, what
-        a pass's backfill asks first), a tier to preempt, or quota reclaim
-        (``preempt.reclaim_victims``): the head - with per-team queues the job the order puts
-        first (``Ordering.head``), else any pending job - whose team stays within its quota with
-        it, its team's GPUs counted both as held and as charged (what reclaim checks for the
-        head), and a running job of another team that may be its victim (not stopping, past the
-        minimum runtime, of a team that stays at or over its quota without it, of its tier or
-        lower), and the jobs in their grace period not enough to place it (else it is promised
-        their GPUs and reclaims nothing). Necessary for any such decision."""
+        """Whether a pass could start or preempt anything: a pending job that fits now, a tier to
+        preempt, or a quota reclaim. Necessary for any such decision, so a pass skipped decides
+        nothing a pass run would have."""
         if not len(rows):
             return False
         gpus = self.o.gpus[rows]
-        st, least = self.state, int(gpus.min())
-        if st.total_free and least <= st.total_free:
-            if least <= min(st.max_free_on_a_node(), self.per):
-                return True
-            if self.policy.spread_small and least <= max(st.rack_free):   # a job that may spread?
-                self.o.current(rows, now)   # (the terms the pass reads: asking first changes nothing)
-                spread = gpus[self.o.c_kind[rows] == SPREAD]
-                if len(spread) and int(spread.min()) <= max(st.rack_free):
-                    return True
-            whole = gpus[gpus > self.per]   # (in whole nodes)
-            if len(whole) and -(-int(whole.min()) // self.per) <= len(st.whole):
-                return True
-        if self.preemptive:
+        if self._one_fits(rows, gpus, now) or self.preemptive:
             return True
+        return self._may_reclaim(rows, gpus, run, now)
+
+    def _one_fits(self, rows: np.ndarray, gpus: np.ndarray, now: float) -> bool:
+        """A pending job that could be placed now by its kind (``policy._limits``, what a pass's
+        backfill asks first): no larger than the most free GPUs of a node, of a rack for a job
+        that may spread, whole nodes for a job larger than a node."""
+        st, least = self.state, int(gpus.min())
+        if not st.total_free or least > st.total_free:
+            return False
+        if least <= min(st.max_free_on_a_node(), self.per):
+            return True
+        if self.policy.spread_small and least <= max(st.rack_free):   # a job that may spread?
+            self.o.current(rows, now)   # (the terms the pass reads: asking first changes nothing)
+            spread = gpus[self.o.c_kind[rows] == SPREAD]
+            if len(spread) and int(spread.min()) <= max(st.rack_free):
+                return True
+        whole = gpus[gpus > self.per]   # (in whole nodes)
+        return bool(len(whole) and -(-int(whole.min()) // self.per) <= len(st.whole))
+
+    def _may_reclaim(self, rows: np.ndarray, gpus: np.ndarray, run: np.ndarray, now: float) -> bool:
+        """Quota reclaim (``preempt.reclaim_victims``) could act: the head - with per-team queues
+        the job the order puts first (``Ordering.head``), else any pending job - stays within its
+        team's quota, counted as held and as charged; a running job of another team may be its
+        victim (not stopping, past the minimum runtime, its team at or over quota without it, of
+        its tier or lower); and the jobs in their grace period are not enough to place it."""
         if not self.reclaiming or not (self.live > self.quota_of + 1e-9).any():
             return False
         o, quota, live = self.o, self.quota_of, self.live
@@ -316,7 +321,7 @@ class Replay:
             return bool(o.tier[run[victim]].min() <= o.tier[rows[head]].max())
         # only the job the order puts first may reclaim (nothing else starts in this pass): its
         # team must have room, and a victim of another team, of its tier or lower, be there
-        h = o.head(rows, now, cols, self.quotas, st.total_gpus)
+        h = o.head(rows, now, cols, self.quotas, self.state.total_gpus)
         victim &= t != o.team_i[h]
         if not (head[np.searchsorted(rows, h)] and victim.any()) or o.tier[run[victim]].min() > o.tier[h]:
             return False
@@ -325,7 +330,7 @@ class Replay:
         stopping = [(r.expected_end, r.job.id, r.placement) for r in self.running.values() if r.terminating]
         kind = int(o.c_kind[h])
         rule = Rule(int(o.gpus[h]), kind == WHOLE, o.policy.label_aware_placement, kind == SPREAD)
-        return not stopping or promise(st, rule, stopping, now) is None
+        return not stopping or promise(self.state, rule, stopping, now) is None
 
     def run_pass(self, now: float, rows: np.ndarray) -> None:
         running = list(self.running.values())
