@@ -1,8 +1,25 @@
-"""Finish-time fairness of a replay (Themis, NSDI'20; as Sia reports it), and how many teams got their quota.
+"""Finish-time fairness of a replay, and how many teams got their quota.
 
-rho = T_shared / T_fair with T_fair = d x max(1, g x N / C): N the time-average of jobs in the
-system over the job's lifetime, itself included; the slice C / N is a share of GPU-time, not a
-partition. ``quota_attainment`` counts the teams reaching ``QUOTA_TARGET`` of their contended share.
+Finish-time fairness (Mahajan et al., "Themis: Fair and Efficient GPU Cluster Scheduling",
+NSDI'20, section 3; reported as "worst rho" and "share of jobs with rho > 1" by Sia, Jayaram
+Subramanya et al., SOSP'23): rho = T_shared / T_fair, a job's completion time in the shared
+cluster over its completion time on a dedicated 1/N slice of it. rho <= 1: sharing did the job
+no harm; the worst rho is the job the policy treated least fairly.
+
+How T_fair is computed here (Themis leaves the slice's shape to the system):
+- N: the time-average, over the job's own lifetime [submit, end] in the shared replay, of the
+  number of jobs in the system (submitted and not finished: running or waiting), the job itself
+  included, so N >= 1. Themis takes N as the average contention over the app's lifetime.
+- The slice holds C / N GPUs of a C-GPU cluster. A gang of g GPUs whose recorded duration is d
+  runs at full speed on it when g <= C / N; on a smaller slice it time-shares its g GPUs at
+  rate (C / N) / g (the slice is an average share of GPU-time, not a partition that must hold
+  the gang). So T_fair = d * max(1, g * N / C), and it starts at submission (no wait).
+- d is the trace's duration (undisturbed run time), so a spread placement's slowdown, a
+  preemption's lost work and queueing all count against the shared cluster, as they should.
+
+Quota attainment: ``metrics.summarise``'s ``team_share`` already holds, per team, the share of
+its quota it got in contended time while its demand exceeded it; ``quota_attainment`` only
+counts the teams that reached ``QUOTA_TARGET`` of it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,25 @@
 """The numbers a replay is judged by (``gpudiag sim --json`` prints exactly these keys).
 
-JCT = completion - submit; wait = JCT - run time; W = gpus x duration x MFU weighs the
-``useful_work_weighted_*`` means; "high" and "low" MFU split at the median; contended = a job
-waiting. Each key's definition: docs/sim.md and docs/scheduler.md.
+Definitions (t = 0 at the first submission):
+- JCT = completion - submit; queueing delay = JCT - time spent running (a preempted job's
+  waits in the queue count too). ``makespan_s`` = last completion.
+- ``gpu_utilisation`` = sum(gpus x trace duration) / (cluster GPUs x makespan).
+- W = gpus x duration x MFU, a job's useful work; ``useful_work_weighted_jct_s`` = sum(W JCT) /
+  sum(W), ``useful_work_weighted_wait_s`` likewise with the queueing delay.
+- ``high_mfu_avg_jct_s``: mean JCT of the jobs at or above the median MFU;
+  ``max_wait_low_mfu_s``: the longest queueing delay of a job below it.
+- Contended = at least one job waiting. ``contended_cluster_mfu``: time-average, over contended
+  time, of sum(gpus x MFU x progress rate) of running jobs over all GPUs (a job slowed by a
+  spread placement counts at its lower rate).
+- ``useful_work_by_time``: share of sum(W) done by t = k/10 x makespan, k = 1..10.
+- ``team_share``: per team, its quota (``quotas_from_load``), the GPUs it used on average, and
+  ``contended_quota_share``: over contended time in which the team's demand (running + waiting
+  GPUs) exceeded its quota, the GPU-time it got (capped at its quota) / its quota's GPU-time -
+  the measure behind "a team above quota gets >= 90% of its quota"; null if that never happened.
+- ``worst_rho``, ``share_rho_above_1``: finish-time fairness (Themis, Sia), defined and computed
+  in ``fairness.py``.
+- ``aging_violations``: passes' orders in which a job stood behind a job of its tier submitted
+  more than the aging bound after it (``ordering.aging_violations``): 0 in every replay.
 """
 
 from __future__ import annotations
