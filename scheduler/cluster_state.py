@@ -1,15 +1,8 @@
 """Which GPUs are free, kept so that a placement question costs O(GPUs per node), not O(nodes).
 
-Nodes are bucketed by their number of free GPUs (each bucket a sorted list of node indices), so
-best fit - the node with the fewest free GPUs that still fit, ties to the lowest index - is the
-first entry of the first non-empty bucket at or above the request. Per rack we keep the free
-GPUs and the number of wholly free nodes, which is what the fewest-racks rule needs. A 10,000-GPU
-cluster's scheduling round stays well under its 100 ms budget this way (benchmarks/scheduler_replay.py).
-
-Nodes may differ in size. A drained or down node (``Node.available`` False) keeps the GPUs its
-jobs hold, but its free GPUs are never offered: every count here (buckets, wholly free nodes,
-rack and total free GPUs) is of *placeable* GPUs, while the bitmask keeps the truth, so the
-jobs on such a node still release exactly what they took.
+Nodes are bucketed by free GPUs (best fit: the first node of the first non-empty bucket at or
+above the request); per rack, the free GPUs and wholly free nodes. Counts are of *placeable* GPUs
+(a drained node offers none), while the bitmask keeps the truth, so its jobs release what they took.
 """
 
 from __future__ import annotations

@@ -185,7 +185,8 @@ class Decision:
 class Policy:
     """Every knob of the policy; the defaults are gpudiag's, ``fifo()``/``easy()`` the baselines.
 
-    Each mechanism can be switched off on its own (the benchmark's ablation).
+    Each mechanism can be switched off on its own (the benchmark's ablation). Why each default:
+    docs/scheduler.md, "Settings" (tests/unit/test_scheduler_settings.py keeps the two equal).
     """
 
     name: str = "gpudiag"
@@ -195,90 +196,36 @@ class Policy:
     # calibration prototype's order by each job's MFU known up front)
     order: str = "priority"
     efficiency: bool = True               # low MFU / GPU-idle label lowers priority
-    # Per-team queues (scheduler/team_queues.py): inside a tier the next job comes from the team
-    # whose (GPUs in use + GPUs given earlier in the order) / quota is lowest. Only with
-    # order="priority". A job that has waited team_overdue_s goes ahead of the interleave: the
-    # starvation bound. Three weeks, measured on the Philly replay (59 nodes; EASY's waits: mean
-    # 4.3 days, longest 16): overdue jobs, in arrival order, are the over-quota teams' and take
-    # GPUs from the teams below quota, so a short bound undoes the interleave (worst team's
-    # share of its quota: 57% at 3 and 7 days, 60% at 14, 76% at 21, 81% with no bound), while
-    # with no bound the longest wait grows to 2.3x EASY's (21 days: 1.5x).
-    team_queues: bool = True
-    team_overdue_s: float = 21 * 86400.0
-    # Waste charge (priority.waste_charge): in the order across teams (the team interleave and
-    # quota reclaim's view of the reclaimer) a GPU counts 1 + waste_weight x (1 - efficiency factor): Slurm's
-    # TRES billing weights, applied to measured MFU and GPU-idle labels, so the team whose jobs
-    # waste GPUs is the one whose jobs wait. Weight 1: a job at the floor factor counts 1.9x, a
-    # GPU-idle one 1.5x; a team however wasteful still gets at least 1 / (1 + 0.9 x weight)
-    # (53%) of its quota before teams below theirs go first, so the charge moves GPU-time
-    # without taking a team's quota away, and the starvation bound (team_overdue_s) is untouched.
-    waste_charge: bool = True
+    team_queues: bool = True              # per-team queues (team_queues.py); order="priority" only
+    team_overdue_s: float = 21 * 86400.0  # their starvation bound: an overdue job goes ahead
+    waste_charge: bool = True             # a GPU counts 1 + waste_weight x (1 - factor) across teams
     waste_weight: float = 1.0
-    # Quota reclaim (preempt.reclaim_victims; Volcano's reclaim, Kueue's reclaim within a cohort):
-    # a blocked head whose team stays within its quota once started may preempt preemptible
-    # jobs of its tier or lower from teams that stay at or above their quota without them.
-    reclaim: bool = True
+    reclaim: bool = True                  # quota reclaim (preempt.reclaim_victims)
     label_aware_placement: bool = True    # communication-bound jobs wait for one node / fewest racks
     spread_small: bool = True             # a one-node job may span a rack's nodes when no node fits
-    spread_unknown: bool = False          # ... even when its label is unknown (policy.may_spread)
+    spread_unknown: bool = False          # ... even when its label is unknown (ordering.may_spread)
     preemption: bool = True               # a higher tier may preempt a lower one
-    # Signals: the agent writes every 15 s; twenty missed writes is a job we no longer hear.
     min_signal_confidence: float = 0.5
-    max_signal_age_s: float = 300.0
-    # Key history: act on it while it weighs at least one observation one half-life old.
-    min_history_weight: float = 0.5
-    history_half_life_s: float = 7 * 86400.0   # Slurm's PriorityDecayHalfLife default (7 days)
-    # Efficiency: a job at ratio r < 1 of its class median MFU waits as if submitted
-    # (1 - factor) * max_efficiency_delay_s later; GPU-idle labels cap the factor. Three days: the
-    # useful-work-weighted wait is least when jobs go in MFU order (Smith's rule: weight GPUs x
-    # time x MFU over GPUs x time), and the shift moves the order toward it only as far as the
-    # cap reaches into the backlog; the waits that carry the weight on the whole Philly trace are
-    # days-long jobs in bursts a day deep, which a one-day cap at factor 0.5 (12 h) barely
-    # reorders. The promise to users: "a deprioritised job loses at most three days of queue
-    # position" (docs/scheduler-evaluation/whole-trace.md measures 24 h, 72 h and 168 h).
+    max_signal_age_s: float = 300.0       # twenty missed writes of an agent that writes every 15 s
+    min_history_weight: float = 0.5       # a key's history counts while it weighs this much
+    history_half_life_s: float = 7 * 86400.0   # Slurm's PriorityDecayHalfLife default
+    # a job at ratio r < 1 of its class median MFU waits as if submitted (1 - factor) x this later
     max_efficiency_delay_s: float = 72 * 3600.0
-    idle_label_factor: float = 0.5
+    idle_label_factor: float = 0.5        # the factor's cap for GPU-idle labels
     min_efficiency_factor: float = 0.1
-    # Preemption: no victim younger than this. The victim rule (least useful work lost) prefers
-    # the jobs that ran least since their checkpoint, so without a floor a job just (re)started
-    # is the cheapest victim again and again: thrashing. Ten minutes covers a typical restart
-    # (framework start-up, data loader warm-up, compilation) and the agent's first MFU estimate,
-    # which needs a traced step. Slurm's equivalent, PreemptExemptTime, defaults to 0 (none).
-    min_runtime_s: float = 600.0
-    # A stalled job (no step for its stall limit: the agent's gpudiag_job_stalled_seconds) holds
-    # its GPUs for nothing; its MFU is 0 for ordering and victims either way. Where the admin
-    # enables it, a job stalled for stalled_after_s is requeued or cancelled (scheduler/stalled.py):
-    # off by default, because only the admin knows whether a job's pauses may be legitimate.
-    stalled_action: str = "off"             # "requeue", "cancel" or "off"
+    min_runtime_s: float = 600.0          # no victim younger than this: no thrashing
+    stalled_action: str = "off"           # "requeue", "cancel" or "off" (stalled.py)
     stalled_after_s: float = 1800.0
-    # SIGTERM, then this long to checkpoint before SIGKILL, for a job that does not ask its own.
-    default_grace_s: float = DEFAULT_GRACE_S
-    # What backfill and reservations assume of a job without a time limit: as long as the
-    # longest limit a runtime accepts (a year: the local daemon's MAX_TIME_LIMIT_S), so such a
-    # job never backfills in front of a reservation and its GPUs are never promised to the head
-    # early - Slurm's UNLIMITED time limit, in a number the arithmetic can use.
+    default_grace_s: float = DEFAULT_GRACE_S   # SIGTERM to SIGKILL for a job that asks none
+    # what backfill and reservations assume of a job without a time limit (Slurm's UNLIMITED)
     default_estimate_s: float = 365 * 86400.0
-    # Jobs one user may have waiting at once (a runtime that takes submissions: the local
-    # daemon; Slurm's own is MaxSubmitJobsPerUser); 0: no limit. Every pending job is in every
-    # pass and every queue listing, so one user's thousands slow and bury everyone's. 500 is
-    # far more than one or two shared machines start in a day (ours).
-    max_pending_per_user: int = 500
+    max_pending_per_user: int = 500       # a runtime that takes submissions; 0: no limit
 
     @property
     def aging_bound_s(self) -> float:
-        """A pending job is never ordered behind a job of its tier submitted more than this later.
-
-        The efficiency term shifts a job's effective submit time by at most
-        ``max_efficiency_delay_s``, so two jobs submitted further apart keep their arrival
-        order: the set of jobs that can pass a given job is finite, and with the head's
-        reservation (EASY) every job starts in bounded time - no starvation.
-
-        Per-team queues (``team_queues``) may put a job behind a later job of a team further
-        below its quota, but only while it has waited less than ``team_overdue_s``; then it goes
-        ahead of every job of its tier that has not (``team_queues.interleave``). A job passed
-        by a later one has waited at least their submit difference, so the bound is the larger
-        of ``team_overdue_s`` and the shift bound above.
-        """
+        """A pending job is never ordered behind a job of its tier submitted more than this later:
+        the largest of the efficiency shift's cap and the team queues' overdue cap (the argument:
+        docs/scheduler.md, "Aging bound")."""
         if self.order != "priority":
             return 0.0
         pen = self.max_efficiency_delay_s if self.efficiency else 0.0

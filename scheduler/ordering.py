@@ -1,22 +1,10 @@
 """The queue order and the terms behind it: one implementation for every runtime and the replay.
 
-A replay speaks for a runtime only if it decides as that runtime does. The stateless runtimes
-(the local daemon, the Slurm controller) build an ``Ordering`` per pass from the jobs they hold
-(``policy.plan``); the replay keeps one and tells it what changed (a job arrived, an agent
-reported, a key learned). Every term is a function of the pass's ``now`` and of columns:
-
-- a job's efficiency factor (``priority.efficiency_factors``): its own latest signal while
-  usable, else its key's history while it weighs enough, else neutral; against the current
-  median of its size class. Its effective submit time adds ``(1 - factor) x`` the delay cap;
-- its placement kind: whole nodes, one node, or one node that may spread (``may_spread``);
-- what its GPUs cost its team (``priority.waste_charge``), and each team's GPUs held now, as
-  held and as charged (``team_use``): fair share's one input;
-- the order: tier, then per-team queues interleaved by charged use against quota
-  (``team_queues.interleave``), or the effective submit time alone.
-
-``current`` keeps each row's terms until an input changes, so a replay recomputes a handful per
-pass; a fresh ``Ordering`` computes all - the same values. Ties go to the row registered first
-(job-id order in the runtimes, trace order in the replay).
+Every term is a function of the pass's ``now`` and of columns: the efficiency factor and effective
+submit, the placement kind, the waste charge and each team's GPUs held (``team_use``), then the
+order (tier, team interleave or effective submit). The runtimes build an ``Ordering`` per pass; the
+replay keeps one and ``current`` recomputes only rows whose inputs changed - the same values. Ties
+go to the row registered first. docs/scheduler.md, "The policy core".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Gang placement: where a job's GPUs go, all at once or not at all, and the head's reservation.
 
-Rules (the baselines' are the published simulators'; gpudiag's add topology and labels):
-- A job of at most one node's GPUs goes on one node, best fit: the node with the fewest free
-  GPUs that fit, ties to the lowest index - the classic defence against fragmentation.
-- A larger job (more GPUs than the largest usable node) takes wholly free nodes whose GPUs add
-  up to g, and uses g GPUs of them (the smallest chosen node's remainder stays free for others):
-  on a uniform cluster ceil(g / G) nodes. The baselines take the lowest-indexed free nodes;
-  gpudiag takes the fewest nodes, from the fewest racks (one rack when one has enough)
-  (``pick_whole``). Nodes may differ in size; drained or down nodes are never offered.
-- gpudiag only: a job of at most one node's GPUs whose label is known and is not
-  communication-bound may be spread over several nodes of one rack (fewest nodes) when no
-  single node fits; communication-bound and unlabelled jobs wait for one node
-  (``policy.may_spread``). The cost of spreading is modelled by ``gpudiag.scheduler.sim.slowdown``.
-
-EASY's reservation: the head job's start time ("shadow") is found by releasing running jobs in
-order of expected end until the head fits; the GPUs it would take then are reserved. A job that
-would still run at the shadow time may backfill only onto GPUs the head will not need. A head
-that may spread is reserved its consolidated (one-node) placement, exactly as under EASY:
-spreading is an extra chance to start earlier, never a wider claim on the backfill's GPUs (a
-rack-wide reservation starved the backfill: +12% mean JCT on Philly against no spreading, in
-one run where tie-breaking alone moves mean JCT by up to 7%).
+One node best fit for a job of at most a node (a known, not communication-bound label may spread
+over one rack's nodes: ``ordering.may_spread``); wholly free nodes for a larger one (baselines: the
+lowest-indexed; gpudiag: the fewest, from the fewest racks, ``pick_whole``). EASY's reservation
+releases running jobs by expected end until the head fits; a head that may spread is reserved its
+one-node placement (a rack-wide one starved the backfill: +12% mean JCT on Philly).
+docs/scheduler.md, "Gang and placement" and docs/sim.md, "Traces and semantics".
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """One scheduling pass, and the entry points the runtimes call: ``plan``/``schedule`` and ``explain``.
 
-The pass (Volcano's allocate + backfill actions, Slurm's main and backfill schedulers in one):
-walk the ordered queue and start every job that fits (gang: all GPUs or none); the first job
-that does not fit is the head. FIFO stops there. Otherwise preemption and backfill are one plan:
-
-1. Jobs in their grace period (preempted, cancelled, out of time: ``Running.terminating``) hold
-   GPUs that are on their way to being free. If the head fits once they are gone, it is
-   promised that placement (``placement.promise``) and nobody is preempted.
-2. Else the head may preempt lower tiers for what those GPUs do not cover
-   (``preempt.choose_victims`` on the cluster as it will be), or, failing that, reclaim its
-   team's quota from teams over theirs (``preempt.reclaim_victims``, ``Policy.reclaim``), and is
-   promised the placement the victims free.
-3. Else it gets EASY's reservation (``placement.reserve``: running jobs released by expected end,
-   a stopping job at its kill deadline).
-
-The jobs behind the head start only where they cannot delay it: on GPUs it does not need, or,
-under an EASY reservation, if they end (by their estimate) before it. A promise is firm: the
-jobs it waits for may stop any moment, so "ends before" counts for nothing and its GPUs go to
-no one behind it - in this pass and in every later one until it starts, because each pass
-derives the promise again from the stopping jobs. Decisions are data with a readable reason
-and their numbers; ``plan`` keeps them with the pass that made them (``reasons.Pass``).
+Walk the ordered queue and start every job that fits (gang); the first that does not is the head.
+Then, as one plan: promise it the GPUs of jobs in their grace period, else preempt or reclaim for
+it, else give it EASY's reservation; backfill only where it cannot delay the head. The rules and
+why: docs/scheduler.md, "Preemption and backfill as one plan".
 """
 
 from __future__ import annotations

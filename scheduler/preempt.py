@@ -1,36 +1,14 @@
-"""Victims for a blocked higher-tier job: the least useful work lost, then the fewest jobs.
+"""Victims for a blocked head: the least useful work lost, then the fewest jobs.
 
-Only a strictly higher tier preempts (but quota reclaim, below), only preemptible jobs that have
-run ``Policy.min_runtime_s`` (so two tiers cannot thrash each other's jobs), and never a job
-already in its grace period: its GPUs are on their way to being free, and the caller asks this
-module only for what they do not cover (``choose_victims`` sees the cluster as it will be once
-those jobs are gone - without that, a second pass during a slow checkpoint preempted again for
-GPUs already promised).
-Useful work lost by killing a job now = MFU x GPUs x seconds since its last checkpoint: a
-victim gets SIGTERM and its grace period to checkpoint, but what it computed since the last
-checkpoint is what we assume is lost if it cannot. A job without a measured MFU counts at what
-the runtime's ``mfu_of`` says (the class median: neutral, like the priority's treatment of
-unknown jobs), and its reason says the MFU was not measured.
-
-For a one-node head we look at every usable node big enough and, per node, take its eligible
-jobs in order of lost work until enough GPUs are free (a greedy cover), then drop every victim
-the others already cover (so no victim is ever more than the head needs); the cheapest node
-wins. A head needing whole nodes takes, node by node, the cheapest extra work lost that makes
-one more node wholly free (a node whose every job is eligible) until those nodes' GPUs cover
-the request, then drops every victim the others already cover.
-
-Quota reclaim (``reclaim_victims``, ``Policy.reclaim``): a head whose team is under its quota
-and stays within it once started may take GPUs back from teams over theirs - victims of its
-tier or lower, by the same cover and the same least-useful-work-lost cost, under the same
-minimum runtime and grace period, and never so many of one team that the team would fall below
-its own quota (Volcano's reclaim action, Kueue's reclaim within a cohort). Neither side can then
-reclaim from the other: the reclaimer ends at or under its quota, the victims' teams at or over.
-Two rules keep a victim from coming straight back ahead of the job it was taken for (measured on
-the Philly replay without them: one job reclaimed 381 times in a 12,000-job prefix): the
-reclaimer's use counts with its waste charge (``head_use``), so once requeued the victim's team
-is further above its quota than the reclaimer's is below in the team interleave; and an overdue
-job (waited ``Policy.team_overdue_s`` since submission) is never reclaimed by its tier, since it
-goes ahead of every job of its tier that is not.
+Useful work lost = MFU x GPUs x seconds since the last checkpoint. ``choose_victims``: for a
+strictly higher tier, preemptible jobs past ``Policy.min_runtime_s``, never one in its grace
+period, only for what stopping jobs' GPUs do not cover; a greedy cover per node (or node by node
+for a whole-node head), then every victim the others cover dropped. ``reclaim_victims``: the same
+cover for a head whose team stays within its quota, from teams that stay at or over theirs. Two
+rules keep a victim from coming straight back ahead of its reclaimer (without them one job was
+reclaimed 381 times in a 12,000-job Philly prefix): the reclaimer's use counts with its waste
+charge (``head_use``), and an overdue job is never reclaimed by its tier.
+docs/scheduler.md, "Preemption" and "Preemption and backfill as one plan".
 """
 
 from __future__ import annotations

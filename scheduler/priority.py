@@ -1,16 +1,9 @@
 """The order's terms: tier first; inside a tier, age shifted by a bounded efficiency term.
 
-The efficiency term is a shift of the job's *effective submit time*, so the order within a
-team's queue is "earliest effective submit first" and a job ages simply by waiting: a penalty
-delays a job by at most its cap, never forever (``Policy.aging_bound_s`` states the bound).
-
-- Efficiency (``efficiency_factor``): the job's unprofiled MFU - from a valid live signal, else
-  from earlier jobs of its key - against the median of its class; a GPU-idle label (input- or
-  host-bound) caps the factor. No signal, a weak one (confidence below
-  ``Policy.min_signal_confidence``) or a stale one (older than ``Policy.max_signal_age_s``): neutral.
-- Fair share is not a shift: per-team queues (``team_queues``) interleave the teams by the GPUs
-  their running jobs hold now against their quotas, each GPU counted at ``waste_charge`` of its
-  job's efficiency factor.
+The efficiency term shifts a job's *effective submit time* by at most its cap, so a penalty
+delays a job, never forever (``Policy.aging_bound_s``); its MFU comes from a usable live signal,
+else its key's history, against its class median; fair share is the per-team queues
+(``team_queues``), each GPU at its ``waste_charge``. docs/scheduler.md, "Priority".
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """Per-team queues: inside a tier, the next job comes from the team furthest below its quota.
 
-Why: fair share as a bounded shift of each job's effective submit time cannot allocate by quota
-when the backlog is days deep - a shift of hours barely reorders it, and on the Philly replay
-teams over quota got only 51-84% of their quota's GPU-time in contended periods. This is the
-proportion / fair-tree pick instead (Volcano's "proportion" plugin, Slurm's fair-tree): every team
-keeps its own queue in the existing order (efficiency factor, aging: the effective submit
-time), and the teams are interleaved so that the next job
-comes from the team with pending work whose
-
-    (GPUs it uses now + GPUs already given to it earlier in this ordering) / quota
-
-is lowest; ties go to the earliest effective submit. Because a team's ratio only grows along
-its own queue, the greedy merge equals one global sort by (ratio before the job, effective
-submit), so a pass over thousands of jobs is a few numpy sorts, not a Python merge.
-
-No starvation: a job that has waited its overdue time - the ``drain_time`` of the pass, capped
-at ``Policy.team_overdue_s`` - goes ahead of every job of its tier that has not, whatever its
-team's share; overdue jobs keep the effective-submit order among themselves. A job is
-therefore only ever passed by jobs submitted less than max(overdue time, the efficiency
-delay cap) after it: the aging bound, which every replay checks (``aging_violations``).
-
-A team without a quota (absent from the runtime's map, or a quota <= 0) is treated as having an
-equal share: the cluster's GPUs over the number of teams seen (with a quota, pending or running);
-when the cluster size is not known, 1 GPU for every such team.
+The greedy merge by (GPUs held + GPUs given earlier) / quota equals one global sort by (ratio
+before the job, effective submit), since a team's ratio only grows along its queue: a pass is a
+few numpy sorts. An overdue job (``drain_time``, capped at ``Policy.team_overdue_s``) goes ahead
+of its tier; a team without a quota gets an equal share. Why, and the aging bound this gives
+(checked by ``aging_violations``): docs/scheduler.md, "Per-team queues" and "Aging bound".
 """
 
 from __future__ import annotations

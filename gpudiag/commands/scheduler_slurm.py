@@ -129,17 +129,6 @@ def default_ledger() -> Path:
     return Path(os.path.expanduser("~/.local/state/gpudiag/slurm-controller.json"))
 
 
-def _policy(local: dict[str, Any]) -> Policy:
-    from gpudiag.durations import parse_duration
-    from gpudiag.scheduler.model import Policy
-
-    policy = Policy()
-    if local.get("efficiency_delay") is not None:
-        policy = dataclasses.replace(policy, max_efficiency_delay_s=parse_duration(
-            str(local["efficiency_delay"]), "--efficiency-delay"))
-    return policy
-
-
 @dataclasses.dataclass
 class _Settings:
     """The controller's options, checked and parsed."""
@@ -156,7 +145,9 @@ def _settings(local: dict[str, Any], prometheus: str | None, agents: str | None,
               once: bool, restore: bool, restore_only: bool, watchdog: bool, nice_max: int | None,
               min_change_interval: str, partitions: str | None) -> _Settings:
     """The options checked against each other and parsed: one line and exit 2 for each wrong one."""
+    from gpudiag.commands.policy_options import with_options
     from gpudiag.durations import parse_duration
+    from gpudiag.scheduler.model import Policy
     from gpudiag.scheduler.slurm.loop import MIN_INTERVAL_S
 
     if sum((restore_only, watchdog, once)) > 1:
@@ -174,7 +165,8 @@ def _settings(local: dict[str, Any], prometheus: str | None, agents: str | None,
     try:
         period = parse_duration(interval, "--interval")
         change_every = parse_duration(min_change_interval, "--min-change-interval")
-        policy = _policy(local)
+        # --min-runtime given or not, the round replaces it (the cluster's PreemptExemptTime)
+        policy = with_options(Policy(), local)
         min_runtime = parse_duration(str(local["min_runtime"]), "--min-runtime") \
             if _given("min_runtime") else None
     except click.BadParameter as e:

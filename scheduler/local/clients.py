@@ -1,24 +1,10 @@
 """Who may hold the daemon's socket, and for how long: one local user must not take it from the others.
 
-Every user of the machine may connect (the socket is 0666; ``SO_PEERCRED`` says who they are),
-so every connection costs the root daemon a file descriptor that any user can make it spend.
-Unbounded, 1,100 idle connections from one user ran a daemon at systemd's default of 1,024
-open files out of descriptors, and ``accept`` raised ``EMFILE``, which ended it. So:
-
-- at start the soft ``RLIMIT_NOFILE`` is raised toward the hard limit (systemd's soft 1,024
-  beside a hard 524,288 is a default, not a choice);
-- connections are capped per uid and in all, the total leaving ``RESERVED_FDS`` for what the
-  daemon itself opens (its database, job files, the pipes of checks and jobs);
-- a connection must deliver its request within ``REQUEST_TIMEOUT_S`` of being accepted and
-  take its answer within ``SEND_TIMEOUT_S``: an idle or slow client is dropped, not waited for;
-- ``EMFILE``/``ENFILE`` in ``accept`` (descriptors spent elsewhere, or the whole system out of
-  them) is load, not a failure: the daemon stops accepting for ``ACCEPT_PAUSE_S``, logs one
-  line for the episode, and goes on serving the connections it has.
-
-A connection over a cap is accepted and closed at once with a one-line answer, so that the
-kernel's backlog drains and another user's ``connect`` is not queued behind it; one that was
-closed before it was accepted (a connect/close loop) is closed at once, with four system calls,
-since everyone else's connections wait behind it in the kernel's queue.
+Connections are capped per uid and in all (leaving ``RESERVED_FDS``), must send within
+``REQUEST_TIMEOUT_S`` and take the answer within ``SEND_TIMEOUT_S``; ``EMFILE``/``ENFILE`` pauses
+accepting for ``ACCEPT_PAUSE_S`` instead of ending the daemon; a connection over a cap is closed at
+once with one line. Why (1,100 idle connections ran a daemon out of descriptors):
+docs/scheduler-daemon.md, "One user cannot take the socket from the others".
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """Which processes belong to a launch, and ending every one of them before its slots are reused.
 
-A job may leave its wrapper's session (``setsid``), daemonize, or outlive its main process;
-its slots are free only once every process it started is gone. Two ways to know them, and one
-function (``Containment.sweep``) that normal settling, grace deadlines and recovery all call:
-
-- **cgroup v2**, where the daemon may create cgroups (root, a writable cgroup2 mount; Linux
-  >= 5.14 for ``cgroup.kill``): each launch is born in its own cgroup
-  ``gpudiag-<prefix>-<job>-<attempt>`` beside the daemon (the daemon steps into it for the
-  ``fork``, so nothing of the job ever runs outside it). A process of an unprivileged user
-  cannot leave it (moving needs write access to the common ancestor's ``cgroup.procs``), so
-  the cgroup is the whole job; ``cgroup.kill`` ends it in one write, forks included.
-  (A root job could move itself out: root can do anything.)
-- **the launch marker** (``GPUDIAG_SCHEDULER_LAUNCH=<prefix>:<job>:<attempt>`` in the
-  environment), for a launch without a cgroup (cgroups unavailable or off, or a launch made
-  before): every process of the job's uid whose environment carries it, started no earlier
-  than the launch. A process that clears or replaces its environment (``env -i``, ``execve``
-  with a new one) escapes it; so does one that changes uid (setuid programs), and one whose
-  marker is beyond the first ``runner.ENV_READ_CAP`` bytes of its environment (each is read
-  only that far, so that a user's huge environments cannot stall the daemon). A scan that runs
-  past its deadline (``runner.ScanCut``) frees nothing: the launch keeps its slots until a
-  later scan completes.
-  docs/scheduler-daemon.md says what that means for a site. Recovery also finds launches by
-  their marker (their cgroups by name), whichever way they were started.
+Two ways to know them, and one sweep (``Containment.sweep``) that settling, grace deadlines and
+recovery all call: a cgroup v2 per launch where the daemon may create one (``cgroup.kill`` ends it
+in one write), else the launch marker in every process's environment (a scan past its deadline,
+``runner.ScanCut``, frees nothing). What each misses: docs/scheduler-daemon.md, "Containment".
 """
 
 from __future__ import annotations

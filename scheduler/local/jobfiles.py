@@ -1,21 +1,9 @@
 """How a root daemon touches a job's folder: every name in it is the job's user's to replace.
 
-A job's folder (``STATE/jobs/ID``) belongs to the job's user, so anything in it may be a FIFO
-(``open()`` blocks until a writer comes), a symbolic link to a file only root may read, a
-hard link to someone else's file, a device, or a file swapped between a check and its use.
-So the daemon never opens a job file by a path it checked first: it opens the job's folder
-once (``O_NOFOLLOW|O_DIRECTORY``), everything else relative to that descriptor with
-``O_NOFOLLOW|O_NONBLOCK|O_NOCTTY`` (opening a FIFO or a device that way returns at once, and a
-link fails), and ``fstat`` says what was really opened: only a regular file owned by the job's
-user and linked from nowhere else (one link: a hard link to another file, root's included, is
-refused whoever owns it) is read or written, and only a bounded number of bytes. The files a job
-writes (its stdout and stderr) are opened and created with the job user's credentials
-(``acting_as``), so a name that points somewhere the user may not write fails as it would for
-the user, and nothing in the folder is ever created by root. Creating and handing over the
-job's folder itself is ``mkdirat`` + ``fchown`` on a descriptor, never a ``chown`` by name that a
-swapped link could redirect. These calls do not block on a local
-filesystem whatever the user put there (the state folder must be local: see
-docs/scheduler-daemon.md).
+The folder is opened once (``O_NOFOLLOW|O_DIRECTORY``) and every file relative to it with
+``O_NOFOLLOW|O_NONBLOCK|O_NOCTTY``; ``fstat`` must show a regular file of the job's user with one
+link, read within bounds; the job's own output is created with its user's credentials
+(``acting_as``). Why: docs/scheduler-daemon.md, "Files in a job's folder are the user's, so hostile".
 """
 
 from __future__ import annotations

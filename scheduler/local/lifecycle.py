@@ -1,28 +1,17 @@
 """Each job's life as transactions and side effects, in the order that survives a crash.
 
-Rule: the transaction that records an intent commits before the side effect, and the one that
-records its outcome after. A SIGKILL of the daemon between the two leaves a state that
-``recover`` settles from what the kernel says (is the launch's process alive, with the start
-time we recorded?) and what the job's wrapper left (its exit-code file):
+The transaction that records an intent commits before the side effect, the one that records its
+outcome after; ``recover`` settles what a SIGKILL between them left, from the kernel (the launch's
+process, by pid and start time) and the wrapper's exit-code file:
 
 - start:   STARTING (slots, attempt+1)  -> spawn (in its own cgroup) -> RUNNING (pid, start time)
 - stop:    STOPPING (why, deadline)     -> SIGTERM -> killed=1; at the deadline SIGKILL all, killed=2
-- end:     the job's leader (its wrapper) has ended: waitpid says so, and how -> SIGKILL every
-           other process of the launch (``Containment.sweep``, the same sweep recovery uses)
-           -> once none is left: DONE / FAILED / CANCELLED, or PENDING with restarts+1 after a
-           preemption (its checkpoint folder stays)
+- end:     the leader ended (waitpid) -> every other process of the launch swept -> DONE / FAILED /
+           CANCELLED, or PENDING with restarts+1 after a preemption
 
-So a job's slots are free in the database only once no process of it is left, a job is never
-started while a launch of it lives, and no submitted job is ever dropped. Nothing the job
-writes decides when it ends or with which exit code: a job once wrote a run.json that said
-"exit 0" and kept its GPUs, unseen, while the next job was given them. Its files are claims
-(``runner.read_exit_file``, ``runner.run_json_claim``), read within bounds, for words only.
-
-Under ``--monitor`` the job's wrapper runs ``gpudiag profile``, which analyses the run for a few
-seconds after the job's command ended. The job keeps its slots meanwhile (the analysis is its
-own, and its processes are its own): once run.json says the command ended the job is
-FINISHING, which ``queue`` shows, and which ends when the wrapper does, or, past ``POST_RUN_S``,
-with a stop (gpudiag profile leaves its analysis at SIGTERM with the job's exit code).
+Nothing the job writes decides when it ends (its files are bounded claims, for words only);
+under ``--monitor`` it is FINISHING while its analysis runs, at most ``POST_RUN_S``.
+docs/scheduler-daemon.md, "A job ends when its processes end" and "--monitor".
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The daemon's one loop: the socket, the clients' connections, the wakeup pipe, the tick.
 
-The loop (``selectors``) waits on the Unix socket, the clients' connections and a wakeup pipe
-that SIGCHLD writes to (``signal.set_wakeup_fd``), with a one-second tick for the things time
-alone changes (grace periods, time limits, aging, an adopted job that ended). After anything
-happened it runs one scheduling pass and applies its decisions. No thread, so no lock: a
-request is answered from the same state the pass uses.
-
-Nothing a user sends or a job writes may end it: a request is parsed within bounds and any
-error in answering it is that request's answer (``Daemon.guarded``); a pass that fails (a full
-state folder, or anything unforeseen) is logged once per cause and tried again at the next tick,
-while every client is still answered. Nobody may keep another user from being answered: the
-listen queue holds a user's whole burst (``listen_backlog``), the client
-connects blocking within its own deadline (``protocol.connect``), and ready requests are served
-round-robin by user, at most ``PER_UID_PER_ROUND`` of one user's per turn of the loop.
+No thread, so no lock: after anything happened (a request, SIGCHLD through the wakeup pipe, the
+one-second tick) it runs one pass on the state it answers from. Nothing a user sends may end it
+(``Daemon.guarded``), a failing pass is logged once per cause and retried, and ready requests are
+served round-robin by user (``PER_UID_PER_ROUND``). docs/scheduler-daemon.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The client/daemon protocol: one JSON request line, one JSON answer, over the state folder's Unix socket.
 
-Arguments, environment and working folder are POSIX bytes, carried byte-exact: in a request
-each is a JSON string that is the bytes decoded as UTF-8 with ``surrogateescape`` (``to_wire``:
-a byte that is not UTF-8 travels as a lone surrogate U+DC80..U+DCFF, which JSON escapes as
-``\udcff``), and the daemon turns it back into the same bytes (``from_wire``) before they reach
-the store or ``execve``. A string no bytes decode to (another lone surrogate) is refused in one
-line, never rewritten. Job output comes back the same way (``logs``).
-
-No TCP: who is calling comes from the kernel (``SO_PEERCRED``: the uid of the process that
-connected), not from anything the client says, so "only a job's owner or root may cancel it"
-and "jobs run as whoever submitted them" cannot be forged. Every request is validated here,
-with limits, before the daemon looks at it; a refusal is one line the client prints (exit 2).
+Arguments, environment and working folder are carried byte-exact (``to_wire``/``from_wire``:
+UTF-8 with ``surrogateescape``); who calls comes from the kernel (``SO_PEERCRED``), never from the
+request; every request is validated here, and a refusal is one line (exit 2).
+docs/scheduler-daemon.md, "Arguments, environment and output are bytes".
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """Disk space for the scheduler's own records: a full state folder is load, not a crash.
 
-The state folder holds the jobs' folders too, so any job can fill it (its output, its
-checkpoints). When it did, SQLite's writes failed with ``database or disk is full``: another
-user's ``submit`` and a ``cancel`` answered ``internal error``, and when the filling job ended
-the daemon died recording that end, and again at each restart. Now:
-
-- every write is either **essential** (what must be on disk for the machine to stay true: a
-  cancel, a stop, a kill, a job's end) or **optional** (a submit, a start, a signal, a note). An
-  optional write is refused when the folder has less than ``RESERVE_BYTES`` free, or when SQLite
-  says it is full, with one line: ``the scheduler's state folder is full: 12 KiB free; no job
-  was changed`` (nothing changed: each write is one transaction, and the daemon's copy of a row
-  changes only after it commits). A job that cannot start stays pending, running jobs run on.
-- essential writes have a **reserve** inside SQLite's own files, where no job can take it (a
-  file of spare bytes released to the filesystem would be taken by the job that is filling it
-  before SQLite could use it): blocks allocated beyond the end of the write-ahead log
-  (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``: the file does not grow, but writes that extend it
-  need no new space; the log is rewound at each checkpoint, 1,000 pages, and never truncated,
-  SQLite's default ``journal_size_limit``), and free pages in the database (``Store.top_up``: a
-  blob written and deleted; SQLite reuses free pages before it grows the file, and without
-  auto-vacuum never gives them back). Both are topped up whenever there is room.
-  An essential write that still finds the disk full is retried once after a checkpoint (which
-  rewinds the log into its allocated part), then refused with the same line; the pass that
-  wanted it runs again at the next tick.
-- recovery is by itself: each tick looks at the free space and tops the reserve up again.
+Essential writes (a cancel, a stop, a kill, a job's end) have a reserve inside SQLite's files, where
+no job can take it (blocks allocated past the WAL's end, free pages: ``Store.top_up``); optional
+ones (a submit, a start, a signal) are refused in one line below ``RESERVE_BYTES``, changing
+nothing. Each tick tops the reserve up again. docs/scheduler-daemon.md, "A full state folder is
+load, not a crash".
 """
 
 from __future__ import annotations

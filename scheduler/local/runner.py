@@ -1,20 +1,10 @@
 """Start, watch, signal and reap jobs so that they outlive the daemon and are never mistaken.
 
-A job is a new session (``start_new_session``): its first process is a tiny ``/bin/sh``
-wrapper, already running as the job's user, that enters the job's folder, checks that the
-command can run, runs the job and writes its exit code to a file in the job's folder, so the
-daemon learns how a job ended even when it is no longer its parent (after a restart), and why
-it never started where it did not (that file then says which check failed). Entering the
-folder and finding the command happen as the user, so they see what the user may see, and a
-folder that hangs stalls the job, never the daemon. The wrapper traps SIGTERM only to outlive
-its child long enough to write that file; the trap is not inherited (a trapped signal is
-reset to the default in children, an ignored one would not be).
-
-A process is identified by pid *and* start time (``/proc/PID/stat`` field 22, clock ticks
-since boot): a recycled pid never passes for the job. Every process of a launch carries
-``GPUDIAG_SCHEDULER_LAUNCH=<prefix>:<job>:<attempt>`` in its environment, which is how
-recovery finds a launch whose pid the daemon died before recording, and how leftovers are
-told apart from strangers before anything is killed.
+A job is a new session whose first process is a ``/bin/sh`` wrapper, already the job's user, that
+runs the command and writes its exit code to the job's folder (how a restarted daemon learns how a
+job ended). A process is identified by pid and start time (``/proc/PID/stat`` field 22), and every
+process of a launch carries ``GPUDIAG_SCHEDULER_LAUNCH=<prefix>:<job>:<attempt>``.
+docs/scheduler-daemon.md.
 """
 
 from __future__ import annotations

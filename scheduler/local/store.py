@@ -1,20 +1,11 @@
 """The scheduler's state in SQLite: every job, every transition, and what earlier jobs taught us.
 
-Why SQLite (stdlib ``sqlite3``) in WAL mode with ``synchronous=FULL``: a transaction that has
-committed survives a SIGKILL of the daemon and a power cut, and readers never block the writer.
-Every state change is exactly one transaction, committed *before* the side effect that depends
-on it is taken as done (write-ahead intent): "starting job 7 on slots 0,1" is on disk before the
-process is spawned, and recovery settles whatever a crash left between intent and effect.
-
-Jobs move: pending -> starting -> running [-> finishing] [-> stopping] -> done | failed |
-cancelled, and a preempted job goes back to pending with ``restarts`` raised. ``attempt`` counts
-launches, so a process can always be matched to the launch it belongs to. A job holds its
-``slots`` by their ids (the GPU indices or CPU slot names a job sees), never by their position
-in the daemon's ``--gpus`` list, which a restart may change (schema 2; a schema-1 database,
-which held positions, is read once as positions in the list the daemon starts with).
-
-Writes are essential (the default: a stop, a kill, a job's end) or optional (``essential=False``:
-a submit, a start, a signal); ``room.Room`` says what each may do when the folder is full.
+WAL mode with ``synchronous=FULL``: a commit survives a SIGKILL and a power cut. Every state
+change is one transaction committed before the side effect that depends on it. Jobs move
+pending -> starting -> running [-> finishing] [-> stopping] -> done | failed | cancelled (a
+preempted one back to pending, ``restarts`` raised); ``attempt`` counts launches; ``slots`` are
+ids, not positions (schema 2). Writes are essential or optional (``room.Room``).
+docs/local-scheduler.md, "Crash safety".
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Which teams a user belongs to: an administrator's fact, never what the user types.
 
-A team decides whose quota a job draws on and which team's jobs a quota reclaim may preempt
-(``--quota``), so a team a user could simply name would let any user spend another team's
-quota and shield their own jobs from its reclaim (issue 30: bob submitted as ``vision`` and
-held vision's quota against alice). Teams therefore come from what only root can change:
-
-- ``groups`` (the default): a user's Unix groups (``getgrouplist``: primary and supplementary,
-  through NSS, so LDAP/SSSD groups count) are their teams;
-- a teams file, ``user: team [team ...]`` per line, owned by root and writable by nobody else.
-
-Every user also has a team of their own name, their default (fair share between users, as
-before teams were checked); in a teams file the first team listed is the user's default. The
-daemon's own user (root, or the user a personal daemon runs as) may name any team: it is the
-administrator. The file is read again when it changes, so adding a user needs no restart; a
-changed file that cannot be used keeps the last one that could, and says so in the log.
+Teams come from the user's Unix groups (``getgrouplist``) or a root-owned teams file, plus a team
+of the user's own name; the daemon's own user may name any team. A team a user could simply name
+would let them spend another team's quota (issue 30). docs/local-scheduler.md, "Teams".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Bytes a user or a job wrote, read by the root daemon: bounded in size, depth and value, typed,
 and every failure one ``Untrusted`` error naming what was read.
 
-Why a module of its own: the daemon's loop once died on a job's ``run.json`` of 200,000 ``[``
-(``json.loads`` raised ``RecursionError``, which nothing caught), and on a hand-made request
-nested 100,000 deep it answered ``internal error: RecursionError``. Python's JSON parser is
-recursive (in C: it stops at the interpreter's recursion limit, about 1,000 levels, with
-``RecursionError``), accepts ``NaN`` and ``Infinity``, and turns a 4,000-digit number into an
-int. So what a user wrote is bounded in size before it is parsed (the parse is then linear in
-C), its numbers are bounded as they are parsed, its depth after, and any error of the parser,
-whatever its type, comes back as one ``Untrusted`` with the cause. Callers catch that one type
-at the place they read (a request is refused, a job whose file is bad fails alone).
+Python's JSON parser recurses, accepts ``NaN`` and turns 4,000 digits into an int: a job's
+``run.json`` of 200,000 ``[`` once ended the daemon's loop. So the size is bounded before the
+parse, numbers as they are parsed, depth after. docs/scheduler-daemon.md, "Fuzzed".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Can the submitting user run this command, from this folder? Asked of the kernel, as that user.
 
-The daemon is root: its own view of the filesystem says nothing about what a user may enter or
-execute, and resolving a command by root's lookup would run it on a PATH or in a folder the
-user cannot use (or miss one only the user can reach, on a home root cannot read). So the
-check is a ``/bin/sh`` run as the user, with their PATH, in their folder: the same test the
-job's wrapper takes before it runs the job (``runner.CAN_RUN``). It runs beside the daemon's
-loop, not inside it: a folder on a hung filesystem delays that one answer (at most
-CHECK_TIMEOUT_S), never another client's.
+Root's view of the filesystem says nothing about what a user may enter or execute, so the check is
+the job wrapper's own test (``runner.CAN_RUN``) run by ``/bin/sh`` as the user, beside the loop: a
+hung folder delays that one answer (at most ``CHECK_TIMEOUT_S``). docs/scheduler-daemon.md, "A
+command that cannot run is refused at submit, checked as its user".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """What one user may hold in the queue, and a team lead's requests over many jobs at once.
 
-Why a pending limit: every pending job is in every pass and in every ``queue`` answer, so a
-user who queues thousands (issue 30: 2,000 in 14 s, all accepted) slows everyone's scheduling
-and buries other users' jobs in the listing. ``Policy.max_pending_per_user`` bounds it, as
-Slurm's ``MaxSubmitJobsPerUser`` does; jobs whose command check is still running count too, so
-a burst of concurrent submits cannot slip past it. A refused submit costs the daemon no check
-and no process: the limit is read before anything else is done for it.
-
-Cancelling several ids, or all of one user's jobs, is one request: pending jobs leave the
-queue in one transaction (one fsync, not one per job), running ones get SIGTERM and their grace
-as a single cancel would give them.
+``Policy.max_pending_per_user`` is read before anything else is done for a submit (jobs whose
+command check still runs count too); why: docs/scheduler.md, "Settings". Cancelling several ids,
+or all of one user's jobs, is one request: pending jobs leave in one transaction, running ones get
+SIGTERM and their grace as a single cancel would give them.
 """
 
 from __future__ import annotations

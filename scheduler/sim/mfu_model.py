@@ -1,27 +1,8 @@
 """Each replayed job's MFU and bottleneck label: synthesised from a seed, or read from a file.
 
-Philly's per-minute GPU utilisation is not public in a form we can read here, and utilisation
-is not MFU anyway, so the simulator draws them from a documented model. The model was fixed
-before any policy was measured against it and is not tuned to any target.
-
-Model (per key, then per job):
-1. A key (a sweep, a recurring job: ``gpudiag.scheduler.sim.traces``) runs one model and one input
-   pipeline, so it has one bottleneck label, drawn from ``LABEL_MIX`` for its size class.
-   Sources of the shape: Jeon et al. (ATC'19) found Philly's GPUs lowly utilised, distributed
-   jobs lower than single-GPU ones, and input and communication among the causes; Weng et al.
-   (Alibaba PAI, NSDI'22) found most GPUs far from busy, with data input / CPU pre-processing
-   and, for multi-GPU jobs, parameter exchange as the common bottlenecks. The proportions are
-   our reading of those findings, not numbers either paper states.
-2. The key's base MFU is drawn from a Beta distribution per label (``MFU_BETA``). Compute-bound
-   centres on 35%: below the 46% PaLM reached with heavy tuning (Chowdhery et al., 2022), as
-   expected of a research cluster's jobs; memory- and communication-bound 15%; GPU-idle labels
-   (input-, host-bound) 6%.
-3. A job's MFU is its key's base times a log-normal factor (``JOB_SIGMA``: hyper-parameters,
-   batch size), clipped to [``MFU_MIN``, ``MFU_MAX``].
-
-``--mfu FILE`` replaces all of it with measured values: a CSV ``job,mfu,label`` whose ``job`` is
-the trace's own job id (sacct's JobID, Tiresias' job_id, Philly's row number); jobs it does
-not list keep their synthesised values, and the count of those is reported.
+Per key a label (``LABEL_MIX``) and a base MFU (``MFU_BETA``), per job a log-normal factor
+(``JOB_SIGMA``) clipped to [``MFU_MIN``, ``MFU_MAX``]; fixed before any policy was measured.
+``--mfu FILE`` (``job,mfu,label``) replaces it. Sources and numbers: docs/scheduler-modelling.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """Trace replay: the policy core's one decision function driven by simulated time (Tiresias: tiresias.py).
 
-Event semantics (those of published simulators, so numbers compare): at one instant the
-agents' first reports, then all completions, then all arrivals, then one scheduling pass.
-Durations are the trace's, except that a job of at most one node's GPUs that gpudiag spreads
-over several nodes runs longer by the ``slowdown`` model - the one placement the baselines
-never make. A job of more GPUs than a node replays its recorded duration under every policy (as
-the baselines' semantics require); what spanning more racks than needed would cost it under the
-model is recorded for every policy in ``rack_cost_gpu_s`` and printed by the benchmark.
-
-Every pass is ``policy.decide`` - the function the local daemon and the Slurm controller call
-through ``policy.plan`` - on the same inputs a runtime holds: the pending and running jobs, each
-job's own latest signal, the key history, the teams' quotas; every term is computed at the
-pass's ``now`` (tests/unit/test_scheduler_same_decisions.py replays a trace window through this and
-through the local daemon's engine and compares every decision). What the replay adds is a model
-of what happens between passes:
-
-- an agent's first report comes ``LEARN_AFTER_S`` after a job (re)starts (its first estimate
-  needs a traced step; ten minutes is a conservative stand-in): from then on the running job's
-  own signal is fresh, and its key's history learns it (as the Slurm controller learns from a
-  run's first usable signal); a requeued job keeps its last report for
-  ``Policy.max_signal_age_s``. ``oracle``: every job's MFU and label known at submission.
-- a job ends at its (slowed) duration; a preempted one gets its grace period, then its GPUs are
-  free, the work since its last periodic checkpoint (every ``CHECKPOINT_INTERVAL_S`` of run
-  time) is lost, and it is requeued with the rest.
-- a pass runs at an instant where it could decide something (``_worth_a_pass``): a pending job
-  that could fit the free GPUs, or a victim someone may take. The condition is necessary for
-  any start or preemption, so a pass skipped decides nothing a pass run would have.
-
-Quotas (``quotas_from_load``): each team's share of the offered load. Preemption needs tiers
-(sacct exports; Philly and Tiresias traces have one tier); quota reclaim (``Policy.reclaim``)
-needs only quotas.
+Every pass is ``policy.decide``, the function the local daemon and the Slurm controller call
+through ``policy.plan``, on the inputs a runtime holds (tests/unit/test_scheduler_same_decisions.py
+compares them). What the replay models between passes (event order, agents' first reports after
+``LEARN_AFTER_S``, checkpoints every ``CHECKPOINT_INTERVAL_S``, which instants get a pass, quotas
+from load): docs/scheduler-modelling.md, "Between passes".
 """
 
 from __future__ import annotations
@@ -288,34 +263,39 @@ class Replay:
 
     # --- the pass ------------------------------------------------------------------------------------
     def _worth_a_pass(self, rows: np.ndarray, run: np.ndarray, now: float) -> bool:
-        """Whether a pass could start or preempt anything: a pending job that could be placed
-        now by its placement kind (no larger than the most free GPUs of a node, of a rack for a
-        job that may spread, whole nodes for a job larger than a node: ``policy._limits``, what
-        a pass's backfill asks first), a tier to preempt, or quota reclaim
-        (``preempt.reclaim_victims``): the head - with per-team queues the job the order puts
-        first (``Ordering.head``), else any pending job - whose team stays within its quota with
-        it, its team's GPUs counted both as held and as charged (what reclaim checks for the
-        head), and a running job of another team that may be its victim (not stopping, past the
-        minimum runtime, of a team that stays at or over its quota without it, of its tier or
-        lower), and the jobs in their grace period not enough to place it (else it is promised
-        their GPUs and reclaims nothing). Necessary for any such decision."""
+        """Whether a pass could start or preempt anything: a pending job that fits now, a tier to
+        preempt, or a quota reclaim. Necessary for any such decision, so a pass skipped decides
+        nothing a pass run would have."""
         if not len(rows):
             return False
         gpus = self.o.gpus[rows]
-        st, least = self.state, int(gpus.min())
-        if st.total_free and least <= st.total_free:
-            if least <= min(st.max_free_on_a_node(), self.per):
-                return True
-            if self.policy.spread_small and least <= max(st.rack_free):   # a job that may spread?
-                self.o.current(rows, now)   # (the terms the pass reads: asking first changes nothing)
-                spread = gpus[self.o.c_kind[rows] == SPREAD]
-                if len(spread) and int(spread.min()) <= max(st.rack_free):
-                    return True
-            whole = gpus[gpus > self.per]   # (in whole nodes)
-            if len(whole) and -(-int(whole.min()) // self.per) <= len(st.whole):
-                return True
-        if self.preemptive:
+        if self._one_fits(rows, gpus, now) or self.preemptive:
             return True
+        return self._may_reclaim(rows, gpus, run, now)
+
+    def _one_fits(self, rows: np.ndarray, gpus: np.ndarray, now: float) -> bool:
+        """A pending job that could be placed now by its kind (``policy._limits``, what a pass's
+        backfill asks first): no larger than the most free GPUs of a node, of a rack for a job
+        that may spread, whole nodes for a job larger than a node."""
+        st, least = self.state, int(gpus.min())
+        if not st.total_free or least > st.total_free:
+            return False
+        if least <= min(st.max_free_on_a_node(), self.per):
+            return True
+        if self.policy.spread_small and least <= max(st.rack_free):   # a job that may spread?
+            self.o.current(rows, now)   # (the terms the pass reads: asking first changes nothing)
+            spread = gpus[self.o.c_kind[rows] == SPREAD]
+            if len(spread) and int(spread.min()) <= max(st.rack_free):
+                return True
+        whole = gpus[gpus > self.per]   # (in whole nodes)
+        return bool(len(whole) and -(-int(whole.min()) // self.per) <= len(st.whole))
+
+    def _may_reclaim(self, rows: np.ndarray, gpus: np.ndarray, run: np.ndarray, now: float) -> bool:
+        """Quota reclaim (``preempt.reclaim_victims``) could act: the head - with per-team queues
+        the job the order puts first (``Ordering.head``), else any pending job - stays within its
+        team's quota, counted as held and as charged; a running job of another team may be its
+        victim (not stopping, past the minimum runtime, its team at or over quota without it, of
+        its tier or lower); and the jobs in their grace period are not enough to place it."""
         if not self.reclaiming or not (self.live > self.quota_of + 1e-9).any():
             return False
         o, quota, live = self.o, self.quota_of, self.live
@@ -341,7 +321,7 @@ class Replay:
             return bool(o.tier[run[victim]].min() <= o.tier[rows[head]].max())
         # only the job the order puts first may reclaim (nothing else starts in this pass): its
         # team must have room, and a victim of another team, of its tier or lower, be there
-        h = o.head(rows, now, cols, self.quotas, st.total_gpus)
+        h = o.head(rows, now, cols, self.quotas, self.state.total_gpus)
         victim &= t != o.team_i[h]
         if not (head[np.searchsorted(rows, h)] and victim.any()) or o.tier[run[victim]].min() > o.tier[h]:
             return False
@@ -350,7 +330,7 @@ class Replay:
         stopping = [(r.expected_end, r.job.id, r.placement) for r in self.running.values() if r.terminating]
         kind = int(o.c_kind[h])
         rule = Rule(int(o.gpus[h]), kind == WHOLE, o.policy.label_aware_placement, kind == SPREAD)
-        return not stopping or promise(st, rule, stopping, now) is None
+        return not stopping or promise(self.state, rule, stopping, now) is None
 
     def run_pass(self, now: float, rows: np.ndarray) -> None:
         running = list(self.running.values())

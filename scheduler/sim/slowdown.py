@@ -1,16 +1,8 @@
 """How much slower a job runs when its GPUs are spread further than they need to be (simulation only).
 
-Shape: Tiresias (Gu et al., NSDI'19, section 2.3 "placement sensitivity") measured that only
-some models slow down markedly when their GPUs span machines - those whose step is dominated by
-exchanging large tensors (VGG, AlexNet: up to about 2x), while others (ResNet, Inception)
-barely notice. We carry that as a per-label sensitivity: the work of a communication-bound job
-crosses the slow link, the others' mostly does not. The numbers are ours, not fitted:
-
-    duration factor = 1 + SENSITIVITY[label] * (EXTRA_NODE_STEP * [more nodes than needed]
-                                                + EXTRA_RACK_STEP * [more racks than needed])
-
-so a communication-bound job spread over racks runs 2x as long (Tiresias' worst case), one
-spread over nodes inside a rack 1.5x; a compute-bound job 1.05x and 1.1x.
+Only communication-heavy models are placement-sensitive (Tiresias, NSDI'19, section 2.3), as a
+per-label ``SENSITIVITY``: duration x (1 + sensitivity x (``EXTRA_NODE_STEP`` if more nodes than
+needed + ``EXTRA_RACK_STEP`` if more racks)). The numbers are ours: docs/scheduler-modelling.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The load sweep behind ``gpudiag sim --sweep``: every policy at every load and seed, and the ablation.
 
-Why windows of the trace and not the whole trace: one full Philly replay (82k jobs) takes about a
-minute here, and a sweep needs loads x seeds x (policies + ablated variants) replays - a few
-hundred - inside 15 minutes on two cores. So each seed replays one window of ``window_jobs``
-consecutive trace jobs (its start drawn from the seed; the synthetic MFU model is seeded by it
-too), which keeps what a sample of independent jobs would lose: Philly's teams, its sweeps (the
-keys whose history teaches the policy a job's MFU) and its bursts.
-
-Three families of scenarios (Gavel, Pollux and Sia argue from the first and the third):
-- ``arrivals``: a fixed cluster; the window's submit times are multiplied by
-  ``offered / load``, so its offered load - sum(GPUs x duration) / (cluster GPUs x arrival span),
-  over the jobs that fit - is exactly ``load``. Every load of one seed replays the same jobs.
-- ``cluster``: the window's own arrival times; the cluster has the number of 8-GPU nodes whose
-  offered load is closest to ``load`` (the issue's 59/80/120-node table, as a sweep); the row
-  says the load that cluster actually gives.
-- ``windows``: Pollux (Qiao et al., OSDI'21) and Sia replay 160 jobs submitted in an 8-hour window
-  of the Microsoft trace on 64 GPUs. Here: an 8-hour span of Philly submissions holding at least
-  160 jobs, its start drawn from the seed, 160 of its jobs sampled, on 8 nodes x 8 GPUs, with the
-  trace's recorded durations (Pollux drew its own; ours keep Philly's long tail).
-
-Ablation (``arrivals`` family only, to fit the budget): gpudiag with one Policy field switched off,
-named by field (``ABLATION_FIELDS``), so a term added to Policy later is ablated without code
-here; a field this build's Policy lacks is recorded as "not in this build" and run as nothing.
+Windows of ``window_jobs`` consecutive trace jobs (a sweep is a few hundred replays in 15 minutes
+on two cores) in three families: ``arrivals`` (submit times scaled to the load), ``cluster`` (the
+node count giving the load), ``windows`` (Pollux/Sia's 160 jobs of an 8-hour window on 64 GPUs);
+the ablation switches off one ``ABLATION_FIELDS`` field at a time. docs/scheduler.md, "Evaluation:
+load sweeps".
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Tiresias' discretised two-dimensional LAS (Gu et al., NSDI'19) as a baseline, preemptive.
 
-Configuration: 2 queues, one threshold of ``THRESHOLD_GPU_S`` = 3,600 GPU-seconds of attained
-service, starvation promotion off - the configuration of Tiresias' README example and of
-Pollux's comparison (OSDI'21). (The Tiresias simulator's own defaults are 3,250 / 7,200 s.)
-
-At every event (arrival, completion, a running job crossing the threshold) all active jobs are
-ordered: queue 0 (attained < threshold) before queue 1; inside queue 0 by arrival, inside queue
-1 by the time the job entered it. Walking that order, a job is selected while its GPUs fit in
-what remains of the cluster (a job that does not fit is skipped, the walk goes on); running jobs
-not selected are preempted, selected ones not running are placed (baseline placement: one node
-best fit, or whole lowest-indexed nodes) and wait if fragmentation prevents it.
-
-Preemption cost: Tiresias checkpoints a job when preempting it, so no progress is lost, but
-resuming costs ``RESTORE_S`` of its GPUs' time (reload the checkpoint, rebuild the job);
-reported as lost GPU-seconds. The value is ours, of the order of the restore times Tiresias
-reports for its models.
+2 queues, one threshold (``THRESHOLD_GPU_S``), starvation promotion off (Pollux's configuration);
+queue 0 by arrival, queue 1 by entry; a job that does not fit is skipped. Preemption loses no
+progress but resuming costs ``RESTORE_S`` of the job's GPUs. docs/sim.md, "Traces and semantics".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Job traces the simulator replays: Philly, the Tiresias 60-job trace, and Slurm ``sacct`` exports.
 
-The format is recognised from the header. A file we cannot use at all (unreadable, no header
-we know, missing columns, no jobs) is a ``BadInput`` with one line; a row we cannot use
-(negative or zero duration, no GPUs, unparsable fields) is dropped and counted by reason.
-
-Keys - the recurring "same job" identity whose history predicts a job's MFU:
-- sacct: ``user/JobName`` (what Slurm itself uses to group a user's recurring jobs).
-- Tiresias: ``model_name/num_gpu`` (the trace's jobs are runs of a handful of models).
-- Philly: the trace has no user or job name, so a key is a *sweep*: jobs of one virtual cluster
-  (Philly's teams) and one GPU count, each submitted at most ``SWEEP_GAP_S`` after the previous
-  one - the back-to-back submissions of a hyper-parameter search (Jeon et al., ATC'19, describe
-  such searches as a large part of Philly's load). On the full trace this gives 10,412 keys,
-  7.9 jobs each on average, 6% of jobs alone in their key.
+The format is recognised from the header; an unusable file is a one-line ``BadInput``, an unusable
+row is dropped and counted by reason. Keys: sacct ``user/JobName``, Tiresias ``model_name/num_gpu``,
+Philly a *sweep* (one team and GPU count, submissions at most ``SWEEP_GAP_S`` apart).
+docs/scheduler-modelling.md, "Keys".
 """
 
 from __future__ import annotations

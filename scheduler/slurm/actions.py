@@ -1,16 +1,10 @@
 """Changes to Slurm, made write-ahead (``ledger``): intents recorded, commands run, results confirmed.
 
-``apply`` writes every intent of a round in one ledger update before the first command, runs the
-commands (``scontrol update``, ``scontrol requeue``), then confirms them in one update; it renews
-the lease while a long batch of commands runs. Nice changes that follow each other are written
-in batches, one ``scontrol update JobId=a,b,c Nice=V`` per value (``SlurmIO.set_nice_many``): 200
-Nice writes cost about 20 commands, not 200 (3-4.6 s a round in issue 41). A Nice change that
-failed keeps its intent: the next round's ``reconcile`` reads the job's Nice and settles it, as
-after a crash, so a value gpudiag wrote is never taken for a job's original. ``reconcile`` turns
-what a crash left (intents without a confirmation) into facts by looking at Slurm. ``restore``
-undoes what the ledger holds (only what is still gpudiag's value): a partition gets back the mode
-Slurm ran before gpudiag took it, not a slurm.conf edit Slurm has not loaded yet (named in one
-line), and what it could not undo is named.
+``apply``: every intent of a round in one ledger update, the commands (Nice in batches, one
+``scontrol update JobId=a,b,c Nice=V`` per value), then one confirmation. ``reconcile`` turns
+what a crash or a failed command left into facts by reading Slurm, so a value gpudiag wrote is
+never taken for an original. ``restore`` undoes what is still gpudiag's value and names the
+rest. docs/slurm.md, "Undo, whatever happens".
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Slurm's jobs, nodes and partitions as the policy core's model (``scheduler/model.py``).
 
-- Tiers are partitions ranked by ``PriorityTier``: the lowest is spot, the highest on-demand
-  (when there are at least two ranks), anything between reserved; one rank only: reserved.
-- Nodes are the nodes Slurm would start a job on (``slurmconf.SlurmNode.usable``), each with its
-  own GPU count; a drained, down or unresponsive node is not in the model, nor are its jobs.
-- A running job is a victim the policy may choose only when gpudiag can carry the choice out:
-  its partition is held by gpudiag (PreemptMode=OFF, taken over from REQUEUE) and the job may be
-  requeued. Its grace is what a requeued job gets: ``KillWait``.
-- A job that is stopping holds its GPUs until its processes are gone and is never a victim again:
-  COMPLETING (a requeue or an end in progress: until KillWait from now), preempted by Slurm (in
-  its GraceTime: until ``preempt_time`` + GraceTime + KillWait), or requeued by gpudiag.
-- A job's key (the "same job" across runs, whose MFU history applies) is ``user/job name``;
-  its team is its account (fair share and quotas).
-- A running job's last checkpoint is unknown to Slurm: its start (the pessimistic assumption:
-  everything since the start is lost if it is requeued now).
-- Jobs are modelled as Slurm allocates them: an ``--exclusive`` job holds (or, waiting, needs) its
-  nodes' every GPU; a component of a heterogeneous job is never gpudiag's victim (Slurm preempts
-  and requeues the job as a whole); an array task is a job of its own id.
-- Only jobs that ask for GPUs are scheduled here, and of the pending ones only those Slurm
-  could start now (reason None, Priority or Resources): held, delayed or dependent jobs cannot
-  be the head a preemption is for.
+Tiers are partitions ranked by PriorityTier; nodes are those Slurm would start a job on; a running
+job is a victim only in a partition gpudiag holds and when requeueable (grace: KillWait); stopping
+jobs (COMPLETING, in Slurm's grace, requeued by gpudiag) are never victims; key = ``user/job name``,
+team = account; last checkpoint = start (pessimistic); only GPU jobs Slurm could start now are
+pending. docs/slurm.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """One controller per cluster: a claim in the cluster's own state folder, whatever ``--state`` says.
 
-Two controllers beside one slurmctld, each on its own ledger, stack their changes: the second read
-the first one's Nice 5000 as a job's original and set 10000, and after both restored the job sat at
-5000 in no ledger (issue 41). A lease inside each ledger cannot see the other ledger, so the claim
-lives where every controller of the cluster finds it: ``StateSaveLocation`` (``scontrol show
-config``), the folder slurmctld keeps its own state in, which every slurmctld host of the cluster
-shares and which only root and the SlurmUser may write (the two who may run the controller).
-
-The claim names its holder (host, pid, the ledger's path and identity) and whether that ledger
-still holds changes in Slurm (``holds``). A controller starting on another ledger is refused, with
-one line naming the holder, while the holder is live (its lease unexpired and, on this host, its
-process running), and also after it stopped while its ledger still holds changes: its Nice values
-would otherwise read as originals. ``--restore-only`` on that ledger gives the claim up once
-everything is back. The same ledger (a restart, or the backup controller host with the ledger on
-shared storage) takes its own claim over.
-
-One small JSON file, replaced atomically under an exclusive ``flock`` of ``<file>.lock``.
+Two controllers on two ledgers stacked their Nice changes (issue 41), and a lease inside a ledger
+cannot see another ledger; so the claim lives in ``StateSaveLocation``, which every slurmctld host
+shares and only root and the SlurmUser may write. Another ledger is refused while the holder lives
+or still holds changes. One JSON file under ``flock``. docs/slurm.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """One controller round beside slurmctld: read, decide with the policy core, change little.
 
-Per round: one ``squeue --json``, ``scontrol show node|partition|config`` (the four at once), the
-signal source; then, with the cluster's claim renewed (``claim``: one controller per cluster) and
-the ledger (``ledger``) reconciled against what Slurm shows (a reload of slurm.conf told by the
-reload mark, never by statistics):
-
-1. **Evidence** first: without a signal source that answers and at least one running GPU job
-   with a usable signal, gpudiag changes nothing (no Nice, no takeover: Slurm decides) and says
-   why in one line.
-2. **Partitions** (``takeover``): REQUEUE partitions are held at PreemptMode=OFF so that gpudiag,
-   not Slurm's fixed order, chooses victims - only where Slurm then has no other partition's job
-   to preempt in their place (``unsafe_holds``); every waiting job gpudiag cannot judge or serve
-   is handed to Slurm's own preemption.
-3. **Victims**: the policy core's ``schedule`` (tiers, gang placement, ``choose_victims``: least
-   MFU x GPUs x time since checkpoint lost) - only in a round where nothing suggests Slurm is
-   preempting itself (a reset partition, a partition just taken, a job in Slurm's grace), only
-   for a head without victims still stopping, and only where its CPUs and memory will fit.
-   ``scontrol requeue``: SIGTERM, ``KillWait``, SIGKILL, then held (BeginTime).
-   **Quota reclaim** (``reclaim``): the pass's reclaim victims of a head whose account is under
-   its ``--quota`` are requeued the same way, also in quiet partitions (REQUEUE, no higher tier),
-   after the head is lifted first in Slurm's order (Nice) so the freed GPUs go to it.
-4. **Efficiency** (``efficiency``): Nice for pending GPU jobs.
-
-Every change is an ``Action`` with its reason, written ahead to the ledger (``actions.apply``);
-each PreemptMode or requeue write is made only if Slurm, read again just before it, still shows
-what the round decided on (``fresh``; the writing is ``writes``); ``dry_run`` decides without
-writing anything.
+``Controller.round``'s steps: read Slurm (four commands at once), reconcile the ledger with it,
+read the signals and model the cluster (no evidence: change nothing), choose the partitions to
+hold, decide (``policy.schedule``), serve the waiting jobs, turn it all into ``Action``s, write
+them write-ahead (``writes``, each re-checked by ``fresh``; ``dry_run`` writes nothing).
+docs/slurm.md, "What one round does", says what each step does and why.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Efficiency as Nice: a pending GPU job's efficiency factor becomes ``scontrol update Nice=``.
 
-The policy core's ``efficiency_factor`` (the job's own signal - a requeued job has one -, else
-what earlier jobs of its key reached, against its class median; GPU-idle labels capped) becomes
-``Nice = original + (1 - factor) x nice_max``, quantised to ``NICE_STEPS`` so MFU jitter does not
-change it every round. Only values that differ are written, at most ``max_changes`` per round
-and one per job per ``min_change_interval_s``; a factor back at 1 puts the original back. Nice
-only orders pending jobs within a partition tier: Slurm's PriorityTier still goes first.
-
-``original`` is the ledger's (the Nice before gpudiag first touched the job), never a value read
-from a job gpudiag already changed; a job whose Nice someone else set since is theirs for good
-(``actions.reconcile`` records it in ``Ledger.theirs``): never fought over.
-
-Some jobs are never penalised (``neutral``, each with its reason, their original Nice put back
-where gpudiag had changed it): the top tier's (on-demand work is paid for, whatever its MFU),
-the top QOS tier's where Slurm preempts by QOS (``qos``), those of partitions the controller
-does not manage (``--partitions``), and - through
-``lift_all`` - every job once the signal source has been out for longer than the policy's
-staleness limit: a penalty without evidence behind it is no longer the policy's.
+``Nice = original + (1 - factor) x nice_max``, quantised (``NICE_STEPS``), at most ``max_changes``
+a round and one per job per ``min_change_interval_s``; ``original`` is the ledger's, and a Nice
+someone else set is theirs. The top tier, the top QOS tier and unmanaged partitions are
+``neutral``; ``lift_all`` puts every original back once signals are out past their staleness
+limit. docs/slurm.md.
 """
 
 from __future__ import annotations

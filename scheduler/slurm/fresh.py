@@ -1,26 +1,9 @@
 """A fresh view of Slurm just before each write that decides who Slurm may preempt.
 
-A round decides on the ``squeue`` and partitions it read at its start; reading the signals and
-deciding take seconds (a slow agent, a slow slurmctld), and Slurm does not wait: it preempts
-about a second after a higher-tier job arrives. A PreemptMode set to OFF on that old view can
-land while Slurm is preempting in the partition, and at OFF Slurm kills, at the end of its
-GraceTime, the job it meant to requeue (seen in tests/system/slurm_faults/test_slurm_safety.py). So
-before each
-PreemptMode or requeue write the controller reads ``squeue`` and the partitions again and skips
-the write - one line why, the next round decides again - when what it relied on changed:
-
-- **taking a partition** (OFF): its mode is still the one read, no job on its nodes is in
-  Slurm's grace, and no job of a higher tier arrived on its nodes since the read (Slurm may be
-  choosing victims at this moment);
-- **giving one back**: it is still at OFF (anything else is someone else's value now);
-- **a requeue**: the victim still runs, unrequeued and not in Slurm's grace; the job it is for
-  still waits; the victim's partition still has the mode the decision relied on; and the jobs
-  holding the victim's nodes are the ones read (one that ended may have made the room already,
-  one that started took it), apart from this round's own victims.
-
-``after_take`` closes the last window, between this read and Slurm applying the write: a job
-that Slurm began preempting in a just-taken partition makes the controller give the partition
-back at once, well within the job's GraceTime.
+A round's view is seconds old and Slurm preempts about a second after a higher-tier job arrives;
+a PreemptMode=OFF landing mid-preemption makes Slurm kill the job it meant to requeue. So each
+PreemptMode or requeue write is skipped, with one line, when what it relied on changed;
+``after_take`` gives a just-taken partition back if Slurm began preempting there. docs/slurm.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """What the controller learned about each key's MFU, kept across restarts beside the ledger.
 
-The policy's ``MfuBook`` is rebuilt at start by replaying the stored observations through
-``MfuBook.observe``, so the history decays exactly as the policy decays it (no second decay
-rule to keep equal). Bounded: observations older than ``MAX_HALF_LIVES`` half-lives (their
-weight is below 1/1000 of a fresh one) are dropped, and at most ``MAX_OBSERVATIONS`` are kept,
-the newest. Each observation names its job run (``JobRef`` as ``id@submit#restarts``): a run
-teaches its key once, also across a restart of the controller: its first usable signal's MFU, and
-its label from the first signal that gives one (a busy machine's first signals may trust the MFU
-and not the label, ``Signal.scheduled``).
-
-A separate file from the ledger (``<ledger>.history.json``): the ledger is rewritten several
-times a round and must stay small; this one changes only when a job first reports.
+The ``MfuBook`` is rebuilt at start by replaying the stored observations through
+``MfuBook.observe`` (one decay rule); bounded by age (``MAX_HALF_LIVES``) and count
+(``MAX_OBSERVATIONS``); each observation names its run (``id@submit#restarts``) so a run teaches
+its key once. A file of its own (``<ledger>.history.json``): the ledger is rewritten several times
+a round and must stay small. docs/slurm.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """The controller's write-ahead ledger: from it, everything gpudiag changed in Slurm can be undone
 after a crash at any instant.
 
-Rules (``controller.apply`` and ``restore`` follow them):
-
-- **Intent before change.** A change is recorded (``want``) before its ``scontrol`` runs, with
-  the value the target had before gpudiag first touched it (``original``): taken from Slurm only
-  when the ledger has no entry for the target, so never a value gpudiag set. After the command
-  the change is confirmed (``set``). A crash before the command leaves an intent whose target
-  still has its original; after it, a target at ``want``: either way ``restore`` knows.
-- **Undo.** A target at ``set`` or ``want`` gets ``original`` back; one at ``original`` needs
-  nothing; any other value was set by someone else since and is theirs (left alone, reported).
-- **Bound to one cluster.** The ledger names its cluster (``slurmconf.cluster_identity``) and
-  each job by id, submit time and restart count (``JobRef``): a job id reused by a cluster whose
-  state was reset is a different job.
-- **A lease.** The controller renews ``lease`` every round; a ledger whose lease lapsed (or
-  whose holder is no longer running, on the same host) while partitions are held at
-  PreemptMode=OFF is a controller that died or hangs: ``--watchdog`` (or the unit's
-  ``--restore-only``) gives preemption back. A live lease also keeps a second controller off
-  the same ledger; one controller per *cluster*, whatever its ledger, is ``claim``'s.
-- **Reloads.** ``boot`` (slurmctld's BOOT_TIME) and ``marked`` (the controller made
-  ``slurmio.RELOAD_MARK`` and saw it in its last round) are what the next round, or a restore,
-  compares with Slurm to know whether slurm.conf was reloaded since (``conf_reloaded``).
-
-One JSON file, read and replaced under an exclusive ``flock`` of ``<file>.lock`` (the controller,
-its watchdog and ``--restore-only`` may run at once), written atomically (temporary file, fsync,
-rename, fsync of the folder).
+Intent (``want``, with the ``original`` read only when the target has no entry) before the change,
+``set`` after; undo puts ``original`` back where the value is still ours. Bound to one cluster and
+to jobs by ``JobRef``; a ``lease`` renewed every round; ``boot``/``marked`` tell a reload
+(``conf_reloaded``). One JSON file under ``flock``, replaced atomically. docs/slurm.md, "Undo,
+whatever happens".
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The controller's processes: the loop of rounds, ``--restore-only`` and ``--watchdog``.
 
-- ``serve``: a round every interval. slurmctld (or the local munged) unreachable: one log line
-  naming it with its address when it goes (another when what is out changes: munge back,
-  slurmctld still away), rounds retried every ``RETRY_S`` (a failing round costs one quick
-  request, and the controller resumes within seconds of the return, not a backoff later), one
-  line when it is back; the lease is renewed all the while (the controller is alive; a watchdog
-  must not act).
-  SIGTERM/SIGINT end the loop after the current round; ``restore`` then undoes everything. The
-  exit code tells systemd the truth: 0 clean, 1 a round or a restore failed, 2 the ledger is not
-  this controller's to use.
-- ``restore_only``: undo what the ledger holds and exit, running no round: 0 when everything is
-  back, 1 naming what is not.
-- ``watchdog``: while a ledger's lease is live, nothing; once it lapsed with partitions still at
-  PreemptMode=OFF, give preemption back to Slurm (Nice values stay for the next controller).
+``serve``: a round every interval; an unreachable slurmctld or munged is named once and retried
+every ``RETRY_S`` with the lease renewed; SIGTERM/SIGINT end it after the round; exit 0 clean, 1 a
+round or restore failed, 2 the ledger is not ours. ``restore_only``: undo and exit (1 naming what
+is not back). ``watchdog``: once a lease lapsed with partitions held, give preemption back.
+docs/slurm.md, "Undo, whatever happens".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """What the controller does where Slurm does not preempt by partition: ``PreemptType=preempt/qos``
 (and ``preempt/none``), in one honest line.
 
-Under ``preempt/qos`` Slurm picks victims by their jobs' QOS, which no partition's PreemptMode
-changes: gpudiag holds nothing there (``takeover.eligible`` takes only ``preempt/partition_prio``
-partitions) and only changes Nice, and the paid tier is a QOS, not a partition. So the jobs of
-the top QOS tier - the highest QOS ``Priority`` among the QOS slurmdbd defines (``sacctmgr show
-qos``), where there are at least two priorities - are never penalised, as the top partition
-tier's are. Where the QOS priorities cannot be read (slurmdbd out, or squeue without ``--json``,
-which gives no job's QOS), gpudiag cannot tell the paid jobs from the others, and changes no Nice
-until it can. A cluster without accounting storage has no QOS at all: Slurm's preempt/qos then
-has no tier to preempt by, and the partition tiers are the only ones.
+gpudiag holds no partition there and only changes Nice; the jobs of the top QOS tier (the highest
+QOS ``Priority`` of ``sacctmgr show qos``) are never penalised, and where the QOS priorities cannot
+be read no Nice is changed. docs/slurm.md, "Clusters that preempt by QOS".
 """
 
 from __future__ import annotations

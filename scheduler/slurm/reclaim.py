@@ -1,31 +1,9 @@
 """Quota reclaim enacted on Slurm: the policy core's reclaim decisions as requeues and one lift.
 
-The policy core (``preempt.reclaim_victims``) decides: a waiting job of an account under its
-``--quota`` may take GPUs back from accounts over theirs (same tier or lower, least useful work
-lost, minimum runtime, never below a quota). Slurm cannot carry that out by itself (its
-``preempt/partition_prio`` only preempts for a higher PriorityTier), so the controller does, with
-the safety of its cross-tier victims (``serve_jobs``) and two things only reclaim needs:
-
-- **Where a victim may sit.** In a partition gpudiag holds at PreemptMode=OFF, or in a *quiet*
-  one: ``PreemptMode=REQUEUE`` (the administrator's consent that jobs there may be requeued for
-  others) under ``preempt/partition_prio`` with no higher tier on its GPU nodes, so Slurm never
-  preempts there and no race with Slurm's own choice exists. A partition at PreemptMode=OFF in
-  slurm.conf (the usual top tier) is never reclaimed from: its jobs were promised no preemption.
-- **The freed GPUs go to the job they were taken for.** Slurm starts the highest priority first
-  (within a PriorityTier), and a later job of an under-quota account usually ranks below the
-  backlog of the account it reclaims from: Slurm would hand the freed GPUs to that backlog. So
-  before the requeue the reclaiming job's Nice is lowered just below every pending job that
-  could take those nodes (``lift``: a ``Nice`` change in the ledger, marked ``lifted``, which the
-  efficiency Nice leaves alone) and put back once it starts or leaves the queue (``lift_ends``)
-  or on ``--restore-only``. Lowering it rather than checking that the job is already first is
-  what makes reclaim happen at all: with ``priority/basic`` a later submission is never first.
-  A waiting job of a higher PriorityTier on those nodes goes first whatever the Nice: then
-  nothing is reclaimed. The victim itself cannot take its GPUs back: a requeued job waits
-  (reason ``BeginTime``) for ``AuthInfo=cred_expire`` (default 120 s), seen in the tests.
-
-Where it cannot act (a candidate victim without a usable signal or key history, a victim in a
-partition Slurm preempts in, CPUs or memory short once the victims are gone, a higher-tier job
-first in line, a lift beyond Slurm's Nice range) it says why in one line and changes nothing.
+Victims only in partitions gpudiag holds or *quiet* ones (REQUEUE, no higher tier on their GPU
+nodes: Slurm never preempts there); before the requeue the reclaiming job's Nice is lowered below
+every pending job that could take those nodes (``lift``, put back by ``lift_ends``), so the freed
+GPUs go to it. Where it cannot act it says why in one line. docs/slurm.md.
 """
 
 from __future__ import annotations

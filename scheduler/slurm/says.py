@@ -1,11 +1,7 @@
 """What the controller tells the log about how it steers this cluster, each thing once while it
-stays true: whether it acts on signals at all, which partitions' preemption it takes and which
-it leaves to Slurm (and why), and each quota reclaim it could not enact.
-
-Said once, not once per round: an administrator reading the log must see a change, and a line
-repeated after every preemption (a partition sits a round out while Slurm preempts in it) says
-nothing new. And said truly: "gpudiag chooses preemption victims" only where it holds a partition
-(issue 41 saw "takes preemption over" on a ``preempt/qos`` cluster where it held nothing).
+stays true: whether it acts on signals, which partitions' preemption it takes and which it leaves
+to Slurm (and why), and each quota reclaim it could not enact. Said truly: "gpudiag chooses
+preemption victims" only where it holds a partition (issue 41). docs/slurm.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Who serves each waiting job that Slurm could preempt for: gpudiag's victims, or Slurm itself.
 
-``serve_waiting`` looks at every waiting job that is blocked (Slurm's reason ``Resources``, or
-the head of the policy's pass) and has candidate victims (``takeover.candidates``), and decides:
-
-- gpudiag serves it when it can judge every candidate (each has a usable signal or key history,
-  and sits in a partition gpudiag holds) and act: the pass's victims are requeueable and the
-  job's CPUs and memory fit once they are gone. Then the pass's victims are requeued, unless
-  victims are blocked this round or victims chosen earlier for the same job are still stopping.
-- a head whose victims are a quota reclaim (same tier or lower, which Slurm never preempts for)
-  is gpudiag's alone: ``reclaim.reclaim_actions`` requeues them and lifts the head in Slurm's
-  order, or says why not (``Serving.not_reclaimed``); Slurm is not asked to serve it.
-- a job Slurm weighs by more than GPUs per node (``SlurmJob.unmodelled``: ``--exclusive``, a
-  heterogeneous job, node features, licenses, a reservation) cannot be started under the hold by
-  gpudiag's victims: Slurm serves it, as it would alone.
-- otherwise Slurm serves it: the job is recorded as handed back (with why, one line) and the held
-  partitions of its candidates go back to their original PreemptMode while it waits.
+``serve_waiting``: gpudiag serves a blocked job when it can judge every candidate victim (signal
+or key history, in a held partition) and act (requeueable, CPUs and memory fit); a quota reclaim
+is gpudiag's alone (``reclaim``); otherwise, and for jobs Slurm weighs by more than GPUs
+(``SlurmJob.unmodelled``), Slurm serves it, with one line why. docs/slurm.md, step 3.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Slurm's own commands, run as subprocesses: the controller's only way to read or change Slurm.
 
-Reading: ``squeue`` (``--json`` where this Slurm has it, else a fixed ``-o`` format, decided
-once; one call per round), ``scontrol show node|partition|config``, and ``scontrol show job N``
-for the one job a requeue is for. Writing: ``scontrol update JobId=N,M,... Nice=V`` (one call for
-every job that gets the same Nice: scontrol 22.05 takes a list of job ids and sends one update
-per job, so a round's 200 Nice writes are ~20 calls, not 200 processes), ``scontrol requeue N``,
-``scontrol update PartitionName=P PreemptMode=M``. A controller
-that cannot be reached is ``SlurmUnreachable`` (the loop backs off and changes nothing); a
-command Slurm refuses for lack of privilege is ``SlurmDenied`` (its message says who may); any
-other failure of a command is ``SlurmError``. An outage is named by what is out, with its
-address: ``MungeUnavailable`` (the local munged that signs every request, by its socket) or
-slurmctld (by host and port), once per message, never wrapped twice.
-
-A reload of slurm.conf (``scontrol reconfigure``) is told from an administrator's ``scontrol
-update`` by a partition slurm.conf does not define (``RELOAD_MARK``: hidden, inactive, without
-nodes, so no job can use it): Slurm 22.05 rebuilds its partitions from slurm.conf on a reload and
-the mark is gone; nothing else removes it (``sdiag -r`` or the midnight statistics reset, which an
-earlier version read as reloads, change nothing). ``partitions`` leaves the mark out of what it
-returns and says in ``marked`` whether that same answer had it; a restart shows in the config's
-``BOOT_TIME``. ``slurm_conf`` reads slurm.conf as it is now.
+Reads: ``squeue`` (``--json`` where present), ``scontrol show node|partition|config|job``. Writes:
+``scontrol update`` (Nice for many jobs in one call, PreemptMode) and ``scontrol requeue``. Failures
+are ``SlurmUnreachable`` (``MungeUnavailable`` or slurmctld, named once), ``SlurmDenied`` or
+``SlurmError``. A reload of slurm.conf is told by ``RELOAD_MARK``, a partition slurm.conf does not
+define, gone after a reload. docs/slurm.md.
 """
 
 from __future__ import annotations

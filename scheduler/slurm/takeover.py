@@ -1,34 +1,10 @@
 """Which partitions gpudiag holds at PreemptMode=OFF (choosing victims itself), and which
 waiting jobs it leaves to Slurm's own preemption.
 
-Slurm 22.05's ``preempt/partition_prio`` picks its victims about a second after a higher-tier job
-arrives, by PriorityTier and job-list order, and nothing per job changes that; so to choose by
-useful work lost the controller must switch the lower partitions' preemption off beforehand and
-requeue its own victims. It does so only where it can carry every decision out, and gives the
-decision back to Slurm (the partition's original mode) everywhere else:
-
-- Only ``PreemptMode=REQUEUE`` partitions of ``preempt/partition_prio`` with GPU nodes that a
-  higher tier shares are taken; CANCEL, SUSPEND and GANG keep their semantics, and CPU-only
-  partitions are never touched.
-- A partition held by gpudiag whose mode an administrator set with ``scontrol update`` (to
-  anything, its original included) is theirs: dropped from the ledger, said in one line, and not
-  taken again until slurm.conf is reloaded. A reload is told from such an update by Slurm's own
-  partitions (``ledger.conf_reloaded``): a reload rebuilds them from slurm.conf, so the partition gpudiag
-  made beside them (``slurmio.RELOAD_MARK``) is gone, and a restart shows a new BOOT_TIME;
-  statistics (``sdiag``, reset by ``sdiag -r`` and at midnight) are never read. What the reload
-  set comes from slurm.conf as it is now: back at slurm.conf's mode after a reload, a held
-  partition is reset: taken again, and no victims are chosen in that round (Slurm may have
-  begun preempting before the controller read squeue). Reloaded with a slurm.conf that now
-  gives it another mode (OFF included), the new mode is the administrator's: gpudiag forgets the
-  old one and never restores it. Where the mark could not be made (unknown), a partition back at
-  its original is taken for a reset.
-- A waiting job Slurm could preempt for (a higher PriorityTier, on nodes it shares with running
-  jobs that have run the minimum time) is Slurm's when gpudiag cannot judge or cannot act for it:
-  a candidate victim without usable MFU evidence (jobs without signals are neither protected nor
-  penalised: Slurm's order decides among them), a candidate in a partition Slurm preempts in
-  itself, a job asking for what gpudiag does not model (no GPUs; CPUs or memory that would stay
-  short after the victims leave), victims gpudiag cannot requeue, or a requeue Slurm refused.
-  The partitions of its candidates go back to their original mode until it leaves the queue.
+Only REQUEUE partitions of ``preempt/partition_prio`` with GPU nodes a higher tier shares; a mode
+an administrator set is theirs until slurm.conf is reloaded (``ledger.conf_reloaded``); a waiting
+job gpudiag cannot judge or serve is Slurm's, and its candidates' partitions go back meanwhile.
+docs/slurm.md, "What one round does" and "Why holding preemption is safe".
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ the simulator keeps one ``Ordering`` and calls ``policy.decide`` over a simulate
    the replay had just before it - the same queue order and the same decisions, exactly;
 2. a window of the Philly trace is replayed through the simulator and through the local
    daemon's ``Engine`` driven by a fake daemon (job rows, a fake clock, an agent that reports a
-   run's MFU ``LEARN_AFTER_S`` after it starts, no processes), written here from the rules the
-   simulator's docstring states, and every instant's starts (with their GPUs) and preemptions
-   are the same - including the instants where the replay decided that no pass was worth
+   run's MFU ``LEARN_AFTER_S`` after it starts, no processes), written here from the rules
+   docs/scheduler-modelling.md (Between passes) states, and every instant's starts (with their
+   GPUs) and preemptions are the same - including the instants where the replay decided that no pass was worth
    running (the daemon's engine then decides nothing either).
 """
 
