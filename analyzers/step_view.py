@@ -133,10 +133,15 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
                 if split is not None and split < OTHERS_MOSTLY * traced.host_stalled else
                 f"other processes took {ms(traced.host_stalled)} of each traced step "
                 f"({ms(traced.step_time)} by wall clock)")
+        # one subject where the traced part is other processes' too (blind check 34: "other
+        # processes took 31.3 ms of each traced step (...) and other processes 31 ms of each")
+        untraced = (f"{ms(machine)} of each untraced one ({ms(dil.untraced_step_us + machine)})"
+                    if took.startswith("other processes") else
+                    f"other processes {ms(machine)} of each untraced one "
+                    f"({ms(dil.untraced_step_us + machine)})")
         dil.caveats.append(
-            f"traced and untraced steps compared at the job's own pace: {took} and other processes "
-            f"{ms(machine)} of each untraced one "
-            f"({ms(dil.untraced_step_us + machine)}), shown apart as the OS running other work")
+            f"traced and untraced steps compared at the job's own pace: {took} and {untraced}, shown "
+            "apart as the OS running other work")
     if not dil.trusted:
         return StepView(PROFILED, traced, noise, dilation=dil, deductions=deductions + traced_cost)
     # the traced view's own classify names its machine share; the estimate's split needs this

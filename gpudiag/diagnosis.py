@@ -555,7 +555,8 @@ class Diagnosis(JsonValue):
         return d
 
 
-DIFF_SCHEMA_VERSION = 3  # 2: step_change, basis and step_time_verdict; 3: own_pace_change
+# 2: step_change, basis and step_time_verdict; 3: own_pace_change; 4: tie_before/after
+DIFF_SCHEMA_VERSION = 4
 
 
 @dataclass
@@ -622,6 +623,11 @@ class DiagnosisDiff(JsonValue):
     own_pace_change: StepChange | None = None
     # one line: the machine's part of each run's step, where it differs between the runs
     machine_note: str = ""
+    # the label each run's verdict stated a tie with (within the step-time noise), where the
+    # label compared is that verdict's: a diff that printed "unchanged, compute-bound" of a run
+    # whose own report said "a tie with communication-bound" hid it (blind check 34)
+    tie_before: Bottleneck | None = None
+    tie_after: Bottleneck | None = None
     # one line: how far the training thread's time on a core per step moved, where it moved by
     # half the noise floor or more (``analyzers.compare.cpu_note``); the verdict quotes it
     # where the own pace changed significantly

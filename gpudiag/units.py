@@ -37,6 +37,15 @@ def pct(frac: float | None, signed: bool = False, digits: int = 1) -> str:
     return f"{100 * frac:+.{digits}f}%" if signed else f"{100 * frac:.{digits}f}%"
 
 
+def pct_fine(frac: float | None) -> str:
+    """A percentage that may be tiny (an MFU): as ``pct`` from 0.1% up, two significant digits
+    below, so that two small values stay apart (blind check 34: a host-bound job's "MFU: 0.0%" by
+    its own pace and by the wall clock, which could not be compared): 0.000021 -> '0.0021%'."""
+    if frac is None or frac != frac or frac == 0 or abs(frac) >= 0.001:
+        return pct(frac)
+    return f"{100 * frac:.2g}%"
+
+
 def pct_whole(frac: float) -> str:
     """A share in a sentence: whole percent, one decimal below 1% (so a small share never
     reads '0%'): 0.234 -> '23%', 0.004 -> '0.4%'."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from gpudiag.diagnosis import Diagnosis, DiagnosisDiff, SyncReport
 from gpudiag.reports import views
-from gpudiag.units import ms, pct, si
+from gpudiag.units import ms, pct, pct_fine, si
 
 _BAR = 30
 
@@ -153,9 +153,10 @@ def _basis(d: Diagnosis, wrap: dict[str, Any]) -> list[str]:
 def _efficiency(d: Diagnosis, wrap: dict[str, Any]) -> list[str]:
     """MFU (or why none), by wall clock beside it, and the roofline's ridge."""
     m = d.mfu
-    out = [f"MFU: {pct(m.value)}  ({m.reason})" if m.value is not None else f"MFU: {m.reason}"]
+    out = [f"MFU: {pct_fine(m.value)}  ({m.reason})" if m.value is not None else f"MFU: {m.reason}"]
     if m.pace:  # the wall clock's beside it, or that no split was recorded
-        beside = f"MFU by wall clock: {pct(m.wall_value)} ({m.pace})" if m.wall_value is not None else m.pace
+        beside = (f"MFU by wall clock: {pct_fine(m.wall_value)} ({m.pace})" if m.wall_value is not None
+                  else m.pace)
         out += textwrap.wrap(beside, **wrap)
     r = d.roofline
     if r.method != "none" and r.peak_flops > 0:
@@ -231,10 +232,11 @@ def render_diff_terminal(diff: DiagnosisDiff, width: int = 100, items: int = 3) 
     for w in diff.warnings:
         out.extend(textwrap.wrap(w, width, initial_indent="Warning: ", subsequent_indent="  "))
     view = "unprofiled estimate" if diff.basis == views.UNPROFILED else "profiled steps"
-    label = (f"{diff.label_before.value} -> {diff.label_after.value}"
-             if diff.label_before != diff.label_after else f"unchanged, {diff.label_after.value}")
+    before = diff.label_before.value + (f" (a tie with {diff.tie_before.value})" if diff.tie_before else "")
+    after = diff.label_after.value + (f" (a tie with {diff.tie_after.value})" if diff.tie_after else "")
+    label = f"{before} -> {after}" if before != after else f"unchanged, {after}"
     out.append(f"Label ({view}): {label}")
-    out.append(f"MFU ({view}): {pct(diff.mfu_before)} -> {pct(diff.mfu_after)}")
+    out.append(f"MFU ({view}): {pct_fine(diff.mfu_before)} -> {pct_fine(diff.mfu_after)}")
     for title, rows in (("Kernels", diff.kernels), ("Operators", diff.ops)):
         if rows:
             out.append(f"{title} that changed most (per traced step):")

@@ -12,3 +12,10 @@ def test_a_call_of_milliseconds_is_said_in_milliseconds_not_as_an_exponent():
     assert us(0.5) == "0.5 us"
     assert us(None) == "n/a" and us(float("nan")) == "n/a"
     assert ms(78940.0) == "78.9 ms" and ms(4.3359e7) == "43,359 ms"
+
+
+def test_a_tiny_percentage_keeps_two_significant_digits_so_two_small_mfus_stay_apart():
+    from gpudiag.units import pct_fine
+
+    assert pct_fine(0.000021) == "0.0021%" and pct_fine(0.00005) == "0.005%"
+    assert pct_fine(0.209) == "20.9%" and pct_fine(0.0) == "0.0%" and pct_fine(None) == "n/a"

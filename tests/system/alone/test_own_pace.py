@@ -219,6 +219,22 @@ def test_a_diff_that_disagrees_with_the_wall_clock_leads_with_the_jobs_own_pace(
     assert own_pace(before, after, None, own, floor=0.05).change is None
 
 
+def test_a_wall_clock_change_against_the_busier_run_is_not_given_the_machine_as_its_cause():
+    """Blind check 34: the job's own work doubled (12 -> 24 ms) while other processes took more of
+    BEFORE (8 ms a step) than of AFTER (0.5 ms): the wall clock is slower, and the busier BEFORE
+    cannot be why; the line says other processes do not explain it."""
+    own_b = [0.012 * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(40)]
+    own_a = [2 * x for x in own_b]
+    before, after = [x + 0.008 for x in own_b], [x + 0.0005 for x in own_a]
+    p = own_pace(before, after, own_b, own_a, floor=0.05)
+    wall = step_change(before, after, floor=0.05)
+    assert wall.direction == "slower" and p.change is not None and p.change.direction == "slower"
+    text = p.verdict(wall)
+    said = "significantly slower; other processes do not explain it, the machine was busier in BEFORE"
+    assert said in text, text
+    assert "slower: the machine was busier" not in text
+
+
 def test_a_wall_clock_that_agrees_in_word_but_not_in_size_still_names_the_machines_part():
     """Slower at its own pace (+13%) and by wall clock (+117%): the same word, changes 9x apart
     (a blind check's MLP beside a 2-thread matmul). The verdict gives the machine's part, as

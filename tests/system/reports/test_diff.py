@@ -233,3 +233,22 @@ def test_real_h100_run_dirs_diff_from_their_step_timers():
     assert d["step_change"]["noise_floor"] == pytest.approx(max(0.02, spread / 2))
     other = gpudiag_diff(gpt, resnet)
     assert other["step_change"]["after_median_us"] < other["step_change"]["before_median_us"]
+
+
+def test_a_label_its_run_called_a_tie_is_printed_with_the_tie():
+    """Blind check 34: `diff` printed "unchanged, compute-bound" where the AFTER run's own report
+    said "a tie with communication-bound"; the tie is now carried (``tie_after``) and printed."""
+    from gpudiag.reports.terminal import render_diff_terminal
+
+    gpt = SHARED / "runs" / "h100-gpt-small"
+    if not gpt.is_dir():
+        pytest.fail(f"test data missing: {gpt} (CI lays ../shared beside the repository)")
+    before = diagnose(gpt)
+    other = next(b for b in Bottleneck if b is not before.verdict.label)
+    after = copy.deepcopy(before)
+    after.verdict.tie_with = other
+    d = compare(before, after)
+    assert d.tie_before is None and d.tie_after is other
+    text = render_diff_terminal(d)
+    assert f"-> {before.verdict.label.value} (a tie with {other.value})" in text, text
+    assert "Label" in text and "unchanged" not in text.split("Label")[1].splitlines()[0]
