@@ -123,8 +123,12 @@ def test_compiles_predicted_saving_is_bounded_by_the_dispatch_it_removes(eager):
     assert predicted_us >= floor or math.isclose(predicted_us, floor, rel_tol=1e-12), \
         (rec.predicted_step_s, kept, rec.why)
     assert "compile removes calls, not their work" in rec.why and "AccumulateGrad" in rec.why
-    # the replay of a GPU's launch gaps would have closed every host gap, the optimizer's too
-    assert predicted_us > whatif.compiled(view, 1.0).step_us
+    # the replay of a GPU's launch gaps would have closed every host gap, the optimizer's too:
+    # compared in the job's own time, as each model treats the OS's part differently (this one
+    # keeps its share of the shorter step, the GPU's keeps it whole). By the wall clock the two
+    # crossed in a clean-clone CI run beside other work, the OS 105 ms of a 130 ms step: 103.1 ms
+    # here against 104.9 ms there, where the own times were 19.9 ms and 0.
+    assert predicted_us / wall > whatif.compiled(view, 1.0).step_us - view.host_stalled
 
 
 def test_graph_breaks_at_values_read_back_cost_compile_its_gain(eager, syncs):
