@@ -154,9 +154,9 @@ def others_ran(other_cores: float | None, dt: float) -> float:
     Why: the step's wait (``step_wait``) is the training thread's and, while it slept, the
     slowest other thread's, in turn, so each instant of it is one thread waiting for a core that
     another task held; a task of another process held it no longer than it ran. The fair share
-    (``wait_shares``) counts runnable tasks alike, but a task at a low priority (nice 10, a
-    background build) runnable beside the job ran a tenth of a core or less, and the share read a
-    job that fits its cores as waiting on it for all its own wait."""
+    (``wait_shares``) counts runnable tasks alike, whatever share of the cores each got, and
+    reads a job that fits its cores as waiting on the others for all of its wait, its own
+    included; what they ran bounds that."""
     return max(0.0, other_cores or 0.0) * dt
 
 
