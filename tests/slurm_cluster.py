@@ -87,13 +87,14 @@ def wait_for(what: str, ok, timeout: float = 120.0, every: float = 0.5):
 
 
 def wait_while_progressing(what: str, ok, progress, quiet_s: float = 120.0,
-                           timeout: float = 600.0, every: float = 1.0):
+                           timeout: float = 600.0, every: float = 1.0, explain=None):
     """Poll ``ok()`` until it returns something true (returned), for as long as the work it
     waits on goes on: fail naming ``what`` once ``progress()`` (anything that changes while
     that work moves, such as the bytes of the jobs' run folders) has stood still ``quiet_s``,
     or after ``timeout`` in all. A real job's event comes when it comes: on a loaded 2-core VM
     two profiled torch jobs took more than 180 s to send their first signals, and a fixed
-    deadline failed jobs that were still working (issue 32)."""
+    deadline failed jobs that were still working (issue 32). ``explain()``, where given, says
+    what was seen instead, in the failure's message."""
     start = time.monotonic()
     last, moved = progress(), start
     while True:
@@ -106,7 +107,8 @@ def wait_while_progressing(what: str, ok, progress, quiet_s: float = 120.0,
             last, moved = seen, now
         if now - moved > quiet_s or now - start > timeout:
             why = f"nothing moved for {now - moved:.0f} s" if now - moved > quiet_s else "still moving"
-            raise AssertionError(f"gave up after {now - start:.0f} s waiting for {what} ({why})")
+            instead = f"; {explain()}" if explain is not None else ""
+            raise AssertionError(f"gave up after {now - start:.0f} s waiting for {what} ({why}){instead}")
         time.sleep(every)
 
 

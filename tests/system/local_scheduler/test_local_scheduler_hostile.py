@@ -356,7 +356,11 @@ def fuzz_run_json(s: Sched, alice, base: Path, rng: random.Random) -> int:
     for k, (raw, plausible) in enumerate(payloads):
         (pay / f"run-{k}").write_bytes(raw)
         job = user_job(alice, sock, script(base, f"run{k}.sh", f"P={pay}\nK={k}\n{RUN_JSON_JOB}"))
-        until(f"run.json {k} written", (mine / f"wrote-{k}").exists, timeout=WAIT_S * 2)
+        # its start waits for the previous job's last process to go (a slot) and for the
+        # user's interpreter to start gpudiag profile: a job that ended instead fails at once
+        until(f"run.json {k} written", lambda job=job, k=k: (mine / f"wrote-{k}").exists() or state_of(
+            s.jobs(), job) not in ("pending", "running"), timeout=WAIT_S * 4)
+        assert (mine / f"wrote-{k}").exists(), (k, s.jobs()[job])
         next_pass(s)
 
         def read(j: dict, job: int = job) -> bool:
@@ -403,6 +407,18 @@ def runner_state(pid: int) -> str | None:
     return None if p is None else p.state
 
 
+def what_the_daemon_saw(s: Sched) -> str:
+    """For a failure's report: the daemon's queue and the end of its log (a wait that timed out
+    says only what it waited for)."""
+    try:
+        queue = "\n".join(f"  {j['id']} {j.get('user')} {j.get('state')}: {j.get('why')}"
+                          for j in s.ask({"op": "queue", "all": True})["jobs"])
+    except (OSError, KeyError, ValueError) as e:
+        queue = f"  (no answer: {e})"
+    alive = "running" if s.proc.poll() is None else f"exited {s.proc.returncode}"
+    return f"daemon {alive}; its queue:\n{queue}\nits log's end:\n{s.log.read_text()[-4000:]}"
+
+
 def test_fuzz_every_job_file_and_the_socket_and_another_user_is_answered_throughout(base, user_python, users):
     seed = int(os.environ.get(SEED_VAR) or random.SystemRandom().randrange(2**32))
     print(f"seed {seed} ({SEED_VAR}={seed} replays it)")
@@ -426,6 +442,9 @@ def test_fuzz_every_job_file_and_the_socket_and_another_user_is_answered_through
         assert "Traceback" not in log and "internal error" not in log, log
         print(f"{counts}; socket: {fuzzed['sent']} hostile requests; bob: {asked['asked']} answered, "
               f"worst {asked['worst_s'] * 1e3:.0f} ms")
+    except BaseException:
+        print(what_the_daemon_saw(s))
+        raise
     finally:
         stop.touch()
         (base / "payloads" / "end").touch()

@@ -98,6 +98,23 @@ def usable_signal(prom: str, jid: int) -> bool:
         bool(promql(prom, f"gpudiag_job_bottleneck{sel} == 1")["result"])
 
 
+def signals_seen(prom: str, folder: Path, jobs: dict[str, int]) -> str:
+    """What Prometheus holds of each job's label and confidence, and the end of its output:
+    why a wait for usable signals gave up (a busy machine lowers confidence; a job that failed
+    sends none)."""
+    out = []
+    for name, jid in jobs.items():
+        sel = f'{{job_id="slurm:{jid}"}}'
+        conf = [r["value"][1] for r in promql(prom, f"gpudiag_job_signal_confidence{sel}")["result"]]
+        labels = promql(prom, f"gpudiag_job_bottleneck{sel} == 1")["result"]
+        label = [r["metric"].get("label") for r in labels]
+        log = folder / f"{name}.out"
+        tail = log.read_text(errors="replace")[-600:] if log.exists() else "(no output)"
+        out.append(f"{name} (slurm:{jid}): confidence {conf or 'none'}, label {label or 'none'}; "
+                   f"its output ends: {tail!r}")
+    return " | ".join(out)
+
+
 def learned(hist: Path) -> set[str]:
     """The keys the controller's history file holds with a label."""
     try:
@@ -228,6 +245,9 @@ def events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+# its jobs' first usable signals may take 480 s beside the suite's other lanes (below), and
+# the requeue and resume after them a few minutes more
+@pytest.mark.timeout(900)
 def test_on_demand_job_requeues_the_low_mfu_spot_job_which_checkpoints_in_its_grace_and_resumes(
         cluster, agent, prometheus, tmp_path):
     ctl = Controller(cluster, tmp_path / "ctl", "--prometheus", prometheus, "--restore")
@@ -238,7 +258,9 @@ def test_on_demand_job_requeues_the_low_mfu_spot_job_which_checkpoints_in_its_gr
         wait_for("vfast running", lambda: job(cluster, fast)["JobState"] == "RUNNING", 30)
         slow = sbatch(cluster, agent, tmp_path, "vslow", "spot", 2, "input")
         wait_while_progressing("signals of both spot jobs", lambda: usable_signal(prometheus, fast)
-                               and usable_signal(prometheus, slow), lambda: folder_bytes(tmp_path))
+                               and usable_signal(prometheus, slow), lambda: folder_bytes(tmp_path),
+                               timeout=480, explain=lambda: signals_seen(
+                                   prometheus, tmp_path, {"vfast": fast, "vslow": slow}))
         wait_for("the controller took preemption over", lambda: "PreemptMode=OFF" in cluster.run(
             "scontrol", "show", "partition", "spot", "-o").stdout, 30)
         time.sleep(2)
