@@ -6,8 +6,8 @@ then sleeps. The issue's scene: before the stall watch, such a job kept its last
 minutes and the fleet page counted 3x its useful hours. Now, 30 s after its last step, the agent
 exports its MFU as 0 and a stall series with the cause; ``top`` marks it STALLED; the scheduler's
 signal reads MFU 0 and the stall; ``gpudiag fleet`` counts its useful hours as those it trained
-(within 5%: the truth is the MFU it exported while it trained, times its GPUs, over the same
-instants), and its stalled GPU-hours as lost, first in "most lost".
+(within 5% or one scrape: the truth is the MFU it exported while it trained, times its GPUs,
+over the same instants), and its stalled GPU-hours as lost, first in "most lost".
 """
 
 from __future__ import annotations
@@ -169,9 +169,17 @@ def test_fleet_counts_only_the_trained_hours_as_useful_and_the_stall_as_lost(sce
     # by scrape (a sample stands for the 1 s scrape interval)
     last = scene["at_check"]["last"]
     gpus, mfu = raw_samples(scene, "gpudiag_gpus_held"), raw_samples(scene, "gpudiag_job_mfu_ratio")
-    truth = sum(n * mfu[t] for t, n in gpus.items() if t in mfu and t <= last) / 3600
+    trained = [n * mfu[t] for t, n in gpus.items() if t in mfu and t <= last]
+    truth = sum(trained) / 3600
     assert truth > 0
-    assert job["useful_gpu_hours"] == pytest.approx(truth, rel=0.05)
+    # within 5%, or one scrape: the fleet's windows (1 s, ending at --to) are not the scrapes'
+    # intervals, and the one that holds the last step is counted in part, up to the stall's
+    # start. In the project's VM's CI the first MFU came 2 s before the last step (the job's
+    # first trace analysed beside the suite's other lanes): of 3 scrapes, one was counted 31%
+    # (0.79 of the truth). The stalled scrapes after it, at the job's last MFU (10 in that
+    # run), would each add a whole scrape: the check still tells counting them from not.
+    edge = max(trained) / 3600
+    assert job["useful_gpu_hours"] == pytest.approx(truth, rel=0.05, abs=edge)
     # stalled from its last step to the range's end, on both GPUs; all of it lost, with its cause
     prom = Prometheus(scene["base"])
     data, _ = read_fleet(prom, grid_for(scene["t0"], scene["t1"]), prom.scrape_intervals(10))
