@@ -174,10 +174,11 @@ def test_fleet_counts_only_the_trained_hours_as_useful_and_the_stall_as_lost(sce
     assert truth > 0
     # within 5%, or one scrape: the fleet's windows (1 s, ending at --to) are not the scrapes'
     # intervals, and the one that holds the last step is counted in part, up to the stall's
-    # start. In the project's VM's CI the first MFU came 2 s before the last step (the job's
-    # first trace analysed beside the suite's other lanes): of 3 scrapes, one was counted 31%
-    # (0.79 of the truth). The stalled scrapes after it, at the job's last MFU (10 in that
-    # run), would each add a whole scrape: the check still tells counting them from not.
+    # start. In a clean-clone CI run on this project's 2-core EPYC VM the first MFU came 2 s
+    # before the last step (the job's first trace analysed beside the suite's other lanes): of
+    # 3 scrapes, one was counted 31% (0.79 of the truth). The stalled scrapes after it, at the
+    # job's last MFU (10 in that run), would each add a whole scrape: the check still tells
+    # counting them from not.
     edge = max(trained) / 3600
     assert job["useful_gpu_hours"] == pytest.approx(truth, rel=0.05, abs=edge)
     # stalled from its last step to the range's end, on both GPUs; all of it lost, with its cause

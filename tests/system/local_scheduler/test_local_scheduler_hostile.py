@@ -416,7 +416,11 @@ def what_the_daemon_saw(s: Sched) -> str:
     except (OSError, KeyError, ValueError) as e:
         queue = f"  (no answer: {e})"
     alive = "running" if s.proc.poll() is None else f"exited {s.proc.returncode}"
-    return f"daemon {alive}; its queue:\n{queue}\nits log's end:\n{s.log.read_text()[-4000:]}"
+    try:
+        log = s.log.read_text(errors="replace")[-4000:]
+    except OSError as e:   # the report must not hide the failure it reports on
+        log = f"(unreadable: {e})"
+    return f"daemon {alive}; its queue:\n{queue}\nits log's end:\n{log}"
 
 
 def test_fuzz_every_job_file_and_the_socket_and_another_user_is_answered_throughout(base, user_python, users):
