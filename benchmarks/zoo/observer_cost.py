@@ -31,12 +31,13 @@ from _zoo import median  # noqa: E402
 from zoo_jobs import ALL_JOBS  # noqa: E402
 
 
-def one(job, mode: str, steps: int, work: Path, tag: str, threads: int = 0) -> dict:
+def one(job, mode: str, steps: int, work: Path, tag: str, threads: int = 0,
+        window_at: int = 10) -> dict:
     rep = work / f"{tag}.json"
     extra = ["--steps", str(steps), "--report", str(rep)] + (["--threads", str(threads)] if threads else [])
     cmd = run_zoo.command(job, extra, False)
     if mode != "alone":
-        skip = ["--skip", "1000000"] if mode == "skip" else []
+        skip = ["--skip", "1000000" if mode == "skip" else str(window_at)]
         cmd = [str(run_zoo.BIN / "gpudiag"), "profile", "--out", str(work / f"{tag}-run"),
                *skip, "--", *cmd]
     la0, t0 = run_zoo.load(), time.time()
@@ -48,6 +49,7 @@ def one(job, mode: str, steps: int, work: Path, tag: str, threads: int = 0) -> d
         out["step_ms"] = r["mean_ms"] if job.stat == "mean" else r["median_ms"]
         if mode == "default":
             out.update(outside_window(r, work / f"{tag}-run", job.stat))
+        out.update(around_window(r, work / f"{tag}-run", job.stat, window_at))
     else:
         out["error"] = err or f"exit {rc}"
     return out
@@ -72,6 +74,26 @@ def outside_window(report: dict, run: Path, stat: str) -> dict:
     return {"outside_ms": pace, "window_extra_ms": extra, "window_steps": len(marked)}
 
 
+def around_window(report: dict, run: Path, stat: str, window_at: int) -> dict:
+    """The job's statistic before gpudiag's trace window and after it (from two steps past
+    its last marked step to the end), for every mode at the same step indices: a run alone or
+    under ``--skip`` large has no window, so its ranges are where the default run's would be
+    (warm-up, then ``--skip`` steps; 7 marked: warm-up, 5 traced, export). What the default
+    run's after/before ratio shows beyond the others' is what the window left behind: a cost
+    that outlives the trace (the #37 question: metrics_log ran +5% outside its window in a
+    60-step run on 2026-11-29)."""
+    steps, warm = report["own_step_ms"], report["warmup"]
+    path = run / "samples" / "steps-rank-0.jsonl"
+    marked = sorted({row["step"] - 1 for row in map(json.loads, path.read_text().splitlines())
+                     if row.get("profiler")}) if path.exists() else []
+    first, last = (marked[0], marked[-1]) if marked else (window_at, window_at + 6)
+    before, after = steps[warm:first], steps[last + 3:]
+    if len(before) < 3 or len(after) < 3:
+        return {}
+    agg = (lambda xs: sum(xs) / len(xs)) if stat == "mean" else median
+    return {"before_ms": agg(before), "after_ms": agg(after)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,6 +104,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="the job's intra-op threads (default: its own); 1 keeps a core free for "
                         "gpudiag's own processes, where another tenant holds the other core")
+    p.add_argument("--window-at", type=int, default=10,
+                   help="the default run's --skip: where its trace window opens (a later one "
+                        "leaves steps before it to compare the steps after it with)")
     p.add_argument("--out", default="")
     args = p.parse_args()
     job = {j.name: j for j in ALL_JOBS}[args.job]
@@ -92,7 +117,7 @@ def main() -> None:
     print(f"uptime: {run_zoo._uptime()}", flush=True)
     for r in range(args.rounds):
         for i, m in enumerate(order):
-            res = one(job, m, args.steps, work, f"r{r}-{i}-{m}", args.threads)
+            res = one(job, m, args.steps, work, f"r{r}-{i}-{m}", args.threads, args.window_at)
             runs[m].append(res)
             print(f"  {res['tag']}: {res.get('step_ms', res.get('error'))} ms "
                   f"(load {res['load_before'][0]})", flush=True)
@@ -107,6 +132,10 @@ def main() -> None:
         print(f"default outside its trace window: {outside:.1f} ms: {outside / mean['alone']:.3f}x "
               f"alone; the window's steps took {extra:.0f} ms beyond that pace, "
               f"{100 * extra / (1000 * mean['alone']):.1f}% of a 1,000-step job", flush=True)
+    ratios = {m: [x["after_ms"] / x["before_ms"] for x in rs if "after_ms" in x] for m, rs in runs.items()}
+    if all(ratios.values()):
+        print("after the window / before it (each run): " + "; ".join(
+            f"{m} {', '.join(f'{v:.3f}' for v in vs)}" for m, vs in ratios.items()), flush=True)
     print(f"uptime: {run_zoo._uptime()}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"job": job.name, "stat": job.stat, "runs": runs,
