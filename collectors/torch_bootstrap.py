@@ -106,7 +106,7 @@ class _Bootstrap:
             self.explicit = True
         elif self.explicit:
             return
-        now = time.perf_counter()
+        now, sched = _clock_and_sched(self.sched_fds)
         self.step += 1
         row: dict[str, Any] = {"step": self.step, "t": time.time(), "dt": now - self.t_step}
         if self.phase is not None:
@@ -127,7 +127,6 @@ class _Bootstrap:
         if self.input[0] > 0:
             row["input_s"], row["input_run_s"], row["input_wait_s"] = (round(x, 6) for x in self.input)
             self.input = [0.0, 0.0, 0.0]
-        sched = _thread_sched(self.sched_fds)
         if sched is not None and self.sched is not None and sched[0] == self.sched[0]:
             row["run_s"] = (sched[1] - self.sched[1]) / 1e9
             row["wait_s"] = (sched[2] - self.sched[2]) / 1e9
@@ -335,6 +334,27 @@ def _thread_sched(fds: dict[int, int]) -> tuple[int, int, int, int] | None:
         return None
 
 
+def _clock_and_sched(fds: dict[int, int]) -> tuple[float, tuple[int, int, int, int] | None]:
+    """``time.perf_counter()`` and the calling thread's counters (``_thread_sched``) at one
+    instant: the wall clock that ends a step and the waits that step held must be read together.
+    Read apart, a preemption between them puts its wait in one step's counters and its wall in
+    the next step's: beside `make test` (load 8 on 2 cores), when the step timer read its counters
+    after the collectives and faults, 7 of 35 steps of a 10 ms sleep loop read a wait longer than
+    the step, the steps after them an own pace up to 2x the truth, and `diff` of a 10 ms
+    regression (+85% by the job's sleeps) a noise floor of 7-56% and intervals as wide as
+    +38..+89% and +49..+143%; read together, six runs: 5% and +82..+88%. The counters are
+    read on both sides of the clock and again while a wait landed between them (the kernel adds
+    a wait when the thread gets its core back, so a preemption shows as a changed wait)."""
+    before = _thread_sched(fds)
+    for _ in range(3):
+        now = time.perf_counter()
+        after = _thread_sched(fds)
+        if before is None or after is None or after[0] != before[0] or after[2] == before[2]:
+            return now, after
+        before = after
+    return now, after
+
+
 def _cpus() -> int | None:
     """Cores this process may run on (its affinity mask, which a batch system narrows)."""
     try:
@@ -495,13 +515,13 @@ def _patch_dataloader(torch: Any) -> None:
         st = _get_state()
         if st is None or os.getpid() != st.pid:
             return orig_next(self)
-        t0, s0 = time.perf_counter(), _thread_sched(st.sched_fds)
+        t0, s0 = _clock_and_sched(st.sched_fds)
         try:
             return orig_next(self)
         finally:
-            s1 = _thread_sched(st.sched_fds)
+            t1, s1 = _clock_and_sched(st.sched_fds)
             if s0 is not None and s1 is not None and s0[0] == s1[0]:
-                st.input[0] += time.perf_counter() - t0
+                st.input[0] += t1 - t0
                 st.input[1] += (s1[1] - s0[1]) / 1e9
                 st.input[2] += (s1[2] - s0[2]) / 1e9
 

@@ -426,6 +426,20 @@ def test_a_larger_batch_beside_the_same_load_is_slower_at_its_own_pace(loop_runs
     assert d["step_change"]["direction"] == "slower"
 
 
+def test_no_step_read_beside_busy_loops_waited_or_ran_longer_than_it_took(loop_runs):
+    """A step's wait for a core and its time on one fit inside the step: the step timer reads its
+    clock and its thread's counters at one instant. Read apart (the counters after the step's
+    other bookkeeping), a preemption between them put its wait in one step and its wall in the
+    next: beside `make test`, 4-18 of 180 steps of three such runs read more wait than step, and
+    their neighbours an own pace up to 2x the truth (``torch_bootstrap._clock_and_sched``)."""
+    for name in ("busy", "bigger"):
+        boot = read_bootstrap(loop_runs[name])
+        steps = [r for r in read_steps(loop_runs[name], boot)[0] if r.wait_s is not None]
+        over = [(r.step, round(r.dt * 1e3, 2), round((r.run_s or 0) * 1e3, 2), round(r.wait_s * 1e3, 2))
+                for r in steps if (r.run_s or 0.0) + r.wait_s > r.dt + 100e-6]
+        assert len(steps) >= 55 and not over, f"{name}: (step, ms, ran, waited): {over}"
+
+
 def test_reading_every_thread_costs_the_job_under_one_percent_of_its_step(loop_runs):
     """What reading the other threads' counters cost, measured in the job on its own clock."""
     for run in loop_runs.values():
