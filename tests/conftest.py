@@ -152,7 +152,7 @@ UNIT = "unit"
 # under `gpudiag profile`, each module with its own fixtures, no daemon shared between modules):
 # as one lane, system/jobs was 681 of the first pass's 984 s in the project's CI clone at load
 # 3-10 (its lanes' tests 3,299 s over four workers: 825 s), the pass's critical path.
-PER_MODULE = (UNIT, "system/jobs")
+PER_MODULE = (UNIT, "system/jobs", "system/reports", "system/agent")
 # Lanes start longest first (by a full run's per-folder seconds: `benchmarks/suite_lanes.py` on
 # the CI clone's JUnit files, 2-core AMD EPYC at load 3-10, 2026-11-29: local_scheduler 456 s,
 # agent 431, slurm 402, slurm_faults 340, reports 305, distributed 242, jobs' modules 6-211, fleet
