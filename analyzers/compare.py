@@ -166,21 +166,29 @@ def _machine(wall_s: Sequence[float], own_s: Sequence[float]) -> tuple[float, fl
 
 
 def cpu_note(before_own: Sequence[float], before_run: Sequence[float] | None,
-             after_run: Sequence[float] | None, floor: float) -> str:
+             after_run: Sequence[float] | None, floor: float,
+             own_after: Sequence[float] | None = None) -> str:
     """Where the training thread's median time on a core per step moved by at least half the
     noise floor of the step: by how much. The own pace takes out the waits other processes
     caused, not a change in how fast the CPU ran the job's work, and a busier machine can make
     that move too (on this project's 2-core VM, two busy loops on a job's CPU cut its time on a
     core from 2.2 to 1.5 ms a step: the core kept awake between its 10 ms sleeps). Empty where
-    either side has no such times or they did not move."""
+    either side has no such times or they did not move. ``own_after``: the AFTER steps at the
+    job's own pace; where the time on a core moved against them, the note says so."""
     if not before_run or not after_run or not before_own:
         return ""
     rb, ra = float(np.median(before_run)), float(np.median(after_run))
     if abs(ra - rb) < floor / 2 * float(np.median(before_own)):
         return ""
-    return (f"the training thread's time on a core went from {rb * 1e3:.3g} to {ra * 1e3:.3g} ms a step: "
-            "the job's own work changed, or the CPU ran it at another speed (clocks, caches), which a "
-            "busier machine can change too")
+    went = f"the training thread's time on a core went from {rb * 1e3:.3g} to {ra * 1e3:.3g} ms a step"
+    if own_after is not None and (ra > rb) != (float(np.median(own_after)) > float(np.median(before_own))):
+        # the step moved one way and the work the other: what moved the step is the time the
+        # thread spent off a core, not its work (a blind check: a loader's sleep made 12 -> 18 ms
+        # read "the job's own work changed" while its time on a core fell 4.94 -> 4.23 ms)
+        return (went + ", against the step: what moved the step is the time the thread spent off a "
+                "core (asleep, in I/O, waiting on its other threads or workers), not its work on one")
+    return (went + ": the job's own work changed, or the CPU ran it at another speed (clocks, caches), "
+            "which a busier machine can change too")
 
 
 def own_pace(before_s: Sequence[float], after_s: Sequence[float], before_own: Sequence[float] | None,
@@ -202,7 +210,8 @@ def own_pace(before_s: Sequence[float], after_s: Sequence[float], before_own: Se
     machine = (f"the machine was busier in {busier}: other processes took {m1 * 1e3:.3g} ms of each "
                f"{w1 * 1e3:.3g} ms step ({m0 * 1e3:.3g} of {w0 * 1e3:.3g} ms in "
                f"{'BEFORE' if busier == 'AFTER' else 'AFTER'})")
-    return OwnPace(change, machine, cpu=cpu_note(before_own, before_run, after_run, floor), busier=busier)
+    return OwnPace(change, machine, cpu=cpu_note(before_own, before_run, after_run, floor, after_own),
+                   busier=busier)
 
 
 def _steps(d: Diagnosis) -> int:

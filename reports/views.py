@@ -106,6 +106,14 @@ def dilation_line(dil: Dilation) -> str:
                 f"{ms(dil.untraced_mean_us or 0.0)} mean untraced ({dil.untraced_steps} untraced steps "
                 f"{where}{sides}): those are skewed, and {dil.traced_steps} traced steps too few to "
                 "compare with them")
+    if dil.factor < 1:
+        # a profiler adds work, never removes it: traced steps faster than the reference say the
+        # reference ran slower than the job's pace in the window (a blind check, 2-thread conv net
+        # beside busy loops: "the profiler appears to have slowed traced steps 0.26x")
+        return (f"traced steps ran faster than the untraced ones ({dil.factor:.2g}\u00d7: "
+                f"{ms(dil.traced_step_us)} vs {ms(dil.untraced_step_us)}, {dil.untraced_steps} untraced "
+                f"step{'s' if dil.untraced_steps != 1 else ''} {where}{sides}; noise {noise(dil)}): the "
+                "profiler adds time, so the job ran slower outside the window than in it")
     return (f"profiler {verb} traced steps {dil.factor:.2g}\u00d7 ({ms(dil.traced_step_us)} vs "
             f"{ms(dil.untraced_step_us)} untraced, {dil.untraced_steps} untraced step"
             f"{'s' if dil.untraced_steps != 1 else ''} {where}{sides}; noise {noise(dil)} "

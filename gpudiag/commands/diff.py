@@ -29,7 +29,14 @@ def diff(before: Path, after: Path, output: Path, as_json: bool) -> None:
     \b
     Examples:
       gpudiag diff runs/baseline runs/fused-adam           # prints the verdict, writes ./gpudiag-diff.html
-      gpudiag diff old_traces/ new_traces/ --json | jq .step_time_change
+      gpudiag diff runs/baseline runs/fused-adam --json | jq .own_pace_change
+      gpudiag diff old_traces/ new_traces/                 # traces only: no judgement, says why
+
+    \b
+    JSON: step_time_change is the headline change (after/before - 1: the own pace's where both
+    runs recorded it, else the wall clock's, else the traced steps'); own_pace_change and
+    step_change are the two judgements in full (median step before and after, the 95% interval,
+    the noise floor, significant, direction); step_time_verdict is the sentence printed.
     """
     from gpudiag.analyzers.compare import compare
     from gpudiag.commands.report import load_diagnosis, write_html

@@ -269,6 +269,20 @@ def test_an_own_pace_that_moved_says_how_far_the_threads_time_on_a_core_moved_wi
     assert own_pace(own_b, own_a, own_b, own_a, floor=0.05).cpu == ""   # not recorded
 
 
+def test_a_step_that_grew_while_its_time_on_a_core_fell_is_put_on_its_time_off_a_core():
+    """A blind check's loader job, by hand: its fetch's sleep went from 12 to 18 ms, its step from
+    16.6 to 22.6 ms at its own pace, while its time on a core fell from 4.94 to 4.23 ms a step. The
+    note said "the job's own work changed"; the work fell, and what moved the step is the time
+    the thread spent off a core."""
+    own_b = [0.0166 * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(40)]
+    own_a = [x + 0.006 for x in own_b]
+    p = own_pace(own_b, own_a, own_b, own_a, floor=0.05, before_run=[0.00494] * 40,
+                 after_run=[0.00423] * 40)
+    assert p.change is not None and p.change.direction == "slower"
+    assert "from 4.94 to 4.23 ms a step, against the step" in p.cpu and "off a core" in p.cpu, p.cpu
+    assert "own work changed" not in p.cpu
+
+
 def test_a_traced_view_faster_than_the_job_ran_unobserved_on_both_sides_is_held_to_the_faster_side():
     """By hand: traced steps of 8.6 ms by wall clock of which the machine took 5 (3.6 ms at the
     job's own pace), the untraced steps around the window 6.5 ms before and 4.4 ms after at their
