@@ -78,8 +78,9 @@ typecheck: $(VENV)/.installed-test
 # clone at five, 2-core EPYC VM family 23, 2026-12-03: 653 s wall, 3,005 s of tests over five
 # workers, a bound of 601 s, and 900 CPU-s, 1.38 of the 2 cores); reports' and the agent's
 # modules are lanes of their own (tests/conftest.py PER_MODULE) so the longest lanes split too.
-# Measured at seven, the same VM and day: 603 and 645 s (3,658 s of tests, 984 CPU-s, 1.63
-# cores): the waits now overlap, and the CPU is the bound.
+# Measured at seven, the same VM and day: 603, 645 and 677 s (3,658 s of tests, 984 CPU-s,
+# 1.63 cores): the waits now overlap and the CPU is the bound, so the gain over five is within
+# the runs' spread; what shortens the pass now is less CPU, not more workers.
 PASS1_WORKERS ?= 7
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
