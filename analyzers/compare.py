@@ -155,7 +155,7 @@ class OwnPace:
         # way is the job's own, and reads so (blind check 34: "+25.6% significantly slower: the
         # machine was busier in BEFORE" read as a cause that contradicts itself)
         explains = wall.direction == NO_CHANGE or (wall.direction == "slower") == (self.busier == "AFTER")
-        why = ": " if explains or not self.busier else "; other processes do not explain it, "
+        why = "; " if not self.busier else ": " if explains else "; other processes do not explain it, "
         return own + ". By wall clock: " + describe(wall) + why + self.machine
 
 
@@ -191,6 +191,11 @@ def cpu_note(before_own: Sequence[float], before_run: Sequence[float] | None,
             "which a busier machine can change too")
 
 
+# Other processes' parts of the two runs' median steps closer than this (a share of the step)
+# name no busier run.
+SAME_MACHINE = 0.01
+
+
 def own_pace(before_s: Sequence[float], after_s: Sequence[float], before_own: Sequence[float] | None,
              after_own: Sequence[float] | None, floor: float, before_run: Sequence[float] | None = None,
              after_run: Sequence[float] | None = None) -> OwnPace:
@@ -205,6 +210,12 @@ def own_pace(before_s: Sequence[float], after_s: Sequence[float], before_own: Se
     if change is None:
         return OwnPace(None, warnings=[f"fewer than {MIN_STEPS} untraced steps at the job's own pace"])
     (mb, wb), (ma, wa) = _machine(before_s, before_own), _machine(after_s, after_own)
+    if abs(ma / wa - mb / wb) < SAME_MACHINE:
+        # a run against itself, or two runs the machine treated alike: no side was busier (a
+        # blind check's self-diff read "busier in BEFORE ... (7.55 of 23.6 ms in AFTER)")
+        return OwnPace(change, f"the machine took about the same part of both: {mb * 1e3:.3g} ms of each "
+                       f"{wb * 1e3:.3g} ms step in BEFORE, {ma * 1e3:.3g} of {wa * 1e3:.3g} ms in AFTER",
+                       cpu=cpu_note(before_own, before_run, after_run, floor, after_own))
     busier = "AFTER" if ma / wa > mb / wb else "BEFORE"
     (m1, w1), (m0, w0) = ((ma, wa), (mb, wb)) if busier == "AFTER" else ((mb, wb), (ma, wa))
     machine = (f"the machine was busier in {busier}: other processes took {m1 * 1e3:.3g} ms of each "

@@ -269,6 +269,17 @@ def test_an_own_pace_that_moved_says_how_far_the_threads_time_on_a_core_moved_wi
     assert own_pace(own_b, own_a, own_b, own_a, floor=0.05).cpu == ""   # not recorded
 
 
+def test_a_run_diffed_against_itself_names_no_busier_side():
+    """A blind check's self-diff read "the machine was busier in BEFORE: ... (7.55 of 23.6 ms in
+    AFTER)", the same figures on both sides."""
+    own = [0.016 * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(40)]
+    walls = [x + 0.0075 for x in own]
+    p = own_pace(walls, walls, own, own, floor=0.05)
+    assert p.busier == "" and "busier" not in p.machine, p.machine
+    assert p.machine.startswith("the machine took about the same part of both: 7.5 ms"), p.machine
+    assert p.change is not None and not p.change.significant
+
+
 def test_a_step_that_grew_while_its_time_on_a_core_fell_is_put_on_its_time_off_a_core():
     """A blind check's loader job, by hand: its fetch's sleep went from 12 to 18 ms, its step from
     16.6 to 22.6 ms at its own pace, while its time on a core fell from 4.94 to 4.23 ms a step. The
