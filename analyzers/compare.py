@@ -177,11 +177,11 @@ def cpu_note(before_own: Sequence[float], before_run: Sequence[float] | None,
     job's own pace; where the time on a core moved against them, the note says so."""
     if not before_run or not after_run or not before_own:
         return ""
-    rb, ra = float(np.median(before_run)), float(np.median(after_run))
-    if abs(ra - rb) < floor / 2 * float(np.median(before_own)):
+    rb, ra, ob = float(np.median(before_run)), float(np.median(after_run)), float(np.median(before_own))
+    if abs(ra - rb) < floor / 2 * ob:
         return ""
     went = f"the training thread's time on a core went from {rb * 1e3:.3g} to {ra * 1e3:.3g} ms a step"
-    if own_after is not None and (ra > rb) != (float(np.median(own_after)) > float(np.median(before_own))):
+    if own_after is not None and (ra > rb) != (float(np.median(own_after)) > ob):
         # the step moved one way and the work the other: what moved the step is the time the
         # thread spent off a core, not its work (a blind check: a loader's sleep made 12 -> 18 ms
         # read "the job's own work changed" while its time on a core fell 4.94 -> 4.23 ms)
@@ -210,19 +210,19 @@ def own_pace(before_s: Sequence[float], after_s: Sequence[float], before_own: Se
     if change is None:
         return OwnPace(None, warnings=[f"fewer than {MIN_STEPS} untraced steps at the job's own pace"])
     (mb, wb), (ma, wa) = _machine(before_s, before_own), _machine(after_s, after_own)
+    cpu = cpu_note(before_own, before_run, after_run, floor, after_own)
     if abs(ma / wa - mb / wb) < SAME_MACHINE:
         # a run against itself, or two runs the machine treated alike: no side was busier (a
         # blind check's self-diff read "busier in BEFORE ... (7.55 of 23.6 ms in AFTER)")
         return OwnPace(change, f"the machine took about the same part of both: {mb * 1e3:.3g} ms of each "
                        f"{wb * 1e3:.3g} ms step in BEFORE, {ma * 1e3:.3g} of {wa * 1e3:.3g} ms in AFTER",
-                       cpu=cpu_note(before_own, before_run, after_run, floor, after_own))
+                       cpu=cpu)
     busier = "AFTER" if ma / wa > mb / wb else "BEFORE"
     (m1, w1), (m0, w0) = ((ma, wa), (mb, wb)) if busier == "AFTER" else ((mb, wb), (ma, wa))
     machine = (f"the machine was busier in {busier}: other processes took {m1 * 1e3:.3g} ms of each "
                f"{w1 * 1e3:.3g} ms step ({m0 * 1e3:.3g} of {w0 * 1e3:.3g} ms in "
                f"{'BEFORE' if busier == 'AFTER' else 'AFTER'})")
-    return OwnPace(change, machine, cpu=cpu_note(before_own, before_run, after_run, floor, after_own),
-                   busier=busier)
+    return OwnPace(change, machine, cpu=cpu, busier=busier)
 
 
 def _steps(d: Diagnosis) -> int:

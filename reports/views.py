@@ -106,20 +106,20 @@ def dilation_line(dil: Dilation) -> str:
                 f"{ms(dil.untraced_mean_us or 0.0)} mean untraced ({dil.untraced_steps} untraced steps "
                 f"{where}{sides}): those are skewed, and {dil.traced_steps} traced steps too few to "
                 "compare with them")
+    ref = (f"{dil.untraced_steps} untraced step{'s' if dil.untraced_steps != 1 else ''} {where}{sides}; "
+           f"noise {noise(dil)}")
     if dil.factor < 1:
         # a profiler adds work, never removes it: traced steps faster than the reference say the
         # reference ran slower than the job's pace in the window (a blind check, 2-thread conv net
         # beside busy loops: "the profiler appears to have slowed traced steps 0.26x")
         within = dil.factor >= 1 - dil.untraced_spread / 2
         return (f"traced steps ran {'as fast as' if within else 'faster than'} the untraced ones "
-                f"({dil.factor:.2g}\u00d7: {ms(dil.traced_step_us)} vs {ms(dil.untraced_step_us)}, "
-                f"{dil.untraced_steps} untraced step{'s' if dil.untraced_steps != 1 else ''} {where}{sides}; "
-                f"noise {noise(dil)})" + (": within the noise" if within else
+                f"({dil.factor:.2g}\u00d7: {ms(dil.traced_step_us)} vs {ms(dil.untraced_step_us)}, {ref})"
+                + (": within the noise" if within else
                                           ": the profiler adds time, so the job ran slower outside "
                                           "the window than in it"))
     return (f"profiler {verb} traced steps {dil.factor:.2g}\u00d7 ({ms(dil.traced_step_us)} vs "
-            f"{ms(dil.untraced_step_us)} untraced, {dil.untraced_steps} untraced step"
-            f"{'s' if dil.untraced_steps != 1 else ''} {where}{sides}; noise {noise(dil)} "
+            f"{ms(dil.untraced_step_us)} untraced, {ref} "
             "(half the interquartile range))")
 
 

@@ -55,19 +55,27 @@ def one(job, mode: str, steps: int, work: Path, tag: str, threads: int = 0,
     return out
 
 
+def window_indices(run: Path) -> list[int]:
+    """The job's own step indices (0-based) that gpudiag marked as its window's (warm-up, traced,
+    export) in rank 0's steps file, sorted; none for a run without one (alone, or never traced)."""
+    path = run / "samples" / "steps-rank-0.jsonl"
+    if not path.exists():
+        return []
+    return sorted({row["step"] - 1 for row in map(json.loads, path.read_text().splitlines())
+                   if row.get("profiler")})
+
+
 def outside_window(report: dict, run: Path, stat: str) -> dict:
     """The job's statistic over its steady steps outside gpudiag's trace window, and what the
     window's steps took beyond it (ms, summed). The window's steps are those the steps file of
     rank 0 marks (``profiler``: warm-up, traced, export); gpudiag's step ``n`` is the job's
     ``n``-th optimizer step, the job's own list's index ``n - 1``."""
-    path = run / "samples" / "steps-rank-0.jsonl"
-    if not path.exists():
+    marked = set(window_indices(run))
+    if not marked:
         return {}
-    marked = {row["step"] - 1 for row in map(json.loads, path.read_text().splitlines())
-              if row.get("profiler")}
     steps, warm = report["own_step_ms"], report["warmup"]
     rest = [ms for i, ms in enumerate(steps) if i >= warm and i not in marked]
-    if not rest or not marked:
+    if not rest:
         return {}
     pace = sum(rest) / len(rest) if stat == "mean" else median(rest)
     extra = sum(steps[i] - pace for i in marked if i < len(steps))
@@ -83,9 +91,7 @@ def around_window(report: dict, run: Path, stat: str, window_at: int) -> dict:
     that outlives the trace (the #37 question: metrics_log ran +5% outside its window in a
     60-step run on 2026-11-29)."""
     steps, warm = report["own_step_ms"], report["warmup"]
-    path = run / "samples" / "steps-rank-0.jsonl"
-    marked = sorted({row["step"] - 1 for row in map(json.loads, path.read_text().splitlines())
-                     if row.get("profiler")}) if path.exists() else []
+    marked = window_indices(run)
     first, last = (marked[0], marked[-1]) if marked else (window_at, window_at + 6)
     before, after = steps[warm:first], steps[last + 3:]
     if len(before) < 3 or len(after) < 3:
