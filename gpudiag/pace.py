@@ -10,9 +10,9 @@ pace, from here; the wall clock is kept beside it.
 A step's wait (``step_wait``): the training thread's own wait for a core (its schedstat, read
 by the step timer), plus, while it was neither running nor waiting (asleep at the end of a
 parallel region, or waiting for a batch), the largest wait any other thread of the job had over
-the step (its intra-op threads, its DataLoader workers: ``collectors.thread_waits``), in the
-share that thread waited of its time on the step (``peer_part``: what it ran over the sleep is
-the job's own work, which a quiet machine makes the training thread wait for too), less the
+the step (its intra-op threads, its DataLoader workers: ``collectors.thread_waits``), less
+what of that thread's run a quiet machine would make the training thread wait for too (its run
+beyond the training thread's own: ``peer_part``), less the
 time it was blocked asking a single-process DataLoader for a batch (a read or a sleep in
 ``__getitem__``, which no thread's wait for a core delays): a step is as slow as the slowest
 thread it waits for. The largest, not the sum: waits in parallel delay
@@ -112,14 +112,20 @@ def step_wait(r: StepRow, loader_in_thread: bool = False) -> float | None:
 
 def peer_part(idle: float, r: StepRow) -> float:
     """Of ``idle`` (seconds the training thread slept over the step, on another thread), those
-    the slowest other thread spent waiting for a core rather than running. That thread ran and
-    waited in turn as the scheduler shared its core, so over the idle it waited its share of
-    the time it was on the step (``peer_wait / (peer_run + peer_wait)``); the rest of the idle
-    it ran, which is the job's own work: on a quiet machine the training thread waits for that
-    too (an intra-op thread with more of the parallel region than the training thread). Never
-    more than the wait itself. Without the thread's run (runs recorded before it was), the
-    process's other threads' CPU over the step stands for it (more than one thread's: the job
-    is charged, not excused); without that either, the whole wait up to the idle, as before."""
+    other processes caused. The slowest other thread's time on the step (its run and its wait
+    for a core) can explain that much of the sleep; of it, the job's own is what a quiet machine
+    would have had the training thread wait for too: the other thread's run beyond the training
+    thread's own (an intra-op thread with more of the parallel region, a loader worker slower
+    than the step). The rest it ran *after* the training thread's part instead of beside it,
+    because other processes held the cores (the scheduler shares a core by turns): that is
+    theirs. Charged as the job's before (the share of the sleep the thread ran), a 2-thread MLP
+    beside eight busy loops read 7.4 ms a step at its own pace against 3.5 ms quiet and a 1.5x
+    slower core (a clean clone's solo pass, 2-core EPYC VM, 2026-12-03), a passive 2-thread conv
+    net 51-68 ms against 43 (blind check 35). Never more than the thread's wait itself (taking
+    its whole wait up to the sleep excused a crowded MLP to 1.7x its quiet FLOP/s, a CI run).
+    Without the thread's run (runs recorded before it was), the process's other threads' CPU
+    over the step stands for it (more than one thread's: the job is charged, not excused);
+    without that either, the whole wait up to the idle, as before."""
     wait = r.peer_wait_s or 0.0
     if wait <= 0 or idle <= 0:
         return 0.0
@@ -128,7 +134,9 @@ def peer_part(idle: float, r: StepRow) -> float:
         run = max(0.0, r.cpu_s - r.run_s)
     if run is None:
         return min(idle, wait)
-    return min(wait, idle * wait / (wait + run))
+    held = min(idle, run + wait)  # the sleep the other thread's time on the step can explain
+    own = min(held, max(0.0, run - (r.run_s or 0.0)))  # what a quiet run would wait for too
+    return min(wait, held - own)
 
 
 def taking_turns(r: StepRow, ranks: int = 1) -> float:
