@@ -629,8 +629,8 @@ class DiagnosisDiff(JsonValue):
     tie_before: Bottleneck | None = None
     tie_after: Bottleneck | None = None
     # one line: how far the training thread's time on a core per step moved, where it moved by
-    # half the noise floor or more (``analyzers.compare.cpu_note``); the verdict quotes it
-    # where the own pace changed significantly
+    # half the noise floor or more and the own pace changed significantly
+    # (``analyzers.compare.cpu_note``); the verdict quotes it; empty otherwise
     cpu_note: str = ""
     warnings: list[str] = field(default_factory=list)
 

@@ -274,6 +274,17 @@ def test_an_own_pace_that_moved_says_how_far_the_threads_time_on_a_core_moved_wi
     assert own_pace(own_b, own_a, own_b, own_a, floor=0.05).cpu == ""   # not recorded
 
 
+def test_a_time_on_a_core_that_moved_under_an_unchanged_own_pace_leaves_the_note_empty():
+    """The note explains a change of the own pace, so the JSON carries it only where the verdict
+    does: a blind check found `cpu_note` filled ("went from 9.51 to 9.94 ms a step") beside an own
+    pace of -0.6%, "no significant change", whose verdict rightly left it out."""
+    own = [0.010 * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(40)]
+    p = own_pace(own, own, own, own, floor=0.05, before_run=[0.0095] * 40, after_run=[0.0080] * 40)
+    assert p.change is not None and not p.change.significant
+    assert p.cpu == "", p.cpu
+    assert "time on a core" not in p.verdict(step_change(own, own, floor=0.05))
+
+
 def test_a_run_diffed_against_itself_names_no_busier_side():
     """A blind check's self-diff read "the machine was busier in BEFORE: ... (7.55 of 23.6 ms in
     AFTER)", the same figures on both sides."""
