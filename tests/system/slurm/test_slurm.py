@@ -92,10 +92,15 @@ def job(cluster: SlurmCluster, jid: int) -> dict:
     return cluster.job(jid)
 
 
-def usable_signal(prom: str, jid: int) -> bool:
+def signal_queries(jid: int) -> tuple[str, str]:
+    """The PromQL of a job's signal: its confidence, and the label its bottleneck gauge holds."""
     sel = f'{{job_id="slurm:{jid}"}}'
-    return bool(promql(prom, f"gpudiag_job_signal_confidence{sel} >= 0.5")["result"]) and \
-        bool(promql(prom, f"gpudiag_job_bottleneck{sel} == 1")["result"])
+    return f"gpudiag_job_signal_confidence{sel}", f"gpudiag_job_bottleneck{sel} == 1"
+
+
+def usable_signal(prom: str, jid: int) -> bool:
+    conf, label = signal_queries(jid)
+    return bool(promql(prom, f"{conf} >= 0.5")["result"]) and bool(promql(prom, label)["result"])
 
 
 def signals_seen(prom: str, folder: Path, jobs: dict[str, int]) -> str:
@@ -104,10 +109,9 @@ def signals_seen(prom: str, folder: Path, jobs: dict[str, int]) -> str:
     sends none)."""
     out = []
     for name, jid in jobs.items():
-        sel = f'{{job_id="slurm:{jid}"}}'
-        conf = [r["value"][1] for r in promql(prom, f"gpudiag_job_signal_confidence{sel}")["result"]]
-        labels = promql(prom, f"gpudiag_job_bottleneck{sel} == 1")["result"]
-        label = [r["metric"].get("label") for r in labels]
+        conf_q, label_q = signal_queries(jid)
+        conf = [r["value"][1] for r in promql(prom, conf_q)["result"]]
+        label = [r["metric"].get("label") for r in promql(prom, label_q)["result"]]
         log = folder / f"{name}.out"
         tail = log.read_text(errors="replace")[-600:] if log.exists() else "(no output)"
         out.append(f"{name} (slurm:{jid}): confidence {conf or 'none'}, label {label or 'none'}; "
