@@ -181,9 +181,9 @@ def blocked_s(r: StepRow) -> float | None:
     blocking call" of 0.64 ms of its 3.3 ms step off the step, where it had none: its step
     measured 2.98 ms passive, 1.35 ms with the threads spinning, on the 2-core Intel Xeon VM).
     Those sleeps are many and short, a blocking call's few and long. A peer crowded off its
-    core makes the waits at the region's end long: the share of the sleep the slowest other
-    thread spent waiting for a core (``pace.peer_part``, as the own pace reads it) is left out
-    too. Runs recorded before the count: the whole sleep."""
+    core makes the waits at the region's end long: the part of the sleep other processes caused
+    by holding the slowest other thread off a core (``pace.peer_part``, as the own pace reads
+    it) is left out too. Runs recorded before the count: the whole sleep."""
     sleep = asleep_s(r)
     if sleep is None or r.slices is None:
         return sleep
