@@ -580,6 +580,26 @@ def _unobserved_frame(a: AdviceInputs, p: whatif.Prediction) -> float | None:
     return k if abs(k - 1) > 1e-3 else None
 
 
+# Fixes the loader's pace does not bound: they change the loading itself
+LOADER_FIXES = frozenset({"dataloader-workers", "cheaper-input"})
+
+
+def _loader_pace(a: AdviceInputs, action: str) -> tuple[float, str] | None:
+    """The least step (s) the job's DataLoader workers can feed (``whatif.loader_pace``), where
+    a fix to the rest of the job is bounded by it, and why in words; None where it is not, or
+    not recorded."""
+    busy, n = a.traits.workers_busy_s, worker_count(a)
+    if action in LOADER_FIXES or busy is None:
+        return None
+    floor = whatif.loader_pace(busy * 1e6, n, a.traits.cpus)
+    if floor is None:
+        return None
+    return floor * 1e-6, (
+        f"but the step cannot be shorter than its DataLoader's pace, {ms(floor)}: its {n} "
+        f"worker{'s' if n > 1 else ''} took {ms(busy * 1e6)} a step on a core or waiting for one "
+        "over the untraced steps (a batch a step), which this fix does not change")
+
+
 def recommend(a: AdviceInputs) -> Advised:
     """The fixes that apply to this job: first those for the verdict's label (or its tie), then
     the others, each group ranked by what they are predicted to save (``CROWDING_FIRST`` leads
@@ -617,6 +637,11 @@ def recommend(a: AdviceInputs) -> Advised:
                 f"predicted on the traced steps ({ms(a.view.step_time)} by wall clock: the profiler's "
                 f"cost and other processes' part in them) and shown at the untraced steps' "
                 f"{ms(step_s * 1e6)} by the same ratio"))
+        paced = _loader_pace(a, c.action)
+        if paced is not None and pred is not None and pred < paced[0]:
+            pred, best = paced[0], (None if best is None else max(best, paced[0]))
+            gain = 1 - pred / step_s
+            p = replace(p, why=(p.why + "; " if p.why else "") + paced[1])
         blocked = c.blocked(a)
         floor = c.min_gain(a)
         slower = pred is not None and gain is not None and gain < floor  # gain is None exactly when pred is

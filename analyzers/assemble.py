@@ -31,7 +31,7 @@ from gpudiag.analyzers.classify import (
 from gpudiag.analyzers.comm_cost import comm_cpu, with_contention
 from gpudiag.analyzers.communication import Acc, finish_collectives, per_step
 from gpudiag.analyzers.compile_facts import CompileFacts
-from gpudiag.analyzers.host_cpu import HostCpu, loader_busy
+from gpudiag.analyzers.host_cpu import HostCpu, loader_busy, workers_busy
 from gpudiag.analyzers.host_wait import unprofiled_waits
 from gpudiag.analyzers.job_device import fp32_memory_bytes, job_floor, mfu_at_own_pace, pick_device
 from gpudiag.analyzers.mfu import compute_mfu, dtype_mix, note_uncosted, raise_measured_peak
@@ -246,11 +246,13 @@ def _busy(job: _Job, tallies: _Tallies) -> float:
 
 
 def _traits(job: _Job, workers: list[int] | None, host: HostCpu | None) -> JobTraits:
-    """The job's traits, the loader's busy share read from the lowest rank's untraced steps."""
+    """The job's traits, the loader's busy share and its workers' time a step read from the
+    lowest rank's untraced steps."""
     windows = job.windows or []
     around = [r for w in windows if w.rank == min(x.rank for x in windows)
               for r in (*w.before_rows, *w.after_rows)]
-    return job_traits([p.facts.traits for p in job.partials], workers, host, loader_busy(around))
+    return job_traits([p.facts.traits for p in job.partials], workers, host, loader_busy(around),
+                      workers_busy(around))
 
 
 def _analyse(job: _Job, device: DevicePeak | None, roof_acc: RooflineAcc, breakdown: TimeBreakdown,

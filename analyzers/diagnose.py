@@ -27,7 +27,7 @@ from gpudiag.analyzers.breakdown import (
     work_intervals,
 )
 from gpudiag.analyzers.communication import collective_acc
-from gpudiag.analyzers.host_cpu import HostCpu, host_cpu
+from gpudiag.analyzers.host_cpu import HostCpu, host_cpu, rows_cpu
 from gpudiag.analyzers.host_wait import host_wait, with_waits
 from gpudiag.analyzers.job_device import fp32_memory_bytes, trace_device
 from gpudiag.analyzers.rank_facts import rank_facts
@@ -224,6 +224,8 @@ class _RunInputs:
         workers = [w for m in boot.values() for w in m.dataloader_workers]
         host = host_cpu(samples, steps_read, boot)
         wait = host_wait(windows, own, host, samples, boot)
+        if host is None and any(workers):  # a short job: its workers' CPU from the step rows
+            host = rows_cpu(steps_read, boot)
         if wait is not None:  # the traced steps hold the machine's part, a GPU's host gaps the wait
             traced = {w.rank: w.traced_rows for w in windows}
             for p in partials:

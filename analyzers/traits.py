@@ -47,7 +47,8 @@ def rank_traits(names: list[str], dataloader_iters: list[str]) -> dict[str, bool
 
 
 def job_traits(per_rank: list[dict[str, bool]], dataloader_workers: list[int] | None = None,
-               host: HostCpu | None = None, loader_busy: float | None = None) -> JobTraits:
+               host: HostCpu | None = None, loader_busy: float | None = None,
+               workers_busy: float | None = None) -> JobTraits:
     """The job's traits: a trait any rank shows (ranks run the same code)."""
     def any_of(k: str) -> bool:
         return any(r.get(k, False) for r in per_rank)
@@ -65,6 +66,7 @@ def job_traits(per_rank: list[dict[str, bool]], dataloader_workers: list[int] | 
         cpu_step_s=host.step_s if host else None,
         proc_cores=host.proc_cores if host else None,
         loader_busy=loader_busy,
+        workers_busy_s=workers_busy,
         wants=host.wants if host else None,
         others_runnable=host.others_runnable if host else None,
     )

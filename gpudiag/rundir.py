@@ -317,6 +317,12 @@ class StepRow:
     # the training thread would wait for on a quiet machine too); None: not recorded (runs
     # written before the step timer read it)
     peer_run_s: float | None = None
+    # the job's DataLoader workers over the step (the same reads, spread the same way): all
+    # their threads' seconds on a core, and each worker's busiest thread's seconds on a core or
+    # runnable waiting for one, summed over the workers (in steady state a batch's time: its
+    # pace); None: no workers read, or not recorded (runs written before the step timer read them)
+    workers_run_s: float | None = None
+    workers_busy_s: float | None = None
     # at the job's own pace (``gpudiag.pace.at_own_pace``): the part of the wall step other
     # processes took, ``dt`` then being the rest; 0 in rows as the step timer wrote them
     machine_s: float = 0.0
@@ -376,6 +382,10 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
             colls = r.get("collectives")
             run_s, wait_s, peer = r.get("run_s"), r.get("wait_s"), r.get("peer_wait_s")
             peer_run = r.get("peer_run_s")
+            workers_run, workers_busy = r.get("workers_run_s"), r.get("workers_busy_s")
+            workers = (float(workers_run), float(workers_busy)) if (
+                _num(peer) and peer >= 0 and _num(workers_run) and workers_run >= 0
+                and _num(workers_busy) and workers_busy >= 0) else (None, None)
             comm_cpu = r.get("comm_cpu_s")
             rows.append(StepRow(step=step, t=float(t), dt=float(dt),
                                 profiler=prof if isinstance(prof, str) else None,
@@ -387,6 +397,7 @@ def read_steps(run_dir: Path, boot: dict[int, BootstrapMeta] | None = None,
                                 peer_wait_s=float(peer) if _num(peer) and peer >= 0 else None,
                                 peer_run_s=float(peer_run) if _num(peer) and peer >= 0
                                 and _num(peer_run) and peer_run >= 0 else None,
+                                workers_run_s=workers[0], workers_busy_s=workers[1],
                                 save_s=_save_s(r.get("save_s")),
                                 **_input_times(r), **_usage(r)))
             over = r.get("peer_steps")
@@ -421,17 +432,18 @@ def _input_times(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _spread_peer_wait(rows: list[StepRow], over: int) -> None:
-    """The last row's other threads' wait (and that thread's run) was read over ``over`` steps
-    (the reads' budget): each of them, the last and the rows before it that have none, gets an
-    even part."""
-    last, run = rows[-1].peer_wait_s, rows[-1].peer_run_s
-    if last is None:  # the caller spreads only a wait that was read
+    """The last row's other threads' wait (and that thread's run, and the workers' run) was read
+    over ``over`` steps (the reads' budget): each of them, the last and the rows before it that
+    have none, gets an even part."""
+    last = rows[-1]
+    if last.peer_wait_s is None:  # the caller spreads only a wait that was read
         return
-    share, run_share = last / over, (run / over if run is not None else None)
-    rows[-1].peer_wait_s, rows[-1].peer_run_s = share, run_share
-    for r in rows[-over:-1]:
-        if r.peer_wait_s is None:
-            r.peer_wait_s, r.peer_run_s = share, run_share
+    parts = {k: (v / over if (v := getattr(last, k)) is not None else None)
+             for k in ("peer_wait_s", "peer_run_s", "workers_run_s", "workers_busy_s")}
+    for r in [*rows[-over:-1], last]:
+        if r is last or r.peer_wait_s is None:
+            for k, v in parts.items():
+                setattr(r, k, v)
 
 
 def _mark_legacy_window(rows: list[StepRow], meta: BootstrapMeta) -> None:

@@ -5,6 +5,8 @@ benchmarks/zoo/results/held-out-2-2026-11-29.md, items 3, 5 and 10); the same on
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -233,3 +235,42 @@ def test_compile_is_not_advised_on_a_cpu_where_the_forward_reads_values_back_int
     assert "capture_scalar_outputs" in no.why
     clean = recommend(_cpu_inputs(facts(0), compiled=False, optimizer=True))
     assert "compile-small-ops" in {r.action for r in clean.advised}
+
+
+def test_a_fix_to_the_training_thread_is_not_predicted_below_the_pace_its_dataloader_workers_feed():
+    """Blind check 37: a loader held by its one worker's ~8.4 ms batch was told 0.73-0.75x for a
+    compiled optimizer step and ran 0.97x. Every fix but the loader's own is held to the
+    workers' pace (their busiest threads' time a step over the workers), and where that pace is
+    today's step the fix would not help; more workers are not held to it."""
+    from gpudiag.analyzers.compile_facts import CompileFacts
+    from gpudiag.analyzers.step_loops import LoopFacts
+
+    facts = CompileFacts(calls=300, kernels=200, graphs=2, kept_us=4e3, step_us=10e3, params=100,
+                         opt_calls=800, opt_step_us=4e3, loops=LoopFacts(passes=1))
+    free = recommend(_cpu_inputs(facts, False, True))
+    told = {r.action: r for r in free.advised}["compile-optimizer-step"].predicted_step_s
+    assert told < 7.5e-3
+    for busy_s, workers, cpus, floor in ((8e-3, 1, 2, 8e-3), (16e-3, 2, 2, 8e-3), (18e-3, 4, 2, 9e-3)):
+        a = _cpu_inputs(facts, False, True)
+        a.traits = replace(a.traits, dataloader_workers=[workers], workers_busy_s=busy_s, cpus=cpus)
+        fix = {r.action: r for r in recommend(a).advised}["compile-optimizer-step"]
+        assert fix.predicted_step_s == pytest.approx(floor), (busy_s, workers)
+        assert "DataLoader's pace" in fix.why and f"{workers} worker" in fix.why, fix.why
+    a = _cpu_inputs(facts, False, True)
+    a.traits = replace(a.traits, dataloader_workers=[1], workers_busy_s=10e-3, cpus=2)
+    out = recommend(a)
+    held = {r.action: r for r in out.not_advised}["compile-optimizer-step"]
+    assert held.why.startswith("would not help") and "DataLoader's pace" in held.why, held.why
+    # a pace that does not bind leaves the prediction as it was
+    a.traits = replace(a.traits, workers_busy_s=1e-3)
+    fix = {r.action: r for r in recommend(a).advised}["compile-optimizer-step"]
+    assert fix.predicted_step_s == pytest.approx(told) and "DataLoader's pace" not in fix.why
+    from gpudiag.analyzers.advice import _loader_pace
+    assert _loader_pace(a, "dataloader-workers") is None and _loader_pace(a, "cheaper-input") is None
+
+
+def test_the_pace_of_a_loader_is_its_workers_time_a_step_over_those_that_run_at_once():
+    assert whatif.loader_pace(8e3, 1, 2) == pytest.approx(8e3)
+    assert whatif.loader_pace(16e3, 4, 2) == pytest.approx(8e3)   # no more at once than the cores
+    assert whatif.loader_pace(16e3, 4, None) == pytest.approx(4e3)
+    assert whatif.loader_pace(None, 2, 2) is None and whatif.loader_pace(8e3, 0, 2) is None
