@@ -141,7 +141,9 @@ class OwnPace:
         it, with the machine's part where the two disagree or their changes differ by more than
         the noise (a blind check: "+13%, significantly slower" at its own pace and "+117%" by
         wall clock read "By wall clock the same", and the machine's part was left out); else
-        the wall clock's."""
+        the wall clock's. Where they agree it is the verdict that is the same, and says so:
+        blind check 37 read "By wall clock the same: +72.1%" beside an own pace of -14.8%, both
+        within the noise, as one change."""
         if self.change is None:
             return describe(wall) + ". Compared by wall clock only: " + "; ".join(self.warnings)
         own = "At the job's own pace: " + describe(self.change)
@@ -149,7 +151,7 @@ class OwnPace:
             own += "; " + self.cpu
         apart = abs(wall.change - self.change.change) >= max(wall.noise_floor, self.change.noise_floor)
         if self.change.direction == wall.direction and not apart:
-            return own + ". By wall clock the same: " + describe(wall)
+            return own + ". By wall clock, the same verdict: " + describe(wall)
         # the machine's part explains a wall-clock change that points the way of the busier run
         # (slower where AFTER was busier, faster where BEFORE was); one that points the other
         # way is the job's own, and reads so (blind check 34: "+25.6% significantly slower: the

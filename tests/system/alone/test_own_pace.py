@@ -243,16 +243,16 @@ def test_a_wall_clock_change_against_the_busier_run_is_not_given_the_machine_as_
 def test_a_wall_clock_that_agrees_in_word_but_not_in_size_still_names_the_machines_part():
     """Slower at its own pace (+13%) and by wall clock (+117%): the same word, changes 9x apart
     (a blind check's MLP beside a 2-thread matmul). The verdict gives the machine's part, as
-    where the two disagree; changes within the noise of each other read "the same"."""
+    where the two disagree; changes within the noise of each other read "the same verdict"."""
     own_b = [0.0346 * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(40)]
     own_a = [x * 1.13 for x in own_b]
     wall_a = [x * 2.17 for x in own_b]
     p = own_pace(own_b, wall_a, own_b, own_a, floor=0.05)
     text = p.verdict(step_change(own_b, wall_a, floor=0.05))
-    assert "By wall clock the same" not in text and text.endswith(p.machine), text
+    assert "By wall clock, the same verdict" not in text and text.endswith(p.machine), text
     close = own_pace(own_b, [x * 1.15 for x in own_b], own_b, own_a, floor=0.05)
-    assert "By wall clock the same" in close.verdict(step_change(own_b, [x * 1.15 for x in own_b],
-                                                                 floor=0.05))
+    assert "By wall clock, the same verdict: " in close.verdict(
+        step_change(own_b, [x * 1.15 for x in own_b], floor=0.05))
 
 
 def test_an_own_pace_that_moved_says_how_far_the_threads_time_on_a_core_moved_with_it():
