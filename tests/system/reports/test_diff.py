@@ -10,6 +10,7 @@ cannot tell noise from change.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -251,4 +252,24 @@ def test_a_label_its_run_called_a_tie_is_printed_with_the_tie():
     assert d.tie_before is None and d.tie_after is other
     text = render_diff_terminal(d)
     assert f"-> {before.verdict.label.value} (a tie with {other.value})" in text, text
+    assert "Median step" not in text  # traces alone: no step timer, no medians
     assert "Label" in text and "unchanged" not in text.split("Label")[1].splitlines()[0]
+
+
+def test_the_diff_prints_the_medians_its_percentages_compare_and_which_steps_they_are():
+    """Blind check 37 read a diff's own pace beside each run's diagnosis (23.6 against 25.4 ms)
+    and nothing said which steps either was of: the terminal gives both medians, at the job's
+    own pace and by wall clock, and says a diagnosis reads the steps around its window."""
+    from gpudiag.reports.terminal import render_diff_terminal
+
+    gpt = SHARED / "runs" / "h100-gpt-small"
+    if not gpt.is_dir():
+        pytest.fail(f"test data missing: {gpt} (CI lays ../shared beside the repository)")
+    d = compare(diagnose(gpt), diagnose(gpt))
+    before = [0.0189 * (1 + 0.01 * (i % 3)) for i in range(60)]
+    d = dataclasses.replace(d, step_change=step_change(before, [x * 1.546 for x in before], floor=0.05),
+                            own_pace_change=step_change(before, [x * 1.096 for x in before], floor=0.05))
+    text = render_diff_terminal(d).replace("\n  ", " ")
+    assert ("Median step: 19.1 ms -> 20.9 ms at the job's own pace, 19.1 ms -> 29.5 ms by wall clock "
+            "(the untraced steps the verdict compares; a run's diagnosis reads the steps around its "
+            "traced window)") in text, text
