@@ -591,13 +591,14 @@ def _loader_pace(a: AdviceInputs, action: str) -> tuple[float, str] | None:
     busy, n = a.traits.workers_busy_s, worker_count(a)
     if action in LOADER_FIXES or busy is None:
         return None
-    floor = whatif.loader_pace(busy * 1e6, n, a.traits.cpus)
+    floor = whatif.loader_pace(busy * 1e6, n)
     if floor is None:
         return None
     return floor * 1e-6, (
         f"but the step cannot be shorter than its DataLoader's pace, {ms(floor)}: its {n} "
         f"worker{'s' if n > 1 else ''} took {ms(busy * 1e6)} a step on a core or waiting for one "
-        "over the untraced steps (a batch a step), which this fix does not change")
+        f"over the untraced steps{' (each makes a batch in ' + str(n) + ' steps)' if n > 1 else ''}, "
+        "which this fix does not change")
 
 
 def recommend(a: AdviceInputs) -> Advised:

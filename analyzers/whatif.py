@@ -289,22 +289,25 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
                       from_us=now if now != b.step_time else None, workers=needed)
 
 
-def loader_pace(busy_us: float | None, workers: int, cpus: int | None) -> float | None:
+def loader_pace(busy_us: float | None, workers: int) -> float | None:
     """The shortest step a loader with ``workers`` worker processes can feed (us), whatever is
-    done to the training process: its workers' time a step on a core or waiting for one
-    (``busy_us``: one batch a step in steady state, so a batch's time) over the workers that
-    make batches at once, no more than the cores. None where not recorded.
+    done to the training process: ``busy_us`` is its workers' time a step on a core or waiting
+    for one, each worker's busiest thread, summed over the workers. Each worker makes one batch
+    in ``workers`` (one batch a step in steady state), so a worker busy ``b`` a step takes
+    ``workers x b`` a batch, and the loader cannot feed a step shorter than ``b``: the mean over
+    the workers. None where not recorded.
 
-    Why: a fix to the training thread's work (compile, lower precision, fewer syncs) shortens
-    the step only down to the pace the workers make batches at. Blind check 37 (2-core AMD VM):
-    a 1-worker loader doing FFTs, its step held by the worker's batch (~8.4 ms alone, ~17 ms
-    beside two busy loops), was told 0.73-0.75x for a compiled optimizer step and ran 0.97x.
-    The wait for a core counts: beside other processes the worker's share of the cores is what
-    the fix leaves it (assumed: a fix that frees the training thread's core time does not
-    raise the worker's share, as where the busy loops keep every core wanted)."""
+    Over the workers, not over the cores: where the workers outnumber the cores, their waits for
+    one another are in their busy time already (4 workers on 2 cores, B of CPU a batch: each is
+    busy B/2 a step, the loader's pace B/2). Why: a fix to the training thread's work (compile,
+    lower precision, fewer syncs) shortens the step only down to the pace the workers make
+    batches at. Blind check 37 (2-core AMD VM): a 1-worker loader doing FFTs, its step held by
+    the worker's batch (~8.4 ms alone, ~17 ms beside two busy loops), was told 0.73-0.75x for a
+    compiled optimizer step and ran 0.97x. The wait for a core counts: beside other processes
+    the worker's share of the cores is taken as the fix leaves it."""
     if busy_us is None or busy_us <= 0 or workers <= 0:
         return None
-    return busy_us / max(1, min(workers, cpus or workers))
+    return busy_us / workers
 
 
 def tree_bound(cpu: JobCpu) -> float | None:
