@@ -129,8 +129,8 @@ class PeerWaits:
         a core since then), ``peers`` (how many were read), where the job has DataLoader workers
         ``workers_run_s`` and ``workers_busy_s`` (their threads' time on a core, and each
         worker's busiest thread's on a core or waiting for one, summed, since the last read;
-        threads read at it too) and, where the read covers more than
-        this step, ``peer_steps``; nothing between reads."""
+        threads read at it too) and, where the read covers more than this step,
+        ``peer_steps``; nothing between reads."""
         self.steps += 1
         self.pending += 1
         self.step_s = dt if self.steps == 1 else 0.9 * self.step_s + 0.1 * dt

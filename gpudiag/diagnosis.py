@@ -499,8 +499,9 @@ class JobTraits:
     # loader that decodes reads near 1, one waiting on storage (or asleep) near 0; None: not
     # recorded
     loader_busy: float | None = None
-    # the DataLoader workers' time on a core or waiting for one per untraced step (s; their
-    # threads' schedstat, summed): a batch's time, one batch a step (``whatif.loader_pace``)
+    # the DataLoader workers' time on a core or waiting for one per untraced step (s; each
+    # worker's busiest thread's schedstat, summed over the workers): a batch's time, one batch a
+    # step (``whatif.loader_pace``)
     workers_busy_s: float | None = None
     # cores' worth the job's threads wanted (on a core or waiting for one), and the machine's
     # runnable tasks outside the job, over its untraced steps: the fair share a DataLoader
