@@ -62,6 +62,7 @@ from gpudiag.analyzers.advice_text import (
     straggler_text,
     syncs_text,
     vectorise_text,
+    workers_cpu_loading,
     workers_unmeasured,
     worst_rank,
 )
@@ -188,7 +189,7 @@ def _autocast_cpu(a: AdviceInputs, peak_ratio: float) -> whatif.Prediction:
         f"{ms(today)} by its own prediction): the job faults in {a.faults.faults:,.0f} pages a step now, "
         "and autocast's bf16 copies of the weights, new blocks every step, would fault in too under "
         f"glibc's defaults; the same share of that step: {p.why}",
-        from_us=start)
+        from_us=start, from_what="step after allocator-keep-memory")
 
 
 def _bf16_bytes_predict(a: AdviceInputs) -> whatif.Prediction:
@@ -367,17 +368,29 @@ def _workers_step(a: AdviceInputs) -> whatif.Prediction:
 def _ckpt_predict(a: AdviceInputs) -> whatif.Prediction:
     assert a.saves is not None
     before, after, why = ckpt.predicted_step_us(a.saves)
-    return whatif.Prediction(after, why, from_us=before)
+    return whatif.Prediction(after, why, from_us=before, from_what=whatif.MEAN_UNTRACED)
 
 
 def _faults_predict(a: AdviceInputs) -> whatif.Prediction:
     assert a.faults is not None
     before, after, why = page_faults.predicted_step_us(a.faults)
-    return whatif.Prediction(after, why, from_us=before)
+    return whatif.Prediction(after, why, from_us=before, from_what=whatif.MEAN_UNTRACED)
 
 
 def _none(why: str) -> Callable[[AdviceInputs], whatif.Prediction]:
     return lambda _a: whatif.Prediction(None, why)
+
+
+def _cheaper_input(a: AdviceInputs) -> whatif.Prediction:
+    """No step: how much cheaper a batch gets is the job's choice; what each ms of it is worth."""
+    n = worker_count(a)
+    if workers_cpu_loading(a) is not None and n > 0:
+        return whatif.Prediction(None, (
+            "how much cheaper a batch gets is the job's choice: its workers make batches side by "
+            f"side, so each ms of a batch's work removed shortens the step by about 1/{n} ms where "
+            "the loader holds it"))
+    return whatif.Prediction(None, "how much cheaper a batch gets is the job's choice: each ms of a "
+                                   "batch's work removed is a ms of the wait, while the main thread loads")
 
 
 CATALOGUE: list[Advice] = [
@@ -386,10 +399,10 @@ CATALOGUE: list[Advice] = [
            blocked=lambda a: whatif.no_core_for_workers(a.view, job_cpu(a.traits), on_gpu(a),
                                                         workers=has_workers(a)),
            reads_decision=True),
-    Advice("cheaper-input", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE and cpu_loading(a),
+    Advice("cheaper-input", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE
+           and (cpu_loading(a) or workers_cpu_loading(a) is not None),
            cheaper_input_text,
-           _none("how much cheaper a batch gets is the job's choice: each ms of a batch's work "
-                 "removed is a ms of the wait, while the main thread loads"), Bottleneck.INPUT),
+           _cheaper_input, Bottleneck.INPUT),
     Advice("overlap-communication", lambda a, s: exposed_share(a) >= COMM_NOTABLE,
            comm_text,
            lambda a: whatif.communication_overlapped(a.view, cpu=not on_gpu(a), backward_us=a.backward_us),
@@ -631,9 +644,12 @@ def recommend(a: AdviceInputs) -> Advised:
                 f"not a fixed part of each step, so each ms of its own work saved shortens the step "
                 f"by {1 / (1 - m):.2g} ms"))
         k = _unobserved_frame(a, p)
+        step_from = (p.from_what or "step") if p.from_us is not None else (
+            whatif.MEDIAN_UNTRACED if k is not None else a.view_step)
         if k is not None:
             step_s *= k
             pred, best = (None if x is None else x * k for x in (pred, best))
+        if k is not None and pred is not None:
             p = replace(p, why=(p.why + "; " if p.why else "") + (
                 f"predicted on the traced steps ({ms(a.view.step_time)} by wall clock: the profiler's "
                 f"cost and other processes' part in them) and shown at the untraced steps' "
@@ -648,7 +664,7 @@ def recommend(a: AdviceInputs) -> Advised:
         slower = pred is not None and gain is not None and gain < floor  # gain is None exactly when pred is
         text = c.text(a, s, p, blocked is None and not slower) if c.reads_decision else c.text(a, s)
         rec = Recommendation(action=c.action, text=text, predicted_step_s=pred, why=p.why,
-                             step_s=step_s, gain=gain, best_step_s=best)
+                             step_s=step_s, gain=gain, best_step_s=best, step_from=step_from)
         if blocked is not None:
             refused.append(_not_helping(rec, blocked, keep_prediction=False))
             continue

@@ -71,6 +71,8 @@ class AdviceInputs:
     # median wall step around the window (us; ``own_pace.untraced_wall_us``), the frame each
     # entry's step is shown in (``advice.recommend``); None: the view's own step is that frame
     untraced_wall_us: float | None = None
+    # what the view's step is, in a few words (``Recommendation.step_from``)
+    view_step: str = whatif.MEAN_TRACED
 
 
 

@@ -52,6 +52,13 @@ def _loading(a: AdviceInputs, cpu: whatif.JobCpu | None) -> str:
     return (f" The wait is not CPU work ({by}): workers waiting on storage need no core of their own.")
 
 
+# What to do with prefetch_factor beside more workers, with its value: blind check 39 read
+# "raise num_workers to about 9 and prefetch_factor" and could not tell to what. Two batches a
+# worker (torch's default) keep the queue full in steady state; more only absorb a step's spread.
+PREFETCH = (" (keep prefetch_factor at 2, torch's default, or more: the batches each worker "
+            "makes ahead)")
+
+
 def input_text(a: AdviceInputs, s: dict[Bottleneck, float], p: whatif.Prediction, helps: bool) -> str:
     """``p``: the fix's prediction; ``helps``: whether ``advice.recommend`` advises it."""
     cpu = job_cpu(a.traits)
@@ -69,13 +76,13 @@ def input_text(a: AdviceInputs, s: dict[Bottleneck, float], p: whatif.Prediction
         raise_to = f" to about {more}" if more else ""
         now = f" with num_workers={count}" if count else ""
         return (f"The DataLoader wait is {share} {of_step(a)}{now}: raise "
-                f"num_workers{raise_to}{pin} and prefetch_factor.{_loading(a, cpu)}{_with_fewer_threads(a)}")
+                f"num_workers{raise_to}{pin}{PREFETCH}.{_loading(a, cpu)}{_with_fewer_threads(a)}")
     workers = " with num_workers=0" if a.traits.single_process_loader else ""
     need = p.workers if a.traits.single_process_loader else None
     raise_to = f" to at least {need}" if need else ""
     onto = " (or onto the GPU)" if on_gpu(a) else ""
     return (f"The DataLoader wait is {share} {of_step(a)}{workers}: raise "
-            f"num_workers{raise_to}{pin} and prefetch_factor, and move decoding/augmentation out "
+            f"num_workers{raise_to}{pin}{PREFETCH}, and move decoding/augmentation out "
             f"of the training process{onto}.{_loading(a, cpu)}{_with_fewer_threads(a)}")
 
 
@@ -112,6 +119,18 @@ def cpu_loading(a: AdviceInputs) -> bool:
     return cpu is not None and whatif.loading_cores(a.view, cpu) >= whatif.CPU_LOADING
 
 
+def workers_cpu_loading(a: AdviceInputs) -> float | None:
+    """A loader with workers whose batches are CPU work: each worker on a core or waiting for one
+    at least ``CPU_LOADING`` of the time (the step timer's ``workers_busy_s`` over the workers and
+    the step), the time its batch takes its workers (us); None where not, or not recorded. Blind
+    check 39: two workers doing FFTs on 2 cores were refused more workers (no core for them) and
+    compile, and the job was told nothing to do."""
+    busy, n, step = a.traits.workers_busy_s, worker_count(a), a.traits.cpu_step_s
+    if busy is None or n <= 0 or not step:
+        return None
+    return busy * 1e6 if busy / (n * step) >= whatif.CPU_LOADING else None
+
+
 def workers_unmeasured(a: AdviceInputs) -> str | None:
     """Why no step is predicted for more workers, or None: the loading is CPU work, so workers
     need cores of their own, and the cores the machine leaves the job were not measured (the host
@@ -126,10 +145,15 @@ def workers_unmeasured(a: AdviceInputs) -> str | None:
 
 
 def cheaper_input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
-    cpu = job_cpu(a.traits)
-    batch_us = whatif.loader_work(a.view, cpu, on_gpu(a)).batch_us if cpu else a.view.input_wait
+    cpu, in_workers = job_cpu(a.traits), workers_cpu_loading(a)
+    if in_workers is not None:
+        made = (f"{ms(in_workers)} a batch of its {worker_count(a)} workers' time, on a core or "
+                "waiting for one")
+    else:
+        batch_us = whatif.loader_work(a.view, cpu, on_gpu(a)).batch_us if cpu else a.view.input_wait
+        made = f"{ms(batch_us)} a batch on the thread that makes it"
     return (f"The DataLoader wait is {pct_whole(s[Bottleneck.INPUT])} {of_step(a)} and it is CPU work "
-            f"({ms(batch_us)} a batch on the thread that makes it): make each batch cheaper to "
+            f"({made}): make each batch cheaper to "
             "produce - decode once and store the decoded (or smaller) samples, move augmentation "
             "to the accelerator, or load on other machines - since workers only move that work to "
             "other cores, and only where cores are free.")

@@ -130,8 +130,9 @@ def predict(a: AdviceInputs) -> whatif.Prediction:
         return whatif.Prediction(own, f"{start}: its operators are short, so with no thread waiting at "
                                       "their ends for one that waits for a core, it runs at its own "
                                       "pace; where its threads also spun, taking cores from it, it can "
-                                      "gain more", from_us=wall)
+                                      "gain more", from_us=wall,
+                                 from_what=whatif.MEDIAN_UNTRACED)
     return whatif.Prediction((own + wall) / 2, f"between {start}, its other end, and today's step: its "
                                                "operators are long, and one thread does in turn what "
                                                "the threads did side by side; the middle is shown",
-                             from_us=wall, best_us=own)
+                             from_us=wall, best_us=own, from_what=whatif.MEDIAN_UNTRACED)

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from gpudiag import __version__
-from gpudiag.analyzers import blocked, sync_fed
+from gpudiag.analyzers import blocked, sync_fed, whatif
 from gpudiag.analyzers.advice import recommend
 from gpudiag.analyzers.advice_inputs import AdviceInputs
 from gpudiag.analyzers.autocast_gemms import AutocastGemms
@@ -352,7 +352,8 @@ def _advice_inputs(job: _Job, done: _Analysed, traits: JobTraits, stragglers: St
         label=done.verdict.label, tie_with=done.verdict.tie_with, saves=saves(job.windows),
         faults=faults(job.windows), autocast=job.autocast,
         untraced_wall_us=(untraced_wall_us(job.windows) if job.windows and view.basis == PROFILED
-                          and view.dilation is not None else None))
+                          and view.dilation is not None else None),
+        view_step=whatif.MEDIAN_UNTRACED if view.basis != PROFILED else whatif.MEAN_TRACED)
 
 
 def _nothing_to_analyse(roof_acc: RooflineAcc, device: DevicePeak | None

@@ -43,6 +43,8 @@ class Prediction:
     # the step the prediction starts from, where it is not the verdict's view (a periodic
     # save's cost lives in the mean step, not the median the view holds): None, the view's
     from_us: float | None = None
+    # what that step is, in a few words ("mean untraced step"), where ``from_us`` is given
+    from_what: str = ""
     # the step at the prediction's other end where it states one that a run of the fix alone
     # can settle (torch.compile on a CPU: its fused kernels reading each run's data once)
     best_us: float | None = None
@@ -286,7 +288,16 @@ def input_hidden(b: TimeBreakdown, cpu: JobCpu | None = None, gpu: bool = True,
     return Prediction(step, f"input wait ({ms(at.input_wait)}) hidden behind the rest of the step "
                             f"({ms(rest)} of compute, communication and gaps), which bounds it"
                             f"{bound}{need}; {assumes}",
-                      from_us=now if now != b.step_time else None, workers=needed)
+                      from_us=now if now != b.step_time else None, workers=needed,
+                      from_what=MEAN_UNTRACED)
+
+
+# What each prediction's starting step is (``Recommendation.step_from``): the unprofiled view's
+# and the untraced frame's are medians of the untraced steps around the window; a prediction held
+# by the cores starts from the host samples' (or the rows') mean; the traced view's is the trace's
+MEDIAN_UNTRACED = "median untraced step"
+MEAN_UNTRACED = "mean untraced step"
+MEAN_TRACED = "mean traced step"
 
 
 def loader_pace(busy_us: float | None, workers: int) -> float | None:

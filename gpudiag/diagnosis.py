@@ -254,6 +254,10 @@ class Recommendation:
     predicted_step_s: float | None  # None where no prediction is possible (``why`` says why)
     why: str = ""  # how the prediction was made and what bounds it, or why there is none
     step_s: float | None = None  # the step time it starts from (the verdict's view)
+    # what step_s is, in a few words ("median untraced step", "mean traced step"): fixes start
+    # from different steps (a save's cost lives in the mean, the view holds the median), and
+    # blind check 39 could not tell which baseline each ratio was of
+    step_from: str = ""
     gain: float | None = None  # 1 - predicted / step: the share of the step the fix saves
     # the step at the prediction's faster end, where it states a range (``why`` says what each
     # end assumes): torch.compile on a CPU, whose compiled calls' cost only a run can settle

@@ -375,7 +375,8 @@ def test_a_loader_with_workers_is_told_the_count_that_keeps_up_not_to_move_its_d
     18 ms step predicted takes one every 18 ms: 10 workers."""
     spare = recommend(inputs(FED, traits=_fed(1.2), label=Bottleneck.INPUT))
     rec = next(r for r in spare.advised if r.action == "dataloader-workers")
-    assert "with num_workers=6: raise num_workers to about 10 and prefetch_factor." in rec.text, rec.text
+    assert "with num_workers=6: raise num_workers to about 10 (keep prefetch_factor at 2" in rec.text, \
+        rec.text
     assert "out of the training process" not in rec.text, rec.text
     assert "needs about 10 workers: with 6 now, each makes a batch in about 6 steps (180 ms)" in rec.why
     # two loaders with different counts: which one the step waits on is not known, no count

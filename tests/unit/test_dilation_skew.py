@@ -5,6 +5,8 @@ the median; their mean is the job's pace, and 5 steps cannot be compared with ei
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpudiag.analyzers.unprofiled import measure_dilation
 from gpudiag.rundir import StepRow
 from gpudiag.steps import WindowSteps
@@ -67,3 +69,16 @@ def test_traced_steps_a_hair_faster_than_their_reference_read_as_within_its_nois
     line = dilation_line(dil)
     assert line.startswith("traced steps ran as fast as the untraced ones"), line
     assert "within the noise" in line and "slower outside" not in line, line
+
+
+def test_traced_steps_far_faster_than_a_noisy_reference_are_not_read_as_fast_as_it():
+    """Blind check 39: "The traced steps ran as fast as the untraced ones (0.56x: 6.64 ms vs 11.8
+    ms ...; noise +-58.5%)". Within a noise that wide the two cannot be told apart; "as fast as"
+    is kept for a difference within a few percent."""
+    measured = measure_dilation(9.95e3, [window([0.0101, 0.0099, 0.0100, 0.0102, 0.0098, 0.0100,
+                                                 0.0101, 0.0099, 0.0100])], "cpu")
+    assert measured is not None
+    noisy = dataclasses.replace(measured[0], factor=0.56, untraced_spread=1.17)
+    line = dilation_line(noisy)
+    assert line.startswith("traced steps' pace could not be told from the untraced ones' (0.56"), line
+    assert "as fast as" not in line and "vary more than the two differ" in line, line

@@ -1,0 +1,81 @@
+"""What blind check 39 (and the demo) could not read: which step each prediction starts from
+(three "today's steps" in one diagnosis), what to set prefetch_factor to, and why a loader whose
+workers are busy making batches on full cores was told nothing to do, and a confidence "lowered
+by -0.00"."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpudiag.analyzers import whatif
+from gpudiag.analyzers.advice import recommend
+from gpudiag.diagnosis import Bottleneck, JobTraits, Recommendation
+from reports.views import not_helping_line, prediction_line
+from tests.unit.test_advice_rules import FED, _fed, breakdown, inputs
+
+
+def test_each_prediction_names_the_step_it_starts_from_and_the_report_line_says_it():
+    """The workers' prediction is held by the cores, read over the untraced steps' mean (the
+    host samples'); the view's own step is the unprofiled median or the traced mean. Each entry
+    carries which, and the terminal and report line opens with it."""
+    # the host samples read a 36 ms mean step where the view's median is 30 ms
+    a = inputs(FED, traits=replace(_fed(1.2), cpu_step_s=0.036), label=Bottleneck.INPUT)
+    out = recommend(replace(a, view_step=whatif.MEDIAN_UNTRACED))
+    workers = next(r for r in out.advised if r.action == "dataloader-workers")
+    assert workers.step_from == whatif.MEAN_UNTRACED, workers
+    assert prediction_line(workers).startswith("mean untraced step 36 ms \u2192"), prediction_line(workers)
+    for r in out.advised + out.not_advised:
+        assert r.step_from == (whatif.MEAN_UNTRACED if r is workers else whatif.MEDIAN_UNTRACED), r
+    traced = recommend(replace(inputs(breakdown(30e3, compute_bound=10e3)), view_step=whatif.MEAN_TRACED))
+    for r in traced.advised + traced.not_advised:
+        if r.predicted_step_s is not None:
+            assert r.step_from == whatif.MEAN_TRACED, r
+    told = Recommendation("x", "t", 0.008, "why", step_s=0.010, gain=0.2, step_from=whatif.MEDIAN_UNTRACED)
+    assert not_helping_line(told).startswith("median untraced step 10 ms \u2192 \u2248 8 ms")
+    # a file written before step_from reads as "step"
+    assert prediction_line(replace(told, step_from="")).startswith("step 10 ms")
+
+
+def test_more_workers_name_a_prefetch_factor_value():
+    out = recommend(inputs(FED, traits=_fed(1.2), label=Bottleneck.INPUT))
+    rec = next(r for r in out.advised if r.action == "dataloader-workers")
+    assert "prefetch_factor at 2" in rec.text and "and prefetch_factor." not in rec.text, rec.text
+    bare = recommend(inputs(FED, traits=JobTraits(training=True, optimizer=True, single_process_loader=True),
+                            label=Bottleneck.INPUT))
+    rec = next(r for r in bare.advised if r.action == "dataloader-workers")
+    assert "prefetch_factor at 2" in rec.text, rec.text
+
+
+def _workers(busy_s: float, n: int = 2) -> JobTraits:
+    return JobTraits(training=True, optimizer=True, dataloader_workers=[n], cores_used=1.97, cpus=2,
+                     intra_op_threads=1, other_cores=0.0, runq_cores=1.0, cpu_step_s=0.030,
+                     workers_busy_s=busy_s)
+
+
+def test_a_loader_whose_workers_are_busy_making_batches_is_told_to_make_them_cheaper():
+    """Blind check 39's job a: two workers doing FFTs on 2 cores, each on a core or waiting for one
+    most of the time. More workers were refused (no core for them) and the job was told nothing.
+    Its batches are CPU work in its workers: cheaper batches are the fix, named with what a batch
+    costs them. Workers asleep on storage (a tenth of their time busy) are not told that."""
+    busy = recommend(inputs(FED, traits=_workers(0.055), label=Bottleneck.INPUT))
+    actions = {r.action: r for r in busy.advised}
+    assert "cheaper-input" in actions, [r.action for r in busy.advised + busy.not_advised]
+    rec = actions["cheaper-input"]
+    assert "55 ms a batch of its 2 workers' time" in rec.text, rec.text
+    assert rec.predicted_step_s is None and "1/2 ms" in rec.why, rec.why
+    asleep = recommend(inputs(FED, traits=_workers(0.006), label=Bottleneck.INPUT))
+    assert "cheaper-input" not in {r.action for r in asleep.advised + asleep.not_advised}
+    # no pace recorded (a run directory from before the step timer read the workers): not told
+    old = recommend(inputs(FED, traits=replace(_workers(0.055), workers_busy_s=None), label=Bottleneck.INPUT))
+    assert "cheaper-input" not in {r.action for r in old.advised + old.not_advised}
+
+
+def test_a_deduction_that_rounds_to_nothing_is_not_printed_as_lowering_the_confidence():
+    """The demo printed "Confidence lowered by: -0.00: step-time noise +-0.4%"."""
+    from types import SimpleNamespace
+
+    from gpudiag.diagnosis import Deduction
+    from reports.views import confidence_lines
+
+    v = SimpleNamespace(deductions=[Deduction("step-time noise", 0.004), Deduction("one step", 0.1)])
+    assert confidence_lines(v) == ["\u22120.10: one step"]  # type: ignore[arg-type]
