@@ -300,9 +300,17 @@ def _forward_breaks(a: AdviceInputs) -> str | None:
     blind check 16's 16 blocks with one every 4, predicted 0.78-0.84x (once at high confidence),
     ran 1.27-1.41x."""
     f = a.compile_facts
-    if on_gpu(a) or f is None or f.syncs < 0.5:
+    if on_gpu(a) or f is None:
         return None
-    return (f"the forward reads {f.syncs:.0f} value{'s' if f.syncs >= 1.5 else ''} a step back into "
+    # the census saw where each read was (inside an nn.Module call or not); the trace places them
+    # by time only, and a loop's reads after opt.step() open the next step's window before its
+    # forward (blind check 40: a loss and a gradient norm read there, told "the forward reads 1
+    # value a step", compile ran 0.43x)
+    n = a.syncs.in_module_per_step if a.syncs is not None and a.syncs.in_module_per_step is not None \
+        else f.syncs
+    if n < 0.5:
+        return None
+    return (f"the forward reads {n:.0f} value{'s' if n >= 1.5 else ''} a step back into "
             "Python (.item(), .tolist() and the like), and each splits the "
             "compiled graph; one inside a loop over the model's blocks makes Dynamo compile each block "
             "apart, which on this CPU ran a 16-block model 1.7x slower than eager. Remove those reads "
@@ -398,7 +406,9 @@ CATALOGUE: list[Advice] = [
            _workers_step, Bottleneck.INPUT,
            blocked=lambda a: whatif.no_core_for_workers(a.view, job_cpu(a.traits), on_gpu(a),
                                                         workers=has_workers(a)),
-           reads_decision=True),
+           # on a CPU, a gain within the step timer's noise is no reason to add workers: blind
+           # check 39's control job (a cheap loader) was told 3 workers, 0.93x, and ran 0.99x
+           min_gain=_cpu_min_gain, reads_decision=True),
     Advice("cheaper-input", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE
            and (cpu_loading(a) or workers_cpu_loading(a) is not None),
            cheaper_input_text,
@@ -597,20 +607,28 @@ def _unobserved_frame(a: AdviceInputs, p: whatif.Prediction) -> float | None:
 LOADER_FIXES = frozenset({"dataloader-workers", "cheaper-input"})
 
 
-def _loader_pace(a: AdviceInputs, action: str) -> tuple[float, str] | None:
+def _loader_pace(a: AdviceInputs, action: str, step_s: float) -> tuple[float, str] | None:
     """The least step (s) the job's DataLoader workers can feed (``whatif.loader_pace``), where
     a fix to the rest of the job is bounded by it, and why in words; None where it is not, or
-    not recorded."""
+    not recorded. No more than today's step ``step_s``: a loader feeds the step it feeds, and its
+    workers' time on a core or waiting for one can read longer than that step where they and the
+    training thread wait for the same cores (blind check 40: "113 ms -> 120 ms (+7%) ... the step
+    cannot be shorter than its DataLoader's pace, 120 ms", for two fixes to the training thread);
+    there the loader holds the step and the fix would not shorten it."""
     busy, n = a.traits.workers_busy_s, worker_count(a)
     if action in LOADER_FIXES or busy is None:
         return None
     floor = whatif.loader_pace(busy * 1e6, n)
     if floor is None:
         return None
+    each = f" (each makes a batch in {n} steps)" if n > 1 else ""
+    took = (f"its {n} worker{'s' if n > 1 else ''} took {ms(busy * 1e6)} a step on a core or waiting "
+            f"for one over the untraced steps{each}")
+    if floor * 1e-6 >= step_s:
+        return step_s, (f"but its DataLoader holds the step: {took}, no less than the step itself "
+                        f"({ms(step_s * 1e6)}), which this fix does not change")
     return floor * 1e-6, (
-        f"but the step cannot be shorter than its DataLoader's pace, {ms(floor)}: its {n} "
-        f"worker{'s' if n > 1 else ''} took {ms(busy * 1e6)} a step on a core or waiting for one "
-        f"over the untraced steps{' (each makes a batch in ' + str(n) + ' steps)' if n > 1 else ''}, "
+        f"but the step cannot be shorter than its DataLoader's pace, {ms(floor)}: {took}, "
         "which this fix does not change")
 
 
@@ -654,7 +672,7 @@ def recommend(a: AdviceInputs) -> Advised:
                 f"predicted on the traced steps ({ms(a.view.step_time)} by wall clock: the profiler's "
                 f"cost and other processes' part in them) and shown at the untraced steps' "
                 f"{ms(step_s * 1e6)} by the same ratio"))
-        paced = _loader_pace(a, c.action)
+        paced = _loader_pace(a, c.action, step_s)
         if paced is not None and pred is not None and pred < paced[0]:
             pred, best = paced[0], (None if best is None else max(best, paced[0]))
             gain = 1 - pred / step_s

@@ -85,7 +85,9 @@ class _Record:
         self.torch_dir = torch_dir
         self.data_dir = os.path.join(torch_dir, "utils", "data") + os.sep
         self.optim_dir = os.path.join(torch_dir, "optim") + os.sep
-        self.sites: dict[tuple[str, int, str, str], list[float]] = {}  # -> [calls, wall, cpu]
+        self.module_file = os.path.join(torch_dir, "nn", "modules", "module.py")
+        # -> [calls, wall, cpu, inside an nn.Module call (1) or not (0)]
+        self.sites: dict[tuple[str, int, str, str], list[float]] = {}
         self.dropped_sites = 0
         self.calls = 0  # torch calls seen
         # per node: (name, wall seconds, thread CPU seconds, is_sync, mutates); consumers per node
@@ -98,16 +100,23 @@ class _Record:
         self.last_end: tuple[float, float] | None = None
         self.tail = (0.0, 0.0)  # the Python after the last call, up to the census's end
 
-    def site(self) -> tuple[str, int, str, str] | None:
-        """(file, line, function, via): the first frame outside torch and gpudiag; ``via`` the
-        torch function the job called that made the sync (``clip_grad_norm_``), if any. None
-        inside a DataLoader's fetch (a dataset's ``__getitem__`` making a sample): that is input
-        work, in the input wait, not a read-back of the training step's values."""
+    def site(self) -> tuple[str, int, str, str, bool] | None:
+        """(file, line, function, via, in_module): the first frame outside torch and gpudiag;
+        ``via`` the torch function the job called that made the sync (``clip_grad_norm_``), if
+        any; ``in_module`` whether an ``nn.Module`` call is on the stack (a forward's read-back,
+        which splits a compiled graph, against one in the training loop, which does not: blind
+        check 40's loop read a loss and a gradient norm after ``opt.step()`` and was told the
+        forward read them). None inside a DataLoader's fetch (a dataset's ``__getitem__`` making a
+        sample): that is input work, in the input wait, not a read-back of the training step's
+        values."""
         f: FrameType | None = sys._getframe(3)
         via = ""
         found = None
+        in_module = False
         while f is not None:
             fn = f.f_code.co_filename
+            if fn == self.module_file and f.f_code.co_name in ("_call_impl", "_wrapped_call_impl"):
+                in_module = True
             if found is None and not (fn.startswith(self.torch_dir) or fn.startswith(_HERE)):
                 found = (fn, f.f_lineno, f.f_code.co_name, via)
             elif found is None:
@@ -119,7 +128,7 @@ class _Record:
             if fn.startswith(self.data_dir):
                 return None
             f = f.f_back
-        return found or ("<unknown>", 0, "", via)
+        return (*(found or ("<unknown>", 0, "", via)), in_module)
 
     def add_sync(self, kind: str, seconds: float, cpu: float) -> bool:
         """Count one sync at its call site; False where it is none (``site``) or torch.optim's
@@ -129,17 +138,18 @@ class _Record:
         where = self.site()
         if where is None:
             return False
-        fn, line, func, via = where
+        fn, line, func, via, in_module = where
         key = (fn, line, kind, func if not via else f"{func} via {via}")
         c = self.sites.get(key)
         if c is None:
             if len(self.sites) >= MAX_SITES:
                 self.dropped_sites += 1
                 return True
-            c = self.sites[key] = [0, 0.0, 0.0]
+            c = self.sites[key] = [0, 0.0, 0.0, 0]
         c[0] += 1
         c[1] += seconds
         c[2] += cpu
+        c[3] = max(c[3], int(in_module))
         return not via.endswith(OPTIM_MARK)
 
     def add_node(self, name: str, seconds: float, cpu: float, sync: bool, inputs: list[Any],
@@ -374,7 +384,8 @@ class SyncCensus:
             "device": "cuda" if self.torch.cuda.is_available() and self.torch.cuda.is_initialized()
             else "cpu",
             "sites": [{"file": f, "line": ln, "kind": k, "function": fn, "calls": int(c[0]),
-                       "seconds": c[1], "cpu_seconds": c[2]} for (f, ln, k, fn), c in rec.sites.items()],
+                       "seconds": c[1], "cpu_seconds": c[2], "in_module": bool(c[3])}
+                      for (f, ln, k, fn), c in rec.sites.items()],
             "dropped_sites": rec.dropped_sites,
             "feeding": {"ops": ops, "seconds": seconds, "cpu_seconds": cpu_s,
                         "after_seconds": after_s, "after_cpu_seconds": after_cpu_s,

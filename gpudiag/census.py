@@ -26,6 +26,8 @@ class CensusSite:
     calls: int  # in the census step
     seconds: float  # inside these calls in that step (wall)
     cpu_seconds: float  # the same, the training thread's CPU time (no time the OS ran others)
+    # inside an nn.Module call (a forward's read-back); None: a census written before it was read
+    in_module: bool | None = None
 
 
 @dataclass
@@ -47,6 +49,8 @@ class SyncCensus:
     after_s: float = 0.0
     after_cpu_s: float = 0.0
     torch_calls: int = 0
+    # the census step's wall time (s): the mode it runs in slows every torch call; None: not read
+    wall_s: float | None = None
     dropped_sites: int = 0
     skipped: str | None = None
     note: str | None = None
@@ -73,9 +77,10 @@ def parse_census(data: Any, cwd: str | None) -> SyncCensus | None:  # parsed JSO
         if cwd and path.startswith(cwd.rstrip("/") + "/"):
             path = path[len(cwd.rstrip("/")) + 1:]
         wall = max(0.0, float(r["seconds"]))
+        inside = r.get("in_module")
         sites.append(CensusSite(path, int(r.get("line") or 0), str(r.get("function", ""))[:200],
                                 str(r.get("kind", "?"))[:100], max(0, r["calls"]), wall,
-                                _cpu(r, wall)))
+                                _cpu(r, wall), inside if isinstance(inside, bool) else None))
     raw_feed = data.get("feeding")
     feed: dict[str, Any] = raw_feed if isinstance(raw_feed, dict) else {}
     top = [(str(t.get("op", "?"))[:100], int(t.get("calls", 0)), float(t["seconds"]),
@@ -93,6 +98,7 @@ def parse_census(data: Any, cwd: str | None) -> SyncCensus | None:  # parsed JSO
         feeding_top=top, after_s=after_wall,
         after_cpu_s=min(after_wall, max(0.0, float(after_cpu))) if is_number(after_cpu) else 0.0,
         torch_calls=int(data.get("torch_calls") or 0),
+        wall_s=float(data["wall_s"]) if is_number(data.get("wall_s")) and data["wall_s"] > 0 else None,
         dropped_sites=int(data.get("dropped_sites") or 0),
         note=str(data["note"])[:500] if isinstance(data.get("note"), str) else None)
 

@@ -463,6 +463,9 @@ class SyncReport:
     # per step: the job's Python right after the syncs and their feeding operators, up to the
     # next torch call (CPU; in the saving)
     after_us: float = 0.0
+    # per step: sync calls made inside an nn.Module call (a forward's read-backs, which split a
+    # compiled graph), by the census; None: no census, or one written before it was read
+    in_module_per_step: float | None = None
 
     @property
     def share(self) -> float:

@@ -66,6 +66,10 @@ def test_the_census_counts_each_sync_at_its_line_as_often_as_it_runs(synced):
     assert all(s.line != _marked_lines(" # not a sync: ")["dataset"] for s in census.sites)
     clip = next(s for s in census.sites if s.line == lines["clip"])
     assert "via clip_grad_norm_" in clip.function  # a sync inside torch, charged to the job's line
+    # the model's forward reads its layers' values back (they split a compiled graph); the
+    # training loop's reads do not (blind check 40 was told its loop's reads were the forward's)
+    inside = {s.line for s in census.sites if s.in_module}
+    assert inside == {lines["item-per-layer"]}, census.sites
     # the census ran in the window's warm-up step, which the step rows mark (left out of references)
     rows = {r.step: r for r in read_steps(run)[0]}
     assert rows[census.step].profiler == "warmup"
@@ -88,6 +92,7 @@ def test_the_diagnosis_json_counts_syncs_per_step_and_the_trace_agrees(synced):
     assert 0 < s.saving_us < s.step_us
     assert s.saving_us == pytest.approx(s.host_us + s.feeding_us + s.after_us)  # a CPU: host work, no wait
     assert d.verdict.evidence["syncs_per_step"] == 10
+    assert s.in_module_per_step == 3  # the forward's reads, by the census's call stacks
     # the share is of the step at the job's own pace (the wall step less other processes' time
     # on its cores), as the label's shares are: on a busy machine it is the larger of the two
     assert s.own_step_us is not None and 0 < s.own_step_us <= s.step_us
