@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from gpudiag import __version__
-from gpudiag.analyzers import blocked, sync_fed, whatif
+from gpudiag.analyzers import blocked, loader_cores, sync_fed, whatif
 from gpudiag.analyzers.advice import recommend
 from gpudiag.analyzers.advice_inputs import AdviceInputs
 from gpudiag.analyzers.autocast_gemms import AutocastGemms
@@ -283,11 +283,15 @@ def _analyse(job: _Job, device: DevicePeak | None, roof_acc: RooflineAcc, breakd
     # a host-bound summary names what of its host share was measured apart
     asleep = blocked.cause(view.breakdown, job.wait, job.kind == "gpu")
     named = [c for c in (sync_fed.cause(fed), asleep) if c is not None]
+    # and the training thread's wait for cores its DataLoader workers held as input (``loader_cores``)
+    labelled = sync_fed.as_host(view.breakdown, fed)
+    held = loader_cores.held_us(labelled, job.wait, traits, view.basis == PROFILED, job.kind)
     verdict, traced_verdict = verdicts(
-        replace(view, breakdown=sync_fed.as_host(view.breakdown, fed)), breakdown,
+        replace(view, breakdown=loader_cores.as_input(labelled, held)), breakdown,
         device_kind=job.kind, roofline=roofline, mfu=mfu, traced_mfu=traced_mfu,
         n_steps=n_steps, traced_noise_=traced_noise(job.results, job.windows), events=events,
-        host_cause=host_cause_of(named, rest=asleep is not None))
+        host_cause=host_cause_of(named, rest=asleep is not None),
+        input_cause=loader_cores.cause(held, labelled.own_step))
     if syncs is not None:
         verdict = replace(verdict, evidence={**verdict.evidence, **sync_evidence(syncs)})
     steps_summed = sum(len(r.steps) for r in job.results)

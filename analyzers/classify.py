@@ -202,7 +202,7 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
 
 def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu, n_steps: int,
              deductions: list[Deduction] | None = None, noise: float | None = None,
-             host_cause: str = HOST_CAUSE) -> Verdict:
+             host_cause: str = HOST_CAUSE, input_cause: str = "") -> Verdict:
     """The label, its confidence (the margin over the runner-up, less every deduction) and
     evidence. ``noise`` is the step-time noise of the view (half the interquartile range over
     the median): a label whose margin is within it is a tie with the runner-up.
@@ -247,7 +247,7 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
     if noise is not None:
         evidence["step-time noise"] = round(noise, 4)
     unit = "GPU" if device_kind == "gpu" else "CPU"
-    summary = _summary(label, s, b, unit, mfu, host_cause)
+    summary = _summary(label, s, b, unit, mfu, host_cause, input_cause)
     if tie is not None and noise is not None:   # a tie is only called within the noise
         summary = (f"a tie between {label.value} ({pct_whole(s[label])}) and {tie.value} "
                    f"({pct_whole(s[tie])}): their margin is within the step-time noise "
@@ -259,7 +259,7 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
 
 
 def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, unit: str,
-             mfu: Mfu, host_cause: str) -> str:
+             mfu: Mfu, host_cause: str, input_cause: str = "") -> str:
     ms = b.own_step / 1e3  # the job's own step (``shares``)
     own = " at the job's own pace" if b.fraction("host_stalled") >= STALLED_NOTED else ""
     if label is Bottleneck.INPUT:
@@ -267,7 +267,7 @@ def _summary(label: Bottleneck, s: dict[Bottleneck, float], b: TimeBreakdown, un
         # what is idle is the model, not the CPU (a blind job's augmenting main thread read "idle")
         idle = f"while the {unit} is idle" if unit == "GPU" else "with no model operator running"
         return (f"{pct_whole(s[label])} of each {ms:.3g} ms step{own} is spent waiting for the DataLoader "
-                f"{idle}")
+                f"{idle}{input_cause}")
     if label is Bottleneck.COMMUNICATION:
         # of the step its fix is predicted on (``shares``): by wall clock where others took part
         wall = b.step_time / 1e3

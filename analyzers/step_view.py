@@ -195,12 +195,14 @@ def at_faster_side(view: StepView, traced: TimeBreakdown, device_kind: str,
 
 def verdicts(view: StepView, traced: TimeBreakdown, *, device_kind: str, roofline: Roofline,
              mfu: Mfu, traced_mfu: Mfu, n_steps: int, traced_noise_: float | None,
-             events: CpuEvents | None = None, host_cause: str = HOST_CAUSE) -> tuple[Verdict, Verdict | None]:
+             events: CpuEvents | None = None, host_cause: str = HOST_CAUSE,
+             input_cause: str = "") -> tuple[Verdict, Verdict | None]:
     """The verdict of the view, and (for the unprofiled view) what the traced steps alone say.
     In the traced view, a label that the steps at the faster side of the reference would not
     give is a stated tie with the label they give (``at_faster_side``)."""
     v = classify(view.breakdown, device_kind=device_kind, roofline=roofline, mfu=mfu,
-                 n_steps=n_steps, deductions=view.deductions, noise=view.noise, host_cause=host_cause)
+                 n_steps=n_steps, deductions=view.deductions, noise=view.noise, host_cause=host_cause,
+                 input_cause=input_cause)
     if view.basis != UNPROFILED:
         fast = at_faster_side(view, traced, device_kind, events)
         if fast is None or v.tie_with is not None:
