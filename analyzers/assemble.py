@@ -200,7 +200,8 @@ def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explici
         raised.update(done.raised)
     else:
         roofline, verdict, mfu = _nothing_to_analyse(roof_acc, device)
-    warnings.extend(_closing_warnings(job, roof_acc, device, roofline, breakdown, raised))
+    warnings.extend(_closing_warnings(job, roof_acc, device, roofline, breakdown, raised,
+                                      traits.dataloader_workers))
     mfu = note_uncosted(mfu, roof_acc.uncosted_share())
     verdict, traced_verdict, mfu = _charged_lost_events(
         partials, verdict, done.traced_verdict if done else None, mfu)
@@ -372,14 +373,14 @@ def _nothing_to_analyse(roof_acc: RooflineAcc, device: DevicePeak | None
 
 def _closing_warnings(job: _Job, roof_acc: RooflineAcc, device: DevicePeak | None,
                       roofline: Roofline, breakdown: TimeBreakdown,
-                      raised: dict[str, float]) -> list[str]:
+                      raised: dict[str, float], workers: list[int] | None = None) -> list[str]:
     """What the reader must know of the numbers: roofs outrun, a split from kernel names, a host
     wait not split, a busy machine's stalls, a measured peak raised."""
     warnings = roof_violations(roof_acc, device)
     saved = saves(job.windows)
     long_steps = tail(job.windows, saved.per_step_us if saved is not None else 0.0)
     if long_steps is not None:
-        warnings.append(tail_text(long_steps))
+        warnings.append(tail_text(long_steps, workers or []))
     if roofline.method == "kernel-names" and job.has_gpu:
         if job.shapes:
             warnings.append("most GPU time could not be attributed to operators with recorded "

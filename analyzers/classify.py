@@ -200,6 +200,13 @@ def shares(b: TimeBreakdown) -> dict[Bottleneck, float]:
     }
 
 
+# A tie is called within the step-time noise up to this much: beyond it the steps are not one
+# population (a loader's 2 workers taking turns gave steps of ~70 and ~5 ms, noise +-490%), and
+# their spread says nothing of the margin between two shares (blind check 40: "a tie between
+# input-bound (86%) and memory-bound (8%)").
+TIE_NOISE_MAX = 0.25
+
+
 def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu, n_steps: int,
              deductions: list[Deduction] | None = None, noise: float | None = None,
              host_cause: str = HOST_CAUSE, input_cause: str = "") -> Verdict:
@@ -236,7 +243,7 @@ def classify(b: TimeBreakdown, *, device_kind: str, roofline: Roofline, mfu: Mfu
                               "label rests on the rest, and a crowded step moves each share by up to "
                               "that much", machine_penalty(stalled)))
     tie = runner_up if (noise is not None and runner_up is not None and second_share > 0
-                        and 0 <= margin < noise) else None
+                        and 0 <= margin < min(noise, TIE_NOISE_MAX)) else None
 
     evidence = {f"{k.value} share": round(v, 4) for k, v in s.items()}
     evidence["step time ms"] = round(b.step_time / 1e3, 3)

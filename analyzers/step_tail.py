@@ -87,7 +87,10 @@ def _extra(long: list[StepRow], short: list[StepRow], field: str) -> float | Non
     return max(0.0, statistics.fmean(a) - statistics.fmean(b)) * 1e6
 
 
-def text(t: Tail) -> str:
+def text(t: Tail, workers: list[int] | None = None) -> str:
+    """The warning; ``workers``: the job's DataLoader worker counts, whose turns make a period
+    of their own (blind check 40: 2 workers asleep on storage gave steps of ~70 and ~5 ms in
+    turn, and were told to call gpudiag.step() as if the loop's own step held two)."""
     where = ""
     if t.cpu_extra_us is not None and t.sys_extra_us is not None:
         off = max(0.0, t.extra_us - t.cpu_extra_us)
@@ -95,8 +98,14 @@ def text(t: Tail) -> str:
                  f"the kernel; {off / 1e3:.3g} ms off a core: storage, a sleep or a lock)")
     said = (f"one untraced step in about {t.every:.2g} ran {t.extra_us / 1e3:.3g} ms longer than the median "
             f"step{where}: the mean step is {t.mean_us / 1e3:.3g} ms against the median's "
-            f"{t.median_us / 1e3:.3g} ms, which the verdict starts from and which leaves that work out")
+            f"{t.median_us / 1e3:.3g} ms (all the untraced steps'), which leaves that work out")
     if not t.periodic:
         return said + " (now and then, at no fixed period)"
+    turns = [n for n in (workers or []) if n > 1 and abs(t.every - n) <= 0.5]
+    if turns:
+        n = turns[0]
+        return (said + f". They come every {n} steps, as the DataLoader's {n} workers take turns: each "
+                f"makes a batch in {n} steps, and the step that waits for the next one holds the "
+                "wait; the mean step is the loader's pace")
     return (said + ". They come at a fixed period: where the job's own step is several optimizer steps "
             "(a loop that writes, logs or evaluates every few), call gpudiag.step() once per step of yours")

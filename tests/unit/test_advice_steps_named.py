@@ -79,3 +79,32 @@ def test_a_deduction_that_rounds_to_nothing_is_not_printed_as_lowering_the_confi
 
     v = SimpleNamespace(deductions=[Deduction("step-time noise", 0.004), Deduction("one step", 0.1)])
     assert confidence_lines(v) == ["\u22120.10: one step"]  # type: ignore[arg-type]
+
+
+def test_long_steps_at_the_workers_period_are_named_as_the_workers_taking_turns():
+    """Blind check 40: 2 workers asleep on storage gave steps of ~70 and ~5 ms in turn, and the
+    warning said to call gpudiag.step() as if the loop's own step held two optimizer steps."""
+    from gpudiag.analyzers.step_tail import Tail, text
+
+    t = Tail(median_us=7.9e3, mean_us=37.5e3, long_steps=50, steps=100, extra_us=62e3,
+             cpu_extra_us=0.4e3, sys_extra_us=0.2e3, periodic=True)
+    said = text(t, [2])
+    assert "the DataLoader's 2 workers take turns" in said and "gpudiag.step()" not in said, said
+    assert "gpudiag.step()" in text(t, [4]) and "gpudiag.step()" in text(t)
+
+
+def test_a_tie_is_not_called_across_a_margin_wider_than_any_step_noise_can_explain():
+    """Blind check 40: "a tie between input-bound (86%) and memory-bound (8%): their margin is
+    within the step-time noise (+-490%)": bimodal steps (workers taking turns) are no noise."""
+    from gpudiag.analyzers.classify import TIE_NOISE_MAX, classify
+    from gpudiag.diagnosis import Mfu, Roofline, TimeBreakdown
+
+    b = TimeBreakdown(step_time=30e3, gpu_busy=3e3, compute=3e3, memory_bound=2.5e3, compute_bound=0.5e3,
+                      idle=27e3, input_wait=26e3, host_overhead=1e3)
+    roof = Roofline("shapes", 192e9, 17.8e9, 10.8, "fp32", 0, 0, 0)
+    mfu = Mfu(0.01, "t", None, "shapes", "fp32", None, None)
+    assert classify(b, device_kind="cpu", roofline=roof, mfu=mfu, n_steps=5, noise=4.9).tie_with is None
+    close = TimeBreakdown(step_time=30e3, gpu_busy=13e3, compute=13e3, compute_bound=13e3, idle=17e3,
+                          input_wait=15e3, host_overhead=2e3)
+    v = classify(close, device_kind="cpu", roofline=roof, mfu=mfu, n_steps=5, noise=4.9)
+    assert v.tie_with is not None and TIE_NOISE_MAX == 0.25, v
