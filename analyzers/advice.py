@@ -52,6 +52,7 @@ from gpudiag.analyzers.advice_text import (
     fuse_text,
     fused_opt_text,
     graphs_text,
+    held_share,
     input_text,
     micro_batches_text,
     near_peak_text,
@@ -409,8 +410,8 @@ CATALOGUE: list[Advice] = [
            # on a CPU, a gain within the step timer's noise is no reason to add workers: blind
            # check 39's control job (a cheap loader) was told 3 workers, 0.93x, and ran 0.99x
            min_gain=_cpu_min_gain, reads_decision=True),
-    Advice("cheaper-input", lambda a, s: s[Bottleneck.INPUT] >= INPUT_MODERATE
-           and (cpu_loading(a) or workers_cpu_loading(a) is not None),
+    Advice("cheaper-input", lambda a, s: (cpu_loading(a) and s[Bottleneck.INPUT] >= INPUT_MODERATE)
+           or (workers_cpu_loading(a) is not None and held_share(a, s) >= INPUT_MODERATE),
            cheaper_input_text,
            _cheaper_input, Bottleneck.INPUT),
     Advice("overlap-communication", lambda a, s: exposed_share(a) >= COMM_NOTABLE,

@@ -73,6 +73,9 @@ class AdviceInputs:
     untraced_wall_us: float | None = None
     # what the view's step is, in a few words (``Recommendation.step_from``)
     view_step: str = whatif.MEAN_TRACED
+    # per step, the training thread's wait for cores the job's DataLoader workers held, which the
+    # label counts as input time (``analyzers.loader_cores``)
+    loader_held_us: float = 0.0
 
 
 

@@ -131,6 +131,14 @@ def workers_cpu_loading(a: AdviceInputs) -> float | None:
     return busy * 1e6 if busy / (n * step) >= whatif.CPU_LOADING else None
 
 
+def held_share(a: AdviceInputs, s: dict[Bottleneck, float]) -> float:
+    """The input share with the training thread's wait for cores the job's DataLoader workers
+    held (``AdviceInputs.loader_held_us``), as the label counts it: blind check 41's 3 workers
+    augmenting on 2 cores kept up (a 1.5% wait) while the model waited ~20% of its step for the
+    cores they held, and the job read input-bound with no input advice."""
+    return s[Bottleneck.INPUT] + (a.loader_held_us / a.view.step_time if a.view.step_time > 0 else 0.0)
+
+
 def workers_unmeasured(a: AdviceInputs) -> str | None:
     """Why no step is predicted for more workers, or None: the loading is CPU work, so workers
     need cores of their own, and the cores the machine leaves the job were not measured (the host
@@ -148,7 +156,8 @@ def cheaper_input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     cpu, in_workers = job_cpu(a.traits), workers_cpu_loading(a)
     if in_workers is not None:
         made = (f"{ms(in_workers)} a batch of its {worker_count(a)} workers' time, on a core or "
-                "waiting for one")
+                "waiting for one" + (f"; the training thread waited {ms(a.loader_held_us)} a step for "
+                                     "cores they held" if a.loader_held_us > 0 else ""))
     else:
         batch_us = whatif.loader_work(a.view, cpu, on_gpu(a)).batch_us if cpu else a.view.input_wait
         made = f"{ms(batch_us)} a batch on the thread that makes it"

@@ -358,7 +358,9 @@ def _advice_inputs(job: _Job, done: _Analysed, traits: JobTraits, stragglers: St
         faults=faults(job.windows), autocast=job.autocast,
         untraced_wall_us=(untraced_wall_us(job.windows) if job.windows and view.basis == PROFILED
                           and view.dilation is not None else None),
-        view_step=whatif.MEDIAN_UNTRACED if view.basis != PROFILED else whatif.MEAN_TRACED)
+        view_step=whatif.MEDIAN_UNTRACED if view.basis != PROFILED else whatif.MEAN_TRACED,
+        loader_held_us=loader_cores.held_us(view.breakdown, job.wait, traits, view.basis == PROFILED,
+                                            job.kind))
 
 
 def _nothing_to_analyse(roof_acc: RooflineAcc, device: DevicePeak | None
