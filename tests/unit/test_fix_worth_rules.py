@@ -342,3 +342,23 @@ def test_the_census_timings_are_brought_to_the_verdicts_pace_where_its_step_ran_
     assert census_pace(SyncCensus(rank=0, step=11, wall_s=0.0108), view) == pytest.approx(4.0 / 10.8)
     assert census_pace(SyncCensus(rank=0, step=11, wall_s=0.003), view) == 1.0
     assert census_pace(SyncCensus(rank=0, step=11), view) == 1.0  # an older census: as timed
+
+
+def test_a_loaders_pace_is_held_against_the_mean_step_it_is_a_mean_of():
+    """Blind check 41: one worker's pace 59 ms, the untraced steps' mean 57.5 ms and their median
+    65.6 ms: a compiled optimizer step was told "65.6 -> 59 ms (-10%)" against the median, and ran
+    1.09-1.11x. The pace is a mean: no less than the mean step, the loader holds the step."""
+    from gpudiag.analyzers.advice import _loader_pace
+    from gpudiag.analyzers.compile_facts import CompileFacts
+    from gpudiag.analyzers.step_loops import LoopFacts
+
+    facts = CompileFacts(calls=300, kernels=200, graphs=2, kept_us=4e3, step_us=10e3, params=100,
+                         opt_calls=800, opt_step_us=4e3, loops=LoopFacts(passes=1))
+    a = _cpu_inputs(facts, False, True)
+    a.traits = replace(a.traits, dataloader_workers=[1], workers_busy_s=59e-3, cpu_step_s=57.5e-3)
+    held = _loader_pace(a, "compile-optimizer-step", 65.6e-3)
+    assert held is not None and held[0] == pytest.approx(65.6e-3), held
+    assert "holds the step" in held[1] and "the untraced steps' mean" in held[1], held[1]
+    a.traits = replace(a.traits, cpu_step_s=70e-3)  # a mean above the pace: the pace bounds
+    bound = _loader_pace(a, "compile-optimizer-step", 65.6e-3)
+    assert bound is not None and bound[0] == pytest.approx(59e-3) and "cannot be shorter" in bound[1]
