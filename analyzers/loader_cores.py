@@ -11,7 +11,8 @@ ran it 0.47x. The step timer reads that wait (``HostWait``), and the host sample
 cores (``own_share``, the workers' cores beside the training process's); the label weighs the
 workers' part of it with the input wait. The breakdown table still shows it where it ran, the
 summary says how much of the input share it is, and no prediction changes: more workers would
-add to it, and a cheaper batch removes it (``cheaper-input``).
+add to it, and a cheaper batch removes it (``cheaper-input``, which applies where the input share
+with it is notable: ``AdviceInputs.loader_held_us``).
 """
 
 from __future__ import annotations
