@@ -155,6 +155,9 @@ class _Analysed:
     collectives: list[CollectiveStats]
     syncs: SyncReport | None
     raised: dict[str, float]  # dtype family -> the rate a measured peak was raised to
+    # per step, the training thread's wait for cores its DataLoader workers held: the label's
+    # input time and the advice's (``loader_cores``), one figure for both
+    loader_held_us: float = 0.0
 
 
 def assemble(partials: list[RankPartial], cpu_device: DevicePeak | None, explicit: DevicePeak | None,
@@ -299,7 +302,7 @@ def _analyse(job: _Job, device: DevicePeak | None, roof_acc: RooflineAcc, breakd
     collectives = per_step(collectives, [p.collectives for p in job.partials], steps_summed,
                            view.breakdown.comm_total, view.breakdown.comm_exposed)
     done = _Analysed(device, breakdown, view, verdict, traced_verdict, mfu, roofline, collectives,
-                     syncs, raised)
+                     syncs, raised, held)
     inputs = _advice_inputs(job, done, traits, stragglers, tallies, roof_acc, facts)
     advised = recommend(inputs)
     done.verdict = replace(verdict, recommendations=advised.advised,
@@ -359,8 +362,7 @@ def _advice_inputs(job: _Job, done: _Analysed, traits: JobTraits, stragglers: St
         untraced_wall_us=(untraced_wall_us(job.windows) if job.windows and view.basis == PROFILED
                           and view.dilation is not None else None),
         view_step=whatif.MEDIAN_UNTRACED if view.basis != PROFILED else whatif.MEAN_TRACED,
-        loader_held_us=loader_cores.held_us(view.breakdown, job.wait, traits, view.basis == PROFILED,
-                                            job.kind))
+        loader_held_us=done.loader_held_us)
 
 
 def _nothing_to_analyse(roof_acc: RooflineAcc, device: DevicePeak | None
