@@ -254,10 +254,13 @@ def _optimizer_loop_notable(a: AdviceInputs) -> bool:
 def _compiled_update(a: AdviceInputs) -> whatif.Prediction:
     loop = _optimizer_loop(a)
     assert loop is not None and a.traced is not None
+    faulting = page_faults.notable(a.faults)
     p = whatif.compiled_update(a.view, a.traced, loop.us, loop.calls, loop.params,
                                where="after the backward" if loop.by_hand else "in the optimizer's step",
-                               work_us=loop.work_us)
-    if page_faults.notable(a.faults) and p.step_us is not None:
+                               work_us=loop.work_us, events=loop.events,
+                               per_event_us=a.profiler_us_per_event, recorded=a.profiler_events,
+                               temporaries_fault=faulting)
+    if faulting and p.step_us is not None:
         # the loop's work on larger tensors holds the page faults of its temporaries, which
         # allocator-keep-memory removes: blind set 9's AdamW job ran 0.79x with its step compiled
         # by default and 1.06x slower with it compiled after the allocator fix

@@ -76,6 +76,11 @@ class AdviceInputs:
     # per step, the training thread's wait for cores the job's DataLoader workers held, which the
     # label counts as input time (``analyzers.loader_cores``)
     loader_held_us: float = 0.0
+    # where the view is a CPU job's unprofiled estimate: the profiler's cost per event it charged
+    # (``Dilation.profiler_us_per_event``) and the events it recorded per traced step; 0: none
+    # taken out (a part of the traced step is brought to the view's pace by the step's ratio)
+    profiler_us_per_event: float = 0.0
+    profiler_events: float = 0.0
 
 
 

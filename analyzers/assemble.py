@@ -362,7 +362,10 @@ def _advice_inputs(job: _Job, done: _Analysed, traits: JobTraits, stragglers: St
         untraced_wall_us=(untraced_wall_us(job.windows) if job.windows and view.basis == PROFILED
                           and view.dilation is not None else None),
         view_step=whatif.MEDIAN_UNTRACED if view.basis != PROFILED else whatif.MEAN_TRACED,
-        loader_held_us=done.loader_held_us)
+        loader_held_us=done.loader_held_us,
+        profiler_us_per_event=((view.dilation.profiler_us_per_event or 0.0) if view.basis != PROFILED
+                               and view.dilation is not None else 0.0),
+        profiler_events=CpuEvents.mean([f.cpu_events for f in facts]).recorded if facts else 0.0)
 
 
 def _nothing_to_analyse(roof_acc: RooflineAcc, device: DevicePeak | None

@@ -86,6 +86,11 @@ class CompileFacts:
     # loop's calls after the backward, and torch.optim's step's calls
     after_work_us: float = 0.0
     opt_work_us: float = 0.0
+    # the events the profiler recorded in that loop (nested ones too), each of which cost it the
+    # profiler's fixed time per event (``unprofiled._cpu_per_event``): the hand-written loop's,
+    # and torch.optim's step's
+    after_events: float = 0.0
+    opt_events: float = 0.0
     rnn_calls: float = 0.0  # nn.GRU/LSTM/RNN calls in the region: torch.compile runs them eagerly
     # the work of the calls compile would replace and of the loops' calls (``call_work``), the
     # GEMMs' and convolutions' aside: compiled, the calls go and this stays
@@ -201,7 +206,9 @@ def compile_facts(rt: RankTrace, cw: CpuWork | None, training: bool) -> CompileF
         after_work_us=operator_work(rt, idx[after]) / n,
         work_us=float(work.sum()) / n, fusable_us=fused_runs_saving(work, barrier, rt.cpu_tid[idx]) / n,
         opt_work_us=operator_work(rt, np.flatnonzero(in_step)) / n,
-        opt_step_us=float(iv.measure_in(iv.subtract(step_span, cw.waits), lo, hi).sum()) / n)
+        opt_step_us=float(iv.measure_in(iv.subtract(step_span, cw.waits), lo, hi).sum()) / n,
+        after_events=float((inside & iv.contains(after_spans, rt.cpu_ts)).sum()) / n,
+        opt_events=float((inside & iv.contains(step_span, rt.cpu_ts)).sum()) / n)
 
 
 # A hand-written optimizer (a Python loop over the parameters, no ``torch.optim``): after the
@@ -231,6 +238,7 @@ class OptimizerLoop:
     params: float
     by_hand: bool  # a loop of the job's own after the backward, not a torch.optim step
     work_us: float = 0.0  # the operators' work in ``us`` (``operator_work``): it stays compiled
+    events: float = 0.0  # events the profiler recorded in ``us`` (nested ones too)
 
 
 def optimizer_loop(f: CompileFacts) -> OptimizerLoop | None:
@@ -243,17 +251,18 @@ def optimizer_loop(f: CompileFacts) -> OptimizerLoop | None:
         return None
     if f.hand_optimizer:
         return OptimizerLoop(f.loops.after_calls, f.loops.after_us, f.params, by_hand=True,
-                             work_us=f.after_work_us)
+                             work_us=f.after_work_us, events=f.after_events)
     if f.opt_calls >= HAND_CALLS_PER_PARAM * f.params and f.opt_step_us > 0:
-        return OptimizerLoop(f.opt_calls, f.opt_step_us, f.params, by_hand=False, work_us=f.opt_work_us)
+        return OptimizerLoop(f.opt_calls, f.opt_step_us, f.params, by_hand=False, work_us=f.opt_work_us,
+                             events=f.opt_events)
     return None
 
 
 def operator_work(rt: RankTrace, calls: np.ndarray) -> float:
     """The work in ``calls`` (event indices): each call's time beyond the fastest call of the
     same operator among them (that one: its dispatch on the smallest tensor, all overhead).
-    Compiled, the calls go and their work stays, fused into one pass a tensor: a share of it
-    (``whatif.compiled_update``, ``FUSED_PASSES``). Blind set 7's AdamW over 512x512 weights: 4.5
+    Compiled, the calls go and their work stays, fused into one loop a tensor that on a CPU is
+    no faster (``whatif.compiled_update``, ``COMPILED_WORK``). Blind set 7's AdamW over 512x512 weights: 4.5
     of its step's 6.6 ms (traced) was work; counted as calls, compiling the step was predicted
     0.65x, measured 0.99x."""
     if calls.size == 0:

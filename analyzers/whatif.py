@@ -681,10 +681,22 @@ def compiled_cpu(view: TimeBreakdown, traced: TimeBreakdown, calls: float, kerne
         best_us=best if best < step else None)
 
 
-# A per-tensor update fused into one kernel reads and writes each of the tensor's buffers once
-# (Adam: the parameter, its gradient and two moments read, three written: 7 passes), where the
-# eager calls pass over them once or twice each (Adam's ten calls: about 25 passes, and the
-# temporaries they allocate): the work of the eager calls takes about this share compiled.
+# What a per-tensor update compiled (``torch.compile(opt.step)``) still takes of the eager calls'
+# work on the larger tensors, on a CPU: inductor's fused update is one C++ loop over each tensor,
+# no more vectorised than ATen's own kernels, so the fewer passes over memory the fusion makes do
+# not make it cheaper. Measured on this project's 2-core AMD EPYC (``benchmarks/compiled_optimizer.py``,
+# torch 2.13, 32 tensors of 8 Linear+LayerNorm blocks, widths 128-512, 2026-12-03): AdamW kept
+# 1.11-1.80 of it, SGD with momentum 0.71-1.40, RMSprop 1.02-1.16. Taken as all of it, the range
+# as measured; 0.3 (one fused pass where the eager calls made several) had blind check 41's AdamW
+# over 36 tensors predicted 0.70x, and it ran 0.94-0.95x.
+COMPILED_WORK = 1.0
+COMPILED_WORK_RANGE = (0.7, 1.8)
+# Where the eager calls' temporaries fault their pages in afresh each step (``page_faults``:
+# tensors past the allocator's reuse), the fused update, which makes none, leaves that part of
+# the work: one fused pass over each tensor's state where the eager calls made several (Adam:
+# 7 passes against about 25, and the temporaries). Blind check 40's SGD with momentum over 36 MB
+# of gradients, its pages faulted each step: 0.92x predicted at this share (0.83-0.93 between
+# none and all of the work), 0.75-0.93x measured (pooled 0.82).
 FUSED_PASSES = 0.3
 # What one parameter tensor's compiled update costs, in the loop's eager calls: the fused
 # kernel's call from the compiled wrapper, and the guards on the tensor, its gradient and its
@@ -697,18 +709,32 @@ TENSOR_CALLS = 2.5
 
 def compiled_update(view: TimeBreakdown, traced: TimeBreakdown, update_us: float, calls: float,
                     params: float, tensor_calls: float = TENSOR_CALLS, graph_calls: float = GRAPH_CALLS,
-                    where: str = "after the backward", work_us: float = 0.0) -> Prediction:
+                    where: str = "after the backward", work_us: float = 0.0, events: float = 0.0,
+                    per_event_us: float = 0.0, recorded: float = 0.0,
+                    temporaries_fault: bool = False) -> Prediction:
     """An optimizer's per-tensor step compiled (``torch.compile`` on the function that updates
     the parameters): its ``calls`` (``where``), ``update_us`` of the traced step with the
-    Python between them (brought to the view's pace by the step's ratio, as compile's kept work
-    is), become one compiled kernel per parameter tensor (each tensor's update is a chain of
-    elementwise operators, fused into one pass) and a graph call, each at the loop's own cost per
-    call. On a CPU compile removes calls, not their work: a tensor's fused update, with the
-    guards on its tensors, is taken to cost ``tensor_calls`` eager calls of the loop."""
+    Python between them, become one compiled kernel per parameter tensor (each tensor's update is
+    a chain of elementwise operators, fused into one pass) and a graph call, each at the loop's
+    own cost per call. On a CPU compile removes calls, not their work: a tensor's fused update,
+    with the guards on its tensors, is taken to cost ``tensor_calls`` eager calls of the loop,
+    and the operators' work on the larger tensors (``work_us``) stays (``COMPILED_WORK``), but
+    where the eager calls' temporaries fault their pages in each step (``FUSED_PASSES``).
+
+    The loop is brought to the view's pace without the profiler's cost: ``per_event_us`` for
+    each of its ``events`` first (the view's estimate charged that per event, ``recorded`` a
+    traced step), then the step's remaining ratio. A loop of tiny calls records several events a
+    call (AdamW: 1,117 for 360 calls, ``aten::to`` four deep), so the step's whole ratio left
+    it too long: blind check 41's AdamW read 3.09 ms at the job's pace where its step alone
+    timed 2.2-2.5 ms eager on the same machine."""
     if calls <= 0 or params < 1 or traced.step_time <= 0 or update_us <= 0:
         return Prediction(None, "no optimizer updating one parameter tensor at a time was found")
-    k = view.step_time / traced.step_time
-    loop = update_us * k
+    charged = per_event_us * events if per_event_us > 0 else 0.0
+    base = traced.step_time - per_event_us * recorded if per_event_us > 0 else traced.step_time
+    if charged >= update_us or base <= 0:
+        charged, base = 0.0, traced.step_time  # the model does not fit this loop: the step's ratio
+    k = view.step_time / base
+    loop = (update_us - charged) * k
     work = min(max(0.0, work_us) * k, loop)
     per_call = (loop - work) / calls
     calls_after = per_call * (tensor_calls * min(params, calls) + graph_calls)
@@ -716,20 +742,28 @@ def compiled_update(view: TimeBreakdown, traced: TimeBreakdown, update_us: float
     def step(share: float) -> float:
         return view.step_time - max(0.0, loop - calls_after - share * work)
 
+    share, (lo, hi) = ((FUSED_PASSES, (0.0, 1.0)) if temporaries_fault
+                       else (COMPILED_WORK, COMPILED_WORK_RANGE))
+    why_share = (f"takes {share:g} of its time, one fused pass over each tensor's state where the "
+                 "eager calls made several and faulted their temporaries' pages in, which puts the "
+                 f"step between {ms(step(lo))} (that work all the calls' overhead) and "
+                 f"{ms(step(hi))} (all of it kept)" if temporaries_fault else
+                 f"stays: on a CPU a compiled update took {lo:g}-{hi:g}x the eager calls' work "
+                 f"(benchmarks/compiled_optimizer.py), which puts the step between {ms(step(lo))} "
+                 f"and {ms(step(hi))}")
     kept = (f"; the operators' work on the larger tensors ({ms(work)}: each call's time beyond the "
-            f"same operator's fastest call) takes {FUSED_PASSES:g} of its time, one fused pass over "
-            "each tensor's state where the eager calls made several: the step lies between "
-            f"{ms(step(0.0))} (that work all the calls' overhead) and {ms(step(1.0))} (all of it kept, "
-            "as where the tensors stay in cache: blind set 7's AdamW over 512x512 weights, 0.99x "
-            "measured)" if work > 0 else "")
+            f"same operator's fastest call) {why_share}" if work > 0 else "")
+    profiler = (f", less the profiler's {us(per_event_us)} for each of the {events:.0f} events it "
+                "recorded there" if charged > 0 else "")
     return Prediction(
-        step(FUSED_PASSES),
-        f"the {calls:.0f} operator calls {where} ({ms(loop)} a step at the job's pace) become one "
-        f"compiled kernel for each of the {params:.0f} parameter tensors and a graph call{kept}; "
-        f"assumes a tensor's compiled update (its kernel's call, the guards on its tensors) costs "
-        f"{tensor_calls:g}x, and a graph {graph_calls:g}x, the loop's overhead per call "
-        f"({us(per_call)}, the Python between the calls included; on a CPU compile removes calls, "
-        "not their work), and that the model's forward and backward stay as they are")
+        step(share),
+        f"the {calls:.0f} operator calls {where} ({ms(loop)} a step at the job's pace{profiler}) "
+        f"become one compiled kernel for each of the {params:.0f} parameter tensors and a graph "
+        f"call{kept}; assumes a tensor's compiled update (its kernel's call, the guards on its "
+        f"tensors) costs {tensor_calls:g}x, and a graph {graph_calls:g}x, the loop's overhead per "
+        f"call ({us(per_call)}, the Python between the calls included; on a CPU compile removes "
+        "calls, not their work), and that the model's forward and backward stay as they are",
+        best_us=step(lo) if work > 0 else None)
 
 
 def busy_share_step(step: float, own: float, own_saved: float) -> float:

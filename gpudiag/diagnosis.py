@@ -373,6 +373,9 @@ class Dilation:
     # steps are skewed (``unprofiled.SKEWED``), whose few traced steps no median or mean of the
     # untraced ones can correct
     untraced_mean_us: float | None = None
+    # the profiler's cost per event it recorded, where a CPU job's estimate charged it per event
+    # (``unprofiled._cpu_per_event``): a part of the traced step loses it once per event in it
+    profiler_us_per_event: float | None = None
 
     @property
     def skewed(self) -> bool:

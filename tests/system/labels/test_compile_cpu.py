@@ -178,6 +178,7 @@ def test_a_hand_written_optimizer_is_outside_compiles_calls_and_given_its_own_fi
     assert f.loops.after_inplace >= ADAM_IN_PLACE * params, f
     # the model's calls as in the torch.optim job: the optimizer's are not among them
     assert BLOCKS * CALLS_PER_BLOCK <= f.calls <= BLOCKS * CALLS_PER_BLOCK + 10, f
+    assert f.after_events >= f.loops.after_calls > 0, f
     comp = compile_rec(d)
     assert "calls after the backward, outside the model" in comp.why, comp.why
     fix = {r.action: r for r in d.verdict.recommendations}["compile-optimizer-step"]
@@ -200,6 +201,9 @@ def test_torch_optims_step_one_tensor_at_a_time_is_told_to_compile_and_sgds_one_
     f = facts(run)
     assert not f.hand_optimizer and f.loops.after_calls <= 3, f
     assert f.opt_calls >= 2 * f.params > 0, f
+    # each call is an event the profiler recorded, and its nested calls more: the profiler's
+    # cost per event comes out of the loop for each (whatif.compiled_update)
+    assert f.opt_events > f.opt_calls, f
     fix = {r.action: r for r in d.verdict.recommendations}["compile-optimizer-step"]
     assert "torch.compile(optimizer.step)" in fix.text and "in the optimizer's step" in fix.why, fix
     d, run = eager
