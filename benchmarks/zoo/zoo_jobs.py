@@ -133,7 +133,16 @@ JOBS: list[Job] = [
                "bf16-activations": _flag("--bf16"), "lower-precision": _flag("--bf16")},
         what="6 blocks of LayerNorm, softmax, GELU, dropout, residual on (16,256,512), AdamW"),
     Job("ddp_comm", "ddp_comm.py", ranks=2, quick=("--steps", "40"), stat="mean",
-        truth_variants={"no_sync_all": ("--no-sync-all",)}, rest="compute", peak_threads=1,
+        # rest: memory. Its Linears at batch 16 stream 96 MB of weights for ~8 FLOP/byte, below
+        # this CPU's ridge (~11), and SGD with momentum is passes over 100 MB. Measured by the
+        # batch (one process, no DDP, 1 thread, 2-core AMD EPYC VM, 2026-12-03): forward and
+        # backward 91 ms at batch 16 and 165-170 ms at 64, so 66 ms of the 91 is fixed per step
+        # (the weights' traffic), and the optimizer's 35 ms is memory: of the 126 ms without
+        # communication, ~80% memory. (Set after the 2026-12-03 zoo run read "memory-bound" and
+        # the truth said "compute": the truth had not measured it.)
+        truth_variants={"no_sync_all": ("--no-sync-all",)}, rest="memory", peak_threads=1,
+        # each zoo run measures it again: 4x the batch without communication, against no_sync_all
+        probes={"batch64_no_sync": ("--no-sync-all", "--batch", "64")},
         knobs={"overlap-communication": _comm, "all-reduce-less-often": _comm,
                "compile-small-ops": COMPILE,
                "free-a-core": _no_knob("no knob: the ranks already run one thread each"),
