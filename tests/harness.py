@@ -9,6 +9,7 @@ and a job run under ``gpudiag profile`` to its diagnosis (``profiled``).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import shutil
@@ -50,6 +51,21 @@ def torchrun(nproc: int) -> list[str]:
     ``--master_port`` could be taken by another test's connection before torchrun binds it (the
     suite has seen it), and the job failed with "address already in use"."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+
+
+def needs_torch() -> None:
+    """Skip the calling module where torch is not installed (as ``pytest.importorskip("torch")``),
+    without importing it: a module's import is its collection, which every worker of `make test`'s
+    first pass does for every module (torch's import: ~2 CPU-s apiece, where these modules' tests
+    only start jobs that import it themselves)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("could not import 'torch': not installed", allow_module_level=True)
+
+
+# Where the condition of a ``skipif`` mark (a string, evaluated when the test is set up, not when
+# its module is collected: see ``needs_torch``): torch built without gloo.
+NO_GLOO = ("not __import__('torch').distributed.is_available() "
+           "or not __import__('torch').distributed.is_gloo_available()")
 
 
 # torch 2.13's gloo can abort a rank as its process exits, after the job's steps and gpudiag's

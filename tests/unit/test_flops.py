@@ -13,20 +13,23 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-import torch
 
 from gpudiag.analyzers.breakdown import cpu_work, rank_breakdown
 from gpudiag.analyzers.op_args import KIND_EMBEDDING, KIND_OPTIMIZER
 from gpudiag.analyzers.op_tree import counted_ops
 from gpudiag.analyzers.roofline import work_bounds
 from gpudiag.analyzers.trace_loader import RankTrace, load_rank
+from tests.conftest import SHARED  # (one place decides where test data is)
 
-nn = torch.nn
-
-from tests.conftest import SHARED  # noqa: E402  (one place decides where test data is)
+# torch is imported by the tests that run a model, not by the module: every worker of `make
+# test`'s first pass collects this module (torch's import: ~2 CPU-s), and most never run it
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 RUNS = SHARED / "runs"
 STEPS = 2
@@ -34,6 +37,7 @@ STEPS = 2
 
 def _trace(tmp_path: Path, step: Callable[[], None]) -> RankTrace:
     """Profile ``STEPS`` steps (after a skipped and a warm-up step) and load the trace."""
+    import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
     out = tmp_path / "rank-0.json"
@@ -63,6 +67,8 @@ def _names(rt: RankTrace, idx: np.ndarray) -> set[str]:
 
 
 def _train_step(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    import torch
+
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
     def step() -> None:
@@ -73,6 +79,9 @@ def _train_step(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
 
 
 def test_mlp_with_bias_counts_every_forward_addmm(tmp_path):
+    import torch
+    from torch import nn
+
     # on the CPU addmm broadcasts its bias with an aten::copy_ inside it: that copy must not
     # be taken for the costed op and drop the addmm (MFU read about half the analytic value)
     widths, batch = [64, 128, 128, 128, 16], 32
@@ -91,6 +100,9 @@ def _conv_out(size: int, k: int, stride: int = 1, pad: int = 0, dil: int = 1) ->
 
 
 def test_convolutions_with_stride_padding_dilation_groups_and_transpose(tmp_path):
+    import torch
+    from torch import nn
+
     n, hw = 2, 64
     model = nn.Sequential(
         nn.Conv2d(3, 8, 7, stride=2, padding=3), nn.ReLU(),  # a ResNet stem
@@ -116,6 +128,9 @@ def test_convolutions_with_stride_padding_dilation_groups_and_transpose(tmp_path
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_forward_and_backward_and_the_causal_flag(tmp_path, causal):
+    import torch
+    from torch import nn
+
     b, h, s, d = 2, 4, 64, 16
     q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
 
@@ -131,6 +146,9 @@ def test_attention_forward_and_backward_and_the_causal_flag(tmp_path, causal):
 
 
 def test_embedding_bag_is_counted_not_its_offset_arithmetic(tmp_path):
+    import torch
+    from torch import nn
+
     vocab, dim, n_idx, bags = 1000, 32, 256, 16
     bag = nn.EmbeddingBag(vocab, dim, mode="sum")
     idx = torch.randint(0, vocab, (n_idx,))
@@ -151,6 +169,9 @@ def test_embedding_bag_is_counted_not_its_offset_arithmetic(tmp_path):
 
 
 def _adamw_trace(tmp_path: Path, **kw: bool) -> tuple[RankTrace, int, int]:
+    import torch
+    from torch import nn
+
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
     opt = torch.optim.AdamW(model.parameters(), **kw)
     x = torch.randn(16, 64)
@@ -261,6 +282,8 @@ def test_a_loss_summed_one_scalar_at_a_time_has_its_scalar_ops_costed(tmp_path):
     project's CI) was neither cut as the OS's nor judged per-call cost, and the host-bound
     workload read memory-bound. Each is a one-element tensor op: 1 FLOP, its 4-byte reads and
     write; a Python number beside it ("Scalar") adds nothing."""
+    import torch
+
     out, y = torch.randn(1, 8), torch.randn(1, 8)
 
     def step() -> None:

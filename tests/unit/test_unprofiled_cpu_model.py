@@ -12,9 +12,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import pandas as pd
 import pytest
-import torch
 
 from gpudiag.analyzers.rank_facts import (
     SLOW_FLOOR_QUANTILE,
@@ -30,7 +28,11 @@ from gpudiag.diagnosis import Dilation, TimeBreakdown
 @pytest.fixture(scope="module")
 def gemm_trace(tmp_path_factory):
     """A real torch profiler trace (CPU, shapes recorded) of three classes of matmul: a long one
-    called often, a short one called often, a long one called too few times to have a floor."""
+    called often, a short one called often, a long one called too few times to have a floor.
+    (torch, like pandas below, is imported where it is used: every worker of `make test`'s first
+    pass collects this module, and most of them never run it.)"""
+    import torch
+
     torch.manual_seed(0)
     big, small, rare = torch.randn(384, 384), torch.randn(32, 32), torch.randn(512, 512)
     path = tmp_path_factory.mktemp("trace") / "rank-0.json"
@@ -45,6 +47,8 @@ def gemm_trace(tmp_path_factory):
 
 
 def test_each_long_call_loses_what_it_took_beyond_its_class_fastest_tenth(gemm_trace):
+    import pandas as pd
+
     rt = gemm_trace
     top = rt.cpu_is_op & (rt.cpu_depth == 0)
     got = slowed_beyond_floor(rt, rt.cpu_dur, top)

@@ -21,16 +21,16 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpudiag import contract as c
 from gpudiag.agent.signals import prepare_spool
 from tests.conftest import SHARED
+from tests.harness import needs_torch
 from tests.system.agent.test_agent import Agent
 from tests.system.local_scheduler.test_local_scheduler import ROOT, Sched
 
-pytest.importorskip("torch")
+needs_torch()
 LOOP_JOB = ROOT / "tests" / "jobs" / "loop_job.py"
 H200_RECORDING = ROOT / "tests" / "fixtures" / "h200" / "profile_gemm_gpu.jsonl"
 H100_RECORDING = SHARED / "runs" / "h100-gpt-small" / "samples" / "gpu.jsonl"

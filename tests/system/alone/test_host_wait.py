@@ -90,16 +90,15 @@ def profile(run: Path, job: list[str], *opts: str, env: dict[str, str] | None = 
     return Diagnosis.from_json((run / "diagnosis.json").read_text())
 
 
-def test_a_process_spinning_on_the_jobs_core_is_its_wait_for_a_core_and_not_its_own(tmp_path):
+def test_a_process_spinning_on_the_jobs_core_is_its_wait_for_a_core_and_not_its_own(gemm_beside_two_loops):
     """Two processes outside the job spin on the GEMM job's one core for its whole run. The step
     timer reads the training thread's own counters: it ran or waited, so run + wait is its step
     (it never sleeps in a GEMM loop), and the wait is a large part of it (the scheduler shares
     the core three ways and more). The host sampler sees the spinners outside the job's tree:
     the wait is other processes'. (Measured at load 8-10: 103 ms of 155 ms waited, 79% other
-    with a spinner inside the tree; outside it nearly all.)"""
-    run = tmp_path / "spin"
-    d = profile(run, [str(JOBS / "gemm_job.py"), "--steps", "40", "--report", str(tmp_path / "own.json")],
-                "--skip", "20", spin=2)
+    with a spinner inside the tree; outside it nearly all.) The run is the solo pass's one GEMM
+    job beside two loops on its core (conftest.py), which test_own_pace_bounds reads too."""
+    d, _, run = gemm_beside_two_loops
     rows = [r for r in read_steps(run)[0] if r.step > 2]
     assert all(r.wait_s is not None and r.run_s is not None for r in rows), rows[:3]
     dt = statistics.median(r.dt for r in rows)

@@ -24,7 +24,6 @@ work on a shared machine, which only loosens the upper bound, never the lower on
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from gpudiag.pace import at_own_pace
 from gpudiag.rundir import collectives_wait_s, read_bootstrap, read_host_cpu, read_steps
 from tests.harness import torchrun, torchrun_failure, torchrun_ran
 from tests.paths import REPO
+from tests.system.alone.conftest import GEMM_JOB
 from tests.system.alone.test_own_pace import profile, rows
 
 JOBS = REPO / "tests" / "jobs"
@@ -58,19 +58,16 @@ def slowdown(busy: dict, quiet: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def gemm_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, tuple[Diagnosis, dict, Path]]:
+def gemm_runs(tmp_path_factory: pytest.TempPathFactory, gemm_beside_two_loops: tuple[Diagnosis, dict, Path]
+              ) -> tuple[dict, tuple[Diagnosis, dict, Path]]:
     """A single-thread GEMM job (1.07 GFLOP a step, ~15 ms on this project's 2-core EPYC VM),
     pinned to one CPU by itself: alone and unobserved (its own timer and CPU clocks: the job's
     numbers, as the brief's rule has them), then under ``gpudiag profile`` beside two busy loops
-    on that CPU."""
-    root = tmp_path_factory.mktemp("bounds")
-    job = [str(JOBS / "gemm_job.py"), "--steps", str(STEPS), "--width", "512"]
-    subprocess.run([sys.executable, *job, "--report", str(root / "alone.json")], check=True,
+    on that CPU (the solo pass's one such run, which test_host_wait reads too: conftest.py)."""
+    alone = tmp_path_factory.mktemp("bounds") / "alone.json"
+    subprocess.run([sys.executable, *GEMM_JOB, "--report", str(alone)], check=True,
                    capture_output=True, timeout=300)
-    report = root / "busy.json"
-    d = profile(root / "busy", [*job, "--report", str(report)], loops=2,
-                loop_cpus={min(os.sched_getaffinity(0))})
-    return json.loads((root / "alone.json").read_text()), (d, json.loads(report.read_text()), root / "busy")
+    return json.loads(alone.read_text()), gemm_beside_two_loops
 
 
 def test_a_single_thread_jobs_own_pace_is_never_shorter_than_its_time_on_a_core(gemm_runs):

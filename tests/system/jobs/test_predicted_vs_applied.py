@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import benchmark_module
+from tests.harness import NO_GLOO
 
 pytestmark = pytest.mark.timing   # make test-timing: wall-clock ratios, on a quiet machine
 
@@ -124,7 +125,7 @@ def test_torch_compile_when_the_machine_was_busy_during_the_trace_window(tmp_pat
                for r in runs)
 
 
-@pytest.mark.skipif(not __import__("torch").distributed.is_gloo_available(), reason="no gloo")
+@pytest.mark.skipif(NO_GLOO, reason="no gloo")
 def test_ddp_buckets_that_let_communication_overlap(tmp_path):
     runs = check("ddp-buckets", tmp_path, under=DDP_UNDER)
     assert all(r.diagnosis.traits.ddp for r in runs)

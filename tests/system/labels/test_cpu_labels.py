@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.harness import torchrun
+from tests.harness import NO_GLOO, torchrun
 from tests.paths import REPO
 
 ROOT = REPO
@@ -104,9 +103,7 @@ def test_many_tiny_ops_at_batch_1_are_host_bound(tmp_path: Path) -> None:
                for r in d["verdict"]["recommendations"]), d["verdict"]
 
 
-_NEEDS_GLOO = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="torch built without gloo")
+_NEEDS_GLOO = pytest.mark.skipif(NO_GLOO, reason="torch built without gloo")
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from gpudiag.scheduler.local.runner import find_launches, proc_info
+from tests.harness import needs_torch
 from tests.system.agent.test_agent import Agent
 from tests.system.local_scheduler.test_local_scheduler import JOBS, WAIT_S, Sched, state_of
 from tests.system.local_scheduler.test_local_scheduler_crash import job_cgroups, prefix_of
 
-pytest.importorskip("torch")
+needs_torch()
 
 
 def leaver(folder: Path) -> list[str]:

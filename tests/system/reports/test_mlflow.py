@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from gpudiag.steps import step_times
-from tests.harness import free_port, wait_http
+from tests.harness import free_port, needs_torch, wait_http
 from tests.paths import REPO
 
-pytest.importorskip("torch")
+needs_torch()
 ROOT = REPO
 LOOP_JOB = ROOT / "tests" / "jobs" / "loop_job.py"
 MLFLOW_START_S = 240.0   # its database migrations take a minute on a busy 2-core machine
