@@ -109,6 +109,17 @@ def reference_machine_us(windows: list[WindowSteps], steps: list[int]) -> float:
     return max(0.0, statistics.median(wall(rows)) - statistics.median(r.dt for r in rows)) * 1e6
 
 
+def reference_input_us(windows: list[WindowSteps], steps: list[int]) -> float | None:
+    """The median wait in next(loader) (us) of the reference's rows at those step numbers, where
+    the step timer recorded it for every one of them; None where a row did not (a step that asked
+    for no batch, a loop without a DataLoader, runs from before the hook)."""
+    keep = set(steps)
+    rows = [r for w in windows for r in (*w.before_rows, *w.after_rows) if r.step in keep]
+    if not rows or any(r.input_s is None for r in rows):
+        return None
+    return statistics.median(r.input_s or 0.0 for r in rows) * 1e6
+
+
 def untraced_wall_us(windows: list[WindowSteps]) -> float | None:
     """The median wall step (us) of the untraced steps around the traced windows, the machine's
     part included: the step the job's own timer reads between windows. None without them."""

@@ -15,6 +15,7 @@ from gpudiag.analyzers.classify import HOST_CAUSE, classify, extreme_dilation, m
 from gpudiag.analyzers.own_pace import (
     OTHERS_MOSTLY,
     own_events,
+    reference_input_us,
     reference_machine_us,
     stalls_owner,
     with_machine,
@@ -124,6 +125,7 @@ def choose_view(traced: TimeBreakdown, results: list[RankResult], windows: list[
             "the profiler's slowdown; the breakdown, verdict and MFU describe the profiled steps "
             "(run more steps before and after the window)"])
     dil, deductions = measured
+    dil.untraced_input_us = reference_input_us(windows, dil.reference_steps)
     machine = reference_machine_us(windows, dil.reference_steps)
     if (traced.host_stalled >= MACHINE_NOTED * traced.step_time
             or machine >= MACHINE_NOTED * dil.untraced_step_us):
