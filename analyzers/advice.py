@@ -64,6 +64,7 @@ from gpudiag.analyzers.advice_text import (
     syncs_text,
     vectorise_text,
     workers_cpu_loading,
+    workers_other_regime,
     workers_unmeasured,
     worst_rank,
 )
@@ -370,7 +371,7 @@ def _straggler(a: AdviceInputs) -> whatif.Prediction:
 
 
 def _workers_step(a: AdviceInputs) -> whatif.Prediction:
-    unmeasured = workers_unmeasured(a)
+    unmeasured = workers_unmeasured(a) or workers_other_regime(a)
     if unmeasured:
         return whatif.Prediction(None, unmeasured)
     return whatif.input_hidden(a.view, job_cpu(a.traits), on_gpu(a), workers=has_workers(a),

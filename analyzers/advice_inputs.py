@@ -81,6 +81,9 @@ class AdviceInputs:
     # taken out (a part of the traced step is brought to the view's pace by the step's ratio)
     profiler_us_per_event: float = 0.0
     profiler_events: float = 0.0
+    # the mean step of the untraced steps around the traced window (us; ``Dilation.untraced_mean_us``)
+    # the verdict is of; None: no reference
+    reference_mean_us: float | None = None
 
 
 

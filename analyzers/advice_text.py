@@ -152,6 +152,32 @@ def workers_unmeasured(a: AdviceInputs) -> str | None:
             "host sampler saw too few untraced steps: profile a longer run, a larger --skip)")
 
 
+# The host samples' untraced steps (the whole run's) against the steps around the traced window
+# (their mean, the same statistic): past this ratio either way the run went through another
+# regime than the one diagnosed, and cores measured over it do not bound the window's step.
+REGIME_X = 2.0
+
+
+def workers_other_regime(a: AdviceInputs) -> str | None:
+    """Why no step is predicted for more workers, or None: the cores the job used were measured
+    over untraced steps whose mean is REGIME_X or more times (or less than 1/REGIME_X of) the
+    mean of the steps the verdict is of. Blind check 42: an MLP whose two intra-op threads spun
+    for seconds a step while another session loaded the machine, then ran at 42.6 ms around the
+    window; the prediction started from the run's mean step, 1,365 ms, said -26% with a worker,
+    and a worker measured 1.06-1.09x (slower); the same job profiled quiet said "would not help"."""
+    cpu, ref = job_cpu(a.traits), a.reference_mean_us
+    if cpu is None or not cpu.step_us or not ref or ref <= 0:
+        return None
+    x = cpu.step_us / ref
+    if 1 / REGIME_X < x < REGIME_X:
+        return None
+    return (f"the job's cores were measured over its untraced steps, whose mean ({ms(cpu.step_us)}) is "
+            f"{x:.3g}x the mean of the steps around the traced window ({ms(ref)}): the run went "
+            "through another regime than the one diagnosed (a busier machine, a phase of the job), "
+            "and those cores do not bound this step; profile a stretch where the job runs as it "
+            "does around the window")
+
+
 def cheaper_input_text(a: AdviceInputs, s: dict[Bottleneck, float]) -> str:
     cpu, in_workers = job_cpu(a.traits), workers_cpu_loading(a)
     if in_workers is not None:

@@ -365,7 +365,8 @@ def _advice_inputs(job: _Job, done: _Analysed, traits: JobTraits, stragglers: St
         loader_held_us=done.loader_held_us,
         profiler_us_per_event=((view.dilation.profiler_us_per_event or 0.0) if view.basis != PROFILED
                                and view.dilation is not None else 0.0),
-        profiler_events=CpuEvents.mean([f.cpu_events for f in facts]).recorded if facts else 0.0)
+        profiler_events=CpuEvents.mean([f.cpu_events for f in facts]).recorded if facts else 0.0,
+        reference_mean_us=view.dilation.untraced_mean_us if view.dilation is not None else None)
 
 
 def _nothing_to_analyse(roof_acc: RooflineAcc, device: DevicePeak | None

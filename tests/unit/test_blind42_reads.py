@@ -86,3 +86,26 @@ def test_an_optimizer_call_slow_in_one_step_is_not_work_its_tensor_does_each_ste
     calls = np.flatnonzero(rt.cpu_is_op)
     assert calls.size == 12
     assert operator_work(rt, calls, np.array(starts)) == 3 * 8.0
+
+
+def test_workers_get_no_step_from_cores_measured_in_another_regime_than_the_window():
+    """Blind check 42's busy profile: the run's untraced steps averaged 1,365 ms (two intra-op
+    threads spinning while another session loaded the machine), the steps around the window
+    43 ms; a step predicted from the run's cores said -26% and a worker ran 1.06-1.09x."""
+    from dataclasses import replace
+
+    from gpudiag.analyzers.advice import recommend
+    from gpudiag.analyzers.advice_text import REGIME_X
+    from tests.unit.test_advice_rules import FED, _fed, inputs
+
+    def workers(reference_mean_us: float | None):
+        out = recommend(replace(inputs(FED, traits=_fed(1.2), label=Bottleneck.INPUT),
+                                reference_mean_us=reference_mean_us))
+        return next(r for r in out.advised + out.not_advised if r.action == "dataloader-workers")
+
+    # the host samples' steps: 30 ms (_fed's cpu_step_s)
+    assert workers(None).predicted_step_s is not None
+    assert workers(31e3).predicted_step_s is not None
+    for other in (30e3 / (REGIME_X + 0.5), 30e3 * (REGIME_X + 0.5)):
+        rec = workers(other)
+        assert rec.predicted_step_s is None and "another regime" in rec.why, rec
