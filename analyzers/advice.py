@@ -259,7 +259,7 @@ def _compiled_update(a: AdviceInputs) -> whatif.Prediction:
     p = whatif.compiled_update(a.view, a.traced, loop.us, loop.calls, loop.params,
                                where="after the backward" if loop.by_hand else "in the optimizer's step",
                                work_us=loop.work_us, events=loop.events,
-                               per_event_us=a.profiler_us_per_event, recorded=a.profiler_events,
+                               per_event_us=a.profiler_us_per_event, profiler_us=a.profiler_step_us,
                                temporaries_fault=faulting)
     if faulting and p.step_us is not None:
         # the loop's work on larger tensors holds the page faults of its temporaries, which

@@ -77,10 +77,10 @@ class AdviceInputs:
     # label counts as input time (``analyzers.loader_cores``)
     loader_held_us: float = 0.0
     # where the view is a CPU job's unprofiled estimate: the profiler's cost per event it charged
-    # (``Dilation.profiler_us_per_event``) and the events it recorded per traced step; 0: none
-    # taken out (a part of the traced step is brought to the view's pace by the step's ratio)
+    # and its whole cost per traced step (``Dilation.profiler_us_per_event``, ``profiler_step_us``);
+    # 0: none taken out (a part of the traced step is brought to the view's pace by the step's ratio)
     profiler_us_per_event: float = 0.0
-    profiler_events: float = 0.0
+    profiler_step_us: float = 0.0
     # the mean step of the untraced steps around the traced window (us; ``Dilation.untraced_mean_us``)
     # the verdict is of; None: no reference
     reference_mean_us: float | None = None

@@ -343,6 +343,8 @@ def _advice_inputs(job: _Job, done: _Analysed, traits: JobTraits, stragglers: St
                    tallies: _Tallies, roof_acc: RooflineAcc, facts: list[RankFacts]) -> AdviceInputs:
     """What advice reads of the job, in the verdict's view."""
     device, view = done.device, done.view
+    # the profiler's cost the unprofiled view's estimate charged (none in a traced view)
+    charged = view.dilation if view.basis != PROFILED else None
     top_memory = [k for k, _ in sorted(tallies.memory_ops.items(), key=lambda kv: -kv[1])]
     mem = sum(f.memory_bound_us for f in facts)
     saved = sum(f.fusion_saves_us for f in facts)
@@ -363,9 +365,8 @@ def _advice_inputs(job: _Job, done: _Analysed, traits: JobTraits, stragglers: St
                           and view.dilation is not None else None),
         view_step=whatif.MEDIAN_UNTRACED if view.basis != PROFILED else whatif.MEAN_TRACED,
         loader_held_us=done.loader_held_us,
-        profiler_us_per_event=((view.dilation.profiler_us_per_event or 0.0) if view.basis != PROFILED
-                               and view.dilation is not None else 0.0),
-        profiler_events=CpuEvents.mean([f.cpu_events for f in facts]).recorded if facts else 0.0,
+        profiler_us_per_event=(charged.profiler_us_per_event or 0.0) if charged is not None else 0.0,
+        profiler_step_us=(charged.profiler_step_us or 0.0) if charged is not None else 0.0,
         reference_mean_us=view.dilation.untraced_mean_us if view.dilation is not None else None)
 
 

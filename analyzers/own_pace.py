@@ -99,11 +99,16 @@ def with_machine(b: TimeBreakdown, machine_us: float, device_kind: str = "gpu") 
                    host_stalled=b.host_stalled + machine_us, comm_stalled=comm_stalled)
 
 
+def _reference_rows(windows: list[WindowSteps], steps: list[int]) -> list[StepRow]:
+    """The untraced rows around the windows at the reference's step numbers."""
+    keep = set(steps)
+    return [r for w in windows for r in (*w.before_rows, *w.after_rows) if r.step in keep]
+
+
 def reference_machine_us(windows: list[WindowSteps], steps: list[int]) -> float:
     """The machine's part of the reference's typical step (us): the median wall step less the
     median own step of the rows at those step numbers (rows at the job's own pace)."""
-    keep = set(steps)
-    rows: list[StepRow] = [r for w in windows for r in (*w.before_rows, *w.after_rows) if r.step in keep]
+    rows = _reference_rows(windows, steps)
     if not rows:
         return 0.0
     return max(0.0, statistics.median(wall(rows)) - statistics.median(r.dt for r in rows)) * 1e6
@@ -113,8 +118,7 @@ def reference_input_us(windows: list[WindowSteps], steps: list[int]) -> float | 
     """The median wait in next(loader) (us) of the reference's rows at those step numbers, where
     the step timer recorded it for every one of them; None where a row did not (a step that asked
     for no batch, a loop without a DataLoader, runs from before the hook)."""
-    keep = set(steps)
-    rows = [r for w in windows for r in (*w.before_rows, *w.after_rows) if r.step in keep]
+    rows = _reference_rows(windows, steps)
     if not rows or any(r.input_s is None for r in rows):
         return None
     return statistics.median(r.input_s or 0.0 for r in rows) * 1e6

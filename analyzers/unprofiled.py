@@ -382,8 +382,8 @@ def estimate_unprofiled(traced: TimeBreakdown, dilation: Dilation, device_kind: 
     step = dilation.untraced_step_us
     if device_kind == "cpu":
         if events is not None and events.recorded > 0:
-            est, dilation.profiler_us_per_event = _cpu_per_event(traced, step, events, caveat,
-                                                                 dilation.untraced_input_us)
+            est, dilation.profiler_us_per_event, dilation.profiler_step_us = _cpu_per_event(
+                traced, step, events, caveat, dilation.untraced_input_us)
             return est, out
         return _cpu_estimate(traced, step, caveat), out
     work = traced.compute + traced.comm_exposed + traced.memcpy_exposed
@@ -432,7 +432,8 @@ def _loader_share(traced: TimeBreakdown, extra: float, events: CpuEvents | None)
 
 
 def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
-                   caveat: Caveat, untraced_input: float | None = None) -> tuple[TimeBreakdown, float]:
+                   caveat: Caveat, untraced_input: float | None = None
+                   ) -> tuple[TimeBreakdown, float, float]:
     """The CPU as the device: the profiler pays a roughly fixed cost per event it records
     (``benchmarks/profile_dilation.py``), inside the operators' spans and in the gaps between
     them. So the extra wall time per step (less the time the OS did not run the job at all, and
@@ -440,8 +441,9 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
     step, is that cost; operator blocks lose it once per event that starts inside them, the gaps
     the rest, and the input wait (blocked on the DataLoader) keeps its length. A big GEMM with
     one event keeps its time; a tiny op whose time was mostly the profiler's loses most of it.
-    Returns the estimate and that cost per event (us), which a part of the step with a known
-    number of events loses the same way (``whatif.compiled_update``).
+    Returns the estimate, that cost per event (us), which a part of the step with a known
+    number of events loses the same way (``whatif.compiled_update``), and the profiler's whole
+    cost per step so charged (the events', and the in-process DataLoader's below).
 
     Why the long operators first: the profiler's records also slow the operators themselves
     where those stream data from the caches (a chain of GEMMs over 16 MB of weights, traced:
@@ -489,7 +491,9 @@ def _cpu_per_event(traced: TimeBreakdown, step: float, events: CpuEvents,
            f"({pct_whole(charged / step)} of the untraced step), and its charge per event varies by "
            f"+-{pct_whole(CPU_CHARGE_ERROR)} between runs of one job: the compute/host split moves with it",
            cpu_model_penalty(charged / step))
-    return _cpu_unobserved(traced, step, compute, host, stalled), max(0.0, per_event)
+    per_event = max(0.0, per_event)
+    return (_cpu_unobserved(traced, step, compute, host, stalled), per_event,
+            per_event * n_all + (loader.us if loader is not None else 0.0))
 
 
 def cpu_model_penalty(charged_share: float) -> float:

@@ -710,7 +710,7 @@ TENSOR_CALLS = 2.5
 def compiled_update(view: TimeBreakdown, traced: TimeBreakdown, update_us: float, calls: float,
                     params: float, tensor_calls: float = TENSOR_CALLS, graph_calls: float = GRAPH_CALLS,
                     where: str = "after the backward", work_us: float = 0.0, events: float = 0.0,
-                    per_event_us: float = 0.0, recorded: float = 0.0,
+                    per_event_us: float = 0.0, profiler_us: float = 0.0,
                     temporaries_fault: bool = False) -> Prediction:
     """An optimizer's per-tensor step compiled (``torch.compile`` on the function that updates
     the parameters): its ``calls`` (``where``), ``update_us`` of the traced step with the
@@ -722,15 +722,15 @@ def compiled_update(view: TimeBreakdown, traced: TimeBreakdown, update_us: float
     where the eager calls' temporaries fault their pages in each step (``FUSED_PASSES``).
 
     The loop is brought to the view's pace without the profiler's cost: ``per_event_us`` for
-    each of its ``events`` first (the view's estimate charged that per event, ``recorded`` a
-    traced step), then the step's remaining ratio. A loop of tiny calls records several events a
+    each of its ``events`` first (the view's estimate charged that per event, ``profiler_us``
+    in all a traced step), then the step's remaining ratio. A loop of tiny calls records several events a
     call (AdamW: 1,117 for 360 calls, ``aten::to`` four deep), so the step's whole ratio left
     it too long: blind check 41's AdamW read 3.09 ms at the job's pace where its step alone
     timed 2.2-2.5 ms eager on the same machine."""
     if calls <= 0 or params < 1 or traced.step_time <= 0 or update_us <= 0:
         return Prediction(None, "no optimizer updating one parameter tensor at a time was found")
     charged = per_event_us * events if per_event_us > 0 else 0.0
-    base = traced.step_time - per_event_us * recorded if per_event_us > 0 else traced.step_time
+    base = traced.step_time - profiler_us if per_event_us > 0 else traced.step_time
     if charged >= update_us or base <= 0:
         charged, base = 0.0, traced.step_time  # the model does not fit this loop: the step's ratio
     k = view.step_time / base

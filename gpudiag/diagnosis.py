@@ -376,6 +376,9 @@ class Dilation:
     # the profiler's cost per event it recorded, where a CPU job's estimate charged it per event
     # (``unprofiled._cpu_per_event``): a part of the traced step loses it once per event in it
     profiler_us_per_event: float | None = None
+    # ...and the profiler's whole cost per traced step it charged so (its events', and an
+    # in-process DataLoader's, measured in its wait): the traced step less it is the job's pace
+    profiler_step_us: float | None = None
     # the training thread's wait in next(loader) in the reference's steps, their median (us; the
     # step timer's DataLoader hook): a CPU job's loader in the training process pays the
     # profiler's cost inside the traced wait, this is the wait without it; None: not recorded

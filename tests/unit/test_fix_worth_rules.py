@@ -189,7 +189,7 @@ def test_an_optimizer_loop_loses_the_profilers_cost_per_event_before_the_steps_r
                          idle=3.5e3, host_overhead=3.5e3)
     by_ratio = whatif.compiled_update(view, traced, update_us=5e3, calls=360, params=36)
     per_event = whatif.compiled_update(view, traced, update_us=5e3, calls=360, params=36,
-                                       events=1100, per_event_us=2.0, recorded=1900)
+                                       events=1100, per_event_us=2.0, profiler_us=2.0 * 1900)
     # the loop at the job's pace: 5 ms * 7/11 by the ratio; (5 - 2.2) ms * 7/(11 - 3.8) per event
     loop = (5e3 - 2.2e3) * 7e3 / (11e3 - 3.8e3)
     assert per_event.step_us == pytest.approx(7e3 - (loop - loop / 360 * (whatif.TENSOR_CALLS * 36
@@ -198,7 +198,7 @@ def test_an_optimizer_loop_loses_the_profilers_cost_per_event_before_the_steps_r
     assert "less the profiler's 2" in per_event.why and "1100 events" in per_event.why
     # a charge the loop cannot hold (more than its traced time) leaves the step's ratio
     over = whatif.compiled_update(view, traced, update_us=5e3, calls=360, params=36,
-                                  events=3000, per_event_us=2.0, recorded=4000)
+                                  events=3000, per_event_us=2.0, profiler_us=2.0 * 4000)
     assert over.step_us == pytest.approx(by_ratio.step_us)
 
 
