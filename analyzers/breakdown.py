@@ -232,11 +232,17 @@ def cpu_comm_ops(rt: RankTrace) -> np.ndarray:
     return ids[rt.cpu_name] if rt.cpu_name.size and ids.size else np.zeros(rt.cpu_ts.size, dtype=bool)
 
 
-# An operator that ran this many times longer than the median of its kind (same name, at least
-# STALL_MIN_CALLS calls), by at least STALL_MIN_US, was not computing all that time: the OS had
-# descheduled its thread (a busy machine, a page-fault storm). Its excess is host time, not work.
-# Seen on this project's shared 2-core VM at load average 15: aten::mul, median 8 us, took 12-20 ms
-# once in each traced step, and the breakdown read those stalls as memory-bound work.
+# An operator that ran this many times longer than the fastest call of its kind (same name and
+# shapes, at least STALL_MIN_CALLS calls), by at least STALL_MIN_US, was not computing all that
+# time: the OS had descheduled its thread (a busy machine, a page-fault storm). Its excess is host
+# time, not work. Seen on this project's shared 2-core VM at load average 15: aten::mul, 8 us,
+# took 12-20 ms once in each traced step, and the breakdown read those stalls as memory-bound work.
+# The fastest call, not the median, is the kind's own time (timeit's reasoning: a repeat is only
+# ever slowed by what else runs): where most traced steps were crowded the median is itself a
+# stall. CI's 2-core run of 2026-12-03, eight test workers beside it: the input-bound workload's
+# 16x64 addmm took 4-108 ms in four of its five steps (0.05 ms alone), the median read as its
+# time, and the stretched tiny operators made the job host-bound (48%) where its DataLoader took
+# 94% of the step alone; 3 of 8 copies run at once read so, none with the fastest call.
 STALL_FACTOR = 20.0
 STALL_MIN_US = 1000.0
 STALL_MIN_CALLS = 5
@@ -250,7 +256,7 @@ def op_kinds(rt: RankTrace) -> np.ndarray:
 
 def stalls(rt: RankTrace) -> iv.Intervals:
     """When the OS ran other work inside the job's operators: each stalled operator's time
-    beyond its kind's median, at its end (where in the call the trace cannot say), merged over
+    beyond its kind's fastest call, at its end (where in the call the trace cannot say), merged over
     every depth, so a stall inside an operator that is not itself 20x its kind (a copy inside
     ``aten::to``) counts once. A kind is a name and its input shapes: by name alone, the
     gradient of a 2048x2048 weight (``aten::add_``, 2.5 ms of real memory traffic) read as a
@@ -260,18 +266,18 @@ def stalls(rt: RankTrace) -> iv.Intervals:
     dur = rt.cpu_dur
     if dur.size == 0:
         return iv.EMPTY
-    med, counts = class_quantile(op_kinds(rt), dur, 0.5)
+    own, counts = class_quantile(op_kinds(rt), dur, 0.0)
     judged = rt.cpu_is_op & ((rt.cpu_shape >= 0) | (rt.cpu_shape.max() < 0))
-    stalled = (judged & (counts >= STALL_MIN_CALLS) & (dur > STALL_FACTOR * med)
-               & (dur - med > STALL_MIN_US))
-    return iv.merge((rt.cpu_ts + med)[stalled], (rt.cpu_ts + dur)[stalled])
+    stalled = (judged & (counts >= STALL_MIN_CALLS) & (dur > STALL_FACTOR * own)
+               & (dur - own > STALL_MIN_US))
+    return iv.merge((rt.cpu_ts + own)[stalled], (rt.cpu_ts + dur)[stalled])
 
 
 @dataclass(frozen=True)
 class CpuWork:
     """A CPU rank's operators as the breakdown counts them. The breakdown, the collectives'
     overlap and the rank's facts all need them, and each costs a pass over every event (a
-    per-class median, an interval merge): made once per rank by ``cpu_work``."""
+    per-class minimum, an interval merge): made once per rank by ``cpu_work``."""
 
     dur: np.ndarray  # each event's duration less the stalls inside it
     stalls: iv.Intervals  # the OS running other work (``stalls``)

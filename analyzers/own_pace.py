@@ -140,7 +140,7 @@ NOT_SPLIT = ("no split of the step recorded (a run directory written before gpud
              "hold on the cores included")
 
 
-# Of a traced CPU step's stalls (its operators 20x their kind's median: the OS ran other work
+# Of a traced CPU step's stalls (its operators 20x their kind's fastest call: the OS ran other work
 # while they waited), other processes' part by the step timer below this share names the rest
 # the job's own: blind check 20's FFT loader on an idle 2-core machine read "a busy machine" for
 # 18.4 ms of a 59 ms traced step where the step timer put other processes' part at 2.7 ms.
